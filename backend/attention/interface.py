@@ -1,0 +1,169 @@
+"""The four roles of a paged attention backend, as in vLLM's v1 backends (DESIGN.md §3).
+
+- AttentionBackend: static capabilities (name, cudagraph support level, kv dtypes, availability).
+- AttentionMetadata: a dataclass of tensors (+ a few host ints) for one step.
+- AttentionMetadataBuilder: turns a BatchDescription (host-side) into metadata, writing into
+  persistent device buffers so that captured graphs read the new values on replay.
+- AttentionImpl.forward: kernel launches only; it may not look at host values that change between
+  steps unless the backend declares a support level that keeps them fixed within a graph.
+
+Shapes (per tp rank): query [T, H, D], key/value [T, Hkv, D], output [T, H, D];
+kv_cache [2, num_blocks, block_size, Hkv, D] (NHD; index 0 = K, 1 = V; block 0 = null block).
+fp8 caches hold float8 values (e4m3fn, or e4m3fnuz on gfx942) and are dequantised with the
+per-tensor k_scale/v_scale device tensors (shape [1], float32) inside the kernel.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+
+class AttentionCGSupport(enum.IntEnum):
+    """How far a backend's forward can be captured in a FULL graph. Ordered: min() over layers."""
+
+    NEVER = 0
+    """Not capturable in a full graph at all (PIECEWISE only)."""
+    UNIFORM_SINGLE_TOKEN_DECODE = 1
+    """Full graphs only for pure-decode batches (every request has query len 1)."""
+    UNIFORM_BATCH = 2
+    """Full graphs for batches whose requests all have the same query len."""
+    ALWAYS = 3
+    """Full graphs for any batch, mixed prefill + decode included."""
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """What a builder/impl needs to size buffers and launch kernels, for one tp rank."""
+
+    num_heads: int  # local (per rank) query heads
+    num_kv_heads: int  # local kv heads
+    head_size: int
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_tokens: int  # largest batch in tokens (max capture size or largest eager batch)
+    dtype: torch.dtype  # model dtype
+    kv_cache_dtype: str  # "auto" | "fp8"
+    device: torch.device
+    scale: float  # softmax scale, 1/sqrt(head_size)
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+
+@dataclass
+class BatchDescription:
+    """Host-side description of one step's batch (vLLM's CommonAttentionMetadata, on CPU).
+
+    Only real requests/tokens: padding is the builder's job.
+    """
+
+    query_lens: list[int]
+    seq_lens: list[int]  # context + new, per request
+    block_table: torch.Tensor  # [num_reqs, max_blocks_per_seq] int32, CPU; unused entries 0
+    slot_mapping: torch.Tensor  # [num_tokens] int64, CPU; slot = block * block_size + offset
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens) if self.query_lens else 0
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens) if self.seq_lens else 0
+
+
+@dataclass
+class AttentionMetadata:
+    """One step's metadata. Tensors are views of the builder's persistent buffers, sized to the
+    padded request/token counts; host ints describe the real batch (graph code must not rely on
+    them unless the support level guarantees they are the same within a captured graph)."""
+
+    num_actual_tokens: int  # real tokens (host)
+    num_reqs: int  # real requests (host)
+    num_padded_tokens: int  # tokens the step runs with (capture size, or num_actual_tokens)
+    num_padded_reqs: int
+    max_query_len: int  # host
+    max_seq_len: int  # host
+    query_start_loc: torch.Tensor  # [num_padded_reqs + 1] int32; padded reqs repeat the last value
+    seq_lens: torch.Tensor  # [num_padded_reqs] int32; padded reqs have 0
+    block_table: torch.Tensor  # [num_padded_reqs, max_blocks_per_seq] int32; padded rows = null block 0
+    slot_mapping: torch.Tensor  # [num_padded_tokens] int64; padded tokens have -1 (write nothing)
+    query_lens: torch.Tensor  # [num_padded_reqs] int32 (device); padded reqs have 0
+    for_capture: bool = False  # built by build_for_capture (dummy batch)
+
+
+class AttentionMetadataBuilder:
+    """Builds metadata into persistent buffers (allocated once in __init__, sized for
+    max_num_seqs requests and max_num_tokens tokens), written [:n] with the tail reset to the
+    padding values, so a graph captured on these buffers sees every later step's values."""
+
+    def __init__(self, config: AttentionConfig):
+        self.config = config
+
+    def build(self, batch: BatchDescription, num_padded_tokens: int | None = None,
+              num_padded_reqs: int | None = None) -> AttentionMetadata:
+        raise NotImplementedError
+
+    def build_for_capture(self, num_tokens: int) -> AttentionMetadata:
+        """The dummy batch vLLM captures with: num_tokens tokens spread over
+        min(num_tokens, max_num_seqs) requests, every seq_len = max_model_len."""
+        raise NotImplementedError
+
+
+class AttentionImpl:
+    def __init__(self, config: AttentionConfig):
+        self.config = config
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, metadata: AttentionMetadata, k_scale: torch.Tensor,
+                v_scale: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        """Write this step's K/V into kv_cache at metadata.slot_mapping (skipping -1), then
+        attend; write into `output` [num_padded_tokens, H, D] and return it. Rows of padded
+        tokens may hold anything finite."""
+        raise NotImplementedError
+
+
+class AttentionBackend:
+    """Static capabilities. Subclasses set the ClassVars; user plugins subclass this too."""
+
+    name: ClassVar[str] = "base"
+    cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto", "fp8")
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
+    builder_cls: ClassVar[type[AttentionMetadataBuilder]] = AttentionMetadataBuilder
+    impl_cls: ClassVar[type[AttentionImpl]] = AttentionImpl
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        """None if this backend can run on `device` here; else why not (platform, arch, import)."""
+        return None
+
+    @classmethod
+    def unsupported_reasons(cls, config: AttentionConfig) -> list[str]:
+        """Every reason `config` is unsupported (not just the first); empty if supported."""
+        reasons = []
+        if config.kv_cache_dtype not in cls.supported_kv_cache_dtypes:
+            reasons.append(f"kv_cache_dtype {config.kv_cache_dtype} not supported by {cls.name}")
+        if config.dtype not in cls.supported_dtypes:
+            reasons.append(f"dtype {config.dtype} not supported by {cls.name}")
+        if config.num_heads % max(config.num_kv_heads, 1):
+            reasons.append("num_heads not a multiple of num_kv_heads")
+        return reasons
+
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_size)

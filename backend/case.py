@@ -1,0 +1,162 @@
+"""The values that describe one case: what the matrix expands to and what a worker runs.
+
+Every class here is a frozen, JSON-serialisable dataclass. They are validated once, at the edge
+(the matrix loader), and cross process boundaries (Ray actors, `orch repro`, the store) as plain
+dicts via `to_dict`/`from_dict`. Nothing here imports torch or Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# vLLM v1 cudagraph modes (DESIGN.md §4). Runtime modes are only NONE, PIECEWISE, FULL.
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+KV_CACHE_DTYPES = ("auto", "fp8")
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
+TP_SIZES = (1, 2, 4, 8)
+
+
+def default_capture_sizes(max_size: int = 512) -> tuple[int, ...]:
+    """vLLM's default cudagraph capture sizes: [1, 2, 4] + range(8, 256, 8) + range(256, max+1, 16)."""
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)]
+    return tuple(s for s in sizes if s <= max_size)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Shape of the test model. Heads are global; a tp rank holds num_heads // tp of them."""
+
+    num_heads: int = 8
+    num_kv_heads: int = 2
+    head_size: int = 32
+    block_size: int = 16
+    dtype: str = "bfloat16"
+    num_layers: int = 2
+    max_model_len: int = 512
+    max_num_seqs: int = 16
+    # KV-cache blocks per layer, block 0 (the null block) included; 0 = derive from the above.
+    num_blocks: int = 0
+
+    @property
+    def hidden_size(self) -> int:
+        return self.num_heads * self.head_size
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def total_blocks(self) -> int:
+        # Enough for max_num_seqs full-length sequences plus the reserved null block.
+        return self.num_blocks or (self.max_num_seqs * self.max_blocks_per_seq + 1)
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """One batch shape: per-request query lengths and total sequence lengths (context + new).
+
+    A request with query_len 1 is a decode row; > 1 is a prefill/extend row, causal over its whole
+    sequence. The checker derives its per-step variations (shorter/longer sequences, shuffled block
+    tables, other decode/prefill mixes) from this spec and the case seed.
+    """
+
+    name: str
+    query_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    description: str = ""
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens)
+
+    @property
+    def is_uniform_decode(self) -> bool:
+        return all(q == 1 for q in self.query_lens)
+
+    @property
+    def kind(self) -> str:
+        if self.is_uniform_decode:
+            return "decode"
+        if all(q > 1 for q in self.query_lens):
+            return "prefill"
+        return "mixed"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class Case:
+    """One point of the matrix. `case_id` is stable and human readable; filters, the store, JUnit
+    and `orch repro` all key on it."""
+
+    backend: str  # provider name ("torch", "aiter-emulated", ...) or "package.module:Class"
+    tp: int
+    mode: str  # one of CUDAGRAPH_MODES, as requested (resolution happens in the worker)
+    kv_cache_dtype: str  # one of KV_CACHE_DTYPES
+    batch: BatchSpec
+    seed: int = 0
+    model: ModelShape = field(default_factory=ModelShape)
+    capture_sizes: tuple[int, ...] = field(default_factory=default_capture_sizes)
+    steps: int = 3  # fresh-input steps through the same captured graphs
+    tolerance: Tolerance = Tolerance(2e-2, 2e-2)  # for this case's (model dtype, kv dtype)
+    timeout_s: float = 300.0
+    matrix: str = ""  # source file, for the repro command
+    tier: str = "full"
+
+    @property
+    def backend_label(self) -> str:
+        """The backend as it appears in ids: the class name for import paths."""
+        return self.backend.rsplit(":", 1)[-1] if ":" in self.backend else self.backend
+
+    @property
+    def case_id(self) -> str:
+        raw = f"tp{self.tp}-{self.mode}-{self.kv_cache_dtype}-{self.batch.name}-{self.backend_label}-s{self.seed}"
+        return re.sub(r"[^A-Za-z0-9_.\-]", "_", raw)
+
+    @property
+    def axes(self) -> dict[str, Any]:
+        return {
+            "tp": self.tp,
+            "cudagraph_mode": self.mode,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "batch": self.batch.name,
+            "backend": self.backend,
+            "seed": self.seed,
+        }
+
+    def repro_command(self) -> str:
+        src = self.matrix or "MATRIX"
+        backend = f" --backend {self.backend}" if ":" in self.backend else ""
+        return f"orch repro {self.case_id} --matrix {src}{backend}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Case":
+        d = dict(d)
+        b = d["batch"]
+        d["batch"] = BatchSpec(b["name"], tuple(b["query_lens"]), tuple(b["seq_lens"]), b.get("description", ""))
+        d["model"] = ModelShape(**d["model"])
+        d["tolerance"] = Tolerance(**d["tolerance"])
+        d["capture_sizes"] = tuple(d["capture_sizes"])
+        return cls(**d)

@@ -1,0 +1,111 @@
+"""The verdict for one case: small, frozen, JSON-able. Produced by the checker (in a plain process,
+under pytest or in a Ray actor, identically) and consumed by the store, gate, reports and dashboard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """Verdict of one case. `known-fail` and `regression` are gate-level classifications of these,
+    made against a known-failures file or a baseline run; they are not produced by workers."""
+
+    PASS = "pass"
+    FAIL = "fail"  # a check failed: numbers in `checks`
+    ERROR = "error"  # an exception, a capture error, or a crashed worker (log tail kept)
+    TIMEOUT = "timeout"  # ran past its deadline; the worker was killed and recreated
+    FLAKY = "flaky"  # eager not deterministic, or a retry on another device disagreed
+    SKIP = "skip"  # unsupported here (provider unavailable, placement impossible, ...): reason says why
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Names of the checks (DESIGN.md §5), in the order they are reported.
+CHECK_REFERENCE = "reference"  # eager vs an independent fp32 reference
+CHECK_REPLAY = "replay"  # graph replay vs eager
+CHECK_FINITE = "finite"  # no NaN/Inf on real rows
+CHECK_KV_INTEGRITY = "kv_integrity"  # no KV-cache write outside the real slots
+CHECK_DETERMINISM = "determinism"  # eager twice gives the same answer
+CHECK_NAMES = (CHECK_REFERENCE, CHECK_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_DETERMINISM)
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    name: str  # one of CHECK_NAMES
+    passed: bool
+    step: int | None = None  # first failing step (or None)
+    max_abs_err: float | None = None  # worst over steps
+    max_rel_err: float | None = None
+    mismatch_frac: float | None = None  # fraction of elements outside tolerance, worst step
+    first_bad: tuple[int, int] | None = None  # (row/token, head) of the first bad element
+    bitwise: bool | None = None  # replay check: were replay and eager bit-identical on every step
+    detail: str = ""
+
+    def summary(self) -> str:
+        parts = [f"{self.name}: {'ok' if self.passed else 'FAILED'}"]
+        if self.step is not None and not self.passed:
+            parts.append(f"step {self.step}")
+        if self.max_abs_err is not None:
+            parts.append(f"max_abs={self.max_abs_err:.3g}")
+        if self.max_rel_err is not None:
+            parts.append(f"max_rel={self.max_rel_err:.3g}")
+        if self.mismatch_frac is not None and not self.passed:
+            parts.append(f"mismatched={self.mismatch_frac:.1%}")
+        if self.first_bad is not None:
+            parts.append(f"first bad row {self.first_bad[0]} head {self.first_bad[1]}")
+        if self.bitwise is not None:
+            parts.append("bitwise" if self.bitwise else "not bitwise")
+        if self.detail:
+            parts.append(self.detail)
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    case_id: str
+    status: Status
+    reason: str = ""  # one line: the failing check, the exception, or the skip reason
+    checks: tuple[CheckOutcome, ...] = ()
+    requested_mode: str = ""
+    resolved_mode: str = ""  # after resolution against the backend's support level
+    downgraded: bool = False  # resolved_mode != requested_mode (a warning, shown in every report)
+    graph_kind: str = "none"  # "cuda" | "hip" | "emulated" | "none"
+    provider: str = ""  # the kernel provider that actually ran
+    capture_sizes_used: tuple[int, ...] = ()  # per step: padded size replayed, 0 = ran eager
+    error_kind: str = ""  # "capture" | "exception" | "crash" | "timeout" | "placement" | ""
+    timings: dict[str, float] = field(default_factory=dict)  # capture_s, eager_step_s, replay_step_s, total_s
+    device: str = ""  # e.g. "cpu", "NVIDIA H200 (cuda:0)"
+    versions: dict[str, str] = field(default_factory=dict)  # torch, triton, aiter, ray, orch, python
+    log_tail: str = ""
+    repro: str = ""  # one-line command that re-runs this case
+    attempts: int = 1
+    worker: str = ""  # actor / gpu that produced the last attempt
+    axes: dict[str, Any] = field(default_factory=dict)  # Case.axes, for reports that only have results
+
+    @property
+    def failed_checks(self) -> tuple[CheckOutcome, ...]:
+        return tuple(c for c in self.checks if not c.passed)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CaseResult":
+        d = dict(d)
+        d["status"] = Status(d["status"])
+        d["checks"] = tuple(
+            CheckOutcome(**{**c, "first_bad": tuple(c["first_bad"]) if c.get("first_bad") is not None else None})
+            for c in d.get("checks", ())
+        )
+        d["capture_sizes_used"] = tuple(d.get("capture_sizes_used", ()))
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> "CaseResult":
+        return dataclasses.replace(self, **changes)

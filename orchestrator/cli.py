@@ -1,0 +1,212 @@
+"""`orch` command line. A stable contract: options and exit codes here are what CI scripts rely on.
+
+Each command parses its options with click and hands them to `orchestrator.commands.<name>.main`,
+imported lazily so `orch --help` stays fast and torch/Ray load only for commands that need them.
+Known errors (OrchError) become one line on stderr and their exit code; anything else is a bug and
+is shown as one line too, with the traceback only under ORCH_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+
+import click
+
+from orchestrator import __version__
+from orchestrator.errors import ExitCode, OrchError
+
+_MATRIX = click.Path(dir_okay=False)
+
+
+def _dispatch(command: str, **kwargs) -> None:
+    module = importlib.import_module(f"orchestrator.commands.{command}")
+    code = module.main(**kwargs)
+    raise SystemExit(int(code or 0))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="orch")
+def cli() -> None:
+    """Gate attention-backend changes on graph capture: run a matrix of tp x cudagraph mode x
+    kv dtype x batch shape on every GPU of a Ray cluster and check graph replay against eager
+    and eager against an independent reference.
+
+    \b
+    Exit codes: 0 gate passed, 1 gate failed, 2 bad input or usage, 3 infrastructure error.
+    """
+
+
+@cli.command()
+@click.argument("matrix", type=_MATRIX)
+@click.option("--filter", "filter_expr", default=None, help="Select cases: substring/glob of the case id, or axis=value[,value] terms joined by spaces.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="Device class whose model shape to use.")
+def plan(matrix, filter_expr, as_json, devices):
+    """Expand MATRIX: runnable cases, skipped ones with reasons, counts per axis, estimated cost.
+
+    \b
+    Examples:
+      orch plan matrices/smoke.yaml
+      orch plan matrices/full.yaml --filter 'tp=2 cudagraph_mode=FULL' --json
+    """
+    _dispatch("plan", matrix=matrix, filter_expr=filter_expr, as_json=as_json, devices=devices)
+
+
+@cli.command()
+@click.argument("matrix", type=_MATRIX)
+@click.option("--backend", default=None, help="Override the backend axis: a provider name or package.module:Class.")
+@click.option("--filter", "filter_expr", default=None, help="Select cases (see `orch plan --help`).")
+@click.option("--db", default="orch-results.db", show_default=True, help="Results store (SQLite).")
+@click.option("--out", "out_dir", default="orch-out", show_default=True, help="Directory for JUnit, summary and dashboard.")
+@click.option("--address", default="local", show_default=True, help="local (embedded Ray), auto (RAY_ADDRESS / running cluster) or HOST:PORT.")
+@click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: GPUs if any, else CPU workers with emulated graphs.")
+@click.option("--workers", type=int, default=None, help="Number of workers (default: one per GPU, or per CPU core).")
+@click.option("--timeout", "timeout_s", type=float, default=None, help="Per-case deadline in seconds (overrides the matrix).")
+@click.option("--junit", "junit_path", default=None, help="Write JUnit XML here (default OUT/junit.xml).")
+@click.option("--summary", "summary_path", default=None, help="Write a markdown summary here (default OUT/summary.md; also $GITHUB_STEP_SUMMARY).")
+@click.option("--baseline", default=None, help="A previous run id in --db, or another results DB (its last run).")
+@click.option("--known-failures", "known_failures", default=None, help="YAML of known failures (case-id pattern, reason, link).")
+@click.option("--resume", "resume_run", default=None, help="Finish run RUN_ID: run only the cases it has no result for.")
+@click.option("--no-progress", is_flag=True, help="No live progress bar.")
+def run(**kwargs):
+    """Run MATRIX on Ray and gate on the results.
+
+    \b
+    Examples:
+      orch run matrices/smoke.yaml
+      orch run matrices/full.yaml --address auto --junit junit.xml
+      orch run matrices/full.yaml --backend mypkg.attn:MyBackend --filter 'cudagraph_mode=FULL'
+      orch run matrices/full.yaml --resume 3
+    """
+    _dispatch("run", **kwargs)
+
+
+@cli.command()
+@click.argument("case_id")
+@click.option("--matrix", type=_MATRIX, default=None, help="Matrix the case comes from (default: looked up in --db).")
+@click.option("--backend", default=None, help="Override the backend: a provider name or package.module:Class.")
+@click.option("--db", default="orch-results.db", show_default=True)
+@click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def repro(**kwargs):
+    """Re-run one case in this process (tp > 1: a local gang of processes) and print its verdict.
+
+    \b
+    Example:
+      orch repro tp1-FULL-auto-mixed_small-torch-s0 --matrix matrices/smoke.yaml
+    """
+    _dispatch("repro", **kwargs)
+
+
+@cli.command()
+@click.option("--db", default="orch-results.db", show_default=True)
+@click.option("--run", "run_id", default=None, help="Run id (default: the latest).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "junit"]), default="text", show_default=True)
+@click.option("--baseline", default=None)
+@click.option("--known-failures", "known_failures", default=None)
+@click.option("--output", "-o", default=None, help="Write to a file instead of stdout.")
+def report(**kwargs):
+    """Report a run from the store.
+
+    \b
+    Example:
+      orch report --format md --baseline 1
+    """
+    _dispatch("report", **kwargs)
+
+
+@cli.command()
+@click.option("--db", default="orch-results.db", show_default=True)
+@click.option("--run", "run_id", default=None, help="Run id (default: the latest).")
+@click.option("--baseline", default=None)
+@click.option("--known-failures", "known_failures", default=None)
+def gate(**kwargs):
+    """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed).
+
+    \b
+    Example:
+      orch gate --run 4 --baseline 3 --known-failures known-failures.yaml
+    """
+    _dispatch("gate", **kwargs)
+
+
+@cli.command()
+@click.option("--db", default="orch-results.db", show_default=True)
+@click.option("--run", "run_id", default=None)
+@click.option("--baseline", default=None)
+@click.option("--known-failures", "known_failures", default=None)
+@click.option("--out", "out_dir", default="orch-out/dashboard", show_default=True)
+def dashboard(**kwargs):
+    """Write the self-contained static dashboard (opens from disk; a CI artifact).
+
+    \b
+    Example:
+      orch dashboard --out site/ && xdg-open site/index.html
+    """
+    _dispatch("dashboard", **kwargs)
+
+
+@cli.command()
+@click.option("--db", default="orch-results.db", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8265 + 1000, show_default=True)
+@click.option("--baseline", default=None)
+@click.option("--known-failures", "known_failures", default=None)
+def serve(**kwargs):
+    """Serve the dashboard from the store, refreshing live during a run.
+
+    \b
+    Example:
+      orch serve --port 9265
+    """
+    _dispatch("serve", **kwargs)
+
+
+@cli.command()
+@click.option("--gpus", type=int, default=512, show_default=True, help="GPUs in all.")
+@click.option("--nodes", type=int, default=64, show_default=True)
+@click.option("--cases", type=int, default=20000, show_default=True)
+@click.option("--policy", type=click.Choice(["ours", "hash", "static-duration", "all"]), default="all", show_default=True)
+@click.option("--sigma", type=float, default=0.5, show_default=True, help="lognormal sigma of true/estimated duration.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def simulate(**kwargs):
+    """Discrete-event simulation of the scheduling policy against hash and static-duration sharding.
+
+    \b
+    Example:
+      orch simulate --gpus 512 --nodes 64 --cases 20000 --json
+    """
+    _dispatch("simulate", **kwargs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cli.main(args=argv, prog_name="orch", standalone_mode=False)
+    except SystemExit as e:
+        return int(e.code or 0) if not isinstance(e.code, str) else ExitCode.INPUT_ERROR
+    except click.exceptions.Abort:
+        click.echo("orch: aborted", err=True)
+        return ExitCode.INFRA_ERROR
+    except click.ClickException as e:  # usage errors: bad option, missing argument, bad choice
+        click.echo(f"orch: {e.format_message()}", err=True)
+        return ExitCode.INPUT_ERROR
+    except OrchError as e:
+        click.echo(f"orch: {e.one_line()}", err=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        click.echo("orch: interrupted", err=True)
+        return ExitCode.INFRA_ERROR
+    except Exception as e:  # a bug in orch: one line unless asked for more
+        if os.environ.get("ORCH_DEBUG"):
+            traceback.print_exc()
+        click.echo(f"orch: internal error: {type(e).__name__}: {e} (ORCH_DEBUG=1 for the traceback)", err=True)
+        return ExitCode.INFRA_ERROR
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

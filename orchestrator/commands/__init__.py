@@ -1,0 +1,1 @@
+"""One module per CLI command: `main(**options) -> exit code`."""
