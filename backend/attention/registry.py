@@ -1,0 +1,80 @@
+"""Backend lookup: a builtin provider name or an import path "package.module:Class".
+
+Builtins are imported lazily, so naming `torch` never imports the AITER loaders. Every failure is a
+BackendLoadError whose message is one line (it ends up in a CaseResult reason / a CLI error).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from backend.attention.interface import AttentionBackend
+
+
+class BackendLoadError(Exception):
+    """A backend name or import path that cannot be turned into a backend class (one-line message)."""
+
+
+# name -> "module:Class"; imported only when asked for.
+_BUILTIN_PATHS: dict[str, str] = {
+    "torch": "backend.attention.torch_backend:TorchBackend",
+    "aiter": "backend.attention.aiter_backend:AiterBackend",
+    "aiter-emulated": "backend.attention.aiter_backend:AiterEmulatedBackend",
+    "aiter-triton": "backend.attention.aiter_triton_backend:AiterTritonBackend",
+    "aiter-triton-pa": "backend.attention.aiter_triton_backend:AiterTritonPABackend",
+}
+BUILTIN_BACKENDS: tuple[str, ...] = tuple(_BUILTIN_PATHS)
+
+# What a duck-typed plugin must provide (checked when it does not subclass AttentionBackend).
+_REQUIRED_ATTRS = ("name", "cudagraph_support", "builder_cls", "impl_cls", "supported_kv_cache_dtypes")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _import_class(path: str) -> type:
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise BackendLoadError(
+            f"unknown backend {path!r}: expected one of {', '.join(BUILTIN_BACKENDS)} or 'package.module:Class'")
+    # Like pytest/uvicorn: resolve import paths relative to the working directory, so that
+    # `tests.mutants.x:Cls` works from the repo root without installing anything.
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or anything the module raises while importing
+        raise BackendLoadError(f"cannot import {module_name!r}: {_one_line(exc)}") from exc
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise BackendLoadError(f"module {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def validate_backend_class(obj: object, label: str) -> type[AttentionBackend]:
+    """Return obj if it is a backend class (subclass, or duck-typed with the required attributes)."""
+    if not isinstance(obj, type):
+        raise BackendLoadError(f"{label!r} is not an AttentionBackend subclass: not a class")
+    if issubclass(obj, AttentionBackend):
+        return obj
+    missing = [a for a in _REQUIRED_ATTRS if not hasattr(obj, a)]
+    if missing:
+        raise BackendLoadError(f"{label!r} is not an AttentionBackend subclass: missing {', '.join(missing)}")
+    return obj  # type: ignore[return-value]
+
+
+def get_backend(name: str) -> type[AttentionBackend]:
+    """The backend class for a builtin provider name or an import path "package.module:Class"."""
+    if not isinstance(name, str) or not name.strip():
+        raise BackendLoadError(f"empty backend name: expected one of {', '.join(BUILTIN_BACKENDS)}")
+    name = name.strip()
+    path = _BUILTIN_PATHS.get(name, name)
+    return validate_backend_class(_import_class(path), name)
