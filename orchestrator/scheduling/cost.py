@@ -1,0 +1,135 @@
+"""Expected wall time of one case: a small analytic model, refined by past durations.
+
+The scheduler only needs the *order* and rough *ratios* of case costs (longest expected first,
+GPU-seconds per gang), so the model is deliberately simple and every constant is named here.
+A case's time on a worker is
+
+    startup(tp)                                 gang rendezvous + process-group init, grows with tp
+  + captures(mode) * capture_cost               one dummy forward + capture per graph (piece)
+  + (warmup + 2 * steps) * step_cost            eager + replay per step, plus the reference pass
+  + steps * reference_cost                      fp32 SDPA per sequence on dequantised K/V
+
+with step_cost linear in the work the attention and projections do on one rank:
+tokens * layers * hidden/tp (dense) + tokens * context * layers * heads/tp * head_size (attention).
+
+History: `history[case_id]` is the last finished duration of that case in the store. The model is
+pulled toward it exponentially (HISTORY_WEIGHT of the way per observation we hold), because one
+observation is a noisy sample of a case whose cost depends on the machine it ran on.
+`estimate_all` additionally rescales cases without history by the median observed/model ratio of
+those with history, so a whole matrix calibrates itself to the machine from one earlier run.
+
+Constants are in seconds and tuned to the CPU emulation order of magnitude; on GPUs `estimate_all`
+rescales them from history. Nothing here imports torch or Ray.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+from backend.case import Case
+
+# Fixed per-case overhead: build backend, allocate KV cache, seed inputs.
+BASE_S = 0.05
+# Gang startup: process-group rendezvous and first collective; grows with ranks (log-ish in
+# practice, linear is a safe upper shape for tp <= 8).
+GANG_STARTUP_S = 0.4
+# One graph capture (warm-up forward + record) per layer-piece; a FULL graph is one piece spanning
+# all layers, PIECEWISE is layers+1 pieces per size (split at each attention call).
+CAPTURE_PIECE_S = 0.002
+CAPTURE_PER_LAYER_S = 0.004
+# Per-token-per-layer dense work (QKV + output projections) at hidden size 256 on one rank.
+DENSE_S_PER_TOKEN_LAYER = 2e-5
+# Attention work per (query token x context token x layer x local head x head dim).
+ATTN_S_PER_UNIT = 2e-10
+# fp8 KV: quantise on write, dequantise on read (both eager and reference).
+FP8_FACTOR = 1.3
+# All-reduce after each layer's output projection, per extra rank.
+ALLREDUCE_S_PER_LAYER_RANK = 2e-4
+# Fraction of the way the model moves toward an observed duration.
+HISTORY_WEIGHT = 0.75
+
+_DECODE_FULL_MODES = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+def capture_counts(case: Case) -> tuple[int, int]:
+    """(full graphs, piecewise graphs) the worker captures for this case's requested mode.
+
+    Split modes capture FULL decode graphs only for sizes a pure-decode batch can have
+    (<= max_num_seqs tokens), as vLLM does.
+    """
+    sizes = case.capture_sizes
+    decode_sizes = sum(1 for s in sizes if s <= case.model.max_num_seqs)
+    mode = case.mode
+    if mode == "NONE":
+        return 0, 0
+    if mode == "PIECEWISE":
+        return 0, len(sizes)
+    if mode == "FULL":
+        return len(sizes), 0
+    if mode == "FULL_DECODE_ONLY":
+        return decode_sizes, 0
+    if mode == "FULL_AND_PIECEWISE":
+        return decode_sizes, len(sizes)
+    raise ValueError(f"unknown cudagraph mode {mode!r}")
+
+
+def model_seconds(case: Case) -> float:
+    """The analytic estimate alone (no history). Always > 0."""
+    m = case.model
+    tp = max(1, case.tp)
+    layers = max(1, m.num_layers)
+    tokens = max(1, case.batch.num_tokens)
+    context = max(1, sum(case.batch.seq_lens))
+    local_heads = max(1, m.num_heads // tp)
+
+    dense = DENSE_S_PER_TOKEN_LAYER * tokens * layers * (m.hidden_size / tp) / 256.0
+    # Each query token attends to its own sequence; tokens*context over-counts mixed batches but
+    # keeps the order right and is cheap.
+    attn = ATTN_S_PER_UNIT * tokens * (context / max(1, case.batch.num_reqs)) * layers * local_heads * m.head_size
+    if case.kv_cache_dtype == "fp8":
+        attn *= FP8_FACTOR
+    allreduce = ALLREDUCE_S_PER_LAYER_RANK * layers * (tp - 1)
+    step = dense + attn + allreduce
+
+    full, piecewise = capture_counts(case)
+    capture = full * (CAPTURE_PIECE_S + CAPTURE_PER_LAYER_S * layers) + piecewise * (layers + 1) * (
+        CAPTURE_PIECE_S + CAPTURE_PER_LAYER_S
+    )
+    steps = max(1, case.steps)
+    # 1 warm-up + eager and replay per step + the fp32 reference (~ one eager step, unsharded).
+    run = (1 + 2 * steps) * step + steps * (dense + attn) * tp
+    startup = BASE_S + GANG_STARTUP_S * (tp - 1)
+    return startup + capture + run
+
+
+def blend(model_s: float, observed_s: float | None, weight: float = HISTORY_WEIGHT) -> float:
+    """Move the model estimate `weight` of the way toward an observation (exponential smoothing)."""
+    if observed_s is None or observed_s <= 0:
+        return model_s
+    return (1.0 - weight) * model_s + weight * observed_s
+
+
+def estimate_seconds(case: Case, history: Mapping[str, float] | None = None) -> float:
+    """Expected seconds for `case` on one worker (its gang for tp > 1); history keyed by case_id."""
+    observed = history.get(case.case_id) if history else None
+    return blend(model_seconds(case), observed)
+
+
+def calibration_factor(cases: Sequence[Case], history: Mapping[str, float] | None) -> float:
+    """Median observed/model ratio over cases with history; 1.0 when there is none."""
+    if not history:
+        return 1.0
+    ratios = [history[c.case_id] / model_seconds(c) for c in cases if history.get(c.case_id, 0) > 0]
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def estimate_all(cases: Sequence[Case], history: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Estimates for a whole matrix: per-case blend, and the model rescaled to this machine by the
+    median observed/model ratio so cases without history are on the same scale as those with."""
+    scale = calibration_factor(cases, history)
+    out: dict[str, float] = {}
+    for c in cases:
+        observed = history.get(c.case_id) if history else None
+        out[c.case_id] = blend(model_seconds(c) * scale, observed)
+    return out
