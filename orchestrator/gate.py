@@ -1,0 +1,157 @@
+"""The CI gate: a pure function from results (+ baseline, + known failures) to a verdict.
+
+Semantics ("no new breakage"):
+- failing statuses are fail, error, timeout;
+- a failing case matching a known-failures entry is `known-fail` (xfail): reported, not gating;
+- a known-failures entry whose case now passes is `fixed`: reported ("remove the entry"), not gating;
+- with a baseline: a failing case that also failed there is an `old-failure` (reported, not gating);
+  one that passed (or was flaky) there is a `regression`; one absent or skipped there is `new`.
+  Regressions and new failures fail the gate;
+- without a baseline every failing case keeps its status as classification and fails the gate;
+- planned cases with no result (an interrupted run) are `missing` and fail the gate: a run that
+  did not finish cannot vouch for anything;
+- flaky does not fail the gate but is listed; skip never fails; a downgraded mode is a warning.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from backend.result import CaseResult, Status
+from orchestrator.errors import ExitCode
+from orchestrator.known_failures import KnownFailure, KnownFailures
+
+FAILING = frozenset({Status.FAIL, Status.ERROR, Status.TIMEOUT})
+
+# Classifications, in the order reports list them (worst first).
+CLASSIFICATIONS = (
+    "regression", "new", "fail", "error", "timeout", "missing",
+    "old-failure", "flaky", "known-fail", "fixed", "skip", "pass",
+)  # fmt: skip
+GATING = frozenset({"regression", "new", "fail", "error", "timeout", "missing"})
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    exit_code: ExitCode
+    classification: dict[str, str]  # case_id -> one of CLASSIFICATIONS
+    regressions: tuple[str, ...] = ()  # failing now, passed (or flaky) in the baseline
+    new_failures: tuple[str, ...] = ()  # failing now, nothing to compare with (no/absent/skipped baseline)
+    old_failures: tuple[str, ...] = ()  # failing now and in the baseline
+    known_failures: tuple[str, ...] = ()  # failing and matched by a known-failures entry
+    fixed: tuple[str, ...] = ()  # matched by a known-failures entry but passing: remove the entry
+    flaky: tuple[str, ...] = ()
+    downgraded: tuple[str, ...] = ()  # resolved mode != requested mode (warning)
+    missing: tuple[str, ...] = ()  # planned, no result
+    counts: dict[str, int] = field(default_factory=dict)  # per classification, all keys present
+    known_reasons: dict[str, KnownFailure] = field(default_factory=dict)  # case_id -> entry that matched
+    baseline_status: dict[str, str] = field(default_factory=dict)  # case_id -> its status in the baseline
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == ExitCode.OK
+
+    @property
+    def gating(self) -> tuple[str, ...]:
+        """The case ids that failed the gate, worst class first."""
+        return tuple(
+            cid for cls in CLASSIFICATIONS if cls in GATING for cid, c in self.classification.items() if c == cls
+        )
+
+    def verdict(self) -> str:
+        total = len(self.classification)
+        if self.passed:
+            extra = []
+            if self.old_failures:
+                extra.append(f"{len(self.old_failures)} old failures")
+            if self.known_failures:
+                extra.append(f"{len(self.known_failures)} known failures")
+            if self.flaky:
+                extra.append(f"{len(self.flaky)} flaky")
+            tail = f" ({', '.join(extra)} not gating)" if extra else ""
+            return f"gate PASSED: {total} cases, no new failures{tail}"
+        parts = []
+        for name, ids in (("regressions", self.regressions), ("new failures", self.new_failures), ("missing", self.missing)):
+            if ids:
+                parts.append(f"{len(ids)} {name}")
+        return f"gate FAILED: {', '.join(parts)} of {total} cases"
+
+    def to_dict(self) -> dict:
+        return {
+            "passed": self.passed,
+            "exit_code": int(self.exit_code),
+            "verdict": self.verdict(),
+            "counts": dict(self.counts),
+            "classification": dict(self.classification),
+            "regressions": list(self.regressions),
+            "new_failures": list(self.new_failures),
+            "old_failures": list(self.old_failures),
+            "known_failures": list(self.known_failures),
+            "fixed": list(self.fixed),
+            "flaky": list(self.flaky),
+            "downgraded": list(self.downgraded),
+            "missing": list(self.missing),
+        }
+
+
+def classify(
+    r: CaseResult, base: CaseResult | None, have_baseline: bool, known: KnownFailure | None
+) -> str:
+    if r.status == Status.SKIP:
+        return "skip"
+    if r.status == Status.FLAKY:
+        return "flaky"
+    if r.status == Status.PASS:
+        return "fixed" if known is not None else "pass"
+    # failing from here on
+    if known is not None:
+        return "known-fail"
+    if not have_baseline:
+        return r.status.value
+    if base is None or base.status == Status.SKIP:
+        return "new"
+    if base.status in FAILING:
+        return "old-failure"
+    return "regression"
+
+
+def evaluate(
+    results: Sequence[CaseResult],
+    *,
+    baseline: Sequence[CaseResult] | None = None,
+    known: KnownFailures | None = None,
+    missing: Sequence[str] = (),
+) -> GateOutcome:
+    base = {b.case_id: b for b in baseline} if baseline is not None else {}
+    classification: dict[str, str] = {}
+    known_reasons: dict[str, KnownFailure] = {}
+    for r in results:
+        entry = known.match(r.case_id) if known is not None else None
+        if entry is not None and r.status in (FAILING | {Status.PASS}):
+            known_reasons[r.case_id] = entry
+        classification[r.case_id] = classify(r, base.get(r.case_id), baseline is not None, entry)
+    for cid in missing:
+        classification.setdefault(cid, "missing")
+
+    def ids(*classes: str) -> tuple[str, ...]:
+        return tuple(sorted(cid for cid, c in classification.items() if c in classes))
+
+    counts = Counter(classification.values())
+    failed = any(c in GATING for c in classification.values())
+    return GateOutcome(
+        exit_code=ExitCode.GATE_FAILED if failed else ExitCode.OK,
+        classification=classification,
+        regressions=ids("regression"),
+        new_failures=ids("new", "fail", "error", "timeout"),
+        old_failures=ids("old-failure"),
+        known_failures=ids("known-fail"),
+        fixed=ids("fixed"),
+        flaky=ids("flaky"),
+        downgraded=tuple(sorted(r.case_id for r in results if r.downgraded)),
+        missing=ids("missing"),
+        counts={c: counts.get(c, 0) for c in CLASSIFICATIONS},
+        known_reasons=known_reasons,
+        baseline_status={cid: b.status.value for cid, b in base.items()},
+    )
