@@ -1,0 +1,113 @@
+"""JUnit XML for CI (Jenkins, GitHub, Buildkite, GitLab): one testsuite per run, one testcase per case.
+
+Mapping (last attempt only):
+- classname "orch.tp{tp}.{mode}", name = case id, time = timings.total_s;
+- <properties> on the testcase: axes, attempts, resolved_mode, graph_kind, provider, device
+  (testcase-level properties as Jenkins' junit plugin and pytest's xunit1 emit them);
+- fail / regression / new -> <failure>, error / timeout -> <error>, message = reason, text = the
+  check numbers, the log tail (errors) and the repro command;
+- skip and known-fail -> <skipped> (message: reason, known-failure link); old failures keep their
+  <failure>/<error> element so CI shows them, the gate verdict is in the suite properties;
+- flaky -> a passing testcase with property flaky=true and a <system-out> note.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
+
+from backend.result import CaseResult, Status
+from orchestrator.gate import GateOutcome
+
+# XML 1.0 forbids most C0 controls (ANSI colour codes in log tails are the usual offenders).
+_XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _clean(text: str) -> str:
+    return _XML_ILLEGAL.sub("\ufffd", text or "")
+
+
+def failure_text(r: CaseResult, *, log_lines: int = 40) -> str:
+    """The body of a <failure>/<error>: every check's numbers, the log tail, the repro command."""
+    lines = [c.summary() for c in r.checks]
+    if r.error_kind:
+        lines.append(f"error kind: {r.error_kind}")
+    if r.downgraded:
+        lines.append(f"mode downgraded: {r.requested_mode} -> {r.resolved_mode}")
+    if r.log_tail:
+        lines.append("--- log tail ---")
+        lines.extend(r.log_tail.splitlines()[-log_lines:])
+    if r.repro:
+        lines.append(f"repro: {r.repro}")
+    return _clean("\n".join(lines))
+
+
+def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
+    tp = r.axes.get("tp", "?")
+    mode = r.requested_mode or r.axes.get("cudagraph_mode", "?")
+    tc = TestCase(r.case_id, f"orch.tp{tp}.{mode}", float(r.timings.get("total_s", 0.0) or 0.0))
+    props = Properties()
+    for name, value in (
+        ("axes", json.dumps(r.axes, sort_keys=True, default=str)),
+        ("attempts", str(r.attempts)),
+        ("resolved_mode", r.resolved_mode),
+        ("graph_kind", r.graph_kind),
+        ("provider", r.provider),
+        ("device", r.device),
+        ("classification", cls),
+    ):
+        props.add_property(Property(name, _clean(value)))
+    if r.downgraded:
+        props.add_property(Property("downgraded", f"{r.requested_mode} -> {r.resolved_mode}"))
+    if r.status == Status.FLAKY:
+        props.add_property(Property("flaky", "true"))
+    tc.append(props)
+
+    reason = _clean(r.reason or r.status.value)
+    if cls == "known-fail":
+        kf = gate.known_reasons.get(r.case_id)
+        note = f"known failure: {kf.reason}" + (f" ({kf.link})" if kf and kf.link else "") if kf else "known failure"
+        sk = Skipped(_clean(f"{note}; {reason}"))
+        sk.text = failure_text(r)
+        tc.result = [sk]
+    elif r.status == Status.SKIP:
+        tc.result = [Skipped(reason)]
+    elif r.status in (Status.ERROR, Status.TIMEOUT):
+        el = Error(f"[{cls}] {reason}", r.status.value)
+        el.text = failure_text(r)
+        tc.result = [el]
+    elif r.status == Status.FAIL:
+        el = Failure(f"[{cls}] {reason}", "regression" if cls == "regression" else "fail")
+        el.text = failure_text(r)
+        tc.result = [el]
+    elif r.status == Status.FLAKY:
+        tc.system_out = _clean(f"flaky (not gating): {r.reason}\n{failure_text(r)}")
+    if cls == "fixed":
+        tc.system_out = "known failure now passes: remove its entry from the known-failures file"
+    return tc
+
+
+def build(results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, run_id: int | None = None) -> JUnitXml:
+    suite = TestSuite(suite_name or "orch")
+    if run_id is not None:
+        suite.add_property("run_id", str(run_id))
+    suite.add_property("gate", gate.verdict())
+    for r in results:
+        suite.add_testcase(_testcase(r, gate.classification.get(r.case_id, r.status.value), gate))
+    suite.update_statistics()
+    xml = JUnitXml()
+    xml.add_testsuite(suite)
+    xml.update_statistics()
+    return xml
+
+
+def write(path: str, results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, run_id: int | None = None) -> None:
+    build(results, gate, suite_name=suite_name, run_id=run_id).write(path, pretty=True)
+
+
+def to_string(results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, run_id: int | None = None) -> str:
+    out = build(results, gate, suite_name=suite_name, run_id=run_id).tostring()
+    return out.decode("utf-8") if isinstance(out, bytes) else out

@@ -1,0 +1,157 @@
+"""Markdown summary for CI annotations ($GITHUB_STEP_SUMMARY, `buildkite-agent annotate`).
+
+Order is by what a reviewer must act on: verdict, regressions, new failures, then what does not
+gate (old failures, flaky, fixed known failures, downgrades), then a compact grid per backend.
+Sections are capped so a broken run of thousands of cases stays under CI size limits (GitHub: 1 MiB).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from collections.abc import Sequence
+
+from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES
+from backend.result import CaseResult
+from orchestrator.gate import CLASSIFICATIONS, GateOutcome
+from orchestrator.store import RunInfo
+
+SYMBOL = {
+    "pass": "✅", "regression": "🔻", "new": "❌", "fail": "❌", "error": "💥", "timeout": "⏱️",
+    "missing": "❔", "old-failure": "🟥", "flaky": "🎲", "known-fail": "🟨", "fixed": "🟢", "skip": "⬜",
+}  # fmt: skip
+MAX_PER_SECTION = 25
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _text(s: str) -> str:
+    """Case text outside code blocks: one line, HTML-escaped (Buildkite annotations render HTML)."""
+    return html.escape(" ".join(str(s).split()), quote=False)
+
+
+def _code(s: str) -> str:
+    """Case text inside a fenced block: no colour codes, and it cannot close the fence."""
+    return _ANSI.sub("", s).replace(3 * "`", 3 * "'")
+
+
+def _order(values, preferred: Sequence) -> list:
+    rank = {v: i for i, v in enumerate(preferred)}
+    return sorted(set(values), key=lambda v: (rank.get(v, len(rank)), str(v)))
+
+
+def _case_block(r: CaseResult, extra: str = "") -> list[str]:
+    head = f"- **`{r.case_id}`** — {_text(r.reason or r.status.value)}{_text(extra)}"
+    body = [c.summary() for c in r.failed_checks] or ([f"error kind: {r.error_kind}"] if r.error_kind else [])
+    if r.log_tail and not r.failed_checks:
+        body += ["...", *r.log_tail.strip().splitlines()[-5:]]
+    lines = [head]
+    if body:
+        lines += ["  ```", *[f"  {_code(b)}" for b in body], "  ```"]
+    if r.repro:
+        lines += ["  ```sh", f"  {_code(r.repro)}", "  ```"]
+    return lines
+
+
+def _section(title: str, ids: Sequence[str], by_id: dict[str, CaseResult], gate: GateOutcome, note: str = "") -> list[str]:
+    if not ids:
+        return []
+    out = [f"### {title} ({len(ids)})", ""]
+    if note:
+        out += [note, ""]
+    for cid in ids[:MAX_PER_SECTION]:
+        r = by_id.get(cid)
+        if r is None:
+            out.append(f"- **`{cid}`** — no result")
+            continue
+        extra = ""
+        kf = gate.known_reasons.get(cid)
+        if kf is not None:
+            extra = f" (known: {kf.reason}" + (f", {kf.link}" if kf.link else "") + ")"
+        base = gate.baseline_status.get(cid)
+        if base and gate.classification.get(cid) == "regression":
+            extra += f" (baseline: {base})"
+        out += _case_block(r, extra)
+    if len(ids) > MAX_PER_SECTION:
+        out.append(f"- … and {len(ids) - MAX_PER_SECTION} more (see `orch report`)")
+    out.append("")
+    return out
+
+
+def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
+    """Rows tp × mode, columns kv dtype × batch; one symbol per cell (worst case in the cell)."""
+    out: list[str] = []
+    worst = {c: i for i, c in enumerate(CLASSIFICATIONS)}
+    backends = _order((r.axes.get("backend", "?") for r in results), ())
+    for backend in backends:
+        rs = [r for r in results if r.axes.get("backend", "?") == backend]
+        rows = _order(((r.axes.get("tp"), r.axes.get("cudagraph_mode")) for r in rs), ())
+        rows = sorted(rows, key=lambda t: (t[0] or 0, CUDAGRAPH_MODES.index(t[1]) if t[1] in CUDAGRAPH_MODES else 99))
+        kvs = _order((r.axes.get("kv_cache_dtype") for r in rs), KV_CACHE_DTYPES)
+        batches = list(dict.fromkeys(r.axes.get("batch") for r in rs))
+        cols = [(kv, b) for kv in kvs for b in batches]
+        cells: dict[tuple, str] = {}
+        down: set[tuple] = set()
+        for r in rs:
+            key = (r.axes.get("tp"), r.axes.get("cudagraph_mode"), r.axes.get("kv_cache_dtype"), r.axes.get("batch"))
+            cls = gate.classification.get(r.case_id, r.status.value)
+            if key not in cells or worst[cls] < worst[cells[key]]:
+                cells[key] = cls
+            if r.downgraded:
+                down.add(key)
+        out += [f"#### `{backend}`", ""]
+        out.append("| tp × mode | " + " | ".join(f"{kv}<br>{b}" for kv, b in cols) + " |")
+        out.append("|---|" + "---|" * len(cols))
+        for tp, mode in rows:
+            row = []
+            for kv, b in cols:
+                cls = cells.get((tp, mode, kv, b))
+                sym = SYMBOL.get(cls, "·") if cls else "·"
+                row.append(sym + ("↓" if (tp, mode, kv, b) in down else ""))
+            out.append(f"| tp{tp} {mode} | " + " | ".join(row) + " |")
+        out.append("")
+    legend = ", ".join(f"{SYMBOL[c]} {c}" for c in CLASSIFICATIONS) + ", ↓ mode downgraded, · not in matrix"
+    return out + [f"<sub>{legend}</sub>", ""]
+
+
+def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> str:
+    by_id = {r.case_id: r for r in results}
+    icon = "✅" if gate.passed else "❌"
+    out = [f"## {icon} orch run {run.id} — `{run.matrix}`", "", f"**{gate.verdict()}**", ""]
+    counts = [(c, n) for c, n in gate.counts.items() if n]
+    out += ["| " + " | ".join(f"{SYMBOL[c]} {c}" for c, _ in counts) + " |", "|" + "---|" * len(counts)]
+    out += ["| " + " | ".join(str(n) for _, n in counts) + " |", ""]
+    meta = [f"devices: {run.devices or '?'}", f"git: `{run.git_sha[:12] or '?'}`", f"status: {run.status}"]
+    if run.baseline:
+        meta.append(f"baseline: `{run.baseline}`")
+    out += [" · ".join(meta), ""]
+    plain_failed = tuple(c for c in gate.new_failures if gate.classification[c] != "new")
+    out += _section("Regressions", gate.regressions, by_id, gate, "Passed in the baseline, fail now.")
+    out += _section("New failures", tuple(c for c in gate.new_failures if c not in plain_failed), by_id, gate,
+                    "Failing cases the baseline did not run.")  # fmt: skip
+    out += _section("Failures", plain_failed, by_id, gate)
+    out += _section("Missing results", gate.missing, by_id, gate, "Planned but never finished: `orch run --resume`.")
+    out += _section("Old failures (not gating)", gate.old_failures, by_id, gate, "Also failing in the baseline.")
+    out += _section("Flaky (not gating)", gate.flaky, by_id, gate)
+    out += _section("Fixed known failures", gate.fixed, by_id, gate, "These pass now: remove their known-failures entries.")
+    out += _section("Known failures (xfail)", gate.known_failures, by_id, gate)
+    if gate.downgraded:
+        out += [f"### Downgraded modes ({len(gate.downgraded)})", ""]
+        for cid in gate.downgraded[:MAX_PER_SECTION]:
+            r = by_id[cid]
+            out.append(f"- `{cid}`: {r.requested_mode} → {r.resolved_mode}")
+        out.append("")
+    out += ["### Grid", ""] + grid(results, gate)
+    return "\n".join(out)
+
+
+def write(path: str | None, text: str) -> None:
+    """Write to PATH and append to $GITHUB_STEP_SUMMARY when CI sets it."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    step = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step:
+        with open(step, "a", encoding="utf-8") as f:
+            f.write(text + "\n")
