@@ -1,0 +1,86 @@
+"""KV-cache dtype helpers and the graph-safe KV write shared by every provider.
+
+Cache layout (interface.py): kv_cache [2, num_blocks, block_size, Hkv, D], NHD, block 0 = null block.
+fp8 caches hold float8 values; k_scale/v_scale are [1] float32 device tensors read live, so a
+captured graph sees scale changes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from backend.attention.interface import AttentionConfig
+
+
+@functools.lru_cache(maxsize=None)
+def _is_gfx942(device_index: int) -> bool:
+    props = torch.cuda.get_device_properties(device_index)
+    return "gfx942" in getattr(props, "gcnArchName", "")
+
+
+def fp8_dtype(device: torch.device | str | None = None) -> torch.dtype:
+    """float8_e4m3fnuz on gfx942 (MI300), else float8_e4m3fn (NVIDIA, gfx950, CPU)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda" and torch.version.hip is not None:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if _is_gfx942(index):
+            return torch.float8_e4m3fnuz
+    return torch.float8_e4m3fn
+
+
+def kv_cache_torch_dtype(config: AttentionConfig) -> torch.dtype:
+    """The dtype a kv cache for `config` is allocated with."""
+    return fp8_dtype(config.device) if config.kv_cache_dtype == "fp8" else config.dtype
+
+
+def allocate_kv_cache(config: AttentionConfig, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A zeroed cache of the backend's shape (2, num_blocks, block_size, Hkv, D)."""
+    shape = shape or (2, config.num_blocks, config.block_size, config.num_kv_heads, config.head_size)
+    return torch.zeros(shape, dtype=kv_cache_torch_dtype(config), device=config.device)
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x / scale -> float8, saturating (a plain cast of an out-of-range value gives NaN in e4m3fn)."""
+    fmax = torch.finfo(dtype).max
+    return (x.float() / scale.float()).clamp(-fmax, fmax).to(dtype)
+
+
+def dequantize(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """Cache values -> float32 (float8 * scale; other dtypes as they are)."""
+    if x.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        return x.float() * scale.float()
+    return x.float()
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    # Bit-level view: the write below copies bytes back unchanged, even NaN payloads and fp8.
+    return t.view(_SAME_SIZE_INT[t.element_size()])
+
+
+def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
+             k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+    """Scatter this step's K/V [T, Hkv, D] into the cache at slot_mapping [T'] (T' <= T).
+
+    Slots of -1 write nothing, graph-safely: no host sync, no boolean-mask indexing. A -1 slot is
+    redirected to slot 0 (inside the null block, which no real token writes) and writes back the
+    bytes it read there, so nothing in the cache changes for padded tokens.
+    """
+    num_slots = kv_cache.shape[1] * kv_cache.shape[2]
+    n = slot_mapping.shape[0]
+    valid = (slot_mapping >= 0)[:, None, None]
+    index = slot_mapping.clamp(min=0)
+    for cache, x, scale in ((kv_cache[0], key, k_scale), (kv_cache[1], value, v_scale)):
+        flat = cache.reshape(num_slots, *cache.shape[2:])  # a view: the cache is contiguous
+        if flat.data_ptr() != cache.data_ptr() or not cache.is_contiguous():
+            raise ValueError("kv_cache must be contiguous")
+        x = x[:n]
+        new = quantize_fp8(x, scale, flat.dtype) if flat.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) \
+            else x.to(flat.dtype)
+        raw = _raw(flat)
+        old = raw.index_select(0, index)
+        raw.index_copy_(0, index, torch.where(valid, _raw(new), old))

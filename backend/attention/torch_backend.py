@@ -1,0 +1,69 @@
+"""`torch` provider: vectorised paged gather + masked softmax. CPU and GPU, bf16/fp16/fp32, auto/fp8.
+
+Graph-safe by construction (support ALWAYS): every token gathers its request's K/V over a fixed
+length (max_blocks_per_seq * block_size) and the mask is computed on device from seq_lens,
+query_start_loc and query_lens, so no host value of the batch reaches a shape or a branch.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from backend.attention.builder import PersistentMetadataBuilder
+from backend.attention.interface import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionConfig,
+    AttentionImpl,
+    AttentionMetadata,
+)
+from backend.attention.kv_cache import write_kv
+from backend.attention.torch_ops import gather_paged, masked_attention, token_chunks, token_to_request
+
+
+def paged_causal_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           metadata: AttentionMetadata, k_scale: torch.Tensor, v_scale: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """query [T, H, D] -> fp32 [T, H, D]. Token i of a request with query len q and seq len s
+    attends to positions p < s with p <= s - q + i (causal, bottom-right aligned)."""
+    t, h, d = query.shape
+    block_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    length = metadata.block_table.shape[1] * block_size
+    req, pos = token_to_request(metadata.query_start_loc, t)
+    seq = metadata.seq_lens.to(torch.int64)[req]
+    qlen = metadata.query_lens.to(torch.int64)[req]
+    limit = seq - qlen + pos  # last position this token may see
+    real = pos < qlen  # padded tokens (past the last request) attend nothing
+    keys = torch.arange(length, device=query.device)
+    out = torch.empty(t, h, d, dtype=torch.float32, device=query.device)
+    per_token = length * hkv * d * 4 * 2 + h * length * 4 * 3
+    for chunk in token_chunks(t, per_token):
+        rows = metadata.block_table[req[chunk]]
+        k = gather_paged(k_cache, rows, length, k_scale)
+        v = gather_paged(v_cache, rows, length, v_scale)
+        mask = (keys[None, :] <= limit[chunk, None]) & (keys[None, :] < seq[chunk, None]) & real[chunk, None]
+        out[chunk] = masked_attention(query[chunk], k, v, mask, scale)
+    return out
+
+
+class TorchImpl(AttentionImpl):
+    def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
+        write_kv(kv_cache, key, value, metadata.slot_mapping, k_scale, v_scale)
+        t = metadata.num_padded_tokens
+        out = paged_causal_attention(query[:t], kv_cache[0], kv_cache[1], metadata, k_scale, v_scale,
+                                     self.config.scale)
+        output[:t].copy_(out.to(output.dtype))
+        return output
+
+
+class TorchBackend(AttentionBackend):
+    name: ClassVar[str] = "torch"
+    cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
+    builder_cls = PersistentMetadataBuilder
+    impl_cls = TorchImpl
+
+    @classmethod
+    def unsupported_reasons(cls, config: AttentionConfig) -> list[str]:
+        return super().unsupported_reasons(config)

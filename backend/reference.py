@@ -1,0 +1,82 @@
+"""Independent fp32 reference for paged causal attention (check 1 of DESIGN.md §5).
+
+Deliberately shares no attention math with the providers: a per-request Python loop over
+`torch.nn.functional.scaled_dot_product_attention` with an explicit bottom-right causal mask,
+GQA by repeating kv heads, on K/V read out of the paged cache one block at a time.
+Only the fp8 dtype helper is imported from backend.attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from backend.attention.interface import BatchDescription
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def _to_float(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
+    x32 = x.to(torch.float32)
+    if x.dtype in _FP8:
+        x32 = x32 * torch.as_tensor(scale, dtype=torch.float32, device=x.device).reshape(())
+    return x32
+
+
+def request_kv_from_cache(kv_cache: torch.Tensor, block_row: Sequence[int], seq_len: int
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [seq_len, Hkv, D] of one request, block by block (still in the cache dtype)."""
+    block_size = kv_cache.shape[2]
+    ks, vs = [], []
+    for i in range(-(-seq_len // block_size)):
+        block = int(block_row[i])
+        n = min(block_size, seq_len - i * block_size)
+        ks.append(kv_cache[0, block, :n])
+        vs.append(kv_cache[1, block, :n])
+    empty = kv_cache.new_zeros((0, *kv_cache.shape[3:]))
+    return (torch.cat(ks) if ks else empty), (torch.cat(vs) if vs else empty)
+
+
+def reference_attention(query: torch.Tensor, k_ctx: Sequence[torch.Tensor], v_ctx: Sequence[torch.Tensor],
+                        query_lens: Sequence[int], scale: float,
+                        k_scale: float | torch.Tensor = 1.0, v_scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """Causal attention for a packed batch, fp32.
+
+    query [T, H, D]: tokens of request i are rows sum(query_lens[:i]) .. + query_lens[i].
+    k_ctx[i], v_ctx[i] [s_i, Hkv, D]: request i's full sequence (context + this step's tokens), in
+      the model dtype or float8 (then multiplied by k_scale / v_scale).
+    Token j (0-based) of request i attends positions p <= s_i - q_i + j (bottom-right aligned).
+    Returns [T, H, D] float32; rows beyond sum(query_lens) are 0.
+    """
+    t, h, d = query.shape
+    out = torch.zeros(t, h, d, dtype=torch.float32, device=query.device)
+    start = 0
+    for q_len, k, v in zip(query_lens, k_ctx, v_ctx):
+        s = k.shape[0]
+        if q_len > s:
+            raise ValueError(f"query len {q_len} exceeds sequence length {s}")
+        q = query[start:start + q_len].to(torch.float32).transpose(0, 1)  # [H, q, D]
+        rep = h // k.shape[1]
+        k32 = _to_float(k, k_scale).repeat_interleave(rep, dim=1).transpose(0, 1)  # [H, s, D]
+        v32 = _to_float(v, v_scale).repeat_interleave(rep, dim=1).transpose(0, 1)
+        rows = torch.arange(q_len, device=query.device)[:, None]
+        cols = torch.arange(s, device=query.device)[None, :]
+        mask = cols <= rows + (s - q_len)  # [q, s] bottom-right causal
+        o = F.scaled_dot_product_attention(q, k32, v32, attn_mask=mask, scale=scale)
+        out[start:start + q_len] = o.transpose(0, 1)
+        start += q_len
+    return out
+
+
+def reference_from_cache(query: torch.Tensor, kv_cache: torch.Tensor, batch: BatchDescription, scale: float,
+                         k_scale: float | torch.Tensor = 1.0, v_scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """reference_attention on the K/V a (correct) step left in the cache: query [T, H, D] for the
+    real tokens of `batch`; returns [T, H, D] fp32. Read the cache after the step's KV write."""
+    ks, vs = [], []
+    for i, s in enumerate(batch.seq_lens):
+        k, v = request_kv_from_cache(kv_cache, batch.block_table[i].tolist(), s)
+        ks.append(k)
+        vs.append(v)
+    return reference_attention(query, ks, vs, batch.query_lens, scale, k_scale, v_scale)
