@@ -1,0 +1,50 @@
+"""The graph-runner interface shared by real CUDA/HIP graphs and the CPU emulation.
+
+A runner captures a zero-argument callable that reads and writes static tensors (persistent
+buffers) and returns its output tensor(s). Replay re-executes the captured work on the current
+contents of those same tensors and refreshes the same output objects: callers copy outputs out
+before the next replay. Every host value seen at capture (python ints/floats, shapes, branches
+taken) is frozen. Capture sizes are the caller's business (largest first, see backend.modes).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+class GraphCaptureError(RuntimeError):
+    """Capture failed (host sync, unsupported op, CUDA capture error); the message names the cause.
+    The runner stays usable for other captures."""
+
+
+class CapturedGraph:
+    outputs: object  # the static output tensor(s) fn returned at capture
+
+    def replay(self) -> object:
+        """Re-run the captured work; returns `outputs` (the same objects, refreshed)."""
+        raise NotImplementedError
+
+
+class GraphRunner:
+    kind: str  # "cuda" | "hip" | "emulated"
+
+    def warmup(self, fn: Callable[[], object], iters: int = 2) -> None:
+        """Eager runs before capture (lazy inits, allocator caching, autotuning)."""
+        raise NotImplementedError
+
+    def capture(self, fn: Callable[[], object]) -> CapturedGraph:
+        raise NotImplementedError
+
+
+def make_graph_runner(device: torch.device | str) -> GraphRunner:
+    """Real graphs on a CUDA/HIP device (hip when torch is a ROCm build), emulation elsewhere."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        from backend.graphs.cuda import CudaGraphRunner
+
+        return CudaGraphRunner(device)
+    from backend.graphs.emulated import EmulatedGraphRunner
+
+    return EmulatedGraphRunner()

@@ -1,0 +1,95 @@
+"""Real CUDA/HIP graphs through torch.cuda.CUDAGraph, captured the way vLLM captures them.
+
+- Warm-up runs eagerly on the runner's side stream, the same stream later used for capture.
+- Every capture of one runner allocates from one shared memory pool (graph_pool_handle()); the
+  caller captures largest-first so smaller graphs reuse what the largest one grew.
+- Replay launches on the current stream and returns the same output objects every time.
+- A failed capture (`.item()` in a wrapper: cudaErrorStreamCaptureInvalidated / "operation not
+  permitted when stream is capturing") becomes GraphCaptureError. We drive capture_begin/
+  capture_end ourselves instead of `torch.cuda.graph(...)`: when capture_end raises inside that
+  context manager's __exit__, the stream context is never exited and the capture stream stays
+  current. Here the capture is always ended, the current stream restored, and the graph dropped,
+  so the runner stays usable.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner
+
+
+class CudaCapturedGraph(CapturedGraph):
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: object):
+        self._graph = graph
+        self.outputs = outputs
+
+    def replay(self) -> object:
+        self._graph.replay()
+        return self.outputs
+
+
+class CudaGraphRunner(GraphRunner):
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.kind = "hip" if torch.version.hip else "cuda"
+        with torch.cuda.device(self.device):
+            self.pool = torch.cuda.graph_pool_handle()
+            self.stream = torch.cuda.Stream(self.device)
+
+    def warmup(self, fn: Callable[[], object], iters: int = 2) -> None:
+        with torch.cuda.device(self.device):
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                for _ in range(iters):
+                    fn()
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+            torch.cuda.synchronize(self.device)
+
+    def capture(self, fn: Callable[[], object]) -> CudaCapturedGraph:
+        with torch.cuda.device(self.device):
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            error: BaseException | None = None
+            outputs: object = None
+            with torch.cuda.stream(self.stream):
+                graph.capture_begin(self.pool, capture_error_mode="global")
+                try:
+                    outputs = fn()
+                except Exception as e:  # the capture is invalid now; end it below
+                    error = e
+                try:
+                    graph.capture_end()
+                except Exception as e:
+                    error = error or e
+                if error is not None and torch.cuda.is_current_stream_capturing():
+                    self._abandon_stream()
+            if error is not None:
+                del graph
+                self._clear_error_state()
+                raise GraphCaptureError(_describe(error)) from error
+            torch.cuda.synchronize(self.device)
+        return CudaCapturedGraph(graph, outputs)
+
+    def _abandon_stream(self) -> None:
+        # The stream is still in capture mode (end failed): never use it again.
+        self.stream = torch.cuda.Stream(self.device)
+
+    def _clear_error_state(self) -> None:
+        # Capture errors are not sticky; read them off so the next CUDA call does not report them.
+        try:
+            torch.cuda.synchronize(self.device)
+        except RuntimeError:
+            pass
+
+
+def _describe(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}".strip().splitlines()[0]
+    lower = str(error).lower()
+    if "capture" in lower and ("not permitted" in lower or "invalidated" in lower or "unsupported" in lower):
+        return f"CUDA graph capture failed (a host sync or unsupported call during capture): {text}"
+    return f"CUDA graph capture failed: {text}"

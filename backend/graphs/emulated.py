@@ -1,0 +1,235 @@
+"""CPU emulation of CUDA graphs (DESIGN.md §4): record the aten op stream of one capture run,
+then replay it on the same tensor objects.
+
+What it freezes is what a real graph freezes: the op sequence, every shape and every host scalar
+in the op arguments (python ints/floats, branches taken in Python). Tensor contents are read
+live at replay. Replay rules per recorded op:
+- view ops (schema marks the return as an alias, or the result shares an input's storage, e.g.
+  `_unsafe_view`): nothing, the recorded view object still aliases its base;
+- `empty*` factories: nothing (a graph leaves such memory as it is);
+- c10d collectives (gloo/NCCL through torch.distributed; the schema of e.g. `c10d.allreduce_`
+  is not marked mutable and returns (tensors, Work)): re-issued in recorded order, which is the
+  same order on every rank, and every returned Work is waited on before the next op;
+- functional collectives (`_c10d_functional.*`): re-issued, waited, copied into the recorded output;
+- everything else (out-of-place, in-place, `out=`): re-run on the recorded args (the same tensor
+  objects, so current contents are read); fresh results are copied into the recorded outputs.
+Random ops draw new numbers at each replay, like a graph-safe generator advancing its offset.
+
+Capture on a GPU records without executing. To match, state the capture wrote into tensors that
+existed before it (persistent buffers, KV cache, a collective's tensor) is restored afterwards;
+tensors created during capture keep their values. Host syncs raise GraphCaptureError as they
+fail a real capture: `.item()`/`bool()`/`int()` (`_local_scalar_dense`, `is_nonzero`),
+`nonzero`, boolean-mask indexing, `masked_select`, `unique*`, `equal`, `repeat_interleave`
+without output_size, `tolist()`/`numpy()`. On CPU every tensor counts as a device tensor: a host
+tensor read with `.item()` inside the captured callable is flagged here although a GPU would
+allow it; keep host-side preparation outside the captured callable, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner
+
+# Ops whose result depends on tensor data on the host (a device->host sync on a GPU).
+_HOST_SYNC_OPS = frozenset({
+    "aten::_local_scalar_dense", "aten::is_nonzero", "aten::nonzero", "aten::masked_select",
+    "aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+    "aten::unique_dim_consecutive", "aten::equal", "aten::bincount", "aten::argwhere",
+})
+_BOOL_INDEX_OPS = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})
+_EMPTY_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+                        "aten::new_empty_strided"})
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def _host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
+    name = func._schema.name
+    if name in _HOST_SYNC_OPS:
+        return f"{func} (reads tensor data on the host)"
+    if name == "aten::repeat_interleave" and func._overloadname.startswith("Tensor") \
+            and kwargs.get("output_size") is None and (len(args) < 3 or args[-1] is None):
+        return f"{func} without output_size (output shape depends on tensor data)"
+    if name in _BOOL_INDEX_OPS:
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        for ix in indices or ():
+            if isinstance(ix, torch.Tensor) and ix.dtype in (torch.bool, torch.uint8):
+                return f"{func} with a boolean mask (output shape depends on tensor data)"
+    return None
+
+
+def _written_args(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    if func.namespace == "c10d":  # not marked mutable, but writes its tensor arguments
+        return _tensors((args, kwargs))
+    written = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = kwargs.get(arg.name, args[i] if i < len(args) and not arg.kwarg_only else None)
+            written += _tensors(value)
+    return written
+
+
+@dataclass
+class _Op:
+    func: torch._ops.OpOverload
+    args: tuple
+    kwargs: dict
+    out: Any
+    kind: str  # "run" | "skip" | "c10d" | "functional"
+
+
+def _wait_all(tree: Any) -> None:
+    for x in tree_flatten(tree)[0]:
+        if not isinstance(x, torch.Tensor) and hasattr(x, "wait"):
+            x.wait()
+
+
+def _copy_into(recorded: Any, fresh: Any) -> None:
+    for rec, new in zip(tree_flatten(recorded)[0], tree_flatten(fresh)[0]):
+        if isinstance(rec, torch.Tensor) and isinstance(new, torch.Tensor) and rec is not new:
+            if rec.numel() and _storage_ptr(rec) == _storage_ptr(new) and rec.data_ptr() == new.data_ptr():
+                continue  # the op wrote in place and returned (a view of) its argument
+            rec.copy_(new)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[_Op] = []
+        self.fresh_storages: set[int] = set()  # storages allocated during capture
+        self.snapshots: list[tuple[torch.Tensor, torch.Tensor]] = []  # pre-capture contents
+        self._snapshotted: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        reason = _host_sync_reason(func, args, kwargs)
+        if reason is not None:
+            raise GraphCaptureError(f"host sync during graph capture: {reason}")
+        for t in _written_args(func, args, kwargs):
+            # Snapshot tensors that outlive the capture before their first write (see module doc).
+            if id(t) not in self._snapshotted and _storage_ptr(t) not in self.fresh_storages:
+                self._snapshotted.add(id(t))
+                self.snapshots.append((t, t.detach().clone()))
+        out = func(*args, **kwargs)
+        self.ops.append(_Op(func, args, kwargs, out, self._classify(func, args, kwargs, out)))
+        return out
+
+    def _classify(self, func, args, kwargs, out) -> str:
+        if func.namespace == "c10d":
+            return "c10d"
+        if func.namespace == "_c10d_functional" and func._schema.name != "_c10d_functional::wait_tensor":
+            self._note_fresh(out)
+            return "functional"
+        schema = func._schema
+        mutable = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        if not mutable:
+            if any(r.alias_info is not None for r in schema.returns):
+                return "skip"  # a view: the recorded object aliases its base
+            if schema.name in _EMPTY_OPS:
+                self._note_fresh(out)
+                return "skip"
+            inputs = {_storage_ptr(t) for t in _tensors((args, kwargs))} - {0}
+            if any(_storage_ptr(t) in inputs for t in _tensors(out)):
+                return "skip"  # an unmarked view (e.g. _unsafe_view)
+            self._note_fresh(out)
+        return "run"
+
+    def _note_fresh(self, out: Any) -> None:
+        self.fresh_storages.update(p for p in map(_storage_ptr, _tensors(out)) if p)
+
+    def restore(self) -> None:
+        # Reverse order: the oldest snapshot of overlapping views wins.
+        with torch.no_grad():
+            for t, saved in reversed(self.snapshots):
+                t.copy_(saved)
+        self.snapshots.clear()
+
+
+def _refuse_host_read(what: str) -> Callable[..., Any]:
+    def refuse(self: torch.Tensor, *a: Any, **k: Any) -> Any:
+        raise GraphCaptureError(f"host sync during graph capture: Tensor.{what}() reads tensor data on the host")
+    return refuse
+
+
+@contextlib.contextmanager
+def _no_host_reads() -> Iterator[None]:
+    # tolist()/numpy() read memory directly, below the dispatcher, so the mode cannot see them.
+    patched = {name: torch.Tensor.__dict__.get(name) for name in ("tolist", "numpy")}
+    for name in patched:
+        setattr(torch.Tensor, name, _refuse_host_read(name))
+    try:
+        yield
+    finally:
+        for name, original in patched.items():
+            if original is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, original)
+
+
+class EmulatedCapturedGraph(CapturedGraph):
+    def __init__(self, ops: list[_Op], outputs: object):
+        self._ops = ops
+        self.outputs = outputs
+
+    @property
+    def num_ops(self) -> int:
+        return len(self._ops)
+
+    def op_names(self) -> list[str]:
+        return [str(op.func) for op in self._ops]
+
+    def replay(self) -> object:
+        with torch.no_grad():
+            for op in self._ops:
+                if op.kind == "skip":
+                    continue
+                result = op.func(*op.args, **op.kwargs)
+                if op.kind == "c10d":
+                    _wait_all(result)  # else the next op reads the unreduced tensor
+                    continue
+                if op.kind == "functional":
+                    for t in _tensors(result):
+                        torch.ops._c10d_functional.wait_tensor(t)
+                _copy_into(op.out, result)
+        return self.outputs
+
+
+class EmulatedGraphRunner(GraphRunner):
+    kind = "emulated"
+
+    def warmup(self, fn: Callable[[], object], iters: int = 2) -> None:
+        for _ in range(iters):
+            fn()
+
+    def capture(self, fn: Callable[[], object]) -> EmulatedCapturedGraph:
+        recorder = _Recorder()
+        try:
+            with _no_host_reads(), recorder:
+                outputs = fn()
+        except GraphCaptureError:
+            raise
+        except Exception as e:  # a real capture fails the same way: nothing usable is left
+            cause = e.__cause__ if isinstance(e.__cause__, GraphCaptureError) else None
+            if cause is not None:
+                raise cause from e
+            raise GraphCaptureError(f"graph capture failed: {type(e).__name__}: {e}".splitlines()[0]) from e
+        finally:
+            recorder.restore()
+        return EmulatedCapturedGraph(recorder.ops, outputs)
