@@ -64,6 +64,3 @@ class TorchBackend(AttentionBackend):
     builder_cls = PersistentMetadataBuilder
     impl_cls = TorchImpl
 
-    @classmethod
-    def unsupported_reasons(cls, config: AttentionConfig) -> list[str]:
-        return super().unsupported_reasons(config)
