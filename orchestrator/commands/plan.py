@@ -1,0 +1,107 @@
+"""`orch plan MATRIX`: what a run would do, without running anything.
+
+Text: runnable case ids, skipped ones with reasons, counts per axis value and the estimated cost
+(total and per tp). `--json`: one document
+  {matrix, device_class, cases: [{id, <axes>, est_s}], skipped: [{id, reason}],
+   counts: {axis: {value: n}}, total_est_s, est_s_by_tp}
+(counts are over the runnable, selected cases; est_s is null when no cost model is installed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from backend.case import Case
+from orchestrator.errors import ExitCode
+from orchestrator.filters import select
+from orchestrator.matrix import SkippedCase, load_matrix
+
+AXIS_NAMES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed")
+
+
+def _cost_model() -> Callable[[Case], float] | None:
+    try:
+        from orchestrator.scheduling.cost import estimate_seconds
+    except ImportError:
+        return None
+    return estimate_seconds
+
+
+def counts_per_axis(cases: Sequence[Case]) -> dict[str, dict[str, int]]:
+    counts: dict[str, Counter] = {axis: Counter() for axis in AXIS_NAMES}
+    for case in cases:
+        for axis, value in case.axes.items():
+            counts[axis][str(value)] += 1
+    return {axis: dict(c) for axis, c in counts.items()}
+
+
+def build_plan(matrix: str, filter_expr: str | None, devices: str) -> dict:
+    m = load_matrix(matrix, devices=devices)
+    cases = select(m.cases, filter_expr)
+    skipped: list[SkippedCase] = select(m.skipped, filter_expr)
+    estimate = _cost_model()
+    est = {c.case_id: (round(float(estimate(c)), 3) if estimate else None) for c in cases}
+    by_tp: Counter = Counter()
+    for c in cases:
+        by_tp[str(c.tp)] += est[c.case_id] or 0.0
+    return {
+        "matrix": m.path,
+        "name": m.name,
+        "device_class": m.device_class,
+        "cases": [{"id": c.case_id, **c.axes, "est_s": est[c.case_id]} for c in cases],
+        "skipped": [{"id": s.case.case_id, "reason": s.reason} for s in skipped],
+        "counts": counts_per_axis(cases),
+        "total_est_s": round(sum(by_tp.values()), 3) if estimate else None,
+        "est_s_by_tp": {tp: round(v, 3) for tp, v in sorted(by_tp.items(), key=lambda kv: int(kv[0]))} if estimate else None,
+    }
+
+
+def _print_text(plan: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(100, Console().width), highlight=False)
+    runnable = Table(title=f"{plan['name']} ({plan['device_class']}): {len(plan['cases'])} runnable cases",
+                     title_justify="left")
+    runnable.add_column("case id", no_wrap=True)
+    runnable.add_column("est s", justify="right")
+    for c in plan["cases"]:
+        runnable.add_row(c["id"], "-" if c["est_s"] is None else f"{c['est_s']:.2f}")
+    console.print(runnable)
+
+    if plan["skipped"]:
+        skipped = Table(title=f"{len(plan['skipped'])} skipped", title_justify="left")
+        skipped.add_column("case id", no_wrap=True)
+        skipped.add_column("reason")
+        for s in plan["skipped"]:
+            skipped.add_row(s["id"], s["reason"])
+        console.print(skipped)
+
+    counts = Table(title="cases per axis value", title_justify="left")
+    counts.add_column("axis")
+    counts.add_column("value = cases")
+    for axis, values in plan["counts"].items():
+        counts.add_row(axis, "  ".join(f"{v}={n}" for v, n in values.items()))
+    console.print(counts)
+
+    if plan["total_est_s"] is None:
+        console.print("estimated cost: unknown (no cost model: orchestrator.scheduling.cost missing)")
+        return
+    console.print(f"estimated cost: {plan['total_est_s']:.1f} s (sum of case estimates; per tp below)")
+    cost = Table()
+    cost.add_column("tp", justify="right")
+    cost.add_column("est s", justify="right")
+    for tp, s in plan["est_s_by_tp"].items():
+        cost.add_row(tp, f"{s:.1f}")
+    console.print(cost)
+
+
+def main(matrix: str, filter_expr: str | None = None, as_json: bool = False, devices: str = "auto") -> int:
+    plan = build_plan(matrix, filter_expr, devices)
+    if as_json:
+        print(json.dumps(plan, indent=1))
+    else:
+        _print_text(plan)
+    return ExitCode.OK

@@ -1,0 +1,308 @@
+"""Load a matrix file into cases: validate, expand (product, exclude, include), apply constraints.
+
+    load_matrix("matrices/full.yaml", devices="cpu") -> Matrix(cases=runnable, skipped=with reasons)
+
+Validation happens once, here; anything wrong in the file is an InputError naming file and line
+(orchestrator/matrix_schema.py keeps every value's origin). A combination that is well-formed but
+cannot run (heads not divisible by tp, backend unavailable on this device class, kv dtype not
+supported, a user constraint) is not an error: it becomes a SkippedCase with the reason, so the
+plan and the dashboard show it. Language reference: docs/MATRIX.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from backend.case import BatchSpec, Case, ModelShape, Tolerance, default_capture_sizes
+from orchestrator import matrix_schema as S
+from orchestrator.errors import InputError
+
+# Used when a matrix gives no `tolerances:` entry for the case's dtype key. bf16/fp16 follow
+# AITER's own attention tests (~1e-2); fp8 KV is much coarser (~0.1-0.15).
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "bfloat16": Tolerance(2e-2, 2e-2),
+    "float16": Tolerance(1e-2, 1e-2),
+    "float32": Tolerance(1e-4, 1e-4),
+    "fp8": Tolerance(0.15, 0.15),
+}
+# vLLM's default largest capture size: min(2 * max_num_seqs, 512).
+MAX_DEFAULT_CAPTURE = 512
+
+
+@dataclass(frozen=True)
+class SkippedCase:
+    case: Case
+    reason: str
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: str
+    name: str
+    device_class: str
+    cases: tuple[Case, ...]  # runnable
+    skipped: tuple[SkippedCase, ...]
+
+    def find(self, case_id: str) -> Case | SkippedCase | None:
+        for case in self.cases:
+            if case.case_id == case_id:
+                return case
+        for skipped in self.skipped:
+            if skipped.case.case_id == case_id:
+                return skipped
+        return None
+
+
+def resolve_device_class(devices: str) -> str:
+    if devices in S.DEVICE_CLASSES:
+        return devices
+    if devices == "auto":
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    raise InputError(f"--devices: expected cpu, gpu or auto, got {devices!r}")
+
+
+def load_matrix(path: str, *, devices: str = "auto", backend_override: str | None = None) -> Matrix:
+    device_class = resolve_device_class(devices)
+    tree = S.read_tree(path)
+    # The other device class's variants are validated too (a broken gpu block must not wait for
+    # the first GPU run to be noticed), unless the file simply has no variant for it.
+    other = "gpu" if device_class == "cpu" else "cpu"
+    try:
+        other_tree = S.select_device(tree, other)
+        _Loader(path, other_tree, S.validate_doc(other_tree), other).check()
+    except S.MissingVariant:
+        pass
+    selected = S.select_device(tree, device_class)
+    loader = _Loader(path, selected, S.validate_doc(selected), device_class)
+    return loader.build(backend_override)
+
+
+class _Loader:
+    def __init__(self, path: str, tree: S.Node, doc: S.MatrixDoc, device_class: str):
+        self.path, self.tree, self.doc, self.device_class = path, tree, doc, device_class
+        self.model = ModelShape(**doc.model.model_dump())
+        self._backends: dict[str, Any] = {}
+        self._unavailable: dict[str, str | None] = {}
+
+    def err(self, loc: tuple, message: str) -> InputError:
+        field = S.field_path(self.tree, loc)
+        return S.error_at(self.tree, loc, f"{field}: {message}" if field else message)
+
+    # --- checks that need more than one field --------------------------------------------
+
+    def check(self) -> None:
+        self.capture_sizes()
+        names = self.doc.batches
+        used = list(dict.fromkeys(self.doc.axes.batch + [e.batch for e in self.doc.include if e.batch]))
+        for i, name in enumerate(self.doc.axes.batch):
+            if name not in names:
+                raise self.err(("axes", "batch", i), f"no batch spec named {name!r} under batches: (have {', '.join(names)})")
+        for key in ("exclude", "include", "constraints"):
+            for i, entry in enumerate(getattr(self.doc, key)):
+                match = entry.when if key == "constraints" else entry
+                if match.batch is not None and match.batch not in names:
+                    loc = (key, i, "when", "batch") if key == "constraints" else (key, i, "batch")
+                    raise self.err(loc, f"no batch spec named {match.batch!r} under batches:")
+        for name in used:
+            self.batch(name)
+
+    def batch(self, name: str) -> BatchSpec:
+        block = self.doc.batches[name]
+        q, s = block.rows()
+        loc = ("batches", name)
+        m = self.model
+        if len(q) > m.max_num_seqs:
+            raise self.err(loc, f"{len(q)} requests exceed model max_num_seqs {m.max_num_seqs}")
+        for i, (ql, sl) in enumerate(zip(q, s)):
+            if ql < 1:
+                raise self.err(loc, f"request {i}: query_len {ql} must be >= 1")
+            if sl < ql:
+                raise self.err(loc, f"request {i}: seq_len {sl} < query_len {ql} (seq_len counts context + new tokens)")
+            if sl > m.max_model_len:
+                raise self.err(loc, f"request {i}: seq_len {sl} exceeds model max_model_len {m.max_model_len}")
+        return BatchSpec(name, q, s, block.description)
+
+    def capture_sizes(self) -> tuple[int, ...]:
+        m = self.model
+        if self.doc.capture_sizes == "default":
+            return default_capture_sizes(min(MAX_DEFAULT_CAPTURE, 2 * m.max_num_seqs))
+        sizes = list(self.doc.capture_sizes)
+        if not sizes:
+            raise self.err(("capture_sizes",), "empty list (omit the key for vLLM's default sizes)")
+        if len(set(sizes)) != len(sizes):
+            raise self.err(("capture_sizes",), "duplicate capture sizes")
+        # The capture dummy batch spreads N tokens over min(N, max_num_seqs) requests.
+        limit = m.max_num_seqs * m.max_model_len
+        if max(sizes) > limit:
+            raise self.err(("capture_sizes",), f"size {max(sizes)} exceeds max_num_seqs * max_model_len = {limit}")
+        return tuple(sorted(sizes))
+
+    def backend_class(self, name: str, loc: tuple | None) -> Any:
+        if name not in self._backends:
+            from backend.attention.registry import BackendLoadError, get_backend
+
+            try:
+                self._backends[name] = get_backend(name)
+            except BackendLoadError as e:
+                if loc is None:
+                    raise InputError(f"{e}", source="--backend") from None
+                raise self.err(loc, f"{e}") from None
+        return self._backends[name]
+
+    # --- expansion -------------------------------------------------------------------------
+
+    def build(self, backend_override: str | None) -> Matrix:
+        self.check()
+        doc = self.doc
+        axes = {k: list(getattr(doc.axes, k)) for k in S.AXES}
+        includes = [{**e.axes(), **e.extras()} for e in doc.include]
+        if backend_override is not None:
+            self.backend_class(backend_override, None)
+            axes["backend"] = [backend_override]
+            # A backend-specific include is kept, re-targeted at the override.
+            includes = [{**inc, "backend": backend_override} if "backend" in inc else inc for inc in includes]
+        else:
+            for i, name in enumerate(axes["backend"]):
+                self.backend_class(name, ("axes", "backend", i))
+            for i, e in enumerate(doc.include):
+                if e.backend is not None:
+                    self.backend_class(e.backend, ("include", i, "backend"))
+        try:
+            combos = expand(axes, [e.axes() for e in doc.exclude], includes)
+        except IncompleteInclude as e:
+            raise self.err(("include", e.index), str(e)) from None
+        if not combos:
+            raise self.err(("exclude",) if doc.exclude else ("axes",), "the product is empty: exclude removes every combination")
+
+        batches = {name: self.batch(name) for name in doc.batches if any(c["batch"] == name for c in combos)}
+        capture = self.capture_sizes()
+        runnable: list[Case] = []
+        skipped: list[SkippedCase] = []
+        seen: dict[str, int] = {}
+        head_only = True  # every skip is about heads vs tp: the tp axis itself is wrong
+        for n, combo in enumerate(combos):
+            case = Case(
+                backend=combo["backend"], tp=combo["tp"], mode=combo["cudagraph_mode"],
+                kv_cache_dtype=combo["kv_cache_dtype"], batch=batches[combo["batch"]], seed=combo["seed"],
+                model=self.model, capture_sizes=capture, steps=combo.get("steps", doc.steps),
+                tolerance=self.tolerance(combo["kv_cache_dtype"]), timeout_s=float(combo.get("timeout_s", doc.timeout_s)),
+                matrix=self.path, tier=doc.tier,
+            )
+            cid = case.case_id
+            if cid in seen:
+                where = ("include", combo["_include"]) if "_include" in combo else ("axes", "backend")
+                raise self.err(where, f"duplicate case id {cid} (two combinations, or two backends with one class name)")
+            seen[cid] = n
+            heads = head_reasons(self.model, case.tp)
+            reasons = heads + self.backend_reasons(case) + self.user_reasons(combo)
+            if reasons:
+                head_only = head_only and bool(heads)
+                skipped.append(SkippedCase(case, "; ".join(reasons)))
+            else:
+                runnable.append(case)
+        if not runnable and head_only:
+            raise self.err(("axes", "tp"), f"nothing runnable: {skipped[0].reason} (model num_heads "
+                           f"{self.model.num_heads}, num_kv_heads {self.model.num_kv_heads})")
+        name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
+        return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped))
+
+    def tolerance(self, kv_cache_dtype: str) -> Tolerance:
+        key = "fp8" if kv_cache_dtype == "fp8" else self.model.dtype
+        tol = self.doc.tolerances.get(key)
+        return Tolerance(tol.atol, tol.rtol) if tol else DEFAULT_TOLERANCES[key]
+
+    def backend_reasons(self, case: Case) -> list[str]:
+        cls = self._backends[case.backend]
+        label = case.backend_label
+        reasons = []
+        if case.kv_cache_dtype not in tuple(getattr(cls, "supported_kv_cache_dtypes", ())):
+            reasons.append(f"{label} does not support kv_cache_dtype {case.kv_cache_dtype}")
+        import torch
+
+        dtypes = getattr(cls, "supported_dtypes", None)
+        if dtypes is not None and getattr(torch, case.model.dtype) not in tuple(dtypes):
+            reasons.append(f"{label} does not support dtype {case.model.dtype}")
+        if case.backend not in self._unavailable:
+            self._unavailable[case.backend] = unavailable_reason(cls, self.device_class)
+        if self._unavailable[case.backend]:
+            reasons.append(f"unavailable: {self._unavailable[case.backend]}")
+        return reasons
+
+    def user_reasons(self, combo: Mapping[str, Any]) -> list[str]:
+        return [c.reason for c in self.doc.constraints if matches(combo, c.when.axes())]
+
+
+def unavailable_reason(cls: Any, device_class: str) -> str | None:
+    import torch
+
+    device = torch.device("cuda" if device_class == "gpu" else "cpu")
+    try:
+        return cls.unavailable_reason(device)
+    except Exception as e:  # a plugin's check that crashes means "cannot run here", said plainly
+        return f"{getattr(cls, '__name__', cls)}.unavailable_reason raised {type(e).__name__}: {e}"
+
+
+def head_reasons(model: ModelShape, tp: int) -> list[str]:
+    """Why `tp` cannot shard this model's heads (vLLM's rules), or []."""
+    h, kv = model.num_heads, model.num_kv_heads
+    if tp > h:
+        return [f"tp {tp} > num_heads {h}"]
+    reasons = []
+    if h % tp:
+        reasons.append(f"num_heads {h} not divisible by tp {tp}")
+    if tp > kv:
+        # vLLM replicates kv heads when tp exceeds them: each kv head lands on tp / kv ranks.
+        if tp % kv:
+            reasons.append(f"tp {tp} not a multiple of num_kv_heads {kv} (kv heads replicated)")
+    elif kv % tp:
+        reasons.append(f"num_kv_heads {kv} not divisible by tp {tp}")
+    return reasons
+
+
+def matches(combo: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
+    return all(k in combo and combo[k] == v for k, v in entry.items())
+
+
+class IncompleteInclude(ValueError):
+    def __init__(self, index: int, message: str):
+        super().__init__(message)
+        self.index = index
+
+
+def expand(axes: Mapping[str, Sequence[Any]], exclude: Sequence[Mapping[str, Any]],
+           include: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Cartesian product of `axes` (in key order), minus every combination an `exclude` entry
+    matches (all of its keys equal), then GitHub Actions `include`: an entry whose axis keys all
+    match an original combination merges its other keys into every such combination (never
+    overwriting an axis value; earlier merged extras may be overwritten); an entry that matches
+    none is added as a new combination. A new combination must name every axis that has more than
+    one value; single-valued axes fill in. Added combinations carry "_include": entry index."""
+    keys = list(axes)
+    combos = [dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))]
+    combos = [c for c in combos if not any(matches(c, e) for e in exclude)]
+    original = list(combos)
+    for i, entry in enumerate(include):
+        axis_part = {k: v for k, v in entry.items() if k in axes}
+        extras = {k: v for k, v in entry.items() if k not in axes}
+        hit = [c for c in original if matches(c, axis_part)]
+        for c in hit:
+            c.update(extras)
+        if hit:
+            continue
+        new = dict(entry)
+        for k in keys:
+            if k in new:
+                continue
+            if len(axes[k]) != 1:
+                raise IncompleteInclude(i, f"adds a new combination but does not say which {k} "
+                                           f"(axis has {', '.join(map(str, axes[k]))})")
+            new[k] = axes[k][0]
+        new["_include"] = i
+        combos.append(new)
+    return combos
