@@ -1,0 +1,22 @@
+"""`orch dashboard`: write the static dashboard for a run (OUT/index.html)."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.dashboard.build import write_dashboard
+from orchestrator.errors import InfraError
+from orchestrator.outputs import gather
+from orchestrator.store import ResultStore
+
+
+def main(db: str, run_id: str | None = None, baseline: str | None = None, known_failures: str | None = None,
+         out_dir: str = "orch-out/dashboard") -> int:  # fmt: skip
+    with ResultStore(db, readonly=True) as store:
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+        try:
+            path = write_dashboard(store, view, out_dir)
+        except OSError as e:
+            raise InfraError(f"cannot write dashboard: {e.strerror}", source=e.filename or out_dir) from None
+    click.echo(f"dashboard: {path}")
+    return 0

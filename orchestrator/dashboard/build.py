@@ -1,0 +1,176 @@
+"""Dashboard view model and rendering.
+
+The page is one HTML file: Jinja2 (autoescape on) lays out the skeleton and inlines our CSS/JS;
+every value that came from a case travels as JSON in a <script type="application/json"> block and
+is put on the page by the JS with textContent only. Hazard: JSON inside a script element ends at
+the first "</script", whatever the quoting, so "<", ">" and "&" are escaped as \\u003c etc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from backend.result import CaseResult, Status
+from orchestrator.gate import FAILING
+from orchestrator.outputs import RunView
+from orchestrator.store import ResultStore
+
+_HERE = Path(__file__).parent
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(_HERE / "templates")),
+    autoescape=True,  # every template, whatever its extension
+    undefined=jinja2.StrictUndefined,
+)
+
+# Display state of a cell: the status, or the gate's xfail, or "pending"/"missing" without a result.
+STATES = ("pass", "fail", "error", "timeout", "flaky", "known-fail", "skip", "pending", "missing")
+
+
+def json_for_script(data: Any) -> str:
+    """JSON that is safe inside <script type="application/json">; JSON.parse undoes the escapes."""
+    text = json.dumps(data, sort_keys=True, default=str, allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _num(x: float | None) -> float | None:
+    # JSON has no NaN/Inf; a non-finite error (the finite check failing) becomes a string.
+    if x is None:
+        return None
+    return x if x == x and abs(x) != float("inf") else None
+
+
+def _history(case_id: str, current: int, hist: dict) -> dict[str, Any]:
+    runs = [(rid, st) for rid, st in hist.get(case_id, []) if rid <= current]  # newest first
+    streak_status, streak = (runs[0][1], 0) if runs else ("", 0)
+    for _, st in runs:
+        if st != streak_status:
+            break
+        streak += 1
+    last_pass = next((rid for rid, st in runs if st == Status.PASS.value), None)
+    return {"runs": [[rid, st] for rid, st in runs], "streak": streak, "streak_status": streak_status, "last_pass": last_pass}
+
+
+def case_entry(r: CaseResult, view: RunView, hist: dict) -> dict[str, Any]:
+    gate = view.gate
+    cls = gate.classification.get(r.case_id, r.status.value)
+    state = "known-fail" if cls == "known-fail" else r.status.value
+    base = gate.baseline_status.get(r.case_id)
+    change = ""
+    if cls == "regression":
+        change = "regression"
+    elif cls == "new":
+        change = "new"
+    elif base in {s.value for s in FAILING} and r.status == Status.PASS:
+        change = "fixed"
+    kf = gate.known_reasons.get(r.case_id)
+    t = r.timings
+    eager, replay = t.get("eager_step_s"), t.get("replay_step_s")
+    return {
+        "id": r.case_id,
+        "axes": dict(r.axes),
+        "state": state,
+        "cls": cls,
+        "change": change,
+        "baseline": base or "",
+        "reason": r.reason,
+        "downgraded": r.downgraded,
+        "requested_mode": r.requested_mode,
+        "resolved_mode": r.resolved_mode,
+        "graph_kind": r.graph_kind,
+        "provider": r.provider,
+        "capture_sizes": list(r.capture_sizes_used),
+        "error_kind": r.error_kind,
+        "checks": [
+            {
+                "name": c.name, "passed": c.passed, "summary": c.summary(), "step": c.step,
+                "max_abs": _num(c.max_abs_err), "max_rel": _num(c.max_rel_err), "mismatch": _num(c.mismatch_frac),
+                "first_bad": list(c.first_bad) if c.first_bad else None, "bitwise": c.bitwise, "detail": c.detail,
+            }  # fmt: skip
+            for c in r.checks
+        ],
+        "timings": {k: _num(v) for k, v in t.items()},
+        "speedup": round(eager / replay, 2) if eager and replay else None,
+        "device": r.device,
+        "versions": dict(r.versions),
+        "log_tail": r.log_tail,
+        "repro": r.repro,
+        "attempts": r.attempts,
+        "worker": r.worker,
+        "known": {"reason": kf.reason, "link": kf.link} if kf else None,
+        "history": _history(r.case_id, view.run.id, hist),
+    }
+
+
+def page_data(view: RunView, hist: dict[str, list[tuple[int, str]]], runs: list[dict] | None = None) -> dict[str, Any]:
+    """Everything the page shows, JSON-able. `hist`: store.status_history()."""
+    pending_state = "pending" if view.run.status == "running" else "missing"
+    cases = [case_entry(r, view, hist) for r in view.results]
+    for p in view.planned:
+        axes = {k: v for k, v in p.items() if k != "case_id"}
+        cases.append({"id": p["case_id"], "axes": axes, "state": pending_state, "cls": pending_state, "change": "",
+                      "reason": "no result yet" if pending_state == "pending" else "planned, never finished",
+                      "downgraded": False, "checks": [], "history": _history(p["case_id"], view.run.id, hist)})  # fmt: skip
+    run = view.run
+    return {
+        "run": {
+            "id": run.id, "matrix": run.matrix, "status": run.status, "git_sha": run.git_sha,
+            "devices": run.devices, "cluster": run.cluster, "started_at": run.started_at,
+            "finished_at": run.finished_at, "versions": run.versions, "num_cases": run.num_cases,
+            "num_results": run.num_results,
+        },  # fmt: skip
+        "gate": {**view.gate.to_dict(), "baseline": view.baseline_given},
+        "cases": cases,
+        "states": list(STATES),
+        "runs": runs or [],
+        "generated_at": time.time(),
+    }
+
+
+def data_version(store: ResultStore, run_id: int) -> str:
+    """Cheap token that changes whenever the page would: polled by the live page."""
+    run = store.run(run_id)
+    return f"{run.id}:{run.num_results}:{run.status}:{store.latest_run_id()}"
+
+
+def render_html(data: dict[str, Any], *, live: bool = False) -> str:
+    css = (_HERE / "static" / "dashboard.css").read_text(encoding="utf-8")
+    js = (_HERE / "static" / "dashboard.js").read_text(encoding="utf-8")
+    return _ENV.get_template("index.html.j2").render(
+        title=f"orch run {data['run']['id']} — {data['run']['matrix']}",
+        run=data["run"],
+        verdict=data["gate"]["verdict"],
+        passed=data["gate"]["passed"],
+        data_json=Markup(json_for_script(data)),
+        css=Markup(css),
+        js=Markup(js),
+        live=live,
+    )
+
+
+def build_page(store: ResultStore, view: RunView, *, live: bool = False) -> str:
+    data = page_data(view, store.status_history(), live_extras(store, view.run.id) if live else None)
+    if live:
+        data["version"] = data_version(store, view.run.id)
+    return render_html(data, live=live)
+
+
+def live_extras(store: ResultStore, run_id: int) -> list[dict]:
+    return [{"id": r.id, "status": r.status, "matrix": r.matrix} for r in store.runs()]
+
+
+def write_dashboard(store: ResultStore, view: RunView, out_dir: str) -> str:
+    """Write OUT/index.html; returns its path. Opens from disk: no network, nothing external."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "index.html")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(build_page(store, view))
+    os.replace(tmp, path)  # a CI artifact is never half written
+    return path

@@ -1,0 +1,268 @@
+// orch dashboard. Case data comes from the JSON block and is only ever put on the page with
+// textContent / attribute setters: never innerHTML (reasons and log tails are arbitrary text).
+(function () {
+  "use strict";
+  var DATA = JSON.parse(document.getElementById("orch-data").textContent);
+  var LIVE = document.body.getAttribute("data-live") === "1";
+  var MODE_ORDER = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"];
+  var LETTER = { pass: "", fail: "F", error: "E", timeout: "T", flaky: "~", "known-fail": "K", skip: "S", pending: "…", missing: "?" };
+  var AXIS_CHOICES = [
+    ["tp,cudagraph_mode", "tp × mode"], ["kv_cache_dtype,batch", "kv dtype × batch"], ["tp", "tp"],
+    ["cudagraph_mode", "mode"], ["kv_cache_dtype", "kv dtype"], ["batch", "batch"], ["backend", "backend"],
+    ["seed", "seed"], ["tp,kv_cache_dtype", "tp × kv dtype"], ["cudagraph_mode,batch", "mode × batch"]
+  ];
+  var state = { selected: null, version: DATA.version || null };
+
+  function el(tag, attrs, text) {
+    var e = document.createElement(tag);
+    if (attrs) Object.keys(attrs).forEach(function (k) {
+      if (k === "class") e.className = attrs[k]; else e.setAttribute(k, attrs[k]);
+    });
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function $(id) { return document.getElementById(id); }
+  function uniq(xs) { var s = []; xs.forEach(function (x) { if (s.indexOf(x) < 0) s.push(x); }); return s; }
+  function axisSort(axis, vals) {
+    if (axis === "tp" || axis === "seed") return vals.slice().sort(function (a, b) { return a - b; });
+    if (axis === "cudagraph_mode") return vals.slice().sort(function (a, b) { return MODE_ORDER.indexOf(a) - MODE_ORDER.indexOf(b); });
+    if (axis === "kv_cache_dtype") return vals.slice().sort(function (a, b) { return (a === "auto" ? 0 : 1) - (b === "auto" ? 0 : 1) || String(a).localeCompare(String(b)); });
+    return vals;
+  }
+  // All combinations of the axes' values that occur, in axis order: [[v1, v2], ...]
+  function keysFor(axes, cases) {
+    var combos = [[]];
+    axes.forEach(function (axis) {
+      var vals = axisSort(axis, uniq(cases.map(function (c) { return c.axes[axis]; })));
+      var next = [];
+      combos.forEach(function (p) { vals.forEach(function (v) { next.push(p.concat([v])); }); });
+      combos = next;
+    });
+    var present = {};
+    cases.forEach(function (c) { present[JSON.stringify(axes.map(function (a) { return c.axes[a]; }))] = true; });
+    return combos.filter(function (k) { return present[JSON.stringify(k)]; });
+  }
+  function label(axes, key) {
+    return key.map(function (v, i) { return axes[i] === "tp" ? "tp" + v : String(v); }).join(" · ");
+  }
+
+  function fillSelect(sel, options, value) {
+    var cur = sel.value || value;
+    while (sel.firstChild) sel.removeChild(sel.firstChild);
+    options.forEach(function (o) { var opt = el("option", { value: o[0] }, o[1]); sel.appendChild(opt); });
+    if (options.some(function (o) { return o[0] === cur; })) sel.value = cur;
+  }
+
+  function setupControls() {
+    fillSelect($("rows"), AXIS_CHOICES, "tp,cudagraph_mode");
+    fillSelect($("cols"), AXIS_CHOICES, "kv_cache_dtype,batch");
+    var backends = uniq(DATA.cases.map(function (c) { return String(c.axes.backend); }));
+    fillSelect($("f-backend"), [["", "all"]].concat(backends.map(function (b) { return [b, b]; })), "");
+    var providers = uniq(DATA.cases.map(function (c) { return c.provider || ""; })).filter(Boolean);
+    fillSelect($("f-provider"), [["", "all"]].concat(providers.map(function (p) { return [p, p]; })), "");
+    var box = $("f-states");
+    if (!box.firstChild) {
+      DATA.states.forEach(function (s) {
+        var lab = el("label"); var cb = el("input", { type: "checkbox", value: s, "data-state": s });
+        cb.checked = true; cb.addEventListener("change", renderGrid);
+        lab.appendChild(cb); lab.appendChild(document.createTextNode(" " + s)); box.appendChild(lab);
+      });
+    }
+    if (DATA.runs && DATA.runs.length) {
+      var picker = $("run-picker"); picker.hidden = false;
+      fillSelect(picker, DATA.runs.slice().reverse().map(function (r) { return [String(r.id), "run " + r.id + " (" + r.status + ")"]; }), String(DATA.run.id));
+      picker.value = String(DATA.run.id);
+    }
+  }
+
+  function visible(c) {
+    var b = $("f-backend").value, p = $("f-provider").value, t = $("f-text").value.trim();
+    if (b && String(c.axes.backend) !== b) return false;
+    if (p && (c.provider || "") !== p) return false;
+    if (t && c.id.indexOf(t) < 0) return false;
+    if ($("f-changed").checked && !c.change) return false;
+    var cb = document.querySelector('#f-states input[data-state="' + c.state + '"]');
+    return !cb || cb.checked;
+  }
+
+  function renderHeader() {
+    var g = DATA.gate, r = DATA.run;
+    var v = $("verdict"); v.textContent = g.verdict; v.className = "verdict " + (g.passed ? "ok" : "bad");
+    $("run-id").textContent = String(r.id); $("run-matrix").textContent = r.matrix;
+    var meta = ["status: " + r.status, "devices: " + (r.devices || "?"), "git: " + (r.git_sha || "?").slice(0, 12),
+      "results: " + r.num_results + "/" + r.num_cases];
+    if (r.started_at) meta.push("started: " + new Date(r.started_at * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z");
+    if (g.baseline) meta.push("with baseline");
+    $("run-meta").textContent = meta.join(" · ");
+    var counts = $("counts"); while (counts.firstChild) counts.removeChild(counts.firstChild);
+    Object.keys(g.counts).forEach(function (k) { if (g.counts[k]) counts.appendChild(el("span", { "class": "count-" + k }, k + ": " + g.counts[k])); });
+    if (g.downgraded.length) counts.appendChild(el("span", null, "downgraded: " + g.downgraded.length));
+  }
+
+  function chip(c) {
+    var b = el("button", { type: "button", "class": "chip st-" + c.state, "data-case-id": c.id, "data-state": c.state,
+      title: c.id + ": " + c.cls + (c.reason ? " — " + c.reason : "") });
+    b.appendChild(document.createTextNode(LETTER[c.state] || ""));
+    if (c.downgraded) b.classList.add("downgraded");
+    if (c.change) {
+      b.setAttribute("data-change", c.change);
+      var glyph = c.change === "regression" ? "▼" : c.change === "fixed" ? "▲" : c.change === "new" ? "●" : "";
+      if (glyph) b.appendChild(el("span", { "class": "chg chg-" + c.change }, glyph));
+    }
+    if (state.selected === c.id) b.classList.add("selected");
+    b.addEventListener("click", function () { showDetails(c.id); });
+    return b;
+  }
+
+  function renderGrid() {
+    var rows = $("rows").value.split(","), cols = $("cols").value.split(",");
+    var table = $("grid"); while (table.firstChild) table.removeChild(table.firstChild);
+    var rowKeys = keysFor(rows, DATA.cases), colKeys = keysFor(cols, DATA.cases);
+    var cells = {};
+    var shown = 0;
+    DATA.cases.forEach(function (c) {
+      if (!visible(c)) return;
+      var k = JSON.stringify(rows.map(function (a) { return c.axes[a]; })) + "|" + JSON.stringify(cols.map(function (a) { return c.axes[a]; }));
+      (cells[k] = cells[k] || []).push(c); shown++;
+    });
+    var thead = el("thead"), hr = el("tr");
+    hr.appendChild(el("th", null, rows.join(" × ") + " \\ " + cols.join(" × ")));
+    colKeys.forEach(function (k) { hr.appendChild(el("th", { scope: "col" }, label(cols, k))); });
+    thead.appendChild(hr); table.appendChild(thead);
+    var tbody = el("tbody");
+    rowKeys.forEach(function (rk) {
+      var tr = el("tr"); tr.appendChild(el("th", { "class": "row", scope: "row" }, label(rows, rk)));
+      colKeys.forEach(function (ck) {
+        var td = el("td");
+        (cells[JSON.stringify(rk) + "|" + JSON.stringify(ck)] || []).forEach(function (c) { td.appendChild(chip(c)); });
+        tr.appendChild(td);
+      });
+      tbody.appendChild(tr);
+    });
+    table.appendChild(tbody);
+    $("empty").hidden = shown > 0;
+  }
+
+  function kv(table, k, v) {
+    if (v === undefined || v === null || v === "") return;
+    var tr = el("tr"); tr.appendChild(el("th", null, k)); tr.appendChild(el("td", null, v)); table.appendChild(tr);
+  }
+  function fmt(x) { return x === null || x === undefined ? "" : (typeof x === "number" ? (Math.abs(x) >= 1e-3 || x === 0 ? +x.toPrecision(4) : x.toExponential(2)) : String(x)); }
+
+  function copyText(text, btn) {
+    function done(ok) { btn.textContent = ok ? "copied" : "select and copy"; setTimeout(function () { btn.textContent = "copy"; }, 1500); }
+    function fallback() {
+      var ta = el("textarea"); ta.value = text; document.body.appendChild(ta); ta.select();
+      var ok = false; try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+      document.body.removeChild(ta); done(ok);
+    }
+    if (navigator.clipboard && navigator.clipboard.writeText) navigator.clipboard.writeText(text).then(function () { done(true); }, fallback);
+    else fallback();
+  }
+
+  function showDetails(id) {
+    var c = DATA.cases.filter(function (x) { return x.id === id; })[0];
+    state.selected = id;
+    document.querySelectorAll(".chip.selected").forEach(function (b) { b.classList.remove("selected"); });
+    var sel = document.querySelector('.chip[data-case-id="' + (window.CSS && CSS.escape ? CSS.escape(id) : id) + '"]');
+    if (sel) sel.classList.add("selected");
+    var body = $("details-body"); while (body.firstChild) body.removeChild(body.firstChild);
+    $("details").hidden = false;
+    if (!c) { body.appendChild(el("p", null, "case " + id + " is not in this run")); return; }
+    body.appendChild(el("h2", { id: "d-title" }, c.id));
+    body.appendChild(el("span", { "class": "badge st-" + c.state, id: "d-state" }, c.cls));
+    if (c.change) body.appendChild(el("span", { id: "d-change" }, "  " + (c.change === "regression" ? "▼ regression vs baseline (" + c.baseline + ")" : c.change === "fixed" ? "▲ fixed vs baseline" : "● new: not in baseline")));
+    if (c.reason) body.appendChild(el("p", { id: "d-reason", "class": c.state === "pass" ? "" : "bad" }, c.reason));
+    if (c.known) {
+      var p = el("p", { id: "d-known" }, "Known failure: " + c.known.reason + " ");
+      // Only http(s) links become anchors: a javascript: URL from a YAML file must stay text.
+      if (/^https?:\/\//i.test(c.known.link || "")) { var a = el("a", { href: c.known.link, rel: "noopener noreferrer" }, c.known.link); p.appendChild(a); }
+      else if (c.known.link) p.appendChild(document.createTextNode(c.known.link));
+      body.appendChild(p);
+    }
+    if (c.cls === "fixed") body.appendChild(el("p", { "class": "ok" }, "Known failure now passes: remove its entry."));
+    var t = el("table", { id: "d-fields" });
+    kv(t, "axes", Object.keys(c.axes).map(function (k) { return k + "=" + c.axes[k]; }).join("  "));
+    kv(t, "mode", c.requested_mode ? (c.requested_mode + (c.downgraded ? " → " + c.resolved_mode + " (downgraded)" : " (resolved " + c.resolved_mode + ")")) : "");
+    kv(t, "graph kind", c.graph_kind); kv(t, "provider", c.provider);
+    kv(t, "capture sizes", c.capture_sizes && c.capture_sizes.length ? c.capture_sizes.join(", ") + " (per step, 0 = eager)" : "");
+    kv(t, "device", c.device); kv(t, "worker", c.worker); kv(t, "attempts", c.attempts); kv(t, "error kind", c.error_kind);
+    body.appendChild(t);
+    if (c.checks.length) {
+      body.appendChild(el("h3", null, "checks"));
+      var ct = el("table", { id: "d-checks" }), h = el("tr");
+      ["check", "", "step", "max abs", "max rel", "mismatch", "first bad (row, head)", "bitwise"].forEach(function (x) { h.appendChild(el("th", null, x)); });
+      ct.appendChild(h);
+      c.checks.forEach(function (k) {
+        var tr = el("tr", { "data-check": k.name, "class": k.passed ? "" : "bad" });
+        [k.name, k.passed ? "ok" : "FAILED", k.step, fmt(k.max_abs), fmt(k.max_rel),
+          k.mismatch === null || k.mismatch === undefined ? "" : (100 * k.mismatch).toFixed(1) + "%",
+          k.first_bad ? "(" + k.first_bad.join(", ") + ")" : "", k.bitwise === null || k.bitwise === undefined ? "" : (k.bitwise ? "yes" : "no")
+        ].forEach(function (x) { tr.appendChild(el("td", null, x)); });
+        ct.appendChild(tr);
+        if (k.detail) { var d = el("tr"); var td = el("td", { colspan: "8" }, k.detail); d.appendChild(td); ct.appendChild(d); }
+      });
+      body.appendChild(ct);
+    }
+    if (c.timings && Object.keys(c.timings).length) {
+      body.appendChild(el("h3", null, "timings"));
+      var tt = el("table", { id: "d-timings" });
+      Object.keys(c.timings).forEach(function (k) { kv(tt, k, fmt(c.timings[k]) + " s"); });
+      if (c.speedup) kv(tt, "replay speedup", c.speedup + "× vs eager");
+      body.appendChild(tt);
+    }
+    if (c.versions && Object.keys(c.versions).length) {
+      body.appendChild(el("h3", null, "versions"));
+      body.appendChild(el("p", { id: "d-versions" }, Object.keys(c.versions).map(function (k) { return k + " " + c.versions[k]; }).join(" · ")));
+    }
+    // Colour codes from worker logs are noise in a browser: drop them (the text stays text).
+    if (c.log_tail) { body.appendChild(el("h3", null, "log tail")); body.appendChild(el("pre", { id: "d-log" }, c.log_tail.replace(/\x1b\[[0-9;]*[A-Za-z]/g, ""))); }
+    if (c.repro) {
+      body.appendChild(el("h3", null, "repro"));
+      body.appendChild(el("pre", { id: "d-repro" }, c.repro));
+      var btn = el("button", { type: "button", id: "d-copy" }, "copy");
+      btn.addEventListener("click", function () { copyText(c.repro, btn); });
+      body.appendChild(btn);
+    }
+    var hst = c.history || { runs: [] };
+    body.appendChild(el("h3", null, "history"));
+    var hp = el("p", { id: "d-history" }, hst.runs.length ?
+      hst.runs.map(function (x) { return "run " + x[0] + ": " + x[1]; }).join(" · ") : "no earlier results");
+    body.appendChild(hp);
+    if (hst.runs.length) body.appendChild(el("p", { id: "d-streak" }, hst.streak_status + " for " + hst.streak + " run(s); last pass: " + (hst.last_pass === null ? "never" : "run " + hst.last_pass)));
+  }
+
+  function renderLegend() {
+    var lg = $("legend"); while (lg.firstChild) lg.removeChild(lg.firstChild);
+    DATA.states.forEach(function (s) {
+      var b = el("span", { "class": "chip st-" + s, style: "display:inline-block;text-align:center;line-height:20px" }, LETTER[s] || "");
+      lg.appendChild(b); lg.appendChild(document.createTextNode(" " + s + "  "));
+    });
+    lg.appendChild(document.createTextNode("  blue corner: mode downgraded · ▼ regression · ▲ fixed · ● new vs baseline"));
+  }
+
+  function renderAll() { setupControls(); renderHeader(); renderGrid(); renderLegend(); if (state.selected) showDetails(state.selected); }
+
+  ["rows", "cols", "f-backend", "f-provider", "f-changed"].forEach(function (id) { $(id).addEventListener("change", renderGrid); });
+  $("f-text").addEventListener("input", renderGrid);
+  $("close-details").addEventListener("click", function () { $("details").hidden = true; state.selected = null; renderGrid(); });
+  $("run-picker").addEventListener("change", function () { location.search = "?run=" + encodeURIComponent(this.value); });
+  renderAll();
+
+  if (LIVE) {
+    var q = "?run=" + encodeURIComponent(DATA.run.id);
+    var status = $("live-status"); status.hidden = false; status.textContent = "live";
+    var poll = function () {
+      fetch("api/version" + q, { cache: "no-store" }).then(function (r) { return r.json(); }).then(function (v) {
+        if (state.version === null) { state.version = v.version; return; }
+        if (v.version === state.version) return;
+        state.version = v.version;
+        return fetch("api/data" + q, { cache: "no-store" }).then(function (r) { return r.json(); }).then(function (d) {
+          DATA = d; renderAll(); status.textContent = "live · updated " + new Date().toLocaleTimeString();
+        });
+      }).catch(function () { status.textContent = "live · server unreachable"; });
+    };
+    poll(); setInterval(poll, 2000);
+  }
+  window.orchDashboard = { data: function () { return DATA; } };
+})();

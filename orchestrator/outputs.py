@@ -1,0 +1,90 @@
+"""What every reporting command needs from the store, gathered once, and the end-of-run outputs.
+
+`gather` resolves the run, its results, the baseline and the known failures and evaluates the gate;
+`report`, `gate`, `dashboard`, `serve` and `write_outputs` (called by `orch run`) all start there,
+so they can never disagree about a verdict.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from backend.result import CaseResult
+from orchestrator import junit, summary
+from orchestrator.errors import InfraError, InputError
+from orchestrator.gate import GateOutcome, evaluate
+from orchestrator.known_failures import KnownFailures, load
+from orchestrator.store import ResultStore, RunInfo, resolve_baseline
+
+
+@dataclass(frozen=True)
+class RunView:
+    run: RunInfo
+    results: tuple[CaseResult, ...]
+    gate: GateOutcome
+    planned: tuple[dict, ...]  # Case.axes + case_id of planned cases without a result
+    baseline_given: bool
+    known: KnownFailures | None
+
+
+def pick_run(store: ResultStore, run_id: int | str | None) -> int:
+    if run_id is None or str(run_id).strip() in ("", "latest"):
+        latest = store.latest_run_id()
+        if latest is None:
+            raise InputError("no runs in this database yet (run `orch run MATRIX` first)", source=store.path)
+        return latest
+    try:
+        return int(run_id)
+    except (TypeError, ValueError):
+        raise InputError(f"--run must be a run id (an integer), got {run_id!r}") from None
+
+
+def gather(
+    store: ResultStore,
+    run_id: int | str | None,
+    *,
+    baseline: str | None = None,
+    known_failures: str | KnownFailures | None = None,
+) -> RunView:
+    rid = pick_run(store, run_id)
+    run = store.run(rid)
+    results = store.results(rid)
+    known = known_failures if isinstance(known_failures, KnownFailures) else load(known_failures)
+    base = resolve_baseline(baseline or None, store, rid)
+    missing = store.missing_case_ids(rid)
+    planned_missing: list[dict] = []
+    if missing:
+        wanted = set(missing)
+        planned_missing = [{"case_id": c.case_id, **c.axes} for c in store.planned_cases(rid) if c.case_id in wanted]
+    # A running run's unfinished cases are pending, not missing: only a closed run can miss results.
+    gate = evaluate(results, baseline=base, known=known, missing=missing if run.status != "running" else ())
+    return RunView(run, tuple(results), gate, tuple(planned_missing), base is not None, known)
+
+
+def write_outputs(
+    store: ResultStore,
+    run_id: int,
+    *,
+    out_dir: str,
+    junit_path: str | None = None,
+    summary_path: str | None = None,
+    baseline: str | None = None,
+    known_failures: str | None = None,
+) -> GateOutcome:
+    """End of `orch run`: gate, JUnit XML, markdown summary (+ $GITHUB_STEP_SUMMARY), dashboard."""
+    from orchestrator.dashboard.build import write_dashboard
+
+    view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+    junit_path = junit_path or os.path.join(out_dir, "junit.xml")
+    summary_path = summary_path or os.path.join(out_dir, "summary.md")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for p in (junit_path, summary_path):
+            os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+        junit.write(junit_path, view.results, view.gate, suite_name=view.run.matrix, run_id=view.run.id)
+        summary.write(summary_path, summary.render(view.run, view.results, view.gate))
+        write_dashboard(store, view, os.path.join(out_dir, "dashboard"))
+    except OSError as e:
+        raise InfraError(f"cannot write outputs: {e.strerror}", source=e.filename or out_dir) from None
+    return view.gate
