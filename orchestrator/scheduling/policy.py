@@ -360,10 +360,12 @@ class HashDispatcher(_StaticDispatcher):
     """vLLM-CI/pytest-shard style: slot = hash(id) mod number of GPU slots; order = input order."""
 
     def _assign(self, tasks):
-        slots = self._slots()
+        # Per tp, the slots of nodes big enough for it (mixed clusters: a tp8 never hashes onto
+        # a 4-GPU node).
+        slots = {tp: [s for s in self._slots() if self.nodes[s[0]] >= tp] for tp in {t.tp for t in tasks}}
         out = []
         for t in tasks:
-            node, gpu = slots[_stable_hash(t.id) % len(slots)]
+            node, gpu = slots[t.tp][_stable_hash(t.id) % len(slots[t.tp])]
             out.append((t, (node, self._align(gpu, t.tp, self.nodes[node]))))
         return out
 

@@ -120,12 +120,16 @@ def simulate(
     return SimResult(policy, makespan, lb, makespan / lb if lb > 0 else 1.0, util)
 
 
-def synthetic_workload(n_cases: int, seed: int = 0, sigma: float = 0.5) -> tuple[list[Task], dict[str, float]]:
-    """A matrix-like workload: tp mix TP_MIX, heavy-tailed lognormal estimates, and true durations
-    = estimate x lognormal(0, sigma) (sigma 0: the estimates are exact)."""
+def synthetic_workload(
+    n_cases: int, seed: int = 0, sigma: float = 0.5, max_tp: int = 8
+) -> tuple[list[Task], dict[str, float]]:
+    """A matrix-like workload: tp mix TP_MIX (sizes above max_tp dropped, as a matrix for smaller
+    nodes would), heavy-tailed lognormal estimates, and true durations = estimate x
+    lognormal(0, sigma) (sigma 0: the estimates are exact). Deterministic in seed."""
     rng = random.Random(seed)
-    tps = [tp for tp, _ in TP_MIX]
-    weights = [w for _, w in TP_MIX]
+    mix = [(tp, w) for tp, w in TP_MIX if tp <= max_tp] or [(1, 1.0)]
+    tps = [tp for tp, _ in mix]
+    weights = [w for _, w in mix]
     tasks: list[Task] = []
     true: dict[str, float] = {}
     mu = math.log(EST_MEDIAN_S)

@@ -1,0 +1,151 @@
+"""Dispatcher invariants for every policy, driven by hand (no simulator) and by the simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import InputError
+from orchestrator.scheduling.policy import POLICIES, Dispatcher, Task, make_dispatcher
+from orchestrator.scheduling.simulate import synthetic_workload
+
+
+def drain(policy, tasks, nodes):
+    """Run tasks to completion with an executor that finishes everything it started each round;
+    checks GPU capacity at every grant and returns {task id: node}."""
+    d = make_dispatcher(policy, tasks, nodes)
+    placed: dict[str, int] = {}
+    clock = 0.0
+    while d.remaining():
+        running = []
+        for n, g in enumerate(nodes):
+            free = g
+            while (t := d.next_for(n, free, None, now=clock)) is not None:
+                assert t.tp <= free, f"{policy}: {t.id} tp={t.tp} on node {n} with {free} free"
+                assert t.id not in placed, f"{policy}: {t.id} dispatched twice"
+                free -= t.tp
+                placed[t.id] = n
+                running.append(t)
+        assert running, f"{policy}: nothing dispatched with every GPU free and {d.remaining()} left"
+        clock += 1.0
+        for t in running:
+            d.done(t, 1.0)
+    return placed
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("nodes", [[8], [8, 8, 8], [4, 8]], ids=["1x8", "3x8", "4+8"])
+def test_every_task_dispatched_once_and_gangs_fit_one_node(policy, nodes):
+    tasks, _ = synthetic_workload(300, seed=3, sigma=0.5, max_tp=max(nodes))
+    placed = drain(policy, tasks, nodes)
+    assert sorted(placed) == sorted(t.id for t in tasks)
+    for t in tasks:
+        assert nodes[placed[t.id]] >= t.tp
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_tp_larger_than_any_node_is_rejected(policy):
+    tasks = [Task("small", 1, 1.0), Task("huge-gang", 16, 5.0)]
+    with pytest.raises(InputError, match=r"huge-gang.*tp=16.*largest node has 8"):
+        make_dispatcher(policy, tasks, [8, 8])
+
+
+@pytest.mark.parametrize(
+    "tasks, nodes, match",
+    [
+        ([Task("a", 1, 1.0), Task("a", 1, 2.0)], [8], "appears twice"),
+        ([Task("a", 0, 1.0)], [8], "tp must be >= 1"),
+        ([Task("a", 1, float("nan"))], [8], "est_s"),
+        ([Task("a", 1, 1.0)], [], "nodes"),
+        ([Task("a", 1, 1.0)], [8, 0], "nodes"),
+    ],
+    ids=["duplicate-id", "tp0", "nan-estimate", "no-nodes", "empty-node"],
+)
+def test_bad_tasks_or_nodes_are_input_errors(tasks, nodes, match):
+    with pytest.raises(InputError, match=match):
+        Dispatcher(tasks, nodes)
+
+
+def test_unknown_policy_is_input_error():
+    with pytest.raises(InputError, match="unknown policy"):
+        make_dispatcher("round-robin", [Task("a", 1, 1.0)], [8])
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_requeue_gives_the_task_out_again(policy):
+    tasks = [Task("a", 1, 3.0), Task("b", 2, 2.0), Task("c", 1, 1.0)]
+    d = make_dispatcher(policy, tasks, [4])
+    first = d.next_for(0, 4, now=0.0)
+    assert first is not None
+    before = d.remaining()
+    d.requeue(first)  # e.g. its GPU faulted: run it again
+    assert d.remaining() == before + 1
+    seen = []
+    free = 4
+    while (t := d.next_for(0, free, now=1.0)) is not None:
+        seen.append(t.id)
+        free -= t.tp
+    assert first.id in seen and len(seen) == len(set(seen))
+
+
+def test_requeue_of_a_task_not_running_is_refused():
+    d = Dispatcher([Task("a", 1, 1.0)], [8])
+    with pytest.raises(ValueError, match="not running"):
+        d.requeue(Task("a", 1, 1.0))
+
+
+def test_longest_expected_first():
+    tasks = [Task(f"t{i}", 1, float(i)) for i in range(10)]
+    d = Dispatcher(tasks, [2])
+    got = [d.next_for(0, 2, now=0.0).id, d.next_for(0, 1, now=0.0).id]
+    assert got == ["t9", "t8"]
+
+
+def test_small_task_backfills_gpus_a_gang_cannot_use():
+    # 8 GPUs, a tp4 gang running; 3 free: the tp4 head cannot run, a tp2 and a tp1 can.
+    tasks = [Task("g1", 4, 10.0), Task("g2", 4, 9.0), Task("pair", 2, 1.0), Task("one", 1, 0.5)]
+    d = Dispatcher(tasks, [8])
+    assert d.next_for(0, 8, now=0.0).id == "g1"
+    assert d.next_for(0, 4, now=0.0).id == "g2"
+    d.done(tasks[0], 10.0)
+    assert d.next_for(0, 3, now=10.0).id == "pair"
+    assert d.next_for(0, 1, now=10.0).id == "one"
+
+
+def test_same_group_wins_a_close_tie_but_not_a_clear_priority_gap():
+    tasks = [Task("x", 1, 10.0, group="A"), Task("y", 1, 9.8, group="B"), Task("z", 1, 5.0, group="B")]
+    d = Dispatcher(tasks, [8])
+    assert d.next_for(0, 1, last_group="B", now=0.0).id == "y"  # 2% below the best: reuse graphs
+    assert d.next_for(0, 1, last_group="B", now=0.0).id == "x"  # z is 50% below: priority wins
+
+
+def test_blocked_long_gang_gets_a_node_drained_for_it():
+    # Both nodes full of long tp1 work; then a long tp8 gang is the head, with plenty of short
+    # tp1 work behind it. Greedy backfill would keep both nodes busy with the short tasks and start
+    # the gang last; the reservation must hold one node for it once its GPUs free up.
+    long_ones = [Task(f"l{i}", 1, 50.0) for i in range(16)]
+    gang = Task("gang", 8, 40.0)
+    short = [Task(f"s{i}", 1, 1.0) for i in range(100)]
+    d = Dispatcher(long_ones + [gang] + short, [8, 8])
+    for n in (0, 1):
+        for _ in range(8):
+            assert d.next_for(n, 8, now=0.0).id.startswith("l")
+    for t in long_ones[:8]:  # node 0's long tasks end
+        d.done(t, 50.0)
+    granted = []
+    free = 8
+    while (t := d.next_for(0, free, now=50.0)) is not None:
+        granted.append(t.id)
+        free -= t.tp
+    assert granted == ["gang"]
+
+
+def test_without_urgency_gang_waits_while_plenty_of_work_remains():
+    # The same gang behind a lot of work: not urgent, so a freed GPU is backfilled, not held.
+    long_ones = [Task(f"l{i}", 1, 50.0) for i in range(8)]
+    gang = Task("gang", 8, 5.0)
+    short = [Task(f"s{i}", 1, 4.0) for i in range(400)]
+    d = Dispatcher(long_ones + [gang] + short, [8])
+    for _ in range(8):
+        d.next_for(0, 8, now=0.0)
+    d.done(long_ones[0], 50.0)
+    assert d.next_for(0, 1, now=50.0).id.startswith("s")
