@@ -64,3 +64,8 @@ class TorchBackend(AttentionBackend):
     builder_cls = PersistentMetadataBuilder
     impl_cls = TorchImpl
 
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            return "unavailable: no CUDA/ROCm device visible"
+        return None
