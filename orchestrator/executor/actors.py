@@ -1,0 +1,171 @@
+"""The worker actor: one per GPU (or CPU slot), long-lived, runs batches of cases.
+
+The actor redirects its own stdout/stderr (fd level, so C++/CUDA messages too) to a log file the
+driver can read after a crash. It resolves its runner by import path (default the checker), keeps
+one SessionCache so captured graphs are reused across cases that share shapes, and never raises
+for a case: an exception becomes an ERROR CaseResult. What it cannot survive (os._exit, segfault,
+a hang) the driver handles from outside (executor.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+DEFAULT_RUNNER = "backend.checker:run_case"
+# Multicast paths have broken NCCL on the lent machines; every actor runs without them.
+ACTOR_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+CPU_ACTOR_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+LOG_TAIL_BYTES = 4000
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    label: str  # e.g. "gpu3@10.0.0.5" or "cpu-w2"; goes into CaseResult.worker
+    node_id: str
+    ip: str
+    pid: int
+    accelerator_ids: tuple[str, ...]  # physical GPU ids Ray gave us
+    device: str  # "cuda:0" (of the visible set) or "cpu"
+    log_path: str
+    free_port: int = 0  # a port free on this node (rank 0 of a gang offers it for the rendezvous)
+
+
+def actor_runtime_env(device_kind: str) -> dict[str, Any]:
+    env = dict(ACTOR_ENV)
+    if device_kind == "cpu":
+        env.update(CPU_ACTOR_ENV)
+    # Import-path backends/runners (tests.mutants.x:Cls) must load in workers as in the driver.
+    root = os.getcwd()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    return {"env_vars": env}
+
+
+def read_tail(path: str, nbytes: int = LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - nbytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def resolve(path: str) -> Callable[..., Any]:
+    module, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CaseWorker:
+    """Ray actor class (wrapped with ray.remote by gangs.py, with num_gpus/num_cpus/placement)."""
+
+    def __init__(self, *, runner: str, device_kind: str, log_dir: str, label: str):
+        import ray
+
+        os.makedirs(log_dir, exist_ok=True)
+        self.log_path = os.path.join(log_dir, f"{label}-{os.getpid()}.log")
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        ctx = ray.get_runtime_context()
+        gpu_ids = tuple(str(g) for g in ctx.get_accelerator_ids().get("GPU", ()))
+        self.device_kind = device_kind
+        # Ray narrowed CUDA_/HIP_VISIBLE_DEVICES to our GPU: it is device 0 of the visible set.
+        self.device = "cuda:0" if (device_kind == "gpu" and gpu_ids) else "cpu"
+        ip = ray.util.get_node_ip_address()
+        where = f"gpu{','.join(gpu_ids)}@{ip}" if gpu_ids else f"{label}@{ip}"
+        self.info_ = WorkerInfo(where, ctx.get_node_id(), ip, os.getpid(), gpu_ids, self.device, self.log_path)
+        self.runner_path = runner
+        self._runner: Callable[..., Any] | None = None
+        self._sessions: Any = None
+        self._gang: tuple[int, int] = (0, 1)
+        print(f"[orch] worker {where} pid {os.getpid()} device {self.device} runner {runner}", flush=True)
+
+    def info(self) -> WorkerInfo:
+        import dataclasses
+
+        return dataclasses.replace(self.info_, free_port=_free_port())
+
+    def setup_gang(self, rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float) -> int:
+        """Join the tp process group (gloo on CPU, NCCL on GPU). Returns rank (for the driver's check)."""
+        self._gang = (rank, world_size)
+        try:
+            from backend.distributed import init_gang
+        except ImportError:
+            init_gang = None
+        if init_gang is not None:
+            init_gang(rank, world_size, master_addr, master_port, device=self.device, timeout_s=timeout_s)
+        else:  # the backend helper has not landed: the same rendezvous, by hand
+            import datetime
+
+            import torch.distributed as dist
+
+            dist.init_process_group(
+                "nccl" if self.device.startswith("cuda") else "gloo",
+                init_method=f"tcp://{master_addr}:{master_port}",
+                rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),
+            )  # fmt: skip
+        print(f"[orch] rank {rank}/{world_size} joined {master_addr}:{master_port}", flush=True)
+        return rank
+
+    def _load(self) -> Callable[..., Any]:
+        if self._runner is None:
+            self._runner = resolve(self.runner_path)
+            if self.runner_path.startswith("backend.checker:"):
+                from backend.checker import SessionCache
+
+                self._sessions = SessionCache()
+            if self.device_kind == "cpu" and "torch" in sys.modules:
+                sys.modules["torch"].set_num_threads(1)
+        return self._runner
+
+    def run_batch(self, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run cases in order on this rank; one result dict per case (exceptions become ERROR)."""
+        from backend.case import Case
+        from backend.result import CaseResult, Status
+
+        runner = self._load()
+        rank, world = self._gang
+        out = []
+        for d in cases:
+            case = Case.from_dict(d)
+            t0 = time.monotonic()
+            print(f"[orch] case {case.case_id} rank {rank}", flush=True)
+            try:
+                kwargs: dict[str, Any] = {"rank": rank, "world_size": world, "device": self.device}
+                if self._sessions is not None:
+                    kwargs["sessions"] = self._sessions
+                res = runner(case, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - a case must never take the actor's loop down
+                tb = traceback.format_exc()
+                print(tb, flush=True)
+                first = (str(e).strip().splitlines() or [""])[0]
+                res = CaseResult(
+                    case_id=case.case_id, status=Status.ERROR, reason=f"{type(e).__name__}: {first}",
+                    requested_mode=case.mode, error_kind="exception", log_tail=tb[-LOG_TAIL_BYTES:],
+                    repro=case.repro_command(), axes=case.axes, timings={"total_s": time.monotonic() - t0},
+                )  # fmt: skip
+            changes: dict[str, Any] = {"worker": self.info_.label}
+            if not res.device:
+                changes["device"] = self.device
+            out.append(res.replace(**changes).to_dict())
+        return out

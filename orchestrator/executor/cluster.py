@@ -1,0 +1,149 @@
+"""Connect to Ray (embedded or an existing cluster) and describe the worker slots it offers.
+
+A *slot* is what one worker actor occupies: one GPU, or on CPU-only clusters a fraction of a core
+(CPU_PER_WORKER) so that a tp 8 gang fits on a 2-core machine. The dispatcher sees each node as a
+count of slots.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from orchestrator.errors import InfraError, InputError
+
+# Embedded Ray: explicit sizes, because the defaults have hung on the lent GPU machine (DESIGN §7).
+OBJECT_STORE_BYTES = 512 * 1024**2
+# CPU workers: fractional so tp 8 gangs fit on 2 cores; they run one torch thread each.
+CPU_PER_WORKER = 0.25
+CONNECT_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class NodeSlots:
+    node_id: str  # Ray NodeID hex
+    ip: str
+    slots: int
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    address: str  # "local" (embedded) or what we joined
+    device_kind: str  # "gpu" | "cpu"
+    nodes: tuple[NodeSlots, ...]
+    cpu_per_worker: float = CPU_PER_WORKER
+    owned: bool = False  # we started it, so we shut it down
+
+    @property
+    def total_slots(self) -> int:
+        return sum(n.slots for n in self.nodes)
+
+    @property
+    def banner(self) -> str:
+        if self.device_kind == "cpu":
+            return f"no GPU: CPU workers, graphs emulated ({self.total_slots} workers on {len(self.nodes)} node(s))"
+        return f"{self.total_slots} GPU worker(s) on {len(self.nodes)} node(s)"
+
+    def describe_devices(self) -> str:
+        return f"{self.total_slots}x {self.device_kind}"
+
+
+def _local_gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken driver is "no GPU", not a crash
+        return 0
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds, not after Ray's long reconnect loop, when nothing listens at HOST:PORT."""
+    host, _, port = address.rpartition(":")
+    host = host.removeprefix("ray://")
+    if not host or not port.isdigit():
+        raise InputError(f"--address must be local, auto or HOST:PORT, got {address!r}")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        raise InfraError(f"Ray cluster unreachable at {address}: {e.strerror or e}") from None
+
+
+def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min_slots: int = 1) -> tuple[NodeSlots, ...]:
+    """Slots per alive node. GPU: one per GPU. CPU: `workers` (default max(cores, min_slots), so the
+    largest gang of the matrix fits) spread over nodes as far as their CPUs allow."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    alive.sort(key=lambda n: n["NodeID"])
+    out: list[NodeSlots] = []
+    if device_kind == "gpu":
+        left = workers if workers is not None else 10**9
+        for n in alive:
+            k = min(int(n["Resources"].get("GPU", 0)), left)
+            left -= k
+            if k > 0:
+                out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k))
+        return tuple(out)
+    total_cpu = sum(n["Resources"].get("CPU", 0) for n in alive)
+    want = workers if workers is not None else max(int(total_cpu) or 1, min_slots)
+    for n in alive:
+        k = min(int(n["Resources"].get("CPU", 0) / cpu_per_worker), want)
+        want -= k
+        if k > 0:
+            out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k))
+    return tuple(out)
+
+
+def connect(address: str = "local", *, devices: str = "auto", workers: int | None = None, min_slots: int = 1) -> ClusterInfo:
+    """Start embedded Ray (`local`) or join (`auto`, HOST:PORT, or RAY_ADDRESS) and count slots.
+
+    Reuses an already-initialised Ray in this process (tests share one session cluster).
+    """
+    import ray
+
+    if workers is not None and workers < 1:
+        raise InputError(f"--workers must be >= 1, got {workers}")
+    owned = False
+    if not ray.is_initialized():
+        if address == "local" and not os.environ.get("RAY_ADDRESS"):
+            gpus = 0 if devices == "cpu" else _local_gpu_count()
+            ray.init(
+                num_cpus=os.cpu_count() or 1,
+                num_gpus=gpus,
+                include_dashboard=False,
+                object_store_memory=OBJECT_STORE_BYTES,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        else:
+            target = os.environ.get("RAY_ADDRESS", "auto") if address in ("local", "auto") else address
+            if target != "auto":
+                _check_reachable(target)
+            try:
+                ray.init(address=target, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, RuntimeError, TimeoutError) as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise InfraError(f"Ray cluster unreachable at {target}: {first}") from None
+        owned = True
+    has_gpu = ray.cluster_resources().get("GPU", 0) >= 1
+    if devices == "gpu" and not has_gpu:
+        if owned:
+            ray.shutdown()
+        raise InfraError("--devices gpu but the Ray cluster has no GPU")
+    kind = "gpu" if has_gpu and devices != "cpu" else "cpu"
+    nodes = node_slots(kind, workers, CPU_PER_WORKER, min_slots)
+    if not nodes:
+        if owned:
+            ray.shutdown()
+        raise InfraError(f"the Ray cluster offers no {kind} worker slots")
+    return ClusterInfo(address=address, device_kind=kind, nodes=nodes, owned=owned)
+
+
+def disconnect(info: ClusterInfo) -> None:
+    import ray
+
+    if info.owned and ray.is_initialized():
+        ray.shutdown()

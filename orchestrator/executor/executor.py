@@ -1,0 +1,418 @@
+"""The dispatch loop: cases -> Tasks -> Dispatcher -> gangs of worker actors -> CaseResults.
+
+Single-threaded driver. Every piece of in-flight work is a `_Job` (placing a gang, starting its
+actors, the tp rendezvous, a batch of cases) holding Ray refs and a deadline; the loop waits on
+all refs at once (`ray.wait`, bounded by the nearest deadline) and turns each outcome into a state
+change. A hang is therefore a deadline that passed, never a blocked driver:
+
+    batch finished        -> results (ranks merged), gang idle again (or recycled: device error)
+    actor died (crash)    -> ERROR "crash" with the worker's log tail; gang recreated on demand
+    node died             -> its cases requeued without blame (blamed if it happens to them again)
+    deadline passed       -> ray.kill the gang (a sync task cannot be cancelled); TIMEOUT
+    placement deadline    -> the case and every later case of >= that tp: SKIP "placement"
+
+Several small cases go to an actor in one call (dispatch overhead), so a crash or hang loses the
+whole batch: its cases are requeued to run singly, where the culprit is found and blamed alone.
+A failed case (fail/error/timeout) runs once more on another worker; a different verdict -> FLAKY.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.case import Case
+from backend.result import CaseResult, Status
+from orchestrator.executor import gangs
+from orchestrator.executor.actors import DEFAULT_RUNNER, read_tail
+from orchestrator.executor.cluster import ClusterInfo
+from orchestrator.executor.gangs import Gang, GangSpec, GangState
+from orchestrator.scheduling.cost import estimate_all
+from orchestrator.scheduling.policy import Dispatcher, Task
+
+# Text of an exception that leaves the device (and so the process) unusable: recycle the actor.
+DEVICE_POISON = re.compile(
+    r"CUDA error|HIP error|illegal memory access|device-side assert|cudaError|hipError|NCCL error|ECC error",
+    re.IGNORECASE,
+)
+RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
+NODE_DEATH = re.compile(r"node .*(died|dead|removed)|NodeDiedError|node failure", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ExecConfig:
+    runner: str = DEFAULT_RUNNER  # "module:function" called per case in the actor
+    timeout_s: float | None = None  # overrides Case.timeout_s
+    placement_timeout_s: float = 30.0
+    setup_timeout_s: float = 120.0  # actor start + rendezvous
+    batch_target_s: float = 1.0  # batch cases while their summed estimate stays under this
+    max_batch: int = 64
+    retries: int = 1
+    log_dir: str = ""  # per-actor logs; default a fresh temp dir
+    poll_s: float = 0.5
+
+
+def group_key(case: Case) -> str:
+    """Cases that can share captured graphs (same SessionCache entry shapes) on one actor."""
+    m = case.model
+    return (f"{case.backend}|tp{case.tp}|{case.mode}|{case.kv_cache_dtype}|{m.num_heads}x{m.num_kv_heads}x"
+            f"{m.head_size}|{m.dtype}|{m.num_layers}|{m.max_model_len}|{len(case.capture_sizes)}")  # fmt: skip
+
+
+def _merge(results: list[CaseResult]) -> CaseResult:
+    if len(results) == 1:
+        return results[0]
+    try:
+        from backend.checker import merge_rank_results
+    except ImportError:  # the checker has not landed: the worst rank decides
+        order = [Status.ERROR, Status.TIMEOUT, Status.FAIL, Status.FLAKY, Status.SKIP, Status.PASS]
+        return min(results, key=lambda r: order.index(r.status))
+    return merge_rank_results(results)
+
+
+def _first_line(e: BaseException | str) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+@dataclass
+class _Job:
+    kind: str  # "place" | "start" | "join" | "batch"
+    gang: Gang
+    refs: list[Any]
+    deadline: float
+    tasks: list[Task]  # the batch (for setup jobs: the batch waiting for the gang)
+    started: float = field(default_factory=time.monotonic)
+    pending: set[Any] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.pending = set(self.refs)
+
+
+class Executor:
+    def __init__(
+        self,
+        cluster: ClusterInfo,
+        config: ExecConfig = ExecConfig(),
+        *,
+        on_result: Callable[[CaseResult, bool], None] | None = None,
+        history: dict[str, float] | None = None,
+    ):
+        self.cluster = cluster
+        self.config = config
+        self.on_result = on_result or (lambda r, final: None)
+        self.history = history or {}
+        self.log_dir = config.log_dir or tempfile.mkdtemp(prefix="orch-workers-")
+        self.gangs: list[Gang] = []
+        self.jobs: list[_Job] = []
+        self.final: dict[str, CaseResult] = {}
+        self._cases: dict[str, Case] = {}
+        self._queued: dict[str, Task] = {}  # in the dispatcher, not yet handed out
+        self._first: dict[str, CaseResult] = {}  # first attempt of cases being retried
+        self._singles: set[str] = set()  # run alone: they were in a batch that crashed/hung
+        self._lost: dict[str, int] = {}  # node losses suffered per case
+        self._alive = [True] * len(cluster.nodes)
+        self._no_place_tp: int | None = None  # smallest tp whose placement timed out
+        self._unit = "GPU" if cluster.device_kind == "gpu" else "CPU worker"
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def run(self, cases: Sequence[Case]) -> dict[str, CaseResult]:
+        """Run every case once (plus retries); returns case_id -> final result."""
+        self._cases = {c.case_id: c for c in cases}
+        est = estimate_all(cases, self.history)
+        slots = [n.slots for n in self.cluster.nodes]
+        tasks = []
+        for c in cases:
+            if c.tp > max(slots):
+                self._skip_placement(c, f"needs {c.tp} {self._unit}s on one node; the largest has {max(slots)}")
+            else:
+                tasks.append(Task(c.case_id, c.tp, est[c.case_id], group_key(c)))
+        self.dispatcher = Dispatcher(tasks, slots)
+        self._queued = {t.id: t for t in tasks}
+        try:
+            while True:
+                self._fill()
+                if not self.jobs:
+                    if self._queued:  # nothing runs and nothing fits anywhere: will never run
+                        for t in list(self._queued.values()):
+                            self._queued.pop(t.id)
+                            self._skip_placement(self._cases[t.id], f"needs {t.tp} {self._unit}s on one node; none left")
+                    break
+                self._wait_once()
+        finally:
+            self.shutdown()
+        return self.final
+
+    def shutdown(self) -> None:
+        for g in self.gangs:
+            if g.state != GangState.DEAD:
+                gangs.teardown(g)
+        self.gangs = []
+        self.jobs = []
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    def _held(self, node: int) -> int:
+        return sum(g.tp for g in self.gangs if g.node == node and g.state != GangState.DEAD)
+
+    def _free(self, node: int) -> int:
+        """Slots the dispatcher may fill: not held by a gang that is busy or coming up."""
+        busy = sum(g.tp for g in self.gangs if g.node == node and g.state not in (GangState.DEAD, GangState.IDLE))
+        return self.cluster.nodes[node].slots - busy if self._alive[node] else 0
+
+    def _fill(self) -> None:
+        self.gangs = [g for g in self.gangs if g.state != GangState.DEAD]
+        for node in range(len(self.cluster.nodes)):
+            refused: set[str] = set()
+            while self._free(node) > 0:
+                idle = [g for g in self.gangs if g.node == node and g.state == GangState.IDLE]
+                last = idle[0].last_group if idle else None
+                task = self.dispatcher.next_for(node, self._free(node), last)
+                if task is None:
+                    break
+                self._queued.pop(task.id, None)
+                case = self._cases[task.id]
+                if self._no_place_tp is not None and task.tp >= self._no_place_tp:
+                    self.dispatcher.done(task, 0.0)
+                    self._skip_placement(case, f"needs {task.tp} {self._unit}s on one node (placement timed out)")
+                    continue
+                gang = self._gang_for(node, task, idle)
+                if gang is None:  # a retry that must avoid the only idle worker: ask again later
+                    self._requeue(task)
+                    if task.id in refused:
+                        break
+                    refused.add(task.id)
+                    continue
+                batch = self._batch(node, task, gang)
+                if gang.state == GangState.IDLE:
+                    self._submit(gang, batch)
+                else:
+                    # A gang coming up: its placement job carries the first batch.
+                    next(j for j in self.jobs if j.gang is gang).tasks = batch
+
+    def _gang_for(self, node: int, task: Task, idle: list[Gang]) -> Gang | None:
+        avoid = self._first[task.id].worker if task.id in self._first else None
+        same = [g for g in idle if g.tp == task.tp and not (avoid and g.label == avoid)]
+        same.sort(key=lambda g: g.last_group != task.group)
+        if same:
+            return same[0]
+        if avoid and any(g.tp == task.tp and g.label == avoid for g in idle) and self.cluster.total_slots < 2 * task.tp:
+            return next(g for g in idle if g.tp == task.tp)  # nowhere else to go
+        # New gang: tear idle gangs down until its slots are unheld (counted free by _free).
+        for g in sorted(idle, key=lambda g: g.tp == task.tp):  # other sizes go first
+            if self.cluster.nodes[node].slots - self._held(node) >= task.tp:
+                break
+            gangs.teardown(g)
+        if self.cluster.nodes[node].slots - self._held(node) < task.tp:
+            return None
+        spec = GangSpec(task.tp, self.cluster.device_kind, self.config.runner, self.log_dir, self.cluster.cpu_per_worker)
+        gang, ready = gangs.place(spec, node, self.cluster.nodes[node].node_id)
+        self.gangs.append(gang)
+        self.jobs.append(_Job("place", gang, [ready], time.monotonic() + self.config.placement_timeout_s, []))
+        return gang
+
+    def _batch(self, node: int, first: Task, gang: Gang) -> list[Task]:
+        batch, total = [first], first.est_s
+        if first.id in self._singles or first.est_s >= self.config.batch_target_s:
+            return batch
+        while len(batch) < self.config.max_batch:
+            t = self.dispatcher.next_for(node, gang.tp, first.group)
+            if t is None:
+                break
+            ok = (t.tp == gang.tp and t.id not in self._singles and total + t.est_s < self.config.batch_target_s
+                  and not (t.id in self._first and self._first[t.id].worker == gang.label))  # fmt: skip
+            if not ok:
+                self.dispatcher.requeue(t)
+                break
+            self._queued.pop(t.id, None)
+            batch.append(t)
+            total += t.est_s
+        return batch
+
+    def _timeout(self, task: Task) -> float:
+        return self.config.timeout_s or self._cases[task.id].timeout_s
+
+    def _submit(self, gang: Gang, batch: list[Task]) -> None:
+        refs = gangs.run_batch(gang, [self._cases[t.id].to_dict() for t in batch])
+        # A batch may use its longest case's deadline plus generous room for the others.
+        deadline = time.monotonic() + max(self._timeout(t) for t in batch) + 2 * sum(t.est_s for t in batch[1:])
+        self.jobs.append(_Job("batch", gang, refs, deadline, batch))
+        gang.last_group = batch[-1].group
+
+    def _requeue(self, task: Task) -> None:
+        self.dispatcher.requeue(task)
+        self._queued[task.id] = task
+
+    # -- waiting --------------------------------------------------------------------------------
+
+    def _wait_once(self) -> None:
+        import ray
+
+        now = time.monotonic()
+        refs = [r for j in self.jobs for r in j.pending]
+        timeout = max(0.0, min([j.deadline for j in self.jobs] + [now + self.config.poll_s]) - now)
+        ready: list[Any] = []
+        if refs:
+            ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
+            if ready and rest:
+                ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        else:
+            time.sleep(timeout)
+        ready_set = set(ready)
+        for job in list(self.jobs):
+            hit = job.pending & ready_set
+            if not hit:
+                continue
+            job.pending -= hit
+            err = None
+            for r in hit:
+                try:
+                    ray.get(r, timeout=0)
+                except Exception as e:  # noqa: BLE001 - RayActorError, task error, ...
+                    err = e
+                    break
+            if err is not None:
+                self._jobs_remove(job)
+                self._job_failed(job, err)
+            elif not job.pending:
+                self._jobs_remove(job)
+                self._job_done(job, ray.get(job.refs))
+        now = time.monotonic()
+        for job in list(self.jobs):
+            if now >= job.deadline:
+                self._jobs_remove(job)
+                self._job_expired(job)
+
+    def _jobs_remove(self, job: _Job) -> None:
+        self.jobs = [j for j in self.jobs if j is not job]
+
+    def _job_done(self, job: _Job, values: list[Any]) -> None:
+        g = job.gang
+        if job.kind == "place":
+            refs = gangs.start_actors(g)
+            self.jobs.append(_Job("start", g, refs, time.monotonic() + self.config.setup_timeout_s, job.tasks))
+        elif job.kind == "start":
+            refs = gangs.join(g, values, self.config.setup_timeout_s)
+            if refs:
+                self.jobs.append(_Job("join", g, refs, time.monotonic() + self.config.setup_timeout_s, job.tasks))
+            else:
+                self._submit(g, job.tasks)
+        elif job.kind == "join":
+            g.state = GangState.IDLE
+            self._submit(g, job.tasks)
+        else:
+            g.state = GangState.IDLE
+            elapsed = time.monotonic() - job.started
+            poisoned = False
+            for i, task in enumerate(job.tasks):
+                res = _merge([CaseResult.from_dict(rank[i]) for rank in values])
+                if res.status == Status.ERROR and DEVICE_POISON.search(f"{res.reason}\n{res.log_tail}"):
+                    poisoned = True
+                    res = res.replace(reason=f"{res.reason} (device error: worker recycled)")
+                self._attempt(task, res, elapsed / len(job.tasks))
+            if poisoned:
+                gangs.teardown(g)
+
+    def _job_failed(self, job: _Job, err: BaseException) -> None:
+        g = job.gang
+        gangs.teardown(g)
+        if self._node_died(g, err):
+            for t in job.tasks:
+                self._lost[t.id] = self._lost.get(t.id, 0) + 1
+            recurring = [t for t in job.tasks if self._lost[t.id] > 1]
+            for t in job.tasks:
+                if t not in recurring:
+                    self._requeue(t)
+            if not recurring:
+                return
+            job = _Job(job.kind, g, [], job.deadline, recurring, job.started)
+        if job.kind != "batch" and job.kind != "start":
+            for t in job.tasks:  # the rendezvous failed: blame the case that needed it
+                self._attempt(t, self._error(t, g, f"tp gang setup failed: {_first_line(err)}", "exception"), 0.0)
+            return
+        self._lost_batch(job, f"worker process died: {_first_line(err)}", "crash", Status.ERROR)
+
+    def _job_expired(self, job: _Job) -> None:
+        g = job.gang
+        gangs.teardown(g)
+        if job.kind == "place":
+            tp = g.tp
+            self._no_place_tp = tp if self._no_place_tp is None else min(self._no_place_tp, tp)
+            for t in job.tasks:
+                self.dispatcher.done(t, 0.0)
+                self._skip_placement(self._cases[t.id], f"needs {tp} {self._unit}s on one node (no placement within {self.config.placement_timeout_s:.0f}s)")
+            return
+        if job.kind in ("start", "join"):
+            for t in job.tasks:
+                self._attempt(t, self._error(t, g, f"tp gang did not come up within {self.config.setup_timeout_s:.0f}s", "timeout", Status.TIMEOUT), 0.0)
+            return
+        limit = self._timeout(job.tasks[0])
+        self._lost_batch(job, f"no result within {limit:.0f}s: worker killed and recreated", "timeout", Status.TIMEOUT)
+
+    def _lost_batch(self, job: _Job, reason: str, kind: str, status: Status) -> None:
+        """A batch lost to a crash or hang: alone, the case is to blame; else find it singly."""
+        if len(job.tasks) == 1:
+            t = job.tasks[0]
+            res = self._error(t, job.gang, reason, kind, status)
+            self._attempt(t, res, time.monotonic() - job.started)
+            return
+        for t in job.tasks:
+            self._singles.add(t.id)
+            self._requeue(t)
+
+    def _node_died(self, g: Gang, err: BaseException) -> bool:
+        import ray
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        dead = g.node_id not in alive or bool(NODE_DEATH.search(str(err)))
+        if dead:
+            self._alive[g.node] = False
+            for other in self.gangs:
+                if other.node == g.node and other.state == GangState.IDLE:
+                    gangs.teardown(other)
+        return dead
+
+    # -- results --------------------------------------------------------------------------------
+
+    def _error(self, t: Task, g: Gang, reason: str, kind: str, status: Status = Status.ERROR) -> CaseResult:
+        case = self._cases[t.id]
+        # The actor's log holds earlier cases too: keep what follows this case's start marker.
+        tails = [read_tail(p) for p in g.log_paths]
+        tails = [s[s.rfind(f"[orch] case {t.id} ") :] if f"[orch] case {t.id} " in s else s for s in tails]
+        tail = tails[0] if len(tails) == 1 else "\n".join(f"--- rank {r} ---\n{s}" for r, s in enumerate(tails) if s)
+        return CaseResult(
+            case_id=case.case_id, status=status, reason=reason, requested_mode=case.mode, error_kind=kind,
+            log_tail=tail, repro=case.repro_command(), worker=g.label, axes=case.axes,
+            device=g.infos[0].device if g.infos else "",
+        )  # fmt: skip
+
+    def _skip_placement(self, case: Case, reason: str) -> None:
+        res = CaseResult(case_id=case.case_id, status=Status.SKIP, reason=reason, requested_mode=case.mode,
+                         error_kind="placement", repro=case.repro_command(), axes=case.axes)  # fmt: skip
+        self.final[case.case_id] = res
+        self.on_result(res, True)
+
+    def _attempt(self, task: Task, res: CaseResult, duration_s: float) -> None:
+        first = self._first.pop(task.id, None)
+        if first is None and res.status in RETRY_STATUSES and self.config.retries > 0:
+            self._first[task.id] = res
+            self.on_result(res, False)
+            self._requeue(task)
+            return
+        if first is not None:
+            if first.status == res.status:
+                res = res.replace(attempts=2)
+            else:
+                res = res.replace(
+                    status=Status.FLAKY, attempts=2,
+                    reason=f"retry disagreed: {first.status} on {first.worker} ({first.reason}), "
+                           f"then {res.status} on {res.worker}" + (f" ({res.reason})" if res.reason else ""),
+                )  # fmt: skip
+        self.dispatcher.done(task, duration_s)
+        self.final[task.id] = res
+        self.on_result(res, True)

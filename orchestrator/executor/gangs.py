@@ -1,0 +1,137 @@
+"""Gangs: tp worker actors in one placement group (STRICT_PACK: one node) sharing a process group.
+
+A tp 1 worker is a gang of one, so the executor handles every worker alike. Lifecycle (a status
+value each, advanced by the executor as Ray answers; nothing here blocks):
+
+    PLACING    waiting on pg.ready() (an impossible group never fails by itself: the executor
+               holds a deadline and turns it into a SKIP "placement")
+    STARTING   actors created, waiting on their info() (device, node, a free port from rank 0)
+    JOINING    tp > 1: every rank in setup_gang(), the torch.distributed rendezvous on 127.0.0.1
+               (the ranks share a node by construction)
+    IDLE/BUSY  reusable for any case of the same tp
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.executor.actors import CaseWorker, WorkerInfo, actor_runtime_env
+
+_ids = itertools.count()
+
+
+class GangState(str, enum.Enum):
+    PLACING = "placing"
+    STARTING = "starting"
+    JOINING = "joining"
+    IDLE = "idle"
+    BUSY = "busy"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class GangSpec:
+    tp: int
+    device_kind: str  # "gpu" | "cpu"
+    runner: str
+    log_dir: str
+    cpu_per_worker: float = 0.25
+
+    def bundle(self) -> dict[str, float]:
+        return {"GPU": 1.0} if self.device_kind == "gpu" else {"CPU": self.cpu_per_worker}
+
+
+@dataclass
+class Gang:
+    """Driver-side handle (mutable, never leaves the driver)."""
+
+    spec: GangSpec
+    node: int  # dispatcher node index
+    node_id: str
+    pg: Any
+    id: int = field(default_factory=lambda: next(_ids))
+    state: GangState = GangState.PLACING
+    actors: list[Any] = field(default_factory=list)
+    infos: list[WorkerInfo] = field(default_factory=list)
+    last_group: str = ""
+
+    @property
+    def tp(self) -> int:
+        return self.spec.tp
+
+    @property
+    def label(self) -> str:
+        return "+".join(i.label for i in self.infos) if self.infos else f"gang{self.id}"
+
+    @property
+    def log_paths(self) -> list[str]:
+        return [i.log_path for i in self.infos]
+
+
+def place(spec: GangSpec, node: int, node_id: str) -> tuple[Gang, Any]:
+    """Ask for the placement group; returns the gang and the ref that resolves when it is placed."""
+    from ray.util.placement_group import placement_group
+
+    pg = placement_group([spec.bundle() for _ in range(spec.tp)], strategy="STRICT_PACK", _soft_target_node_id=node_id)
+    return Gang(spec=spec, node=node, node_id=node_id, pg=pg), pg.ready()
+
+
+def start_actors(gang: Gang) -> list[Any]:
+    """Create one actor per bundle; returns their info() refs."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    spec = gang.spec
+    resources = {"num_gpus": 1, "num_cpus": 0} if spec.device_kind == "gpu" else {"num_cpus": spec.cpu_per_worker}
+    cls = ray.remote(CaseWorker)
+    for rank in range(spec.tp):
+        label = f"{spec.device_kind}-g{gang.id}r{rank}"
+        actor = cls.options(
+            **resources,
+            max_concurrency=1,
+            max_restarts=0,
+            runtime_env=actor_runtime_env(spec.device_kind),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=gang.pg, placement_group_bundle_index=rank
+            ),
+        ).remote(runner=spec.runner, device_kind=spec.device_kind, log_dir=spec.log_dir, label=label)
+        gang.actors.append(actor)
+    gang.state = GangState.STARTING
+    return [a.info.remote() for a in gang.actors]
+
+
+def join(gang: Gang, infos: list[WorkerInfo], timeout_s: float) -> list[Any]:
+    """tp > 1: every rank joins the process group; rank 0's node offered the port. [] for tp 1."""
+    gang.infos = list(infos)
+    if gang.tp == 1:
+        gang.state = GangState.IDLE
+        return []
+    gang.state = GangState.JOINING
+    port = infos[0].free_port
+    return [a.setup_gang.remote(r, gang.tp, "127.0.0.1", port, timeout_s) for r, a in enumerate(gang.actors)]
+
+
+def run_batch(gang: Gang, case_dicts: list[dict[str, Any]]) -> list[Any]:
+    """Submit the batch on every rank; one ref per rank."""
+    gang.state = GangState.BUSY
+    return [a.run_batch.remote(case_dicts) for a in gang.actors]
+
+
+def teardown(gang: Gang) -> None:
+    """Kill the actors (a hung sync task cannot be cancelled, only killed) and free the bundles."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    for a in gang.actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:  # already dead
+            pass
+    try:
+        remove_placement_group(gang.pg)
+    except Exception:  # node gone with it
+        pass
+    gang.state = GangState.DEAD

@@ -1,0 +1,54 @@
+"""Deliberately broken runners (and, once the checker lands, backends) for the executor's fault tests.
+
+Runner-level faults are chosen by the case's batch name, so one matrix of hand-made cases can mix
+them: "ok" passes, "crash" kills the process (os._exit), "segv" segfaults, "hang" sleeps forever,
+"cudaerr" raises a device error, "flaky" fails the first time it runs and passes afterwards
+(a marker file named by batch.description), "fail" always fails, "slow" sleeps 0.3 s then passes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from backend.case import BatchSpec, Case
+from backend.result import CaseResult, Status
+
+
+def make_case(kind: str, idx: int = 0, *, tp: int = 1, timeout_s: float = 300.0, description: str = "") -> Case:
+    batch = BatchSpec(kind, (1, 1), (8, 8), description)
+    return Case(backend="torch", tp=tp, mode="FULL", kv_cache_dtype="auto", batch=batch, seed=idx, timeout_s=timeout_s)
+
+
+def fault_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
+    kind = case.batch.name
+    if kind == "crash":
+        print(f"about to crash in {case.case_id}", flush=True)
+        os._exit(1)
+    if kind == "segv":
+        print(f"about to segfault in {case.case_id}", flush=True)
+        ctypes.string_at(0)
+    if kind == "hang":
+        time.sleep(10**6)
+    if kind == "cudaerr":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    if kind == "slow":
+        time.sleep(0.3)
+    status = Status.PASS
+    if kind == "fail":
+        status = Status.FAIL
+    if kind == "flaky":
+        marker = case.batch.description
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            status = Status.FAIL
+    if kind == "rank":  # which rank/world/device the gang gave us, and the process group size
+        import torch.distributed as dist
+
+        t = __import__("torch").ones(1) * (rank + 1)
+        dist.all_reduce(t)
+        reason = f"rank={rank} world={world_size} device={device} sum={int(t.item())} pid={os.getpid()}"
+        return CaseResult(case.case_id, Status.PASS, reason=reason, requested_mode=case.mode, axes=case.axes)
+    return CaseResult(case.case_id, status, reason=f"{kind} pid={os.getpid()}", requested_mode=case.mode,
+                      axes=case.axes, timings={"total_s": 0.001})  # fmt: skip
