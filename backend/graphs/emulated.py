@@ -63,8 +63,8 @@ def _host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) ->
     name = func._schema.name
     if name in _HOST_SYNC_OPS:
         return f"{func} (reads tensor data on the host)"
-    if name == "aten::repeat_interleave" and func._overloadname.startswith("Tensor") \
-            and kwargs.get("output_size") is None and (len(args) < 3 or args[-1] is None):
+    if name == "aten::repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor") \
+            and kwargs.get("output_size") is None:
         return f"{func} without output_size (output shape depends on tensor data)"
     if name in _BOOL_INDEX_OPS:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())

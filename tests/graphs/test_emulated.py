@@ -151,6 +151,7 @@ HOST_SYNCS = {
     "unique": lambda x: torch.unique(x),
     "tolist": lambda x: x.tolist(),
     "repeat_interleave": lambda x: torch.repeat_interleave(torch.tensor([1, 2])),
+    "repeat_interleave_self": lambda x: x.repeat_interleave(x.long()),
 }
 
 
