@@ -126,17 +126,28 @@ def test_blocked_long_gang_gets_a_node_drained_for_it():
     gang = Task("gang", 8, 40.0)
     short = [Task(f"s{i}", 1, 1.0) for i in range(100)]
     d = Dispatcher(long_ones + [gang] + short, [8, 8])
+    on_node0 = []
     for n in (0, 1):
         for _ in range(8):
-            assert d.next_for(n, 8, now=0.0).id.startswith("l")
-    for t in long_ones[:8]:  # node 0's long tasks end
-        d.done(t, 50.0)
+            t = d.next_for(n, 8, now=0.0)
+            assert t.id.startswith("l")
+            if n == 0:
+                on_node0.append(t)
     granted = []
-    free = 8
-    while (t := d.next_for(0, free, now=50.0)) is not None:
-        granted.append(t.id)
-        free -= t.tp
+    free = 0
+    for i, t in enumerate(on_node0):  # node 0's long tasks end one by one
+        d.done(t, 50.0 + i * 0.01)
+        free += 1
+        while (g := d.next_for(0, free, now=50.0 + i * 0.01)) is not None:
+            granted.append(g.id)
+            free -= g.tp
     assert granted == ["gang"]
+
+
+def test_blocked_gang_test_depends_on_the_reservation(monkeypatch):
+    monkeypatch.setattr(Dispatcher, "reserve", False)
+    with pytest.raises(AssertionError):
+        test_blocked_long_gang_gets_a_node_drained_for_it()
 
 
 def test_without_urgency_gang_waits_while_plenty_of_work_remains():
