@@ -57,7 +57,7 @@ class GateOutcome:
     def gating(self) -> tuple[str, ...]:
         """The case ids that failed the gate, worst class first."""
         return tuple(
-            cid for cls in CLASSIFICATIONS if cls in GATING for cid, c in self.classification.items() if c == cls
+            cid for cls in CLASSIFICATIONS if cls in GATING for cid, c in sorted(self.classification.items()) if c == cls
         )
 
     def verdict(self) -> str:

@@ -1,0 +1,96 @@
+"""The gate as a scenario table: (now, baseline, known) -> classification and exit code."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from backend.result import Status
+from orchestrator.errors import ExitCode
+from orchestrator.gate import evaluate
+from orchestrator.known_failures import parse
+from tests.results import samples
+
+CASES = samples.make_cases()
+C = CASES[0]
+KNOWN = parse(f'- case: "{C.case_id}"\n  reason: tracked upstream\n  link: https://example.invalid/1\n')
+NO_BASE = "no-baseline"
+ABSENT = "absent"
+
+# name: (status now, baseline status | NO_BASE | ABSENT, known?, expected classification, gate exit)
+SCENARIOS = {
+    "pass": (Status.PASS, NO_BASE, False, "pass", ExitCode.OK),
+    "fail without baseline": (Status.FAIL, NO_BASE, False, "fail", ExitCode.GATE_FAILED),
+    "error without baseline": (Status.ERROR, NO_BASE, False, "error", ExitCode.GATE_FAILED),
+    "timeout without baseline": (Status.TIMEOUT, NO_BASE, False, "timeout", ExitCode.GATE_FAILED),
+    "skip": (Status.SKIP, NO_BASE, False, "skip", ExitCode.OK),
+    "flaky is listed, not gating": (Status.FLAKY, Status.PASS, False, "flaky", ExitCode.OK),
+    "known failure is xfail": (Status.FAIL, NO_BASE, True, "known-fail", ExitCode.OK),
+    "known error is xfail": (Status.ERROR, Status.PASS, True, "known-fail", ExitCode.OK),
+    "known failure now passes": (Status.PASS, Status.FAIL, True, "fixed", ExitCode.OK),
+    "regression: passed in baseline": (Status.FAIL, Status.PASS, False, "regression", ExitCode.GATE_FAILED),
+    "timeout regression": (Status.TIMEOUT, Status.PASS, False, "regression", ExitCode.GATE_FAILED),
+    "regression from flaky": (Status.ERROR, Status.FLAKY, False, "regression", ExitCode.GATE_FAILED),
+    "old failure does not gate": (Status.FAIL, Status.FAIL, False, "old-failure", ExitCode.OK),
+    "error that was a timeout is old": (Status.ERROR, Status.TIMEOUT, False, "old-failure", ExitCode.OK),
+    "new case failing": (Status.FAIL, ABSENT, False, "new", ExitCode.GATE_FAILED),
+    "failing case skipped in baseline is new": (Status.FAIL, Status.SKIP, False, "new", ExitCode.GATE_FAILED),
+    "new case passing": (Status.PASS, ABSENT, False, "pass", ExitCode.OK),
+}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_gate_scenario(name):
+    now, base, known, expected, code = SCENARIOS[name]
+    results = [samples.result_for(C, now)]
+    baseline = None if base == NO_BASE else ([] if base == ABSENT else [samples.result_for(C, base)])
+    out = evaluate(results, baseline=baseline, known=KNOWN if known else None)
+    assert out.classification == {C.case_id: expected}
+    assert out.exit_code == code
+    assert out.counts[expected] == 1 and sum(out.counts.values()) == 1
+
+
+def test_full_sample_run_lists_every_class():
+    out = evaluate(samples.make_results(CASES), baseline=samples.make_baseline(CASES), known=parse(samples.KNOWN_YAML))
+    assert out.exit_code == ExitCode.GATE_FAILED
+    assert out.regressions == tuple(sorted((samples.REGRESSION, samples.TIMEOUT)))
+    assert out.new_failures == (samples.NEW_FAILURE,)
+    assert out.old_failures == (samples.OLD_FAILURE,)
+    assert out.known_failures == (samples.KNOWN_FAIL,)
+    assert out.fixed == (samples.FIXED,)
+    assert out.flaky == (samples.FLAKY,)
+    assert out.downgraded == (samples.DOWNGRADED,)
+    assert out.classification[samples.SKIPPED] == "skip"
+    assert out.gating[:2] == out.regressions  # worst first
+    assert "2 regressions" in out.verdict() and "1 new failures" in out.verdict()
+
+
+def test_only_old_and_known_failures_pass_the_gate():
+    results = [r for r in samples.make_results(CASES) if r.case_id not in (samples.REGRESSION, samples.TIMEOUT, samples.NEW_FAILURE)]
+    out = evaluate(results, baseline=samples.make_baseline(CASES), known=parse(samples.KNOWN_YAML))
+    assert out.passed and out.exit_code == ExitCode.OK
+    assert "1 old failures" in out.verdict() and "1 known failures" in out.verdict()
+
+
+def test_missing_results_fail_the_gate():
+    out = evaluate([samples.result_for(C)], missing=[CASES[1].case_id])
+    assert out.exit_code == ExitCode.GATE_FAILED and out.missing == (CASES[1].case_id,)
+
+
+def test_expired_known_failure_gates_again():
+    kf = parse(f'- case: "{C.case_id}"\n  reason: r\n  until: 2020-01-01\n')
+    out = evaluate([samples.result_for(C, Status.FAIL)], known=kf)
+    assert out.classification[C.case_id] == "fail" and kf.expired == kf.entries
+    live = parse(f'- case: "{C.case_id}"\n  reason: r\n  until: 2999-01-01\n')
+    assert evaluate([samples.result_for(C, Status.FAIL)], known=live).passed
+    fixed_today = type(kf)(kf.entries, kf.source, today=dt.date(2019, 12, 31))
+    assert evaluate([samples.result_for(C, Status.FAIL)], known=fixed_today).passed
+
+
+def test_evaluate_is_pure():
+    results = samples.make_results(CASES)
+    before = [r.to_dict() for r in results]
+    a = evaluate(results, baseline=samples.make_baseline(CASES))
+    b = evaluate(results, baseline=samples.make_baseline(CASES))
+    assert a == b and [r.to_dict() for r in results] == before

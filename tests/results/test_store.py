@@ -1,0 +1,198 @@
+"""Results store on real SQLite: round trips, resume, history, durability, and refusing bad files."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from backend.result import Status
+from orchestrator.cli import main as cli_main
+from orchestrator.errors import InfraError, InputError
+from orchestrator.store import MIGRATIONS, SCHEMA_VERSION, ResultStore, resolve_baseline
+from tests.results import samples
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def cases():
+    return samples.make_cases()
+
+
+def test_results_round_trip_exactly(tmp_path, cases):
+    results = samples.make_results(cases)
+    with ResultStore(str(tmp_path / "r.db")) as store:
+        rid = store.create_run(matrix="m.yaml", cases=cases, argv=["orch", "run"], devices="cpu", versions={"torch": "2.13"})
+        for r in results:
+            store.record(rid, r)
+        store.finish_run(rid, "finished")
+        assert store.results(rid) == sorted(results, key=lambda r: r.case_id)
+        assert store.planned_cases(rid) == cases
+        info = store.run(rid)
+        assert (info.status, info.num_cases, info.num_results, info.argv) == ("finished", 32, 32, ["orch", "run"])
+        assert info.finished_at is not None and info.versions == {"torch": "2.13"}
+
+
+def test_record_upserts_latest_attempt_and_keeps_the_attempt_log(tmp_path, cases):
+    c = cases[0]
+    with ResultStore(str(tmp_path / "r.db")) as store:
+        rid = store.create_run(matrix="m.yaml", cases=cases)
+        store.record(rid, samples.result_for(c, Status.TIMEOUT, attempts=1))
+        store.record(rid, samples.result_for(c, Status.PASS, attempts=2))
+        [only] = store.results(rid)
+        assert (only.status, only.attempts) == (Status.PASS, 2)
+        assert [a["status"] for a in store.attempt_log(rid, c.case_id)] == ["timeout", "pass"]
+
+
+def test_missing_case_ids_drive_resume(tmp_path, cases):
+    with ResultStore(str(tmp_path / "r.db")) as store:
+        rid = store.create_run(matrix="m.yaml", cases=cases)
+        for r in samples.make_results(cases)[:10]:
+            store.record(rid, r)
+        assert store.missing_case_ids(rid) == [c.case_id for c in cases[10:]]
+
+
+def test_history_and_durations_across_runs(tmp_path, cases):
+    c = cases[3]
+    with ResultStore(str(tmp_path / "r.db")) as store:
+        statuses = [Status.PASS, Status.FAIL, Status.FAIL]
+        for i, st in enumerate(statuses):
+            rid = store.create_run(matrix="m.yaml", cases=cases)
+            store.record(rid, samples.result_for(c, st, timings={"total_s": 10.0 + i}))
+        hist = store.history(c.case_id)
+        assert [(run, r.status) for run, r in hist] == [(3, Status.FAIL), (2, Status.FAIL), (1, Status.PASS)]
+        assert store.history(c.case_id, limit=1)[0][0] == 3
+        assert store.durations() == {c.case_id: 12.0}
+        # A skip has no meaningful duration and must not replace the last real one.
+        rid = store.create_run(matrix="m.yaml", cases=cases)
+        store.record(rid, samples.result_for(c, Status.SKIP, timings={"total_s": 0.0}))
+        assert store.durations() == {c.case_id: 12.0}
+
+
+def test_resolve_baseline_by_run_id_and_by_other_db(tmp_path, cases):
+    other = tmp_path / "main.db"
+    with ResultStore(str(other)) as s:
+        rid = s.create_run(matrix="m.yaml", cases=cases)
+        s.record(rid, samples.result_for(cases[0], Status.FAIL))
+    with ResultStore(str(tmp_path / "r.db")) as store:
+        r1 = store.create_run(matrix="m.yaml", cases=cases)
+        store.record(r1, samples.result_for(cases[1]))
+        r2 = store.create_run(matrix="m.yaml", cases=cases)
+        assert [r.case_id for r in resolve_baseline("1", store, r2)] == [cases[1].case_id]
+        assert [r.status for r in resolve_baseline(str(other), store, r2)] == [Status.FAIL]
+        assert resolve_baseline(None, store, r2) is None
+        for bad in ("7", str(r2), str(tmp_path / "nope.db")):
+            with pytest.raises(InputError):
+                resolve_baseline(bad, store, r2)
+
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {repo!r})
+    from orchestrator.store import ResultStore
+    from tests.results import samples
+    cases = samples.make_cases()
+    store = ResultStore({db!r})
+    rid = store.create_run(matrix="m.yaml", cases=cases)
+    for i, r in enumerate(samples.make_results(cases)):
+        if i == 13:
+            os._exit(9)  # the driver dies mid-run: no close, no finish_run, no atexit
+        store.record(rid, r)
+    """
+)
+
+
+def test_every_recorded_result_survives_a_killed_writer(tmp_path, cases):
+    db = str(tmp_path / "r.db")
+    proc = subprocess.run([sys.executable, "-c", WRITER.format(repo=REPO, db=db)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 9, proc.stderr
+    with ResultStore(db) as store:
+        rid = store.latest_run_id()
+        assert store.run(rid).status == "running"
+        assert len(store.results(rid)) == 13
+        assert store.missing_case_ids(rid) == [c.case_id for c in cases[13:]]
+
+
+def test_store_uses_wal_and_never_synchronous_off(tmp_path):
+    with ResultStore(str(tmp_path / "r.db")) as store:
+        assert store._sql("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert store._sql("PRAGMA synchronous").fetchone()[0] >= 1  # 1 NORMAL, 2 FULL; 0 OFF forbidden
+
+
+def _cli(capsys, *argv):
+    code = cli_main(list(argv))
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def test_corrupt_file_is_exit_2_one_line_and_untouched(tmp_path, capsys):
+    db = tmp_path / "r.db"
+    junk = b"this is not sqlite at all\n" * 200
+    db.write_bytes(junk)
+    code, err = _cli(capsys, "report", "--db", str(db))
+    assert code == 2 and len(err.splitlines()) == 1 and str(db) in err
+    with pytest.raises(InputError):
+        ResultStore(str(db))  # writer mode must refuse too, not recreate
+    assert db.read_bytes() == junk
+
+
+def test_foreign_sqlite_database_is_refused(tmp_path, capsys):
+    db = tmp_path / "app.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE users (id INTEGER)")
+    con.commit()
+    con.close()
+    with pytest.raises(InputError, match="not an orch results database"):
+        ResultStore(str(db))
+    code, err = _cli(capsys, "gate", "--db", str(db))
+    assert code == 2 and "not an orch results database" in err
+
+
+def test_newer_schema_is_exit_2(tmp_path, capsys):
+    db = str(tmp_path / "r.db")
+    ResultStore(db).close()
+    con = sqlite3.connect(db)
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    con.commit()
+    con.close()
+    with pytest.raises(InputError, match="schema version"):
+        ResultStore(db)
+    code, err = _cli(capsys, "report", "--db", db)
+    assert code == 2 and f"schema version {SCHEMA_VERSION + 1}" in err and len(err.splitlines()) == 1
+
+
+def test_migrates_a_version_1_database_keeping_its_data(tmp_path, cases):
+    db = str(tmp_path / "v1.db")
+    con = sqlite3.connect(db)
+    con.executescript(MIGRATIONS[0])
+    con.execute("INSERT INTO meta VALUES ('app', 'orch-results'), ('schema_version', '1')")
+    con.execute("INSERT INTO runs(matrix, matrix_sha, git_sha, started_at, status, cluster, devices, versions, argv)"
+                " VALUES ('old.yaml', '', '', 1.0, 'finished', '', 'cpu', '{}', '[]')")  # fmt: skip
+    con.commit()
+    con.close()
+    with pytest.raises(InputError, match="old schema"):
+        ResultStore(db, readonly=True)  # a reader cannot migrate; says how to fix
+    with ResultStore(db) as store:
+        assert store.schema_version() == SCHEMA_VERSION
+        assert store.run(1).matrix == "old.yaml"
+        rid = store.create_run(matrix="m.yaml", cases=cases)
+        store.record(rid, samples.result_for(cases[0]))
+        assert store.attempt_log(rid, cases[0].case_id)[0]["status"] == "pass"
+
+
+def test_unwritable_location_is_infra_error(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(InfraError):
+        ResultStore(str(blocker / "sub" / "r.db"))
+
+
+def test_missing_db_for_readers_is_input_error(tmp_path, capsys):
+    code, err = _cli(capsys, "gate", "--db", str(tmp_path / "nope.db"))
+    assert code == 2 and "no results database" in err
