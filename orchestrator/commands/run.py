@@ -1,0 +1,131 @@
+"""`orch run MATRIX`: expand, record skips, execute on Ray, commit every result, gate, write outputs.
+
+Order matters for exit codes: a bad matrix/filter/store is exit 2 before anything starts; an
+unreachable cluster is exit 3 after the run row exists (it is closed as "failed", so `--resume`
+can pick it up later). Ctrl-C closes the run as "interrupted" and keeps every committed result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import sys
+import time
+
+import click
+
+from backend.result import CaseResult, Status
+from orchestrator.errors import InputError
+
+# Test/benchmark hook: the per-case function the actors call (default: the checker).
+RUNNER_ENV = "ORCH_RUNNER"
+_REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.FLAKY)
+
+
+def _versions() -> dict[str, str]:
+    import ray
+    import torch
+
+    from orchestrator import __version__
+
+    return {"orch": __version__, "python": platform.python_version(), "ray": ray.__version__, "torch": torch.__version__}
+
+
+def _err(msg: str) -> None:
+    click.echo(f"orch: {msg}", err=True)
+
+
+def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="orch-out", address="local",
+         devices="auto", workers=None, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
+         known_failures=None, resume_run=None, no_progress=False) -> int:  # fmt: skip
+    from orchestrator.filters import select
+    from orchestrator.matrix import load_matrix
+    from orchestrator.outputs import write_outputs
+    from orchestrator.store import ResultStore
+
+    t0 = time.monotonic()
+    if timeout_s is not None and timeout_s <= 0:
+        raise InputError(f"--timeout must be > 0, got {timeout_s}")
+    m = load_matrix(matrix, devices=devices, backend_override=backend)
+    cases = select(m.cases, filter_expr)
+    skipped = select(m.skipped, filter_expr)
+    if not cases and not skipped:
+        raise InputError(f"no case matches --filter {filter_expr!r}", source=matrix)
+    store = ResultStore(db)
+    try:
+        if resume_run is not None:
+            try:
+                run_id = int(resume_run)
+            except ValueError:
+                raise InputError(f"--resume must be a run id, got {resume_run!r}") from None
+            store.run(run_id)  # InputError if absent
+            missing = set(store.missing_case_ids(run_id))
+            # The run's own plan, not today's matrix: a resume finishes what was started.
+            planned = [c for c in store.planned_cases(run_id) if c.case_id in missing]
+            skip_by_id = {s.case.case_id: s for s in skipped}
+            todo_skips = [skip_by_id[c.case_id] for c in planned if c.case_id in skip_by_id]
+            cases = [c for c in planned if c.case_id not in skip_by_id]
+            skipped = todo_skips
+            _err(f"resuming run {run_id}: {len(missing)} case(s) without a result")
+        else:
+            run_id = store.create_run(
+                matrix=matrix, cases=[*cases, *(s.case for s in skipped)], argv=sys.argv, cluster=address,
+                devices=devices, versions=_versions(), baseline=baseline,
+            )  # fmt: skip
+        for s in skipped:
+            store.record(run_id, CaseResult(
+                case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,
+                repro=s.case.repro_command(), axes=s.case.axes,
+            ))  # fmt: skip
+        try:
+            results = _execute(store, run_id, cases, address=address, devices=devices, workers=workers,
+                               timeout_s=timeout_s, no_progress=no_progress)  # fmt: skip
+        except KeyboardInterrupt:
+            store.finish_run(run_id, "interrupted")
+            _err(f"interrupted: run {run_id} keeps what was recorded; finish it with --resume {run_id}")
+            raise
+        except BaseException:
+            store.finish_run(run_id, "failed")
+            raise
+        store.finish_run(run_id, "finished")
+        gate = write_outputs(store, run_id, out_dir=out_dir, junit_path=junit_path, summary_path=summary_path,
+                             baseline=baseline, known_failures=known_failures)  # fmt: skip
+        counts: dict[str, int] = {}
+        for r in [*results.values()]:
+            counts[r.status.value] = counts.get(r.status.value, 0) + 1
+        for r in sorted(results.values(), key=lambda r: r.case_id):
+            if r.status in _REPORT:
+                _err(f"{r.status.value.upper()} {r.case_id}: {r.reason[:200]}\n    repro: {r.repro}")
+        shown = " ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        _err(f"run {run_id}: {len(results)} ran ({shown}), {len(skipped)} skipped, "
+             f"{time.monotonic() - t0:.1f}s -> {gate.verdict()} (outputs in {out_dir})")  # fmt: skip
+        return int(gate.exit_code)
+    finally:
+        store.close()
+
+
+def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress) -> dict[str, CaseResult]:
+    from orchestrator.executor.cluster import connect, disconnect
+    from orchestrator.executor.executor import ExecConfig, Executor
+    from orchestrator.executor.progress import Progress
+
+    if not cases:
+        return {}
+    cluster = connect(address, devices=devices, workers=workers, min_slots=max(c.tp for c in cases))
+    _err(cluster.banner)
+    config = ExecConfig(timeout_s=timeout_s)
+    if os.environ.get(RUNNER_ENV):
+        config = dataclasses.replace(config, runner=os.environ[RUNNER_ENV])
+    progress = Progress(len(cases), live=(not no_progress and sys.stderr.isatty()))
+
+    def on_result(result: CaseResult, final: bool) -> None:
+        store.record(run_id, result)
+        if final:
+            progress.update(result)
+
+    try:
+        return Executor(cluster, config, on_result=on_result, history=store.durations()).run(cases)
+    finally:
+        progress.close()
+        disconnect(cluster)
