@@ -230,8 +230,9 @@ class _Loader:
             reasons.append(f"{label} does not support dtype {case.model.dtype}")
         if case.backend not in self._unavailable:
             self._unavailable[case.backend] = unavailable_reason(cls, self.device_class)
-        if self._unavailable[case.backend]:
-            reasons.append(f"unavailable: {self._unavailable[case.backend]}")
+        why = self._unavailable[case.backend]
+        if why:
+            reasons.append(why if why.startswith("unavailable") else f"unavailable: {why}")
         return reasons
 
     def user_reasons(self, combo: Mapping[str, Any]) -> list[str]:

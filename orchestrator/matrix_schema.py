@@ -55,16 +55,19 @@ class _Builder:
         if self.count > MAX_NODES or depth > 100:
             raise InputError("document too large or too deeply nested (aliases?)", source=self.src, line=line)
         if isinstance(node, yaml.MappingNode):
-            self.constructor.flatten_mapping(node)  # resolves `<<: *anchor` merge keys
+            own: set = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self._key(key_node)
+                if key in own:  # PyYAML would silently keep the last one
+                    raise InputError(f"duplicate key {key!r}", source=self.src, line=key_node.start_mark.line + 1)
+                own.add(key)
+            # `<<: *anchor` merge keys: merged pairs come first, so the file's own keys override.
+            self.constructor.flatten_mapping(node)
             out: dict[Any, Node] = {}
             for key_node, value_node in node.value:
-                if not isinstance(key_node, yaml.ScalarNode):
-                    raise InputError("mapping keys must be plain scalars", source=self.src, line=key_node.start_mark.line + 1)
-                key = self._scalar(key_node)
-                if not isinstance(key, (str, int, float, bool)) and key is not None:
-                    raise InputError(f"unsupported mapping key {key!r}", source=self.src, line=key_node.start_mark.line + 1)
-                if key in out:
-                    raise InputError(f"duplicate key {key!r}", source=self.src, line=key_node.start_mark.line + 1)
+                key = self._key(key_node)
                 child = self.build(value_node, depth + 1)
                 child.line = key_node.start_mark.line + 1
                 out[key] = child
@@ -72,6 +75,15 @@ class _Builder:
         if isinstance(node, yaml.SequenceNode):
             return Node([self.build(item, depth + 1) for item in node.value], self.src, line)
         return Node(self._scalar(node), self.src, line)
+
+    def _key(self, node: yaml.Node) -> Any:
+        line = node.start_mark.line + 1
+        if not isinstance(node, yaml.ScalarNode):
+            raise InputError("mapping keys must be plain scalars", source=self.src, line=line)
+        key = self._scalar(node)
+        if key is not None and not isinstance(key, (str, int, float, bool)):
+            raise InputError(f"unsupported mapping key {key!r}", source=self.src, line=line)
+        return key
 
     def _scalar(self, node: yaml.Node) -> Any:
         try:
@@ -382,13 +394,13 @@ def validate_doc(tree: Node) -> MatrixDoc:
         loc = tuple(first.get("loc", ()))
         kind = first.get("type")
         msg = first.get("msg", "invalid").removeprefix("Value error, ")
-        if kind == "extra_forbidden" and loc:
-            msg, loc = f"unknown key {loc[-1]!r}", loc[:-1]
-        elif kind == "missing" and loc:
-            msg, loc = f"missing required key {loc[-1]!r}", loc[:-1]
+        field = field_path(tree, loc)
+        if kind in ("extra_forbidden", "missing") and loc:
+            # The key is the error, not a field to prefix: name it, point at it (or its parent).
+            what = "unknown key" if kind == "extra_forbidden" else "missing required key"
+            msg, field = f"{what} {loc[-1]!r}", field_path(tree, loc[:-1])
         elif "input" in first and kind not in ("model_type", "value_error", "model_attributes_type"):
             msg += f" (got {_short(first['input'])})"
-        field = field_path(tree, loc)
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
         raise error_at(tree, loc, f"{field + ': ' if field else ''}{msg}{more}") from None
 
