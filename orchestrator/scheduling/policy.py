@@ -129,7 +129,9 @@ class Dispatcher:
         self._tps = sorted(by_tp)
         self._ranked = {tp: _Ranked(ts, alive) for tp, ts in by_tp.items()}
         self._groups = {k: _Ranked(ts, alive) for k, ts in by_group.items()}
-        self._requeued: list[tuple[float, int, Task]] = []  # max-heap of requeued tasks
+        # Requeued tasks (retries, and the executor giving back what did not suit a batch): a
+        # max-heap per tp, entries (-est, token, task), live while _live[id] == token.
+        self._requeued: dict[int, list[tuple[float, int, Task]]] = {}
         self._tokens = itertools.count(1)
         self._running: list[dict[str, tuple[float, int]]] = [{} for _ in self.nodes]  # id -> (end, tp)
         self._where: dict[str, int] = {}
@@ -141,13 +143,21 @@ class Dispatcher:
 
     # -- queue -----------------------------------------------------------------------------------
     def _requeued_best(self, max_tp: int, limit_s: float = math.inf) -> Task | None:
-        while self._requeued and self._live.get(self._requeued[0][2].id) != self._requeued[0][1]:
-            heapq.heappop(self._requeued)
         best = None
-        for _, token, t in self._requeued:  # rare and short: a linear look is fine
-            if self._live.get(t.id) == token and t.tp <= max_tp and t.est_s <= limit_s:
-                if best is None or t.est_s > best.est_s:
-                    best = t
+        for tp, heap in self._requeued.items():
+            if tp > max_tp:
+                continue
+            while heap and self._live.get(heap[0][2].id) != heap[0][1]:
+                heapq.heappop(heap)  # stale: dispatched again, or requeued once more
+            if not heap:
+                continue
+            if limit_s == math.inf:
+                t = heap[0][2]
+            else:  # EASY backfill on a reserved node only: a linear look is fine
+                fits = [e[2] for e in heap if self._live.get(e[2].id) == e[1] and e[2].est_s <= limit_s]
+                t = max(fits, key=lambda t: t.est_s, default=None)
+            if t is not None and (best is None or t.est_s > best.est_s):
+                best = t
         return best
 
     def _best(self, max_tp: int, limit_s: float = math.inf) -> Task | None:
@@ -254,7 +264,7 @@ class Dispatcher:
         token = next(self._tokens)
         self._live[task.id] = token
         self._waiting_gpu_s += task.est_s * task.tp
-        heapq.heappush(self._requeued, (-task.est_s, token, task))
+        heapq.heappush(self._requeued.setdefault(task.tp, []), (-task.est_s, token, task))
 
     def done(self, task: Task, duration_s: float) -> None:
         self._release(task)

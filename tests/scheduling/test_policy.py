@@ -160,3 +160,22 @@ def test_without_urgency_gang_waits_while_plenty_of_work_remains():
         d.next_for(0, 8, now=0.0)
     d.done(long_ones[0], 50.0)
     assert d.next_for(0, 1, now=50.0).id.startswith("s")
+
+
+def test_many_requeues_keep_priority_order_and_stay_fast():
+    # The executor batches by asking for more and giving back what does not suit the batch:
+    # every task may pass through requeue. Order must survive and the cost must stay ~linear.
+    import time
+
+    tasks = [Task(f"t{i:05d}", 1 + (i % 2), float(i % 997), group=f"g{i % 7}") for i in range(20000)]
+    d = Dispatcher(tasks, [8])
+    t0 = time.perf_counter()
+    for _ in range(10000):
+        d.requeue(d.next_for(0, 8, now=0.0))
+    order = []
+    while (t := d.next_for(0, 8, now=0.0)) is not None:
+        order.append(t.est_s)
+        d.done(t, 0.0)
+    assert len(order) == 20000
+    assert order == sorted(order, reverse=True)
+    assert time.perf_counter() - t0 < 5.0
