@@ -1,0 +1,327 @@
+"""The checker: one case in, one honest verdict out (DESIGN.md §5; docs/CHECKER.md).
+
+    run_case(case, rank=0, world_size=1, device=None, sessions=None) -> CaseResult
+    merge_rank_results(results) -> CaseResult          # a gang's verdict: the worst rank
+    run_case_local(case, device=None) -> CaseResult     # tp 1 here; tp > 1 a local gloo gang
+
+Never raises for anything a case does: exceptions become ERROR with the traceback tail.
+Free of Ray: the same function runs in `orch repro`, under pytest and in a Ray actor.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import platform
+import time
+import traceback
+from typing import Sequence
+
+import torch
+
+from backend.attention.kv_cache import dequantize, fp8_dtype, quantize_fp8
+from backend.attention.registry import BackendLoadError, get_backend
+from backend.case import Case
+from backend.checks import CheckAccumulator, all_finite, compare, failure_reason, kv_integrity, raw
+from backend.model import layout_reasons, reference_forward
+from backend.modes import CUDAGraphMode, UnsupportedModeError, dispatch, resolve_mode
+from backend.result import (CHECK_DETERMINISM, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_NAMES,
+                            CHECK_REFERENCE, CHECK_REPLAY, CaseResult, Status)
+from backend.session import CaptureFailed, GraphKey, Session, SessionCache, attention_config
+from backend.steps import StepInputs, batch_reasons, hash_seed, make_step_inputs, plan_steps
+
+__all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
+
+LOG_TAIL_CHARS = 4000
+# fp8 scales are drawn per case so a graph that froze an old scale disagrees with eager.
+_FP8_SCALE_RANGE = (6.0, 12.0)  # |K|, |V| covered before saturation (inputs are ~N(0, 1))
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    out = {"torch": torch.__version__, "python": platform.python_version()}
+    try:
+        from orchestrator import __version__ as orch_version
+
+        out["orch"] = orch_version
+    except Exception:
+        pass
+    for label, dist in (("triton", "triton"), ("aiter", "amd-aiter"), ("ray", "ray")):
+        try:
+            out[label] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def default_device(rank: int = 0) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def device_label(device: torch.device) -> str:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"{torch.cuda.get_device_name(index)} ({device.type}:{index})"
+    return str(device)
+
+
+class _Clock:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.device | None = None,
+             sessions: SessionCache | None = None) -> CaseResult:
+    """Run one case on one rank of its tp gang (the gang must already be initialised for tp > 1)."""
+    device = torch.device(device) if device is not None else default_device(rank)
+    base = CaseResult(case_id=case.case_id, status=Status.ERROR, requested_mode=case.mode,
+                      repro=case.repro_command(), axes=case.axes, device=_safe(device_label, device),
+                      versions=versions(), provider=case.backend_label, worker=f"rank{rank}")
+    t_start = time.perf_counter()
+    sessions = sessions if sessions is not None else SessionCache(capacity=1)
+    key = None
+    try:
+        if world_size != case.tp:
+            return base.replace(reason=f"invalid case: tp {case.tp} but the gang has {world_size} ranks",
+                                error_kind="exception")
+        try:
+            backend_cls = get_backend(case.backend)
+        except BackendLoadError as e:
+            return base.replace(reason=f"backend: {e}", error_kind="exception")
+        base = base.replace(provider=getattr(backend_cls, "name", case.backend_label))
+        why = backend_cls.unavailable_reason(device)
+        if why:
+            return base.replace(status=Status.SKIP, reason=f"unavailable: {why}")
+        reasons = layout_reasons(case.model, case.tp)
+        if reasons:
+            return base.replace(status=Status.SKIP, reason="unsupported: " + "; ".join(reasons))
+        reasons = batch_reasons(case.batch, case.model)
+        if reasons:
+            return base.replace(reason="invalid case: " + "; ".join(reasons), error_kind="exception")
+        from backend.model import TPLayout
+
+        layout = TPLayout(case.tp, rank, case.model.num_heads, case.model.num_kv_heads, case.model.head_size)
+        config = attention_config(case.model, layout, case.kv_cache_dtype, case.capture_sizes, device)
+        reasons = backend_cls.unsupported_reasons(config)
+        if reasons:
+            return base.replace(status=Status.SKIP, reason="unsupported: " + "; ".join(reasons))
+        try:
+            res = resolve_mode(case.mode, backend_cls.cudagraph_support,
+                               backend_name=getattr(backend_cls, "name", case.backend_label))
+        except UnsupportedModeError as e:
+            return base.replace(status=Status.SKIP, reason=f"unsupported: {e}")
+        mode = res.resolved
+        base = base.replace(resolved_mode=mode.name, downgraded=res.downgraded)
+        key = (case.backend, case.model, case.tp, rank, mode.name, case.kv_cache_dtype,
+               tuple(case.capture_sizes), str(device))
+        session = sessions.get(key, lambda: Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype,
+                                                    tuple(case.capture_sizes), device))
+        graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind
+        base = base.replace(graph_kind=graph_kind)
+        result = _run_steps(case, session, mode, base, t_start)
+        if result.status == Status.ERROR:
+            sessions.drop(key)
+        return result.replace(log_tail=(res.message + "\n" + result.log_tail).strip() if res.message else result.log_tail)
+    except Exception as e:  # noqa: BLE001 - the verdict must come back, whatever the case did
+        if key is not None:
+            sessions.drop(key)
+        tail = traceback.format_exc()[-LOG_TAIL_CHARS:]
+        capture = isinstance(e, CaptureFailed) or type(e).__name__ == "GraphCaptureError"
+        line = f"{e}".strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = f"capture error: {line}" if capture else f"{type(e).__name__}: {line}"
+        return base.replace(status=Status.ERROR, reason=reason, error_kind="capture" if capture else "exception",
+                            log_tail=tail, timings={"total_s": time.perf_counter() - t_start})
+
+
+def _safe(fn, *args) -> str:
+    try:
+        return fn(*args)
+    except Exception:
+        return "unknown"
+
+
+def _set_scales(case: Case, session: Session) -> None:
+    gen = torch.Generator().manual_seed(hash_seed(case.seed, 977))
+    fp8 = case.kv_cache_dtype == "fp8"
+    fmax = torch.finfo(fp8_dtype(session.device)).max if fp8 else 1.0
+    lo, hi = _FP8_SCALE_RANGE
+    for ks, vs in zip(session.model.k_scales, session.model.v_scales):
+        for t in (ks, vs):
+            value = (lo + (hi - lo) * torch.rand(1, generator=gen)) / fmax if fp8 else torch.ones(1)
+            t.copy_(value.to(t.device))  # in place: graphs hold these tensors
+
+
+def _store(session: Session, values: torch.Tensor, scale: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    """Context K/V fp32 -> what the cache holds (fp8 with the scale, else the model dtype)."""
+    if cache_dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        return quantize_fp8(values, scale.cpu(), cache_dtype)
+    return values.to(cache_dtype)
+
+
+def _fill_context(session: Session, inputs: StepInputs) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    """Write every request's context K/V into the rank's caches; return the dequantised fp32
+    context (all kv heads) for the reference."""
+    kv_heads = torch.tensor(list(session.layout.kv_heads))
+    ref_k, ref_v = [], []
+    for layer, cache in enumerate(session.kv_caches):
+        num_slots = cache.shape[1] * cache.shape[2]
+        ks, vs = session.model.k_scales[layer], session.model.v_scales[layer]
+        lk, lv = [], []
+        for r, slots in enumerate(inputs.ctx_slots):
+            k = _store(session, inputs.ctx_k[layer][r], ks, cache.dtype)
+            v = _store(session, inputs.ctx_v[layer][r], vs, cache.dtype)
+            lk.append(dequantize(k, ks.cpu()))
+            lv.append(dequantize(v, vs.cpu()))
+            if slots.numel():
+                idx = slots.to(cache.device)
+                raw(cache[0]).reshape(num_slots, *cache.shape[3:])[idx] = raw(k[:, kv_heads].contiguous()).to(cache.device)
+                raw(cache[1]).reshape(num_slots, *cache.shape[3:])[idx] = raw(v[:, kv_heads].contiguous()).to(cache.device)
+        ref_k.append(lk)
+        ref_v.append(lv)
+    return ref_k, ref_v
+
+
+def _reference(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v) -> torch.Tensor:
+    cache_dtype = session.kv_caches[0].dtype
+    scales = {"k": [s.cpu() for s in session.model.k_scales], "v": [s.cpu() for s in session.model.v_scales]}
+
+    def kv_round(layer: int, which: str, t: torch.Tensor) -> torch.Tensor:
+        scale = scales[which][layer]
+        return dequantize(_store(session, t, scale, cache_dtype), scale)
+
+    return reference_forward(session.weights, case.model, inputs.x, ref_k, ref_v, inputs.plan.query_lens, kv_round)
+
+
+def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResult, t_start: float) -> CaseResult:
+    clock = _Clock(session.device)
+    shape, tol = case.model, case.tolerance
+    plans = plan_steps(case.batch, shape, tuple(case.capture_sizes), max(case.steps, 1), case.seed)
+    dispatches = [dispatch(mode, p.num_tokens, p.uniform_decode, case.capture_sizes, shape.max_num_seqs) for p in plans]
+    keys = {GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode) for d in dispatches if d.runtime_mode != "NONE"}
+    capture_s = session.ensure_graphs(keys)  # before any snapshot: capture runs the model
+    _set_scales(case, session)
+    acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
+    eager_s, replay_s, used = [], [], []
+    for plan, d in zip(plans, dispatches):
+        inputs = make_step_inputs(plan, shape, case.seed)
+        ref_k, ref_v = _fill_context(session, inputs)
+        caches = session.kv_caches
+        snapshot = [c.clone() for c in caches]
+        x = inputs.x.to(session.device)
+
+        t0 = clock.now()
+        out_e = session.run_eager(x, inputs.batch)
+        eager_s.append(clock.now() - t0)
+        cache_e = [c.clone() for c in caches]
+        for c, s in zip(caches, snapshot):
+            c.copy_(s)
+        out_e2 = session.run_eager(x, inputs.batch)
+        deterministic = torch.equal(raw(out_e), raw(out_e2)) and all(
+            torch.equal(raw(a), raw(b)) for a, b in zip(caches, cache_e))
+        for c, s in zip(caches, snapshot):
+            c.copy_(s)
+
+        t0 = clock.now()
+        if d.runtime_mode == "NONE":
+            out_g = session.run_eager(x, inputs.batch)
+            used.append(0)
+        else:
+            out_g = session.run_graph(GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode), x, inputs.batch)
+            used.append(d.padded_tokens)
+        replay_s.append(clock.now() - t0)
+
+        step = plan.index
+        ref = _reference(case, session, inputs, ref_k, ref_v)
+        acc[CHECK_REFERENCE].add_comparison(step, compare(out_e, ref, tol, shape.head_size))
+        acc[CHECK_REPLAY].add_comparison(step, compare(out_g, out_e, tol, shape.head_size), record_bitwise=True,
+                                         detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}")
+        fe, fg = all_finite(out_e, shape.head_size), all_finite(out_g, shape.head_size)
+        bad = fe if not fe.ok else fg
+        acc[CHECK_FINITE].add(step, fe.ok and fg.ok, mismatch=max(fe.mismatch_frac, fg.mismatch_frac),
+                              first_bad=bad.first_bad, detail="eager" if not fe.ok else "graph")
+        real_slots = inputs.batch.slot_mapping.to(session.device)
+        kv_ok, kv_detail = True, ""
+        for layer, (after, before, eager_after) in enumerate(zip(caches, snapshot, cache_e)):
+            k = kv_integrity(after, before, eager_after, real_slots,
+                             (session.model.k_scales[layer], session.model.v_scales[layer]), tol)
+            if not k.ok and kv_ok:
+                kv_ok = False
+                kv_detail = (f"layer {layer}: {k.outside_changed} slots written outside the step's "
+                             f"{real_slots.numel()} real slots (first slot {k.first_outside})"
+                             if k.outside_changed else
+                             f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
+        acc[CHECK_KV_INTEGRITY].add(step, kv_ok, detail=kv_detail)
+        acc[CHECK_DETERMINISM].add(step, deterministic, detail="two eager runs differ")
+        del snapshot, cache_e
+
+    checks = tuple(acc[name].outcome() for name in CHECK_NAMES)
+    timings = {
+        "capture_s": capture_s,
+        "eager_step_s": sum(eager_s) / len(eager_s),
+        "replay_step_s": sum(replay_s) / len(replay_s),
+        "total_s": time.perf_counter() - t_start,
+    }
+    failed = [c for c in checks if not c.passed]
+    common = dict(checks=checks, capture_sizes_used=tuple(used), timings=timings)
+    if not failed:
+        return base.replace(status=Status.PASS, reason="", **common)
+    if any(c.name == CHECK_DETERMINISM for c in failed):
+        others = [c.name for c in failed if c.name != CHECK_DETERMINISM]
+        note = f" (also failed: {', '.join(others)})" if others else ""
+        det = next(c for c in failed if c.name == CHECK_DETERMINISM)
+        return base.replace(status=Status.FLAKY, reason=f"eager not deterministic at step {det.step}{note}", **common)
+    return base.replace(status=Status.FAIL, reason=failure_reason(failed[0]), **common)
+
+
+_SEVERITY = {Status.ERROR: 6, Status.TIMEOUT: 5, Status.FAIL: 4, Status.FLAKY: 3, Status.SKIP: 1, Status.PASS: 0}
+
+
+def merge_rank_results(results: Sequence[CaseResult]) -> CaseResult:
+    """A gang's verdict: the worst rank's result (error > timeout > fail > flaky > skip > pass),
+    its reason prefixed with the rank; the ranks that agree are noted."""
+    if not results:
+        raise ValueError("no rank results to merge")
+    if len(results) == 1:
+        return results[0]
+    worst_i = max(range(len(results)), key=lambda i: (_SEVERITY.get(results[i].status, 2), -i))
+    worst = results[worst_i]
+    same = [i for i, r in enumerate(results) if r.status == worst.status]
+    ranks = "all ranks" if len(same) == len(results) else f"ranks {same}"
+    reason = f"rank {worst_i}: {worst.reason}" if worst.reason else ""
+    if worst.status != Status.PASS:
+        reason = f"{reason} [{ranks} {worst.status.value}]"
+    timings = dict(worst.timings)
+    if all("total_s" in r.timings for r in results):
+        timings["total_s"] = max(r.timings["total_s"] for r in results)
+    return worst.replace(reason=reason.strip(), worker=",".join(r.worker for r in results if r.worker),
+                         timings=timings)
+
+
+def _gang_rank(rank: int, world_size: int, case_dict: dict, device_type: str) -> dict:
+    case = Case.from_dict(case_dict)
+    device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+    return run_case(case, rank=rank, world_size=world_size, device=device).to_dict()
+
+
+def run_case_local(case: Case, *, device: torch.device | None = None) -> CaseResult:
+    """tp 1: in this process. tp > 1: a local gang of tp spawned processes (gloo on CPU, NCCL
+    on cuda:0..tp-1), merged. A gang that dies becomes ERROR (error_kind "crash")."""
+    device = torch.device(device) if device is not None else default_device()
+    if case.tp <= 1:
+        return run_case(case, device=device)
+    from backend.distributed import GangError, run_local_gang
+
+    try:
+        dicts = run_local_gang(_gang_rank, case.tp, case.to_dict(), device.type, timeout_s=case.timeout_s + 60)
+    except GangError as e:
+        return CaseResult(case_id=case.case_id, status=Status.ERROR, reason=f"gang failed: {str(e).splitlines()[0][:300]}",
+                          error_kind="crash", log_tail=str(e)[-LOG_TAIL_CHARS:], requested_mode=case.mode,
+                          repro=case.repro_command(), axes=case.axes, versions=versions())
+    return merge_rank_results([CaseResult.from_dict(d) for d in dicts])

@@ -1,0 +1,172 @@
+"""Comparison math for the five checks (DESIGN.md §5) and their aggregation over steps.
+
+Outputs are compared on real rows only, as [tokens, heads, head_size] (the model output's hidden
+dimension grouped by head_size, so "head" = column // head_size). Closeness is torch.isclose
+style: |a - b| <= atol + rtol * |b|, NaN never close. The relative error reported is
+|a - b| / max(|b|, atol), so near-zero references do not dominate it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backend.case import Tolerance
+from backend.result import CheckOutcome
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ok: bool
+    max_abs: float
+    max_rel: float
+    mismatch_frac: float
+    first_bad: tuple[int, int] | None
+    bitwise: bool
+
+
+def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_size: int) -> Comparison:
+    """actual/expected [T, C] (or [T, H, D]) -> Comparison over every element."""
+    a = actual.detach().float().reshape(actual.shape[0], -1).cpu()
+    b = expected.detach().float().reshape(expected.shape[0], -1).cpu()
+    if a.shape != b.shape:
+        raise ValueError(f"shape mismatch {tuple(a.shape)} vs {tuple(b.shape)}")
+    bitwise = actual.shape == expected.shape and actual.dtype == expected.dtype and torch.equal(actual.cpu(), expected.cpu())
+    if a.numel() == 0:
+        return Comparison(True, 0.0, 0.0, 0.0, None, bitwise)
+    diff = (a - b).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    close = diff <= tol.atol + tol.rtol * b.abs()
+    rel = diff / b.abs().clamp_min(max(tol.atol, 1e-12))
+    bad = ~close
+    first_bad = None
+    if bad.any():
+        flat = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
+        row, col = divmod(flat, a.shape[1])
+        first_bad = (row, col // head_size)
+    return Comparison(not bool(bad.any()), float(diff.max()), float(rel.max()), float(bad.float().mean()),
+                      first_bad, bitwise)
+
+
+def all_finite(t: torch.Tensor, head_size: int) -> Comparison:
+    flat = t.detach().reshape(t.shape[0], -1)
+    bad = ~torch.isfinite(flat.float())
+    first = None
+    if bad.any():
+        idx = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
+        row, col = divmod(idx, flat.shape[1])
+        first = (row, col // head_size)
+    frac = float(bad.float().mean()) if flat.numel() else 0.0
+    return Comparison(first is None, 0.0, 0.0, frac, first, True)
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """Bit view (fp8 -> uint8, bf16 -> int16): byte equality, NaN payloads included."""
+    return t.view(_SAME_SIZE_INT[t.element_size()])
+
+
+@dataclass(frozen=True)
+class KVComparison:
+    ok: bool
+    outside_changed: int  # slots outside the step's real slots whose bytes changed
+    first_outside: int | None  # first such slot
+    real_ok: bool
+    real_bitwise: bool
+    real_max_abs: float
+
+
+def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_after: torch.Tensor, real_slots: torch.Tensor,
+                 scales: tuple[torch.Tensor, torch.Tensor], tol: Tolerance) -> KVComparison:
+    """One layer's cache [2, blocks, block_size, Hkv, D]: bytes outside real_slots unchanged from
+    `before`; the real slots equal the eager run's (bitwise, else within tol after dequantising:
+    padded graph sizes may round K/V differently by an ulp)."""
+    from backend.attention.kv_cache import dequantize
+
+    num_slots = after.shape[1] * after.shape[2]
+    a = raw(after).reshape(2, num_slots, -1)
+    b = raw(before).reshape(2, num_slots, -1)
+    changed = (a != b).any(dim=-1).any(dim=0)  # [num_slots]
+    outside = changed.clone()
+    outside[real_slots] = False
+    n_out = int(outside.sum())
+    first = int(torch.argmax(outside.to(torch.uint8))) if n_out else None
+    e = raw(eager_after).reshape(2, num_slots, -1)
+    real_bitwise = bool(torch.equal(a[:, real_slots], e[:, real_slots]))
+    real_ok, worst = real_bitwise, 0.0
+    if not real_bitwise:
+        fa = after.reshape(2, num_slots, -1)[:, real_slots]
+        fe = eager_after.reshape(2, num_slots, -1)[:, real_slots]
+        da = torch.stack([dequantize(fa[0], scales[0]), dequantize(fa[1], scales[1])])
+        de = torch.stack([dequantize(fe[0], scales[0]), dequantize(fe[1], scales[1])])
+        diff = (da - de).abs()
+        worst = float(torch.nan_to_num(diff, nan=float("inf")).max()) if diff.numel() else 0.0
+        real_ok = bool((diff <= tol.atol + tol.rtol * de.abs()).all())
+    return KVComparison(n_out == 0 and real_ok, n_out, first, real_ok, real_bitwise, worst)
+
+
+class CheckAccumulator:
+    """Worst-over-steps aggregation of one check into a CheckOutcome."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.failed_step: int | None = None
+        self.max_abs: float | None = None
+        self.max_rel: float | None = None
+        self.mismatch: float | None = None
+        self.first_bad: tuple[int, int] | None = None
+        self.bitwise: bool | None = None
+        self.details: list[str] = []
+
+    def add(self, step: int, ok: bool, *, max_abs: float | None = None, max_rel: float | None = None,
+            mismatch: float | None = None, first_bad: tuple[int, int] | None = None,
+            bitwise: bool | None = None, detail: str = "") -> None:
+        if max_abs is not None:
+            self.max_abs = max(self.max_abs or 0.0, max_abs)
+        if max_rel is not None:
+            self.max_rel = max(self.max_rel or 0.0, max_rel)
+        if mismatch is not None:
+            self.mismatch = max(self.mismatch or 0.0, mismatch)
+        if bitwise is not None:
+            self.bitwise = bitwise if self.bitwise is None else (self.bitwise and bitwise)
+        if not ok and self.failed_step is None:
+            self.failed_step = step
+            self.first_bad = first_bad
+            if detail:
+                self.details.append(f"step {step}: {detail}")
+
+    def add_comparison(self, step: int, c: Comparison, *, record_bitwise: bool = False, detail: str = "") -> None:
+        self.add(step, c.ok, max_abs=c.max_abs, max_rel=c.max_rel, mismatch=c.mismatch_frac,
+                 first_bad=c.first_bad, bitwise=c.bitwise if record_bitwise else None, detail=detail)
+
+    def outcome(self) -> CheckOutcome:
+        return CheckOutcome(
+            name=self.name,
+            passed=self.failed_step is None,
+            step=self.failed_step,
+            max_abs_err=self.max_abs,
+            max_rel_err=self.max_rel,
+            mismatch_frac=self.mismatch,
+            first_bad=self.first_bad,
+            bitwise=self.bitwise,
+            detail="; ".join(self.details),
+        )
+
+
+def failure_reason(outcome: CheckOutcome) -> str:
+    """One line naming the check, its step, the first bad (row, head) and the numbers."""
+    parts = [f"{outcome.name} check failed at step {outcome.step}"]
+    if outcome.first_bad is not None:
+        parts.append(f"first bad row {outcome.first_bad[0]} head {outcome.first_bad[1]}")
+    if outcome.max_abs_err is not None:
+        parts.append(f"max_abs {outcome.max_abs_err:.3g}")
+    if outcome.max_rel_err is not None:
+        parts.append(f"max_rel {outcome.max_rel_err:.3g}")
+    if outcome.mismatch_frac is not None:
+        parts.append(f"mismatched {outcome.mismatch_frac:.1%}")
+    if outcome.detail:
+        parts.append(outcome.detail)
+    return ", ".join(parts)

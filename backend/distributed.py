@@ -1,0 +1,133 @@
+"""The tensor-parallel gang: torch.distributed process groups for the test model's all-reduce.
+
+gloo on CPU, NCCL (RCCL on ROCm) on GPUs. `run_local_gang` spawns a gang of processes on this
+host (127.0.0.1) for `orch repro` and tests; under Ray, each actor of a placement group calls
+`init_gang` itself with the rank the executor gives it.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+# NVLink multicast (NVLS) hangs or fails on the lent machines; keep it off before NCCL starts.
+_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_gang(rank: int, world_size: int, master_addr: str, master_port: int, *,
+              device: torch.device, timeout_s: float = 120) -> None:
+    """Join the default process group (no-op for world_size 1). NCCL on cuda, gloo otherwise."""
+    for key, value in _NCCL_ENV.items():
+        os.environ.setdefault(key, value)
+    if world_size <= 1:
+        return
+    if dist.is_initialized():
+        if dist.get_world_size() == world_size and dist.get_rank() == rank:
+            return
+        raise RuntimeError(f"a process group (rank {dist.get_rank()}/{dist.get_world_size()}) already exists")
+    device = torch.device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+        **({"device_id": device} if device.type == "cuda" else {}),
+    )
+
+
+def destroy_gang() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def world() -> tuple[int, int]:
+    """(rank, world_size) of the current gang; (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_reduce_(t: torch.Tensor) -> torch.Tensor:
+    """In-place sum over the gang (the row-parallel projection's reduction); identity alone."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def _gang_entry(rank: int, world_size: int, port: int, results: Any, fn: Callable, args: tuple) -> None:
+    # Two cores shared by many processes: one intra-op thread per rank avoids oversubscription.
+    torch.set_num_threads(1)
+    try:
+        init_gang(rank, world_size, "127.0.0.1", port, device=torch.device("cpu"))
+        value = fn(rank, world_size, *args)
+        results.put((rank, True, value))
+    except BaseException:  # report, never hang the parent
+        results.put((rank, False, traceback.format_exc()[-4000:]))
+    finally:
+        destroy_gang()
+
+
+class GangError(RuntimeError):
+    """A rank of a local gang died or raised; the message holds its traceback tail."""
+
+
+def run_local_gang(fn: Callable, world_size: int, *args: Any, timeout_s: float = 600) -> list:
+    """Run fn(rank, world_size, *args) in world_size spawned processes joined in a gloo gang on
+    127.0.0.1; returns the ranks' return values in rank order. fn and args must be picklable
+    (fn a module-level function). Raises GangError if a rank raised, died or timed out."""
+    import time
+
+    ctx = torch.multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_gang_entry, args=(r, world_size, port, results, fn, args), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    values: dict[int, Any] = {}
+    errors: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(values) + len(errors) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=1.0)
+            except queue.Empty:
+                # A rank that died without reporting (segfault, OOM kill) never puts a result.
+                dead = [i for i, p in enumerate(procs) if p.exitcode not in (0, None)]
+                if dead:
+                    errors.append(f"ranks {dead} died (exit codes {[procs[i].exitcode for i in dead]})")
+                    break
+                if time.monotonic() > deadline:
+                    errors.append(f"gang timed out after {timeout_s:.0f}s")
+                    break
+                continue
+            if ok:
+                values[rank] = value
+            else:
+                errors.append(f"rank {rank}: {value}")
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors:
+        raise GangError("; ".join(errors))
+    return [values[r] for r in range(world_size)]

@@ -1,0 +1,215 @@
+"""A graph session: one rank's model, KV caches, metadata builder, graph runner and the graphs
+captured so far, reused by every case with the same key (cases differ in batch and seed).
+
+Capture follows vLLM: for each needed (runtime mode, size, uniform decode) key, warm up eagerly,
+then capture; the keys one call needs are captured largest-first into the runner's one pool,
+mixed graphs before decode graphs (backend.modes.capture_plan order). Only the sizes a case's steps
+dispatch to are captured, and they stay in the session for later cases; so a later case may add a
+smaller or a larger size to the pool (vLLM captures all sizes up front; the frozen host values of
+each graph are the same either way, since each is captured with the same dummy batch).
+
+FULL: the whole forward on static_in[:N] with build_for_capture(N) metadata in the builder's
+persistent buffers; a replay rewrites those buffers with build(batch, N, capture reqs).
+PIECEWISE: num_layers + 1 dense pieces per size, chained on each other's output objects and on
+static attention buffers; attention runs eagerly between replays with unpadded metadata.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+import torch
+
+from backend.attention.interface import AttentionConfig, BatchDescription
+from backend.attention.kv_cache import allocate_kv_cache
+from backend.case import ModelShape
+from backend.model import TPLayout, TPModel, make_weights
+
+WARMUP_ITERS = 1
+
+
+class CaptureFailed(Exception):
+    """Wraps any exception raised while warming up or capturing a graph (error_kind "capture")."""
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    runtime_mode: str  # "FULL" | "PIECEWISE"
+    size: int
+    uniform_decode: bool
+
+
+@dataclass
+class _Full:
+    graph: Any
+    padded_reqs: int
+
+
+@dataclass
+class _Piecewise:
+    graphs: list = field(default_factory=list)
+
+
+def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, capture_sizes, device) -> AttentionConfig:
+    return AttentionConfig(
+        num_heads=layout.local_heads,
+        num_kv_heads=layout.local_kv_heads,
+        head_size=shape.head_size,
+        block_size=shape.block_size,
+        num_blocks=shape.total_blocks,
+        max_model_len=shape.max_model_len,
+        max_num_seqs=shape.max_num_seqs,
+        # eager batches can exceed the largest capture size; requests x length bounds them
+        max_num_tokens=max(max(capture_sizes, default=1), shape.max_num_seqs * shape.max_model_len),
+        dtype=getattr(torch, shape.dtype),
+        kv_cache_dtype=kv_cache_dtype,
+        device=torch.device(device),
+        scale=shape.head_size ** -0.5,
+    )
+
+
+class Session:
+    def __init__(self, backend_cls, shape: ModelShape, tp: int, rank: int, kv_cache_dtype: str,
+                 capture_sizes: tuple[int, ...], device: torch.device, runner_factory=None):
+        self.backend_cls, self.shape, self.device = backend_cls, shape, torch.device(device)
+        self.layout = TPLayout(tp, rank, shape.num_heads, shape.num_kv_heads, shape.head_size)
+        self.config = attention_config(shape, self.layout, kv_cache_dtype, capture_sizes, self.device)
+        self.builder = backend_cls.builder_cls(self.config)
+        self.impl = backend_cls.impl_cls(self.config)
+        cache_shape = backend_cls.kv_cache_shape(self.config.num_blocks, shape.block_size,
+                                                 self.layout.local_kv_heads, shape.head_size)
+        caches = [allocate_kv_cache(self.config, tuple(cache_shape)) for _ in range(shape.num_layers)]
+        self.weights = make_weights(shape)
+        self.model = TPModel(shape, self.layout, self.impl, caches, self.device, self.weights)
+        self.max_static = max(capture_sizes, default=1)
+        dtype = self.model.dtype
+        # Static buffers replays read: never rebound, values copied in [:n].
+        self.static_in = torch.zeros(self.max_static, shape.hidden_size, dtype=dtype, device=self.device)
+        self.static_attn = torch.zeros(shape.num_layers, self.max_static, self.layout.local_heads,
+                                       shape.head_size, dtype=dtype, device=self.device)
+        self._runner_factory = runner_factory
+        self._runner = None
+        self.graphs: dict[GraphKey, _Full | _Piecewise] = {}
+
+    @property
+    def runner(self):
+        if self._runner is None:
+            from backend.graphs import make_graph_runner
+
+            self._runner = (self._runner_factory or make_graph_runner)(self.device)
+        return self._runner
+
+    @property
+    def kv_caches(self) -> list[torch.Tensor]:
+        return self.model.kv_caches
+
+    # ---- capture ------------------------------------------------------------------------------
+    def ensure_graphs(self, keys: set[GraphKey]) -> float:
+        """Capture the missing keys; returns the seconds spent (0 if all were cached)."""
+        missing = sorted((k for k in keys if k not in self.graphs),
+                         key=lambda k: (k.uniform_decode, -k.size, k.runtime_mode))
+        if not missing:
+            return 0.0
+        t0 = time.perf_counter()
+        for key in missing:
+            try:
+                self.graphs[key] = self._capture_full(key) if key.runtime_mode == "FULL" else self._capture_piecewise(key)
+            except Exception as e:
+                raise CaptureFailed(f"{key.runtime_mode} size {key.size}: {type(e).__name__}: {e}") from e
+        self._sync()
+        return time.perf_counter() - t0
+
+    def _capture_full(self, key: GraphKey) -> _Full:
+        n = key.size
+        md = self.builder.build_for_capture(n)
+        x, attn = self.static_in[:n], self.static_attn[:, :n]
+
+        def fn():
+            return self.model.forward(x, md, attn)
+
+        self.runner.warmup(fn, WARMUP_ITERS)
+        self.builder.build_for_capture(n)  # the warm-up may not leave the buffers as captured
+        return _Full(self.runner.capture(fn), md.num_padded_reqs)
+
+    def _capture_piecewise(self, key: GraphKey) -> _Piecewise:
+        n = key.size
+        x = self.static_in[:n]
+        attn = [self.static_attn[i, :n] for i in range(self.shape.num_layers)]
+        entry = _Piecewise()
+        prev_x = x
+        for i in range(self.model.num_pieces):
+            def fn(i=i, xin=prev_x):
+                return self.model.piece(i, xin, attn[i - 1] if i > 0 else None)
+
+            self.runner.warmup(fn, WARMUP_ITERS)
+            graph = self.runner.capture(fn)
+            entry.graphs.append(graph)
+            if i < self.shape.num_layers:
+                prev_x = graph.outputs[3]
+        return entry
+
+    # ---- runs ---------------------------------------------------------------------------------
+    def run_eager(self, x: torch.Tensor, batch: BatchDescription) -> torch.Tensor:
+        md = self.builder.build(batch)
+        attn = torch.empty(self.shape.num_layers, x.shape[0], self.layout.local_heads, self.shape.head_size,
+                           dtype=self.model.dtype, device=self.device)
+        out = self.model.forward(x.to(self.device), md, attn)
+        return out.clone()
+
+    def run_graph(self, key: GraphKey, x: torch.Tensor, batch: BatchDescription) -> torch.Tensor:
+        n, size = x.shape[0], key.size
+        self.static_in[:n].copy_(x)
+        self.static_in[n:size].zero_()
+        entry = self.graphs[key]
+        if isinstance(entry, _Full):
+            self.builder.build(batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs)
+            out = entry.graph.replay()
+            return out[:n].clone()  # the next replay overwrites the graph's output
+        md = self.builder.build(batch)  # attention between pieces: unpadded, real rows only
+        outs = None
+        for i, graph in enumerate(entry.graphs):
+            outs = graph.replay()
+            if i < self.shape.num_layers:
+                q, k, v, _ = outs
+                self.model.attention(i, q[:n], k[:n], v[:n], md, self.static_attn[i, :n])
+        return outs[:n].clone()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class SessionCache:
+    """Per process: sessions keyed by (backend, model shape, tp, rank, mode, kv dtype, capture
+    sizes, device), least recently used evicted beyond `capacity` to cap memory."""
+
+    def __init__(self, capacity: int = 3):
+        self.capacity = capacity
+        self._sessions: OrderedDict[Hashable, Session] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, key: Hashable, factory) -> Session:
+        if key in self._sessions:
+            self._sessions.move_to_end(key)
+            self.hits += 1
+            return self._sessions[key]
+        self.misses += 1
+        session = factory()
+        self._sessions[key] = session
+        while len(self._sessions) > self.capacity:
+            self._sessions.popitem(last=False)
+        return session
+
+    def drop(self, key: Hashable) -> None:
+        """Forget a session whose state is suspect (an error mid-case)."""
+        self._sessions.pop(key, None)
+
+    def clear(self) -> None:
+        self._sessions.clear()

@@ -1,0 +1,183 @@
+"""The steps of one case: which batch each step runs, and its seeded inputs.
+
+Step 0 is the batch spec as written, with contiguous blocks. Later steps keep the spec's kind
+(decode stays pure decode, mixed stays mixed, prefill stays prefill, so the graph a mode uses for
+the spec is the graph exercised) and vary, on the case seed:
+  step 1: the same query lens, sequence lengths shorter/longer (alternating), shuffled blocks;
+  step 2: another decode/prefill mix (mixed: rows permuted, one prefill resized) or request count,
+          preferring a token count that is not a capture size (padding);
+  step 3+: random request counts, query and sequence lengths of the same kind.
+Tokens stay within the largest capture size when the spec fits in it (so graphs are replayed),
+requests within max_num_seqs, sequences within max_model_len.
+Everything is generated on the CPU from the case seed, identically on every tp rank.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from backend.attention.interface import BatchDescription
+from backend.case import BatchSpec, ModelShape
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    index: int
+    query_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    shuffle_blocks: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def uniform_decode(self) -> bool:
+        return all(q == 1 for q in self.query_lens)
+
+
+def batch_reasons(batch: BatchSpec, shape: ModelShape) -> list[str]:
+    """Why a batch cannot run on this model shape (the matrix validates too; a plugin may not)."""
+    reasons = []
+    if not batch.query_lens or len(batch.query_lens) != len(batch.seq_lens):
+        reasons.append(f"batch {batch.name}: query_lens and seq_lens must be non-empty and equally long")
+        return reasons
+    if batch.num_reqs > shape.max_num_seqs:
+        reasons.append(f"batch {batch.name}: {batch.num_reqs} requests > max_num_seqs {shape.max_num_seqs}")
+    for q, s in zip(batch.query_lens, batch.seq_lens):
+        if not 1 <= q <= s <= shape.max_model_len:
+            reasons.append(f"batch {batch.name}: need 1 <= query_len {q} <= seq_len {s} <= max_model_len {shape.max_model_len}")
+            break
+    need = sum(-(-s // shape.block_size) for s in batch.seq_lens)
+    if need > shape.total_blocks - 1:
+        reasons.append(f"batch {batch.name}: needs {need} blocks, the cache has {shape.total_blocks - 1}")
+    return reasons
+
+
+def _kind(query_lens) -> str:
+    if all(q == 1 for q in query_lens):
+        return "decode"
+    return "prefill" if all(q > 1 for q in query_lens) else "mixed"
+
+
+def plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ...], num_steps: int,
+               seed: int) -> list[StepPlan]:
+    rng = random.Random(f"steps-{seed}-{batch.name}")
+    kind = batch.kind
+    max_tokens = max(capture_sizes) if capture_sizes and batch.num_tokens <= max(capture_sizes) else None
+    sizes = set(capture_sizes)
+    plans = [StepPlan(0, tuple(batch.query_lens), tuple(batch.seq_lens), False)]
+
+    def seq_for(q: int, around: int | None = None) -> int:
+        lo = q
+        if around is None:
+            return rng.randint(lo, shape.max_model_len)
+        return max(lo, min(shape.max_model_len, around))
+
+    def fits(qs) -> bool:
+        n = sum(qs)
+        return len(qs) <= shape.max_num_seqs and (max_tokens is None or n <= max_tokens) and _kind(qs) == kind
+
+    def random_query_lens(num_reqs: int) -> list[int] | None:
+        for _ in range(50):
+            if kind == "decode":
+                qs = [1] * num_reqs
+            else:
+                hi = max(2, min(shape.max_model_len, (max_tokens or 4 * shape.block_size) // max(num_reqs, 1)))
+                qs = [rng.randint(2, max(2, hi)) for _ in range(num_reqs)]
+                if kind == "mixed":
+                    for j in rng.sample(range(num_reqs), rng.randint(1, num_reqs - 1)):
+                        qs[j] = 1
+            if fits(qs):
+                return qs
+        return None
+
+    for step in range(1, num_steps):
+        qs: list[int] | None = None
+        if step == 1:
+            qs = list(batch.query_lens)
+            seqs = []
+            for j, (q, s) in enumerate(zip(batch.query_lens, batch.seq_lens)):
+                delta = rng.randint(1, 2 * shape.block_size)
+                seqs.append(seq_for(q, s - delta if j % 2 == 0 else s + delta))
+            plans.append(StepPlan(step, tuple(qs), tuple(seqs), True))
+            continue
+        if step == 2:
+            qs = _padding_variant(list(batch.query_lens), kind, sizes, fits, rng)
+        if qs is None:
+            lo = 2 if kind == "mixed" else 1
+            hi = max(lo, min(shape.max_num_seqs, max(batch.num_reqs * 2, lo)))
+            qs = random_query_lens(rng.randint(lo, hi)) or list(batch.query_lens)
+        seqs = [seq_for(q) for q in qs]
+        plans.append(StepPlan(step, tuple(qs), tuple(seqs), True))
+    return plans
+
+
+def _padding_variant(qs: list[int], kind: str, sizes: set[int], fits, rng: random.Random) -> list[int] | None:
+    """Another mix of the same kind, preferring a token count that is not a capture size."""
+    candidates: list[list[int]] = []
+    if kind == "decode":
+        n = len(qs)
+        candidates = [[1] * m for m in (n - 1, n + 1, n - 2, n + 2, n + 3) if m >= 1]
+    else:
+        for _ in range(20):
+            c = qs[:]
+            rng.shuffle(c)
+            prefill = [j for j, q in enumerate(c) if q > 1]
+            j = rng.choice(prefill)
+            c[j] = max(2, c[j] + rng.choice((-1, 1, 2, -2)))
+            candidates.append(c)
+    ok = [c for c in candidates if fits(c)]
+    padded = [c for c in ok if sum(c) not in sizes]
+    return (padded or ok or [None])[0]
+
+
+@dataclass
+class StepInputs:
+    """One step's concrete inputs (CPU tensors; identical on every rank)."""
+
+    plan: StepPlan
+    batch: BatchDescription  # block table + slot mapping of this step's new tokens
+    x: torch.Tensor  # [T, hidden] model dtype
+    ctx_k: list[list[torch.Tensor]]  # [layer][req] -> [ctx_len, Hkv, D] fp32, every kv head
+    ctx_v: list[list[torch.Tensor]]
+    ctx_slots: list[torch.Tensor]  # [req] -> [ctx_len] int64 slots of the context tokens
+
+
+def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int) -> StepInputs:
+    gen = torch.Generator().manual_seed(hash_seed(seed, plan.index))
+    bs, nb = shape.block_size, shape.max_blocks_per_seq
+    needed = [-(-s // bs) for s in plan.seq_lens]
+    pool = torch.arange(1, shape.total_blocks)  # block 0 is the null block
+    if plan.shuffle_blocks:
+        pool = pool[torch.randperm(pool.numel(), generator=gen)]
+    block_table = torch.zeros(len(plan.query_lens), nb, dtype=torch.int32)
+    slots, ctx_slots, start = [], [], 0
+    for r, (q, s) in enumerate(zip(plan.query_lens, plan.seq_lens)):
+        blocks = pool[start:start + needed[r]]
+        start += needed[r]
+        block_table[r, :needed[r]] = blocks.to(torch.int32)
+        pos = torch.arange(s)
+        seq_slots = blocks.to(torch.int64)[pos // bs] * bs + pos % bs
+        ctx_slots.append(seq_slots[: s - q])
+        slots.append(seq_slots[s - q:])
+    desc = BatchDescription(list(plan.query_lens), list(plan.seq_lens), block_table, torch.cat(slots))
+    dtype = getattr(torch, shape.dtype)
+    x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
+    ctx_k, ctx_v = [], []
+    for _ in range(shape.num_layers):
+        ctx_k.append([torch.randn(s - q, shape.num_kv_heads, shape.head_size, generator=gen)
+                      for q, s in zip(plan.query_lens, plan.seq_lens)])
+        ctx_v.append([torch.randn(s - q, shape.num_kv_heads, shape.head_size, generator=gen)
+                      for q, s in zip(plan.query_lens, plan.seq_lens)])
+    return StepInputs(plan, desc, x, ctx_k, ctx_v, ctx_slots)
+
+
+def hash_seed(*parts: int) -> int:
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFF)) * 1099511628211) % (1 << 63)
+    return h
