@@ -18,7 +18,7 @@ import jinja2
 from markupsafe import Markup
 
 from backend.result import CaseResult, Status
-from orchestrator.gate import FAILING
+from orchestrator.gate import CLASSIFICATIONS, FAILING
 from orchestrator.outputs import RunView
 from orchestrator.store import ResultStore
 
@@ -128,6 +128,7 @@ def page_data(view: RunView, hist: dict[str, list[tuple[int, str]]], runs: list[
         "gate": {**view.gate.to_dict(), "baseline": view.baseline_given},
         "cases": cases,
         "states": list(STATES),
+        "classifications": list(CLASSIFICATIONS),  # json.dumps sorts keys: this keeps worst-first order
         "runs": runs or [],
         "generated_at": time.time(),
     }

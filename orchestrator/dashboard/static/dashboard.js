@@ -95,7 +95,7 @@
     if (g.baseline) meta.push("with baseline");
     $("run-meta").textContent = meta.join(" · ");
     var counts = $("counts"); while (counts.firstChild) counts.removeChild(counts.firstChild);
-    Object.keys(g.counts).forEach(function (k) { if (g.counts[k]) counts.appendChild(el("span", { "class": "count-" + k }, k + ": " + g.counts[k])); });
+    (DATA.classifications || Object.keys(g.counts)).forEach(function (k) { if (g.counts[k]) counts.appendChild(el("span", { "class": "count-" + k }, k + ": " + g.counts[k])); });
     if (g.downgraded.length) counts.appendChild(el("span", null, "downgraded: " + g.downgraded.length));
   }
 

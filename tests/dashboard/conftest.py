@@ -1,0 +1,58 @@
+"""Dashboard fixtures: a results DB with a baseline run and the sample run, and headless Chromium."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from orchestrator.store import ResultStore
+from tests.results import samples
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+
+
+@pytest.fixture
+def sample_db(tmp_path):
+    path = str(tmp_path / "r.db")
+    cases = samples.make_cases()
+    with ResultStore(path) as s:
+        b = s.create_run(matrix="matrices/sample.yaml", cases=cases)
+        for r in samples.make_baseline(cases):
+            s.record(b, r)
+        s.finish_run(b, "finished")
+        rid = s.create_run(matrix="matrices/sample.yaml", cases=cases, baseline="1", devices="cpu")
+        for r in samples.make_results(cases):
+            s.record(rid, r)
+        s.finish_run(rid, "finished")
+    kf = tmp_path / "kf.yaml"
+    kf.write_text(samples.KNOWN_YAML)
+    return path, str(kf)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} not installed (apt-get install chromium) : browser tests need a real Chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A page that records dialogs (any = an XSS fired), page errors and every network request."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    pg = context.new_page()
+    pg.dialogs, pg.errors, pg.requests = [], [], []
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
+    pg.on("request", lambda r: pg.requests.append(r.url))
+    yield pg
+    context.close()
