@@ -74,10 +74,10 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slo
     n = slot_mapping.shape[0]
     valid = (slot_mapping >= 0)[:, None, None]
     index = slot_mapping.clamp(min=0)
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous (the write goes through a flat view)")
     for cache, x, scale in ((kv_cache[0], key, k_scale), (kv_cache[1], value, v_scale)):
-        flat = cache.reshape(num_slots, *cache.shape[2:])  # a view: the cache is contiguous
-        if flat.data_ptr() != cache.data_ptr() or not cache.is_contiguous():
-            raise ValueError("kv_cache must be contiguous")
+        flat = cache.view(num_slots, *cache.shape[2:])  # [num_slots, Hkv, D]
         x = x[:n]
         new = quantize_fp8(x, scale, flat.dtype) if flat.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) \
             else x.to(flat.dtype)
