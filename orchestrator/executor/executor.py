@@ -310,7 +310,7 @@ class Executor:
             elapsed = time.monotonic() - job.started
             poisoned = False
             for i, task in enumerate(job.tasks):
-                res = _merge([CaseResult.from_dict(rank[i]) for rank in values])
+                res = _merge([CaseResult.from_dict(rank[i]) for rank in values]).replace(worker=g.label)
                 if res.status == Status.ERROR and DEVICE_POISON.search(f"{res.reason}\n{res.log_tail}"):
                     poisoned = True
                     res = res.replace(reason=f"{res.reason} (device error: worker recycled)")

@@ -52,3 +52,10 @@ def fault_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None,
         return CaseResult(case.case_id, Status.PASS, reason=reason, requested_mode=case.mode, axes=case.axes)
     return CaseResult(case.case_id, status, reason=f"{kind} pid={os.getpid()}", requested_mode=case.mode,
                       axes=case.axes, timings={"total_s": 0.001})  # fmt: skip
+
+
+def slow_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
+    """Passes after 0.25 s: a run long enough to be killed in the middle (resume test)."""
+    time.sleep(0.25)
+    return CaseResult(case.case_id, Status.PASS, reason=f"slow pid={os.getpid()}", requested_mode=case.mode,
+                      axes=case.axes, timings={"total_s": 0.25})  # fmt: skip
