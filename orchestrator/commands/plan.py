@@ -62,40 +62,47 @@ def _print_text(plan: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(100, Console().width), highlight=False)
-    runnable = Table(title=f"{plan['name']} ({plan['device_class']}): {len(plan['cases'])} runnable cases",
-                     title_justify="left")
-    runnable.add_column("case id", no_wrap=True)
-    runnable.add_column("est s", justify="right")
-    for c in plan["cases"]:
-        runnable.add_row(c["id"], "-" if c["est_s"] is None else f"{c['est_s']:.2f}")
-    console.print(runnable)
+    # markup off: reasons and ids come from the matrix file and may contain [brackets].
+    console = Console(width=max(100, Console().width), highlight=False, markup=False)
+    console.print(f"{plan['matrix']} ({plan['name']}, {plan['device_class']}): "
+                  f"{len(plan['cases'])} runnable cases, {len(plan['skipped'])} skipped")
+    if plan["cases"]:
+        runnable = Table()
+        runnable.add_column("case id", no_wrap=True)
+        runnable.add_column("est s", justify="right")
+        for c in plan["cases"]:
+            runnable.add_row(c["id"], "-" if c["est_s"] is None else f"{c['est_s']:.2f}")
+        console.print(runnable)
 
     if plan["skipped"]:
-        skipped = Table(title=f"{len(plan['skipped'])} skipped", title_justify="left")
+        console.print(f"skipped: {len(plan['skipped'])}")
+        skipped = Table()
         skipped.add_column("case id", no_wrap=True)
         skipped.add_column("reason")
         for s in plan["skipped"]:
             skipped.add_row(s["id"], s["reason"])
         console.print(skipped)
 
-    counts = Table(title="cases per axis value", title_justify="left")
-    counts.add_column("axis")
-    counts.add_column("value = cases")
-    for axis, values in plan["counts"].items():
-        counts.add_row(axis, "  ".join(f"{v}={n}" for v, n in values.items()))
-    console.print(counts)
+    if plan["cases"]:
+        console.print("runnable cases per axis value")
+        counts = Table()
+        counts.add_column("axis")
+        counts.add_column("value = cases")
+        for axis, values in plan["counts"].items():
+            counts.add_row(axis, "  ".join(f"{v}={n}" for v, n in values.items()))
+        console.print(counts)
 
     if plan["total_est_s"] is None:
         console.print("estimated cost: unknown (no cost model: orchestrator.scheduling.cost missing)")
         return
     console.print(f"estimated cost: {plan['total_est_s']:.1f} s (sum of case estimates; per tp below)")
-    cost = Table()
-    cost.add_column("tp", justify="right")
-    cost.add_column("est s", justify="right")
-    for tp, s in plan["est_s_by_tp"].items():
-        cost.add_row(tp, f"{s:.1f}")
-    console.print(cost)
+    if plan["cases"]:
+        cost = Table()
+        cost.add_column("tp", justify="right")
+        cost.add_column("est s", justify="right")
+        for tp, sec in plan["est_s_by_tp"].items():
+            cost.add_row(tp, f"{sec:.1f}")
+        console.print(cost)
 
 
 def main(matrix: str, filter_expr: str | None = None, as_json: bool = False, devices: str = "auto") -> int:
