@@ -119,8 +119,9 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
     icon = "✅" if gate.passed else "❌"
     out = [f"## {icon} orch run {run.id} — `{run.matrix}`", "", f"**{gate.verdict()}**", ""]
     counts = [(c, n) for c, n in gate.counts.items() if n]
-    out += ["| " + " | ".join(f"{SYMBOL[c]} {c}" for c, _ in counts) + " |", "|" + "---|" * len(counts)]
-    out += ["| " + " | ".join(str(n) for _, n in counts) + " |", ""]
+    if counts:
+        out += ["| " + " | ".join(f"{SYMBOL[c]} {c}" for c, _ in counts) + " |", "|" + "---|" * len(counts)]
+        out += ["| " + " | ".join(str(n) for _, n in counts) + " |", ""]
     meta = [f"devices: {run.devices or '?'}", f"git: `{run.git_sha[:12] or '?'}`", f"status: {run.status}"]
     if run.baseline:
         meta.append(f"baseline: `{run.baseline}`")
@@ -139,7 +140,7 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
         out += [f"### Downgraded modes ({len(gate.downgraded)})", ""]
         for cid in gate.downgraded[:MAX_PER_SECTION]:
             r = by_id[cid]
-            out.append(f"- `{cid}`: {r.requested_mode} → {r.resolved_mode}")
+            out.append(f"- `{cid}`: {_text(r.requested_mode)} → {_text(r.resolved_mode)}")
         out.append("")
     out += ["### Grid", ""] + grid(results, gate)
     return "\n".join(out)
