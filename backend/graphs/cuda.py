@@ -40,6 +40,11 @@ class CudaGraphRunner(GraphRunner):
         with torch.cuda.device(self.device):
             self.pool = torch.cuda.graph_pool_handle()
             self.stream = torch.cuda.Stream(self.device)
+        # Every graph captured into self.pool, failed ones included, stays referenced for the
+        # runner's lifetime: when the last graph of a pool is freed the caching allocator releases
+        # the pool, and the next capture_begin on the same handle trips an internal assert
+        # ("use_count > 0", seen on torch 2.11 / H200). vLLM likewise keeps its graphs alive.
+        self._graphs: list[torch.cuda.CUDAGraph] = []
 
     def warmup(self, fn: Callable[[], object], iters: int = 2) -> None:
         with torch.cuda.device(self.device):
@@ -54,6 +59,7 @@ class CudaGraphRunner(GraphRunner):
         with torch.cuda.device(self.device):
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
+            self._graphs.append(graph)
             error: BaseException | None = None
             outputs: object = None
             with torch.cuda.stream(self.stream):
@@ -69,7 +75,6 @@ class CudaGraphRunner(GraphRunner):
                 if error is not None and torch.cuda.is_current_stream_capturing():
                     self._abandon_stream()
             if error is not None:
-                del graph
                 self._clear_error_state()
                 raise GraphCaptureError(_describe(error)) from error
             torch.cuda.synchronize(self.device)
