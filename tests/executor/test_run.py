@@ -1,0 +1,107 @@
+"""`orch run` end to end: the real checker on smoke.yaml, resume after SIGKILL, unreachable cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchestrator.commands import run as run_cmd
+from orchestrator.store import ResultStore
+
+pytestmark = pytest.mark.xdist_group("ray")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _orch(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def smoke_run(ray_cluster, tmp_path_factory):
+    """`orch run matrices/smoke.yaml` in this process, on the session cluster, with the checker."""
+    tmp = tmp_path_factory.mktemp("smoke")
+    db = str(tmp / "results.db")
+    code = run_cmd.main("matrices/smoke.yaml", db=db, out_dir=str(tmp / "out"), devices="cpu", no_progress=True)
+    with ResultStore(db) as store:
+        rid = store.latest_run_id()
+        return code, tmp, {r.case_id: r for r in store.results(rid)}, store.run(rid)
+
+
+@pytest.mark.slow
+def test_smoke_matrix_passes_end_to_end(smoke_run):
+    code, tmp, results, run = smoke_run
+    assert code == 0
+    assert run.status == "finished" and run.num_results == run.num_cases == len(results) > 0
+    backends = {r.axes["backend"] for r in results.values()}
+    assert {"torch", "aiter-emulated"} <= backends
+    ran = [r for r in results.values() if r.status.value != "skip"]
+    assert all(r.status.value == "pass" for r in ran), [r for r in ran if r.status.value != "pass"][:2]
+    assert any(r.axes["tp"] == 2 for r in ran)  # gloo gangs ran too
+    assert all(r.worker and r.graph_kind in ("emulated", "none") for r in ran)
+    for name in ("junit.xml", "summary.md"):
+        assert (tmp / "out" / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_runs_only_the_missing_cases(ray_cluster, tmp_path):
+    # The child joins the session cluster (no second cluster on this machine).
+    address = ray_cluster.get_runtime_context().gcs_address
+    db = str(tmp_path / "r.db")
+    args = ["run", "matrices/smoke.yaml", "--db", db, "--out", str(tmp_path / "out"), "--devices", "cpu",
+            "--address", address, "--no-progress", "--workers", "2"]  # fmt: skip
+    env = {"ORCH_RUNNER": "tests.executor.faulty_backends:slow_runner"}
+    child = _orch(*args, env=env)
+    deadline = time.monotonic() + 120
+    done = 0
+    while time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.3)
+        try:
+            with sqlite3.connect(db) as con:
+                done = con.execute("SELECT count(*) FROM results").fetchone()[0]
+        except sqlite3.Error:
+            continue
+        if done >= 5:
+            break
+    assert child.poll() is None, child.communicate()
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    with ResultStore(db) as store:
+        rid = store.latest_run_id()
+        planned = {c.case_id for c in store.planned_cases(rid)}
+        missing_before = set(store.missing_case_ids(rid))
+        assert store.run(rid).status == "running"  # killed: nobody closed it
+    assert 0 < len(missing_before) < len(planned)
+
+    resumed = _orch(*args, "--resume", str(rid), env=env)
+    out, err = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, err[-2000:]
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT case_id, count(*) FROM results WHERE run_id = ? GROUP BY case_id", (rid,)).fetchall()
+        attempts = dict(con.execute("SELECT case_id, count(*) FROM attempt_log WHERE run_id = ? GROUP BY case_id", (rid,)).fetchall())
+        status = con.execute("SELECT status FROM runs WHERE id = ?", (rid,)).fetchone()[0]
+    assert {cid for cid, _ in rows} == planned and all(n == 1 for _, n in rows)
+    assert all(n == 1 for n in attempts.values())  # nothing ran twice: the resume ran only the missing
+    assert status == "finished"
+    assert f"resuming run {rid}: {len(missing_before)} case(s)" in err
+
+
+def test_unreachable_cluster_is_exit_3_in_one_line(tmp_path):
+    with socket.socket() as s:  # a loopback port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    p = _orch("run", "matrices/smoke.yaml", "--db", str(tmp_path / "r.db"), "--out", str(tmp_path / "o"),
+              "--devices", "cpu", "--address", f"127.0.0.1:{port}")  # fmt: skip
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 3
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and "unreachable" in lines[0] and f"127.0.0.1:{port}" in lines[0], err
+    assert time.monotonic() - t0 < 30
