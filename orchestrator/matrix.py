@@ -31,6 +31,9 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 }
 # vLLM's default largest capture size: min(2 * max_num_seqs, 512).
 MAX_DEFAULT_CAPTURE = 512
+# A product beyond this is a typo (a seed range pasted in), not a test plan; refuse it before
+# materialising it.
+MAX_COMBINATIONS = 200_000
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,11 @@ class _Loader:
             for i, e in enumerate(doc.include):
                 if e.backend is not None:
                     self.backend_class(e.backend, ("include", i, "backend"))
+        size = 1
+        for values in axes.values():
+            size *= len(values)
+        if size > MAX_COMBINATIONS:
+            raise self.err(("axes",), f"the product has {size} combinations (limit {MAX_COMBINATIONS})")
         try:
             combos = expand(axes, [e.axes() for e in doc.exclude], includes)
         except IncompleteInclude as e:

@@ -73,6 +73,14 @@ def test_broken_matrix_exits_2_with_file_and_line(tmp_path, capsys, doc, needle)
     assert "Traceback" not in err
 
 
+def test_oversized_product(tmp_path, capsys):
+    seeds = ", ".join(str(i) for i in range(10000))
+    doc = replace("  backend: [torch]", f"  backend: [torch]\n  seed: [{seeds}]")
+    doc = doc.replace("[NONE, FULL]", "[NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE]")
+    assert main(["plan", write(tmp_path, doc), "--devices", "cpu"]) == 2
+    assert ":8: axes: the product has 400000 combinations (limit 200000)" in capsys.readouterr().err
+
+
 def test_empty_file(tmp_path, capsys):
     path = write(tmp_path, "")
     assert main(["plan", path]) == 2
