@@ -126,7 +126,7 @@ def read_tree(path: str, _chain: tuple[str, ...] = ()) -> Node:
     ext = tree.value.get("extends")
     if ext is None:
         return tree
-    if not isinstance(ext.value, str) or not ext.value.strip():
+    if not isinstance(ext.value, str) or not ext.value.strip() or "\0" in ext.value:
         raise InputError("extends: expected a file name (string)", source=path, line=ext.line)
     parent_path = os.path.normpath(os.path.join(os.path.dirname(path), ext.value))
     chain = (*_chain, os.path.realpath(path))
@@ -198,8 +198,7 @@ def select_device(root: Node, device_class: str) -> Node:
         if device_class not in node.value:
             raise MissingVariant(f"{field} has no {device_class!r} variant (give cpu: and gpu:, or one plain value)",
                                  source=node.src, line=node.line)
-        chosen = node.value[device_class]
-        return Node(chosen.value, chosen.src, node.line if chosen.line == node.line else chosen.line)
+        return node.value[device_class]
 
     top = dict(root.value)
     for key in PER_DEVICE_KEYS:

@@ -112,6 +112,7 @@ def test_errors_in_parent_name_the_parent_file_and_line(tmp_path, capsys):
     ("extends: nothere.yaml\n", "no such file"),
     ("extends: m.yaml\n", "cycle"),
     ("extends: [a, b]\n", "expected a file name"),
+    ('extends: "a\\0b"\n', "expected a file name"),  # NUL in a path: os functions would raise
 ])
 def test_bad_extends(tmp_path, capsys, doc, needle):
     path = write(tmp_path, doc)
