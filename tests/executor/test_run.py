@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from orchestrator.commands import run as run_cmd
 from orchestrator.store import ResultStore
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -22,17 +21,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _orch(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def smoke_run(ray_cluster, tmp_path_factory):
-    """`orch run matrices/smoke.yaml` in this process, on the session cluster, with the checker."""
-    tmp = tmp_path_factory.mktemp("smoke")
-    db = str(tmp / "results.db")
-    code = run_cmd.main("matrices/smoke.yaml", db=db, out_dir=str(tmp / "out"), devices="cpu", no_progress=True)
-    with ResultStore(db) as store:
-        rid = store.latest_run_id()
-        return code, tmp, {r.case_id: r for r in store.results(rid)}, store.run(rid)
 
 
 @pytest.mark.slow
