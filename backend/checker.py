@@ -233,7 +233,8 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
             out_g = session.run_eager(x, inputs.batch)
             used.append(0)
         else:
-            out_g = session.run_graph(GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode), x, inputs.batch)
+            out_g = session.run_graph(GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode), x, inputs.batch,
+                                      pad_seed=hash_seed(case.seed, plan.index, 31))
             used.append(d.padded_tokens)
         replay_s.append(clock.now() - t0)
 

@@ -82,6 +82,7 @@ class Session:
         cache_shape = backend_cls.kv_cache_shape(self.config.num_blocks, shape.block_size,
                                                  self.layout.local_kv_heads, shape.head_size)
         caches = [allocate_kv_cache(self.config, tuple(cache_shape)) for _ in range(shape.num_layers)]
+        _fill_garbage(caches)
         self.weights = make_weights(shape)
         self.model = TPModel(shape, self.layout, self.impl, caches, self.device, self.weights)
         self.max_static = max(capture_sizes, default=1)
@@ -159,10 +160,16 @@ class Session:
         out = self.model.forward(x.to(self.device), md, attn)
         return out.clone()
 
-    def run_graph(self, key: GraphKey, x: torch.Tensor, batch: BatchDescription) -> torch.Tensor:
+    def run_graph(self, key: GraphKey, x: torch.Tensor, batch: BatchDescription, pad_seed: int = 0) -> torch.Tensor:
         n, size = x.shape[0], key.size
         self.static_in[:n].copy_(x)
-        self.static_in[n:size].zero_()
+        # Padded rows hold fresh non-zero values each step (vLLM leaves stale inputs there): a
+        # padded token whose K/V leaks into the cache must change bytes to be seen, even when an
+        # earlier case leaked into the same slot.
+        if size > n:
+            gen = torch.Generator().manual_seed(pad_seed)
+            pad = torch.randn(size - n, self.shape.hidden_size, generator=gen)
+            self.static_in[n:size].copy_(pad.to(self.static_in.dtype))
         entry = self.graphs[key]
         if isinstance(entry, _Full):
             self.builder.build(batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs)
@@ -180,6 +187,13 @@ class Session:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _fill_garbage(caches: list[torch.Tensor]) -> None:
+    """Seeded non-zero cache contents: a zero cache hides reads and writes of wrong slots."""
+    gen = torch.Generator().manual_seed(7)
+    for cache in caches:
+        cache.copy_(torch.randn(cache.shape, generator=gen).to(cache.dtype).to(cache.device))
 
 
 class SessionCache:

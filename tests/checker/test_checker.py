@@ -1,0 +1,137 @@
+"""run_case end to end on the real providers, graph runner and checks (tiny shapes, CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from backend.case import BatchSpec
+from backend.checker import SessionCache, run_case
+from backend.result import CHECK_NAMES, Status
+from tests.checker.conftest import DECODE, MIXED, TINY, make_case
+
+MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+@pytest.mark.parametrize("backend", ["torch", "aiter-emulated"])
+@pytest.mark.parametrize("mode", MODES)
+def test_correct_providers_are_green_everywhere(backend, mode, sessions):
+    """3 seeds x {decode, mixed} x {auto, fp8} through one session per (mode, kv): all pass."""
+    for kv in ("auto", "fp8"):
+        for batch in (DECODE, MIXED):
+            for seed in (0, 1, 2):
+                r = run_case(make_case(backend, mode, kv, batch, seed=seed), sessions=sessions)
+                assert r.status == Status.PASS, (kv, batch.name, seed, r.reason, r.log_tail[-1500:])
+                assert [c.name for c in r.checks] == list(CHECK_NAMES)
+
+
+def test_result_records_everything(sessions):
+    case = make_case("torch", "FULL_AND_PIECEWISE", "auto", MIXED)
+    r = run_case(case, sessions=sessions)
+    assert r.status == Status.PASS
+    assert (r.requested_mode, r.resolved_mode, r.downgraded, r.graph_kind) == \
+        ("FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE", False, "emulated")
+    assert r.provider == "torch" and r.device == "cpu"
+    assert r.capture_sizes_used[0] == 8 and len(r.capture_sizes_used) == case.steps
+    assert set(r.timings) == {"capture_s", "eager_step_s", "replay_step_s", "total_s"}
+    assert {"torch", "python", "orch"} <= set(r.versions)
+    assert r.repro == case.repro_command() and r.axes == case.axes
+    replay = next(c for c in r.checks if c.name == "replay")
+    assert replay.bitwise is not None and replay.max_abs_err is not None
+
+
+def test_none_mode_has_no_graph_and_eager_sizes(sessions):
+    r = run_case(make_case("torch", "NONE", "auto", DECODE), sessions=sessions)
+    assert r.status == Status.PASS and r.graph_kind == "none" and set(r.capture_sizes_used) == {0}
+
+
+def test_batch_above_the_largest_capture_size_runs_eager():
+    big = BatchSpec("big", (1, 40), (50, 60))
+    r = run_case(make_case("torch", "FULL", "auto", big))
+    assert r.status == Status.PASS and r.capture_sizes_used[0] == 0
+
+
+def test_sessions_are_reused_across_seeds():
+    cache = SessionCache(capacity=2)
+    first = run_case(make_case("torch", "FULL", "auto", DECODE, seed=5), sessions=cache)
+    second = run_case(make_case("torch", "FULL", "auto", DECODE, seed=6), sessions=cache)
+    assert first.status == second.status == Status.PASS
+    assert (cache.misses, cache.hits, len(cache)) == (1, 1, 1)
+    assert first.timings["capture_s"] > 0
+    # seed 6 plans other steps: it may add a size, but never re-captures seed 5's graphs
+    assert second.timings["capture_s"] < first.timings["capture_s"] or \
+        set(second.capture_sizes_used) - set(first.capture_sizes_used)
+
+
+def test_session_cache_is_bounded():
+    cache = SessionCache(capacity=2)
+    for mode in ("NONE", "PIECEWISE", "FULL"):
+        run_case(make_case("torch", mode, "auto", DECODE), sessions=cache)
+    assert len(cache) == 2 and cache.misses == 3
+
+
+VERDICT_SCENARIOS = {
+    # name: (case changes, status, error_kind, reason prefix)
+    "unknown backend": (dict(backend="no.such.module:Backend"), Status.ERROR, "exception", "backend: "),
+    "heads not divisible by tp": (dict(tp=3), Status.ERROR, "exception", "invalid case: tp 3"),
+    "more requests than max_num_seqs": (
+        dict(batch=BatchSpec("wide", (1,) * 9, (10,) * 9)), Status.ERROR, "exception", "invalid case: "),
+    "host sync under FULL capture": (
+        dict(backend="tests.mutants.host_sync:Backend"), Status.ERROR, "capture", "capture error: "),
+    "kv dtype the backend lacks": (
+        dict(backend="tests.checker.test_checker:NoFp8Backend", kv_cache_dtype="fp8"), Status.SKIP, "",
+        "unsupported: kv_cache_dtype fp8"),
+    "FULL with a NEVER backend": (
+        dict(backend="tests.checker.test_checker:NeverBackend"), Status.SKIP, "", "unsupported: CUDAGraphMode.FULL"),
+}
+
+
+from backend.attention.interface import AttentionCGSupport  # noqa: E402
+from backend.attention.torch_backend import TorchBackend  # noqa: E402
+
+
+class NoFp8Backend(TorchBackend):
+    name = "no-fp8"
+    supported_kv_cache_dtypes = ("auto",)
+
+
+class NeverBackend(TorchBackend):
+    name = "never"
+    cudagraph_support = AttentionCGSupport.NEVER
+
+
+@pytest.mark.parametrize("name", VERDICT_SCENARIOS)
+def test_honest_verdicts_never_raise(name):
+    changes, status, error_kind, prefix = VERDICT_SCENARIOS[name]
+    case = dataclasses.replace(make_case("torch", "FULL", "auto", MIXED), **changes)
+    r = run_case(case)  # world_size 1: a tp 3 case is refused, not run
+    assert r.status == status, r.reason
+    assert r.error_kind == error_kind
+    assert r.reason.startswith(prefix), r.reason
+    if status == Status.ERROR and error_kind == "capture":
+        assert "Traceback" in r.log_tail and r.resolved_mode == "FULL"
+
+
+LAYOUT_SCENARIOS = {
+    # (num_heads, num_kv_heads, tp, rank): (q heads, kv heads) of that rank, or None if unshardable
+    (4, 2, 1, 0): ((0, 1, 2, 3), (0, 1)),
+    (4, 2, 2, 1): ((2, 3), (1,)),
+    (8, 2, 4, 1): ((2, 3), (0,)),  # kv heads replicated: ranks 0-1 share head 0
+    (8, 2, 4, 2): ((4, 5), (1,)),
+    (6, 3, 2, 0): None,  # 3 kv heads over 2 ranks
+    (4, 2, 3, 0): None,
+}
+
+
+@pytest.mark.parametrize("key", LAYOUT_SCENARIOS)
+def test_tp_layout(key):
+    from backend.model import TPLayout, layout_reasons
+
+    heads, kv, tp, rank = key
+    shape = dataclasses.replace(TINY, num_heads=heads, num_kv_heads=kv)
+    expected = LAYOUT_SCENARIOS[key]
+    assert bool(layout_reasons(shape, tp)) == (expected is None)
+    if expected is not None:
+        lay = TPLayout(tp, rank, heads, kv, 16)
+        assert (tuple(lay.q_heads), tuple(lay.kv_heads)) == expected

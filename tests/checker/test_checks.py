@@ -1,0 +1,97 @@
+"""The comparison math and the gang merge, on hand-made tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.case import Tolerance
+from backend.checker import merge_rank_results
+from backend.checks import CheckAccumulator, compare, failure_reason, kv_integrity
+from backend.result import CaseResult, Status
+
+TOL = Tolerance(0.1, 0.1)
+
+
+def _pair(change):
+    ref = torch.ones(4, 2 * 8)  # 4 rows, 2 heads of size 8
+    out = ref.clone()
+    change(out)
+    return out, ref
+
+
+COMPARE_SCENARIOS = {
+    # name: (mutation, ok, first_bad, max_abs, mismatch_frac)
+    "identical": (lambda t: None, True, None, 0.0, 0.0),
+    "within atol+rtol": (lambda t: t.add_(0.19), True, None, 0.19, 0.0),
+    "one element out, row 2 head 1": (lambda t: t[2, 9].add_(0.5), False, (2, 1), 0.5, 1 / 64),
+    "nan is never close": (lambda t: t[3, 0].fill_(float("nan")), False, (3, 0), float("inf"), 1 / 64),
+    "first bad is row-major first": (lambda t: (t[1, 12].add_(1), t[3, 0].add_(1)), False, (1, 1), 1.0, 2 / 64),
+}
+
+
+@pytest.mark.parametrize("name", COMPARE_SCENARIOS)
+def test_compare(name):
+    change, ok, first_bad, max_abs, frac = COMPARE_SCENARIOS[name]
+    out, ref = _pair(change)
+    c = compare(out, ref, TOL, head_size=8)
+    assert (c.ok, c.first_bad, c.mismatch_frac) == (ok, first_bad, pytest.approx(frac))
+    assert c.max_abs == pytest.approx(max_abs)
+    assert c.bitwise == (name == "identical")
+
+
+def _cache(dtype=torch.bfloat16):
+    return torch.randn(2, 4, 4, 1, 2, generator=torch.Generator().manual_seed(0)).to(dtype)  # 16 slots
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_kv_integrity_flags_writes_outside_real_slots_only(dtype):
+    before = _cache(dtype)
+    real = torch.tensor([5, 6])
+    scales = (torch.ones(1), torch.ones(1))
+    after = before.clone()
+    after[0, 1, 1] = torch.full((1, 2), 3.0).to(dtype)  # slot 5: a real slot
+    eager = after.clone()
+    assert kv_integrity(after, before, eager, real, scales, TOL).ok
+    after[1, 3, 3] = torch.full((1, 2), -2.0).to(dtype)  # slot 15: outside (a wrapped -1)
+    k = kv_integrity(after, before, eager, real, scales, TOL)
+    assert not k.ok and k.outside_changed == 1 and k.first_outside == 15
+    ok_outside = eager.clone()
+    ok_outside[0, 1, 2] = torch.full((1, 2), 9.0).to(dtype)  # slot 6 differs from eager
+    k = kv_integrity(ok_outside, before, eager, real, scales, TOL)
+    assert not k.ok and k.outside_changed == 0 and not k.real_ok
+
+
+def test_accumulator_keeps_first_failing_step_and_worst_numbers():
+    acc = CheckAccumulator("replay")
+    out, ref = _pair(lambda t: None)
+    acc.add_comparison(0, compare(out, ref, TOL, 8), record_bitwise=True)
+    bad, _ = _pair(lambda t: t[1, 3].add_(2.0))
+    acc.add_comparison(1, compare(bad, ref, TOL, 8), record_bitwise=True)
+    worse, _ = _pair(lambda t: t[0, 0].add_(5.0))
+    acc.add_comparison(2, compare(worse, ref, TOL, 8), record_bitwise=True)
+    o = acc.outcome()
+    assert (o.passed, o.step, o.first_bad, o.bitwise) == (False, 1, (1, 0), False)
+    assert o.max_abs_err == pytest.approx(5.0)
+    assert "replay check failed at step 1" in failure_reason(o)
+
+
+def _r(status, reason="", worker=""):
+    return CaseResult(case_id="c", status=status, reason=reason, worker=worker, timings={"total_s": 1.0})
+
+
+MERGE_SCENARIOS = {
+    "all pass": ([Status.PASS, Status.PASS], Status.PASS, ""),
+    "one rank fails": ([Status.PASS, Status.FAIL], Status.FAIL, "rank 1: bad [ranks [1] fail]"),
+    "error beats fail": ([Status.FAIL, Status.ERROR], Status.ERROR, "rank 1: bad [ranks [1] error]"),
+    "all fail": ([Status.FAIL, Status.FAIL], Status.FAIL, "rank 0: bad [all ranks fail]"),
+    "flaky beats pass": ([Status.FLAKY, Status.PASS], Status.FLAKY, "rank 0: bad [ranks [0] flaky]"),
+}
+
+
+@pytest.mark.parametrize("name", MERGE_SCENARIOS)
+def test_merge_rank_results_takes_the_worst_rank(name):
+    statuses, status, reason = MERGE_SCENARIOS[name]
+    merged = merge_rank_results([_r(s, "" if s == Status.PASS else "bad", f"rank{i}") for i, s in enumerate(statuses)])
+    assert merged.status == status and merged.reason == reason
+    assert merged.worker == "rank0,rank1"

@@ -1,0 +1,117 @@
+"""The mutation suite: each deliberately broken backend (tests/mutants) is flagged with the
+expected status and check in exactly the expected places, and passes everywhere else.
+
+Expectation table: for every mutant, a predicate over (mode, kv dtype, batch kind, tp) says where
+the bug is reachable, and which status/check must be reported there. Every other cell must PASS:
+a checker that flags a mutant everywhere is as broken as one that flags it nowhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+
+from backend.checker import run_case, run_case_local
+from backend.result import Status
+from tests.checker.conftest import DECODE, MIXED, make_case
+
+MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+FULL_DECODE_GRAPH = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # modes replaying decode in FULL
+
+
+@dataclass(frozen=True)
+class Expect:
+    backend: str
+    flagged: Callable[[str, str, str], bool]  # (mode, kv, batch kind) -> is the bug reachable here
+    status: Status
+    check: str  # first failed check (or error kind for ERROR)
+    resolved: dict | None = None  # requested -> resolved mode, when resolution changes it
+
+
+MUTANTS = {
+    "frozen max_query_len branch (#22721)": Expect(
+        "tests.mutants.frozen_branch:Backend",
+        lambda mode, kv, kind: mode == "FULL" and kind == "mixed", Status.FAIL, "replay"),
+    "metadata reallocated each step": Expect(
+        "tests.mutants.fresh_metadata:Backend",
+        lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
+        Status.FAIL, "replay"),
+    "padded slot -1 wraps into the cache": Expect(
+        "tests.mutants.padded_slot_write:Backend",
+        lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
+        Status.FAIL, "kv_integrity"),
+    "fp8 scale frozen on the capture path (#49010)": Expect(
+        "tests.mutants.fp8_scale_capture:Backend",
+        lambda mode, kv, kind: kv == "fp8" and (mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode")),
+        Status.FAIL, "replay"),
+    "prefill output overwritten by decode kernel": Expect(
+        "tests.mutants.wrong_prefill:Backend",
+        lambda mode, kv, kind: kind == "mixed", Status.FAIL, "reference"),
+    "support overstated as ALWAYS": Expect(
+        "tests.mutants.overstated_support:Backend",
+        lambda mode, kv, kind: mode == "FULL" and kind == "mixed", Status.FAIL, "replay"),
+    "same code, honest UNIFORM_SINGLE_TOKEN_DECODE": Expect(
+        "tests.mutants.overstated_support:HonestBackend",
+        lambda mode, kv, kind: False, Status.PASS, "", resolved={"FULL": "FULL_AND_PIECEWISE"}),
+    "host sync in forward (pa_decode's k_scale.item())": Expect(
+        "tests.mutants.host_sync:Backend",
+        lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
+        Status.ERROR, "capture"),
+}
+
+
+@pytest.mark.parametrize("name", MUTANTS)
+def test_mutant_flagged_exactly_where_reachable(name, sessions):
+    exp = MUTANTS[name]
+    seen = []
+    for kv in ("auto", "fp8"):
+        for batch in (DECODE, MIXED):
+            for mode in MODES:
+                r = run_case(make_case(exp.backend, mode, kv, batch), sessions=sessions)
+                flagged = exp.flagged(mode, kv, batch.kind)
+                want = exp.status if flagged else Status.PASS
+                where = f"{name}: {mode}/{kv}/{batch.kind}"
+                assert r.status == want, f"{where}: {r.status.value} {r.reason}"
+                if want == Status.FAIL:
+                    assert r.reason.startswith(f"{exp.check} check failed"), f"{where}: {r.reason}"
+                    assert not next(c for c in r.checks if c.name == exp.check).passed
+                if want == Status.ERROR:
+                    assert r.error_kind == exp.check, f"{where}: {r.error_kind} {r.reason}"
+                resolved = (exp.resolved or {}).get(mode, mode)
+                if r.status != Status.ERROR or r.resolved_mode:
+                    assert r.resolved_mode == resolved and r.downgraded == (resolved != mode), where
+                seen.append(flagged)
+    assert any(seen) or exp.status == Status.PASS  # the table never declares a mutant invisible
+
+
+def test_reasons_point_at_the_bad_rows(sessions):
+    """The frozen-branch mutant zeroes the prefill row (row 1, tokens 1..4) of the mixed batch."""
+    r = run_case(make_case("tests.mutants.frozen_branch:Backend", "FULL", "auto", MIXED), sessions=sessions)
+    replay = next(c for c in r.checks if c.name == "replay")
+    assert replay.step == 0 and replay.first_bad[0] in (1, 2, 3, 4)
+    assert "first bad row" in r.reason and "max_abs" in r.reason and "mismatched" in r.reason
+
+
+# TP: one spawned gloo gang per case (a few seconds each), so only the cells that matter.
+TP_SCENARIOS = {
+    # (backend, tp, mode): expected status
+    ("torch", 2, "FULL"): Status.PASS,
+    ("torch", 2, "PIECEWISE"): Status.PASS,
+    ("tests.mutants.tp_head_shard:Backend", 2, "NONE"): Status.FAIL,
+    ("tests.mutants.tp_head_shard:Backend", 2, "FULL"): Status.FAIL,
+    ("tests.mutants.tp_head_shard:Backend", 1, "FULL"): Status.PASS,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", TP_SCENARIOS, ids=lambda k: f"{k[0].rsplit('.', 1)[-1]}-tp{k[1]}-{k[2]}")
+def test_tp_gang(key):
+    backend, tp, mode = key
+    r = run_case_local(make_case(backend, mode, "auto", MIXED, tp=tp))
+    assert r.status == TP_SCENARIOS[key], r.reason + r.log_tail[-1500:]
+    if tp == 2:
+        assert r.worker == "rank0,rank1"
+    if r.status == Status.FAIL:
+        assert r.reason.startswith("rank 0: reference check failed") and "[all ranks fail]" in r.reason

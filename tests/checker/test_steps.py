@@ -1,0 +1,47 @@
+"""Step plans: kinds kept, sizes within the graphs, padding and shuffled blocks; seeded."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.steps import make_step_inputs, plan_steps
+from tests.checker.conftest import CAPTURE_SIZES, DECODE, MIXED, TINY
+from backend.case import BatchSpec
+
+PREFILL = BatchSpec("prefill", (5, 9), (5, 40))
+
+
+@pytest.mark.parametrize("batch", [DECODE, MIXED, PREFILL], ids=lambda b: b.name)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_plans_keep_kind_and_fit_the_graphs(batch, seed):
+    plans = plan_steps(batch, TINY, CAPTURE_SIZES, 5, seed)
+    assert len(plans) == 5
+    assert (plans[0].query_lens, plans[0].seq_lens) == (batch.query_lens, batch.seq_lens)
+    assert plans[1].query_lens == batch.query_lens and plans[1].seq_lens != batch.seq_lens
+    for p in plans:
+        kind = BatchSpec("x", p.query_lens, p.seq_lens).kind
+        assert kind == batch.kind
+        assert p.num_tokens <= max(CAPTURE_SIZES) and len(p.query_lens) <= TINY.max_num_seqs
+        assert all(1 <= q <= s <= TINY.max_model_len for q, s in zip(p.query_lens, p.seq_lens))
+    assert plans[2].num_tokens not in CAPTURE_SIZES  # padding exercised
+    assert plans == plan_steps(batch, TINY, CAPTURE_SIZES, 5, seed)
+
+
+def test_step_inputs_slots_and_blocks():
+    plans = plan_steps(MIXED, TINY, CAPTURE_SIZES, 2, 0)
+    first, second = (make_step_inputs(p, TINY, 0) for p in plans)
+    bs = TINY.block_size
+    # step 0: contiguous blocks from 1; every slot in its request's blocks, block 0 never used
+    assert first.batch.block_table[0, :3].tolist() == [1, 2, 3]
+    for inputs in (first, second):
+        d = inputs.batch
+        assert d.slot_mapping.numel() == sum(d.query_lens)
+        assert (d.slot_mapping >= bs).all()
+        start = 0
+        for r, (q, s) in enumerate(zip(d.query_lens, d.seq_lens)):
+            blocks = set(d.block_table[r, : -(-s // bs)].tolist())
+            slots = d.slot_mapping[start:start + q].tolist() + inputs.ctx_slots[r].tolist()
+            assert {x // bs for x in slots} <= blocks and len(slots) == s
+            start += q
+    rows = second.batch.block_table[0, :3].tolist()
+    assert rows != sorted(rows) or rows[-1] - rows[0] != 2  # shuffled, not contiguous
