@@ -1,0 +1,64 @@
+"""`orch repro` through the real CLI: same verdict as run_case_local, exit codes, bad ids."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from backend.checker import run_case_local
+from orchestrator.cli import main
+from orchestrator.matrix import load_matrix
+from orchestrator.commands.repro import verdict_line
+
+SMOKE = "matrices/smoke.yaml"
+CASE_ID = "tp1-FULL-auto-decode_7-torch-s0"
+
+pytestmark = pytest.mark.skipif(not os.path.exists(SMOKE), reason="matrices/smoke.yaml not in this checkout")
+
+
+def test_repro_prints_the_checker_verdict(capsys):
+    case = load_matrix(SMOKE, devices="cpu").find(CASE_ID)
+    expected = run_case_local(case)
+    assert main(["repro", CASE_ID, "--matrix", SMOKE, "--devices", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == verdict_line(expected) == f"PASS {CASE_ID}"
+    assert [ln.strip() for ln in lines if ln.strip().split(":")[0] in
+            ("reference", "replay", "finite", "kv_integrity", "determinism")] == \
+        [c.summary() for c in expected.checks]
+
+
+def test_repro_json_and_failing_exit_code(capsys):
+    mutant = "tests.mutants.frozen_branch:Backend"
+    case_id = "tp1-FULL-auto-mixed_small-Backend-s0"
+    code = main(["repro", case_id, "--matrix", SMOKE, "--backend", mutant, "--devices", "cpu", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert out["status"] == "fail" and out["reason"].startswith("replay check failed")
+    assert out["repro"] == f"orch repro {case_id} --matrix {SMOKE} --backend {mutant}"
+
+
+def test_unknown_case_is_one_line_exit_2_with_suggestions(capsys):
+    assert main(["repro", "tp1-FULL-auto-decode_7-torh-s0", "--matrix", SMOKE, "--devices", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "did you mean" in err and CASE_ID in err
+
+
+def test_without_matrix_or_db_asks_for_matrix(capsys, tmp_path):
+    assert main(["repro", CASE_ID, "--db", str(tmp_path / "none.db")]) == 2
+    assert "give --matrix" in capsys.readouterr().err
+
+
+def test_case_looked_up_in_the_results_store(capsys, tmp_path):
+    from orchestrator.store import ResultStore
+    from tests.checker.conftest import DECODE, make_case
+
+    case = make_case("torch", "PIECEWISE", "auto", DECODE)
+    db = str(tmp_path / "results.db")
+    with ResultStore(db) as store:
+        store.create_run(matrix="tests/tiny.yaml", cases=[case])
+    assert main(["repro", case.case_id, "--db", db, "--devices", "cpu"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"PASS {case.case_id}"
+    assert main(["repro", case.case_id + "x", "--db", db]) == 2
+    assert case.case_id in capsys.readouterr().err  # suggested
