@@ -89,9 +89,19 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
         return tuple(out)
     total_cpu = sum(n["Resources"].get("CPU", 0) for n in alive)
     want = workers if workers is not None else max(int(total_cpu) or 1, min_slots)
-    for n in alive:
-        k = min(int(n["Resources"].get("CPU", 0) / cpu_per_worker), want)
-        want -= k
+    caps = [int(n["Resources"].get("CPU", 0) / cpu_per_worker) for n in alive]
+    # Largest gang first on one node, then round robin, so every node gets work.
+    counts = [0] * len(alive)
+    if caps:
+        first = max(range(len(alive)), key=lambda i: caps[i])
+        counts[first] = min(caps[first], min_slots, want)
+        want -= counts[first]
+    while want > 0 and any(c < cap for c, cap in zip(counts, caps)):
+        for i in range(len(alive)):
+            if want > 0 and counts[i] < caps[i]:
+                counts[i] += 1
+                want -= 1
+    for n, k in zip(alive, counts):
         if k > 0:
             out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k))
     return tuple(out)

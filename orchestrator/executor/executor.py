@@ -40,7 +40,7 @@ DEVICE_POISON = re.compile(
     re.IGNORECASE,
 )
 RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
-NODE_DEATH = re.compile(r"node .*(died|dead|removed)|NodeDiedError|node failure", re.IGNORECASE)
+NODE_DEATH = re.compile(r"its node has died|NodeDiedError|node was terminated", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ class Executor:
         self._singles: set[str] = set()  # run alone: they were in a batch that crashed/hung
         self._lost: dict[str, int] = {}  # node losses suffered per case
         self._alive = [True] * len(cluster.nodes)
+        self._nodes_checked = 0.0
         self._no_place_tp: int | None = None  # smallest tp whose placement timed out
         self._unit = "GPU" if cluster.device_kind == "gpu" else "CPU worker"
 
@@ -166,6 +167,7 @@ class Executor:
         return self.cluster.nodes[node].slots - busy if self._alive[node] else 0
 
     def _fill(self) -> None:
+        self._refresh_nodes()
         self.gangs = [g for g in self.gangs if g.state != GangState.DEAD]
         for node in range(len(self.cluster.nodes)):
             refused: set[str] = set()
@@ -366,16 +368,33 @@ class Executor:
             self._requeue(t)
 
     def _node_died(self, g: Gang, err: BaseException) -> bool:
+        """Was the gang lost with its node rather than killed by its case?
+
+        ActorUnavailableError (connection to the actor's node broken) comes before the GCS has
+        noticed the node is gone, so it counts as a loss too; a case that really kills its
+        worker gets ActorDiedError, and one that keeps "losing nodes" is blamed on recurrence.
+        """
+        from ray.exceptions import ActorUnavailableError
+
+        self._refresh_nodes(force=True)
+        return (not self._alive[g.node] or isinstance(err, ActorUnavailableError)
+                or bool(NODE_DEATH.search(str(err))))  # fmt: skip
+
+    def _refresh_nodes(self, force: bool = False) -> None:
+        """Stop using nodes the GCS reports dead (checked at most once a second)."""
         import ray
 
+        now = time.monotonic()
+        if not force and now - self._nodes_checked < 1.0:
+            return
+        self._nodes_checked = now
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-        dead = g.node_id not in alive or bool(NODE_DEATH.search(str(err)))
-        if dead:
-            self._alive[g.node] = False
-            for other in self.gangs:
-                if other.node == g.node and other.state == GangState.IDLE:
-                    gangs.teardown(other)
-        return dead
+        for i, n in enumerate(self.cluster.nodes):
+            if self._alive[i] and n.node_id not in alive:
+                self._alive[i] = False
+                for g in self.gangs:
+                    if g.node == i and g.state == GangState.IDLE:
+                        gangs.teardown(g)
 
     # -- results --------------------------------------------------------------------------------
 
