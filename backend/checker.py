@@ -161,14 +161,14 @@ def _set_scales(case: Case, session: Session) -> None:
 def _store(session: Session, values: torch.Tensor, scale: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
     """Context K/V fp32 -> what the cache holds (fp8 with the scale, else the model dtype)."""
     if cache_dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
-        return quantize_fp8(values, scale.cpu(), cache_dtype)
+        return quantize_fp8(values, scale.to(values.device), cache_dtype)
     return values.to(cache_dtype)
 
 
 def _fill_context(session: Session, inputs: StepInputs) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
     """Write every request's context K/V into the rank's caches; return the dequantised fp32
     context (all kv heads) for the reference."""
-    kv_heads = torch.tensor(list(session.layout.kv_heads))
+    kv_heads = torch.tensor(list(session.layout.kv_heads), device=session.device)
     ref_k, ref_v = [], []
     for layer, cache in enumerate(session.kv_caches):
         num_slots = cache.shape[1] * cache.shape[2]
@@ -177,12 +177,12 @@ def _fill_context(session: Session, inputs: StepInputs) -> tuple[list[list[torch
         for r, slots in enumerate(inputs.ctx_slots):
             k = _store(session, inputs.ctx_k[layer][r], ks, cache.dtype)
             v = _store(session, inputs.ctx_v[layer][r], vs, cache.dtype)
-            lk.append(dequantize(k, ks.cpu()))
-            lv.append(dequantize(v, vs.cpu()))
+            lk.append(dequantize(k, ks))
+            lv.append(dequantize(v, vs))
             if slots.numel():
                 idx = slots.to(cache.device)
-                raw(cache[0]).reshape(num_slots, *cache.shape[3:])[idx] = raw(k[:, kv_heads].contiguous()).to(cache.device)
-                raw(cache[1]).reshape(num_slots, *cache.shape[3:])[idx] = raw(v[:, kv_heads].contiguous()).to(cache.device)
+                raw(cache[0]).reshape(num_slots, *cache.shape[3:])[idx] = raw(k[:, kv_heads].contiguous())
+                raw(cache[1]).reshape(num_slots, *cache.shape[3:])[idx] = raw(v[:, kv_heads].contiguous())
         ref_k.append(lk)
         ref_v.append(lv)
     return ref_k, ref_v
@@ -190,13 +190,15 @@ def _fill_context(session: Session, inputs: StepInputs) -> tuple[list[list[torch
 
 def _reference(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v) -> torch.Tensor:
     cache_dtype = session.kv_caches[0].dtype
-    scales = {"k": [s.cpu() for s in session.model.k_scales], "v": [s.cpu() for s in session.model.v_scales]}
+    scales = {"k": session.model.k_scales, "v": session.model.v_scales}
 
     def kv_round(layer: int, which: str, t: torch.Tensor) -> torch.Tensor:
         scale = scales[which][layer]
         return dequantize(_store(session, t, scale, cache_dtype), scale)
 
-    return reference_forward(session.weights, case.model, inputs.x, ref_k, ref_v, inputs.plan.query_lens, kv_round)
+    # On the session's device (fp32): GPU shapes would make a host reference the slowest part.
+    return reference_forward(session.reference_weights, case.model, inputs.x.to(session.device), ref_k, ref_v,
+                             inputs.plan.query_lens, kv_round)
 
 
 def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResult, t_start: float) -> CaseResult:
@@ -210,7 +212,7 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
     eager_s, replay_s, used = [], [], []
     for plan, d in zip(plans, dispatches):
-        inputs = make_step_inputs(plan, shape, case.seed)
+        inputs = make_step_inputs(plan, shape, case.seed, session.device)
         ref_k, ref_v = _fill_context(session, inputs)
         caches = session.kv_caches
         snapshot = [c.clone() for c in caches]

@@ -200,23 +200,33 @@ def reference_forward(weights: list[LayerWeights], shape: ModelShape, x: torch.T
                       query_lens: Sequence[int], kv_round) -> torch.Tensor:
     """The unsharded model in fp32 with backend.reference attention.
 
-    x [T, hidden] (the model-dtype input, as fp32). ctx_k[layer][req] [ctx_len, Hkv, D] fp32: the
+    x [T, hidden] (the model-dtype input). ctx_k[layer][req] [ctx_len, Hkv, D] fp32: the
     dequantised context already in the cache. kv_round(layer, "k"|"v", t) -> t rounds this step's
     new K/V the way the cache stores them (model dtype, or fp8 with the layer's scale), so the
     reference attends to what a correct kernel reads back.
+
+    Activations are rounded to the model dtype wherever the model stores them (a bf16 residual
+    stream alone drifts by ~1e-2 over two layers, as much as the tolerance); every product,
+    softmax and sum is fp32, and the attention math is backend.reference's own.
     """
     d, hq, hkv = shape.head_size, shape.num_heads, shape.num_kv_heads
+    dtype = getattr(torch, shape.dtype)
+
+    def rnd(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype).float()
+
     x = x.float()
     t = x.shape[0]
     starts = [sum(query_lens[:r]) for r in range(len(query_lens))]
     for i, lw in enumerate(weights):
-        h = rmsnorm(x, lw.norm1)
-        q = (h @ lw.wq.t()).view(t, hq, d)
-        k = kv_round(i, "k", (h @ lw.wk.t()).view(t, hkv, d))
-        v = kv_round(i, "v", (h @ lw.wv.t()).view(t, hkv, d))
+        h = rnd(rmsnorm(x, lw.norm1))
+        q = rnd(h @ lw.wq.t()).view(t, hq, d)
+        k = kv_round(i, "k", rnd(h @ lw.wk.t()).view(t, hkv, d))
+        v = kv_round(i, "v", rnd(h @ lw.wv.t()).view(t, hkv, d))
         ks = [torch.cat([ctx_k[i][r], k[s:s + ql]]) for r, (s, ql) in enumerate(zip(starts, query_lens))]
         vs = [torch.cat([ctx_v[i][r], v[s:s + ql]]) for r, (s, ql) in enumerate(zip(starts, query_lens))]
-        attn = reference_attention(q, ks, vs, query_lens, d**-0.5)
-        x = x + attn.reshape(t, hq * d) @ lw.wo.t()
-        x = x + F.silu(rmsnorm(x, lw.norm2) @ lw.w1.t()) @ lw.w2.t()
+        attn = rnd(reference_attention(q, ks, vs, query_lens, d**-0.5))
+        x = rnd(x + rnd(attn.reshape(t, hq * d) @ lw.wo.t()))
+        h = rnd(rmsnorm(x, lw.norm2))
+        x = rnd(x + rnd(rnd(F.silu(rnd(h @ lw.w1.t()))) @ lw.w2.t()))
     return x

@@ -16,6 +16,7 @@ static attention buffers; attention runs eagerly between replays with unpadded m
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import torch
 from backend.attention.interface import AttentionConfig, BatchDescription
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
-from backend.model import TPLayout, TPModel, make_weights
+from backend.model import LayerWeights, TPLayout, TPModel, make_weights
 
 WARMUP_ITERS = 1
 
@@ -93,6 +94,7 @@ class Session:
                                        shape.head_size, dtype=dtype, device=self.device)
         self._runner_factory = runner_factory
         self._runner = None
+        self._reference_weights = None
         self.graphs: dict[GraphKey, _Full | _Piecewise] = {}
 
     @property
@@ -102,6 +104,14 @@ class Session:
 
             self._runner = (self._runner_factory or make_graph_runner)(self.device)
         return self._runner
+
+    @property
+    def reference_weights(self) -> list:
+        """The full fp32 weights on the session's device, for the reference forward."""
+        if self._reference_weights is None:
+            self._reference_weights = [LayerWeights(*(t.to(self.device) for t in dataclasses.astuple(lw)))
+                                       for lw in self.weights]
+        return self._reference_weights
 
     @property
     def kv_caches(self) -> list[torch.Tensor]:
@@ -191,9 +201,13 @@ class Session:
 
 def _fill_garbage(caches: list[torch.Tensor]) -> None:
     """Seeded non-zero cache contents: a zero cache hides reads and writes of wrong slots."""
-    gen = torch.Generator().manual_seed(7)
     for cache in caches:
-        cache.copy_(torch.randn(cache.shape, generator=gen).to(cache.dtype).to(cache.device))
+        # Drawn on the device: a GPU-shape cache is GBs; block by block bounds the fp32 temporary.
+        gen = torch.Generator(device=cache.device).manual_seed(7)
+        for kv in range(cache.shape[0]):
+            for start in range(0, cache.shape[1], 4096):
+                part = cache[kv, start:start + 4096]
+                part.copy_(torch.randn(part.shape, generator=gen, device=cache.device).to(cache.dtype))
 
 
 class SessionCache:

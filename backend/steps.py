@@ -137,18 +137,23 @@ def _padding_variant(qs: list[int], kind: str, sizes: set[int], fits, rng: rando
 
 @dataclass
 class StepInputs:
-    """One step's concrete inputs (CPU tensors; identical on every rank)."""
+    """One step's concrete inputs (identical on every rank)."""
 
     plan: StepPlan
     batch: BatchDescription  # block table + slot mapping of this step's new tokens
     x: torch.Tensor  # [T, hidden] model dtype
-    ctx_k: list[list[torch.Tensor]]  # [layer][req] -> [ctx_len, Hkv, D] fp32, every kv head
+    ctx_k: list[list[torch.Tensor]]  # [layer][req] -> [ctx_len, Hkv, D] fp32 on the device, every kv head
     ctx_v: list[list[torch.Tensor]]
     ctx_slots: list[torch.Tensor]  # [req] -> [ctx_len] int64 slots of the context tokens
 
 
-def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int) -> StepInputs:
+def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
+                     device: torch.device | str = "cpu") -> StepInputs:
+    """Blocks, slots and x on the CPU; context K/V drawn on `device` (GPU shapes hold GBs of
+    context: generating it on the host would dominate the step)."""
     gen = torch.Generator().manual_seed(hash_seed(seed, plan.index))
+    device = torch.device(device)
+    kv_gen = torch.Generator(device=device).manual_seed(hash_seed(seed, plan.index, 17))
     bs, nb = shape.block_size, shape.max_blocks_per_seq
     needed = [-(-s // bs) for s in plan.seq_lens]
     pool = torch.arange(1, shape.total_blocks)  # block 0 is the null block
@@ -169,10 +174,9 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int) -> StepInputs
     x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
     ctx_k, ctx_v = [], []
     for _ in range(shape.num_layers):
-        ctx_k.append([torch.randn(s - q, shape.num_kv_heads, shape.head_size, generator=gen)
-                      for q, s in zip(plan.query_lens, plan.seq_lens)])
-        ctx_v.append([torch.randn(s - q, shape.num_kv_heads, shape.head_size, generator=gen)
-                      for q, s in zip(plan.query_lens, plan.seq_lens)])
+        for out in (ctx_k, ctx_v):
+            out.append([torch.randn(s - q, shape.num_kv_heads, shape.head_size, generator=kv_gen, device=device)
+                        for q, s in zip(plan.query_lens, plan.seq_lens)])
     return StepInputs(plan, desc, x, ctx_k, ctx_v, ctx_slots)
 
 
