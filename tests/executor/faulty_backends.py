@@ -59,3 +59,36 @@ def slow_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, 
     time.sleep(0.25)
     return CaseResult(case.case_id, Status.PASS, reason=f"slow pid={os.getpid()}", requested_mode=case.mode,
                       axes=case.axes, timings={"total_s": 0.25})  # fmt: skip
+
+
+# --- backend-level faults: the torch provider with a forward that breaks (via --backend) -------
+
+from backend.attention.torch_backend import TorchBackend, TorchImpl  # noqa: E402
+
+
+class _CrashImpl(TorchImpl):
+    def forward(self, *args, **kwargs):
+        print("CrashBackend: os._exit in forward", flush=True)
+        os._exit(1)
+
+
+class _HangImpl(TorchImpl):
+    def forward(self, *args, **kwargs):
+        time.sleep(10**6)
+
+
+class _DeviceErrorImpl(TorchImpl):
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+class CrashBackend(TorchBackend):
+    impl_cls = _CrashImpl
+
+
+class HangBackend(TorchBackend):
+    impl_cls = _HangImpl
+
+
+class DeviceErrorBackend(TorchBackend):
+    impl_cls = _DeviceErrorImpl

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from orchestrator.commands import run as run_cmd
 from orchestrator.store import ResultStore
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -93,3 +94,25 @@ def test_unreachable_cluster_is_exit_3_in_one_line(tmp_path):
     lines = [l for l in err.splitlines() if l.strip()]
     assert len(lines) == 1 and "unreachable" in lines[0] and f"127.0.0.1:{port}" in lines[0], err
     assert time.monotonic() - t0 < 30
+
+
+# --backend -> (exit code, status of every case, text in reason or log tail)
+BROKEN_BACKENDS = {
+    "forward kills the worker": ("CrashBackend", "error", "os._exit in forward"),
+    "forward hangs": ("HangBackend", "timeout", "no result within 3s"),
+    "forward hits a device error": ("DeviceErrorBackend", "error", "worker recycled"),
+}
+
+
+@pytest.mark.parametrize("scenario", BROKEN_BACKENDS)
+def test_orch_run_with_a_broken_backend_fails_the_gate(ray_cluster, tmp_path, scenario):
+    cls, status, text = BROKEN_BACKENDS[scenario]
+    db = str(tmp_path / "r.db")
+    code = run_cmd.main("matrices/smoke.yaml", backend=f"tests.executor.faulty_backends:{cls}",
+                        filter_expr="tp=1 cudagraph_mode=NONE kv_cache_dtype=auto batch=decode_7",
+                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", timeout_s=3, no_progress=True)  # fmt: skip
+    assert code == 1
+    with ResultStore(db) as store:
+        (res,) = store.results(store.latest_run_id())
+    assert res.status.value == status and res.attempts == 2
+    assert text in res.reason + res.log_tail, res
