@@ -322,7 +322,12 @@ def run_case_local(case: Case, *, device: torch.device | None = None) -> CaseRes
     from backend.distributed import GangError, run_local_gang
 
     try:
-        dicts = run_local_gang(_gang_rank, case.tp, case.to_dict(), device.type, timeout_s=case.timeout_s + 60)
+        if device.type == "cuda" and torch.cuda.device_count() < case.tp:
+            return CaseResult(case_id=case.case_id, status=Status.SKIP, requested_mode=case.mode,
+                              reason=f"unavailable: tp {case.tp} needs {case.tp} GPUs, {torch.cuda.device_count()} here",
+                              repro=case.repro_command(), axes=case.axes, versions=versions())
+        dicts = run_local_gang(_gang_rank, case.tp, case.to_dict(), device.type, timeout_s=case.timeout_s + 60,
+                               device_type=device.type)
     except GangError as e:
         return CaseResult(case_id=case.case_id, status=Status.ERROR, reason=f"gang failed: {str(e).splitlines()[0][:300]}",
                           error_kind="crash", log_tail=str(e)[-LOG_TAIL_CHARS:], requested_mode=case.mode,

@@ -41,6 +41,8 @@ def init_gang(rank: int, world_size: int, master_addr: str, master_port: int, *,
     device = torch.device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     dist.init_process_group(
         backend=backend,
@@ -71,11 +73,13 @@ def all_reduce_(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _gang_entry(rank: int, world_size: int, port: int, results: Any, fn: Callable, args: tuple) -> None:
-    # Two cores shared by many processes: one intra-op thread per rank avoids oversubscription.
+def _gang_entry(rank: int, world_size: int, port: int, results: Any, fn: Callable, args: tuple,
+                device_type: str) -> None:
+    # Many ranks on few cores: one intra-op thread per rank avoids oversubscription.
     torch.set_num_threads(1)
     try:
-        init_gang(rank, world_size, "127.0.0.1", port, device=torch.device("cpu"))
+        device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+        init_gang(rank, world_size, "127.0.0.1", port, device=device)
         value = fn(rank, world_size, *args)
         results.put((rank, True, value))
     except BaseException:  # report, never hang the parent
@@ -88,16 +92,19 @@ class GangError(RuntimeError):
     """A rank of a local gang died or raised; the message holds its traceback tail."""
 
 
-def run_local_gang(fn: Callable, world_size: int, *args: Any, timeout_s: float = 600) -> list:
-    """Run fn(rank, world_size, *args) in world_size spawned processes joined in a gloo gang on
-    127.0.0.1; returns the ranks' return values in rank order. fn and args must be picklable
-    (fn a module-level function). Raises GangError if a rank raised, died or timed out."""
+def run_local_gang(fn: Callable, world_size: int, *args: Any, timeout_s: float = 600,
+                   device_type: str = "cpu") -> list:
+    """Run fn(rank, world_size, *args) in world_size spawned processes joined in a gang on
+    127.0.0.1 (gloo on CPU; device_type "cuda": rank r on cuda:r over NCCL); returns the ranks'
+    return values in rank order. fn and args must be picklable (fn a module-level function).
+    Raises GangError if a rank raised, died or timed out."""
     import time
 
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_gang_entry, args=(r, world_size, port, results, fn, args), daemon=True)
+    procs = [ctx.Process(target=_gang_entry, args=(r, world_size, port, results, fn, args, device_type),
+                         daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()
@@ -121,9 +128,13 @@ def run_local_gang(fn: Callable, world_size: int, *args: Any, timeout_s: float =
             if ok:
                 values[rank] = value
             else:
+                # The other ranks may now wait in a collective until the gang timeout: stop them.
                 errors.append(f"rank {rank}: {value}")
+                break
     finally:
         for p in procs:
+            if errors and p.is_alive():
+                p.kill()
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
