@@ -74,7 +74,7 @@ def test_session_cache_is_bounded():
 VERDICT_SCENARIOS = {
     # name: (case changes, status, error_kind, reason prefix)
     "unknown backend": (dict(backend="no.such.module:Backend"), Status.ERROR, "exception", "backend: "),
-    "heads not divisible by tp": (dict(tp=3), Status.ERROR, "exception", "invalid case: tp 3"),
+    "case tp differs from the gang size": (dict(tp=3), Status.ERROR, "exception", "invalid case: tp 3"),
     "more requests than max_num_seqs": (
         dict(batch=BatchSpec("wide", (1,) * 9, (10,) * 9)), Status.ERROR, "exception", "invalid case: "),
     "host sync under FULL capture": (
