@@ -60,12 +60,11 @@ def test_fault_is_recorded_on_its_own_case(mixed_run, scenario):
 
 
 def test_healthy_cases_in_broken_batches_are_not_blamed(mixed_run):
-    final, attempts, elapsed = mixed_run
+    final, attempts, _ = mixed_run
     ok = [r for cid, r in final.items() if "-ok-" in cid]
     assert len(ok) == 8 and all(r.status == Status.PASS and r.attempts == 1 for r in ok)
     assert len(final) == 14
     assert sum(1 for _, f in attempts if f) == 14  # every case reported final exactly once
-    assert elapsed < 60
 
 
 def test_crash_log_tail_is_the_crashing_case(mixed_run):
