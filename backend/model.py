@@ -19,7 +19,7 @@ the model dtype, then sharded. So the sharded model equals the unsharded one and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -125,8 +125,10 @@ class TPModel:
     so graphs captured over them read live contents (never rebind them: copy values in)."""
 
     def __init__(self, shape: ModelShape, layout: TPLayout, impl, kv_caches: Sequence[torch.Tensor],
-                 device: torch.device, weights: list[LayerWeights] | None = None):
+                 device: torch.device, weights: list[LayerWeights] | None = None,
+                 all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.shape, self.layout, self.impl = shape, layout, impl
+        self.all_reduce = all_reduce or all_reduce_
         self.device = torch.device(device)
         self.dtype = getattr(torch, shape.dtype)
         self.kv_caches = list(kv_caches)
@@ -167,7 +169,7 @@ class TPModel:
     def post_attention(self, i: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         lw = self.layers[i]
         o = attn.reshape(attn.shape[0], -1) @ lw["wo"].t()
-        all_reduce_(o)  # inside the captured graph in FULL and PIECEWISE, as in vLLM
+        self.all_reduce(o)  # inside the captured graph in FULL and PIECEWISE, as in vLLM
         x = x + o
         h = rmsnorm(x, lw["norm2"])
         return x + F.silu(h @ lw["w1"].t()) @ lw["w2"].t()

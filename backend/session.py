@@ -85,7 +85,8 @@ class Session:
         caches = [allocate_kv_cache(self.config, tuple(cache_shape)) for _ in range(shape.num_layers)]
         _fill_garbage(caches)
         self.weights = make_weights(shape)
-        self.model = TPModel(shape, self.layout, self.impl, caches, self.device, self.weights)
+        self.model = TPModel(shape, self.layout, self.impl, caches, self.device, self.weights,
+                             all_reduce=getattr(backend_cls, "tp_all_reduce", None))
         self.max_static = max(capture_sizes, default=1)
         dtype = self.model.dtype
         # Static buffers replays read: never rebound, values copied in [:n].

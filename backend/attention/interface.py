@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
@@ -146,6 +146,9 @@ class AttentionBackend:
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
     builder_cls: ClassVar[type[AttentionMetadataBuilder]] = AttentionMetadataBuilder
     impl_cls: ClassVar[type[AttentionImpl]] = AttentionImpl
+    # The tp communicator's in-place all-reduce used by the test model's row-parallel projection,
+    # for a backend that brings its own (a custom all-reduce, or a mutant); None = torch.distributed.
+    tp_all_reduce: ClassVar[Callable[[torch.Tensor], torch.Tensor] | None] = None
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:

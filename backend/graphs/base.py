@@ -9,9 +9,31 @@ taken) is frozen. Capture sizes are the caller's business (largest first, see ba
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+import threading
+from typing import Callable, Iterator
 
 import torch
+
+_capture_state = threading.local()
+
+
+def is_capturing() -> bool:
+    """True while a runner is capturing on this thread (real or emulated). Correct code never
+    needs it; it exists so that tests can build code that misbehaves only under capture, the way
+    real collectives and kernels have (vLLM #29539)."""
+    if getattr(_capture_state, "depth", 0) > 0:
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[None]:
+    _capture_state.depth = getattr(_capture_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _capture_state.depth -= 1
 
 
 class GraphCaptureError(RuntimeError):

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner
+from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner, capturing
 
 
 class CudaCapturedGraph(CapturedGraph):
@@ -65,7 +65,8 @@ class CudaGraphRunner(GraphRunner):
             with torch.cuda.stream(self.stream):
                 graph.capture_begin(self.pool, capture_error_mode="global")
                 try:
-                    outputs = fn()
+                    with capturing():
+                        outputs = fn()
                 except Exception as e:  # the capture is invalid now; end it below
                     error = e
                 try:

@@ -35,7 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner
+from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner, capturing
 
 # Ops whose result depends on tensor data on the host (a device->host sync on a GPU).
 _HOST_SYNC_OPS = frozenset({
@@ -221,7 +221,7 @@ class EmulatedGraphRunner(GraphRunner):
     def capture(self, fn: Callable[[], object]) -> EmulatedCapturedGraph:
         recorder = _Recorder()
         try:
-            with _no_host_reads(), recorder:
+            with capturing(), _no_host_reads(), recorder:
                 outputs = fn()
         except GraphCaptureError:
             raise

@@ -102,7 +102,13 @@ TP_SCENARIOS = {
     ("tests.mutants.tp_head_shard:Backend", 2, "NONE"): Status.FAIL,
     ("tests.mutants.tp_head_shard:Backend", 2, "FULL"): Status.FAIL,
     ("tests.mutants.tp_head_shard:Backend", 1, "FULL"): Status.PASS,
+    # all-reduce skipped while capturing: replays lack the reduction at tp 2, eager is right.
+    ("tests.mutants.allreduce_capture:Backend", 2, "PIECEWISE"): Status.FAIL,
+    ("tests.mutants.allreduce_capture:Backend", 2, "FULL"): Status.FAIL,
+    ("tests.mutants.allreduce_capture:Backend", 2, "NONE"): Status.PASS,
+    ("tests.mutants.allreduce_capture:Backend", 1, "FULL"): Status.PASS,
 }
+TP_FAILED_CHECK = {"tests.mutants.tp_head_shard:Backend": "reference", "tests.mutants.allreduce_capture:Backend": "replay"}
 
 
 @pytest.mark.slow
@@ -114,4 +120,5 @@ def test_tp_gang(key):
     if tp == 2:
         assert r.worker == "rank0,rank1"
     if r.status == Status.FAIL:
-        assert r.reason.startswith("rank 0: reference check failed") and "[all ranks fail]" in r.reason
+        assert r.reason.startswith(f"rank 0: {TP_FAILED_CHECK[backend]} check failed"), r.reason
+        assert "[all ranks fail]" in r.reason
