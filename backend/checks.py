@@ -4,6 +4,14 @@ Outputs are compared on real rows only, as [tokens, heads, head_size] (the model
 dimension grouped by head_size, so "head" = column // head_size). Closeness is torch.isclose
 style: |a - b| <= atol + rtol * |b|, NaN never close. The relative error reported is
 |a - b| / max(|b|, atol), so near-zero references do not dominate it.
+
+The reference check (model output vs the fp32 reference) scales atol per row by the row's largest
+reference magnitude (at least 1). The output is a bf16/fp16 residual stream: one rounding step of
+an intermediate of magnitude M is M * 2^-8 in bf16, and cancellation can leave it on a small
+output element. Seen on the H200 (32 heads x 128, 2 layers, 4096-token context): a 0.0625 error on
+an element of 0.04 in a row peaking near 10, identical for every correct provider. A kernel bug
+(a dropped or overwritten row, a wrong head) moves values by the row's own scale and is still far
+outside. The replay check (graph vs eager, the same kernels) keeps the plain tolerance.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ class Comparison:
     bitwise: bool
 
 
-def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_size: int) -> Comparison:
+def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_size: int,
+            *, row_scaled_atol: bool = False) -> Comparison:
     """actual/expected [T, C] (or [T, H, D]) -> Comparison over every element."""
     a = actual.detach().float().reshape(actual.shape[0], -1).cpu()
     b = expected.detach().float().reshape(expected.shape[0], -1).cpu()
@@ -37,7 +46,8 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_s
         return Comparison(True, 0.0, 0.0, 0.0, None, bitwise)
     diff = (a - b).abs()
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
-    close = diff <= tol.atol + tol.rtol * b.abs()
+    atol = tol.atol * b.abs().amax(dim=1, keepdim=True).clamp_min(1.0) if row_scaled_atol else tol.atol
+    close = diff <= atol + tol.rtol * b.abs()
     rel = diff / b.abs().clamp_min(max(tol.atol, 1e-12))
     bad = ~close
     first_bad = None

@@ -18,6 +18,7 @@ the model dtype, then sharded. So the sharded model equals the unsharded one and
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -98,7 +99,14 @@ class LayerWeights:
 
 
 def make_weights(shape: ModelShape, seed: int = MODEL_SEED) -> list[LayerWeights]:
-    """Full (unsharded) fp32 weights, already rounded to the model dtype."""
+    """Full (unsharded) fp32 weights, already rounded to the model dtype. Cached per process:
+    drawing a production-shape model on the CPU takes seconds, and every session of a worker
+    (one per backend x mode x kv dtype) uses the same weights. Callers must not modify them."""
+    return _make_weights_cached(shape, seed)
+
+
+@functools.lru_cache(maxsize=2)
+def _make_weights_cached(shape: ModelShape, seed: int) -> list[LayerWeights]:
     gen = torch.Generator().manual_seed(seed)
     dtype = getattr(torch, shape.dtype)
     hid, hd, kvd, inter = shape.hidden_size, shape.num_heads * shape.head_size, \
