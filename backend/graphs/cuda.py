@@ -73,16 +73,19 @@ class CudaGraphRunner(GraphRunner):
                     graph.capture_end()
                 except Exception as e:
                     error = error or e
-                if error is not None and torch.cuda.is_current_stream_capturing():
-                    self._abandon_stream()
             if error is not None:
+                # After a failed capture the allocator can still consider the pool "being recorded
+                # to" (torch 2.11: the next capture_begin raises "beginAllocateToPool: already
+                # recording to mempool_id"): later captures get a fresh pool and stream.
+                self.pool = torch.cuda.graph_pool_handle()
+                self._abandon_stream()
                 self._clear_error_state()
                 raise GraphCaptureError(_describe(error)) from error
             torch.cuda.synchronize(self.device)
         return CudaCapturedGraph(graph, outputs)
 
     def _abandon_stream(self) -> None:
-        # The stream is still in capture mode (end failed): never use it again.
+        # The stream may still be in capture mode (end failed): never use it again.
         self.stream = torch.cuda.Stream(self.device)
 
     def _clear_error_state(self) -> None:

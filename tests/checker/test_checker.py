@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from backend.case import BatchSpec
 from backend.checker import SessionCache, run_case
@@ -30,9 +31,11 @@ def test_result_records_everything(sessions):
     case = make_case("torch", "FULL_AND_PIECEWISE", "auto", MIXED)
     r = run_case(case, sessions=sessions)
     assert r.status == Status.PASS
+    on_gpu = torch.cuda.is_available()
+    graph_kind = ("hip" if torch.version.hip else "cuda") if on_gpu else "emulated"
     assert (r.requested_mode, r.resolved_mode, r.downgraded, r.graph_kind) == \
-        ("FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE", False, "emulated")
-    assert r.provider == "torch" and r.device == "cpu"
+        ("FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE", False, graph_kind)
+    assert r.provider == "torch" and (r.device.startswith("NVIDIA") or "cuda" in r.device if on_gpu else r.device == "cpu")
     assert r.capture_sizes_used[0] == 8 and len(r.capture_sizes_used) == case.steps
     assert set(r.timings) == {"capture_s", "eager_step_s", "replay_step_s", "total_s"}
     assert {"torch", "python", "orch"} <= set(r.versions)
