@@ -33,7 +33,7 @@ POLICIES = ("ours", "hash", "static-duration")
 
 # Two priorities within this fraction of each other count as a tie, and a task of the worker's last
 # group (same captured graphs) wins the tie.
-GROUP_TIE = 0.05
+GROUP_TIE = 0.5
 
 
 @dataclass(frozen=True)

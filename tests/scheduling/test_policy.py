@@ -112,10 +112,10 @@ def test_small_task_backfills_gpus_a_gang_cannot_use():
 
 
 def test_same_group_wins_a_close_tie_but_not_a_clear_priority_gap():
-    tasks = [Task("x", 1, 10.0, group="A"), Task("y", 1, 9.8, group="B"), Task("z", 1, 5.0, group="B")]
+    tasks = [Task("x", 1, 10.0, group="A"), Task("y", 1, 9.8, group="B"), Task("z", 1, 4.0, group="B")]
     d = Dispatcher(tasks, [8])
     assert d.next_for(0, 1, last_group="B", now=0.0).id == "y"  # 2% below the best: reuse graphs
-    assert d.next_for(0, 1, last_group="B", now=0.0).id == "x"  # z is 50% below: priority wins
+    assert d.next_for(0, 1, last_group="B", now=0.0).id == "x"  # z is 60% below: priority wins
 
 
 def test_blocked_long_gang_gets_a_node_drained_for_it():
