@@ -23,6 +23,8 @@ if [ "${SKIP_MUTANTS:-0}" != 1 ]; then
   tail -3 "$OUT/mutants.log" >> "$log"
 fi
 step orch run full.yaml tp=1
+# RESUME_DB=path RUN_ARGS="--resume N": continue run N of a store brought back from an earlier call.
+[ -n "${RESUME_DB:-}" ] && cp "$RESUME_DB" "$OUT/gpu.db"
 /usr/bin/time -f "wall %e s, max rss %M KB" timeout "${RUN_TIMEOUT:-330}" python3 -m orchestrator.cli run matrices/full.yaml \
     --filter "${RUN_FILTER:-tp=1}" --devices gpu --db "$OUT/gpu.db" --out /tmp/orch-out \
     --junit "$OUT/junit.xml" --summary "$OUT/summary.md" --known-failures matrices/known-failures.yaml \
