@@ -44,7 +44,8 @@ def cli() -> None:
 @click.option("--filter", "filter_expr", default=None, help="Select cases: substring/glob of the case id, or axis=value[,value] terms joined by spaces.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="Device class whose model shape to use.")
-def plan(matrix, filter_expr, as_json, devices):
+@click.option("--backend", default=None, help="Override the backend axis, as `orch run --backend` does.")
+def plan(matrix, filter_expr, as_json, devices, backend):
     """Expand MATRIX: runnable cases, skipped ones with reasons, counts per axis, estimated cost.
 
     \b
@@ -52,7 +53,7 @@ def plan(matrix, filter_expr, as_json, devices):
       orch plan matrices/smoke.yaml
       orch plan matrices/full.yaml --filter 'tp=2 cudagraph_mode=FULL' --json
     """
-    _dispatch("plan", matrix=matrix, filter_expr=filter_expr, as_json=as_json, devices=devices)
+    _dispatch("plan", matrix=matrix, filter_expr=filter_expr, as_json=as_json, devices=devices, backend=backend)
 
 
 @cli.command()

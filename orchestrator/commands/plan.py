@@ -37,8 +37,8 @@ def counts_per_axis(cases: Sequence[Case]) -> dict[str, dict[str, int]]:
     return {axis: dict(c) for axis, c in counts.items()}
 
 
-def build_plan(matrix: str, filter_expr: str | None, devices: str) -> dict:
-    m = load_matrix(matrix, devices=devices)
+def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str | None = None) -> dict:
+    m = load_matrix(matrix, devices=devices, backend_override=backend)
     cases = select(m.cases, filter_expr)
     skipped: list[SkippedCase] = select(m.skipped, filter_expr)
     estimate = _cost_model()
@@ -105,8 +105,9 @@ def _print_text(plan: dict) -> None:
         console.print(cost)
 
 
-def main(matrix: str, filter_expr: str | None = None, as_json: bool = False, devices: str = "auto") -> int:
-    plan = build_plan(matrix, filter_expr, devices)
+def main(matrix: str, filter_expr: str | None = None, as_json: bool = False, devices: str = "auto",
+         backend: str | None = None) -> int:
+    plan = build_plan(matrix, filter_expr, devices, backend)
     if as_json:
         print(json.dumps(plan, indent=1))
     else:
