@@ -119,7 +119,10 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
             return base.replace(status=Status.SKIP, reason=f"unsupported: {e}")
         mode = res.resolved
         base = base.replace(resolved_mode=mode.name, downgraded=res.downgraded)
-        key = (case.backend, case.model, case.tp, rank, mode.name, case.kv_cache_dtype,
+        # Not keyed by mode: graphs inside a session are keyed by (runtime mode, size, uniform
+        # decode), which every cudagraph mode captures identically, so modes share one session (its
+        # KV caches are GBs at production shapes, and building one dominated GPU cases).
+        key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype,
                tuple(case.capture_sizes), str(device))
         session = sessions.get(key, lambda: Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype,
                                                     tuple(case.capture_sizes), device))

@@ -212,8 +212,8 @@ def _fill_garbage(caches: list[torch.Tensor]) -> None:
 
 
 class SessionCache:
-    """Per process: sessions keyed by (backend, model shape, tp, rank, mode, kv dtype, capture
-    sizes, device), least recently used evicted beyond `capacity` to cap memory."""
+    """Per process: sessions keyed by (backend, model shape, tp, rank, kv dtype, capture sizes,
+    device), least recently used evicted beyond `capacity` to cap memory."""
 
     def __init__(self, capacity: int = 3):
         self.capacity = capacity

@@ -59,7 +59,7 @@ class ExecConfig:
 def group_key(case: Case) -> str:
     """Cases that can share captured graphs (same SessionCache entry shapes) on one actor."""
     m = case.model
-    return (f"{case.backend}|tp{case.tp}|{case.mode}|{case.kv_cache_dtype}|{m.num_heads}x{m.num_kv_heads}x"
+    return (f"{case.backend}|tp{case.tp}|{case.kv_cache_dtype}|{m.num_heads}x{m.num_kv_heads}x"
             f"{m.head_size}|{m.dtype}|{m.num_layers}|{m.max_model_len}|{len(case.capture_sizes)}")  # fmt: skip
 
 

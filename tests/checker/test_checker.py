@@ -69,9 +69,21 @@ def test_sessions_are_reused_across_seeds():
 
 def test_session_cache_is_bounded():
     cache = SessionCache(capacity=2)
-    for mode in ("NONE", "PIECEWISE", "FULL"):
-        run_case(make_case("torch", mode, "auto", DECODE), sessions=cache)
+    for backend, kv in (("torch", "auto"), ("torch", "fp8"), ("aiter-emulated", "auto")):
+        run_case(make_case(backend, "FULL", kv, DECODE), sessions=cache)
     assert len(cache) == 2 and cache.misses == 3
+
+
+def test_modes_share_one_session_and_its_graphs():
+    cache = SessionCache(capacity=4)
+    results = [run_case(make_case("torch", mode, "auto", DECODE), sessions=cache)
+               for mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "PIECEWISE")]
+    assert all(r.status == Status.PASS for r in results), [r.reason for r in results]
+    assert (cache.misses, len(cache)) == (1, 1)
+    # FULL replays decode batches through its mixed FULL graphs; FULL_DECODE_ONLY captures the
+    # uniform-decode FULL graphs, which FULL_AND_PIECEWISE then reuses without capturing.
+    assert results[0].timings["capture_s"] > 0 and results[1].timings["capture_s"] > 0
+    assert results[2].timings["capture_s"] == 0
 
 
 VERDICT_SCENARIOS = {
