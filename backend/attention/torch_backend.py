@@ -50,7 +50,15 @@ def paged_causal_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 class TorchImpl(AttentionImpl):
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
+        self.write(kv_cache, key, value, metadata, k_scale, v_scale)
+        return self.attend(query, kv_cache, metadata, k_scale, v_scale, output)
+
+    # The two steps are separate so that subclasses (the mutation suite's broken backends) replace
+    # the one they break instead of copying forward.
+    def write(self, kv_cache, key, value, metadata, k_scale, v_scale) -> None:
         write_kv(kv_cache, key, value, metadata.slot_mapping, k_scale, v_scale)
+
+    def attend(self, query, kv_cache, metadata, k_scale, v_scale, output):
         t = metadata.num_padded_tokens
         out = paged_causal_attention(query[:t], kv_cache[0], kv_cache[1], metadata, k_scale, v_scale,
                                      self.config.scale)

@@ -16,6 +16,7 @@ import time
 import click
 
 from backend.result import CaseResult, Status
+from orchestrator.commands.repro import verdict_line
 from orchestrator.errors import InputError
 
 # Test/benchmark hook: the per-case function the actors call (default: the checker).
@@ -96,7 +97,7 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
             counts[r.status.value] = counts.get(r.status.value, 0) + 1
         for r in sorted(results.values(), key=lambda r: r.case_id):
             if r.status in _REPORT:
-                _err(f"{r.status.value.upper()} {r.case_id}: {r.reason[:200]}\n    repro: {r.repro}")
+                _err(f"{verdict_line(r.replace(reason=r.reason[:200]))}\n    repro: {r.repro}")
         shown = " ".join(f"{k} {v}" for k, v in sorted(counts.items()))
         _err(f"run {run_id}: {len(results)} ran ({shown}), {len(skipped)} skipped, "
              f"{time.monotonic() - t0:.1f}s -> {gate.verdict()} (outputs in {out_dir})")  # fmt: skip

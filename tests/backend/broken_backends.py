@@ -15,7 +15,6 @@ import torch
 
 from backend.attention import aiter_ops_emulated
 from backend.attention.interface import AttentionCGSupport
-from backend.attention.kv_cache import write_kv
 from backend.attention.torch_backend import TorchBackend, TorchImpl
 
 
@@ -30,7 +29,7 @@ class FrozenBranchImpl(TorchImpl):
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
         if metadata.max_query_len != 1:  # BUG: a host value decides the kernel
             return super().forward(query, key, value, kv_cache, metadata, k_scale, v_scale, output)
-        write_kv(kv_cache, key, value, metadata.slot_mapping, k_scale, v_scale)
+        self.write(kv_cache, key, value, metadata, k_scale, v_scale)
         t = metadata.num_padded_tokens
         out = output[:t]
         out.zero_()

@@ -6,7 +6,6 @@ import os
 
 import pytest
 
-from orchestrator.store import ResultStore
 from tests.results import samples
 
 CHROMIUM = "/usr/bin/chromium"
@@ -16,20 +15,7 @@ CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-b
 
 @pytest.fixture
 def sample_db(tmp_path):
-    path = str(tmp_path / "r.db")
-    cases = samples.make_cases()
-    with ResultStore(path) as s:
-        b = s.create_run(matrix="matrices/sample.yaml", cases=cases)
-        for r in samples.make_baseline(cases):
-            s.record(b, r)
-        s.finish_run(b, "finished")
-        rid = s.create_run(matrix="matrices/sample.yaml", cases=cases, baseline="1", devices="cpu")
-        for r in samples.make_results(cases):
-            s.record(rid, r)
-        s.finish_run(rid, "finished")
-    kf = tmp_path / "kf.yaml"
-    kf.write_text(samples.KNOWN_YAML)
-    return path, str(kf)
+    return samples.write_sample_db(tmp_path, devices="cpu")
 
 
 @pytest.fixture(scope="module")

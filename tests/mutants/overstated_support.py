@@ -17,22 +17,17 @@ from dataclasses import replace
 import torch
 
 from backend.attention.interface import AttentionCGSupport
-from backend.attention.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
-from backend.attention.kv_cache import write_kv
+from backend.attention.torch_backend import TorchBackend, TorchImpl
 
 
 class UniformDecodeFastPathImpl(TorchImpl):
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
         if metadata.num_actual_tokens != metadata.num_reqs:  # host value: frozen at capture
             return super().forward(query, key, value, kv_cache, metadata, k_scale, v_scale, output)
-        write_kv(kv_cache, key, value, metadata.slot_mapping, k_scale, v_scale)
-        t = metadata.num_padded_tokens
+        self.write(kv_cache, key, value, metadata, k_scale, v_scale)
         # "decode": every token is its request's last, i.e. query len 1 at the end of the sequence
         decode_md = replace(metadata, query_lens=torch.clamp(metadata.query_lens, max=1))
-        out = paged_causal_attention(query[:t], kv_cache[0], kv_cache[1], decode_md, k_scale, v_scale,
-                                     self.config.scale)
-        output[:t].copy_(out.to(output.dtype))
-        return output
+        return self.attend(query, kv_cache, decode_md, k_scale, v_scale, output)
 
 
 class Backend(TorchBackend):

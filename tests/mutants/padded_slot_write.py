@@ -12,7 +12,7 @@ import torch
 
 from backend.attention.kv_cache import quantize_fp8
 from backend.checks import raw
-from backend.attention.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
+from backend.attention.torch_backend import TorchBackend, TorchImpl
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
@@ -28,13 +28,8 @@ def wrapping_write(kv_cache, key, value, slot_mapping, k_scale, v_scale) -> None
 
 
 class PaddedSlotWriteImpl(TorchImpl):
-    def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
+    def write(self, kv_cache, key, value, metadata, k_scale, v_scale) -> None:
         wrapping_write(kv_cache, key, value, metadata.slot_mapping, k_scale, v_scale)
-        t = metadata.num_padded_tokens
-        out = paged_causal_attention(query[:t], kv_cache[0], kv_cache[1], metadata, k_scale, v_scale,
-                                     self.config.scale)
-        output[:t].copy_(out.to(output.dtype))
-        return output
 
 
 class Backend(TorchBackend):

@@ -104,3 +104,24 @@ def make_baseline(cases: list[Case]) -> list[CaseResult]:
         else:
             out.append(result_for(c))
     return out
+
+
+def write_sample_db(tmp_path, **run_kw) -> tuple[str, str]:
+    """A store with run 1 = the baseline and run 2 = the sample results (both finished), and a
+    known-failures file beside it; returns (db path, known-failures path)."""
+    from orchestrator.store import ResultStore
+
+    path = str(tmp_path / "r.db")
+    cases = make_cases()
+    with ResultStore(path) as s:
+        b = s.create_run(matrix="matrices/sample.yaml", cases=cases)
+        for r in make_baseline(cases):
+            s.record(b, r)
+        s.finish_run(b, "finished")
+        rid = s.create_run(matrix="matrices/sample.yaml", cases=cases, baseline="1", **run_kw)
+        for r in make_results(cases):
+            s.record(rid, r)
+        s.finish_run(rid, "finished")
+    kf = tmp_path / "kf.yaml"
+    kf.write_text(KNOWN_YAML)
+    return path, str(kf)

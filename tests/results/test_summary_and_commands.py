@@ -17,19 +17,7 @@ from tests.results import samples
 @pytest.fixture
 def db(tmp_path):
     """Run 1 = the baseline, run 2 = the sample results; a known-failures file beside it."""
-    path = str(tmp_path / "r.db")
-    cases = samples.make_cases()
-    with ResultStore(path) as s:
-        b = s.create_run(matrix="matrices/sample.yaml", cases=cases)
-        for r in samples.make_baseline(cases):
-            s.record(b, r)
-        s.finish_run(b, "finished")
-        rid = s.create_run(matrix="matrices/sample.yaml", cases=cases, baseline="1")
-        for r in samples.make_results(cases):
-            s.record(rid, r)
-        s.finish_run(rid, "finished")
-    (tmp_path / "kf.yaml").write_text(samples.KNOWN_YAML)
-    return path
+    return samples.write_sample_db(tmp_path)[0]
 
 
 def _run(capsys, *argv):
