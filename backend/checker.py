@@ -15,6 +15,7 @@ import importlib.metadata
 import platform
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -22,7 +23,8 @@ import torch
 from backend.attention.kv_cache import dequantize, fp8_dtype, quantize_fp8
 from backend.attention.registry import BackendLoadError, get_backend
 from backend.case import Case
-from backend.checks import CheckAccumulator, all_finite, compare, failure_reason, kv_integrity, raw
+from backend.checks import (CheckAccumulator, Comparison, all_finite, compare, failure_reason, kv_integrity, raw,
+                            real_slot_values)
 from backend.model import layout_reasons, reference_forward
 from backend.modes import CUDAGraphMode, UnsupportedModeError, dispatch, resolve_mode
 from backend.result import (CHECK_DETERMINISM, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_NAMES,
@@ -33,6 +35,8 @@ from backend.steps import StepInputs, batch_reasons, hash_seed, make_step_inputs
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
 
 LOG_TAIL_CHARS = 4000
+# Where a case's time goes, beyond capture and the timed steps (CaseResult.timings, seconds).
+PHASES = ("session_s", "inputs_s", "snapshot_s", "eager_s", "reference_s", "checks_s")
 # fp8 scales are drawn per case so a graph that froze an old scale disagrees with eager.
 _FP8_SCALE_RANGE = (6.0, 12.0)  # |K|, |V| covered before saturation (inputs are ~N(0, 1))
 
@@ -124,19 +128,25 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
         # KV caches are GBs at production shapes, and building one dominated GPU cases).
         key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype,
                tuple(case.capture_sizes), str(device))
+        t0 = time.perf_counter()
         session = sessions.get(key, lambda: Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype,
                                                     tuple(case.capture_sizes), device))
+        phases = dict.fromkeys(PHASES, 0.0)
+        phases["session_s"] = time.perf_counter() - t0
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind
         base = base.replace(graph_kind=graph_kind)
-        result = _run_steps(case, session, mode, base, t_start)
+        result = _run_steps(case, session, mode, base, t_start, phases)
         if result.status == Status.ERROR:
             sessions.drop(key)
         return result.replace(log_tail=(res.message + "\n" + result.log_tail).strip() if res.message else result.log_tail)
     except Exception as e:  # noqa: BLE001 - the verdict must come back, whatever the case did
-        if key is not None:
+        capture = isinstance(e, CaptureFailed) or type(e).__name__ == "GraphCaptureError"
+        # A failed capture leaves the session sound (ensure_graphs raises before any step ran; the
+        # runner gives the next capture a fresh pool and stream), so later cases keep its caches
+        # and graphs. Anything else may have left state half-written: rebuild.
+        if key is not None and not capture:
             sessions.drop(key)
         tail = traceback.format_exc()[-LOG_TAIL_CHARS:]
-        capture = isinstance(e, CaptureFailed) or type(e).__name__ == "GraphCaptureError"
         line = f"{e}".strip().splitlines()[0] if str(e).strip() else type(e).__name__
         reason = f"capture error: {line}" if capture else f"{type(e).__name__}: {line}"
         return base.replace(status=Status.ERROR, reason=reason, error_kind="capture" if capture else "exception",
@@ -168,9 +178,10 @@ def _store(session: Session, values: torch.Tensor, scale: torch.Tensor, cache_dt
     return values.to(cache_dtype)
 
 
-def _fill_context(session: Session, inputs: StepInputs) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
+                  ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
     """Write every request's context K/V into the rank's caches; return the dequantised fp32
-    context (all kv heads) for the reference."""
+    context (all kv heads) for the reference (empty lists when `reference` is False)."""
     kv_heads = torch.tensor(list(session.layout.kv_heads), device=session.device)
     ref_k, ref_v = [], []
     for layer, cache in enumerate(session.kv_caches):
@@ -180,8 +191,9 @@ def _fill_context(session: Session, inputs: StepInputs) -> tuple[list[list[torch
         for r, slots in enumerate(inputs.ctx_slots):
             k = _store(session, inputs.ctx_k[layer][r], ks, cache.dtype)
             v = _store(session, inputs.ctx_v[layer][r], vs, cache.dtype)
-            lk.append(dequantize(k, ks))
-            lv.append(dequantize(v, vs))
+            if reference:
+                lk.append(dequantize(k, ks))
+                lv.append(dequantize(v, vs))
             if slots.numel():
                 idx = slots.to(cache.device)
                 raw(cache[0]).reshape(num_slots, *cache.shape[3:])[idx] = raw(k[:, kv_heads].contiguous())
@@ -204,7 +216,53 @@ def _reference(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v) -
                              inputs.plan.query_lens, kv_round)
 
 
-def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResult, t_start: float) -> CaseResult:
+@dataclass
+class _EagerStep:
+    """One step's eager side, shared by every cudagraph mode of a (batch, seed): modes share a
+    session, and the eager output, the reference check and determinism do not depend on the mode
+    (dispatch only decides how the graph side runs). Kept in Session.eager_memo."""
+
+    out: torch.Tensor  # eager output [T, hidden]
+    reference: Comparison  # eager vs the fp32 reference
+    finite: Comparison
+    deterministic: bool
+    real_kv: list[torch.Tensor]  # per layer: the cache at the step's real slots after eager
+    eager_s: float
+
+
+def _eager_side(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v, clock: "_Clock",
+                phases: dict[str, float]) -> _EagerStep:
+    """Eager twice from the same cache state (determinism), the reference, and what eager wrote;
+    leaves the cache as it was before (the caller's snapshot)."""
+    caches = session.kv_caches
+    real_slots = inputs.batch.slot_mapping.to(session.device)
+    x = inputs.x.to(session.device)
+    t0 = clock.now()
+    snapshot = [c.clone() for c in caches]
+    t1 = clock.now()
+    out_e = session.run_eager(x, inputs.batch)
+    t2 = clock.now()
+    real_kv = [real_slot_values(c, real_slots) for c in caches]
+    for c, s in zip(caches, snapshot):
+        c.copy_(s)
+    out_e2 = session.run_eager(x, inputs.batch)
+    deterministic = torch.equal(raw(out_e), raw(out_e2)) and all(
+        torch.equal(raw(real_slot_values(c, real_slots)), raw(r)) for c, r in zip(caches, real_kv))
+    for c, s in zip(caches, snapshot):
+        c.copy_(s)
+    del snapshot
+    t3 = clock.now()
+    ref = _reference(case, session, inputs, ref_k, ref_v)
+    reference = compare(out_e, ref, case.tolerance, case.model.head_size, row_scaled_atol=True)
+    t4 = clock.now()
+    phases["eager_s"] += t3 - t1
+    phases["snapshot_s"] += t1 - t0
+    phases["reference_s"] += t4 - t3
+    return _EagerStep(out_e, reference, all_finite(out_e, case.model.head_size), deterministic, real_kv, t2 - t1)
+
+
+def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResult, t_start: float,
+               phases: dict[str, float]) -> CaseResult:
     clock = _Clock(session.device)
     shape, tol = case.model, case.tolerance
     plans = plan_steps(case.batch, shape, tuple(case.capture_sizes), max(case.steps, 1), case.seed)
@@ -213,27 +271,27 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
     capture_s = session.ensure_graphs(keys)  # before any snapshot: capture runs the model
     _set_scales(case, session)
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
-    eager_s, replay_s, used = [], [], []
+    eager_s, replay_s, used, shared = [], [], [], 0
     for plan, d in zip(plans, dispatches):
+        t0 = clock.now()
+        memo_key = (case.batch, case.seed, case.steps, case.tolerance, plan.index)
+        eager = session.eager_memo.get(memo_key)
         inputs = make_step_inputs(plan, shape, case.seed, session.device)
-        ref_k, ref_v = _fill_context(session, inputs)
+        ref_k, ref_v = _fill_context(session, inputs, reference=eager is None)
+        phases["inputs_s"] += clock.now() - t0
+        if eager is None:
+            eager = _eager_side(case, session, inputs, ref_k, ref_v, clock, phases)
+            session.remember_eager(memo_key, eager)
+        else:
+            shared += 1
+        eager_s.append(eager.eager_s)
+        del ref_k, ref_v
+
+        t0 = clock.now()
         caches = session.kv_caches
         snapshot = [c.clone() for c in caches]
         x = inputs.x.to(session.device)
-
-        t0 = clock.now()
-        out_e = session.run_eager(x, inputs.batch)
-        eager_s.append(clock.now() - t0)
-        cache_e = [c.clone() for c in caches]
-        for c, s in zip(caches, snapshot):
-            c.copy_(s)
-        out_e2 = session.run_eager(x, inputs.batch)
-        deterministic = torch.equal(raw(out_e), raw(out_e2)) and all(
-            torch.equal(raw(a), raw(b)) for a, b in zip(caches, cache_e))
-        for c, s in zip(caches, snapshot):
-            c.copy_(s)
-
-        t0 = clock.now()
+        t1 = clock.now()
         if d.runtime_mode == "NONE":
             out_g = session.run_eager(x, inputs.batch)
             used.append(0)
@@ -241,21 +299,23 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
             out_g = session.run_graph(GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode), x, inputs.batch,
                                       pad_seed=hash_seed(case.seed, plan.index, 31))
             used.append(d.padded_tokens)
-        replay_s.append(clock.now() - t0)
+        t2 = clock.now()
+        replay_s.append(t2 - t1)
+        phases["snapshot_s"] += t1 - t0
 
         step = plan.index
-        ref = _reference(case, session, inputs, ref_k, ref_v)
-        acc[CHECK_REFERENCE].add_comparison(step, compare(out_e, ref, tol, shape.head_size, row_scaled_atol=True))
+        out_e = eager.out
+        acc[CHECK_REFERENCE].add_comparison(step, eager.reference)
         acc[CHECK_REPLAY].add_comparison(step, compare(out_g, out_e, tol, shape.head_size), record_bitwise=True,
                                          detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}")
-        fe, fg = all_finite(out_e, shape.head_size), all_finite(out_g, shape.head_size)
+        fe, fg = eager.finite, all_finite(out_g, shape.head_size)
         bad = fe if not fe.ok else fg
         acc[CHECK_FINITE].add(step, fe.ok and fg.ok, mismatch=max(fe.mismatch_frac, fg.mismatch_frac),
                               first_bad=bad.first_bad, detail="eager" if not fe.ok else "graph")
         real_slots = inputs.batch.slot_mapping.to(session.device)
         kv_ok, kv_detail = True, ""
-        for layer, (after, before, eager_after) in enumerate(zip(caches, snapshot, cache_e)):
-            k = kv_integrity(after, before, eager_after, real_slots,
+        for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
+            k = kv_integrity(after, before, eager_real, real_slots,
                              (session.model.k_scales[layer], session.model.v_scales[layer]), tol)
             if not k.ok and kv_ok:
                 kv_ok = False
@@ -264,8 +324,9 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
                              if k.outside_changed else
                              f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
         acc[CHECK_KV_INTEGRITY].add(step, kv_ok, detail=kv_detail)
-        acc[CHECK_DETERMINISM].add(step, deterministic, detail="two eager runs differ")
-        del snapshot, cache_e
+        acc[CHECK_DETERMINISM].add(step, eager.deterministic, detail="two eager runs differ")
+        del snapshot
+        phases["checks_s"] += clock.now() - t2
 
     checks = tuple(acc[name].outcome() for name in CHECK_NAMES)
     timings = {
@@ -273,6 +334,8 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
         "eager_step_s": sum(eager_s) / len(eager_s),
         "replay_step_s": sum(replay_s) / len(replay_s),
         "total_s": time.perf_counter() - t_start,
+        **{k: round(v, 6) for k, v in phases.items()},
+        "eager_shared_steps": float(shared),
     }
     failed = [c for c in checks if not c.passed]
     common = dict(checks=checks, capture_sizes_used=tuple(used), timings=timings)

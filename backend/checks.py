@@ -89,11 +89,18 @@ class KVComparison:
     real_max_abs: float
 
 
-def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_after: torch.Tensor, real_slots: torch.Tensor,
+def real_slot_values(cache: torch.Tensor, real_slots: torch.Tensor) -> torch.Tensor:
+    """One layer's cache [2, blocks, block_size, Hkv, D] at `real_slots`: [2, n, Hkv * D], a copy."""
+    num_slots = cache.shape[1] * cache.shape[2]
+    return cache.reshape(2, num_slots, -1)[:, real_slots].clone()
+
+
+def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_real: torch.Tensor, real_slots: torch.Tensor,
                  scales: tuple[torch.Tensor, torch.Tensor], tol: Tolerance) -> KVComparison:
     """One layer's cache [2, blocks, block_size, Hkv, D]: bytes outside real_slots unchanged from
-    `before`; the real slots equal the eager run's (bitwise, else within tol after dequantising:
-    padded graph sizes may round K/V differently by an ulp)."""
+    `before`; the real slots equal the eager run's `eager_real` (real_slot_values of the cache
+    eager left; bitwise, else within tol after dequantising: padded graph sizes may round K/V
+    differently by an ulp)."""
     from backend.attention.kv_cache import dequantize
 
     num_slots = after.shape[1] * after.shape[2]
@@ -104,14 +111,12 @@ def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_after: torch.T
     outside[real_slots] = False
     n_out = int(outside.sum())
     first = int(torch.argmax(outside.to(torch.uint8))) if n_out else None
-    e = raw(eager_after).reshape(2, num_slots, -1)
-    real_bitwise = bool(torch.equal(a[:, real_slots], e[:, real_slots]))
+    fa = after.reshape(2, num_slots, -1)[:, real_slots]
+    real_bitwise = bool(torch.equal(raw(fa), raw(eager_real)))
     real_ok, worst = real_bitwise, 0.0
     if not real_bitwise:
-        fa = after.reshape(2, num_slots, -1)[:, real_slots]
-        fe = eager_after.reshape(2, num_slots, -1)[:, real_slots]
         da = torch.stack([dequantize(fa[0], scales[0]), dequantize(fa[1], scales[1])])
-        de = torch.stack([dequantize(fe[0], scales[0]), dequantize(fe[1], scales[1])])
+        de = torch.stack([dequantize(eager_real[0], scales[0]), dequantize(eager_real[1], scales[1])])
         diff = (da - de).abs()
         worst = float(torch.nan_to_num(diff, nan=float("inf")).max()) if diff.numel() else 0.0
         real_ok = bool((diff <= tol.atol + tol.rtol * de.abs()).all())

@@ -30,6 +30,9 @@ from backend.case import ModelShape
 from backend.model import LayerWeights, TPLayout, TPModel, make_weights
 
 WARMUP_ITERS = 1
+# Steps whose eager side a session keeps (a few MB each at GPU shapes): enough for every step of
+# a few batches, as the dispatcher runs a group's cases back to back.
+EAGER_MEMO_STEPS = 48
 
 
 class CaptureFailed(Exception):
@@ -97,6 +100,15 @@ class Session:
         self._runner = None
         self._reference_weights = None
         self.graphs: dict[GraphKey, _Full | _Piecewise] = {}
+        # The eager side of recent steps (checker._EagerStep), shared by the cudagraph modes of one
+        # (batch, seed): keyed by (batch spec, seed, steps, tolerance, step index), LRU-bounded.
+        self.eager_memo: OrderedDict[Hashable, Any] = OrderedDict()
+
+    def remember_eager(self, key: Hashable, value: Any) -> None:
+        self.eager_memo[key] = value
+        self.eager_memo.move_to_end(key)
+        while len(self.eager_memo) > EAGER_MEMO_STEPS:
+            self.eager_memo.popitem(last=False)
 
     @property
     def runner(self):

@@ -40,6 +40,10 @@ DEVICE_POISON = re.compile(
     re.IGNORECASE,
 )
 RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
+# A failed graph capture is a property of the code under test (a host sync, an unsupported call),
+# the same on every attempt: it is reported once, not retried. (Crashes, hangs and numeric
+# failures are retried: those can come from the machine.)
+NO_RETRY_KINDS = ("capture",)
 NODE_DEATH = re.compile(r"its node has died|NodeDiedError|node was terminated", re.IGNORECASE)
 
 
@@ -313,7 +317,11 @@ class Executor:
             poisoned = False
             for i, task in enumerate(job.tasks):
                 res = _merge([CaseResult.from_dict(rank[i]) for rank in values]).replace(worker=g.label)
-                if res.status == Status.ERROR and DEVICE_POISON.search(f"{res.reason}\n{res.log_tail}"):
+                # A capture error names cudaError* too, but is not sticky: the runner recovers
+                # (backend/graphs/cuda.py) and the session is kept; recycling would lose every
+                # captured graph for nothing.
+                if res.status == Status.ERROR and res.error_kind != "capture" and \
+                        DEVICE_POISON.search(f"{res.reason}\n{res.log_tail}"):
                     poisoned = True
                     res = res.replace(reason=f"{res.reason} (device error: worker recycled)")
                 self._attempt(task, res, elapsed / len(job.tasks))
@@ -418,7 +426,8 @@ class Executor:
 
     def _attempt(self, task: Task, res: CaseResult, duration_s: float) -> None:
         first = self._first.pop(task.id, None)
-        if first is None and res.status in RETRY_STATUSES and self.config.retries > 0:
+        if first is None and res.status in RETRY_STATUSES and res.error_kind not in NO_RETRY_KINDS \
+                and self.config.retries > 0:
             self._first[task.id] = res
             self.on_result(res, False)
             self._requeue(task)

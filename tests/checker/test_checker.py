@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backend.case import BatchSpec
-from backend.checker import SessionCache, run_case
+from backend.checker import PHASES, SessionCache, run_case
 from backend.result import CHECK_NAMES, Status
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
 
@@ -37,7 +37,8 @@ def test_result_records_everything(sessions):
         ("FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE", False, graph_kind)
     assert r.provider == "torch" and (r.device.startswith("NVIDIA") or "cuda" in r.device if on_gpu else r.device == "cpu")
     assert r.capture_sizes_used[0] == 8 and len(r.capture_sizes_used) == case.steps
-    assert set(r.timings) == {"capture_s", "eager_step_s", "replay_step_s", "total_s"}
+    assert set(r.timings) == {"capture_s", "eager_step_s", "replay_step_s", "total_s", "eager_shared_steps",
+                              *PHASES}
     assert {"torch", "python", "orch"} <= set(r.versions)
     assert r.repro == case.repro_command() and r.axes == case.axes
     replay = next(c for c in r.checks if c.name == "replay")
@@ -84,6 +85,30 @@ def test_modes_share_one_session_and_its_graphs():
     # uniform-decode FULL graphs, which FULL_AND_PIECEWISE then reuses without capturing.
     assert results[0].timings["capture_s"] > 0 and results[1].timings["capture_s"] > 0
     assert results[2].timings["capture_s"] == 0
+
+
+def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run():
+    cache = SessionCache(capacity=1)
+    first = run_case(make_case("torch", "FULL", "auto", MIXED, seed=3), sessions=cache)
+    shared = run_case(make_case("torch", "PIECEWISE", "auto", MIXED, seed=3), sessions=cache)
+    other_seed = run_case(make_case("torch", "PIECEWISE", "auto", MIXED, seed=4), sessions=cache)
+    alone = run_case(make_case("torch", "PIECEWISE", "auto", MIXED, seed=3))
+    steps = len(first.capture_sizes_used)
+    assert (first.timings["eager_shared_steps"], shared.timings["eager_shared_steps"],
+            other_seed.timings["eager_shared_steps"], alone.timings["eager_shared_steps"]) == (0, steps, 0, 0)
+    assert shared.timings["reference_s"] == 0 < first.timings["reference_s"]
+    assert shared.status == alone.status == Status.PASS
+    for a, b in zip(shared.checks, alone.checks):
+        assert (a.name, a.passed, a.max_abs_err, a.bitwise) == (b.name, b.passed, b.max_abs_err, b.bitwise)
+
+
+def test_a_capture_error_keeps_the_session():
+    cache = SessionCache(capacity=2)
+    ok = run_case(make_case("torch", "FULL", "auto", DECODE), sessions=cache)
+    bad = run_case(make_case("tests.mutants.host_sync:Backend", "FULL", "auto", DECODE), sessions=cache)
+    again = run_case(make_case("tests.mutants.host_sync:Backend", "PIECEWISE", "auto", MIXED), sessions=cache)
+    assert ok.status == Status.PASS and bad.error_kind == "capture" and len(cache) == 2
+    assert again.status == Status.PASS and cache.misses == 2 and again.timings["session_s"] < 1.0
 
 
 VERDICT_SCENARIOS = {

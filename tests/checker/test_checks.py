@@ -7,7 +7,7 @@ import torch
 
 from backend.case import Tolerance
 from backend.checker import merge_rank_results
-from backend.checks import CheckAccumulator, compare, failure_reason, kv_integrity
+from backend.checks import CheckAccumulator, compare, failure_reason, kv_integrity, real_slot_values
 from backend.result import CaseResult, Status
 
 TOL = Tolerance(0.1, 0.1)
@@ -51,12 +51,13 @@ def test_kv_integrity_flags_writes_outside_real_slots_only(dtype):
     scales = (torch.ones(1), torch.ones(1))
     after = before.clone()
     after[0, 1, 1] = torch.full((1, 2), 3.0).to(dtype)  # slot 5: a real slot
-    eager = after.clone()
+    eager = real_slot_values(after, real)
     assert kv_integrity(after, before, eager, real, scales, TOL).ok
     after[1, 3, 3] = torch.full((1, 2), -2.0).to(dtype)  # slot 15: outside (a wrapped -1)
     k = kv_integrity(after, before, eager, real, scales, TOL)
     assert not k.ok and k.outside_changed == 1 and k.first_outside == 15
-    ok_outside = eager.clone()
+    ok_outside = before.clone()
+    ok_outside[0, 1, 1] = torch.full((1, 2), 3.0).to(dtype)
     ok_outside[0, 1, 2] = torch.full((1, 2), 9.0).to(dtype)  # slot 6 differs from eager
     k = kv_integrity(ok_outside, before, eager, real, scales, TOL)
     assert not k.ok and k.outside_changed == 0 and not k.real_ok

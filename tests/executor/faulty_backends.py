@@ -92,3 +92,19 @@ class HangBackend(TorchBackend):
 
 class DeviceErrorBackend(TorchBackend):
     impl_cls = _DeviceErrorImpl
+
+
+class _CaptureErrorImpl(TorchImpl):
+    """Fails only while a graph is being captured, with the text CUDA gives for a host sync there."""
+
+    def forward(self, *args, **kwargs):
+        from backend.graphs.base import is_capturing
+
+        if is_capturing():
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing "
+                               "(cudaErrorStreamCaptureInvalidated)")
+        return super().forward(*args, **kwargs)
+
+
+class CaptureErrorBackend(TorchBackend):
+    impl_cls = _CaptureErrorImpl

@@ -116,3 +116,25 @@ def test_orch_run_with_a_broken_backend_fails_the_gate(ray_cluster, tmp_path, sc
         (res,) = store.results(store.latest_run_id())
     assert res.status.value == status and res.attempts == 2
     assert text in res.reason + res.log_tail, res
+
+
+def test_a_capture_error_is_reported_once_and_keeps_the_worker(ray_cluster, tmp_path):
+    """A graph capture error names cudaError*, but it is neither retried nor a reason to recycle the
+    worker: the mixed cases after it run on the same actor (same pid) and pass."""
+    db = str(tmp_path / "r.db")
+    code = run_cmd.main("matrices/smoke.yaml", backend="tests.executor.faulty_backends:CaptureErrorBackend",
+                        filter_expr="tp=1 cudagraph_mode=FULL,PIECEWISE kv_cache_dtype=auto batch=decode_7,mixed_small",
+                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", workers=1, no_progress=True)  # fmt: skip
+    assert code == 1
+    with ResultStore(db) as store:
+        results = {r.axes["cudagraph_mode"] + "/" + r.axes["batch"]: r for r in store.results(store.latest_run_id())}
+        rid = store.latest_run_id()
+        log = store.attempt_log(rid, results["FULL/decode_7"].case_id)
+    bad = results["FULL/decode_7"]
+    assert bad.status.value == "error" and bad.error_kind == "capture" and bad.attempts == 1
+    assert "cudaErrorStreamCaptureInvalidated" in bad.reason + bad.log_tail and "recycled" not in bad.reason
+    assert [a["attempt"] for a in log] == [1]
+    # PIECEWISE captures only the dense pieces: every PIECEWISE case passes, on one worker
+    piecewise = [r for k, r in results.items() if k.startswith("PIECEWISE/")]
+    assert len(piecewise) == 2 and all(r.status.value == "pass" for r in piecewise)
+    assert len({r.worker for r in results.values()}) == 1
