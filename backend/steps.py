@@ -8,7 +8,8 @@ the spec is the graph exercised) and vary, on the case seed:
           preferring a token count that is not a capture size (padding);
   step 3+: random request counts, query and sequence lengths of the same kind.
 Tokens stay within the largest capture size when the spec fits in it (so graphs are replayed),
-requests within max_num_seqs, sequences within max_model_len.
+requests within max_num_seqs, sequences within max_model_len, and a step's blocks within the KV
+cache (ModelShape.total_blocks: a varied step's contexts are shortened to fit).
 Everything is generated on the CPU from the case seed, identically on every tp rank.
 """
 
@@ -113,7 +114,28 @@ def plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ..
             qs = random_query_lens(rng.randint(lo, hi)) or list(batch.query_lens)
         seqs = [seq_for(q) for q in qs]
         plans.append(StepPlan(step, tuple(qs), tuple(seqs), True))
-    return plans
+    budget = shape.total_blocks - 1
+    return [p if _blocks(p.seq_lens, shape.block_size) <= budget else _fit_blocks(p, batch, shape) for p in plans]
+
+
+def _blocks(seq_lens, block_size: int) -> int:
+    return sum(-(-s // block_size) for s in seq_lens)
+
+
+def _fit_blocks(plan: StepPlan, batch: BatchSpec, shape: ModelShape) -> StepPlan:
+    """Shorten a varied step's contexts (never its query lens) to fit the KV cache's blocks, as a
+    scheduler admits only what the cache holds; if even that cannot fit, the spec's own rows."""
+    budget, bs = shape.total_blocks - 1, shape.block_size
+    qs, seqs = plan.query_lens, list(plan.seq_lens)
+    need = _blocks(seqs, bs)
+    factor = budget / need
+    seqs = [max(q, int(s * factor)) for q, s in zip(qs, seqs)]
+    while _blocks(seqs, bs) > budget:
+        i = max(range(len(seqs)), key=lambda j: seqs[j] - qs[j])
+        if seqs[i] - qs[i] < 1:
+            return StepPlan(plan.index, tuple(batch.query_lens), tuple(batch.seq_lens), plan.shuffle_blocks)
+        seqs[i] = max(qs[i], seqs[i] - bs)
+    return StepPlan(plan.index, qs, tuple(seqs), plan.shuffle_blocks)
 
 
 def _padding_variant(qs: list[int], kind: str, sizes: set[int], fits, rng: random.Random) -> list[int] | None:

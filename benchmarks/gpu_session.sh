@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine (see docs/BENCHMARKS.md): equivalence table, mutation suite on
 # real CUDA graphs, and the tp=1 full matrix through Ray with a GPU-pinned actor. Writes at most
-# 8 files under $OUT (the device tool's limit).
+# 8 files under $OUT (the device tool's limit). PROFILE_FILTER=expr adds benchmarks/gpu_profile.py
+# on that slice, in-process, after the run (profile.txt).
 #   carry .whl (../shared/tools/device-wheels), then: bash benchmarks/gpu_session.sh
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -33,4 +34,11 @@ echo "rc=$?" >> "$OUT/run.log"
 tail -25 "$OUT/run.log" >> "$log"
 python3 -c "import sqlite3,sys; sqlite3.connect(sys.argv[1]).execute('pragma wal_checkpoint(TRUNCATE)')" "$OUT/gpu.db" 2>/dev/null
 tar czf "$OUT/dashboard.tgz" -C /tmp/orch-out . 2>/dev/null
+if [ -n "${PROFILE_FILTER:-}" ]; then
+  # After the run (so the run's figures include Triton's first compilations): where time goes.
+  step profile "$PROFILE_FILTER"
+  timeout "${PROFILE_TIMEOUT:-120}" python3 benchmarks/gpu_profile.py matrices/full.yaml --filter "$PROFILE_FILTER" \
+      --devices gpu --top 25 > "$OUT/profile.txt" 2>&1
+  tail -4 "$OUT/profile.txt" | head -2 >> "$log"
+fi
 step done

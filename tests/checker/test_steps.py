@@ -45,3 +45,21 @@ def test_step_inputs_slots_and_blocks():
             start += q
     rows = second.batch.block_table[0, :3].tolist()
     assert rows != sorted(rows) or rows[-1] - rows[0] != 2  # shuffled, not contiguous
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plans_fit_a_small_kv_cache_by_shortening_context(seed):
+    import dataclasses
+
+    small = dataclasses.replace(TINY, num_blocks=26)  # 25 usable blocks; the spec needs 24
+    batch = BatchSpec("d", (1,) * 6, (60,) * 6)  # 24 blocks: fits
+    plans = plan_steps(batch, small, CAPTURE_SIZES, 6, seed)
+    unbounded = plan_steps(batch, TINY, CAPTURE_SIZES, 6, seed)
+    assert plans[0] == unbounded[0]
+    for p, u in zip(plans, unbounded):
+        need = sum(-(-s // small.block_size) for s in p.seq_lens)
+        assert need <= 25 and p.query_lens == u.query_lens
+        assert all(q <= s <= su for q, s, su in zip(p.query_lens, p.seq_lens, u.seq_lens))
+        inputs = make_step_inputs(p, small, seed)
+        assert int(inputs.batch.block_table.max()) < 26 and (inputs.batch.slot_mapping < 26 * small.block_size).all()
+    assert any(p != u for p, u in zip(plans, unbounded))  # the budget did bite

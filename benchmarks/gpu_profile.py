@@ -1,0 +1,76 @@
+"""Where a case's time goes: run a filtered slice of a matrix in this process (no Ray), in
+dispatch-like order (grouped by backend and kv dtype, modes of one batch back to back), under
+cProfile, and print per-case phase timings and the top functions by cumulative time.
+
+    PYTHONPATH=$PWD python benchmarks/gpu_profile.py matrices/full.yaml \
+        --filter "tp=1 backend=torch,aiter-triton" [--devices gpu] [--limit 40] [--top 30]
+
+The phase timings are the checker's own (CaseResult.timings: session_s, capture_s, inputs_s,
+snapshot_s, eager_s, reference_s, checks_s); "other" is total_s minus their sum (graph replays,
+step planning, Python around them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backend.checker import PHASES, SessionCache, run_case  # noqa: E402
+from orchestrator.filters import select  # noqa: E402
+from orchestrator.matrix import load_matrix  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("matrix")
+    ap.add_argument("--filter", default="tp=1")
+    ap.add_argument("--devices", default="auto")
+    ap.add_argument("--limit", type=int, default=0, help="first N cases of the ordered slice (0: all)")
+    ap.add_argument("--top", type=int, default=30)
+    args = ap.parse_args()
+
+    matrix = load_matrix(args.matrix, devices=args.devices)
+    cases = select(matrix.cases, args.filter)
+    cases.sort(key=lambda c: (c.backend, c.kv_cache_dtype, c.batch.name, c.mode))
+    if args.limit:
+        cases = cases[: args.limit]
+    sessions = SessionCache()
+    totals: dict[str, float] = defaultdict(float)
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    print(f"{'case':58} {'status':6} {'total':>7} " + " ".join(f"{p[:-2]:>9}" for p in ("capture_s", *PHASES)) + "   other")
+    for case in cases:
+        profiler.enable()
+        r = run_case(case, sessions=sessions)
+        profiler.disable()
+        t = r.timings
+        parts = [t.get(p, 0.0) for p in ("capture_s", *PHASES)]
+        other = t.get("total_s", 0.0) - sum(parts)
+        for name, v in zip(("capture_s", *PHASES), parts):
+            totals[name] += v
+        totals["other"] += other
+        totals["total_s"] += t.get("total_s", 0.0)
+        print(f"{case.case_id:58} {r.status.value:6} {t.get('total_s', 0.0):7.3f} "
+              + " ".join(f"{v:9.3f}" for v in parts) + f" {other:7.3f}" + (f"  {r.reason[:80]}" if r.reason else ""))
+    wall = time.perf_counter() - t0
+    print(f"\n{len(cases)} cases in {wall:.1f} s ({len(cases) / wall:.2f} cases/s); sessions built {sessions.misses}")
+    print("seconds by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(totals.items(), key=lambda kv: -kv[1])))
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.top)
+    print(out.getvalue())
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
+    print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
