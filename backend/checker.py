@@ -15,6 +15,7 @@ import importlib.metadata
 import platform
 import time
 import traceback
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -181,25 +182,23 @@ def _store(session: Session, values: torch.Tensor, scale: torch.Tensor, cache_dt
 def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
                   ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
     """Write every request's context K/V into the rank's caches; return the dequantised fp32
-    context (all kv heads) for the reference (empty lists when `reference` is False)."""
+    context (all kv heads) for the reference (empty lists when `reference` is False). One write
+    per layer and K/V for the whole batch."""
     kv_heads = torch.tensor(list(session.layout.kv_heads), device=session.device)
+    lens = [int(t.numel()) for t in inputs.ctx_slots]
+    slots = torch.cat(inputs.ctx_slots).to(session.device) if inputs.ctx_slots else None
     ref_k, ref_v = [], []
     for layer, cache in enumerate(session.kv_caches):
         num_slots = cache.shape[1] * cache.shape[2]
-        ks, vs = session.model.k_scales[layer], session.model.v_scales[layer]
-        lk, lv = [], []
-        for r, slots in enumerate(inputs.ctx_slots):
-            k = _store(session, inputs.ctx_k[layer][r], ks, cache.dtype)
-            v = _store(session, inputs.ctx_v[layer][r], vs, cache.dtype)
-            if reference:
-                lk.append(dequantize(k, ks))
-                lv.append(dequantize(v, vs))
-            if slots.numel():
-                idx = slots.to(cache.device)
-                raw(cache[0]).reshape(num_slots, *cache.shape[3:])[idx] = raw(k[:, kv_heads].contiguous())
-                raw(cache[1]).reshape(num_slots, *cache.shape[3:])[idx] = raw(v[:, kv_heads].contiguous())
-        ref_k.append(lk)
-        ref_v.append(lv)
+        per_kv = []
+        for which, (values, scale) in enumerate(((inputs.ctx_k[layer], session.model.k_scales[layer]),
+                                                 (inputs.ctx_v[layer], session.model.v_scales[layer]))):
+            stored = _store(session, torch.cat(values), scale, cache.dtype) if values else None
+            if stored is not None and slots is not None and slots.numel():
+                raw(cache[which]).reshape(num_slots, *cache.shape[3:])[slots] = raw(stored[:, kv_heads].contiguous())
+            per_kv.append(list(torch.split(dequantize(stored, scale), lens)) if reference and stored is not None else [])
+        ref_k.append(per_kv[0])
+        ref_v.append(per_kv[1])
     return ref_k, ref_v
 
 
@@ -230,8 +229,40 @@ class _EagerStep:
     eager_s: float
 
 
+class _LRU:
+    def __init__(self, capacity: int):
+        self.capacity, self._items = capacity, OrderedDict()
+
+    def __contains__(self, key) -> bool:
+        return key in self._items
+
+    def get(self, key):
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        return None
+
+    def put(self, key, value) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+
+# Reference outputs of recent steps, per process. The reference is the unsharded fp32 model on the
+# step's inputs: it depends on the shape, kv dtype (how new K/V are rounded), batch, seed and step,
+# not on the backend, mode or tp rank, so every backend's eager output of a step is checked
+# against one computation of it (~0.3 s per step of a 200-request decode batch on the H200).
+_REFERENCES = _LRU(64)
+
+
+def _reference_key(case: Case, session: Session, step: int) -> tuple:
+    return (case.model, case.kv_cache_dtype, case.batch, case.seed, case.steps, tuple(case.capture_sizes), step,
+            str(session.device), session.kv_caches[0].dtype)
+
+
 def _eager_side(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v, clock: "_Clock",
-                phases: dict[str, float]) -> _EagerStep:
+                phases: dict[str, float], ref_key: tuple) -> _EagerStep:
     """Eager twice from the same cache state (determinism), the reference, and what eager wrote;
     leaves the cache as it was before (the caller's snapshot)."""
     caches = session.kv_caches
@@ -252,7 +283,10 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v, 
         c.copy_(s)
     del snapshot
     t3 = clock.now()
-    ref = _reference(case, session, inputs, ref_k, ref_v)
+    ref = _REFERENCES.get(ref_key)
+    if ref is None:
+        ref = _reference(case, session, inputs, ref_k, ref_v)
+        _REFERENCES.put(ref_key, ref)
     reference = compare(out_e, ref, case.tolerance, case.model.head_size, row_scaled_atol=True)
     t4 = clock.now()
     phases["eager_s"] += t3 - t1
@@ -276,11 +310,12 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
         t0 = clock.now()
         memo_key = (case.batch, case.seed, case.steps, case.tolerance, plan.index)
         eager = session.eager_memo.get(memo_key)
+        ref_key = _reference_key(case, session, plan.index)
         inputs = make_step_inputs(plan, shape, case.seed, session.device)
-        ref_k, ref_v = _fill_context(session, inputs, reference=eager is None)
+        ref_k, ref_v = _fill_context(session, inputs, reference=eager is None and ref_key not in _REFERENCES)
         phases["inputs_s"] += clock.now() - t0
         if eager is None:
-            eager = _eager_side(case, session, inputs, ref_k, ref_v, clock, phases)
+            eager = _eager_side(case, session, inputs, ref_k, ref_v, clock, phases, ref_key)
             session.remember_eager(memo_key, eager)
         else:
             shared += 1
@@ -306,7 +341,8 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
         step = plan.index
         out_e = eager.out
         acc[CHECK_REFERENCE].add_comparison(step, eager.reference)
-        acc[CHECK_REPLAY].add_comparison(step, compare(out_g, out_e, tol, shape.head_size), record_bitwise=True,
+        acc[CHECK_REPLAY].add_comparison(step, compare(out_g, out_e, tol, shape.head_size, row_scaled_atol=True),
+                                         record_bitwise=True,
                                          detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}")
         fe, fg = eager.finite, all_finite(out_g, shape.head_size)
         bad = fe if not fe.ok else fg

@@ -18,6 +18,7 @@ the model dtype, then sharded. So the sharded model equals the unsharded one and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -122,6 +123,39 @@ def _make_weights_cached(shape: ModelShape, seed: int) -> list[LayerWeights]:
             for _ in range(shape.num_layers)]
 
 
+def _shard_layers(weights: Sequence[LayerWeights], layout: "TPLayout", shape: ModelShape,
+                  device: torch.device) -> list[dict[str, torch.Tensor]]:
+    dtype = getattr(torch, shape.dtype)
+    q_cols = _head_cols(layout.q_heads, shape.head_size)
+    kv_cols = _head_cols(layout.kv_heads, shape.head_size)
+
+    def dev(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype).contiguous()
+
+    return [{
+        "norm1": dev(lw.norm1), "norm2": dev(lw.norm2),
+        # fused column-parallel QKV shard: [Hl*D + 2*Hkvl*D, hidden]
+        "wqkv": dev(torch.cat([lw.wq[q_cols], lw.wk[kv_cols], lw.wv[kv_cols]])),
+        "wo": dev(lw.wo[:, q_cols]),  # row-parallel shard: [hidden, Hl*D]
+        "w1": dev(lw.w1), "w2": dev(lw.w2),
+    } for lw in weights]
+
+
+@functools.lru_cache(maxsize=2)
+def _device_layers(shape: ModelShape, layout: "TPLayout", device: str) -> tuple[dict[str, torch.Tensor], ...]:
+    """A rank's shard of the default weights on `device`, shared by every session of the process
+    (backends and kv dtypes differ between sessions, weights do not; copying GBs per session was
+    most of a session's build time on the H200)."""
+    return tuple(_shard_layers(make_weights(shape), layout, shape, torch.device(device)))
+
+
+@functools.lru_cache(maxsize=2)
+def reference_weights(shape: ModelShape, device: str) -> tuple[LayerWeights, ...]:
+    """The full fp32 weights on `device`, for the reference forward; shared like _device_layers."""
+    return tuple(LayerWeights(*(t.to(torch.device(device)) for t in dataclasses.astuple(lw)))
+                 for lw in make_weights(shape))
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + _EPS) * weight.float()).to(x.dtype)
@@ -143,22 +177,10 @@ class TPModel:
         n = shape.num_layers
         self.k_scales = [torch.ones(1, dtype=torch.float32, device=self.device) for _ in range(n)]
         self.v_scales = [torch.ones(1, dtype=torch.float32, device=self.device) for _ in range(n)]
-        weights = weights if weights is not None else make_weights(shape)
-        q_cols = _head_cols(layout.q_heads, shape.head_size)
-        kv_cols = _head_cols(layout.kv_heads, shape.head_size)
-
-        def dev(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=self.device, dtype=self.dtype).contiguous()
-
-        self.layers = []
-        for lw in weights:
-            self.layers.append({
-                "norm1": dev(lw.norm1), "norm2": dev(lw.norm2),
-                # fused column-parallel QKV shard: [Hl*D + 2*Hkvl*D, hidden]
-                "wqkv": dev(torch.cat([lw.wq[q_cols], lw.wk[kv_cols], lw.wv[kv_cols]])),
-                "wo": dev(lw.wo[:, q_cols]),  # row-parallel shard: [hidden, Hl*D]
-                "w1": dev(lw.w1), "w2": dev(lw.w2),
-            })
+        if weights is None:  # the shared shard of make_weights(shape): read-only, never written
+            self.layers = list(_device_layers(shape, layout, str(self.device)))
+        else:
+            self.layers = _shard_layers(weights, layout, shape, self.device)
 
     @property
     def num_pieces(self) -> int:

@@ -16,7 +16,6 @@ static attention buffers; attention runs eagerly between replays with unpadded m
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ import torch
 from backend.attention.interface import AttentionConfig, BatchDescription
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
-from backend.model import LayerWeights, TPLayout, TPModel, make_weights
+from backend.model import TPLayout, TPModel, reference_weights
 
 WARMUP_ITERS = 1
 # Steps whose eager side a session keeps (a few MB each at GPU shapes): enough for every step of
@@ -86,9 +85,8 @@ class Session:
         cache_shape = backend_cls.kv_cache_shape(self.config.num_blocks, shape.block_size,
                                                  self.layout.local_kv_heads, shape.head_size)
         caches = [allocate_kv_cache(self.config, tuple(cache_shape)) for _ in range(shape.num_layers)]
-        _fill_garbage(caches)
-        self.weights = make_weights(shape)
-        self.model = TPModel(shape, self.layout, self.impl, caches, self.device, self.weights,
+        _fill_garbage(caches, self.config.dtype)
+        self.model = TPModel(shape, self.layout, self.impl, caches, self.device,
                              all_reduce=getattr(backend_cls, "tp_all_reduce", None))
         self.max_static = max(capture_sizes, default=1)
         dtype = self.model.dtype
@@ -98,7 +96,6 @@ class Session:
                                        shape.head_size, dtype=dtype, device=self.device)
         self._runner_factory = runner_factory
         self._runner = None
-        self._reference_weights = None
         self.graphs: dict[GraphKey, _Full | _Piecewise] = {}
         # The eager side of recent steps (checker._EagerStep), shared by the cudagraph modes of one
         # (batch, seed): keyed by (batch spec, seed, steps, tolerance, step index), LRU-bounded.
@@ -119,12 +116,10 @@ class Session:
         return self._runner
 
     @property
-    def reference_weights(self) -> list:
-        """The full fp32 weights on the session's device, for the reference forward."""
-        if self._reference_weights is None:
-            self._reference_weights = [LayerWeights(*(t.to(self.device) for t in dataclasses.astuple(lw)))
-                                       for lw in self.weights]
-        return self._reference_weights
+    def reference_weights(self) -> tuple:
+        """The full fp32 weights on the session's device, for the reference forward (shared by
+        every session of the process)."""
+        return reference_weights(self.shape, str(self.device))
 
     @property
     def kv_caches(self) -> list[torch.Tensor]:
@@ -212,26 +207,33 @@ class Session:
             torch.cuda.synchronize(self.device)
 
 
-def _fill_garbage(caches: list[torch.Tensor]) -> None:
+def _fill_garbage(caches: list[torch.Tensor], dtype: torch.dtype) -> None:
     """Seeded non-zero cache contents: a zero cache hides reads and writes of wrong slots."""
     for cache in caches:
-        # Drawn on the device: a GPU-shape cache is GBs; block by block bounds the fp32 temporary.
+        # Drawn on the device, in the model dtype (no fp32 temporary of GBs), in chunks that bound
+        # the temporary an fp8 cache needs for its cast.
         gen = torch.Generator(device=cache.device).manual_seed(7)
         for kv in range(cache.shape[0]):
-            for start in range(0, cache.shape[1], 4096):
-                part = cache[kv, start:start + 4096]
-                part.copy_(torch.randn(part.shape, generator=gen, device=cache.device).to(cache.dtype))
+            for start in range(0, cache.shape[1], 8192):
+                part = cache[kv, start:start + 8192]
+                part.copy_(torch.randn(part.shape, generator=gen, device=cache.device, dtype=dtype).to(cache.dtype))
 
 
 class SessionCache:
     """Per process: sessions keyed by (backend, model shape, tp, rank, kv dtype, capture sizes,
-    device), least recently used evicted beyond `capacity` to cap memory."""
+    device), least recently used evicted beyond `capacity`, and, on a GPU, before a new session
+    would not fit in free device memory (judged by the size of the last one built).
 
-    def __init__(self, capacity: int = 3):
+    The capacity should cover the groups a worker alternates between (backends x kv dtypes of a
+    matrix: 6 in full.yaml at tp 1): at 3, the H200 run rebuilt a session 70 times in 240 cases."""
+
+    def __init__(self, capacity: int = 8):
         self.capacity = capacity
         self._sessions: OrderedDict[Hashable, Session] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self.evicted_for_memory = 0
+        self._last_bytes = 0
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -242,11 +244,26 @@ class SessionCache:
             self.hits += 1
             return self._sessions[key]
         self.misses += 1
+        device = _key_device(key)
+        self._make_room(device)
+        before = torch.cuda.memory_allocated(device) if device is not None else 0
         session = factory()
+        if device is not None:
+            self._last_bytes = max(torch.cuda.memory_allocated(device) - before, 0)
         self._sessions[key] = session
         while len(self._sessions) > self.capacity:
             self._sessions.popitem(last=False)
         return session
+
+    def _make_room(self, device: torch.device | None) -> None:
+        if device is None or not self._last_bytes:
+            return
+        # Room for the new session and its snapshots (two cache copies per step) with a margin.
+        need = 3 * self._last_bytes
+        while self._sessions and torch.cuda.mem_get_info(device)[0] + _reclaimable(device) < need:
+            self._sessions.popitem(last=False)
+            self.evicted_for_memory += 1
+            torch.cuda.empty_cache()
 
     def drop(self, key: Hashable) -> None:
         """Forget a session whose state is suspect (an error mid-case)."""
@@ -254,3 +271,18 @@ class SessionCache:
 
     def clear(self) -> None:
         self._sessions.clear()
+
+
+def _key_device(key: Hashable) -> torch.device | None:
+    """The CUDA device named last in a session key (checker keys end with str(device)), else None."""
+    if isinstance(key, tuple) and key and isinstance(key[-1], str) and key[-1].startswith("cuda"):
+        try:
+            return torch.device(key[-1])
+        except (RuntimeError, ValueError):
+            return None
+    return None
+
+
+def _reclaimable(device: torch.device) -> int:
+    """Memory the caching allocator holds but does not use (free for a new session)."""
+    return torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)

@@ -194,11 +194,15 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     desc = BatchDescription(list(plan.query_lens), list(plan.seq_lens), block_table, torch.cat(slots))
     dtype = getattr(torch, shape.dtype)
     x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
+    # One draw per layer and K/V for every request's context (a decode batch of 200 requests was
+    # 800 small draws per step), split into per-request views.
+    ctx_lens = [s - q for q, s in zip(plan.query_lens, plan.seq_lens)]
+    total = sum(ctx_lens)
     ctx_k, ctx_v = [], []
     for _ in range(shape.num_layers):
         for out in (ctx_k, ctx_v):
-            out.append([torch.randn(s - q, shape.num_kv_heads, shape.head_size, generator=kv_gen, device=device)
-                        for q, s in zip(plan.query_lens, plan.seq_lens)])
+            block = torch.randn(total, shape.num_kv_heads, shape.head_size, generator=kv_gen, device=device)
+            out.append(list(torch.split(block, ctx_lens)))
     return StepInputs(plan, desc, x, ctx_k, ctx_v, ctx_slots)
 
 

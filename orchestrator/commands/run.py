@@ -38,7 +38,7 @@ def _err(msg: str) -> None:
 
 
 def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="orch-out", address="local",
-         devices="auto", workers=None, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
+         devices="auto", workers=None, workers_per_gpu=1, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
          known_failures=None, resume_run=None, no_progress=False) -> int:  # fmt: skip
     from orchestrator.filters import select
     from orchestrator.matrix import load_matrix
@@ -53,6 +53,7 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
     skipped = select(m.skipped, filter_expr)
     if not cases and not skipped:
         raise InputError(f"no case matches --filter {filter_expr!r}", source=matrix)
+    _check_sharing(workers_per_gpu, cases, devices)
     store = ResultStore(db)
     try:
         if resume_run is not None:
@@ -68,6 +69,7 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
             todo_skips = [skip_by_id[c.case_id] for c in planned if c.case_id in skip_by_id]
             cases = [c for c in planned if c.case_id not in skip_by_id]
             skipped = todo_skips
+            _check_sharing(workers_per_gpu, cases)
             _err(f"resuming run {run_id}: {len(missing)} case(s) without a result")
         else:
             run_id = store.create_run(
@@ -81,6 +83,7 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
             ))  # fmt: skip
         try:
             results = _execute(store, run_id, cases, address=address, devices=devices, workers=workers,
+                               workers_per_gpu=workers_per_gpu,
                                timeout_s=timeout_s, no_progress=no_progress)  # fmt: skip
         except KeyboardInterrupt:
             store.finish_run(run_id, "interrupted")
@@ -106,14 +109,26 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
         store.close()
 
 
-def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress) -> dict[str, CaseResult]:
+def _check_sharing(workers_per_gpu: int, cases, devices: str = "auto") -> None:
+    if workers_per_gpu > 1 and devices == "cpu":
+        raise InputError("--workers-per-gpu needs GPU workers, but --devices is cpu (use --workers for CPU workers)")
+    if workers_per_gpu > 1:
+        gang_tps = sorted({c.tp for c in cases if c.tp > 1})
+        if gang_tps:
+            raise InputError(f"--workers-per-gpu {workers_per_gpu}: the selection has tp {gang_tps[0]} cases, whose "
+                             "ranks need whole GPUs; add --filter tp=1 or drop --workers-per-gpu")
+
+
+def _execute(store, run_id, cases, *, address, devices, workers, workers_per_gpu=1, timeout_s,
+             no_progress) -> dict[str, CaseResult]:
     from orchestrator.executor.cluster import connect, disconnect
     from orchestrator.executor.executor import ExecConfig, Executor
     from orchestrator.executor.progress import Progress
 
     if not cases:
         return {}
-    cluster = connect(address, devices=devices, workers=workers, min_slots=max(c.tp for c in cases))
+    cluster = connect(address, devices=devices, workers=workers, min_slots=max(c.tp for c in cases),
+                      workers_per_gpu=workers_per_gpu)
     _err(cluster.banner)
     config = ExecConfig(timeout_s=timeout_s)
     if os.environ.get(RUNNER_ENV):

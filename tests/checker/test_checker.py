@@ -87,7 +87,10 @@ def test_modes_share_one_session_and_its_graphs():
     assert results[2].timings["capture_s"] == 0
 
 
-def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run():
+def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run(monkeypatch):
+    from backend import checker
+
+    monkeypatch.setattr(checker, "_REFERENCES", checker._LRU(64))
     cache = SessionCache(capacity=1)
     first = run_case(make_case("torch", "FULL", "auto", MIXED, seed=3), sessions=cache)
     shared = run_case(make_case("torch", "PIECEWISE", "auto", MIXED, seed=3), sessions=cache)
@@ -100,6 +103,24 @@ def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run():
     assert shared.status == alone.status == Status.PASS
     for a, b in zip(shared.checks, alone.checks):
         assert (a.name, a.passed, a.max_abs_err, a.bitwise) == (b.name, b.passed, b.max_abs_err, b.bitwise)
+
+
+def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
+    from backend import checker
+
+    monkeypatch.setattr(checker, "_REFERENCES", checker._LRU(64))
+    calls = []
+    real = checker._reference
+    monkeypatch.setattr(checker, "_reference", lambda *a: calls.append(a[0].backend) or real(*a))
+    cache = SessionCache(capacity=2)
+    torch_r = run_case(make_case("torch", "FULL", "fp8", MIXED, seed=8), sessions=cache)
+    emu = run_case(make_case("aiter-emulated", "FULL", "fp8", MIXED, seed=8), sessions=cache)
+    broken = run_case(make_case("tests.mutants.wrong_prefill:Backend", "FULL", "fp8", MIXED, seed=8), sessions=cache)
+    assert calls == ["torch"] * len(torch_r.capture_sizes_used)  # one per step, none for the others
+    assert emu.timings["eager_shared_steps"] == 0
+    assert torch_r.status == emu.status == Status.PASS
+    # the reference came from the torch case's steps, and still catches a wrong eager output
+    assert broken.status == Status.FAIL and broken.reason.startswith("reference check failed")
 
 
 def test_a_capture_error_keeps_the_session():
