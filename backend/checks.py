@@ -37,12 +37,15 @@ class Comparison:
 
 def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_size: int,
             *, row_scaled_atol: bool = False) -> Comparison:
-    """actual/expected [T, C] (or [T, H, D]) -> Comparison over every element."""
-    a = actual.detach().float().reshape(actual.shape[0], -1).cpu()
-    b = expected.detach().float().reshape(expected.shape[0], -1).cpu()
+    """actual/expected [T, C] (or [T, H, D]) -> Comparison over every element. Computed on
+    `expected`'s device; one host sync for all the numbers."""
+    device = expected.device
+    actual = actual.detach().to(device)
+    a = actual.float().reshape(actual.shape[0], -1)
+    b = expected.detach().float().reshape(expected.shape[0], -1)
     if a.shape != b.shape:
         raise ValueError(f"shape mismatch {tuple(a.shape)} vs {tuple(b.shape)}")
-    bitwise = actual.shape == expected.shape and actual.dtype == expected.dtype and torch.equal(actual.cpu(), expected.cpu())
+    bitwise = actual.shape == expected.shape and actual.dtype == expected.dtype and torch.equal(actual, expected)
     if a.numel() == 0:
         return Comparison(True, 0.0, 0.0, 0.0, None, bitwise)
     diff = (a - b).abs()
@@ -51,13 +54,14 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_s
     close = diff <= atol + tol.rtol * b.abs()
     rel = diff / b.abs().clamp_min(max(tol.atol, 1e-12))
     bad = ~close
+    max_abs, max_rel, frac, any_bad = torch.stack([diff.max(), rel.max(), bad.float().mean(),
+                                                   bad.any().float()]).tolist()
     first_bad = None
-    if bad.any():
+    if any_bad:
         flat = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
         row, col = divmod(flat, a.shape[1])
         first_bad = (row, col // head_size)
-    return Comparison(not bool(bad.any()), float(diff.max()), float(rel.max()), float(bad.float().mean()),
-                      first_bad, bitwise)
+    return Comparison(not any_bad, max_abs, max_rel, frac, first_bad, bitwise)
 
 
 def all_finite(t: torch.Tensor, head_size: int) -> Comparison:

@@ -99,25 +99,27 @@ class LayerWeights:
     w2: torch.Tensor  # [hidden, MLP_MULT*hidden]
 
 
-def make_weights(shape: ModelShape, seed: int = MODEL_SEED) -> list[LayerWeights]:
-    """Full (unsharded) fp32 weights, already rounded to the model dtype. Cached per process:
-    drawing a production-shape model on the CPU takes seconds, and every session of a worker
-    (one per backend x mode x kv dtype) uses the same weights. Callers must not modify them."""
-    return _make_weights_cached(shape, seed)
+def make_weights(shape: ModelShape, seed: int = MODEL_SEED, device: str = "cpu") -> list[LayerWeights]:
+    """Full (unsharded) fp32 weights, already rounded to the model dtype, drawn on `device` from
+    its generator (so a GPU worker does not spend seconds drawing GBs on the host; the values
+    depend on the device type, and every rank of a gang uses the same type). Cached per process:
+    every session of a worker uses the same weights. Callers must not modify them."""
+    return _make_weights_cached(shape, seed, str(device))
 
 
 @functools.lru_cache(maxsize=2)
-def _make_weights_cached(shape: ModelShape, seed: int) -> list[LayerWeights]:
-    gen = torch.Generator().manual_seed(seed)
+def _make_weights_cached(shape: ModelShape, seed: int, device: str) -> list[LayerWeights]:
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(seed)
     dtype = getattr(torch, shape.dtype)
     hid, hd, kvd, inter = shape.hidden_size, shape.num_heads * shape.head_size, \
         shape.num_kv_heads * shape.head_size, MLP_MULT * shape.hidden_size
 
     def w(rows: int, cols: int) -> torch.Tensor:
-        return (torch.randn(rows, cols, generator=gen) / cols**0.5).to(dtype).float()
+        return (torch.randn(rows, cols, generator=gen, device=dev) / cols**0.5).to(dtype).float()
 
     def norm() -> torch.Tensor:
-        return (1.0 + 0.1 * torch.randn(hid, generator=gen)).to(dtype).float()
+        return (1.0 + 0.1 * torch.randn(hid, generator=gen, device=dev)).to(dtype).float()
 
     return [LayerWeights(norm(), w(hd, hid), w(kvd, hid), w(kvd, hid), w(hid, hd), norm(), w(inter, hid), w(hid, inter))
             for _ in range(shape.num_layers)]
@@ -146,14 +148,16 @@ def _device_layers(shape: ModelShape, layout: "TPLayout", device: str) -> tuple[
     """A rank's shard of the default weights on `device`, shared by every session of the process
     (backends and kv dtypes differ between sessions, weights do not; copying GBs per session was
     most of a session's build time on the H200)."""
-    return tuple(_shard_layers(make_weights(shape), layout, shape, torch.device(device)))
+    return tuple(_shard_layers(make_weights(shape, device=device), layout, shape,
+                               torch.device(device)))
 
 
 @functools.lru_cache(maxsize=2)
 def reference_weights(shape: ModelShape, device: str) -> tuple[LayerWeights, ...]:
     """The full fp32 weights on `device`, for the reference forward; shared like _device_layers."""
     return tuple(LayerWeights(*(t.to(torch.device(device)) for t in dataclasses.astuple(lw)))
-                 for lw in make_weights(shape))
+                 for lw in make_weights(shape, device=device))
+
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -177,7 +181,7 @@ class TPModel:
         n = shape.num_layers
         self.k_scales = [torch.ones(1, dtype=torch.float32, device=self.device) for _ in range(n)]
         self.v_scales = [torch.ones(1, dtype=torch.float32, device=self.device) for _ in range(n)]
-        if weights is None:  # the shared shard of make_weights(shape): read-only, never written
+        if weights is None:  # the shared shard of make_weights(shape, device): read-only
             self.layers = list(_device_layers(shape, layout, str(self.device)))
         else:
             self.layers = _shard_layers(weights, layout, shape, self.device)

@@ -181,17 +181,23 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     pool = torch.arange(1, shape.total_blocks)  # block 0 is the null block
     if plan.shuffle_blocks:
         pool = pool[torch.randperm(pool.numel(), generator=gen)]
-    block_table = torch.zeros(len(plan.query_lens), nb, dtype=torch.int32)
-    slots, ctx_slots, start = [], [], 0
-    for r, (q, s) in enumerate(zip(plan.query_lens, plan.seq_lens)):
-        blocks = pool[start:start + needed[r]]
-        start += needed[r]
-        block_table[r, :needed[r]] = blocks.to(torch.int32)
-        pos = torch.arange(s)
-        seq_slots = blocks.to(torch.int64)[pos // bs] * bs + pos % bs
-        ctx_slots.append(seq_slots[: s - q])
-        slots.append(seq_slots[s - q:])
-    desc = BatchDescription(list(plan.query_lens), list(plan.seq_lens), block_table, torch.cat(slots))
+    # Request r takes the next needed[r] blocks of the pool; vectorised over requests (a Python
+    # loop over 200 requests cost ~10 ms a step).
+    num_reqs = len(plan.query_lens)
+    need_t = torch.tensor(needed, dtype=torch.int64)
+    first_block = torch.cumsum(need_t, 0) - need_t
+    col = torch.arange(nb)[None, :]
+    used = col < need_t[:, None]
+    picks = pool[(first_block[:, None] + col).clamp(max=pool.numel() - 1)]
+    block_table = torch.where(used, picks, torch.zeros_like(picks)).to(torch.int32)
+    seq_t = torch.tensor(plan.seq_lens, dtype=torch.int64)
+    req = torch.repeat_interleave(torch.arange(num_reqs), seq_t)  # every position of every sequence
+    pos = torch.arange(int(seq_t.sum())) - torch.repeat_interleave(torch.cumsum(seq_t, 0) - seq_t, seq_t)
+    seq_slots = block_table.to(torch.int64)[req, pos // bs] * bs + pos % bs
+    ctx_len_t = seq_t - torch.tensor(plan.query_lens, dtype=torch.int64)
+    is_ctx = pos < ctx_len_t[req]
+    ctx_slots = list(torch.split(seq_slots[is_ctx], ctx_len_t.tolist()))
+    desc = BatchDescription(list(plan.query_lens), list(plan.seq_lens), block_table, seq_slots[~is_ctx])
     dtype = getattr(torch, shape.dtype)
     x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
     # One draw per layer and K/V for every request's context (a decode batch of 200 requests was

@@ -103,7 +103,8 @@ def start_actors(gang: Gang) -> list[Any]:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=gang.pg, placement_group_bundle_index=rank
             ),
-        ).remote(runner=spec.runner, device_kind=spec.device_kind, log_dir=spec.log_dir, label=label)
+        ).remote(runner=spec.runner, device_kind=spec.device_kind, log_dir=spec.log_dir, label=label,
+                 gpu_fraction=spec.gpu_per_worker if spec.device_kind == "gpu" else 1.0)
         gang.actors.append(actor)
     gang.state = GangState.STARTING
     return [a.info.remote() for a in gang.actors]
