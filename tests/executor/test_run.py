@@ -97,20 +97,22 @@ def test_unreachable_cluster_is_exit_3_in_one_line(tmp_path):
 
 
 # --backend -> (exit code, status of every case, text in reason or log tail)
+# scenario: (backend class, status, text in reason or log tail, per-case timeout). Only the hang
+# needs a short deadline; the others get room for a slow actor start on a loaded 2-core machine.
 BROKEN_BACKENDS = {
-    "forward kills the worker": ("CrashBackend", "error", "os._exit in forward"),
-    "forward hangs": ("HangBackend", "timeout", "no result within 3s"),
-    "forward hits a device error": ("DeviceErrorBackend", "error", "worker recycled"),
+    "forward kills the worker": ("CrashBackend", "error", "os._exit in forward", 60),
+    "forward hangs": ("HangBackend", "timeout", "no result within 3s", 3),
+    "forward hits a device error": ("DeviceErrorBackend", "error", "worker recycled", 60),
 }
 
 
 @pytest.mark.parametrize("scenario", BROKEN_BACKENDS)
 def test_orch_run_with_a_broken_backend_fails_the_gate(ray_cluster, tmp_path, scenario):
-    cls, status, text = BROKEN_BACKENDS[scenario]
+    cls, status, text, timeout_s = BROKEN_BACKENDS[scenario]
     db = str(tmp_path / "r.db")
     code = run_cmd.main("matrices/smoke.yaml", backend=f"tests.executor.faulty_backends:{cls}",
                         filter_expr="tp=1 cudagraph_mode=NONE kv_cache_dtype=auto batch=decode_7",
-                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", timeout_s=3, no_progress=True)  # fmt: skip
+                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", timeout_s=timeout_s, no_progress=True)  # fmt: skip
     assert code == 1
     with ResultStore(db) as store:
         (res,) = store.results(store.latest_run_id())
