@@ -227,10 +227,8 @@ class SessionCache:
     The capacity should cover the groups a worker alternates between (backends x kv dtypes of a
     matrix: 6 in full.yaml at tp 1): at 3, the H200 run rebuilt a session 70 times in 240 cases."""
 
-    def __init__(self, capacity: int = 8, memory_fraction: float = 1.0):
+    def __init__(self, capacity: int = 8):
         self.capacity = capacity
-        # Share of the device this process may use (workers sharing a GPU each get 1/N).
-        self.memory_fraction = memory_fraction
         self._sessions: OrderedDict[Hashable, Session] = OrderedDict()
         self.hits = 0
         self.misses = 0
@@ -262,13 +260,7 @@ class SessionCache:
             return
         # Room for the new session and its snapshots (two cache copies per step) with a margin.
         need = 3 * self._last_bytes
-        budget = self.memory_fraction * torch.cuda.get_device_properties(device).total_memory
-
-        def short() -> bool:
-            free = torch.cuda.mem_get_info(device)[0] + _reclaimable(device)
-            return min(free, budget - torch.cuda.memory_allocated(device)) < need
-
-        while self._sessions and short():
+        while self._sessions and torch.cuda.mem_get_info(device)[0] + _reclaimable(device) < need:
             self._sessions.popitem(last=False)
             self.evicted_for_memory += 1
             torch.cuda.empty_cache()

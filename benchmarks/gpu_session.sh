@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine (see docs/BENCHMARKS.md): the tp=1 full matrix through Ray with
-# a GPU-pinned actor, optionally again with N workers sharing the GPU, then the equivalence table
+# a GPU-pinned actor, optionally again with a warm Triton cache, then the equivalence table
 # and the mutation suite on real CUDA graphs. Writes at most 8 files under $OUT (the device tool's
-# limit): all.log, run.log, gpu.db, junit.xml, summary.md, dashboard.tgz, gpu_shared.db,
+# limit): all.log, run.log, gpu.db, junit.xml, summary.md, dashboard.tgz, gpu_warm.db,
 # mutants_gpu.xml (or profile.txt / equivalence.json in their place when asked for).
 #   carry .whl (../shared/tools/device-wheels), then: bash benchmarks/gpu_session.sh
 # Environment: RUN_FILTER (default tp=1), RUN_TIMEOUT, RUN_ARGS, RESUME_DB (continue a run of a
-# store brought back: RESUME_DB=gpu.db RUN_ARGS="--resume 1"), SHARED_WORKERS=N (second run with
-# --workers-per-gpu N), WARM_RUN=1 (the main run again, warm Triton cache: gpu_warm.db; set
+# store brought back: RESUME_DB=gpu.db RUN_ARGS="--resume 1"), WARM_RUN=1 (the main run again, warm Triton cache: gpu_warm.db; set
 # RUN_LOG=/tmp/run.log to stay within 8 files), SKIP_RUN=1, SKIP_EQUIV=1, SKIP_MUTANTS=1, PROFILE_FILTER=expr
 # (benchmarks/gpu_profile.py on that slice, in-process, after the runs).
 set -u
@@ -42,10 +41,6 @@ if [ "${WARM_RUN:-0}" = 1 ]; then
   # has run the gate before.
   step orch run full.yaml "$filter" again, warm Triton cache
   orch_run "$OUT/gpu_warm.db" /tmp/run_warm.log --out /tmp/orch-out-warm
-fi
-if [ -n "${SHARED_WORKERS:-}" ]; then
-  step orch run full.yaml "$filter" --workers-per-gpu "$SHARED_WORKERS"
-  orch_run "$OUT/gpu_shared.db" /tmp/run_shared.log --out /tmp/orch-out-shared --workers-per-gpu "$SHARED_WORKERS"
 fi
 if [ "${SKIP_EQUIV:-0}" != 1 ]; then
   step equivalence

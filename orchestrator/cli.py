@@ -65,8 +65,6 @@ def plan(matrix, filter_expr, as_json, devices, backend):
 @click.option("--address", default="local", show_default=True, help="local (embedded Ray), auto (RAY_ADDRESS / running cluster) or HOST:PORT.")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: GPUs if any, else CPU workers with emulated graphs.")
 @click.option("--workers", type=int, default=None, help="Number of workers (default: one per GPU, or per CPU core).")
-@click.option("--workers-per-gpu", "workers_per_gpu", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Workers sharing each GPU (fractional Ray GPUs), to overlap the checker's host work; tp 1 cases only.")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Per-case deadline in seconds (overrides the matrix).")
 @click.option("--junit", "junit_path", default=None, help="Write JUnit XML here (default OUT/junit.xml).")
 @click.option("--summary", "summary_path", default=None, help="Write a markdown summary here (default OUT/summary.md; also $GITHUB_STEP_SUMMARY).")

@@ -38,7 +38,7 @@ def _err(msg: str) -> None:
 
 
 def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="orch-out", address="local",
-         devices="auto", workers=None, workers_per_gpu=1, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
+         devices="auto", workers=None, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
          known_failures=None, resume_run=None, no_progress=False) -> int:  # fmt: skip
     from orchestrator.filters import select
     from orchestrator.matrix import load_matrix
@@ -49,11 +49,11 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
     if timeout_s is not None and timeout_s <= 0:
         raise InputError(f"--timeout must be > 0, got {timeout_s}")
     m = load_matrix(matrix, devices=devices, backend_override=backend)
+    phases = {"matrix": time.monotonic() - t0}
     cases = select(m.cases, filter_expr)
     skipped = select(m.skipped, filter_expr)
     if not cases and not skipped:
         raise InputError(f"no case matches --filter {filter_expr!r}", source=matrix)
-    _check_sharing(workers_per_gpu, cases, devices)
     store = ResultStore(db)
     try:
         if resume_run is not None:
@@ -69,7 +69,6 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
             todo_skips = [skip_by_id[c.case_id] for c in planned if c.case_id in skip_by_id]
             cases = [c for c in planned if c.case_id not in skip_by_id]
             skipped = todo_skips
-            _check_sharing(workers_per_gpu, cases)
             _err(f"resuming run {run_id}: {len(missing)} case(s) without a result")
         else:
             run_id = store.create_run(
@@ -83,8 +82,7 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
             ))  # fmt: skip
         try:
             results = _execute(store, run_id, cases, address=address, devices=devices, workers=workers,
-                               workers_per_gpu=workers_per_gpu,
-                               timeout_s=timeout_s, no_progress=no_progress)  # fmt: skip
+                               timeout_s=timeout_s, no_progress=no_progress, phases=phases)  # fmt: skip
         except KeyboardInterrupt:
             store.finish_run(run_id, "interrupted")
             _err(f"interrupted: run {run_id} keeps what was recorded; finish it with --resume {run_id}")
@@ -93,8 +91,10 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
             store.finish_run(run_id, "failed")
             raise
         store.finish_run(run_id, "finished")
+        t_out = time.monotonic()
         gate = write_outputs(store, run_id, out_dir=out_dir, junit_path=junit_path, summary_path=summary_path,
                              baseline=baseline, known_failures=known_failures)  # fmt: skip
+        phases["outputs"] = time.monotonic() - t_out
         counts: dict[str, int] = {}
         for r in [*results.values()]:
             counts[r.status.value] = counts.get(r.status.value, 0) + 1
@@ -102,6 +102,8 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
             if r.status in _REPORT:
                 _err(f"{verdict_line(r.replace(reason=r.reason[:200]))}\n    repro: {r.repro}")
         shown = " ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        if "cluster" in phases:
+            _err("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in phases.items()))
         _err(f"run {run_id}: {len(results)} ran ({shown}), {len(skipped)} skipped, "
              f"{time.monotonic() - t0:.1f}s -> {gate.verdict()} (outputs in {out_dir})")  # fmt: skip
         return int(gate.exit_code)
@@ -109,26 +111,23 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
         store.close()
 
 
-def _check_sharing(workers_per_gpu: int, cases, devices: str = "auto") -> None:
-    if workers_per_gpu > 1 and devices == "cpu":
-        raise InputError("--workers-per-gpu needs GPU workers, but --devices is cpu (use --workers for CPU workers)")
-    if workers_per_gpu > 1:
-        gang_tps = sorted({c.tp for c in cases if c.tp > 1})
-        if gang_tps:
-            raise InputError(f"--workers-per-gpu {workers_per_gpu}: the selection has tp {gang_tps[0]} cases, whose "
-                             "ranks need whole GPUs; add --filter tp=1 or drop --workers-per-gpu")
-
-
-def _execute(store, run_id, cases, *, address, devices, workers, workers_per_gpu=1, timeout_s,
-             no_progress) -> dict[str, CaseResult]:
+def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress,
+             phases: dict[str, float] | None = None) -> dict[str, CaseResult]:
+    """Run the cases on Ray. `phases` receives where the wall time went: cluster (connect),
+    first_result (from connect to the first result: worker start-up, imports, the first session),
+    cases (from then to the last result), shutdown."""
     from orchestrator.executor.cluster import connect, disconnect
     from orchestrator.executor.executor import ExecConfig, Executor
     from orchestrator.executor.progress import Progress
 
     if not cases:
         return {}
-    cluster = connect(address, devices=devices, workers=workers, min_slots=max(c.tp for c in cases),
-                      workers_per_gpu=workers_per_gpu)
+    phases = phases if phases is not None else {}
+    t0 = time.monotonic()
+    cluster = connect(address, devices=devices, workers=workers, min_slots=max(c.tp for c in cases))
+    t_up = time.monotonic()
+    phases["cluster"] = t_up - t0
+    marks: list[float] = []
     _err(cluster.banner)
     config = ExecConfig(timeout_s=timeout_s)
     if os.environ.get(RUNNER_ENV):
@@ -137,6 +136,7 @@ def _execute(store, run_id, cases, *, address, devices, workers, workers_per_gpu
 
     def on_result(result: CaseResult, final: bool) -> None:
         store.record(run_id, result)
+        marks.append(time.monotonic())
         if final:
             progress.update(result)
 
@@ -144,4 +144,9 @@ def _execute(store, run_id, cases, *, address, devices, workers, workers_per_gpu
         return Executor(cluster, config, on_result=on_result, history=store.durations()).run(cases)
     finally:
         progress.close()
+        t_end = time.monotonic()
         disconnect(cluster)
+        if marks:
+            phases["first_result"] = marks[0] - t_up
+            phases["cases"] = marks[-1] - marks[0]
+        phases["shutdown"] = time.monotonic() - (marks[-1] if marks else t_end)

@@ -75,7 +75,7 @@ def _free_port() -> int:
 class CaseWorker:
     """Ray actor class (wrapped with ray.remote by gangs.py, with num_gpus/num_cpus/placement)."""
 
-    def __init__(self, *, runner: str, device_kind: str, log_dir: str, label: str, gpu_fraction: float = 1.0):
+    def __init__(self, *, runner: str, device_kind: str, log_dir: str, label: str):
         import ray
 
         os.makedirs(log_dir, exist_ok=True)
@@ -89,7 +89,6 @@ class CaseWorker:
         ctx = ray.get_runtime_context()
         gpu_ids = tuple(str(g) for g in ctx.get_accelerator_ids().get("GPU", ()))
         self.device_kind = device_kind
-        self.gpu_fraction = gpu_fraction
         # Ray narrowed CUDA_/HIP_VISIBLE_DEVICES to our GPU: it is device 0 of the visible set.
         self.device = "cuda:0" if (device_kind == "gpu" and gpu_ids) else "cpu"
         ip = ray.util.get_node_ip_address()
@@ -134,13 +133,7 @@ class CaseWorker:
             if self.runner_path.startswith("backend.checker:"):
                 from backend.checker import SessionCache
 
-                self._sessions = SessionCache(memory_fraction=self.gpu_fraction)
-                if self.device.startswith("cuda") and self.gpu_fraction < 1.0:
-                    import torch
-
-                    # Workers sharing a GPU: each keeps to its share, so one worker's cached
-                    # sessions cannot starve the others (seen: OOM with 3 workers on the H200).
-                    torch.cuda.set_per_process_memory_fraction(self.gpu_fraction, torch.device(self.device))
+                self._sessions = SessionCache()
             if self.device_kind == "cpu" and "torch" in sys.modules:
                 sys.modules["torch"].set_num_threads(1)
         return self._runner

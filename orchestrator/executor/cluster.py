@@ -34,11 +34,6 @@ class ClusterInfo:
     nodes: tuple[NodeSlots, ...]
     cpu_per_worker: float = CPU_PER_WORKER
     owned: bool = False  # we started it, so we shut it down
-    workers_per_gpu: int = 1  # > 1: tp 1 workers share a GPU (Ray fractional GPUs)
-
-    @property
-    def gpu_per_worker(self) -> float:
-        return 1.0 / self.workers_per_gpu
 
     @property
     def total_slots(self) -> int:
@@ -48,8 +43,7 @@ class ClusterInfo:
     def banner(self) -> str:
         if self.device_kind == "cpu":
             return f"no GPU: CPU workers, graphs emulated ({self.total_slots} workers on {len(self.nodes)} node(s))"
-        share = f", {self.workers_per_gpu} per GPU" if self.workers_per_gpu > 1 else ""
-        return f"{self.total_slots} GPU worker(s) on {len(self.nodes)} node(s){share}"
+        return f"{self.total_slots} GPU worker(s) on {len(self.nodes)} node(s)"
 
     def describe_devices(self) -> str:
         return f"{self.total_slots}x {self.device_kind}"
@@ -77,9 +71,8 @@ def _check_reachable(address: str) -> None:
         raise InfraError(f"Ray cluster unreachable at {address}: {e.strerror or e}") from None
 
 
-def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min_slots: int = 1,
-               workers_per_gpu: int = 1) -> tuple[NodeSlots, ...]:
-    """Slots per alive node. GPU: workers_per_gpu per GPU (default one). CPU: `workers` (default max(cores, min_slots), so the
+def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min_slots: int = 1) -> tuple[NodeSlots, ...]:
+    """Slots per alive node. GPU: one per GPU. CPU: `workers` (default max(cores, min_slots), so the
     largest gang of the matrix fits) spread over nodes as far as their CPUs allow."""
     import ray
 
@@ -89,7 +82,7 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
     if device_kind == "gpu":
         left = workers if workers is not None else 10**9
         for n in alive:
-            k = min(int(n["Resources"].get("GPU", 0)) * workers_per_gpu, left)
+            k = min(int(n["Resources"].get("GPU", 0)), left)
             left -= k
             if k > 0:
                 out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k))
@@ -114,23 +107,15 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
     return tuple(out)
 
 
-def connect(address: str = "local", *, devices: str = "auto", workers: int | None = None, min_slots: int = 1,
-            workers_per_gpu: int = 1) -> ClusterInfo:
+def connect(address: str = "local", *, devices: str = "auto", workers: int | None = None, min_slots: int = 1) -> ClusterInfo:
     """Start embedded Ray (`local`) or join (`auto`, HOST:PORT, or RAY_ADDRESS) and count slots.
 
     Reuses an already-initialised Ray in this process (tests share one session cluster).
-    workers_per_gpu > 1 runs that many tp 1 workers on each GPU (fractional `num_gpus`): the
-    checker's host-side work (input generation, the reference, Python around the kernels) then
-    overlaps across workers; the caller makes sure no case needs a gang.
     """
     import ray
 
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}")
-    if workers_per_gpu < 1:
-        raise InputError(f"--workers-per-gpu must be >= 1, got {workers_per_gpu}")
-    if workers_per_gpu > 1 and devices == "cpu":
-        raise InputError("--workers-per-gpu needs GPU workers, but --devices is cpu (use --workers for CPU workers)")
     owned = False
     if not ray.is_initialized():
         if address == "local" and not os.environ.get("RAY_ADDRESS"):
@@ -159,16 +144,12 @@ def connect(address: str = "local", *, devices: str = "auto", workers: int | Non
             ray.shutdown()
         raise InfraError("--devices gpu but the Ray cluster has no GPU")
     kind = "gpu" if has_gpu and devices != "cpu" else "cpu"
-    if workers_per_gpu > 1 and kind != "gpu":
-        if owned:
-            ray.shutdown()
-        raise InputError("--workers-per-gpu needs GPU workers, but the Ray cluster has no GPU")
-    nodes = node_slots(kind, workers, CPU_PER_WORKER, min_slots, workers_per_gpu)
+    nodes = node_slots(kind, workers, CPU_PER_WORKER, min_slots)
     if not nodes:
         if owned:
             ray.shutdown()
         raise InfraError(f"the Ray cluster offers no {kind} worker slots")
-    return ClusterInfo(address=address, device_kind=kind, nodes=nodes, owned=owned, workers_per_gpu=workers_per_gpu)
+    return ClusterInfo(address=address, device_kind=kind, nodes=nodes, owned=owned)
 
 
 def disconnect(info: ClusterInfo) -> None:

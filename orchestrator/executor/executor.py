@@ -216,10 +216,7 @@ class Executor:
             gangs.teardown(g)
         if self.cluster.nodes[node].slots - self._held(node) < task.tp:
             return None
-        if task.tp > 1 and self.cluster.workers_per_gpu > 1:
-            raise ValueError("gangs need whole GPUs: tp > 1 with workers_per_gpu > 1")  # run.py refuses it first
-        spec = GangSpec(task.tp, self.cluster.device_kind, self.config.runner, self.log_dir, self.cluster.cpu_per_worker,
-                        self.cluster.gpu_per_worker)
+        spec = GangSpec(task.tp, self.cluster.device_kind, self.config.runner, self.log_dir, self.cluster.cpu_per_worker)
         gang, ready = gangs.place(spec, node, self.cluster.nodes[node].node_id)
         self.gangs.append(gang)
         self.jobs.append(_Job("place", gang, [ready], time.monotonic() + self.config.placement_timeout_s, []))

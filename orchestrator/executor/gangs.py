@@ -39,15 +39,9 @@ class GangSpec:
     runner: str
     log_dir: str
     cpu_per_worker: float = 0.25
-    gpu_per_worker: float = 1.0  # < 1: tp 1 workers sharing a GPU (--workers-per-gpu)
 
     def bundle(self) -> dict[str, float]:
-        return {"GPU": self.gpu_per_worker} if self.device_kind == "gpu" else {"CPU": self.cpu_per_worker}
-
-    def resources(self) -> dict[str, float]:
-        if self.device_kind == "gpu":
-            return {"num_gpus": self.gpu_per_worker, "num_cpus": 0}
-        return {"num_cpus": self.cpu_per_worker}
+        return {"GPU": 1.0} if self.device_kind == "gpu" else {"CPU": self.cpu_per_worker}
 
 
 @dataclass
@@ -91,7 +85,7 @@ def start_actors(gang: Gang) -> list[Any]:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     spec = gang.spec
-    resources = spec.resources()
+    resources = {"num_gpus": 1, "num_cpus": 0} if spec.device_kind == "gpu" else {"num_cpus": spec.cpu_per_worker}
     cls = ray.remote(CaseWorker)
     for rank in range(spec.tp):
         label = f"{spec.device_kind}-g{gang.id}r{rank}"
@@ -103,8 +97,7 @@ def start_actors(gang: Gang) -> list[Any]:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=gang.pg, placement_group_bundle_index=rank
             ),
-        ).remote(runner=spec.runner, device_kind=spec.device_kind, log_dir=spec.log_dir, label=label,
-                 gpu_fraction=spec.gpu_per_worker if spec.device_kind == "gpu" else 1.0)
+        ).remote(runner=spec.runner, device_kind=spec.device_kind, log_dir=spec.log_dir, label=label)
         gang.actors.append(actor)
     gang.state = GangState.STARTING
     return [a.info.remote() for a in gang.actors]
