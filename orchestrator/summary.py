@@ -41,7 +41,7 @@ def _order(values, preferred: Sequence) -> list:
 
 
 def _case_block(r: CaseResult, extra: str = "") -> list[str]:
-    head = f"- **`{r.case_id}`** — {_text(r.reason or r.status.value)}{_text(extra)}"
+    head = f"- **`{r.case_id}`** — {_text(r.reason or r.status.value)}" + (f" {_text(extra)}" if extra.strip() else "")
     body = [c.summary() for c in r.failed_checks] or ([f"error kind: {r.error_kind}"] if r.error_kind else [])
     if r.log_tail and not r.failed_checks:
         body += ["...", *r.log_tail.strip().splitlines()[-5:]]

@@ -34,6 +34,7 @@ def test_markdown_lists_regressions_first_with_repro(db, tmp_path, capsys):
     assert heads.index("Old failures (not gating)") < heads.index("Flaky (not gating)") < heads.index("Fixed known failures")
     reg = md[md.index("### Regressions"): md.index("### New failures")]
     assert f"orch repro {samples.REGRESSION} --matrix matrices/sample.yaml" in reg and "(baseline: pass)" in reg
+    assert re.search(r"[^ ] \(baseline: pass\)", reg), reg  # one space between the reason and the note
     assert "max_abs=0.812" in reg
     assert "gate FAILED: 2 regressions, 1 new failures" in md
     # Case text outside code blocks is escaped (Buildkite annotations render HTML).
