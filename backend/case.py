@@ -48,6 +48,10 @@ class ModelShape:
     def max_blocks_per_seq(self) -> int:
         return -(-self.max_model_len // self.block_size)
 
+    def blocks_for(self, seq_lens) -> int:
+        """KV-cache blocks that sequences of these lengths occupy."""
+        return sum(-(-s // self.block_size) for s in seq_lens)
+
     @property
     def total_blocks(self) -> int:
         # Enough for max_num_seqs full-length sequences plus the reserved null block.

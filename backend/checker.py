@@ -15,7 +15,6 @@ import importlib.metadata
 import platform
 import time
 import traceback
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -30,7 +29,7 @@ from backend.model import layout_reasons, reference_forward
 from backend.modes import CUDAGraphMode, UnsupportedModeError, dispatch, resolve_mode
 from backend.result import (CHECK_DETERMINISM, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_NAMES,
                             CHECK_REFERENCE, CHECK_REPLAY, CaseResult, Status)
-from backend.session import CaptureFailed, GraphKey, Session, SessionCache, attention_config
+from backend.session import LRU, CaptureFailed, GraphKey, Session, SessionCache, attention_config
 from backend.steps import StepInputs, batch_reasons, hash_seed, make_step_inputs, plan_steps
 
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
@@ -131,7 +130,7 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
                tuple(case.capture_sizes), str(device))
         t0 = time.perf_counter()
         session = sessions.get(key, lambda: Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype,
-                                                    tuple(case.capture_sizes), device))
+                                                    tuple(case.capture_sizes), device), device=device)
         phases = dict.fromkeys(PHASES, 0.0)
         phases["session_s"] = time.perf_counter() - t0
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind
@@ -229,31 +228,11 @@ class _EagerStep:
     eager_s: float
 
 
-class _LRU:
-    def __init__(self, capacity: int):
-        self.capacity, self._items = capacity, OrderedDict()
-
-    def __contains__(self, key) -> bool:
-        return key in self._items
-
-    def get(self, key):
-        if key in self._items:
-            self._items.move_to_end(key)
-            return self._items[key]
-        return None
-
-    def put(self, key, value) -> None:
-        self._items[key] = value
-        self._items.move_to_end(key)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-
-
 # Reference outputs of recent steps, per process. The reference is the unsharded fp32 model on the
 # step's inputs: it depends on the shape, kv dtype (how new K/V are rounded), batch, seed and step,
 # not on the backend, mode or tp rank, so every backend's eager output of a step is checked
 # against one computation of it (~0.3 s per step of a 200-request decode batch on the H200).
-_REFERENCES = _LRU(64)
+_REFERENCES = LRU(64)
 
 
 def _reference_key(case: Case, session: Session, step: int) -> tuple:
@@ -261,15 +240,13 @@ def _reference_key(case: Case, session: Session, step: int) -> tuple:
             str(session.device), session.kv_caches[0].dtype)
 
 
-def _eager_side(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v, clock: "_Clock",
-                phases: dict[str, float], ref_key: tuple) -> _EagerStep:
-    """Eager twice from the same cache state (determinism), the reference, and what eager wrote;
-    leaves the cache as it was before (the caller's snapshot)."""
+def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[torch.Tensor], ref_k, ref_v,
+                clock: "_Clock", phases: dict[str, float], ref_key: tuple) -> _EagerStep:
+    """Eager twice from the caches' state `snapshot` (determinism), the reference, and what eager
+    wrote; leaves the caches as `snapshot` again."""
     caches = session.kv_caches
     real_slots = inputs.batch.slot_mapping.to(session.device)
     x = inputs.x.to(session.device)
-    t0 = clock.now()
-    snapshot = [c.clone() for c in caches]
     t1 = clock.now()
     out_e = session.run_eager(x, inputs.batch)
     t2 = clock.now()
@@ -281,7 +258,6 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v, 
         torch.equal(raw(real_slot_values(c, real_slots)), raw(r)) for c, r in zip(caches, real_kv))
     for c, s in zip(caches, snapshot):
         c.copy_(s)
-    del snapshot
     t3 = clock.now()
     ref = _REFERENCES.get(ref_key)
     if ref is None:
@@ -290,7 +266,6 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v, 
     reference = compare(out_e, ref, case.tolerance, case.model.head_size, row_scaled_atol=True)
     t4 = clock.now()
     phases["eager_s"] += t3 - t1
-    phases["snapshot_s"] += t1 - t0
     phases["reference_s"] += t4 - t3
     return _EagerStep(out_e, reference, all_finite(out_e, case.model.head_size), deterministic, real_kv, t2 - t1)
 
@@ -313,18 +288,20 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
         ref_key = _reference_key(case, session, plan.index)
         inputs = make_step_inputs(plan, shape, case.seed, session.device)
         ref_k, ref_v = _fill_context(session, inputs, reference=eager is None and ref_key not in _REFERENCES)
-        phases["inputs_s"] += clock.now() - t0
+        t1 = clock.now()
+        phases["inputs_s"] += t1 - t0
+        caches = session.kv_caches
+        snapshot = [c.clone() for c in caches]  # eager and the graph run both start from it
+        t0 = clock.now()
+        phases["snapshot_s"] += t0 - t1
         if eager is None:
-            eager = _eager_side(case, session, inputs, ref_k, ref_v, clock, phases, ref_key)
-            session.remember_eager(memo_key, eager)
+            eager = _eager_side(case, session, inputs, snapshot, ref_k, ref_v, clock, phases, ref_key)
+            session.eager_memo.put(memo_key, eager)
         else:
             shared += 1
         eager_s.append(eager.eager_s)
         del ref_k, ref_v
 
-        t0 = clock.now()
-        caches = session.kv_caches
-        snapshot = [c.clone() for c in caches]
         x = inputs.x.to(session.device)
         t1 = clock.now()
         if d.runtime_mode == "NONE":
@@ -336,7 +313,6 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
             used.append(d.padded_tokens)
         t2 = clock.now()
         replay_s.append(t2 - t1)
-        phases["snapshot_s"] += t1 - t0
 
         step = plan.index
         out_e = eager.out

@@ -18,7 +18,6 @@ the model dtype, then sharded. So the sharded model equals the unsharded one and
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -150,13 +149,6 @@ def _device_layers(shape: ModelShape, layout: "TPLayout", device: str) -> tuple[
     most of a session's build time on the H200)."""
     return tuple(_shard_layers(make_weights(shape, device=device), layout, shape,
                                torch.device(device)))
-
-
-@functools.lru_cache(maxsize=2)
-def reference_weights(shape: ModelShape, device: str) -> tuple[LayerWeights, ...]:
-    """The full fp32 weights on `device`, for the reference forward; shared like _device_layers."""
-    return tuple(LayerWeights(*(t.to(torch.device(device)) for t in dataclasses.astuple(lw)))
-                 for lw in make_weights(shape, device=device))
 
 
 

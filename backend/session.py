@@ -26,12 +26,38 @@ import torch
 from backend.attention.interface import AttentionConfig, BatchDescription
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
-from backend.model import TPLayout, TPModel, reference_weights
+from backend.model import TPLayout, TPModel, make_weights
 
 WARMUP_ITERS = 1
 # Steps whose eager side a session keeps (a few MB each at GPU shapes): enough for every step of
 # a few batches, as the dispatcher runs a group's cases back to back.
 EAGER_MEMO_STEPS = 48
+
+
+class LRU:
+    """A small least-recently-used map: get() refreshes, put() evicts beyond `capacity`."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: Hashable) -> Any:
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        return None
+
+    def put(self, key: Hashable, value: Any) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
 
 
 class CaptureFailed(Exception):
@@ -99,13 +125,7 @@ class Session:
         self.graphs: dict[GraphKey, _Full | _Piecewise] = {}
         # The eager side of recent steps (checker._EagerStep), shared by the cudagraph modes of one
         # (batch, seed): keyed by (batch spec, seed, steps, tolerance, step index), LRU-bounded.
-        self.eager_memo: OrderedDict[Hashable, Any] = OrderedDict()
-
-    def remember_eager(self, key: Hashable, value: Any) -> None:
-        self.eager_memo[key] = value
-        self.eager_memo.move_to_end(key)
-        while len(self.eager_memo) > EAGER_MEMO_STEPS:
-            self.eager_memo.popitem(last=False)
+        self.eager_memo = LRU(EAGER_MEMO_STEPS)
 
     @property
     def runner(self):
@@ -119,7 +139,7 @@ class Session:
     def reference_weights(self) -> tuple:
         """The full fp32 weights on the session's device, for the reference forward (shared by
         every session of the process)."""
-        return reference_weights(self.shape, str(self.device))
+        return tuple(make_weights(self.shape, device=str(self.device)))
 
     @property
     def kv_caches(self) -> list[torch.Tensor]:
@@ -232,19 +252,20 @@ class SessionCache:
         self._sessions: OrderedDict[Hashable, Session] = OrderedDict()
         self.hits = 0
         self.misses = 0
-        self.evicted_for_memory = 0
         self._last_bytes = 0
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def get(self, key: Hashable, factory) -> Session:
+    def get(self, key: Hashable, factory, device: torch.device | None = None) -> Session:
+        """The session for `key`, built by factory() on a miss; `device` (a CUDA device) enables
+        the memory check before building."""
         if key in self._sessions:
             self._sessions.move_to_end(key)
             self.hits += 1
             return self._sessions[key]
         self.misses += 1
-        device = _key_device(key)
+        device = device if device is not None and torch.device(device).type == "cuda" else None
         self._make_room(device)
         before = torch.cuda.memory_allocated(device) if device is not None else 0
         session = factory()
@@ -262,7 +283,6 @@ class SessionCache:
         need = 3 * self._last_bytes
         while self._sessions and torch.cuda.mem_get_info(device)[0] + _reclaimable(device) < need:
             self._sessions.popitem(last=False)
-            self.evicted_for_memory += 1
             torch.cuda.empty_cache()
 
     def drop(self, key: Hashable) -> None:
@@ -271,16 +291,6 @@ class SessionCache:
 
     def clear(self) -> None:
         self._sessions.clear()
-
-
-def _key_device(key: Hashable) -> torch.device | None:
-    """The CUDA device named last in a session key (checker keys end with str(device)), else None."""
-    if isinstance(key, tuple) and key and isinstance(key[-1], str) and key[-1].startswith("cuda"):
-        try:
-            return torch.device(key[-1])
-        except (RuntimeError, ValueError):
-            return None
-    return None
 
 
 def _reclaimable(device: torch.device) -> int:

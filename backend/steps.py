@@ -52,7 +52,7 @@ def batch_reasons(batch: BatchSpec, shape: ModelShape) -> list[str]:
         if not 1 <= q <= s <= shape.max_model_len:
             reasons.append(f"batch {batch.name}: need 1 <= query_len {q} <= seq_len {s} <= max_model_len {shape.max_model_len}")
             break
-    need = sum(-(-s // shape.block_size) for s in batch.seq_lens)
+    need = shape.blocks_for(batch.seq_lens)
     if need > shape.total_blocks - 1:
         reasons.append(f"batch {batch.name}: needs {need} blocks, the cache has {shape.total_blocks - 1}")
     return reasons
@@ -115,11 +115,7 @@ def plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ..
         seqs = [seq_for(q) for q in qs]
         plans.append(StepPlan(step, tuple(qs), tuple(seqs), True))
     budget = shape.total_blocks - 1
-    return [p if _blocks(p.seq_lens, shape.block_size) <= budget else _fit_blocks(p, batch, shape) for p in plans]
-
-
-def _blocks(seq_lens, block_size: int) -> int:
-    return sum(-(-s // block_size) for s in seq_lens)
+    return [p if shape.blocks_for(p.seq_lens) <= budget else _fit_blocks(p, batch, shape) for p in plans]
 
 
 def _fit_blocks(plan: StepPlan, batch: BatchSpec, shape: ModelShape) -> StepPlan:
@@ -127,10 +123,10 @@ def _fit_blocks(plan: StepPlan, batch: BatchSpec, shape: ModelShape) -> StepPlan
     scheduler admits only what the cache holds; if even that cannot fit, the spec's own rows."""
     budget, bs = shape.total_blocks - 1, shape.block_size
     qs, seqs = plan.query_lens, list(plan.seq_lens)
-    need = _blocks(seqs, bs)
+    need = shape.blocks_for(seqs)
     factor = budget / need
     seqs = [max(q, int(s * factor)) for q, s in zip(qs, seqs)]
-    while _blocks(seqs, bs) > budget:
+    while shape.blocks_for(seqs) > budget:
         i = max(range(len(seqs)), key=lambda j: seqs[j] - qs[j])
         if seqs[i] - qs[i] < 1:
             return StepPlan(plan.index, tuple(batch.query_lens), tuple(batch.seq_lens), plan.shuffle_blocks)

@@ -130,7 +130,7 @@ class _Loader:
             if sl > m.max_model_len:
                 raise self.err(loc, f"request {i}: seq_len {sl} exceeds model max_model_len {m.max_model_len}")
         if m.num_blocks:
-            need = sum(-(-sl // m.block_size) for sl in s)
+            need = m.blocks_for(s)
             if need > m.num_blocks - 1:
                 raise self.err(loc, f"needs {need} KV-cache blocks of {m.block_size} tokens; model num_blocks "
                                     f"{m.num_blocks} leaves {m.num_blocks - 1} (block 0 is the null block)")

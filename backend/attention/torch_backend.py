@@ -15,7 +15,6 @@ from backend.attention.builder import PersistentMetadataBuilder
 from backend.attention.interface import (
     AttentionBackend,
     AttentionCGSupport,
-    AttentionConfig,
     AttentionImpl,
     AttentionMetadata,
 )

@@ -90,7 +90,7 @@ def test_modes_share_one_session_and_its_graphs():
 def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run(monkeypatch):
     from backend import checker
 
-    monkeypatch.setattr(checker, "_REFERENCES", checker._LRU(64))
+    monkeypatch.setattr(checker, "_REFERENCES", checker.LRU(64))
     cache = SessionCache(capacity=1)
     first = run_case(make_case("torch", "FULL", "auto", MIXED, seed=3), sessions=cache)
     shared = run_case(make_case("torch", "PIECEWISE", "auto", MIXED, seed=3), sessions=cache)
@@ -108,7 +108,7 @@ def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run(monkeypa
 def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
     from backend import checker
 
-    monkeypatch.setattr(checker, "_REFERENCES", checker._LRU(64))
+    monkeypatch.setattr(checker, "_REFERENCES", checker.LRU(64))
     calls = []
     real = checker._reference
     monkeypatch.setattr(checker, "_reference", lambda *a: calls.append(a[0].backend) or real(*a))
@@ -129,7 +129,7 @@ def test_a_capture_error_keeps_the_session():
     bad = run_case(make_case("tests.mutants.host_sync:Backend", "FULL", "auto", DECODE), sessions=cache)
     again = run_case(make_case("tests.mutants.host_sync:Backend", "PIECEWISE", "auto", MIXED), sessions=cache)
     assert ok.status == Status.PASS and bad.error_kind == "capture" and len(cache) == 2
-    assert again.status == Status.PASS and cache.misses == 2 and again.timings["session_s"] < 1.0
+    assert again.status == Status.PASS and (cache.misses, cache.hits) == (2, 1)  # the same session, reused
 
 
 VERDICT_SCENARIOS = {

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-
-import pytest
 
 from backend.checker import run_case_local
 from orchestrator.cli import main
@@ -14,8 +11,6 @@ from orchestrator.commands.repro import verdict_line
 
 SMOKE = "matrices/smoke.yaml"
 CASE_ID = "tp1-FULL-auto-decode_7-torch-s0"
-
-pytestmark = pytest.mark.skipif(not os.path.exists(SMOKE), reason="matrices/smoke.yaml not in this checkout")
 
 
 def test_repro_prints_the_checker_verdict(capsys):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 
-import pytest
 import torch.multiprocessing as mp
 
 from tests.graphs._dist_worker import allreduce_replay

@@ -7,7 +7,7 @@ import pytest
 from orchestrator.errors import InputError
 from orchestrator.filters import select
 from orchestrator.matrix import load_matrix
-from tests.matrix.helpers import BASE, replace, write
+from tests.matrix.helpers import replace, write
 
 
 @pytest.fixture(scope="module")
