@@ -256,3 +256,53 @@ def test_loader_patch_is_still_needed_and_valid(patch):
     check = {c.patch: c for c in L.patch_checks()}[patch]
     assert check.valid and check.needed, check.detail
     assert L.installed_aiter_version() in check.detail
+
+
+def _edited_copy(tmp_path, rel: str, old: str, new: str) -> str:
+    """A copy of the parts of the installed package the checks read, with one edit in `rel`."""
+    import shutil
+
+    src = L.aiter_package_dir()
+    dst = tmp_path / "aiter"
+    shutil.copytree(os.path.join(src, "ops", "triton"), dst / "ops" / "triton",
+                    ignore=shutil.ignore_patterns("__pycache__", "gemm", "moe", "hstu_attn", "gluon"))
+    for name in ("__init__.py", "_version.py"):
+        shutil.copy(os.path.join(src, name), dst / name)
+    path = dst / rel
+    text = path.read_text()
+    assert old in text, f"{old!r} not in aiter/{rel}: the scenario needs updating"
+    path.write_text(text.replace(old, new))
+    return str(dst)
+
+
+# scenario -> (file, old text, new text, patch, expected (needed, valid))
+PATCH_SCENARIOS = {
+    "get_arch-renamed": (L._ARCH_INFO, "def get_arch(", "def get_target_arch(", "arch-gfx950", (True, False)),
+    "fp8-no-longer-by-arch": (L._TYPES, "e5m2_dtype, e4m3_dtype = get_fp8_dtypes()",
+                              "e5m2_dtype, e4m3_dtype = None, None", "arch-gfx950", (False, True)),
+    "launch-through-attribute": ("ops/triton/unified_attention.py", "reduce_segments[(",
+                                 "kernels.reduce_segments[(", "launch-options", (True, False)),
+    "init-without-jit": ("__init__.py", "from .jit import core as core", "core = None",
+                         "namespace-stubs", (False, True)),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(PATCH_SCENARIOS))
+def test_patch_checks_see_an_edited_aiter(scenario, tmp_path):
+    rel, old, new, patch, expected = PATCH_SCENARIOS[scenario]
+    pkg = _edited_copy(tmp_path, rel, old, new)
+    check = {c.patch: c for c in L.patch_checks(pkg)}[patch]
+    assert (check.needed, check.valid) == expected, check.detail
+    assert L.installed_aiter_version() in check.detail and "\n" not in check.detail
+
+
+def test_an_invalid_patch_fails_the_nvidia_load_with_one_line(tmp_path, monkeypatch):
+    pkg = _edited_copy(tmp_path, L._ARCH_INFO, "def get_arch(", "def get_target_arch(")
+    monkeypatch.setattr(L, "aiter_package_dir", lambda: pkg)
+    monkeypatch.setattr(torch.version, "hip", None)
+    with pytest.raises(L.AiterLoadError) as info:
+        L.load_aiter_triton.__wrapped__()
+    message = str(info.value)
+    assert message.startswith(f"amd-aiter {L.installed_aiter_version()}: arch reported as gfx950")
+    assert "get_arch" in message and "\n" not in message
+    assert "aiter" not in sys.modules or getattr(sys.modules["aiter"], "__file__", 0) is not None
