@@ -184,6 +184,22 @@ def simulate(**kwargs):
     _dispatch("simulate", **kwargs)
 
 
+@cli.command()
+@click.option("--matrix", type=_MATRIX, default=None, help="Exit 1 unless every provider MATRIX needs can run here.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="Device class to check the matrix for.")
+def doctor(**kwargs):
+    """What a run here gets: platform, GPUs and arch, visible-device variables as Ray sets them,
+    fp8 dtype, providers and why one cannot run, graph kind, Ray auth, NCCL/RCCL, Triton, aiter.
+
+    \b
+    Examples:
+      orch doctor
+      orch doctor --matrix matrices/full.yaml --json > doctor.json
+    """
+    _dispatch("doctor", **kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="orch", standalone_mode=False)

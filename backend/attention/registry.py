@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from dataclasses import dataclass
 
 from backend.attention.interface import AttentionBackend
 
@@ -78,3 +79,30 @@ def get_backend(name: str) -> type[AttentionBackend]:
     name = name.strip()
     path = _BUILTIN_PATHS.get(name, name)
     return validate_backend_class(_import_class(path), name)
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a provider can run on a device here, and why not (one line; "" when it can)."""
+
+    provider: str
+    device: str
+    available: bool
+    reason: str
+
+
+def availability(name: str, device) -> Availability:
+    """The provider's own unavailable_reason(device), as the planner asks it; a name that does not
+    load or a check that raises is "unavailable" with the error, never an exception."""
+    import torch
+
+    device = torch.device(device)
+    try:
+        cls = get_backend(name)
+    except BackendLoadError as exc:
+        return Availability(name, str(device), False, f"unavailable: {exc}")
+    try:
+        why = cls.unavailable_reason(device)
+    except Exception as exc:  # a plugin's check that crashes: cannot run here, said plainly
+        why = f"{getattr(cls, '__name__', cls)}.unavailable_reason raised {type(exc).__name__}: {_one_line(exc)}"
+    return Availability(name, str(device), why is None, why or "")

@@ -4,6 +4,8 @@
 - Every capture of one runner allocates from one shared memory pool (graph_pool_handle()); the
   caller captures largest-first so smaller graphs reuse what the largest one grew.
 - Replay launches on the current stream and returns the same output objects every time.
+- On ROCm builds torch.cuda.CUDAGraph is backed by hipGraph (same API, HIP stream capture):
+  the runner is the same and reports kind "hip" (graph_kind).
 - A failed capture (`.item()` in a wrapper: cudaErrorStreamCaptureInvalidated / "operation not
   permitted when stream is capturing") becomes GraphCaptureError. We drive capture_begin/
   capture_end ourselves instead of `torch.cuda.graph(...)`: when capture_end raises inside that
@@ -21,6 +23,14 @@ import torch
 from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner, capturing
 
 
+def graph_kind(hip_version: str | None, gpu_available: bool) -> str:
+    """The graph kind a run gets: "hip" on a ROCm build of torch (torch.version.hip set), "cuda"
+    on a CUDA build, "emulated" (the CPU graph emulation) without a GPU."""
+    if not gpu_available:
+        return "emulated"
+    return "hip" if hip_version else "cuda"
+
+
 class CudaCapturedGraph(CapturedGraph):
     def __init__(self, graph: torch.cuda.CUDAGraph, outputs: object):
         self._graph = graph
@@ -36,7 +46,7 @@ class CudaGraphRunner(GraphRunner):
         self.device = torch.device(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.kind = "hip" if torch.version.hip else "cuda"
+        self.kind = graph_kind(torch.version.hip, True)
         with torch.cuda.device(self.device):
             self.pool = torch.cuda.graph_pool_handle()
             self.stream = torch.cuda.Stream(self.device)

@@ -1,0 +1,310 @@
+"""`orch doctor`: what a user runs first on a new box. One screen (or --json) of what a run here
+will get: platform and GPUs, visible-device variables as Ray will set them, the fp8 dtype, each
+provider's availability (the providers' own checks, through the registry), graph kind, Ray and
+token auth, NCCL/RCCL switches, Triton cache, and the installed amd-aiter against what we rely on.
+
+With --matrix: exit 0 if every provider the matrix names can run here, else 1 naming each one
+that cannot and why; a matrix that does not load is bad input (2). Nothing here starts Ray or
+touches a GPU beyond reading its properties.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from orchestrator.errors import ExitCode
+
+# Variables that pick visible GPUs, and Ray's switches that stop it from setting them.
+VISIBLE_DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                       "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES")
+# NCCL reads these; RCCL (torch's "nccl" backend on ROCm) reads the same NCCL_* names.
+COLLECTIVE_VARS = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+                   "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG",
+                   "TORCH_NCCL_BLOCKING_WAIT", "RCCL_MSCCL_ENABLE", "HSA_FORCE_FINE_GRAIN_PCIE")
+RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    arch: str  # gfx942 / gfx950 / sm_90
+    memory_gib: float
+    fp8_dtype: str
+
+
+@dataclass(frozen=True)
+class ProviderLine:
+    provider: str
+    available: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class MatrixCheck:
+    path: str
+    device_class: str
+    providers: tuple[str, ...]
+    missing: tuple[ProviderLine, ...]
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    platform: str  # CUDA | ROCm | CPU
+    torch: str
+    torch_cuda: str | None
+    torch_hip: str | None
+    driver: str | None
+    gpus: tuple[Gpu, ...]
+    device: str  # what `--devices auto` resolves to: cuda or cpu
+    fp8_dtype: str
+    graph_kind: str  # cuda | hip | emulated
+    visible_devices: Mapping[str, str | None]
+    ray_sets: str | None  # the variable Ray sets per GPU worker here
+    device_findings: tuple[str, ...]
+    providers: tuple[ProviderLine, ...]
+    ray_version: str | None
+    ray_auth: str
+    collective: str  # NCCL | RCCL | gloo
+    collective_env: Mapping[str, str | None]
+    gang_defaults: Mapping[str, str]  # what init_gang sets when unset
+    triton_version: str | None
+    triton_cache_dir: str
+    aiter_version: str | None
+    aiter_findings: tuple[str, ...]
+    matrix: MatrixCheck | None = None
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+def fp8_dtype_for_arch(arch: str | None) -> str:
+    """The fp8 format a GPU uses: e4m3fnuz on gfx942 (MI300X/MI325X), e4m3fn elsewhere (NVIDIA,
+    gfx950 MI350X/MI355X, CPU). e4m3fnuz's max is 240, e4m3fn's 448."""
+    return "float8_e4m3fnuz" if (arch or "").split(":")[0] == "gfx942" else "float8_e4m3fn"
+
+
+def platform_name(hip_version: str | None, cuda_version: str | None, gpu_available: bool) -> str:
+    if not gpu_available:
+        return "CPU"
+    return "ROCm" if hip_version else "CUDA" if cuda_version else "CPU"
+
+
+def ray_visible_var(platform: str) -> str | None:
+    """The variable Ray sets for a GPU worker (ray/_private/accelerators: HIP_VISIBLE_DEVICES on
+    AMD since 2.45, CUDA_VISIBLE_DEVICES on NVIDIA)."""
+    return {"ROCm": "HIP_VISIBLE_DEVICES", "CUDA": "CUDA_VISIBLE_DEVICES"}.get(platform)
+
+
+def visible_device_findings(env: Mapping[str, str], platform: str) -> tuple[str, ...]:
+    """Conflicts between the visible-device variables and what Ray 2.60 does with them."""
+    out = []
+    hip, rocr, cuda = (env.get(k) for k in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"))
+    if platform == "ROCm":
+        if rocr is not None and hip is None:
+            out.append("error: ROCR_VISIBLE_DEVICES is set without HIP_VISIBLE_DEVICES: Ray raises "
+                       "'Please use HIP_VISIBLE_DEVICES instead of ROCR_VISIBLE_DEVICES' when it assigns GPUs")
+        elif rocr is not None:
+            out.append("warning: ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES both set: HIP indexes into the "
+                       "devices ROCR leaves, so Ray's HIP ids may name other GPUs; unset ROCR_VISIBLE_DEVICES")
+        if cuda is not None:
+            out.append("warning: CUDA_VISIBLE_DEVICES is set on ROCm: HIP honours it too, and Ray sets only "
+                       "HIP_VISIBLE_DEVICES, so workers may see fewer or other GPUs; unset it")
+        if env.get("RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES", "").lower() in ("1", "true"):
+            out.append("warning: RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES is on: every worker sees every GPU")
+    elif platform == "CUDA":
+        for var in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+            if env.get(var) is not None:
+                out.append(f"note: {var} is set but ignored on NVIDIA")
+        if env.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "").lower() in ("1", "true"):
+            out.append("warning: RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES is on: every worker sees every GPU")
+    return tuple(out)
+
+
+def ray_auth_state(env: Mapping[str, str], home: Path) -> str:
+    """Token auth as a new local cluster will have it (Ray >= 2.59 turns it on unless
+    RAY_AUTH_MODE says otherwise). Names and file presence only, never a token's value."""
+    mode = env.get("RAY_AUTH_MODE")
+    token = ("RAY_AUTH_TOKEN set" if env.get("RAY_AUTH_TOKEN") else
+             "RAY_AUTH_TOKEN_PATH set" if env.get("RAY_AUTH_TOKEN_PATH") else
+             "~/.ray/auth_token present" if (home / ".ray" / "auth_token").is_file() else "no token yet")
+    if mode is None:
+        return f"token (default for a new local cluster; RAY_AUTH_MODE unset; {token})"
+    return f"{mode.lower()} (RAY_AUTH_MODE={mode}; {token})"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _driver(platform: str) -> str | None:
+    # The kernel driver, from the files the drivers publish (no subprocess, no nvidia-smi).
+    for path, label in (("/proc/driver/nvidia/version", "nvidia"), ("/sys/module/amdgpu/version", "amdgpu")):
+        try:
+            text = Path(path).read_text().strip().splitlines()[0]
+        except (OSError, IndexError):
+            continue
+        if label == "nvidia":
+            words = [w for w in text.split() if w[:1].isdigit() and "." in w]
+            return f"nvidia {words[0]}" if words else text
+        return f"amdgpu {text}"
+    return None
+
+
+def _gpus(torch) -> tuple[Gpu, ...]:
+    from backend.attention.kv_cache import fp8_dtype
+
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        arch = (getattr(p, "gcnArchName", "") or "").split(":")[0] if torch.version.hip else f"sm_{p.major}{p.minor}"
+        gpus.append(Gpu(i, p.name, arch, round(p.total_memory / 2 ** 30, 1),
+                        str(fp8_dtype(torch.device("cuda", i))).removeprefix("torch.")))
+    return tuple(gpus)
+
+
+def _aiter_findings() -> tuple[str | None, tuple[str, ...]]:
+    from backend.attention import aiter_loader as L
+
+    pkg = L.aiter_package_dir()
+    if pkg is None:
+        return None, ("amd-aiter not installed (aiter, aiter-triton need it)",)
+    out = []
+    try:
+        for check in L.patch_checks(pkg):
+            state = "ok" if check.valid and check.needed else "INVALID" if not check.valid else "not needed"
+            out.append(f"{check.patch}: {state}: {check.detail.split(': ', 1)[-1]}")
+        out.extend(f"native: {p}" for p in L.native_registration_problems(pkg))
+    except L.AiterLoadError as exc:
+        out.append(str(exc))
+    return L.installed_aiter_version(pkg), tuple(out)
+
+
+def check_matrix(path: str, devices: str) -> MatrixCheck:
+    """The providers MATRIX names (runnable and skipped cases alike) that cannot run here."""
+    from backend.attention.registry import availability
+    from orchestrator.matrix import load_matrix
+
+    matrix = load_matrix(path, devices=devices)  # InputError (exit 2) on a bad matrix
+    device = "cuda" if matrix.device_class == "gpu" else "cpu"
+    names = sorted({c.backend for c in matrix.cases} | {s.case.backend for s in matrix.skipped})
+    lines = [availability(name, device) for name in names]
+    missing = tuple(ProviderLine(a.provider, a.available, a.reason) for a in lines if not a.available)
+    return MatrixCheck(path, matrix.device_class, tuple(names), missing)
+
+
+def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, devices: str = "auto") -> DoctorReport:
+    import torch
+
+    from backend.attention.kv_cache import fp8_dtype
+    from backend.attention.registry import BUILTIN_BACKENDS, availability
+    from backend.distributed import _NCCL_ENV
+    from backend.graphs.cuda import graph_kind
+
+    env = dict(os.environ if env is None else env)
+    gpu = torch.cuda.is_available()
+    platform = platform_name(torch.version.hip, torch.version.cuda, gpu)
+    gpus = _gpus(torch) if gpu else ()
+    device = "cuda" if gpu else "cpu"
+    warnings = []
+    used_fp8 = str(fp8_dtype(torch.device(device))).removeprefix("torch.")
+    for g in gpus:  # the cache's choice (kv_cache.fp8_dtype) against the arch rule
+        if g.fp8_dtype != fp8_dtype_for_arch(g.arch):
+            warnings.append(f"GPU {g.index} ({g.arch}) gets {g.fp8_dtype}, its arch calls for {fp8_dtype_for_arch(g.arch)}")
+    if len({g.arch for g in gpus}) > 1:
+        warnings.append(f"mixed GPU archs on one node: {', '.join(sorted({g.arch for g in gpus}))}")
+    providers = tuple(ProviderLine(a.provider, a.available, a.reason)
+                      for a in (availability(name, device) for name in BUILTIN_BACKENDS))
+    aiter_version, aiter_findings = _aiter_findings()
+    home = Path(env.get("HOME") or Path.home())
+    cache = env.get("TRITON_CACHE_DIR") or str(home / ".triton" / "cache")
+    return DoctorReport(
+        platform=platform, torch=torch.__version__, torch_cuda=torch.version.cuda, torch_hip=torch.version.hip,
+        driver=_driver(platform), gpus=gpus, device=device, fp8_dtype=used_fp8,
+        graph_kind=graph_kind(torch.version.hip, gpu),
+        visible_devices={k: env.get(k) for k in VISIBLE_DEVICE_VARS}, ray_sets=ray_visible_var(platform),
+        device_findings=visible_device_findings(env, platform), providers=providers,
+        ray_version=_version("ray"), ray_auth=ray_auth_state(env, home),
+        collective="RCCL" if platform == "ROCm" else "NCCL" if platform == "CUDA" else "gloo",
+        collective_env={k: env.get(k) for k in COLLECTIVE_VARS}, gang_defaults=dict(_NCCL_ENV),
+        triton_version=_version("triton") or _version("pytorch-triton-rocm"),
+        triton_cache_dir=cache + ("" if Path(cache).is_dir() else " (not created yet)"),
+        aiter_version=aiter_version, aiter_findings=aiter_findings,
+        matrix=check_matrix(matrix, devices) if matrix else None, warnings=tuple(warnings))
+
+
+def render(report: DoctorReport, console) -> None:
+    from rich.table import Table
+
+    t = Table(title="orch doctor", show_header=False, box=None, pad_edge=False, title_justify="left")
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column(overflow="fold")
+
+    def section(name):
+        t.add_row(f"[cyan]{name}[/]", "")
+
+    section("platform")
+    t.add_row("platform", f"{report.platform} (torch {report.torch}, cuda {report.torch_cuda}, hip {report.torch_hip})")
+    t.add_row("driver", report.driver or "-")
+    for g in report.gpus:
+        t.add_row(f"gpu {g.index}", f"{g.name} {g.arch} {g.memory_gib} GiB fp8 {g.fp8_dtype}")
+    if not report.gpus:
+        t.add_row("gpus", "none (CPU workers, emulated graphs)")
+    t.add_row("fp8 dtype", report.fp8_dtype + (" (max 240)" if "fnuz" in report.fp8_dtype else " (max 448)"))
+    t.add_row("graph kind", report.graph_kind)
+    section("devices")
+    shown = {k: v for k, v in report.visible_devices.items() if v is not None}
+    t.add_row("visible", ", ".join(f"{k}={v}" for k, v in shown.items()) or "none set")
+    t.add_row("ray sets", report.ray_sets or "nothing (no GPUs)")
+    for line in report.device_findings:
+        t.add_row("", f"[{'red' if line.startswith('error') else 'yellow'}]{line}[/]")
+    section("providers")
+    for p in report.providers:
+        t.add_row(p.provider, "[green]available[/]" if p.available else f"[yellow]{p.reason}[/]")
+    section("ray / collectives")
+    t.add_row("ray", f"{report.ray_version or 'not installed'}; auth {report.ray_auth}")
+    env = {k: v for k, v in report.collective_env.items() if v is not None}
+    t.add_row(report.collective, ", ".join(f"{k}={v}" for k, v in env.items()) or "no NCCL_* variables set")
+    t.add_row("gang sets", ", ".join(f"{k}={v}" for k, v in report.gang_defaults.items()) + " (when unset)")
+    section("triton / aiter")
+    t.add_row("triton", f"{report.triton_version or 'not installed'}; cache {report.triton_cache_dir}")
+    t.add_row("amd-aiter", report.aiter_version or "not installed")
+    for line in report.aiter_findings:
+        t.add_row("", line)
+    for line in report.warnings:
+        t.add_row("[yellow]warning[/]", line)
+    if report.matrix:
+        m = report.matrix
+        section("matrix")
+        t.add_row("file", f"{m.path} ({m.device_class})")
+        t.add_row("needs", ", ".join(m.providers))
+        for p in m.missing:
+            t.add_row("[red]missing[/]", f"{p.provider}: {p.reason}")
+        if not m.missing:
+            t.add_row("", "[green]every provider can run here[/]")
+    console.print(t)
+
+
+def main(matrix: str | None = None, as_json: bool = False, devices: str = "auto") -> int:
+    from rich.console import Console
+
+    report = collect(matrix=matrix, devices=devices)
+    if as_json:
+        print(json.dumps(dataclasses.asdict(report), indent=2))
+    else:
+        render(report, Console(width=max(Console().width, 100)))
+    if report.matrix and report.matrix.missing:
+        import sys
+
+        m = report.matrix
+        for p in m.missing:
+            print(f"orch doctor: {m.path} needs {p.provider}: {p.reason}", file=sys.stderr)
+        return ExitCode.GATE_FAILED
+    return ExitCode.OK

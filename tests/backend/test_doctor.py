@@ -1,0 +1,171 @@
+"""`orch doctor`: the pure decisions (scenario tables) and the command itself through the real CLI,
+the real registry and real matrix files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.attention.registry import availability
+from backend.graphs.cuda import graph_kind
+from orchestrator.commands import doctor as D
+
+ROOT = Path(__file__).resolve().parents[2]
+FULL = ROOT / "matrices" / "full.yaml"
+
+
+@pytest.mark.parametrize("arch,expected", [
+    ("gfx942", "float8_e4m3fnuz"),  # MI300X / MI325X
+    ("gfx942:sramecc+:xnack-", "float8_e4m3fnuz"),  # gcnArchName as ROCm reports it
+    ("gfx950", "float8_e4m3fn"),  # MI350X / MI355X: OCP fp8
+    ("sm_90", "float8_e4m3fn"),
+    (None, "float8_e4m3fn"),  # CPU
+])
+def test_fp8_dtype_from_arch(arch, expected):
+    assert D.fp8_dtype_for_arch(arch) == expected
+    assert torch.finfo(getattr(torch, expected)).max == (240.0 if "fnuz" in expected else 448.0)
+
+
+@pytest.mark.parametrize("hip,gpu,expected", [
+    ("6.4.43482", True, "hip"),  # ROCm build: torch.cuda.CUDAGraph is a hipGraph
+    (None, True, "cuda"),
+    (None, False, "emulated"),
+    ("6.4.43482", False, "emulated"),  # ROCm build, no GPU visible
+])
+def test_graph_kind_from_torch_version(hip, gpu, expected):
+    assert graph_kind(hip, gpu) == expected
+
+
+@pytest.mark.parametrize("hip,cuda,gpu,expected", [
+    ("6.4", None, True, "ROCm"), (None, "13.0", True, "CUDA"), (None, "13.0", False, "CPU"), (None, None, False, "CPU"),
+])
+def test_platform_name(hip, cuda, gpu, expected):
+    assert D.platform_name(hip, cuda, gpu) == expected
+
+
+# scenario -> (env, platform, substrings expected in the findings, in order; [] = none)
+DEVICE_SCENARIOS = {
+    "rocm-clean": ({"HIP_VISIBLE_DEVICES": "0,1"}, "ROCm", []),
+    "rocm-rocr-only": ({"ROCR_VISIBLE_DEVICES": "0"}, "ROCm", ["error: ROCR_VISIBLE_DEVICES is set without"]),
+    "rocm-rocr-and-hip": ({"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "1"}, "ROCm",
+                          ["warning: ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES both set"]),
+    "rocm-cuda-var-left": ({"CUDA_VISIBLE_DEVICES": "0"}, "ROCm", ["CUDA_VISIBLE_DEVICES is set on ROCm"]),
+    "rocm-noset": ({"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1"}, "ROCm", ["every worker sees every GPU"]),
+    "cuda-clean": ({"CUDA_VISIBLE_DEVICES": "0"}, "CUDA", []),
+    "cuda-hip-var": ({"HIP_VISIBLE_DEVICES": "0"}, "CUDA", ["note: HIP_VISIBLE_DEVICES is set but ignored"]),
+    "cpu": ({"ROCR_VISIBLE_DEVICES": "0"}, "CPU", []),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(DEVICE_SCENARIOS))
+def test_visible_device_findings(scenario):
+    env, platform, expected = DEVICE_SCENARIOS[scenario]
+    found = D.visible_device_findings(env, platform)
+    assert len(found) == len(expected), found
+    for line, want in zip(found, expected):
+        assert want in line
+
+
+def test_ray_sets_the_platforms_variable():
+    assert D.ray_visible_var("ROCm") == "HIP_VISIBLE_DEVICES"
+    assert D.ray_visible_var("CUDA") == "CUDA_VISIBLE_DEVICES"
+    assert D.ray_visible_var("CPU") is None
+
+
+@pytest.mark.parametrize("env,token_file,expected", [
+    ({}, False, "token (default for a new local cluster; RAY_AUTH_MODE unset; no token yet)"),
+    ({}, True, "~/.ray/auth_token present"),
+    ({"RAY_AUTH_MODE": "disabled"}, False, "disabled (RAY_AUTH_MODE=disabled"),
+    ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "secret-value"}, False, "RAY_AUTH_TOKEN set"),
+])
+def test_ray_auth_state_names_no_secret(env, token_file, expected, tmp_path):
+    if token_file:
+        (tmp_path / ".ray").mkdir()
+        (tmp_path / ".ray" / "auth_token").write_text("x")
+    state = D.ray_auth_state(env, tmp_path)
+    assert expected in state and "secret-value" not in state
+
+
+def test_availability_reports_a_crashing_check_and_a_bad_name():
+    assert availability("torch", "cpu").available
+    aiter = availability("aiter", "cpu")
+    assert not aiter.available and aiter.reason.startswith("unavailable:")
+    bad = availability("no_such_pkg.mod:Cls", "cpu")
+    assert not bad.available and "no_such_pkg" in bad.reason
+
+
+def _orch(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def _matrix(tmp_path, backends, name="m.yaml"):
+    path = tmp_path / name
+    path.write_text(f"extends: {FULL}\nname: doctor\naxes:\n  tp: [1]\n  cudagraph_mode: [FULL]\n"
+                    f"  kv_cache_dtype: [auto]\n  batch: [decode_7]\n  backend: [{', '.join(backends)}]\n")
+    return str(path)
+
+
+def test_doctor_json_on_this_machine():
+    proc = _orch("doctor", "--json", env={"ROCR_VISIBLE_DEVICES": "0"})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    gpu = torch.cuda.is_available()
+    assert report["graph_kind"] == graph_kind(torch.version.hip, gpu)
+    assert report["platform"] == D.platform_name(torch.version.hip, torch.version.cuda, gpu)
+    providers = {p["provider"]: p for p in report["providers"]}
+    assert set(providers) == {"torch", "aiter", "aiter-emulated", "aiter-triton", "aiter-triton-pa"}
+    assert providers["torch"]["available"] and providers["aiter-emulated"]["available"]
+    if torch.version.hip is None:
+        assert not providers["aiter"]["available"] and "ROCm" in providers["aiter"]["reason"]
+    assert report["visible_devices"]["ROCR_VISIBLE_DEVICES"] == "0"
+    assert report["gang_defaults"]["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_doctor_screen_fits_one_screen():
+    proc = _orch("doctor")
+    assert proc.returncode == 0, proc.stderr
+    for heading in ("platform", "providers", "graph kind", "fp8 dtype", "ray", "triton", "amd-aiter"):
+        assert heading in proc.stdout
+    assert len(proc.stdout.splitlines()) < 60
+
+
+@pytest.mark.skipif(torch.version.hip is not None, reason="the aiter provider can run on ROCm")
+def test_doctor_matrix_needing_aiter_exits_1_with_the_reason(tmp_path):
+    proc = _orch("doctor", "--matrix", _matrix(tmp_path, ["torch", "aiter"]), "--json")
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert [p["provider"] for p in report["matrix"]["missing"]] == ["aiter"]
+    assert proc.stderr.strip().splitlines() == [
+        f"orch doctor: {tmp_path / 'm.yaml'} needs aiter: {availability('aiter', report['device']).reason}"]
+
+
+def test_doctor_matrix_of_runnable_providers_exits_0(tmp_path):
+    proc = _orch("doctor", "--matrix", _matrix(tmp_path, ["torch", "aiter-emulated"]))
+    assert proc.returncode == 0, proc.stderr
+    assert "every provider can run here" in proc.stdout
+
+
+@pytest.mark.parametrize("scenario,content", [
+    ("missing-file", None),
+    ("not-yaml", "axes: [unclosed\n"),
+    ("unknown-provider", "BACKENDS"),
+])
+def test_doctor_bad_matrix_is_one_line_exit_2(scenario, content, tmp_path):
+    if content is None:
+        path = str(tmp_path / "absent.yaml")
+    elif content == "BACKENDS":
+        path = _matrix(tmp_path, ["no_such_pkg.mod:Cls"])
+    else:
+        path = str(tmp_path / "bad.yaml")
+        Path(path).write_text(content)
+    proc = _orch("doctor", "--matrix", path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert os.path.basename(path) in proc.stderr
