@@ -306,3 +306,38 @@ def test_an_invalid_patch_fails_the_nvidia_load_with_one_line(tmp_path, monkeypa
     assert message.startswith(f"amd-aiter {L.installed_aiter_version()}: arch reported as gfx950")
     assert "get_arch" in message and "\n" not in message
     assert "aiter" not in sys.modules or getattr(sys.modules["aiter"], "__file__", 0) is not None
+
+
+def _accepted_strings(path: str, arg: str) -> set[str]:
+    """The string literals `path` compares `arg` with (`arg == "auto"`, `arg in ("fp8", ...)`)."""
+    import ast
+
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == arg:
+            for comp in node.comparators:
+                out.update(n.value for n in ast.walk(comp) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    return out
+
+
+def test_paged_attention_v1_string_arguments_are_values_it_accepts():
+    """Beyond the signature: the kernel launcher (csrc/cpp_itfs/pa/pa_v1.py, which
+    ops/attention.py's paged_attention_v1 calls) raises ValueError on a kv_cache_dtype it does not
+    know and picks strides by kv_cache_layout; every value we pass must be one it tests for."""
+    utils = L._torch_utils(L.aiter_package_dir())
+    assert utils is not None, "csrc/cpp_itfs/torch_utils.py not found next to the aiter package"
+    launcher = os.path.join(os.path.dirname(utils), "pa", "pa_v1.py")
+    dtypes, layouts = _accepted_strings(launcher, "kv_cache_dtype"), _accepted_strings(launcher, "kv_cache_layout")
+    assert {"auto", "fp8"} <= dtypes, dtypes
+    sig = real_signature("native", "paged_attention_v1")
+    for scenario in SCENARIOS:
+        for call in (c for c in record_native(scenario) if c.name == "paged_attention_v1"):
+            bound = sig.bind(*call.args, **call.kwargs).arguments
+            assert bound["kv_cache_dtype"] in dtypes, scenario
+            # the launcher tests for "HND" and takes NHD strides otherwise
+            assert bound["kv_cache_layout"] == "NHD" and (layouts == {"HND"} or "NHD" in layouts), layouts
+            # num_seqs is block_tables.size(0) in the launcher: one row per context length
+            assert bound["block_tables"].shape[0] == bound["context_lens"].shape[0]
+            assert bound["query"].dtype in (torch.bfloat16, torch.float16) and bound["out"].dtype == bound["query"].dtype
