@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-# NVLink multicast (NVLS) hangs or fails on the lent machines; keep it off before NCCL starts.
+# NVLink multicast (NVLS) hangs or fails on the lent machines; keep it off before NCCL starts (RCCL reads the same NCCL_* names; NVLS does not exist there, so these are no-ops on ROCm).
 _NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
