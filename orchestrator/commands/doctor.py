@@ -180,7 +180,7 @@ def _aiter_findings() -> tuple[str | None, tuple[str, ...]]:
     try:
         for check in L.patch_checks(pkg):
             state = "ok" if check.valid and check.needed else "INVALID" if not check.valid else "not needed"
-            out.append(f"{check.patch}: {state}: {check.detail.split(': ', 1)[-1]}")
+            out.append(f"{check.patch}: {state}: {check.detail.split(': ', 2)[-1]}")
         out.extend(f"native: {p}" for p in L.native_registration_problems(pkg))
     except L.AiterLoadError as exc:
         out.append(str(exc))
