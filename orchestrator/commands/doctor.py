@@ -170,7 +170,9 @@ def _gpus(torch) -> tuple[Gpu, ...]:
     return tuple(gpus)
 
 
-def _aiter_findings() -> tuple[str | None, tuple[str, ...]]:
+def _aiter_findings(try_load: bool) -> tuple[str | None, tuple[str, ...]]:
+    """Version, patch checks, native registration; with try_load (aiter-triton available here)
+    also the real Triton kernel load, so a broken install shows here, not in every case."""
     from backend.attention import aiter_loader as L
 
     pkg = L.aiter_package_dir()
@@ -184,6 +186,12 @@ def _aiter_findings() -> tuple[str | None, tuple[str, ...]]:
         out.extend(f"native: {p}" for p in L.native_registration_problems(pkg))
     except L.AiterLoadError as exc:
         out.append(str(exc))
+    if try_load:
+        try:
+            loaded = L.load_aiter_triton()
+            out.append(f"triton kernels: loaded ({', '.join(sorted(vars(loaded)))})")
+        except L.AiterLoadError as exc:
+            out.append(f"triton kernels: FAILED: {exc}")
     return L.installed_aiter_version(pkg), tuple(out)
 
 
@@ -222,7 +230,8 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
         warnings.append(f"mixed GPU archs on one node: {', '.join(sorted({g.arch for g in gpus}))}")
     providers = tuple(ProviderLine(a.provider, a.available, a.reason)
                       for a in (availability(name, device) for name in BUILTIN_BACKENDS))
-    aiter_version, aiter_findings = _aiter_findings()
+    triton_ok = any(p.provider == "aiter-triton" and p.available for p in providers)
+    aiter_version, aiter_findings = _aiter_findings(triton_ok)
     home = Path(env.get("HOME") or Path.home())
     cache = env.get("TRITON_CACHE_DIR") or str(home / ".triton" / "cache")
     return DoctorReport(
