@@ -169,3 +169,16 @@ def test_doctor_bad_matrix_is_one_line_exit_2(scenario, content, tmp_path):
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert os.path.basename(path) in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU box the load is expected to succeed")
+def test_doctor_shows_a_failed_triton_load_as_one_line():
+    # A subprocess: the load registers namespace stubs in sys.modules before it fails.
+    code = ("from orchestrator.commands.doctor import _aiter_findings\n"
+            "print('\\n'.join(_aiter_findings(True)[1]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    failed = [line for line in lines if line.startswith("triton kernels:")]
+    assert len(failed) == 1 and failed[0].startswith("triton kernels: FAILED: loading aiter's Triton kernels failed")
