@@ -205,8 +205,9 @@ class _Loader:
                 kv_cache_dtype=combo["kv_cache_dtype"], batch=batches[combo["batch"]], seed=combo["seed"],
                 model=self.model, capture_sizes=capture, steps=combo.get("steps", doc.steps),
                 tolerance=self.tolerance(combo["kv_cache_dtype"]), timeout_s=float(combo.get("timeout_s", doc.timeout_s)),
-                matrix=self.path, tier=doc.tier,
+                matrix=self.path, tier=doc.tier, spec_tokens=combo["spec_tokens"],
             )
+            self.check_spec(combo, case)
             cid = case.case_id
             if cid in seen:
                 where = ("include", combo["_include"]) if "_include" in combo else ("axes", "backend")
@@ -224,6 +225,22 @@ class _Loader:
                            f"{self.model.num_heads}, num_kv_heads {self.model.num_kv_heads})")
         name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
         return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped))
+
+    def check_spec(self, combo: Mapping[str, Any], case: Case) -> None:
+        """A k that cannot run a combination's batch is a mistake in the file (exclude the pair
+        if it is deliberate): one error at the include entry or the spec_tokens axis value."""
+        k = case.spec_tokens
+        if not k:
+            return
+        why = spec_reason(case.batch, k, self.model)
+        if why is None:
+            return
+        if "_include" in combo:
+            i = combo["_include"]
+            loc = ("include", i, "spec_tokens") if self.doc.include[i].spec_tokens is not None else ("include", i)
+        else:
+            loc = ("axes", "spec_tokens", self.doc.axes.spec_tokens.index(k))
+        raise self.err(loc, f"spec_tokens {k} with batch {case.batch.name!r}: {why} (exclude the pair if intended)")
 
     def tolerance(self, kv_cache_dtype: str) -> Tolerance:
         key = "fp8" if kv_cache_dtype == "fp8" else self.model.dtype
@@ -260,6 +277,23 @@ def unavailable_reason(cls: Any, device_class: str) -> str | None:
         return cls.unavailable_reason(device)
     except Exception as e:  # a plugin's check that crashes means "cannot run here", said plainly
         return f"{getattr(cls, '__name__', cls)}.unavailable_reason raised {type(e).__name__}: {e}"
+
+
+def spec_reason(batch: BatchSpec, k: int, model: ModelShape) -> str | None:
+    """Why `batch` cannot run with k speculative tokens on `model` (decode rows become verify rows
+    of 1 + k tokens over the same seq_lens, BatchSpec.verify), or None."""
+    q = 1 + k
+    if q > model.max_model_len:
+        return f"verify rows of 1 + k = {q} tokens exceed model max_model_len {model.max_model_len}"
+    for i, (ql, sl) in enumerate(zip(batch.query_lens, batch.seq_lens)):
+        if ql == 1 and sl < q:
+            return f"decode row {i} has seq_len {sl} < 1 + k = {q} (seq_len counts context + the verify tokens)"
+    # The capture helper adds the token budget to ModelShape; 0 / absent = unlimited.
+    budget = getattr(model, "max_num_batched_tokens", 0) or 0
+    tokens = batch.verify(k).num_tokens
+    if budget and tokens > budget:
+        return f"{tokens} tokens with verify rows exceed model max_num_batched_tokens {budget}"
+    return None
 
 
 def head_reasons(model: ModelShape, tp: int) -> list[str]:

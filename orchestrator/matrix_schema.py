@@ -19,12 +19,13 @@ from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, MODEL_DTYPES, TP_SIZE
 from orchestrator.errors import InputError
 
 DEVICE_CLASSES = ("cpu", "gpu")
-AXES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed")
+AXES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens")
 # Keys whose value may be given per device class: `{cpu: X, gpu: X}` instead of X.
 PER_DEVICE_KEYS = ("model", "capture_sizes", "steps", "timeout_s", "tolerances")
 # Not inherited through `extends:`: they describe the file itself.
 NOT_INHERITED = ("extends", "name", "tier")
 MAX_EXTENDS_DEPTH = 8
+MAX_SPEC_TOKENS = 64
 # Guard against alias bombs ("billion laughs") and self-referencing anchors.
 MAX_NODES = 200_000
 
@@ -230,6 +231,9 @@ KvValue = Annotated[str, _one_of(KV_CACHE_DTYPES, "kv_cache_dtype")]
 BatchName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 BackendName = Annotated[str, Field(min_length=1, max_length=200)]
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
+# k speculative tokens; vLLM has no hard cap, 64 guards against a typo. Whether k fits the model
+# and each batch (verify rows of 1 + k tokens) is checked per combination in orchestrator/matrix.py.
+SpecTokens = Annotated[int, Field(ge=0, le=MAX_SPEC_TOKENS)]
 Len = Annotated[int, Field(ge=-(2**31), le=2**31)]  # range is checked against the model, with a message
 ToleranceKey = Literal["bfloat16", "float16", "float32", "fp8"]
 
@@ -327,6 +331,7 @@ class Axes(_Model):
     batch: list[BatchName] = Field(min_length=1)
     backend: list[BackendName] = Field(min_length=1)
     seed: list[Seed] = Field([0], min_length=1, max_length=10_000)
+    spec_tokens: list[SpecTokens] = Field([0], min_length=1)
 
     _dups = field_validator("*")(_no_duplicates)
 
@@ -340,11 +345,12 @@ class AxisMatch(_Model):
     batch: BatchName | None = None
     backend: BackendName | None = None
     seed: Seed | None = None
+    spec_tokens: SpecTokens | None = None
 
     @model_validator(mode="after")
     def _not_empty(self):
         if not self.model_dump(exclude_none=True):
-            raise ValueError("empty entry: give at least one axis (tp, cudagraph_mode, kv_cache_dtype, batch, backend, seed)")
+            raise ValueError(f"empty entry: give at least one axis ({', '.join(AXES)})")
         return self
 
     def axes(self) -> dict[str, Any]:

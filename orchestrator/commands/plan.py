@@ -1,8 +1,8 @@
 """`orch plan MATRIX`: what a run would do, without running anything.
 
-Text: runnable case ids, skipped ones with reasons, counts per axis value and the estimated cost
-(total and per tp). `--json`: one document
-  {matrix, device_class, cases: [{id, <axes>, est_s}], skipped: [{id, reason}],
+Text: runnable case ids with k and the resolved mode, skipped ones with reasons, counts per axis
+value and the estimated cost (total and per tp). `--json`: one document
+  {matrix, device_class, cases: [{id, <axes>, resolved_mode, mode_note, est_s}], skipped: [{id, reason}],
    counts: {axis: {value: n}}, total_est_s, est_s_by_tp}
 (counts are over the runnable, selected cases; est_s is null when no cost model is installed).
 """
@@ -18,7 +18,31 @@ from orchestrator.errors import ExitCode
 from orchestrator.filters import select
 from orchestrator.matrix import SkippedCase, load_matrix
 
-AXIS_NAMES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed")
+AXIS_NAMES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens")
+
+
+def resolved_mode(case: Case) -> tuple[str, str]:
+    """(resolved mode, downgrade note) as the worker will resolve it: backend/modes.py against the
+    backend's declared support, with the case's k. The spec-decode rule lives in modes.py; a
+    modes.py without a k parameter cannot resolve a k > 0 case, and says so rather than guess."""
+    import inspect
+
+    from backend.attention.registry import get_backend
+    from backend.modes import UnsupportedModeError, resolve_mode
+
+    cls = get_backend(case.backend)
+    kwargs: dict = {"backend_name": case.backend_label}
+    if case.spec_tokens:
+        params = inspect.signature(resolve_mode).parameters
+        name = next((p for p in ("spec_tokens", "num_speculative_tokens") if p in params), None)
+        if name is None:
+            return "?", "backend/modes.py has no spec-decode resolution yet"
+        kwargs[name] = case.spec_tokens
+    try:
+        res = resolve_mode(case.mode, cls.cudagraph_support, **kwargs)
+    except UnsupportedModeError as e:
+        return "ERROR", str(e)
+    return res.resolved.name, res.message
 
 
 def _cost_model() -> Callable[[Case], float] | None:
@@ -43,6 +67,7 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
     skipped: list[SkippedCase] = select(m.skipped, filter_expr)
     estimate = _cost_model()
     est = {c.case_id: (round(float(estimate(c)), 3) if estimate else None) for c in cases}
+    modes = {c.case_id: resolved_mode(c) for c in cases}
     by_tp: Counter = Counter()
     for c in cases:
         by_tp[str(c.tp)] += est[c.case_id] or 0.0
@@ -50,7 +75,8 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
         "matrix": m.path,
         "name": m.name,
         "device_class": m.device_class,
-        "cases": [{"id": c.case_id, **c.axes, "est_s": est[c.case_id]} for c in cases],
+        "cases": [{"id": c.case_id, **c.axes, "resolved_mode": modes[c.case_id][0], "mode_note": modes[c.case_id][1],
+                   "est_s": est[c.case_id]} for c in cases],
         "skipped": [{"id": s.case.case_id, "reason": s.reason} for s in skipped],
         "counts": counts_per_axis(cases),
         "total_est_s": round(sum(by_tp.values()), 3) if estimate else None,
@@ -69,10 +95,15 @@ def _print_text(plan: dict) -> None:
     if plan["cases"]:
         runnable = Table()
         runnable.add_column("case id", no_wrap=True)
+        runnable.add_column("k", justify="right")
+        runnable.add_column("resolved mode", no_wrap=True)
         runnable.add_column("est s", justify="right")
         for c in plan["cases"]:
-            runnable.add_row(c["id"], "-" if c["est_s"] is None else f"{c['est_s']:.2f}")
+            mode = c["resolved_mode"] + ("*" if c["mode_note"] else "")
+            runnable.add_row(c["id"], str(c["spec_tokens"]), mode, "-" if c["est_s"] is None else f"{c['est_s']:.2f}")
         console.print(runnable)
+        if any(c["mode_note"] for c in plan["cases"]):
+            console.print("* downgraded or unresolved: `orch plan --json` gives each case's mode_note")
 
     if plan["skipped"]:
         console.print(f"skipped: {len(plan['skipped'])}")
