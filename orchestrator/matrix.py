@@ -70,7 +70,12 @@ def resolve_device_class(devices: str) -> str:
     raise InputError(f"--devices: expected cpu, gpu or auto, got {devices!r}")
 
 
-def load_matrix(path: str, *, devices: str = "auto", backend_override: str | None = None) -> Matrix:
+def load_matrix(path: str, *, devices: str = "auto", backend_override: str | None = None,
+                backend_checks: bool = True) -> Matrix:
+    """The matrix as runnable cases and skips. backend_checks=False stops before the backend
+    classes are imported (and torch with them): backend names are not resolved and skips say
+    only what the file and the model shape decide (heads vs tp, constraints). `devices` must then
+    be cpu or gpu (auto asks torch)."""
     device_class = resolve_device_class(devices)
     tree = S.read_tree(path)
     # The other device class's variants are validated too (a broken gpu block must not wait for
@@ -83,7 +88,7 @@ def load_matrix(path: str, *, devices: str = "auto", backend_override: str | Non
         pass
     selected = S.select_device(tree, device_class)
     loader = _Loader(path, selected, S.validate_doc(selected), device_class)
-    return loader.build(backend_override)
+    return loader.build(backend_override, backend_checks=backend_checks)
 
 
 class _Loader:
@@ -165,22 +170,47 @@ class _Loader:
 
     # --- expansion -------------------------------------------------------------------------
 
-    def build(self, backend_override: str | None) -> Matrix:
+    def build(self, backend_override: str | None, *, backend_checks: bool = True) -> Matrix:
+        """Expand, then (backend_checks) the one stage that needs the backend classes: their
+        names are resolved (torch loads here, through backend/attention/interface.py) and a
+        combination they cannot run becomes a skip. Without it nothing imports torch."""
         self.check()
         doc = self.doc
         axes = {k: list(getattr(doc.axes, k)) for k in S.AXES}
         includes = [{**e.axes(), **e.extras()} for e in doc.include]
         if backend_override is not None:
-            self.backend_class(backend_override, None)
+            if backend_checks:
+                self.backend_class(backend_override, None)
             axes["backend"] = [backend_override]
             # A backend-specific include is kept, re-targeted at the override.
             includes = [{**inc, "backend": backend_override} if "backend" in inc else inc for inc in includes]
-        else:
+        elif backend_checks:
             for i, name in enumerate(axes["backend"]):
                 self.backend_class(name, ("axes", "backend", i))
             for i, e in enumerate(doc.include):
                 if e.backend is not None:
                     self.backend_class(e.backend, ("include", i, "backend"))
+        cases = self.expand_cases(axes, includes)
+        runnable: list[Case] = []
+        skipped: list[SkippedCase] = []
+        head_only = True  # every skip is about heads vs tp: the tp axis itself is wrong
+        for combo, case in cases:
+            heads = head_reasons(self.model, case.tp)
+            reasons = heads + (self.backend_reasons(case) if backend_checks else []) + self.user_reasons(combo)
+            if reasons:
+                head_only = head_only and bool(heads)
+                skipped.append(SkippedCase(case, "; ".join(reasons)))
+            else:
+                runnable.append(case)
+        if not runnable and head_only:
+            raise self.err(("axes", "tp"), f"nothing runnable: {skipped[0].reason} (model num_heads "
+                           f"{self.model.num_heads}, num_kv_heads {self.model.num_kv_heads})")
+        name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
+        return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped))
+
+    def expand_cases(self, axes: dict[str, list], includes: list[dict]) -> list[tuple[dict, Case]]:
+        """Product, exclude, include -> (combination, Case), ids unique, k fitted to each batch."""
+        doc = self.doc
         size = 1
         for values in axes.values():
             size *= len(values)
@@ -195,10 +225,8 @@ class _Loader:
 
         batches = {name: self.batch(name) for name in doc.batches if any(c["batch"] == name for c in combos)}
         capture = self.capture_sizes()
-        runnable: list[Case] = []
-        skipped: list[SkippedCase] = []
+        out: list[tuple[dict, Case]] = []
         seen: dict[str, int] = {}
-        head_only = True  # every skip is about heads vs tp: the tp axis itself is wrong
         for n, combo in enumerate(combos):
             case = Case(
                 backend=combo["backend"], tp=combo["tp"], mode=combo["cudagraph_mode"],
@@ -213,18 +241,8 @@ class _Loader:
                 where = ("include", combo["_include"]) if "_include" in combo else ("axes", "backend")
                 raise self.err(where, f"duplicate case id {cid} (two combinations, or two backends with one class name)")
             seen[cid] = n
-            heads = head_reasons(self.model, case.tp)
-            reasons = heads + self.backend_reasons(case) + self.user_reasons(combo)
-            if reasons:
-                head_only = head_only and bool(heads)
-                skipped.append(SkippedCase(case, "; ".join(reasons)))
-            else:
-                runnable.append(case)
-        if not runnable and head_only:
-            raise self.err(("axes", "tp"), f"nothing runnable: {skipped[0].reason} (model num_heads "
-                           f"{self.model.num_heads}, num_kv_heads {self.model.num_kv_heads})")
-        name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
-        return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped))
+            out.append((combo, case))
+        return out
 
     def check_spec(self, combo: Mapping[str, Any], case: Case) -> None:
         """A k that cannot run a combination's batch is a mistake in the file (exclude the pair
