@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.outputs import write_outputs
+from orchestrator.artifacts import write_outputs
 from orchestrator.store import ResultStore
 from tests.matrix import spec_samples as S
 

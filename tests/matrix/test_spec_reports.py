@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from orchestrator import summary
 from orchestrator.dashboard.build import with_k
 from orchestrator.gate import evaluate
-from orchestrator.outputs import write_outputs
+from orchestrator.artifacts import write_outputs
 from orchestrator.store import ResultStore
 from tests.matrix import spec_samples as S
 

@@ -70,3 +70,17 @@ def test_store_commands_and_cli_start_without_torch(tmp_path):
     """)
     assert got["heavy"] == [], got
     assert got["out"] == [0, 1, 0, 0, 0]  # the sample run fails its gate
+
+
+def test_outputs_and_the_writers_import_one_way():
+    # outputs (the gathered view) is imported by the writers; it imports none of them, so
+    # dashboard/build.py and outputs.py no longer import each other.
+    got = fresh("""
+        import sys
+        import orchestrator.outputs
+        before = sorted(m for m in sys.modules if m.startswith(("orchestrator.dashboard", "orchestrator.artifacts",
+                                                                 "orchestrator.junit", "orchestrator.summary")))
+        import orchestrator.artifacts
+        OUT = before
+    """)
+    assert got["out"] == [] and got["heavy"] == []
