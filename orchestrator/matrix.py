@@ -83,7 +83,9 @@ def load_matrix(path: str, *, devices: str = "auto", backend_override: str | Non
     other = "gpu" if device_class == "cpu" else "cpu"
     try:
         other_tree = S.select_device(tree, other)
-        _Loader(path, other_tree, S.validate_doc(other_tree), other).check()
+        # Expanded too (torch-free): a k that does not fit the other class's batches, or a
+        # duplicate id there, is found on either machine.
+        _Loader(path, other_tree, S.validate_doc(other_tree), other).build(backend_override, backend_checks=False)
     except S.MissingVariant:
         pass
     selected = S.select_device(tree, device_class)

@@ -35,10 +35,13 @@ def resolved_mode(case: Case) -> tuple[str, str]:
     kwargs: dict = {"backend_name": case.backend_label}
     if case.spec_tokens:
         params = inspect.signature(resolve_mode).parameters
-        name = next((p for p in ("spec_tokens", "num_speculative_tokens") if p in params), None)
-        if name is None:
-            return "?", "backend/modes.py has no spec-decode resolution yet"
-        kwargs[name] = case.spec_tokens
+        if "uniform_decode_query_len" in params:
+            kwargs["uniform_decode_query_len"] = 1 + case.spec_tokens
+        else:
+            name = next((p for p in ("spec_tokens", "num_speculative_tokens") if p in params), None)
+            if name is None:
+                return "?", "backend/modes.py has no spec-decode resolution yet"
+            kwargs[name] = case.spec_tokens
     try:
         res = resolve_mode(case.mode, cls.cudagraph_support, **kwargs)
     except UnsupportedModeError as e:

@@ -173,3 +173,13 @@ def test_nightly_sweeps_k_1_to_4():
     nightly = load_matrix("matrices/nightly.yaml", devices="cpu")
     assert {c.spec_tokens for c in nightly.cases} == {0, 1, 2, 3, 4}
     assert {c.tp for c in nightly.cases if c.spec_tokens} == {1, 2}
+
+
+def test_k_that_fits_only_one_device_class_is_an_error_on_both(tmp_path):
+    doc = replace("dec: {decode: 3, seq_len: 40}", "dec:\n    cpu: {decode: 3, seq_len: 40}\n    gpu: {decode: 3, seq_len: 2}")
+    doc = replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [0, 2]  #!", doc)
+    path = write(tmp_path, doc)
+    for devices in ("cpu", "gpu"):
+        with pytest.raises(InputError, match="decode row 0 has seq_len 2 < 1 \\+ k = 3") as e:
+            load_matrix(path, devices=devices)
+        assert e.value.line == marked_line(doc)
