@@ -3,7 +3,7 @@
     load_matrix("matrices/full.yaml", devices="cpu") -> Matrix(cases=runnable, skipped=with reasons)
 
 Validation happens once, here; anything wrong in the file is an InputError naming file and line
-(orchestrator/matrix_schema.py keeps every value's origin). A combination that is well-formed but
+(orchestrator/matrix_tree.py keeps every value's origin). A combination that is well-formed but
 cannot run (heads not divisible by tp, backend unavailable on this device class, kv dtype not
 supported, a user constraint) is not an error: it becomes a SkippedCase with the reason, so the
 plan and the dashboard show it. Language reference: docs/MATRIX.md.
@@ -19,6 +19,7 @@ from typing import Any
 
 from backend.case import BatchSpec, Case, ModelShape, Tolerance, default_capture_sizes
 from orchestrator import matrix_schema as S
+from orchestrator import matrix_tree as T
 from orchestrator.errors import InputError
 
 # Used when a matrix gives no `tolerances:` entry for the case's dtype key. bf16/fp16 follow
@@ -61,7 +62,7 @@ class Matrix:
 
 
 def resolve_device_class(devices: str) -> str:
-    if devices in S.DEVICE_CLASSES:
+    if devices in T.DEVICE_CLASSES:
         return devices
     if devices == "auto":
         import torch
@@ -77,32 +78,32 @@ def load_matrix(path: str, *, devices: str = "auto", backend_override: str | Non
     only what the file and the model shape decide (heads vs tp, constraints). `devices` must then
     be cpu or gpu (auto asks torch)."""
     device_class = resolve_device_class(devices)
-    tree = S.read_tree(path)
+    tree = T.read_tree(path)
     # The other device class's variants are validated too (a broken gpu block must not wait for
     # the first GPU run to be noticed), unless the file simply has no variant for it.
     other = "gpu" if device_class == "cpu" else "cpu"
     try:
-        other_tree = S.select_device(tree, other)
+        other_tree = T.select_device(tree, other)
         # Expanded too (torch-free): a k that does not fit the other class's batches, or a
         # duplicate id there, is found on either machine.
         _Loader(path, other_tree, S.validate_doc(other_tree), other).build(backend_override, backend_checks=False)
-    except S.MissingVariant:
+    except T.MissingVariant:
         pass
-    selected = S.select_device(tree, device_class)
+    selected = T.select_device(tree, device_class)
     loader = _Loader(path, selected, S.validate_doc(selected), device_class)
     return loader.build(backend_override, backend_checks=backend_checks)
 
 
 class _Loader:
-    def __init__(self, path: str, tree: S.Node, doc: S.MatrixDoc, device_class: str):
+    def __init__(self, path: str, tree: T.Node, doc: S.MatrixDoc, device_class: str):
         self.path, self.tree, self.doc, self.device_class = path, tree, doc, device_class
         self.model = ModelShape(**doc.model.model_dump())
         self._backends: dict[str, Any] = {}
         self._unavailable: dict[str, str | None] = {}
 
     def err(self, loc: tuple, message: str) -> InputError:
-        field = S.field_path(self.tree, loc)
-        return S.error_at(self.tree, loc, f"{field}: {message}" if field else message)
+        field = T.field_path(self.tree, loc)
+        return T.error_at(self.tree, loc, f"{field}: {message}" if field else message)
 
     # --- checks that need more than one field --------------------------------------------
 

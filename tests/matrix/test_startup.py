@@ -84,3 +84,22 @@ def test_outputs_and_the_writers_import_one_way():
         OUT = before
     """)
     assert got["out"] == [] and got["heavy"] == []
+
+
+def test_matrix_stages_import_one_way():
+    import ast
+
+    def imports(path):
+        tree = ast.parse(open(os.path.join(REPO, path)).read())
+        out = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.module:
+                out.add(n.module)
+                out.update(f"{n.module}.{a.name}" for a in n.names)
+            elif isinstance(n, ast.Import):
+                out.update(a.name for a in n.names)
+        return out
+
+    tree, schema = imports("orchestrator/matrix_tree.py"), imports("orchestrator/matrix_schema.py")
+    assert not {m for m in tree if "matrix" in m}, tree  # the tree knows no schema, no expansion
+    assert "orchestrator.matrix_tree" in schema and not {m for m in schema if m.endswith((".matrix", "matrix_schema"))}
