@@ -92,6 +92,16 @@ class BatchSpec:
     def is_uniform_decode(self) -> bool:
         return all(q == 1 for q in self.query_lens)
 
+    def verify(self, spec_tokens: int) -> "BatchSpec":
+        """This spec under speculative decoding with k = `spec_tokens`: each decode row (query len 1)
+        becomes a verify row of query len 1 + k (the last accepted token plus k drafts); prefill
+        rows and every seq_len stay as written (seq_len counts context + new tokens, so a verify
+        row needs seq_len >= 1 + k). k = 0 returns the spec itself."""
+        if spec_tokens == 0:
+            return self
+        q = tuple(1 + spec_tokens if ql == 1 else ql for ql in self.query_lens)
+        return BatchSpec(self.name, q, self.seq_lens, self.description)
+
     @property
     def kind(self) -> str:
         if self.is_uniform_decode:
@@ -125,6 +135,14 @@ class Case:
     timeout_s: float = 300.0
     matrix: str = ""  # source file, for the repro command
     tier: str = "full"
+    # Speculative tokens per request (vLLM num_speculative_tokens). `batch` stays as written; its
+    # decode rows run as verify rows of query len 1 + k (`verify_batch`).
+    spec_tokens: int = 0
+
+    @property
+    def verify_batch(self) -> BatchSpec:
+        """The batch as this case runs it (BatchSpec.verify with the case's k)."""
+        return self.batch.verify(self.spec_tokens)
 
     @property
     def backend_label(self) -> str:
@@ -133,7 +151,9 @@ class Case:
 
     @property
     def case_id(self) -> str:
-        raw = f"tp{self.tp}-{self.mode}-{self.kv_cache_dtype}-{self.batch.name}-{self.backend_label}-s{self.seed}"
+        # `-k{k}` only when k > 0, so every id from before the spec_tokens axis stays as it was.
+        spec = f"-k{self.spec_tokens}" if self.spec_tokens else ""
+        raw = f"tp{self.tp}-{self.mode}-{self.kv_cache_dtype}{spec}-{self.batch.name}-{self.backend_label}-s{self.seed}"
         return re.sub(r"[^A-Za-z0-9_.\-]", "_", raw)
 
     @property
@@ -145,6 +165,7 @@ class Case:
             "batch": self.batch.name,
             "backend": self.backend,
             "seed": self.seed,
+            "spec_tokens": self.spec_tokens,
         }
 
     def repro_command(self) -> str:

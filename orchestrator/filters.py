@@ -3,7 +3,7 @@
 Terms are separated by spaces and must all match. A term is either
 - `key=v1,v2`: the case's axis value equals one of the values (case-insensitive; values may be
   globs, `batch=decode_*`). Keys: tp, cudagraph_mode (or mode), kv_cache_dtype (or kv), batch,
-  backend (the name as given, or the class name of an import path), seed; or
+  backend (the name as given, or the class name of an import path), seed, spec_tokens (or k); or
 - anything else: a glob (if it has * ? or [) or a substring of the case id.
 Unknown keys and impossible axis values are an InputError, so a typo cannot silently select
 nothing.
@@ -28,6 +28,8 @@ KEYS = {
     "batch": "batch",
     "backend": "backend",
     "seed": "seed",
+    "spec_tokens": "spec_tokens",
+    "k": "spec_tokens",
 }
 _KNOWN_VALUES = {
     "tp": tuple(str(t) for t in TP_SIZES),
@@ -78,6 +80,8 @@ def parse_filter(expr: str | None) -> Filter:
             raise InputError(f"{raw!r}: no value after '='", source="--filter")
         for v in parts:
             _check_value(canonical, v, raw)
+        if canonical in ("seed", "spec_tokens"):  # `k=02` means 2, as the id writes it
+            parts = tuple(v if _GLOB & set(v) else str(int(v)) for v in parts)
         terms.append(Term(canonical, parts))
     return Filter(tuple(terms))
 
@@ -88,8 +92,8 @@ def _check_value(key: str, value: str, raw: str) -> None:
     known = _KNOWN_VALUES.get(key)
     if known is not None and value not in known:
         raise InputError(f"{raw!r}: {value!r} is not a {key} value ({', '.join(known)})", source="--filter")
-    if key == "seed" and not value.isdigit():
-        raise InputError(f"{raw!r}: seed must be a non-negative integer", source="--filter")
+    if key in ("seed", "spec_tokens") and not value.isdigit():
+        raise InputError(f"{raw!r}: {key} must be a non-negative integer", source="--filter")
 
 
 def _case_of(item: Any) -> Case:

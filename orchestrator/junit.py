@@ -48,10 +48,14 @@ def failure_text(r: CaseResult, *, log_lines: int = 40) -> str:
 def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
     tp = r.axes.get("tp", "?")
     mode = r.requested_mode or r.axes.get("cudagraph_mode", "?")
-    tc = TestCase(r.case_id, f"orch.tp{tp}.{mode}", float(r.timings.get("total_s", 0.0) or 0.0))
+    k = int(r.axes.get("spec_tokens", 0) or 0)
+    # k > 0 gets its own class (CI groups by class); k = 0 keeps the class it always had.
+    cls_name = f"orch.tp{tp}.{mode}" + (f".k{k}" if k else "")
+    tc = TestCase(r.case_id, cls_name, float(r.timings.get("total_s", 0.0) or 0.0))
     props = Properties()
     for name, value in (
         ("axes", json.dumps(r.axes, sort_keys=True, default=str)),
+        ("spec_tokens", str(k)),
         ("attempts", str(r.attempts)),
         ("resolved_mode", r.resolved_mode),
         ("graph_kind", r.graph_kind),

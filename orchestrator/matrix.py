@@ -3,7 +3,7 @@
     load_matrix("matrices/full.yaml", devices="cpu") -> Matrix(cases=runnable, skipped=with reasons)
 
 Validation happens once, here; anything wrong in the file is an InputError naming file and line
-(orchestrator/matrix_schema.py keeps every value's origin). A combination that is well-formed but
+(orchestrator/matrix_tree.py keeps every value's origin). A combination that is well-formed but
 cannot run (heads not divisible by tp, backend unavailable on this device class, kv dtype not
 supported, a user constraint) is not an error: it becomes a SkippedCase with the reason, so the
 plan and the dashboard show it. Language reference: docs/MATRIX.md.
@@ -19,6 +19,7 @@ from typing import Any
 
 from backend.case import BatchSpec, Case, ModelShape, Tolerance, default_capture_sizes
 from orchestrator import matrix_schema as S
+from orchestrator import matrix_tree as T
 from orchestrator.errors import InputError
 
 # Used when a matrix gives no `tolerances:` entry for the case's dtype key. bf16/fp16 follow
@@ -61,7 +62,7 @@ class Matrix:
 
 
 def resolve_device_class(devices: str) -> str:
-    if devices in S.DEVICE_CLASSES:
+    if devices in T.DEVICE_CLASSES:
         return devices
     if devices == "auto":
         import torch
@@ -70,32 +71,39 @@ def resolve_device_class(devices: str) -> str:
     raise InputError(f"--devices: expected cpu, gpu or auto, got {devices!r}")
 
 
-def load_matrix(path: str, *, devices: str = "auto", backend_override: str | None = None) -> Matrix:
+def load_matrix(path: str, *, devices: str = "auto", backend_override: str | None = None,
+                backend_checks: bool = True) -> Matrix:
+    """The matrix as runnable cases and skips. backend_checks=False stops before the backend
+    classes are imported (and torch with them): backend names are not resolved and skips say
+    only what the file and the model shape decide (heads vs tp, constraints). `devices` must then
+    be cpu or gpu (auto asks torch)."""
     device_class = resolve_device_class(devices)
-    tree = S.read_tree(path)
+    tree = T.read_tree(path)
     # The other device class's variants are validated too (a broken gpu block must not wait for
     # the first GPU run to be noticed), unless the file simply has no variant for it.
     other = "gpu" if device_class == "cpu" else "cpu"
     try:
-        other_tree = S.select_device(tree, other)
-        _Loader(path, other_tree, S.validate_doc(other_tree), other).check()
-    except S.MissingVariant:
+        other_tree = T.select_device(tree, other)
+        # Expanded too (torch-free): a k that does not fit the other class's batches, or a
+        # duplicate id there, is found on either machine.
+        _Loader(path, other_tree, S.validate_doc(other_tree), other).build(backend_override, backend_checks=False)
+    except T.MissingVariant:
         pass
-    selected = S.select_device(tree, device_class)
+    selected = T.select_device(tree, device_class)
     loader = _Loader(path, selected, S.validate_doc(selected), device_class)
-    return loader.build(backend_override)
+    return loader.build(backend_override, backend_checks=backend_checks)
 
 
 class _Loader:
-    def __init__(self, path: str, tree: S.Node, doc: S.MatrixDoc, device_class: str):
+    def __init__(self, path: str, tree: T.Node, doc: S.MatrixDoc, device_class: str):
         self.path, self.tree, self.doc, self.device_class = path, tree, doc, device_class
         self.model = ModelShape(**doc.model.model_dump())
         self._backends: dict[str, Any] = {}
         self._unavailable: dict[str, str | None] = {}
 
     def err(self, loc: tuple, message: str) -> InputError:
-        field = S.field_path(self.tree, loc)
-        return S.error_at(self.tree, loc, f"{field}: {message}" if field else message)
+        field = T.field_path(self.tree, loc)
+        return T.error_at(self.tree, loc, f"{field}: {message}" if field else message)
 
     # --- checks that need more than one field --------------------------------------------
 
@@ -165,22 +173,47 @@ class _Loader:
 
     # --- expansion -------------------------------------------------------------------------
 
-    def build(self, backend_override: str | None) -> Matrix:
+    def build(self, backend_override: str | None, *, backend_checks: bool = True) -> Matrix:
+        """Expand, then (backend_checks) the one stage that needs the backend classes: their
+        names are resolved (torch loads here, through backend/attention/interface.py) and a
+        combination they cannot run becomes a skip. Without it nothing imports torch."""
         self.check()
         doc = self.doc
         axes = {k: list(getattr(doc.axes, k)) for k in S.AXES}
         includes = [{**e.axes(), **e.extras()} for e in doc.include]
         if backend_override is not None:
-            self.backend_class(backend_override, None)
+            if backend_checks:
+                self.backend_class(backend_override, None)
             axes["backend"] = [backend_override]
             # A backend-specific include is kept, re-targeted at the override.
             includes = [{**inc, "backend": backend_override} if "backend" in inc else inc for inc in includes]
-        else:
+        elif backend_checks:
             for i, name in enumerate(axes["backend"]):
                 self.backend_class(name, ("axes", "backend", i))
             for i, e in enumerate(doc.include):
                 if e.backend is not None:
                     self.backend_class(e.backend, ("include", i, "backend"))
+        cases = self.expand_cases(axes, includes)
+        runnable: list[Case] = []
+        skipped: list[SkippedCase] = []
+        head_only = True  # every skip is about heads vs tp: the tp axis itself is wrong
+        for combo, case in cases:
+            heads = head_reasons(self.model, case.tp)
+            reasons = heads + (self.backend_reasons(case) if backend_checks else []) + self.user_reasons(combo)
+            if reasons:
+                head_only = head_only and bool(heads)
+                skipped.append(SkippedCase(case, "; ".join(reasons)))
+            else:
+                runnable.append(case)
+        if not runnable and head_only:
+            raise self.err(("axes", "tp"), f"nothing runnable: {skipped[0].reason} (model num_heads "
+                           f"{self.model.num_heads}, num_kv_heads {self.model.num_kv_heads})")
+        name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
+        return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped))
+
+    def expand_cases(self, axes: dict[str, list], includes: list[dict]) -> list[tuple[dict, Case]]:
+        """Product, exclude, include -> (combination, Case), ids unique, k fitted to each batch."""
+        doc = self.doc
         size = 1
         for values in axes.values():
             size *= len(values)
@@ -195,35 +228,40 @@ class _Loader:
 
         batches = {name: self.batch(name) for name in doc.batches if any(c["batch"] == name for c in combos)}
         capture = self.capture_sizes()
-        runnable: list[Case] = []
-        skipped: list[SkippedCase] = []
+        out: list[tuple[dict, Case]] = []
         seen: dict[str, int] = {}
-        head_only = True  # every skip is about heads vs tp: the tp axis itself is wrong
         for n, combo in enumerate(combos):
             case = Case(
                 backend=combo["backend"], tp=combo["tp"], mode=combo["cudagraph_mode"],
                 kv_cache_dtype=combo["kv_cache_dtype"], batch=batches[combo["batch"]], seed=combo["seed"],
                 model=self.model, capture_sizes=capture, steps=combo.get("steps", doc.steps),
                 tolerance=self.tolerance(combo["kv_cache_dtype"]), timeout_s=float(combo.get("timeout_s", doc.timeout_s)),
-                matrix=self.path, tier=doc.tier,
+                matrix=self.path, tier=doc.tier, spec_tokens=combo["spec_tokens"],
             )
+            self.check_spec(combo, case)
             cid = case.case_id
             if cid in seen:
                 where = ("include", combo["_include"]) if "_include" in combo else ("axes", "backend")
                 raise self.err(where, f"duplicate case id {cid} (two combinations, or two backends with one class name)")
             seen[cid] = n
-            heads = head_reasons(self.model, case.tp)
-            reasons = heads + self.backend_reasons(case) + self.user_reasons(combo)
-            if reasons:
-                head_only = head_only and bool(heads)
-                skipped.append(SkippedCase(case, "; ".join(reasons)))
-            else:
-                runnable.append(case)
-        if not runnable and head_only:
-            raise self.err(("axes", "tp"), f"nothing runnable: {skipped[0].reason} (model num_heads "
-                           f"{self.model.num_heads}, num_kv_heads {self.model.num_kv_heads})")
-        name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
-        return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped))
+            out.append((combo, case))
+        return out
+
+    def check_spec(self, combo: Mapping[str, Any], case: Case) -> None:
+        """A k that cannot run a combination's batch is a mistake in the file (exclude the pair
+        if it is deliberate): one error at the include entry or the spec_tokens axis value."""
+        k = case.spec_tokens
+        if not k:
+            return
+        why = spec_reason(case.batch, k, self.model)
+        if why is None:
+            return
+        if "_include" in combo:
+            i = combo["_include"]
+            loc = ("include", i, "spec_tokens") if self.doc.include[i].spec_tokens is not None else ("include", i)
+        else:
+            loc = ("axes", "spec_tokens", self.doc.axes.spec_tokens.index(k))
+        raise self.err(loc, f"spec_tokens {k} with batch {case.batch.name!r}: {why} (exclude the pair if intended)")
 
     def tolerance(self, kv_cache_dtype: str) -> Tolerance:
         key = "fp8" if kv_cache_dtype == "fp8" else self.model.dtype
@@ -260,6 +298,23 @@ def unavailable_reason(cls: Any, device_class: str) -> str | None:
         return cls.unavailable_reason(device)
     except Exception as e:  # a plugin's check that crashes means "cannot run here", said plainly
         return f"{getattr(cls, '__name__', cls)}.unavailable_reason raised {type(e).__name__}: {e}"
+
+
+def spec_reason(batch: BatchSpec, k: int, model: ModelShape) -> str | None:
+    """Why `batch` cannot run with k speculative tokens on `model` (decode rows become verify rows
+    of 1 + k tokens over the same seq_lens, BatchSpec.verify), or None."""
+    q = 1 + k
+    if q > model.max_model_len:
+        return f"verify rows of 1 + k = {q} tokens exceed model max_model_len {model.max_model_len}"
+    for i, (ql, sl) in enumerate(zip(batch.query_lens, batch.seq_lens)):
+        if ql == 1 and sl < q:
+            return f"decode row {i} has seq_len {sl} < 1 + k = {q} (seq_len counts context + the verify tokens)"
+    # The capture helper adds the token budget to ModelShape; 0 / absent = unlimited.
+    budget = getattr(model, "max_num_batched_tokens", 0) or 0
+    tokens = batch.verify(k).num_tokens
+    if budget and tokens > budget:
+        return f"{tokens} tokens with verify rows exceed model max_num_batched_tokens {budget}"
+    return None
 
 
 def head_reasons(model: ModelShape, tp: int) -> list[str]:

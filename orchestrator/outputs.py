@@ -1,18 +1,17 @@
-"""What every reporting command needs from the store, gathered once, and the end-of-run outputs.
+"""What every reporting command needs from the store, gathered once.
 
 `gather` resolves the run, its results, the baseline and the known failures and evaluates the gate;
-`report`, `gate`, `dashboard`, `serve` and `write_outputs` (called by `orch run`) all start there,
-so they can never disagree about a verdict.
+`report`, `gate`, `dashboard`, `serve` and `artifacts.write_outputs` (called by `orch run`) all
+start there, so they can never disagree about a verdict. Imports run one way: the writers
+(junit, summary, dashboard, artifacts) import this module, never the reverse.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from backend.result import CaseResult
-from orchestrator import junit, summary
-from orchestrator.errors import InfraError, InputError
+from orchestrator.errors import InputError
 from orchestrator.gate import GateOutcome, evaluate
 from orchestrator.known_failures import KnownFailures, load
 from orchestrator.store import ResultStore, RunInfo, resolve_baseline
@@ -60,31 +59,3 @@ def gather(
     # A running run's unfinished cases are pending, not missing: only a closed run can miss results.
     gate = evaluate(results, baseline=base, known=known, missing=missing if run.status != "running" else ())
     return RunView(run, tuple(results), gate, tuple(planned_missing), base is not None, known)
-
-
-def write_outputs(
-    store: ResultStore,
-    run_id: int,
-    *,
-    out_dir: str,
-    junit_path: str | None = None,
-    summary_path: str | None = None,
-    baseline: str | None = None,
-    known_failures: str | None = None,
-) -> GateOutcome:
-    """End of `orch run`: gate, JUnit XML, markdown summary (+ $GITHUB_STEP_SUMMARY), dashboard."""
-    from orchestrator.dashboard.build import write_dashboard
-
-    view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
-    junit_path = junit_path or os.path.join(out_dir, "junit.xml")
-    summary_path = summary_path or os.path.join(out_dir, "summary.md")
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        for p in (junit_path, summary_path):
-            os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-        junit.write(junit_path, view.results, view.gate, suite_name=view.run.matrix, run_id=view.run.id)
-        summary.write(summary_path, summary.render(view.run, view.results, view.gate))
-        write_dashboard(store, view, os.path.join(out_dir, "dashboard"))
-    except OSError as e:
-        raise InfraError(f"cannot write outputs: {e.strerror}", source=e.filename or out_dir) from None
-    return view.gate

@@ -78,37 +78,44 @@ def _section(title: str, ids: Sequence[str], by_id: dict[str, CaseResult], gate:
     return out
 
 
+def _k(r: CaseResult) -> int:
+    return int(r.axes.get("spec_tokens", 0) or 0)  # results stored before the axis have no key
+
+
 def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
-    """Rows tp × mode, columns kv dtype × batch; one symbol per cell (worst case in the cell)."""
+    """Rows tp × mode (× k when the run has spec-decode cases), columns kv dtype × batch; one
+    symbol per cell (worst case in the cell)."""
     out: list[str] = []
     worst = {c: i for i, c in enumerate(CLASSIFICATIONS)}
     backends = _order((r.axes.get("backend", "?") for r in results), ())
     for backend in backends:
         rs = [r for r in results if r.axes.get("backend", "?") == backend]
-        rows = _order(((r.axes.get("tp"), r.axes.get("cudagraph_mode")) for r in rs), ())
-        rows = sorted(rows, key=lambda t: (t[0] or 0, CUDAGRAPH_MODES.index(t[1]) if t[1] in CUDAGRAPH_MODES else 99))
+        rows = _order(((r.axes.get("tp"), r.axes.get("cudagraph_mode"), _k(r)) for r in rs), ())
+        rows = sorted(rows, key=lambda t: (t[0] or 0, CUDAGRAPH_MODES.index(t[1]) if t[1] in CUDAGRAPH_MODES else 99, t[2]))
+        with_k = any(k for _, _, k in rows)
         kvs = _order((r.axes.get("kv_cache_dtype") for r in rs), KV_CACHE_DTYPES)
         batches = list(dict.fromkeys(r.axes.get("batch") for r in rs))
         cols = [(kv, b) for kv in kvs for b in batches]
         cells: dict[tuple, str] = {}
         down: set[tuple] = set()
         for r in rs:
-            key = (r.axes.get("tp"), r.axes.get("cudagraph_mode"), r.axes.get("kv_cache_dtype"), r.axes.get("batch"))
+            key = (r.axes.get("tp"), r.axes.get("cudagraph_mode"), _k(r), r.axes.get("kv_cache_dtype"), r.axes.get("batch"))
             cls = gate.classification.get(r.case_id, r.status.value)
             if key not in cells or worst[cls] < worst[cells[key]]:
                 cells[key] = cls
             if r.downgraded:
                 down.add(key)
         out += [f"#### `{backend}`", ""]
-        out.append("| tp × mode | " + " | ".join(f"{kv}<br>{b}" for kv, b in cols) + " |")
+        head = "tp × mode × k" if with_k else "tp × mode"
+        out.append(f"| {head} | " + " | ".join(f"{kv}<br>{b}" for kv, b in cols) + " |")
         out.append("|---|" + "---|" * len(cols))
-        for tp, mode in rows:
+        for tp, mode, k in rows:
             row = []
             for kv, b in cols:
-                cls = cells.get((tp, mode, kv, b))
+                cls = cells.get((tp, mode, k, kv, b))
                 sym = SYMBOL.get(cls, "·") if cls else "·"
-                row.append(sym + ("↓" if (tp, mode, kv, b) in down else ""))
-            out.append(f"| tp{tp} {mode} | " + " | ".join(row) + " |")
+                row.append(sym + ("↓" if (tp, mode, k, kv, b) in down else ""))
+            out.append(f"| tp{tp} {mode}{f' k{k}' if k else ''} | " + " | ".join(row) + " |")
         out.append("")
     legend = ", ".join(f"{SYMBOL[c]} {c}" for c in CLASSIFICATIONS) + ", ↓ mode downgraded, · not in matrix"
     return out + [f"<sub>{legend}</sub>", ""]

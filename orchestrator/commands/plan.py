@@ -1,8 +1,8 @@
 """`orch plan MATRIX`: what a run would do, without running anything.
 
-Text: runnable case ids, skipped ones with reasons, counts per axis value and the estimated cost
-(total and per tp). `--json`: one document
-  {matrix, device_class, cases: [{id, <axes>, est_s}], skipped: [{id, reason}],
+Text: runnable case ids with k and the resolved mode, skipped ones with reasons, counts per axis
+value and the estimated cost (total and per tp). `--json`: one document
+  {matrix, device_class, cases: [{id, <axes>, resolved_mode, mode_note, est_s}], skipped: [{id, reason}],
    counts: {axis: {value: n}}, total_est_s, est_s_by_tp}
 (counts are over the runnable, selected cases; est_s is null when no cost model is installed).
 """
@@ -10,6 +10,7 @@ Text: runnable case ids, skipped ones with reasons, counts per axis value and th
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -18,7 +19,34 @@ from orchestrator.errors import ExitCode
 from orchestrator.filters import select
 from orchestrator.matrix import SkippedCase, load_matrix
 
-AXIS_NAMES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed")
+AXIS_NAMES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens")
+
+
+def resolved_mode(case: Case) -> tuple[str, str]:
+    """(resolved mode, downgrade note) as the worker will resolve it: backend/modes.py against the
+    backend's declared support, with the case's k. The spec-decode rule lives in modes.py; a
+    modes.py without a k parameter cannot resolve a k > 0 case, and says so rather than guess."""
+    import inspect
+
+    from backend.attention.registry import get_backend
+    from backend.modes import UnsupportedModeError, resolve_mode
+
+    cls = get_backend(case.backend)
+    kwargs: dict = {"backend_name": case.backend_label}
+    if case.spec_tokens:
+        params = inspect.signature(resolve_mode).parameters
+        if "uniform_decode_query_len" in params:
+            kwargs["uniform_decode_query_len"] = 1 + case.spec_tokens
+        else:
+            name = next((p for p in ("spec_tokens", "num_speculative_tokens") if p in params), None)
+            if name is None:
+                return "?", "backend/modes.py has no spec-decode resolution yet"
+            kwargs[name] = case.spec_tokens
+    try:
+        res = resolve_mode(case.mode, cls.cudagraph_support, **kwargs)
+    except UnsupportedModeError as e:
+        return "ERROR", str(e)
+    return res.resolved.name, res.message
 
 
 def _cost_model() -> Callable[[Case], float] | None:
@@ -43,6 +71,7 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
     skipped: list[SkippedCase] = select(m.skipped, filter_expr)
     estimate = _cost_model()
     est = {c.case_id: (round(float(estimate(c)), 3) if estimate else None) for c in cases}
+    modes = {c.case_id: resolved_mode(c) for c in cases}
     by_tp: Counter = Counter()
     for c in cases:
         by_tp[str(c.tp)] += est[c.case_id] or 0.0
@@ -50,12 +79,18 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
         "matrix": m.path,
         "name": m.name,
         "device_class": m.device_class,
-        "cases": [{"id": c.case_id, **c.axes, "est_s": est[c.case_id]} for c in cases],
+        "cases": [{"id": c.case_id, **c.axes, "resolved_mode": modes[c.case_id][0], "mode_note": modes[c.case_id][1],
+                   "est_s": est[c.case_id]} for c in cases],
         "skipped": [{"id": s.case.case_id, "reason": s.reason} for s in skipped],
         "counts": counts_per_axis(cases),
         "total_est_s": round(sum(by_tp.values()), 3) if estimate else None,
         "est_s_by_tp": {tp: round(v, 3) for tp, v in sorted(by_tp.items(), key=lambda kv: int(kv[0]))} if estimate else None,
     }
+
+
+def _write(lines: list[str]) -> None:
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
 
 
 def _print_text(plan: dict) -> None:
@@ -66,22 +101,24 @@ def _print_text(plan: dict) -> None:
     console = Console(width=max(100, Console().width), highlight=False, markup=False)
     console.print(f"{plan['matrix']} ({plan['name']}, {plan['device_class']}): "
                   f"{len(plan['cases'])} runnable cases, {len(plan['skipped'])} skipped")
+    # The case lists are plain aligned lines: a rich Table renders ~2 ms a row, seconds for
+    # full.yaml's 1,700 rows, longer than loading the matrix.
     if plan["cases"]:
-        runnable = Table()
-        runnable.add_column("case id", no_wrap=True)
-        runnable.add_column("est s", justify="right")
+        width = max(len(c["id"]) for c in plan["cases"])
+        mw = max(len(c["resolved_mode"]) + bool(c["mode_note"]) for c in plan["cases"])
+        lines = [f"{'case id':<{width}}  {'k':>2}  {'resolved mode':<{max(mw, 13)}}  est s"]
         for c in plan["cases"]:
-            runnable.add_row(c["id"], "-" if c["est_s"] is None else f"{c['est_s']:.2f}")
-        console.print(runnable)
+            mode = c["resolved_mode"] + ("*" if c["mode_note"] else "")
+            est = "-" if c["est_s"] is None else f"{c['est_s']:.2f}"
+            lines.append(f"{c['id']:<{width}}  {c['spec_tokens']:>2}  {mode:<{max(mw, 13)}}  {est:>5}")
+        _write(lines)
+        if any(c["mode_note"] for c in plan["cases"]):
+            console.print("* downgraded or unresolved: `orch plan --json` gives each case's mode_note")
 
     if plan["skipped"]:
         console.print(f"skipped: {len(plan['skipped'])}")
-        skipped = Table()
-        skipped.add_column("case id", no_wrap=True)
-        skipped.add_column("reason")
-        for s in plan["skipped"]:
-            skipped.add_row(s["id"], s["reason"])
-        console.print(skipped)
+        width = max(len(s["id"]) for s in plan["skipped"])
+        _write([f"{'case id':<{width}}  reason"] + [f"{s['id']:<{width}}  {s['reason']}" for s in plan["skipped"]])
 
     if plan["cases"]:
         console.print("runnable cases per axis value")

@@ -42,7 +42,7 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
          known_failures=None, resume_run=None, no_progress=False) -> int:  # fmt: skip
     from orchestrator.filters import select
     from orchestrator.matrix import load_matrix
-    from orchestrator.outputs import write_outputs
+    from orchestrator.artifacts import write_outputs
     from orchestrator.store import ResultStore
 
     t0 = time.monotonic()

@@ -57,6 +57,11 @@ def _history(case_id: str, current: int, hist: dict) -> dict[str, Any]:
     return {"runs": [[rid, st] for rid, st in runs], "streak": streak, "streak_status": streak_status, "last_pass": last_pass}
 
 
+def with_k(axes: dict) -> dict[str, Any]:
+    """Axes with spec_tokens (0 for results stored before the axis), so the page groups them."""
+    return {**axes, "spec_tokens": axes.get("spec_tokens", 0) or 0}
+
+
 def case_entry(r: CaseResult, view: RunView, hist: dict) -> dict[str, Any]:
     gate = view.gate
     cls = gate.classification.get(r.case_id, r.status.value)
@@ -74,7 +79,7 @@ def case_entry(r: CaseResult, view: RunView, hist: dict) -> dict[str, Any]:
     eager, replay = t.get("eager_step_s"), t.get("replay_step_s")
     return {
         "id": r.case_id,
-        "axes": dict(r.axes),
+        "axes": with_k(r.axes),
         "state": state,
         "cls": cls,
         "change": change,
@@ -113,7 +118,7 @@ def page_data(view: RunView, hist: dict[str, list[tuple[int, str]]], runs: list[
     pending_state = "pending" if view.run.status == "running" else "missing"
     cases = [case_entry(r, view, hist) for r in view.results]
     for p in view.planned:
-        axes = {k: v for k, v in p.items() if k != "case_id"}
+        axes = with_k({k: v for k, v in p.items() if k != "case_id"})
         cases.append({"id": p["case_id"], "axes": axes, "state": pending_state, "cls": pending_state, "change": "",
                       "reason": "no result yet" if pending_state == "pending" else "planned, never finished",
                       "downgraded": False, "checks": [], "history": _history(p["case_id"], view.run.id, hist)})  # fmt: skip

@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 
 from backend.result import Status
 from orchestrator.dashboard.server import make_server
-from orchestrator.outputs import write_outputs
+from orchestrator.artifacts import write_outputs
 from orchestrator.store import ResultStore
 from tests.results import samples
 

@@ -9,7 +9,7 @@ import pytest
 from junitparser import JUnitXml
 
 from orchestrator.cli import main as cli_main
-from orchestrator.outputs import write_outputs
+from orchestrator.artifacts import write_outputs
 from orchestrator.store import ResultStore
 from tests.results import samples
 

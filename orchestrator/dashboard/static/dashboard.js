@@ -7,7 +7,8 @@
   var MODE_ORDER = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"];
   var LETTER = { pass: "", fail: "F", error: "E", timeout: "T", flaky: "~", "known-fail": "K", skip: "S", pending: "…", missing: "?" };
   var AXIS_CHOICES = [
-    ["tp,cudagraph_mode", "tp × mode"], ["kv_cache_dtype,batch", "kv dtype × batch"], ["tp", "tp"],
+    ["tp,cudagraph_mode", "tp × mode"], ["tp,cudagraph_mode,spec_tokens", "tp × mode × k"],
+    ["kv_cache_dtype,batch", "kv dtype × batch"], ["tp", "tp"], ["spec_tokens", "k (spec tokens)"],
     ["cudagraph_mode", "mode"], ["kv_cache_dtype", "kv dtype"], ["batch", "batch"], ["backend", "backend"],
     ["seed", "seed"], ["tp,kv_cache_dtype", "tp × kv dtype"], ["cudagraph_mode,batch", "mode × batch"]
   ];
@@ -24,7 +25,7 @@
   function $(id) { return document.getElementById(id); }
   function uniq(xs) { var s = []; xs.forEach(function (x) { if (s.indexOf(x) < 0) s.push(x); }); return s; }
   function axisSort(axis, vals) {
-    if (axis === "tp" || axis === "seed") return vals.slice().sort(function (a, b) { return a - b; });
+    if (axis === "tp" || axis === "seed" || axis === "spec_tokens") return vals.slice().sort(function (a, b) { return a - b; });
     if (axis === "cudagraph_mode") return vals.slice().sort(function (a, b) { return MODE_ORDER.indexOf(a) - MODE_ORDER.indexOf(b); });
     if (axis === "kv_cache_dtype") return vals.slice().sort(function (a, b) { return (a === "auto" ? 0 : 1) - (b === "auto" ? 0 : 1) || String(a).localeCompare(String(b)); });
     return vals;
@@ -43,7 +44,9 @@
     return combos.filter(function (k) { return present[JSON.stringify(k)]; });
   }
   function label(axes, key) {
-    return key.map(function (v, i) { return axes[i] === "tp" ? "tp" + v : String(v); }).join(" · ");
+    return key.map(function (v, i) {
+      return axes[i] === "tp" ? "tp" + v : axes[i] === "spec_tokens" ? "k" + v : String(v);
+    }).join(" · ");
   }
 
   function fillSelect(sel, options, value) {
@@ -54,7 +57,9 @@
   }
 
   function setupControls() {
-    fillSelect($("rows"), AXIS_CHOICES, "tp,cudagraph_mode");
+    // A run with spec-decode cases splits rows by k, so a k = 2 failure never hides behind k = 0.
+    var withK = DATA.cases.some(function (c) { return c.axes.spec_tokens > 0; });
+    fillSelect($("rows"), AXIS_CHOICES, withK ? "tp,cudagraph_mode,spec_tokens" : "tp,cudagraph_mode");
     fillSelect($("cols"), AXIS_CHOICES, "kv_cache_dtype,batch");
     var backends = uniq(DATA.cases.map(function (c) { return String(c.axes.backend); }));
     fillSelect($("f-backend"), [["", "all"]].concat(backends.map(function (b) { return [b, b]; })), "");
@@ -182,6 +187,7 @@
     }
     if (c.cls === "fixed") body.appendChild(el("p", { "class": "ok" }, "Known failure now passes: remove its entry."));
     var t = el("table", { id: "d-fields" });
+    kv(t, "k (spec tokens)", String(c.axes.spec_tokens || 0) + (c.axes.spec_tokens > 0 ? " (verify rows of " + (1 + c.axes.spec_tokens) + " tokens)" : ""));
     kv(t, "axes", Object.keys(c.axes).map(function (k) { return k + "=" + c.axes[k]; }).join("  "));
     kv(t, "mode", c.requested_mode ? (c.requested_mode + (c.downgraded ? " → " + c.resolved_mode + " (downgraded)" : " (resolved " + c.resolved_mode + ")")) : "");
     kv(t, "graph kind", c.graph_kind); kv(t, "provider", c.provider);
