@@ -7,7 +7,7 @@ Writes, next to --out:
 - golden_cuda.json (GPU only): {"source": "recorded", "device", "torch", "hip", "verdicts": {probe: verdict},
   "errors": {probe: message}}; the same format as tests/graphs/golden_cuda.json, which it replaces;
 - golden_cuda.md (GPU only): the table for docs/CHECKER.md;
-- equivalence.json: {"programs": {probe: {runner: verdict}}, "golden": {...}, "disagree": [...],
+- probe_comparison.json: {"programs": {probe: {runner: verdict}}, "golden": {...}, "disagree": [...],
   "errors": {...}} comparing every runner here with the golden table (the fresh GPU one when there
   is a GPU, else the repo's) and the emulation's stated conservative verdicts.
 Exit code 0 when the emulation matches the golden table (or its conservative verdict) on every probe.
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     disagree = [n for n in table if not emulation_ok(n, emulated[n], golden["verdicts"].get(n, "missing"))]
     report = {"programs": table, "golden": golden, "disagree": disagree, "errors": errors,
               "conservative": {k: list(v) for k, v in CONSERVATIVE.items()}}
-    (args.out.parent / "equivalence.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out.parent / "probe_comparison.json").write_text(json.dumps(report, indent=2) + "\n")
 
     width = max(len(p) for p in table)
     for name, verdicts in table.items():

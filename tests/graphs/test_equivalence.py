@@ -28,7 +28,7 @@ def test_gpu_equivalence_script_writes_json(tmp_path):
 
     out = tmp_path / "golden_cuda.json"
     assert main(["--out", str(out)]) == 0
-    report = json.loads((tmp_path / "equivalence.json").read_text())
+    report = json.loads((tmp_path / "probe_comparison.json").read_text())
     assert report["programs"]["host_sync"]["emulated"] == "capture-error"
     assert report["programs"]["customop_item"]["emulated"] == "capture-error"
     assert report["disagree"] == []
