@@ -1,13 +1,16 @@
-"""Run the graph-equivalence programs through every runner available here and write JSON:
+"""Run the graph probe corpus (tests/graphs/probes.py) under real CUDA/HIP graphs and the CPU
+emulation; write the golden table of real-graph verdicts and a comparison.
 
-    {"programs": {program: {runner: verdict}}, "expected": {...},
-     "agreement": {"runners_agree": bool, "match_expected": {runner: bool}}, "device": ..., "torch": ...}
+    PYTHONUNBUFFERED=1 python benchmarks/gpu_equivalence.py --out $OUT/golden_cuda.json
 
-On a GPU machine: the real runner (cuda/hip) on the GPU and the emulated runner on CPU, so the two
-are compared program by program. Without a GPU: the emulated runner only.
-
-    python benchmarks/gpu_equivalence.py --out $OUT/equivalence.json
-Exit code 0 when every runner matches the expected table, 1 otherwise.
+Writes, next to --out:
+- golden_cuda.json (GPU only): {"source": "recorded", "device", "torch", "hip", "verdicts": {probe: verdict},
+  "errors": {probe: message}}; the same format as tests/graphs/golden_cuda.json, which it replaces;
+- golden_cuda.md (GPU only): the table for docs/CHECKER.md;
+- probe_comparison.json: {"programs": {probe: {runner: verdict}}, "golden": {...}, "disagree": [...],
+  "errors": {...}} comparing every runner here with the golden table (the fresh GPU one when there
+  is a GPU, else the repo's) and the emulation's stated conservative verdicts.
+Exit code 0 when the emulation matches the golden table (or its conservative verdict) on every probe.
 """
 
 from __future__ import annotations
@@ -17,55 +20,107 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from backend.graphs import make_graph_runner  # noqa: E402
-from backend.graphs.equivalence import EXPECTED, PROGRAMS, run_program  # noqa: E402
+from backend.graphs import GraphCaptureError, make_graph_runner  # noqa: E402
+from backend.graphs.equivalence import run_program  # noqa: E402
+from tests.graphs.probes import CONSERVATIVE, PROGRAMS  # noqa: E402
+
+REPO_GOLDEN = ROOT / "tests" / "graphs" / "golden_cuda.json"
+
+
+def run_corpus(device: torch.device) -> tuple[str, dict[str, str], dict[str, str]]:
+    runner = make_graph_runner(device)
+    verdicts: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    for program in PROGRAMS:
+        try:
+            verdicts[program.name] = run_program(program, runner, device)
+        except Exception as e:  # a probe that crashes (outside capture) is reported, not fatal
+            verdicts[program.name] = "error"
+            errors[program.name] = f"{type(e).__name__}: {e}".splitlines()[0]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return runner.kind, verdicts, errors
+
+
+def capture_reason(name: str) -> str:
+    """The emulation's capture error message for one probe ('' if it captures)."""
+    program = next(p for p in PROGRAMS if p.name == name)
+    inst = program.build(torch.device("cpu"))
+    runner = make_graph_runner("cpu")
+    runner.warmup(inst.fn, iters=1)
+    try:
+        runner.capture(inst.fn)
+    except GraphCaptureError as e:
+        return str(e)
+    return ""
+
+
+def emulation_ok(name: str, emulated: str, golden: str) -> bool:
+    if name in CONSERVATIVE:
+        verdict, phrase = CONSERVATIVE[name]
+        return emulated == verdict and phrase in capture_reason(name)
+    return emulated == golden
+
+
+def markdown(golden: dict, emulated: dict[str, str]) -> str:
+    descriptions = {p.name: p.description for p in PROGRAMS}
+    lines = [f"Source: {golden['source']} ({golden.get('device') or 'no device'}, torch {golden.get('torch')}).", "",
+             "| probe | what it does | CUDA graph | emulated |", "|---|---|---|---|"]
+    for name, verdict in golden["verdicts"].items():
+        emu = emulated.get(name, "?")
+        if name in CONSERVATIVE:
+            emu += " (conservative: cannot emulate)"
+        lines.append(f"| {name} | {descriptions.get(name, '')} | {verdict} | {emu} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("equivalence.json"))
+    parser.add_argument("--out", type=Path, default=Path("golden_cuda.json"))
+    parser.add_argument("--markdown", action="store_true", help="print the repo golden table as markdown and exit")
     args = parser.parse_args(argv)
-
-    devices = [torch.device("cpu")]
-    if torch.cuda.is_available():
-        devices.insert(0, torch.device("cuda", 0))
 
     table: dict[str, dict[str, str]] = {p.name: {} for p in PROGRAMS}
     errors: dict[str, str] = {}
-    runners: list[str] = []
-    for device in devices:
-        runner = make_graph_runner(device)
-        runners.append(runner.kind)
-        for program in PROGRAMS:
-            try:
-                table[program.name][runner.kind] = run_program(program, runner, device)
-            except Exception as e:  # a program that crashes is reported, not fatal
-                table[program.name][runner.kind] = "error"
-                errors[f"{program.name}/{runner.kind}"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    _, emulated, emu_errors = run_corpus(torch.device("cpu"))
+    if args.markdown:
+        print(markdown(json.loads(REPO_GOLDEN.read_text()), emulated), end="")
+        return 0
+    for name, verdict in emulated.items():
+        table[name]["emulated"] = verdict
+    errors.update({f"{k}/emulated": v for k, v in emu_errors.items()})
 
-    match = {kind: all(table[p][kind] == EXPECTED[p] for p in table) for kind in runners}
-    agree = all(len(set(verdicts.values())) == 1 for verdicts in table.values())
-    report = {
-        "programs": table,
-        "expected": EXPECTED,
-        "agreement": {"runners_agree": agree, "match_expected": match},
-        "errors": errors,
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "torch": torch.__version__,
-        "hip": torch.version.hip,
-    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    if torch.cuda.is_available():
+        kind, real, real_errors = run_corpus(torch.device("cuda", 0))
+        for name, verdict in real.items():
+            table[name][kind] = verdict
+        errors.update({f"{k}/{kind}": v for k, v in real_errors.items()})
+        golden = {"source": "recorded", "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                  "hip": torch.version.hip, "verdicts": real, "errors": real_errors}
+        args.out.write_text(json.dumps(golden, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text(markdown(golden, emulated))
+    else:
+        golden = json.loads(REPO_GOLDEN.read_text())
+
+    disagree = [n for n in table if not emulation_ok(n, emulated[n], golden["verdicts"].get(n, "missing"))]
+    report = {"programs": table, "golden": golden, "disagree": disagree, "errors": errors,
+              "conservative": {k: list(v) for k, v in CONSERVATIVE.items()}}
+    (args.out.parent / "probe_comparison.json").write_text(json.dumps(report, indent=2) + "\n")
+
     width = max(len(p) for p in table)
     for name, verdicts in table.items():
         cells = "  ".join(f"{k}={v}" for k, v in verdicts.items())
-        print(f"{name:<{width}}  expected={EXPECTED[name]:<13}  {cells}")
-    print(f"runners agree: {agree}; match expected: {match}; wrote {args.out}")
-    return 0 if all(match.values()) and agree else 1
+        mark = "" if name not in disagree else "  <-- emulation disagrees"
+        print(f"{name:<{width}}  golden={golden['verdicts'].get(name, 'missing'):<13}  {cells}{mark}")
+    print(f"golden source: {golden['source']}; {len(table) - len(disagree)}/{len(table)} probes agree; "
+          f"errors: {len(errors)}; wrote {args.out.parent}")
+    return 0 if not disagree else 1
 
 
 if __name__ == "__main__":

@@ -33,16 +33,21 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch._library.custom_ops import _maybe_get_opdef
+from torch.utils._pytree import tree_flatten, tree_map
 
 from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner, capturing
+from backend.graphs.host import is_host, is_pinned_host, mark_host
 
 # Ops whose result depends on tensor data on the host (a device->host sync on a GPU).
 _HOST_SYNC_OPS = frozenset({
     "aten::_local_scalar_dense", "aten::is_nonzero", "aten::nonzero", "aten::masked_select",
     "aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
     "aten::unique_dim_consecutive", "aten::equal", "aten::bincount", "aten::argwhere",
+    "aten::allclose", "aten::item",  # aten::item is seen when dispatched inside an op's body
 })
+# Namespaces of ops with a kernel in torch; any other namespace is a custom op (torch.library).
+_BUILTIN_NAMESPACES = frozenset({"aten", "prims", "c10d", "_c10d_functional", "rngprims", "profiler"})
 _BOOL_INDEX_OPS = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})
 _EMPTY_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
                         "aten::new_empty_strided"})
@@ -63,6 +68,14 @@ def _host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) ->
     name = func._schema.name
     if name in _HOST_SYNC_OPS:
         return f"{func} (reads tensor data on the host)"
+    if name == "aten::histc":
+        lo = args[2] if len(args) > 2 else kwargs.get("min", 0)
+        hi = args[3] if len(args) > 3 else kwargs.get("max", 0)
+        if lo == hi:
+            return f"{func} with min == max (the range is read from the data on the host)"
+    if any(isinstance(x, torch.Generator) for x in tree_flatten((args, kwargs))[0]):
+        return (f"{func} with an explicit torch.Generator (a CUDA graph refuses a generator it was "
+                "not given through register_generator_state)")
     if name == "aten::repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor") \
             and kwargs.get("output_size") is None:
         return f"{func} without output_size (output shape depends on tensor data)"
@@ -118,6 +131,13 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.namespace not in _BUILTIN_NAMESPACES:
+            return self._custom_op(func, args, kwargs)
+        host = [t for t in _tensors((args, kwargs)) if is_host(t)]
+        if host:
+            args, kwargs, done, out = self._host_tensors(func, args, kwargs, host)
+            if done:
+                return out
         reason = _host_sync_reason(func, args, kwargs)
         if reason is not None:
             raise GraphCaptureError(f"host sync during graph capture: {reason}")
@@ -129,6 +149,51 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         self.ops.append(_Op(func, args, kwargs, out, self._classify(func, args, kwargs, out)))
         return out
+
+    def _custom_op(self, func, args, kwargs):
+        # A custom op is one opaque op to the dispatcher: recorded as such, its Python body would
+        # re-run at replay with live host state (a global, a forward context) where a graph
+        # replays the kernels the body launched at capture. So record through the body.
+        opdef = _maybe_get_opdef(func)
+        body = None
+        if opdef is not None:
+            body = opdef._backend_fns.get("cpu") or opdef._backend_fns.get(None) or opdef._init_fn
+        if body is None:
+            raise GraphCaptureError(
+                f"cannot emulate: custom op {func} has no Python body to record through "
+                "(registered without torch.library.custom_op); its host reads would not be frozen")
+        with self:
+            return body(*args, **kwargs)
+
+    def _host_tensors(self, func, args, kwargs, host):
+        """Host memory in an op. Returns (args, kwargs, done, out); done means the op ran on the
+        host now and is not part of the graph (a GPU runs host work during capture, once)."""
+        name = func._schema.name
+        if name == "aten::copy_":
+            dst, src = args[0], args[1]
+            non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            if is_host(dst) and not is_host(src):
+                raise GraphCaptureError(f"host sync during graph capture: {func} device->host copy")
+            if not is_host(dst):
+                if not (non_blocking and is_pinned_host(src)):
+                    raise GraphCaptureError(
+                        f"host sync during graph capture: {func} host->device copy that is blocking "
+                        "or from pageable memory (a graph copies only from pinned memory, non_blocking)")
+                return args, kwargs, False, None  # replay re-reads the pinned buffer, as a graph does
+        if len(host) == len(_tensors((args, kwargs))):
+            out = func(*args, **kwargs)
+            for t in _tensors(out):
+                if not is_host(t):  # an in-place result keeps its mark (and pinned flag)
+                    mark_host(t)
+            return args, kwargs, True, out
+        if all(t.dim() == 0 for t in host):
+            # A CPU scalar tensor in a device op is passed by value: frozen at capture.
+            frozen = {id(t): t.clone() for t in host}
+            swap = lambda x: frozen.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+            return tree_map(swap, args), tree_map(swap, kwargs), False, None
+        raise GraphCaptureError(
+            f"graph capture failed: {func} mixes host tensors with device tensors "
+            f"(host shape {tuple(host[0].shape)}; a GPU op refuses CPU tensors)")
 
     def _classify(self, func, args, kwargs, out) -> str:
         if func.namespace == "c10d":
@@ -161,18 +226,23 @@ class _Recorder(TorchDispatchMode):
         self.snapshots.clear()
 
 
-def _refuse_host_read(what: str) -> Callable[..., Any]:
+def _refuse_host_read(what: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def refuse(self: torch.Tensor, *a: Any, **k: Any) -> Any:
+        if is_host(self):
+            return original(self, *a, **k)
+        if what == "cpu":
+            raise GraphCaptureError("host sync during graph capture: Tensor.cpu() copies device->host")
         raise GraphCaptureError(f"host sync during graph capture: Tensor.{what}() reads tensor data on the host")
     return refuse
 
 
 @contextlib.contextmanager
 def _no_host_reads() -> Iterator[None]:
-    # tolist()/numpy() read memory directly, below the dispatcher, so the mode cannot see them.
-    patched = {name: torch.Tensor.__dict__.get(name) for name in ("tolist", "numpy")}
-    for name in patched:
-        setattr(torch.Tensor, name, _refuse_host_read(name))
+    # tolist()/numpy() read memory directly, below the dispatcher, so the mode cannot see them;
+    # cpu() of a CPU tensor returns it without dispatching, so the mode cannot see a D2H copy.
+    patched = {name: torch.Tensor.__dict__.get(name) for name in ("tolist", "numpy", "cpu")}
+    for name, original in patched.items():
+        setattr(torch.Tensor, name, _refuse_host_read(name, original or getattr(torch.Tensor, name)))
     try:
         yield
     finally:

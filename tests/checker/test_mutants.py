@@ -59,6 +59,10 @@ MUTANTS = {
         "tests.mutants.host_sync:Backend",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
         Status.ERROR, "capture"),
+    "host sync inside a custom op (AITER op wrapping k_scale.item())": Expect(
+        "tests.mutants.customop_host_sync:Backend",
+        lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
+        Status.ERROR, "capture"),
 }
 
 

@@ -1,0 +1,61 @@
+"""Which CPU tensors are host memory in the emulation (DESIGN.md §4): a registry, not a subclass.
+
+On CPU the emulated device and the host are one device, so a tensor is a device tensor unless it
+was marked here. Callers mark the tensors that stand for host memory (a builder's pinned staging
+buffer, host-side query lens); on a real GPU those are plain CPU tensors and marking is a no-op
+there. Hazard: the mark is keyed by storage pointer and lives as long as the marked tensor
+object; a view that outlives its marked base loses the mark.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+# storage data_ptr -> (weak ref to the marked tensor, pinned)
+_HOST: dict[int, tuple[weakref.ref, bool]] = {}
+
+
+def _ptr(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def mark_host(t: torch.Tensor, pinned: bool = False) -> torch.Tensor:
+    """Mark `t` (and every view of its storage) as host memory; pinned=True for a pinned buffer
+    (the only source a graph may copy host->device from at replay). Returns `t`."""
+    ptr = _ptr(t)
+    if ptr:
+        _HOST[ptr] = (weakref.ref(t), pinned)
+    return t
+
+
+def _entry(t: torch.Tensor) -> tuple[weakref.ref, bool] | None:
+    entry = _HOST.get(_ptr(t))
+    if entry is None:
+        return None
+    if entry[0]() is None:  # the marked tensor died; its pointer may be reused
+        _HOST.pop(_ptr(t), None)
+        return None
+    return entry
+
+
+def is_host(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and _entry(t) is not None
+
+
+def is_pinned_host(t: torch.Tensor) -> bool:
+    entry = _entry(t)
+    return entry is not None and entry[1]
+
+
+def host_tensor(t: torch.Tensor, device: torch.device | str, pinned: bool = False) -> torch.Tensor:
+    """`t` as host memory for a program on `device`: a (pinned) CPU tensor on a GPU, a marked CPU
+    tensor under the emulation."""
+    t = t.cpu()
+    if torch.device(device).type == "cpu":
+        return mark_host(t, pinned)
+    return t.pin_memory() if pinned else t

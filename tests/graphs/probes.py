@@ -1,0 +1,310 @@
+"""The probe corpus (issue #16): small programs, each with the verdict a real CUDA graph gives.
+
+Every program runs on both runners through backend.graphs.equivalence.run_program: under
+torch.cuda.CUDAGraph on a GPU (benchmarks/gpu_equivalence.py writes tests/graphs/golden_cuda.json)
+and under the CPU emulation (tests/graphs/test_probes.py asserts it gives the golden verdict, or
+the conservative one in CONSERVATIVE). Host memory is made with host_tensor(): a (pinned) CPU
+tensor on a GPU, a marked CPU tensor under the emulation (backend/graphs/host.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backend.graphs.equivalence import PROGRAMS as BASE_PROGRAMS
+from backend.graphs.equivalence import Instance, Program
+from backend.graphs.host import host_tensor
+
+_HOST_GLOBAL = {"scale": 2.0}  # stands for vLLM's forward context, read inside an op body
+
+
+@torch.library.custom_op("orch_probe::scale_by_global", mutates_args=())
+def _scale_by_global(x: torch.Tensor) -> torch.Tensor:
+    return x * _HOST_GLOBAL["scale"]
+
+
+@torch.library.custom_op("orch_probe::scale_by_item", mutates_args=())
+def _scale_by_item(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * scale.item()  # AITER pa_decode's k_scale.item(), inside an op
+
+
+@torch.library.custom_op("orch_probe::double_into", mutates_args=("out",))
+def _double_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(x * 2)
+
+
+@torch.library.custom_op("orch_probe::scale_by_int", mutates_args=())
+def _scale_by_int(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x * n
+
+
+# An op registered the older way (a Library impl, no CustomOpDef): the emulation cannot get at
+# its body, so it refuses it rather than replaying the body with live host state.
+_LIB = torch.library.Library("orch_probe_lib", "DEF")
+_LIB.define("scale_by_global(Tensor x) -> Tensor")
+_LIB.impl("scale_by_global", lambda x: x * _HOST_GLOBAL["scale"], "CompositeExplicitAutograd")
+
+
+def _arange(n: int, device, start: float = 0.0) -> torch.Tensor:
+    return torch.arange(start, start + n, dtype=torch.float32, device=device)
+
+
+def _customop_host_global(device) -> Instance:
+    _HOST_GLOBAL["scale"] = 2.0
+    x = _arange(4, device)
+
+    def step():
+        _HOST_GLOBAL["scale"] = 5.0
+        x.add_(1)
+
+    return Instance(lambda: torch.ops.orch_probe.scale_by_global(x), step, lambda: x * _HOST_GLOBAL["scale"])
+
+
+def _library_impl_host_global(device) -> Instance:
+    _HOST_GLOBAL["scale"] = 2.0
+    x = _arange(4, device)
+
+    def step():
+        _HOST_GLOBAL["scale"] = 5.0
+        x.add_(1)
+
+    return Instance(lambda: torch.ops.orch_probe_lib.scale_by_global(x), step, lambda: x * _HOST_GLOBAL["scale"])
+
+
+def _customop_item(device) -> Instance:
+    x, scale = _arange(4, device), torch.ones(1, device=device)
+    return Instance(lambda: torch.ops.orch_probe.scale_by_item(x, scale), lambda: scale.fill_(2.0), lambda: x * scale)
+
+
+def _customop_mutating(device) -> Instance:
+    x, out = _arange(4, device), torch.zeros(4, device=device)
+
+    def fn():
+        torch.ops.orch_probe.double_into(x, out)
+        return out
+
+    return Instance(fn, lambda: x.fill_(3.0), lambda: x * 2)
+
+
+def _customop_host_int(device) -> Instance:
+    x, host = _arange(4, device), {"n": 2}
+
+    def step():
+        host["n"] = 7
+
+    return Instance(lambda: torch.ops.orch_probe.scale_by_int(x, host["n"]), step, lambda: x * host["n"])
+
+
+def _host_cumsum_pinned_h2d(device) -> Instance:
+    query_lens = host_tensor(torch.tensor([1, 1, 1], dtype=torch.int32), device)
+    staging = host_tensor(torch.zeros(3, dtype=torch.int32), device, pinned=True)
+    start_loc = torch.zeros(3, dtype=torch.int32, device=device)
+
+    def fn():
+        staging.copy_(query_lens.cumsum(0))  # host work: runs once, at capture
+        start_loc.copy_(staging, non_blocking=True)
+        return start_loc * 1
+
+    def step():
+        query_lens.copy_(torch.tensor([1, 5, 2], dtype=torch.int32))
+
+    return Instance(fn, step, lambda: query_lens.cumsum(0).to(device))
+
+
+def _pinned_h2d_refreshed(device) -> Instance:
+    staging = host_tensor(torch.ones(4), device, pinned=True)
+    dev = torch.zeros(4, device=device)
+
+    def fn():
+        dev.copy_(staging, non_blocking=True)
+        return dev * 2
+
+    def step():
+        staging.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))  # the builder refills the pinned buffer
+
+    return Instance(fn, step, lambda: staging.to(device) * 2)
+
+
+def _pageable_h2d_blocking(device) -> Instance:
+    host = host_tensor(torch.ones(4), device)
+    dev = torch.zeros(4, device=device)
+
+    def fn():
+        dev.copy_(host)  # blocking copy from pageable memory: a stream sync
+        return dev * 2
+
+    return Instance(fn, lambda: host.fill_(3.0), lambda: host.to(device) * 2)
+
+
+def _d2h_cpu(device) -> Instance:
+    x = _arange(4, device)
+
+    def fn():
+        n = x.cpu()  # host metadata built from device data
+        return x * 2 + n.sum().to(x.device) * 0
+
+    return Instance(fn, lambda: x.add_(1), lambda: x * 2)
+
+
+def _host_item_frozen(device) -> Instance:
+    x, scale = _arange(4, device), host_tensor(torch.ones(1), device)
+    return Instance(lambda: x * scale.item(), lambda: scale.fill_(3.0), lambda: x * 3.0)
+
+
+def _host_scalar_tensor_arg(device) -> Instance:
+    x, scale = _arange(4, device), host_tensor(torch.tensor(2.0), device)
+    return Instance(lambda: x * scale, lambda: scale.fill_(3.0), lambda: x * 3.0)
+
+
+def _histc_auto_range(device) -> Instance:
+    x = _arange(8, device)
+    return Instance(lambda: torch.histc(x, bins=4), lambda: x.mul_(2), lambda: torch.histc(x, bins=4))
+
+
+def _histc_fixed_range(device) -> Instance:
+    x = _arange(8, device)
+
+    def ref():
+        return torch.histc(x, bins=4, min=0, max=16)
+
+    return Instance(lambda: torch.histc(x, bins=4, min=0, max=16), lambda: x.mul_(2), ref)
+
+
+def _allclose_branch(device) -> Instance:
+    x, y = _arange(4, device), _arange(4, device)
+    return Instance(lambda: x * 2 if torch.allclose(x, y) else x, lambda: y.add_(1), lambda: x)
+
+
+def _explicit_generator(device) -> Instance:
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.zeros(4, device=device)
+    return Instance(lambda: x + torch.rand(4, device=device, generator=gen), lambda: None, None)
+
+
+def _rng_default_generator(device) -> Instance:
+    x = torch.zeros(4, device=device)
+    return Instance(lambda: x + torch.rand(4, device=device), lambda: None, None)  # philox offset advances
+
+
+def _alloc_during_capture(device) -> Instance:
+    x = _arange(4, device)
+
+    def fn():
+        t = torch.zeros(4, device=device)
+        t += x
+        return t * 1
+
+    return Instance(fn, lambda: x.fill_(9.0), lambda: x.clone())
+
+
+def _shape_scalar(device) -> Instance:
+    x = _arange(4, device)
+    return Instance(lambda: x / x.shape[0], lambda: x.add_(4), lambda: x / 4)
+
+
+def _where_mask(device) -> Instance:
+    x = _arange(4, device)
+
+    def ref():
+        return torch.where(x > 2, x, torch.zeros_like(x))
+
+    return Instance(lambda: torch.where(x > 2, x, torch.zeros_like(x)), lambda: x.copy_(_arange(4, device, 1.0).flip(0)), ref)
+
+
+def _index_put_tensor_indices(device) -> Instance:
+    idx = torch.tensor([0, 2], device=device)
+    vals, out = torch.tensor([1.0, 2.0], device=device), torch.zeros(4, device=device)
+
+    def fn():
+        out.zero_()
+        out.index_put_((idx,), vals)
+        return out
+
+    def step():
+        idx.copy_(torch.tensor([1, 3]))
+        vals.fill_(7.0)
+
+    return Instance(fn, step, lambda: torch.zeros(4, device=device).index_put_((idx,), vals))
+
+
+def _gather_block_table(device) -> Instance:
+    cache, table = _arange(12, device).view(6, 2), torch.tensor([0, 1], device=device)
+
+    def step():
+        table.copy_(torch.tensor([4, 5]))
+
+    return Instance(lambda: cache.index_select(0, table).sum(1), step, lambda: cache.index_select(0, table).sum(1))
+
+
+def _out_variant(device) -> Instance:
+    x, out = _arange(4, device), torch.zeros(4, device=device)
+
+    def fn():
+        torch.mul(x, 3, out=out)
+        return out
+
+    return Instance(fn, lambda: x.fill_(2.0), lambda: x * 3)
+
+
+def _view_during_capture(device) -> Instance:
+    buf = _arange(4, device)
+    return Instance(lambda: buf.view(2, 2).sum(0), lambda: buf.mul_(3), lambda: buf.view(2, 2).sum(0))
+
+
+def _bool_mask_index(device) -> Instance:
+    x = _arange(4, device)
+    return Instance(lambda: x[x > 1], lambda: x.add_(1), lambda: x[x > 1])
+
+
+def _nonzero(device) -> Instance:
+    x = _arange(4, device)
+    return Instance(lambda: torch.nonzero(x).float(), lambda: x.add_(1), lambda: torch.nonzero(x).float())
+
+
+def _tolist(device) -> Instance:
+    x = _arange(4, device)
+    return Instance(lambda: x * len(x.tolist()), lambda: x.add_(1), lambda: x * 4)
+
+
+def _repeat_interleave_no_size(device) -> Instance:
+    reps = torch.tensor([1, 2], device=device)
+    return Instance(lambda: torch.repeat_interleave(reps).float(), lambda: reps.fill_(2),
+                    lambda: torch.repeat_interleave(reps).float())
+
+
+NEW_PROGRAMS: tuple[Program, ...] = (
+    Program("customop_host_global", "a custom op whose body reads a host global", _customop_host_global),
+    Program("library_impl_host_global", "a Library-impl op (no CustomOpDef) reading a host global", _library_impl_host_global),
+    Program("customop_item", "a custom op whose body calls .item() on a device tensor", _customop_item),
+    Program("customop_mutating", "a custom op writing its out argument in place", _customop_mutating),
+    Program("customop_host_int", "a custom op given a host int that changes after capture", _customop_host_int),
+    Program("host_cumsum_pinned_h2d", "host cumsum of query lens, then non_blocking H2D from pinned", _host_cumsum_pinned_h2d),
+    Program("pinned_h2d_refreshed", "non_blocking H2D from a pinned buffer refilled before replay", _pinned_h2d_refreshed),
+    Program("pageable_h2d_blocking", "blocking H2D copy from pageable host memory", _pageable_h2d_blocking),
+    Program("d2h_cpu", "x.cpu() to build host metadata", _d2h_cpu),
+    Program("host_item_frozen", ".item() of a host tensor (allowed on a GPU, frozen)", _host_item_frozen),
+    Program("host_scalar_tensor_arg", "a 0-dim CPU tensor as an operand of a device op", _host_scalar_tensor_arg),
+    Program("histc_auto_range", "histc with min == max (range read from the data)", _histc_auto_range),
+    Program("histc_fixed_range", "histc with a fixed range", _histc_fixed_range),
+    Program("allclose_branch", "a Python branch on torch.allclose", _allclose_branch),
+    Program("explicit_generator", "torch.rand with an explicit torch.Generator", _explicit_generator),
+    Program("rng_default_generator", "torch.rand on the default generator: new numbers each replay", _rng_default_generator),
+    Program("alloc_during_capture", "a tensor allocated inside the capture", _alloc_during_capture),
+    Program("shape_scalar", "a python scalar from a shape that does not change", _shape_scalar),
+    Program("where_mask", "torch.where with a device mask", _where_mask),
+    Program("index_put_tensor_indices", "index_put_ with device index tensors", _index_put_tensor_indices),
+    Program("gather_block_table", "index_select by a device block table", _gather_block_table),
+    Program("out_variant", "torch.mul(..., out=static)", _out_variant),
+    Program("view_during_capture", "a view created inside the capture", _view_during_capture),
+    Program("bool_mask_index", "boolean-mask indexing", _bool_mask_index),
+    Program("nonzero", "torch.nonzero", _nonzero),
+    Program("tolist", "Tensor.tolist() of a device tensor", _tolist),
+    Program("repeat_interleave_no_size", "repeat_interleave without output_size", _repeat_interleave_no_size),
+)
+
+PROGRAMS: tuple[Program, ...] = BASE_PROGRAMS + NEW_PROGRAMS
+
+# Where the emulation cannot be faithful: probe -> (its verdict, a phrase its error must contain).
+CONSERVATIVE: dict[str, tuple[str, str]] = {
+    "library_impl_host_global": ("capture-error", "cannot emulate: custom op"),
+}

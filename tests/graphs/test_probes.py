@@ -1,0 +1,73 @@
+"""The probe corpus on the emulation gives the real-CUDA verdict of tests/graphs/golden_cuda.json,
+or its stated conservative verdict (an error naming the construct), never a silent fresh."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.graphs import GraphCaptureError, make_graph_runner
+from backend.graphs.equivalence import run_program
+from backend.graphs.host import host_tensor, is_host, mark_host
+from tests.graphs.probes import CONSERVATIVE, PROGRAMS
+
+GOLDEN = json.loads((Path(__file__).parent / "golden_cuda.json").read_text())
+BY_NAME = {p.name: p for p in PROGRAMS}
+
+
+def test_corpus_is_large_and_golden_covers_it():
+    assert len(PROGRAMS) >= 25 and len(BY_NAME) == len(PROGRAMS)
+    assert set(GOLDEN["verdicts"]) == set(BY_NAME)
+    assert set(GOLDEN["verdicts"].values()) == {"fresh", "stale", "capture-error"}
+    assert set(CONSERVATIVE) <= set(BY_NAME)
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_emulated_verdict_matches_golden(name):
+    got = run_program(BY_NAME[name], make_graph_runner("cpu"), "cpu")
+    if name in CONSERVATIVE:
+        verdict, phrase = CONSERVATIVE[name]
+        assert got == verdict
+        inst = BY_NAME[name].build(torch.device("cpu"))
+        with pytest.raises(GraphCaptureError, match=phrase):
+            make_graph_runner("cpu").capture(inst.fn)
+    else:
+        assert got == GOLDEN["verdicts"][name]
+    # The gate's worst case: fresh (safe) under emulation where a real graph is not.
+    assert not (got == "fresh" and GOLDEN["verdicts"][name] != "fresh")
+
+
+def test_host_marks_follow_host_ops_and_keep_pinned():
+    from backend.graphs.host import is_pinned_host
+
+    staging = host_tensor(torch.zeros(3), "cpu", pinned=True)
+    lens = mark_host(torch.ones(3))
+    dev = torch.zeros(3)
+    out = {}
+
+    def fn():
+        staging.copy_(lens.cumsum(0))
+        out["h"] = lens * 2
+        dev.copy_(staging, non_blocking=True)
+        return dev
+
+    make_graph_runner("cpu").capture(fn)
+    assert is_pinned_host(staging) and is_host(out["h"]) and not is_host(dev)
+    assert torch.equal(staging, torch.tensor([1.0, 2.0, 3.0]))  # host work ran at capture, once
+    assert torch.equal(dev, torch.zeros(3))  # device writes are not executed by a capture
+
+
+def test_host_tensor_mixed_into_device_op_is_refused():
+    h, x = mark_host(torch.ones(4)), torch.ones(4)
+    with pytest.raises(GraphCaptureError, match="mixes host tensors with device tensors"):
+        make_graph_runner("cpu").capture(lambda: x + h)
+
+
+def test_d2h_of_a_host_tensor_and_tolist_are_allowed():
+    h, x = mark_host(torch.arange(3.0)), torch.arange(3.0)
+    graph = make_graph_runner("cpu").capture(lambda: x * len(h.cpu().tolist()))
+    x.fill_(1)
+    assert torch.equal(graph.replay(), torch.full((3,), 3.0))
