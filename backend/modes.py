@@ -141,12 +141,14 @@ def resolve_mode(requested: str | CUDAGraphMode, support: AttentionCGSupport, *,
 
     # 2b. Spec decode: a FULL decode graph replays verify batches of q = 1 + k > 1 tokens per
     # request, which UNIFORM_SINGLE_TOKEN_DECODE does not cover (vLLM's initialize_cudagraph_capture
-    # checks the support against uniform_decode_query_len and drops FULL decode graphs).
+    # checks the support against uniform_decode_query_len and drops FULL decode graphs; the
+    # warning text is vllm/config/compilation.py's: PIECEWISE where attention splits, else NONE).
     if (spec_tokens > 0 and mode.decode_mode() == CUDAGraphMode.FULL
             and support == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE):
         target = CUDAGraphMode.PIECEWISE if piecewise_available else CUDAGraphMode.NONE
         notes.append(f"CUDAGraphMode.{mode.name} is not supported with spec-decode for attention backend "
-                     f"{backend_name} (support: {support.name}); setting cudagraph_mode={target.name}")
+                     f"{backend_name} (support: AttentionCGSupport.{support.name}); "
+                     f"setting cudagraph_mode={target.name}")
         mode = target
 
     # 3. Nothing above can leave FULL with NEVER; kept as vLLM's final guard.
