@@ -133,3 +133,49 @@ def test_tp_gang(key):
     if r.status == Status.FAIL:
         assert r.reason.startswith(f"rank 0: {TP_FAILED_CHECK[backend]} check failed"), r.reason
         assert "[all ranks fail]" in r.reason
+
+
+# Spec decode (k > 0, DESIGN.md §4b): (mode, batch kind at k, k) -> reachable. Batches: DECODE
+# becomes 3 verify rows of q = 1 + k (uniform); MIXED (1, 4, 1) at k = 2 is (3, 4, 3), not uniform.
+SPLIT = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # UNIFORM_BATCH: FULL -> FULL_AND_PIECEWISE
+SPEC_MUTANTS = {
+    "decode kernel reads one query token per request": Expect(
+        "tests.mutants.one_query_token:Backend",
+        lambda mode, kind, k: k > 0 and kind == "decode", Status.FAIL, "reference"),
+    "UNIFORM_BATCH overstated: verify split frozen from the capture batch": Expect(
+        "tests.mutants.partition_frozen:Backend",
+        lambda mode, kind, k: k > 0 and kind == "decode" and mode in SPLIT, Status.FAIL, "replay"),
+    "same code, honest UNIFORM_SINGLE_TOKEN_DECODE (k > 0: PIECEWISE)": Expect(
+        "tests.mutants.partition_frozen:HonestBackend",
+        lambda mode, kind, k: False, Status.PASS, ""),
+    "max_query_len == 1 branch under a k > 0 capture (control)": Expect(
+        "tests.mutants.decode_branch_spec:Backend",
+        lambda mode, kind, k: False, Status.PASS, ""),
+}
+
+
+@pytest.mark.parametrize("name", SPEC_MUTANTS)
+def test_spec_mutant_flagged_exactly_where_reachable(name, sessions):
+    exp = SPEC_MUTANTS[name]
+    for k in (0, 2):
+        for batch in (DECODE, MIXED):
+            for mode in MODES:
+                r = run_case(make_case(exp.backend, mode, "auto", batch, spec_tokens=k), sessions=sessions)
+                want = exp.status if exp.flagged(mode, batch.kind, k) else Status.PASS
+                where = f"{name}: {mode}/k{k}/{batch.kind}"
+                assert r.status == want, f"{where}: {r.status.value} {r.reason}"
+                if want == Status.FAIL:
+                    assert r.reason.startswith(f"{exp.check} check failed"), f"{where}: {r.reason}"
+
+
+def test_frozen_partition_is_a_v2_capture_hazard(sessions):
+    """V1 captures with seq_lens = max_model_len, so the frozen split covers every replay."""
+    import dataclasses
+
+    from tests.checker.conftest import TINY
+
+    for style, want in (("v1", Status.PASS), ("v2", Status.FAIL)):
+        model = dataclasses.replace(TINY, capture_style=style)
+        r = run_case(make_case("tests.mutants.partition_frozen:Backend", "FULL_DECODE_ONLY", "auto", DECODE,
+                               spec_tokens=2, model=model), sessions=sessions)
+        assert r.status == want, f"{style}: {r.reason}"
