@@ -14,6 +14,10 @@ from typing import Any
 
 # vLLM v1 cudagraph modes (DESIGN.md §4). Runtime modes are only NONE, PIECEWISE, FULL.
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+# Which vLLM model runner's capture procedure to reproduce (DESIGN.md §4a): "v1" gpu_model_runner
+# (_dummy_run: seq_lens = max_model_len), "v2" vllm/v1/worker/gpu/cudagraph_utils.py (device
+# seq_lens = query len, host max_seq_len = max_model_len, block-table rows on the null block).
+CAPTURE_STYLES = ("v1", "v2")
 KV_CACHE_DTYPES = ("auto", "fp8")
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
 TP_SIZES = (1, 2, 4, 8)
@@ -39,6 +43,18 @@ class ModelShape:
     max_num_seqs: int = 16
     # KV-cache blocks per layer, block 0 (the null block) included; 0 = derive from the above.
     num_blocks: int = 0
+    # vLLM's scheduler token budget per step; caps the capture sizes. 0 = unbounded here
+    # (max_num_seqs * max_model_len), so matrices written before the field keep their sizes.
+    max_num_batched_tokens: int = 0
+    capture_style: str = "v2"  # one of CAPTURE_STYLES; v2 = the current vLLM model runner
+
+    def __post_init__(self):
+        if self.capture_style not in CAPTURE_STYLES:
+            raise ValueError(f"capture_style {self.capture_style!r} is not one of {', '.join(CAPTURE_STYLES)}")
+
+    @property
+    def batched_tokens_limit(self) -> int:
+        return self.max_num_batched_tokens or self.max_num_seqs * self.max_model_len
 
     @property
     def hidden_size(self) -> int:

@@ -26,7 +26,8 @@ from backend.case import Case
 from backend.checks import (CheckAccumulator, Comparison, all_finite, compare, failure_reason, kv_integrity, raw,
                             real_slot_values)
 from backend.model import layout_reasons, reference_forward
-from backend.modes import CUDAGraphMode, UnsupportedModeError, dispatch, resolve_mode
+from backend.modes import (CUDAGraphMode, UnsupportedModeError, dispatch, is_uniform_decode, resolve_mode,
+                           uniform_decode_query_len)
 from backend.result import (CHECK_DETERMINISM, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_NAMES,
                             CHECK_REFERENCE, CHECK_REPLAY, CaseResult, Status)
 from backend.session import LRU, CaptureFailed, GraphKey, Session, SessionCache, attention_config
@@ -118,7 +119,8 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
             return base.replace(status=Status.SKIP, reason="unsupported: " + "; ".join(reasons))
         try:
             res = resolve_mode(case.mode, backend_cls.cudagraph_support,
-                               backend_name=getattr(backend_cls, "name", case.backend_label))
+                               backend_name=getattr(backend_cls, "name", case.backend_label),
+                               spec_tokens=case.spec_tokens)
         except UnsupportedModeError as e:
             return base.replace(status=Status.SKIP, reason=f"unsupported: {e}")
         mode = res.resolved
@@ -236,7 +238,8 @@ _REFERENCES = LRU(64)
 
 
 def _reference_key(case: Case, session: Session, step: int) -> tuple:
-    return (case.model, case.kv_cache_dtype, case.batch, case.seed, case.steps, tuple(case.capture_sizes), step,
+    return (case.model, case.kv_cache_dtype, case.batch, case.spec_tokens, case.seed, case.steps,
+            tuple(case.capture_sizes), step,
             str(session.device), session.kv_caches[0].dtype)
 
 
@@ -274,16 +277,20 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
                phases: dict[str, float]) -> CaseResult:
     clock = _Clock(session.device)
     shape, tol = case.model, case.tolerance
-    plans = plan_steps(case.batch, shape, tuple(case.capture_sizes), max(case.steps, 1), case.seed)
-    dispatches = [dispatch(mode, p.num_tokens, p.uniform_decode, case.capture_sizes, shape.max_num_seqs) for p in plans]
-    keys = {GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode) for d in dispatches if d.runtime_mode != "NONE"}
+    q = uniform_decode_query_len(case.spec_tokens)
+    plans = plan_steps(case.batch, shape, tuple(case.capture_sizes), max(case.steps, 1), case.seed,
+                       spec_tokens=case.spec_tokens)
+    dispatches = [dispatch(mode, p.num_tokens, is_uniform_decode(p.query_lens, q), case.capture_sizes,
+                           shape.max_num_seqs, q) for p in plans]
+    keys = {GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode, q if d.uniform_decode else 1)
+            for d in dispatches if d.runtime_mode != "NONE"}
     capture_s = session.ensure_graphs(keys)  # before any snapshot: capture runs the model
     _set_scales(case, session)
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
     eager_s, replay_s, used, shared = [], [], [], 0
     for plan, d in zip(plans, dispatches):
         t0 = clock.now()
-        memo_key = (case.batch, case.seed, case.steps, case.tolerance, plan.index)
+        memo_key = (case.batch, case.spec_tokens, case.seed, case.steps, case.tolerance, plan.index)
         eager = session.eager_memo.get(memo_key)
         ref_key = _reference_key(case, session, plan.index)
         inputs = make_step_inputs(plan, shape, case.seed, session.device)
@@ -308,7 +315,8 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
             out_g = session.run_eager(x, inputs.batch)
             used.append(0)
         else:
-            out_g = session.run_graph(GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode), x, inputs.batch,
+            out_g = session.run_graph(GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode,
+                                               q if d.uniform_decode else 1), x, inputs.batch,
                                       pad_seed=hash_seed(case.seed, plan.index, 31))
             used.append(d.padded_tokens)
         t2 = clock.now()

@@ -1,16 +1,27 @@
-"""Cudagraph modes with vLLM v1 semantics (DESIGN.md §4): resolution against the backend's
-support level, capture sizes and padding, the per-batch dispatch, and what must be captured.
+"""Cudagraph modes with vLLM v1 semantics (DESIGN.md §4, §4a, §4b): resolution against the
+backend's support level, capture sizes and padding, the per-batch dispatch, and what must be
+captured, for decode query len q = 1 + k (k speculative tokens; q = 1 without spec decode).
 
-Facts carried over from vLLM (vllm/config/compilation.py CUDAGraphMode, the resolution in
-GPUModelRunner.initialize_cudagraph_capture / CompilationConfig, vllm/v1/cudagraph_dispatcher.py):
+Facts carried over from vLLM (vllm/config/compilation.py CUDAGraphMode and the resolution in
+GPUModelRunner.initialize_cudagraph_capture / CompilationConfig; vllm/config/vllm.py
+_set_cudagraph_sizes; vllm/v1/cudagraph_dispatcher.py; V2: vllm/v1/worker/gpu/cudagraph_utils.py
+CudaGraphManager, get_cudagraph_sizes, get_cudagraph_runtime_mode):
 - Composite modes are (decode, mixed) pairs; only NONE, PIECEWISE, FULL are runtime modes.
 - Mixed FULL needs ALWAYS. UNIFORM_BATCH is not enough (a mixed batch is not uniform), so FULL
   with UNIFORM_BATCH is downgraded exactly like UNIFORM_SINGLE_TOKEN_DECODE.
-- Split modes add FULL keys for uniform decode only at capture sizes <= max_num_seqs (q = 1, so
-  max_num_seqs tokens at most); a decode batch that pads above that falls back to the mixed key.
+- uniform_decode_query_len = 1 + k; a batch is uniform decode when every request has exactly that
+  query len (V2 get_cudagraph_runtime_mode: max_query_len == q and num_tokens == q * num_reqs).
+  With k > 0 a backend at UNIFORM_SINGLE_TOKEN_DECODE cannot take a FULL decode graph.
+- Default capture sizes: [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16) with
+  max = min(2 * max_num_seqs * q, 512) capped at max_num_batched_tokens; max_num_batched_tokens is
+  appended when it fits under that cap, and with q > 1 the sizes are rounded up to multiples of q
+  (adjust_cudagraph_sizes_for_spec_decode).
+- Split modes add FULL decode graphs keyed by request count: each capture size s >= q gives
+  min(cdiv(s, q), max_num_seqs) requests (V1/V2 _dummy_run / capture_graph: num_reqs =
+  min(cdiv(num_tokens, q), max_num_reqs)), so the first size above max_num_seqs * q is captured at
+  that limit instead of being dropped; its token size is requests * q (a multiple of q).
 - Dispatch pads to the smallest capture size >= N; above the largest, or when nothing matches,
   it runs eager at the unpadded size.
-Speculative decode (uniform query len > 1) is out of scope: uniform decode here means q = 1.
 """
 
 from __future__ import annotations
@@ -91,7 +102,8 @@ class ModeResolution:
 
 
 def resolve_mode(requested: str | CUDAGraphMode, support: AttentionCGSupport, *,
-                 piecewise_available: bool = True, backend_name: str = "attention") -> ModeResolution:
+                 piecewise_available: bool = True, backend_name: str = "attention",
+                 spec_tokens: int = 0) -> ModeResolution:
     """Resolve `requested` against `support` (the minimum over layers), as vLLM does at startup.
 
     piecewise_available: attention can be split out of the graph (vLLM: attention in
@@ -127,6 +139,18 @@ def resolve_mode(requested: str | CUDAGraphMode, support: AttentionCGSupport, *,
         notes.append(unsupported(mode) + f"; setting cudagraph_mode={target.name} because {why}")
         mode = target
 
+    # 2b. Spec decode: a FULL decode graph replays verify batches of q = 1 + k > 1 tokens per
+    # request, which UNIFORM_SINGLE_TOKEN_DECODE does not cover (vLLM's initialize_cudagraph_capture
+    # checks the support against uniform_decode_query_len and drops FULL decode graphs; the
+    # warning text is vllm/config/compilation.py's: PIECEWISE where attention splits, else NONE).
+    if (spec_tokens > 0 and mode.decode_mode() == CUDAGraphMode.FULL
+            and support == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE):
+        target = CUDAGraphMode.PIECEWISE if piecewise_available else CUDAGraphMode.NONE
+        notes.append(f"CUDAGraphMode.{mode.name} is not supported with spec-decode for attention backend "
+                     f"{backend_name} (support: AttentionCGSupport.{support.name}); "
+                     f"setting cudagraph_mode={target.name}")
+        mode = target
+
     # 3. Nothing above can leave FULL with NEVER; kept as vLLM's final guard.
     if mode.has_full() and support == AttentionCGSupport.NEVER:
         raise UnsupportedModeError(unsupported(mode) + "; please try cudagraph_mode=PIECEWISE")
@@ -141,13 +165,44 @@ def pad_to_capture_size(num_tokens: int, sizes: Sequence[int]) -> int | None:
     return ordered[i] if i < len(ordered) else None
 
 
-def decode_capture_sizes(capture_sizes: Sequence[int], max_num_seqs: int) -> list[int]:
-    """Sizes that get a FULL uniform-decode graph in split modes: q = 1, so at most max_num_seqs."""
-    return sorted({s for s in capture_sizes if 1 <= s <= max_num_seqs})
+def uniform_decode_query_len(spec_tokens: int = 0) -> int:
+    """Query len of every request in a uniform-decode (verify) batch: 1 + k."""
+    if spec_tokens < 0:
+        raise ValueError(f"spec_tokens must be >= 0, got {spec_tokens}")
+    return 1 + spec_tokens
 
 
-def is_uniform_decode(query_lens: Sequence[int]) -> bool:
-    return len(query_lens) > 0 and all(q == 1 for q in query_lens)
+def vllm_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int = 0,
+                       limit: int = 512) -> tuple[int, ...]:
+    """vLLM's default capture sizes (vllm/config/vllm.py _set_cudagraph_sizes): the default grid up
+    to min(2 * max_num_seqs * q, limit) capped at max_num_batched_tokens, max_num_batched_tokens
+    appended when it fits under that cap, and with q > 1 every size rounded up to a multiple of q
+    (adjust_cudagraph_sizes_for_spec_decode). `limit` is 512 (1024 on SM100)."""
+    q = uniform_decode_query_len(spec_tokens)
+    top = min(2 * max_num_seqs * q, limit, max_num_batched_tokens)
+    sizes = {s for s in (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)) if s <= top}
+    if max_num_batched_tokens <= top:
+        sizes.add(max_num_batched_tokens)
+    if q > 1:
+        sizes = {-(-s // q) * q for s in sizes}
+    return tuple(sorted(sizes))
+
+
+def decode_graph_requests(capture_sizes: Sequence[int], max_num_seqs: int, query_len: int = 1) -> list[int]:
+    """Request counts that get a FULL uniform-decode graph in split modes: min(cdiv(s, q),
+    max_num_seqs) per capture size s >= q (the first size above the limit lands on the limit)."""
+    return sorted({min(-(-s // query_len), max_num_seqs) for s in capture_sizes if s >= query_len})
+
+
+def decode_capture_sizes(capture_sizes: Sequence[int], max_num_seqs: int, query_len: int = 1) -> list[int]:
+    """Token sizes of the FULL uniform-decode graphs: requests * q, multiples of q, at most
+    max_num_seqs * q."""
+    return [r * query_len for r in decode_graph_requests(capture_sizes, max_num_seqs, query_len)]
+
+
+def is_uniform_decode(query_lens: Sequence[int], query_len: int = 1) -> bool:
+    """Every request has exactly the uniform-decode query len (1, or 1 + k under spec decode)."""
+    return len(query_lens) > 0 and all(q == query_len for q in query_lens)
 
 
 @dataclass(frozen=True)
@@ -157,48 +212,50 @@ class Dispatch:
     uniform_decode: bool = False  # key of the graph used: True only for a split-mode decode graph
 
 
-def _keys(mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs: int) -> dict[str, set[tuple[int, bool]]]:
+def _keys(mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs: int,
+          query_len: int = 1) -> dict[str, set[tuple[int, bool]]]:
     keys: dict[str, set[tuple[int, bool]]] = {"FULL": set(), "PIECEWISE": set()}
     mixed = mode.mixed_mode()
     if mixed != CUDAGraphMode.NONE:
         keys[mixed.name].update((s, False) for s in capture_sizes)
     if mode.decode_mode() == CUDAGraphMode.FULL and mode.separate_routine():
-        keys["FULL"].update((s, True) for s in decode_capture_sizes(capture_sizes, max_num_seqs))
+        keys["FULL"].update((s, True) for s in decode_capture_sizes(capture_sizes, max_num_seqs, query_len))
     return keys
 
 
 def dispatch(mode: CUDAGraphMode, num_tokens: int, uniform_decode: bool,
-             capture_sizes: Sequence[int], max_num_seqs: int) -> Dispatch:
-    """Pick the graph for one batch (vLLM's CudagraphDispatcher.dispatch). `mode` is resolved."""
+             capture_sizes: Sequence[int], max_num_seqs: int, query_len: int = 1) -> Dispatch:
+    """Pick the graph for one batch (vLLM's CudagraphDispatcher.dispatch). `mode` is resolved;
+    `uniform_decode` means every request has query len `query_len` (1 + k)."""
     mode = CUDAGraphMode.parse(mode)
     if num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    if uniform_decode and mode.separate_routine() and mode.decode_mode() == CUDAGraphMode.FULL:
+        # Decode graphs are keyed by request count: pad the requests, not the tokens.
+        reqs = -(-num_tokens // query_len)
+        for r in decode_graph_requests(capture_sizes, max_num_seqs, query_len):
+            if r >= reqs:
+                return Dispatch("FULL", r * query_len, True)
     padded = pad_to_capture_size(num_tokens, capture_sizes) if capture_sizes else None
     if mode == CUDAGraphMode.NONE or padded is None:
         return Dispatch("NONE", num_tokens)
-    keys = _keys(mode, capture_sizes, max_num_seqs)
-    # Decode-graph key only in a mode with FULL decode graphs; otherwise a decode batch is "mixed".
-    exact = (padded, uniform_decode and mode.has_full())
-    relaxed = (padded, False)
-    if exact in keys["FULL"]:
-        return Dispatch("FULL", padded, exact[1])
-    if relaxed in keys["FULL"]:
-        return Dispatch("FULL", padded, False)
-    if relaxed in keys["PIECEWISE"]:
-        return Dispatch("PIECEWISE", padded, False)
-    return Dispatch("NONE", num_tokens)
+    mixed = mode.mixed_mode()
+    if mixed == CUDAGraphMode.NONE:
+        return Dispatch("NONE", num_tokens)
+    return Dispatch(mixed.name, padded, False)
 
 
 class CaptureItem(NamedTuple):
     runtime_mode: RuntimeMode
     size: int  # tokens
-    uniform_decode: bool  # True: dummy batch of `size` decode requests; False: min(size, max_num_seqs) requests
+    uniform_decode: bool  # True: size / q requests of q tokens; False: min(size, max_num_seqs) requests
 
 
-def capture_plan(mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs: int) -> list[CaptureItem]:
-    """What to capture for a resolved mode, in vLLM's order: the mixed-mode graphs, then the
-    split-mode decode graphs, each group largest-first so later (smaller) captures reuse the
-    shared pool the largest one grew."""
+def capture_plan(mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs: int,
+                 query_len: int = 1) -> list[CaptureItem]:
+    """What to capture for a resolved mode, in vLLM's order (V2 CudaGraphManager.capture: phase 1
+    the mixed-mode graphs, phase 2 the split-mode decode graphs), each group largest-first so later
+    (smaller) captures reuse the shared pool the largest one grew."""
     mode = CUDAGraphMode.parse(mode)
     plan: list[CaptureItem] = []
     mixed = mode.mixed_mode()
@@ -206,5 +263,5 @@ def capture_plan(mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs
         plan += [CaptureItem(mixed.name, s, False) for s in sorted(set(capture_sizes), reverse=True)]
     if mode.decode_mode() == CUDAGraphMode.FULL and mode.separate_routine():
         plan += [CaptureItem("FULL", s, True)
-                 for s in sorted(decode_capture_sizes(capture_sizes, max_num_seqs), reverse=True)]
+                 for s in sorted(decode_capture_sizes(capture_sizes, max_num_seqs, query_len), reverse=True)]
     return plan

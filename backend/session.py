@@ -8,7 +8,8 @@ dispatch to are captured, and they stay in the session for later cases; so a lat
 smaller or a larger size to the pool (vLLM captures all sizes up front; the frozen host values of
 each graph are the same either way, since each is captured with the same dummy batch).
 
-FULL: the whole forward on static_in[:N] with build_for_capture(N) metadata in the builder's
+FULL: the whole forward on static_in[:N] with build_for_capture metadata (vLLM's dummy batch for
+the key: DESIGN.md §4a, ModelShape.capture_style v1 | v2) in the builder's
 persistent buffers; a replay rewrites those buffers with build(batch, N, capture reqs).
 PIECEWISE: num_layers + 1 dense pieces per size, chained on each other's output objects and on
 static attention buffers; attention runs eagerly between replays with unpadded metadata.
@@ -69,6 +70,7 @@ class GraphKey:
     runtime_mode: str  # "FULL" | "PIECEWISE"
     size: int
     uniform_decode: bool
+    query_len: int = 1  # of every request of a uniform-decode graph: 1 + k (spec decode)
 
 
 @dataclass
@@ -163,14 +165,20 @@ class Session:
 
     def _capture_full(self, key: GraphKey) -> _Full:
         n = key.size
-        md = self.builder.build_for_capture(n)
+        # vLLM's dummy batch for this key (builder.build_for_capture): decode graphs with q per
+        # request, mixed graphs with host max_query_len = n; seq_lens per the model's capture_style.
+        q = key.query_len if key.uniform_decode else 0
+        style = self.shape.capture_style
+        md = self.builder.build_for_capture(n, q, style)
         x, attn = self.static_in[:n], self.static_attn[:, :n]
 
         def fn():
             return self.model.forward(x, md, attn)
 
+        # One eager warm-up on the same dummy batch (vLLM: cudagraph_num_of_warmups = 1 in V1,
+        # one NONE-mode forward before each capture in V2 CudaGraphManager.capture_graph).
         self.runner.warmup(fn, WARMUP_ITERS)
-        self.builder.build_for_capture(n)  # the warm-up may not leave the buffers as captured
+        self.builder.build_for_capture(n, q, style)  # the warm-up may not leave the buffers as captured
         return _Full(self.runner.capture(fn), md.num_padded_reqs)
 
     def _capture_piecewise(self, key: GraphKey) -> _Piecewise:

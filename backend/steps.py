@@ -65,7 +65,9 @@ def _kind(query_lens) -> str:
 
 
 def plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ...], num_steps: int,
-               seed: int) -> list[StepPlan]:
+               seed: int, spec_tokens: int = 0) -> list[StepPlan]:
+    if spec_tokens > 0:
+        return plan_verify_steps(batch, shape, capture_sizes, num_steps, seed, spec_tokens)
     rng = random.Random(f"steps-{seed}-{batch.name}")
     kind = batch.kind
     max_tokens = max(capture_sizes) if capture_sizes and batch.num_tokens <= max(capture_sizes) else None
@@ -116,6 +118,69 @@ def plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ..
         plans.append(StepPlan(step, tuple(qs), tuple(seqs), True))
     budget = shape.total_blocks - 1
     return [p if shape.blocks_for(p.seq_lens) <= budget else _fit_blocks(p, batch, shape) for p in plans]
+
+
+# ---- speculative decode (k > 0, DESIGN.md §4b) ----------------------------------------------------
+
+def verify_rows(batch: BatchSpec, shape: ModelShape, spec_tokens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The spec's rows under k speculative tokens: a decode row (query len 1, seq len s, context
+    s - 1) becomes a verify row of query len 1 + k over the same context (seq len s + k, the
+    context shortened when that passes max_model_len); prefill rows stay."""
+    q = 1 + spec_tokens
+    qs, ss = [], []
+    for ql, sl in zip(batch.query_lens, batch.seq_lens):
+        if ql == 1:
+            qs.append(q)
+            ss.append(min(shape.max_model_len, max(q, sl + spec_tokens)))
+        else:
+            qs.append(ql)
+            ss.append(sl)
+    return tuple(qs), tuple(ss)
+
+
+def plan_verify_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ...], num_steps: int,
+                      seed: int, spec_tokens: int) -> list[StepPlan]:
+    """Steps of a verify batch through the same graphs: step 0 the spec's verify rows; every later
+    step grows each verify row's seq_len by its accepted length, 1..k+1 drawn per request (the
+    bonus token plus the accepted drafts after rejection sampling), so consecutive replays see new
+    seq_lens under the same query lens; step 2 also changes the request count (a uniform batch
+    by one or two verify rows, a mixed one by a verify row), preferring a token count that is not
+    a capture size (padding). Prefill rows keep their lengths. Blocks are fitted to the cache."""
+    rng = random.Random(f"verify-{seed}-{batch.name}-{spec_tokens}")
+    q = 1 + spec_tokens
+    qs, ss = (list(t) for t in verify_rows(batch, shape, spec_tokens))
+    max_tokens = max(capture_sizes) if capture_sizes and sum(qs) <= max(capture_sizes) else None
+    sizes = set(capture_sizes)
+    plans = [StepPlan(0, tuple(qs), tuple(ss), False)]
+
+    def grow(lens: list[int], rows: list[int]) -> list[int]:
+        return [min(shape.max_model_len, s + rng.randint(1, q)) if r == q else s for s, r in zip(lens, rows)]
+
+    for step in range(1, num_steps):
+        ss = grow(ss, qs)
+        if step == 2:
+            verify = [j for j, r in enumerate(qs) if r == q]
+            options = []
+            for delta in (-1, 1, -2, 2):
+                n = len(qs) + delta
+                if n < 1 or n > shape.max_num_seqs or not verify or (delta < 0 and len(verify) + delta < 1):
+                    continue
+                if delta < 0:
+                    drop = set(verify[delta:])
+                    cq = [r for j, r in enumerate(qs) if j not in drop]
+                    cs = [s for j, s in enumerate(ss) if j not in drop]
+                else:
+                    cq = [q] * delta + qs
+                    cs = [min(shape.max_model_len, rng.randint(q, shape.max_model_len)) for _ in range(delta)] + ss
+                if max_tokens is None or sum(cq) <= max_tokens:
+                    options.append((cq, cs))
+            padded = [o for o in options if sum(o[0]) not in sizes]
+            if padded or options:
+                qs, ss = (list(t) for t in (padded or options)[0])
+        plans.append(StepPlan(step, tuple(qs), tuple(ss), True))
+    budget = shape.total_blocks - 1
+    spec = BatchSpec(batch.name, *verify_rows(batch, shape, spec_tokens))  # the fallback keeps q = 1 + k
+    return [p if shape.blocks_for(p.seq_lens) <= budget else _fit_blocks(p, spec, shape) for p in plans]
 
 
 def _fit_blocks(plan: StepPlan, batch: BatchSpec, shape: ModelShape) -> StepPlan:

@@ -147,7 +147,9 @@ class _Loader:
     def capture_sizes(self) -> tuple[int, ...]:
         m = self.model
         if self.doc.capture_sizes == "default":
-            return default_capture_sizes(min(MAX_DEFAULT_CAPTURE, 2 * m.max_num_seqs))
+            from backend.modes import vllm_capture_sizes
+
+            return vllm_capture_sizes(m.max_num_seqs, m.batched_tokens_limit, limit=MAX_DEFAULT_CAPTURE)
         sizes = list(self.doc.capture_sizes)
         if not sizes:
             raise self.err(("capture_sizes",), "empty list (omit the key for vLLM's default sizes)")

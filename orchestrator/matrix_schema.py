@@ -56,6 +56,9 @@ class ModelBlock(_Model):
     max_model_len: int = Field(ge=1, le=1 << 22)
     max_num_seqs: int = Field(ge=1, le=65536)
     num_blocks: int = Field(0, ge=0, le=1 << 24)
+    # vLLM's scheduler token budget (caps the default capture sizes); 0 = unbounded.
+    max_num_batched_tokens: int = Field(0, ge=0, le=1 << 24)
+    capture_style: Literal["v1", "v2"] = "v2"  # vLLM model runner whose capture is reproduced
 
     @model_validator(mode="after")
     def _gqa(self):

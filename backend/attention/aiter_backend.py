@@ -9,9 +9,13 @@ Per step (vllm/v1/attention/backends/rocm_aiter_fa.py):
 - decode rows: paged_attention_v1 over every request with cu_query_lens = query_start_loc, so rows
   with query len > 1 return early; max_context_len = max_model_len and a persistent workspace sized
   for it, so the captured partition count covers every later step.
-Support: UNIFORM_SINGLE_TOKEN_DECODE, as vLLM declares for this backend: the prefill launch takes
-max_query_len/max_seq_len as host ints (frozen by a graph), so only pure-decode batches, where it
-is not launched, may be captured in a FULL graph.
+Support: UNIFORM_BATCH, as vLLM's ROCM_AITER_FA declares now (0.11.0 had lowered it to
+UNIFORM_SINGLE_TOKEN_DECODE, #25104). The varlen launch takes max_query_len/max_seq_len as host
+ints (frozen by a graph): a uniform graph is captured with max_query_len = q (every replay has
+q too) and max_seq_len = max_model_len (an upper bound of every replay), and the packed gather
+is sized by the capture's num_padded_reqs x max_model_len, which the replays keep. So a FULL
+decode graph of spec-decode verify rows (q = 1 + k) is sound; a mixed batch is not uniform and
+keeps PIECEWISE/NONE.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ class AiterImpl(AttentionImpl):
         t = metadata.num_padded_tokens
         query, out = query[:t], output[:t]
         out.zero_()  # padded rows finite; a row no kernel writes shows up as wrong, not as garbage
-        if metadata.max_query_len > 1:  # host branch: allowed at UNIFORM_SINGLE_TOKEN_DECODE
+        if metadata.max_query_len > 1:  # host branch: one query len per graph at UNIFORM_BATCH
             k, v, cu_k = gather_contiguous_kv(kv_cache, metadata, k_scale, v_scale, query.dtype)
             ops.flash_attn_varlen_func(
                 q=query, k=k, v=v, cu_seqlens_q=metadata.query_start_loc, cu_seqlens_k=cu_k,
@@ -122,7 +126,7 @@ def _native_ops():
 
 class AiterBackend(AttentionBackend):
     name: ClassVar[str] = "aiter"
-    cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16)
     builder_cls = PersistentMetadataBuilder
     impl_cls = AiterNativeImpl

@@ -54,21 +54,47 @@ class PersistentMetadataBuilder(AttentionMetadataBuilder):
         return self._write(batch.query_lens, batch.seq_lens, batch.block_table, batch.slot_mapping,
                            padded_tokens, padded_reqs, for_capture=False)
 
-    def build_for_capture(self, num_tokens: int) -> AttentionMetadata:
-        """vLLM's dummy batch: num_tokens over min(num_tokens, max_num_seqs) requests (the last one
-        takes the remainder), every seq_len = max_model_len, block tables of valid (non-null)
-        blocks. Slots are -1: capture must not write the cache the checker later compares."""
+    def build_for_capture(self, num_tokens: int, uniform_query_len: int = 0,
+                          style: str = "v2") -> AttentionMetadata:
+        """vLLM's capture dummy batch (DESIGN.md §4a), pinned in tests/backend/test_capture_batch.py.
+
+        Requests (V1 gpu_model_runner._dummy_run, V2 cudagraph_utils.capture_graph):
+          uniform decode (uniform_query_len q > 0): min(cdiv(N, q), max_num_seqs) requests of q
+            tokens (the last takes N % q when q does not divide N), host max_query_len = q;
+          mixed (q = 0): N tokens over min(N, max_num_seqs) requests (the last takes the
+            remainder), host max_query_len = N ("mixed graphs can replay a single prefill
+            spanning the entire batch"), so a backend branching on max_query_len > 1 is captured
+            on its prefill branch whenever N > 1.
+        seq_lens: v1 every request max_model_len over valid (non-null) blocks; v2 device seq_lens
+        = each request's query len, host max_seq_len = max_model_len, block-table rows on the null
+        block. Slots are -1: capture must not write the cache the checker later compares."""
         c = self.config
-        n = min(num_tokens, c.max_num_seqs)
-        query_lens = [num_tokens // n] * n
-        query_lens[-1] += num_tokens % n
+        if style not in ("v1", "v2"):
+            raise ValueError(f"capture style {style!r} is not v1 or v2")
+        if uniform_query_len > 0:
+            n = min(-(-num_tokens // uniform_query_len), c.max_num_seqs)
+            query_lens = [uniform_query_len] * n
+            query_lens[-1] = num_tokens - uniform_query_len * (n - 1)
+            host_max_query_len = uniform_query_len
+        else:
+            n = min(num_tokens, c.max_num_seqs)
+            query_lens = [num_tokens // n] * n
+            query_lens[-1] += num_tokens % n
+            host_max_query_len = num_tokens
         nb = c.max_blocks_per_seq
-        usable = max(c.num_blocks - 1, 1)
-        block_table = (1 + torch.arange(n * nb, dtype=torch.int64).remainder(usable)).view(n, nb).to(torch.int32)
+        if style == "v1":
+            usable = max(c.num_blocks - 1, 1)
+            block_table = (1 + torch.arange(n * nb, dtype=torch.int64).remainder(usable)).view(n, nb).to(torch.int32)
+            seq_lens = [c.max_model_len] * n
+        else:
+            block_table = torch.full((n, nb), NULL_BLOCK, dtype=torch.int32)
+            seq_lens = list(query_lens)
         slots = torch.full((num_tokens,), PAD_SLOT, dtype=torch.int64)
         self._check(n, num_tokens, n, num_tokens)
-        return self._write(query_lens, [c.max_model_len] * n, block_table, slots,
-                           num_tokens, n, for_capture=True)
+        md = self._write(query_lens, seq_lens, block_table, slots, num_tokens, n, for_capture=True)
+        md.max_query_len = host_max_query_len
+        md.max_seq_len = c.max_model_len
+        return md
 
     def _write(self, query_lens: list[int], seq_lens: list[int], block_table: torch.Tensor,
                slot_mapping: torch.Tensor, padded_tokens: int, padded_reqs: int,

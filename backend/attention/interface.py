@@ -30,7 +30,8 @@ class AttentionCGSupport(enum.IntEnum):
     UNIFORM_SINGLE_TOKEN_DECODE = 1
     """Full graphs only for pure-decode batches (every request has query len 1)."""
     UNIFORM_BATCH = 2
-    """Full graphs for batches whose requests all have the same query len."""
+    """Full graphs for batches whose requests all have the same query len (spec-decode verify
+    batches of q = 1 + k included)."""
     ALWAYS = 3
     """Full graphs for any batch, mixed prefill + decode included."""
 
@@ -118,9 +119,13 @@ class AttentionMetadataBuilder:
               num_padded_reqs: int | None = None) -> AttentionMetadata:
         raise NotImplementedError
 
-    def build_for_capture(self, num_tokens: int) -> AttentionMetadata:
-        """The dummy batch vLLM captures with: num_tokens tokens spread over
-        min(num_tokens, max_num_seqs) requests, every seq_len = max_model_len."""
+    def build_for_capture(self, num_tokens: int, uniform_query_len: int = 0,
+                          style: str = "v2") -> AttentionMetadata:
+        """The dummy batch vLLM captures with (DESIGN.md §4a): a uniform-decode graph gets
+        cdiv(num_tokens, q) requests of q = uniform_query_len tokens and host max_query_len q; a
+        mixed graph (uniform_query_len 0) spreads num_tokens over min(num_tokens, max_num_seqs)
+        requests with host max_query_len = num_tokens. Host max_seq_len = max_model_len; device
+        seq_lens are max_model_len (style "v1") or each request's query len (style "v2")."""
         raise NotImplementedError
 
 

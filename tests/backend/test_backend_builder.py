@@ -32,10 +32,10 @@ def test_build_pads_tail_and_reuses_buffers():
 def test_build_for_capture_is_vllms_dummy_batch():
     config = make_config(max_num_seqs=8, max_model_len=64)
     builder = PersistentMetadataBuilder(config)
-    md = builder.build_for_capture(4)  # 4 tokens over 4 requests: a pure decode batch
-    assert md.for_capture and md.max_query_len == 1 and md.num_reqs == 4
+    md = builder.build_for_capture(4, style="v1")  # mixed graph: 4 tokens over 4 requests
+    assert md.for_capture and md.max_query_len == 4 and md.num_reqs == 4  # host max_query_len = N
     assert md.seq_lens.tolist() == [64] * 4
-    md = builder.build_for_capture(20)  # 20 tokens over min(20, 8) requests
+    md = builder.build_for_capture(20, style="v1")  # 20 tokens over min(20, 8) requests
     assert md.num_reqs == 8 and md.num_padded_tokens == 20
     assert md.query_lens.tolist() == [2] * 7 + [6]
     assert (md.block_table >= 1).all() and (md.block_table < config.num_blocks).all()

@@ -102,7 +102,7 @@ def test_support_levels_are_declared_as_vllm_does():
     from backend.attention.interface import AttentionCGSupport as S
 
     assert get_backend("torch").cudagraph_support is S.ALWAYS
-    assert get_backend("aiter").cudagraph_support is S.UNIFORM_SINGLE_TOKEN_DECODE  # vLLM ROCM_AITER_FA
+    assert get_backend("aiter").cudagraph_support is S.UNIFORM_BATCH  # vLLM ROCM_AITER_FA today
     assert get_backend("aiter-emulated").cudagraph_support is get_backend("aiter").cudagraph_support
     assert get_backend("aiter-emulated").impl_cls.forward is get_backend("aiter").impl_cls.forward
     assert get_backend("aiter-emulated").name == "aiter-emulated"

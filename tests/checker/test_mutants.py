@@ -31,9 +31,19 @@ class Expect:
 
 
 MUTANTS = {
-    "frozen max_query_len branch (#22721)": Expect(
+    # Decode-branch freeze: unreachable under vLLM's capture (mixed graphs are captured with host
+    # max_query_len = N, so the branch is frozen on the prefill side): a negative control now.
+    "frozen max_query_len == 1 branch (decode-side freeze)": Expect(
         "tests.mutants.frozen_branch:Backend",
-        lambda mode, kv, kind: mode == "FULL" and kind == "mixed", Status.FAIL, "replay"),
+        lambda mode, kv, kind: False, Status.PASS, ""),
+    # The seed as it was (#22721 in 0.10.2): prefill branch captured, its per-step metadata stale
+    # in every FULL mixed graph; FULL has no decode graphs, so decode batches replay one too.
+    "seed ROCM_AITER_FA 0.10.2: ALWAYS + fresh prefill metadata (#22721)": Expect(
+        "tests.mutants.seed_aiter_fa:Backend",
+        lambda mode, kv, kind: mode == "FULL", Status.FAIL, "replay"),
+    "seed lowered to UNIFORM_SINGLE_TOKEN_DECODE (#25104)": Expect(
+        "tests.mutants.seed_aiter_fa:FixedBackend",
+        lambda mode, kv, kind: False, Status.PASS, "", resolved={"FULL": "FULL_AND_PIECEWISE"}),
     "metadata reallocated each step": Expect(
         "tests.mutants.fresh_metadata:Backend",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
@@ -91,8 +101,9 @@ def test_mutant_flagged_exactly_where_reachable(name, sessions):
 
 
 def test_reasons_point_at_the_bad_rows(sessions):
-    """The frozen-branch mutant zeroes the prefill row (row 1, tokens 1..4) of the mixed batch."""
-    r = run_case(make_case("tests.mutants.frozen_branch:Backend", "FULL", "auto", MIXED), sessions=sessions)
+    """The overstated-support mutant drops the causal mask inside the prefill row (row 1, tokens
+    1..4) of the mixed batch; the other rows stay right."""
+    r = run_case(make_case("tests.mutants.overstated_support:Backend", "FULL", "auto", MIXED), sessions=sessions)
     replay = next(c for c in r.checks if c.name == "replay")
     assert replay.step == 0 and replay.first_bad[0] in (1, 2, 3, 4)
     assert "first bad row" in r.reason and "max_abs" in r.reason and "mismatched" in r.reason
@@ -126,3 +137,49 @@ def test_tp_gang(key):
     if r.status == Status.FAIL:
         assert r.reason.startswith(f"rank 0: {TP_FAILED_CHECK[backend]} check failed"), r.reason
         assert "[all ranks fail]" in r.reason
+
+
+# Spec decode (k > 0, DESIGN.md §4b): (mode, batch kind at k, k) -> reachable. Batches: DECODE
+# becomes 3 verify rows of q = 1 + k (uniform); MIXED (1, 4, 1) at k = 2 is (3, 4, 3), not uniform.
+SPLIT = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # UNIFORM_BATCH: FULL -> FULL_AND_PIECEWISE
+SPEC_MUTANTS = {
+    "decode kernel reads one query token per request": Expect(
+        "tests.mutants.one_query_token:Backend",
+        lambda mode, kind, k: k > 0 and kind == "decode", Status.FAIL, "reference"),
+    "UNIFORM_BATCH overstated: verify split frozen from the capture batch": Expect(
+        "tests.mutants.partition_frozen:Backend",
+        lambda mode, kind, k: k > 0 and kind == "decode" and mode in SPLIT, Status.FAIL, "replay"),
+    "same code, honest UNIFORM_SINGLE_TOKEN_DECODE (k > 0: PIECEWISE)": Expect(
+        "tests.mutants.partition_frozen:HonestBackend",
+        lambda mode, kind, k: False, Status.PASS, ""),
+    "max_query_len == 1 branch under a k > 0 capture (control)": Expect(
+        "tests.mutants.decode_branch_spec:Backend",
+        lambda mode, kind, k: False, Status.PASS, ""),
+}
+
+
+@pytest.mark.parametrize("name", SPEC_MUTANTS)
+def test_spec_mutant_flagged_exactly_where_reachable(name, sessions):
+    exp = SPEC_MUTANTS[name]
+    for k in (0, 2):
+        for batch in (DECODE, MIXED):
+            for mode in MODES:
+                r = run_case(make_case(exp.backend, mode, "auto", batch, spec_tokens=k), sessions=sessions)
+                want = exp.status if exp.flagged(mode, batch.kind, k) else Status.PASS
+                where = f"{name}: {mode}/k{k}/{batch.kind}"
+                assert r.status == want, f"{where}: {r.status.value} {r.reason}"
+                if want == Status.FAIL:
+                    assert r.reason.startswith(f"{exp.check} check failed"), f"{where}: {r.reason}"
+
+
+def test_frozen_partition_is_a_v2_capture_hazard(sessions):
+    """V1 captures with seq_lens = max_model_len, so the frozen split covers every replay."""
+    import dataclasses
+
+    from tests.checker.conftest import TINY
+
+    for style, want in (("v1", Status.PASS), ("v2", Status.FAIL)):
+        model = dataclasses.replace(TINY, capture_style=style)
+        r = run_case(make_case("tests.mutants.partition_frozen:Backend", "FULL_DECODE_ONLY", "auto", DECODE,
+                               spec_tokens=2, model=model), sessions=sessions)
+        assert r.status == want, f"{style}: {r.reason}"

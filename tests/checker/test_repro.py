@@ -25,7 +25,7 @@ def test_repro_prints_the_checker_verdict(capsys):
 
 
 def test_repro_json_and_failing_exit_code(capsys):
-    mutant = "tests.mutants.frozen_branch:Backend"
+    mutant = "tests.mutants.seed_aiter_fa:Backend"  # red in FULL under vLLM's capture
     case_id = "tp1-FULL-auto-mixed_small-Backend-s0"
     code = main(["repro", case_id, "--matrix", SMOKE, "--backend", mutant, "--devices", "cpu", "--json"])
     out = json.loads(capsys.readouterr().out)

@@ -89,9 +89,11 @@ def test_padding_to_capture_sizes():
     assert pad_to_capture_size(3, [8, 2, 4]) == 4  # order of the given sizes does not matter
 
 
-def test_decode_capture_sizes_stop_at_max_num_seqs():
+def test_decode_graphs_keyed_by_requests_first_size_above_the_limit_lands_on_it():
+    # vLLM (V1 _dummy_run, V2 CudaGraphManager.capture_graph): num_reqs = min(cdiv(s, q), max_num_seqs)
     assert decode_capture_sizes([1, 2, 4, 8, 16, 24], max_num_seqs=16) == [1, 2, 4, 8, 16]
-    assert decode_capture_sizes([1, 2, 4, 8, 16, 24], max_num_seqs=12) == [1, 2, 4, 8]
+    # 16 and 24 both give 12 requests: captured at the limit (ours dropped them before #18)
+    assert decode_capture_sizes([1, 2, 4, 8, 16, 24], max_num_seqs=12) == [1, 2, 4, 8, 12]
     assert is_uniform_decode([1, 1, 1]) and not is_uniform_decode([1, 3]) and not is_uniform_decode([])
 
 
@@ -104,9 +106,10 @@ DISPATCH = {
     (M.FULL_AND_PIECEWISE, 4, True): Dispatch("FULL", 4, True),
     (M.FULL_AND_PIECEWISE, 3, True): Dispatch("FULL", 4, True),
     (M.FULL_DECODE_ONLY, 7, True): Dispatch("FULL", 8, True),
-    # decode batch padding above max_num_seqs: no decode graph there, falls to the mixed key
-    (M.FULL_AND_PIECEWISE, 10, True): Dispatch("PIECEWISE", 16, False),
-    (M.FULL_DECODE_ONLY, 10, True): Dispatch("NONE", 10, False),
+    # decode batch padding above max_num_seqs: the decode graph captured at the limit (12 requests)
+    (M.FULL_AND_PIECEWISE, 10, True): Dispatch("FULL", 12, True),
+    (M.FULL_DECODE_ONLY, 10, True): Dispatch("FULL", 12, True),
+    (M.FULL_AND_PIECEWISE, 12, True): Dispatch("FULL", 12, True),
     # mixed batches
     (M.FULL_AND_PIECEWISE, 5, False): Dispatch("PIECEWISE", 8, False),
     (M.FULL_DECODE_ONLY, 5, False): Dispatch("NONE", 5, False),
@@ -146,8 +149,8 @@ def test_capture_plan_largest_first():
                                                               ("PIECEWISE", 1, False)]
     assert capture_plan(M.FULL, [1, 2, 4], MAX_SEQS) == [("FULL", 4, False), ("FULL", 2, False), ("FULL", 1, False)]
     assert capture_plan(M.FULL_DECODE_ONLY, SIZES, MAX_SEQS) == [
-        ("FULL", 8, True), ("FULL", 4, True), ("FULL", 2, True), ("FULL", 1, True)]
+        ("FULL", 12, True), ("FULL", 8, True), ("FULL", 4, True), ("FULL", 2, True), ("FULL", 1, True)]
     fap = capture_plan(M.FULL_AND_PIECEWISE, SIZES, MAX_SEQS)
     assert [i.size for i in fap if i.runtime_mode == "PIECEWISE"] == sorted(SIZES, reverse=True)
-    assert [i.size for i in fap if i.runtime_mode == "FULL"] == [8, 4, 2, 1]
+    assert [i.size for i in fap if i.runtime_mode == "FULL"] == [12, 8, 4, 2, 1]
     assert all(i.uniform_decode == (i.runtime_mode == "FULL") for i in fap)
