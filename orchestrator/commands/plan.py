@@ -24,26 +24,14 @@ AXIS_NAMES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "see
 
 def resolved_mode(case: Case) -> tuple[str, str]:
     """(resolved mode, downgrade note) as the worker will resolve it: backend/modes.py against the
-    backend's declared support, with the case's k. The spec-decode rule lives in modes.py; a
-    modes.py without a k parameter cannot resolve a k > 0 case, and says so rather than guess."""
-    import inspect
-
+    backend's declared support, with the case's k."""
     from backend.attention.registry import get_backend
     from backend.modes import UnsupportedModeError, resolve_mode
 
     cls = get_backend(case.backend)
-    kwargs: dict = {"backend_name": case.backend_label}
-    if case.spec_tokens:
-        params = inspect.signature(resolve_mode).parameters
-        if "uniform_decode_query_len" in params:
-            kwargs["uniform_decode_query_len"] = 1 + case.spec_tokens
-        else:
-            name = next((p for p in ("spec_tokens", "num_speculative_tokens") if p in params), None)
-            if name is None:
-                return "?", "backend/modes.py has no spec-decode resolution yet"
-            kwargs[name] = case.spec_tokens
     try:
-        res = resolve_mode(case.mode, cls.cudagraph_support, **kwargs)
+        res = resolve_mode(case.mode, cls.cudagraph_support, backend_name=case.backend_label,
+                           spec_tokens=case.spec_tokens)
     except UnsupportedModeError as e:
         return "ERROR", str(e)
     return res.resolved.name, res.message
