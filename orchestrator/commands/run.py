@@ -21,7 +21,7 @@ from orchestrator.errors import InputError
 
 # Test/benchmark hook: the per-case function the actors call (default: the checker).
 RUNNER_ENV = "ORCH_RUNNER"
-_REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.FLAKY)
+_REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.FLAKY, Status.NOT_RUN)
 
 
 def _versions() -> dict[str, str]:

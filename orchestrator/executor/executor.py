@@ -9,11 +9,17 @@ change. A hang is therefore a deadline that passed, never a blocked driver:
     actor died (crash)    -> ERROR "crash" with the worker's log tail; gang recreated on demand
     node died             -> its cases requeued without blame (blamed if it happens to them again)
     deadline passed       -> ray.kill the gang (a sync task cannot be cancelled); TIMEOUT
-    placement deadline    -> the case and every later case of >= that tp: SKIP "placement"
+    placement deadline    -> the case and every later case of >= that tp: NOT_RUN "placement"
+    gang setup failed     -> its cases requeued without blame; a second failure: NOT_RUN "gang"
 
 Several small cases go to an actor in one call (dispatch overhead), so a crash or hang loses the
 whole batch: its cases are requeued to run singly, where the culprit is found and blamed alone.
-A failed case (fail/error/timeout) runs once more on another worker; a different verdict -> FLAKY.
+A failed case (fail/error/timeout) runs once more on another worker. FLAKY means one attempt
+passed and one did not; two different non-pass verdicts (FAIL then ERROR) stay a failure (the
+retry's status, both named in the reason). A retry that cannot be placed keeps the first attempt's
+failing verdict ("retry not run" in the reason): an observed failure is not downgraded to NOT_RUN.
+SKIP is only for what cannot run here at all (tp larger than any node); a required case that was
+runnable but never ran is NOT_RUN, which the gate fails as an infrastructure error.
 """
 
 from __future__ import annotations
@@ -119,6 +125,7 @@ class Executor:
         self._first: dict[str, CaseResult] = {}  # first attempt of cases being retried
         self._singles: set[str] = set()  # run alone: they were in a batch that crashed/hung
         self._lost: dict[str, int] = {}  # node losses suffered per case
+        self._setup_fails: dict[str, int] = {}  # gang set-ups that failed under a case's batch
         self._alive = [True] * len(cluster.nodes)
         self._nodes_checked = 0.0
         self._no_place_tp: int | None = None  # smallest tp whose placement timed out
@@ -146,7 +153,7 @@ class Executor:
                     if self._queued:  # nothing runs and nothing fits anywhere: will never run
                         for t in list(self._queued.values()):
                             self._queued.pop(t.id)
-                            self._skip_placement(self._cases[t.id], f"needs {t.tp} {self._unit}s on one node; none left")
+                            self._not_run(self._cases[t.id], f"needs {t.tp} {self._unit}s on one node; none left")
                     break
                 self._wait_once()
         finally:
@@ -185,7 +192,7 @@ class Executor:
                 case = self._cases[task.id]
                 if self._no_place_tp is not None and task.tp >= self._no_place_tp:
                     self.dispatcher.done(task, 0.0)
-                    self._skip_placement(case, f"needs {task.tp} {self._unit}s on one node (placement timed out)")
+                    self._not_run(case, f"needs {task.tp} {self._unit}s on one node (an earlier placement timed out)")
                     continue
                 gang = self._gang_for(node, task, idle)
                 if gang is None:  # a retry that must avoid the only idle worker: ask again later
@@ -341,9 +348,8 @@ class Executor:
             if not recurring:
                 return
             job = _Job(job.kind, g, [], job.deadline, recurring, job.started)
-        if job.kind != "batch" and job.kind != "start":
-            for t in job.tasks:  # the rendezvous failed: blame the case that needed it
-                self._attempt(t, self._error(t, g, f"tp gang setup failed: {_first_line(err)}", "exception"), 0.0)
+        if job.kind != "batch":
+            self._setup_failed(job, f"tp{g.tp} gang setup failed ({job.kind}): {_first_line(err)}")
             return
         self._lost_batch(job, f"worker process died: {_first_line(err)}", "crash", Status.ERROR)
 
@@ -355,14 +361,24 @@ class Executor:
             self._no_place_tp = tp if self._no_place_tp is None else min(self._no_place_tp, tp)
             for t in job.tasks:
                 self.dispatcher.done(t, 0.0)
-                self._skip_placement(self._cases[t.id], f"needs {tp} {self._unit}s on one node (no placement within {self.config.placement_timeout_s:.0f}s)")
+                self._not_run(self._cases[t.id], f"needs {tp} {self._unit}s on one node (no placement within {self.config.placement_timeout_s:.0f}s)")
             return
         if job.kind in ("start", "join"):
-            for t in job.tasks:
-                self._attempt(t, self._error(t, g, f"tp gang did not come up within {self.config.setup_timeout_s:.0f}s", "timeout", Status.TIMEOUT), 0.0)
+            self._setup_failed(job, f"tp{g.tp} gang did not come up within {self.config.setup_timeout_s:.0f}s ({job.kind})")
             return
         limit = self._timeout(job.tasks[0])
         self._lost_batch(job, f"no result within {limit:.0f}s: worker killed and recreated", "timeout", Status.TIMEOUT)
+
+    def _setup_failed(self, job: _Job, reason: str) -> None:
+        """Placing, starting or joining a gang failed before any case ran in it: not the cases'
+        fault. They are requeued once (a new gang); a second setup failure is NOT_RUN "gang"."""
+        for t in job.tasks:
+            self._setup_fails[t.id] = self._setup_fails.get(t.id, 0) + 1
+            if self._setup_fails[t.id] > 1:
+                self.dispatcher.done(t, 0.0)
+                self._not_run(self._cases[t.id], reason, kind="gang")
+            else:
+                self._requeue(t)
 
     def _lost_batch(self, job: _Job, reason: str, kind: str, status: Status) -> None:
         """A batch lost to a crash or hang: alone, the case is to blame; else find it singly."""
@@ -424,6 +440,18 @@ class Executor:
         self.final[case.case_id] = res
         self.on_result(res, True)
 
+    def _not_run(self, case: Case, reason: str, kind: str = "placement") -> None:
+        """A runnable, required case that will not run: NOT_RUN, or, for a retry, the first
+        attempt's failure (it was observed; only its confirmation is missing)."""
+        first = self._first.pop(case.case_id, None)
+        if first is not None:
+            res = first.replace(reason=f"{first.reason}; retry not run: {reason}")
+        else:
+            res = CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=f"not run: {reason}",
+                             requested_mode=case.mode, error_kind=kind, repro=case.repro_command(), axes=case.axes)  # fmt: skip
+        self.final[case.case_id] = res
+        self.on_result(res, True)
+
     def _attempt(self, task: Task, res: CaseResult, duration_s: float) -> None:
         first = self._first.pop(task.id, None)
         if first is None and res.status in RETRY_STATUSES and res.error_kind not in NO_RETRY_KINDS \
@@ -433,14 +461,15 @@ class Executor:
             self._requeue(task)
             return
         if first is not None:
+            both = (f"{first.status} on {first.worker} ({first.reason}), "
+                    f"then {res.status} on {res.worker}" + (f" ({res.reason})" if res.reason else ""))
             if first.status == res.status:
                 res = res.replace(attempts=2)
-            else:
-                res = res.replace(
-                    status=Status.FLAKY, attempts=2,
-                    reason=f"retry disagreed: {first.status} on {first.worker} ({first.reason}), "
-                           f"then {res.status} on {res.worker}" + (f" ({res.reason})" if res.reason else ""),
-                )  # fmt: skip
+            elif Status.PASS in (first.status, res.status):
+                res = res.replace(status=Status.FLAKY, attempts=2, reason=f"retry disagreed: {both}")
+            else:  # two failures of different kinds: still a failure (the retry's, if it failed)
+                status = res.status if res.status in RETRY_STATUSES else first.status
+                res = res.replace(status=status, attempts=2, reason=f"failed twice: {both}")
         self.dispatcher.done(task, duration_s)
         self.final[task.id] = res
         self.on_result(res, True)
