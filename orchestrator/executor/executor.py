@@ -110,11 +110,16 @@ class Executor:
         config: ExecConfig = ExecConfig(),
         *,
         on_result: Callable[[CaseResult, bool], None] | None = None,
+        on_results: Callable[[list[tuple[CaseResult, bool]]], None] | None = None,
         history: dict[str, float] | None = None,
     ):
         self.cluster = cluster
         self.config = config
         self.on_result = on_result or (lambda r, final: None)
+        # Group commit: results are handed over once per loop turn (one Ray wait's worth of
+        # batches), so a store can commit them in one transaction before anything is reported.
+        self.on_results = on_results
+        self._out: list[tuple[CaseResult, bool]] = []
         self.history = history or {}
         self.log_dir = config.log_dir or tempfile.mkdtemp(prefix="orch-workers-")
         self.gangs: list[Gang] = []
@@ -149,6 +154,7 @@ class Executor:
         try:
             while True:
                 self._fill()
+                self._flush()
                 if not self.jobs:
                     if self._queued:  # nothing runs and nothing fits anywhere: will never run
                         for t in list(self._queued.values()):
@@ -156,9 +162,27 @@ class Executor:
                             self._not_run(self._cases[t.id], f"needs {t.tp} {self._unit}s on one node; none left")
                     break
                 self._wait_once()
+                self._flush()
+            self._flush()
         finally:
-            self.shutdown()
+            try:
+                self._flush()  # best effort on the way out (Ctrl-C): what was seen is kept
+            finally:
+                self.shutdown()
         return self.final
+
+    def _emit(self, res: CaseResult, final: bool) -> None:
+        self._out.append((res, final))
+
+    def _flush(self) -> None:
+        if not self._out:
+            return
+        out, self._out = self._out, []
+        if self.on_results is not None:
+            self.on_results(out)
+        else:
+            for res, final in out:
+                self.on_result(res, final)
 
     def shutdown(self) -> None:
         for g in self.gangs:
@@ -438,7 +462,7 @@ class Executor:
         res = CaseResult(case_id=case.case_id, status=Status.SKIP, reason=reason, requested_mode=case.mode,
                          error_kind="placement", repro=case.repro_command(), axes=case.axes)  # fmt: skip
         self.final[case.case_id] = res
-        self.on_result(res, True)
+        self._emit(res, True)
 
     def _not_run(self, case: Case, reason: str, kind: str = "placement") -> None:
         """A runnable, required case that will not run: NOT_RUN, or, for a retry, the first
@@ -450,14 +474,14 @@ class Executor:
             res = CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=f"not run: {reason}",
                              requested_mode=case.mode, error_kind=kind, repro=case.repro_command(), axes=case.axes)  # fmt: skip
         self.final[case.case_id] = res
-        self.on_result(res, True)
+        self._emit(res, True)
 
     def _attempt(self, task: Task, res: CaseResult, duration_s: float) -> None:
         first = self._first.pop(task.id, None)
         if first is None and res.status in RETRY_STATUSES and res.error_kind not in NO_RETRY_KINDS \
                 and self.config.retries > 0:
             self._first[task.id] = res
-            self.on_result(res, False)
+            self._emit(res, False)
             self._requeue(task)
             return
         if first is not None:
@@ -472,4 +496,4 @@ class Executor:
                 res = res.replace(status=status, attempts=2, reason=f"failed twice: {both}")
         self.dispatcher.done(task, duration_s)
         self.final[task.id] = res
-        self.on_result(res, True)
+        self._emit(res, True)
