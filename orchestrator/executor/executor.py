@@ -45,6 +45,13 @@ DEVICE_POISON = re.compile(
     r"CUDA error|HIP error|illegal memory access|device-side assert|cudaError|hipError|NCCL error|ECC error",
     re.IGNORECASE,
 )
+# Faults that stay with the context once raised, even when they surface inside a capture (a capture
+# error whose cause is one of these still recycles the worker; a plain capture error does not).
+STICKY_FAULT = re.compile(
+    r"illegal memory access|device-side assert|ECC error|unspecified launch failure|misaligned address"
+    r"|illegal instruction|hipErrorIllegalAddress|cudaErrorIllegalAddress|cudaErrorLaunchFailure",
+    re.IGNORECASE,
+)
 RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
 # A failed graph capture is a property of the code under test (a host sync, an unsupported call),
 # the same on every attempt: it is reported once, not retried. (Crashes, hangs and numeric
@@ -350,11 +357,13 @@ class Executor:
                 res = _merge([CaseResult.from_dict(rank[i]) for rank in values]).replace(worker=g.label)
                 # A capture error names cudaError* too, but is not sticky: the runner recovers
                 # (backend/graphs/cuda.py) and the session is kept; recycling would lose every
-                # captured graph for nothing.
-                if res.status == Status.ERROR and res.error_kind != "capture" and \
-                        DEVICE_POISON.search(f"{res.reason}\n{res.log_tail}"):
+                # captured graph for nothing. Unless its cause is a sticky fault (STICKY_FAULT).
+                text = f"{res.reason}\n{res.log_tail}"
+                if res.status == Status.ERROR and (STICKY_FAULT.search(text) if res.error_kind == "capture"
+                                                   else DEVICE_POISON.search(text)):  # fmt: skip
                     poisoned = True
-                    res = res.replace(reason=f"{res.reason} (device error: worker recycled)")
+                    # A sticky fault seen inside a capture is the machine's, not the code's: retried.
+                    res = res.replace(reason=f"{res.reason} (device error: worker recycled)", error_kind="exception")
                 self._attempt(task, res, elapsed / len(job.tasks))
             if poisoned:
                 gangs.teardown(g)

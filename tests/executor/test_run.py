@@ -120,6 +120,28 @@ def test_orch_run_with_a_broken_backend_fails_the_gate(ray_cluster, tmp_path, sc
     assert text in res.reason + res.log_tail, res
 
 
+# The device error is raised by every attention forward: in the FULL modes that is first the graph
+# warm-up inside ensure_graphs (before: labelled a capture error, not retried, worker kept and the
+# next case blamed); PIECEWISE captures only dense pieces, so it surfaces in the eager step.
+DEVICE_ERROR_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+@pytest.mark.parametrize("mode", DEVICE_ERROR_MODES)
+def test_a_device_error_recycles_the_worker_in_every_mode(ray_cluster, tmp_path, mode):
+    db = str(tmp_path / "r.db")
+    code = run_cmd.main("matrices/smoke.yaml", backend="tests.executor.faulty_backends:DeviceErrorBackend",
+                        filter_expr=f"tp=1 cudagraph_mode={mode} kv_cache_dtype=auto batch=decode_7",
+                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", no_progress=True)  # fmt: skip
+    assert code == 1
+    with ResultStore(db) as store:
+        rid = store.latest_run_id()
+        (res,) = store.results(rid)
+        log = store.attempt_log(rid, res.case_id)
+    assert res.status.value == "error" and res.error_kind == "exception", res
+    assert "worker recycled" in res.reason and "capture error" not in res.reason
+    assert res.attempts == 2 and [a["attempt"] for a in log] == [1, 2]
+
+
 def test_a_capture_error_is_reported_once_and_keeps_the_worker(ray_cluster, tmp_path):
     """A graph capture error names cudaError*, but it is neither retried nor a reason to recycle the
     worker: the mixed cases after it run on the same actor (same pid) and pass."""
