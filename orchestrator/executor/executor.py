@@ -354,7 +354,15 @@ class Executor:
             elapsed = time.monotonic() - job.started
             poisoned = False
             for i, task in enumerate(job.tasks):
-                res = _merge([CaseResult.from_dict(rank[i]) for rank in values]).replace(worker=g.label)
+                ranks = [CaseResult.from_dict(rank[i]) for rank in values]
+                if any(r.status == Status.NOT_RUN for r in ranks):  # the gang barrier tripped
+                    poisoned = True
+                    culprit = [r for r in ranks if r.status == Status.ERROR]
+                    if not culprit:  # an innocent case on an out-of-step gang: run it again
+                        self._out_of_step(task, ranks[0].reason)
+                        continue
+                    ranks = culprit[:1]  # the rank that left the case early is the verdict
+                res = _merge(ranks).replace(worker=g.label)
                 # A capture error names cudaError* too, but is not sticky: the runner recovers
                 # (backend/graphs/cuda.py) and the session is kept; recycling would lose every
                 # captured graph for nothing. Unless its cause is a sticky fault (STICKY_FAULT).
@@ -401,6 +409,15 @@ class Executor:
             return
         limit = self._timeout(job.tasks[0])
         self._lost_batch(job, f"no result within {limit:.0f}s: worker killed and recreated", "timeout", Status.TIMEOUT)
+
+    def _out_of_step(self, task: Task, reason: str) -> None:
+        self._setup_fails[task.id] = self._setup_fails.get(task.id, 0) + 1
+        if self._setup_fails[task.id] > 1:
+            self.dispatcher.done(task, 0.0)
+            self._not_run(self._cases[task.id], reason, kind="gang")
+        else:
+            self._singles.add(task.id)
+            self._requeue(task)
 
     def _setup_failed(self, job: _Job, reason: str) -> None:
         """Placing, starting or joining a gang failed before any case ran in it: not the cases'

@@ -49,6 +49,12 @@ def fault_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None,
         if not os.path.exists(marker):
             open(marker, "w").close()
             status = Status.FAIL
+    if kind == "rankerr":  # rank 1 leaves the case before its collective; rank 0 waits in it
+        if rank == 1:
+            raise RuntimeError("rankerr: rank 1 left the case early")
+        import torch.distributed as dist
+
+        dist.all_reduce(__import__("torch").ones(1))
     if kind == "rank":  # which rank/world/device the gang gave us, and the process group size
         import torch.distributed as dist
 

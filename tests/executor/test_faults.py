@@ -88,6 +88,24 @@ def test_actor_reports_its_device_and_gang_joins_gloo(ray_cluster):
     assert res.device == "cpu" and res.worker.count("@") == 2  # both ranks named
 
 
+def test_a_rank_leaving_a_case_early_does_not_pair_with_the_next_case(ray_cluster):
+    """tp 2, one batch [rankerr, rank]: rank 1 raises in rankerr while rank 0 waits in an
+    all_reduce. Before the gang barrier rank 1 went on to `rank`'s all_reduce, which paired with
+    rank 0's stale one (both looked fine), then rank 0 hung in `rank`: TIMEOUT, blamed on rankerr.
+    Now the end-of-case barrier meets the stale collective: the gang is torn down at once, the
+    culprit is an ERROR and the innocent case passes on a fresh gang."""
+    cluster = connect("local", devices="cpu")
+    cases = [make_case("rankerr", 0, tp=2, timeout_s=15.0), make_case("rank", 1, tp=2, timeout_s=15.0)]
+    history = {cases[0].case_id: 0.002, cases[1].case_id: 0.001}  # cheap: batched together
+    attempts: list = []
+    final = Executor(cluster, ExecConfig(runner=RUNNER, poll_s=0.2), history=history,
+                     on_result=lambda r, f: attempts.append(r)).run(cases)  # fmt: skip
+    bad, good = final[cases[0].case_id], final[cases[1].case_id]
+    assert good.status == Status.PASS and "sum=3" in good.reason, good
+    assert bad.status == Status.ERROR and bad.error_kind in ("crash", "exception"), bad
+    assert not any(r.status == Status.TIMEOUT for r in attempts), attempts
+
+
 def test_worker_info_from_runtime_context(ray_cluster, tmp_path):
     import ray
 
