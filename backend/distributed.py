@@ -11,6 +11,7 @@ import os
 import queue
 import socket
 import traceback
+import zlib
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -71,6 +72,31 @@ def all_reduce_(t: torch.Tensor) -> torch.Tensor:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t)
     return t
+
+
+class GangDesync(RuntimeError):
+    """The ranks of a gang were not all leaving the same case: a collective of one case was paired
+    with another's. Nothing the gang computes after this can be trusted."""
+
+
+def case_barrier(case_id: str, ok: bool = True) -> bool:
+    """Every rank calls this as it leaves a case, on the default group, so a rank that left a
+    case early (an exception) meets its peers' stale collective here instead of pairing the next
+    case's collectives with it. Hazard: a mismatched pairing is seen as a size mismatch (gloo
+    aborts the process: the driver isolates the case), as a tag mismatch (GangDesync), or not at
+    all on NCCL (it hangs: the driver's deadline). Returns whether every rank finished the case
+    without an exception; True alone (world size 1)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return ok
+    tag = zlib.crc32(case_id.encode())
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    # max over [tag, -tag] gives the largest and (negated) smallest tag: equal iff all ranks agree.
+    t = torch.tensor([tag, -tag, 0 if ok else 1], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    hi, lo, bad = (int(x) for x in t.tolist())
+    if hi != tag or -lo != tag:
+        raise GangDesync(f"tp gang out of step at the end of {case_id}: ranks were in different cases")
+    return bad == 0
 
 
 def _gang_entry(rank: int, world_size: int, port: int, results: Any, fn: Callable, args: tuple,

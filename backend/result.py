@@ -18,8 +18,11 @@ class Status(str, enum.Enum):
     FAIL = "fail"  # a check failed: numbers in `checks`
     ERROR = "error"  # an exception, a capture error, or a crashed worker (log tail kept)
     TIMEOUT = "timeout"  # ran past its deadline; the worker was killed and recreated
-    FLAKY = "flaky"  # eager not deterministic, or a retry on another device disagreed
+    FLAKY = "flaky"  # eager not deterministic, or one attempt passed and the other did not
     SKIP = "skip"  # unsupported here (provider unavailable, placement impossible, ...): reason says why
+    # Required and runnable here, but it never ran (placement timed out, tp gang never came up):
+    # an infrastructure outcome, never a pass. error_kind "placement" | "gang"; reason says why.
+    NOT_RUN = "not-run"
 
     def __str__(self) -> str:
         return self.value
@@ -77,7 +80,7 @@ class CaseResult:
     graph_kind: str = "none"  # "cuda" | "hip" | "emulated" | "none"
     provider: str = ""  # the kernel provider that actually ran
     capture_sizes_used: tuple[int, ...] = ()  # per step: padded size replayed, 0 = ran eager
-    error_kind: str = ""  # "capture" | "exception" | "crash" | "timeout" | "placement" | ""
+    error_kind: str = ""  # "capture" | "exception" | "crash" | "timeout" | "placement" | "gang" | ""
     timings: dict[str, float] = field(default_factory=dict)  # capture_s, eager_step_s, replay_step_s, total_s
     device: str = ""  # e.g. "cpu", "NVIDIA H200 (cuda:0)"
     versions: dict[str, str] = field(default_factory=dict)  # torch, triton, aiter, ray, orch, python

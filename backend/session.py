@@ -27,6 +27,7 @@ import torch
 from backend.attention.interface import AttentionConfig, BatchDescription
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
+from backend.graphs.base import GraphCaptureError
 from backend.model import TPLayout, TPModel, make_weights
 
 WARMUP_ITERS = 1
@@ -62,7 +63,9 @@ class LRU:
 
 
 class CaptureFailed(Exception):
-    """Wraps any exception raised while warming up or capturing a graph (error_kind "capture")."""
+    """Wraps an error raised between capture begin and end (the runner's GraphCaptureError):
+    error_kind "capture". Warm-up and the syncs around a capture are ordinary steps: a device fault
+    there propagates as itself, so the worker is recycled instead of the next case blamed."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,7 @@ class Session:
         for key in missing:
             try:
                 self.graphs[key] = self._capture_full(key) if key.runtime_mode == "FULL" else self._capture_piecewise(key)
-            except Exception as e:
+            except GraphCaptureError as e:
                 raise CaptureFailed(f"{key.runtime_mode} size {key.size}: {type(e).__name__}: {e}") from e
         self._sync()
         return time.perf_counter() - t0

@@ -10,7 +10,12 @@ Semantics ("no new breakage"):
 - without a baseline every failing case keeps its status as classification and fails the gate;
 - planned cases with no result (an interrupted run) are `missing` and fail the gate: a run that
   did not finish cannot vouch for anything;
-- flaky does not fail the gate but is listed; skip never fails; a downgraded mode is a warning.
+- a required case that was runnable but never ran (placement timed out, gang never came up) is
+  `not-run`: it fails the gate as an infrastructure error (exit 3) unless a real failure is also
+  present (then exit 1: the code is broken whatever the machines did); it never counts as a pass;
+- flaky (one attempt passed, one did not) does not fail the gate but is listed; skip (cannot run
+  here: unsupported, excluded by the matrix, tp larger than any node) never fails; a downgraded mode
+  is a warning.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ FAILING = frozenset({Status.FAIL, Status.ERROR, Status.TIMEOUT})
 
 # Classifications, in the order reports list them (worst first).
 CLASSIFICATIONS = (
-    "regression", "new", "fail", "error", "timeout", "missing",
+    "regression", "new", "fail", "error", "timeout", "not-run", "missing",
     "old-failure", "flaky", "known-fail", "fixed", "skip", "pass",
 )  # fmt: skip
-GATING = frozenset({"regression", "new", "fail", "error", "timeout", "missing"})
+GATING = frozenset({"regression", "new", "fail", "error", "timeout", "not-run", "missing"})
+INFRA = frozenset({"not-run"})  # gating, but the machinery's fault: exit 3 when nothing else gates
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class GateOutcome:
     flaky: tuple[str, ...] = ()
     downgraded: tuple[str, ...] = ()  # resolved mode != requested mode (warning)
     missing: tuple[str, ...] = ()  # planned, no result
+    not_run: tuple[str, ...] = ()  # required, runnable, never ran (infrastructure)
     counts: dict[str, int] = field(default_factory=dict)  # per classification, all keys present
     known_reasons: dict[str, KnownFailure] = field(default_factory=dict)  # case_id -> entry that matched
     baseline_status: dict[str, str] = field(default_factory=dict)  # case_id -> its status in the baseline
@@ -73,7 +80,8 @@ class GateOutcome:
             tail = f" ({', '.join(extra)} not gating)" if extra else ""
             return f"gate PASSED: {total} cases, no new failures{tail}"
         parts = []
-        for name, ids in (("regressions", self.regressions), ("new failures", self.new_failures), ("missing", self.missing)):
+        for name, ids in (("regressions", self.regressions), ("new failures", self.new_failures),
+                          ("missing", self.missing), ("not run (infrastructure)", self.not_run)):  # fmt: skip
             if ids:
                 parts.append(f"{len(ids)} {name}")
         return f"gate FAILED: {', '.join(parts)} of {total} cases"
@@ -93,6 +101,7 @@ class GateOutcome:
             "flaky": list(self.flaky),
             "downgraded": list(self.downgraded),
             "missing": list(self.missing),
+            "not_run": list(self.not_run),
         }
 
 
@@ -101,6 +110,8 @@ def classify(
 ) -> str:
     if r.status == Status.SKIP:
         return "skip"
+    if r.status == Status.NOT_RUN:
+        return "not-run"  # not comparable with a baseline or a known failure: nothing was observed
     if r.status == Status.FLAKY:
         return "flaky"
     if r.status == Status.PASS:
@@ -139,9 +150,15 @@ def evaluate(
         return tuple(sorted(cid for cid, c in classification.items() if c in classes))
 
     counts = Counter(classification.values())
-    failed = any(c in GATING for c in classification.values())
+    gating = {c for c in classification.values() if c in GATING}
+    if not gating:
+        code = ExitCode.OK
+    elif gating <= INFRA:
+        code = ExitCode.INFRA_ERROR
+    else:
+        code = ExitCode.GATE_FAILED
     return GateOutcome(
-        exit_code=ExitCode.GATE_FAILED if failed else ExitCode.OK,
+        exit_code=code,
         classification=classification,
         regressions=ids("regression"),
         new_failures=ids("new", "fail", "error", "timeout"),
@@ -151,6 +168,7 @@ def evaluate(
         flaky=ids("flaky"),
         downgraded=tuple(sorted(r.case_id for r in results if r.downgraded)),
         missing=ids("missing"),
+        not_run=ids("not-run"),
         counts={c: counts.get(c, 0) for c in CLASSIFICATIONS},
         known_reasons=known_reasons,
         baseline_status={cid: b.status.value for cid, b in base.items()},

@@ -6,6 +6,7 @@ Mapping (last attempt only):
   (testcase-level properties as Jenkins' junit plugin and pytest's xunit1 emit them);
 - fail / regression / new -> <failure>, error / timeout -> <error>, message = reason, text = the
   check numbers, the log tail (errors) and the repro command;
+- not-run (required, never ran: placement, tp gang) -> <error type="not-run">, never <skipped>;
 - skip and known-fail -> <skipped> (message: reason, known-failure link); old failures keep their
   <failure>/<error> element so CI shows them, the gate verdict is in the suite properties;
 - flaky -> a passing testcase with property flaky=true and a <system-out> note.
@@ -79,6 +80,10 @@ def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
         tc.result = [sk]
     elif r.status == Status.SKIP:
         tc.result = [Skipped(reason)]
+    elif r.status == Status.NOT_RUN:  # gating: an <error>, never a <skipped> a CI would count as fine
+        el = Error(f"[not-run] {reason}", "not-run")
+        el.text = failure_text(r)
+        tc.result = [el]
     elif r.status in (Status.ERROR, Status.TIMEOUT):
         el = Error(f"[{cls}] {reason}", r.status.value)
         el.text = failure_text(r)

@@ -1,7 +1,10 @@
 """The results store: one SQLite file, written by the driver only, read by everything else.
 
-Every result is committed as it arrives (WAL, synchronous=FULL), so a killed driver loses nothing
-and `orch run --resume RUN` finishes the rest. sqlite errors never escape: a file that is not a
+Every result is committed before it is reported (WAL, synchronous=FULL; results that arrive
+together share one transaction: group commit), so a killed driver loses nothing it reported, and
+`orch run --resume RUN` re-runs every case without a final verdict (a first attempt awaiting its
+retry is stored with final = 0). One driver writes a database at a time: the `writer` row is its
+lock (pid, host, process start time); a lock whose process is gone is stale and taken over. sqlite errors never escape: a file that is not a
 database, a database that is not ours, or one written by a newer orch is an InputError (the user
 points us at the wrong file; we never overwrite it); a location we cannot create or write is an
 InfraError.
@@ -13,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import time
@@ -101,14 +105,56 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX attempt_log_case ON attempt_log(run_id, case_id);
     """,
+    # --- version 3: final verdicts apart from first attempts (resume), the writer lock ---
+    """
+    ALTER TABLE results ADD COLUMN final INTEGER NOT NULL DEFAULT 1;
+    CREATE TABLE writer (
+        id         INTEGER PRIMARY KEY CHECK (id = 1),
+        pid        INTEGER NOT NULL,
+        host       TEXT NOT NULL,
+        pid_start  TEXT NOT NULL,          -- /proc/PID/stat start time: a reused pid is not ours
+        since      REAL NOT NULL,
+        argv       TEXT NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _RESULT_COLS = (
     "run_id", "case_id", "status", "reason", "checks", "requested_mode", "resolved_mode", "downgraded",
     "graph_kind", "provider", "capture_sizes", "error_kind", "timings", "device", "versions", "log_tail",
-    "repro", "attempts", "worker", "axes", "finished_at",
+    "repro", "attempts", "worker", "axes", "finished_at", "final",
 )  # fmt: skip
+
+
+class WriterBusy(InfraError):
+    """Another live driver holds this database's writer lock."""
+
+
+def _pid_start(pid: int) -> str:
+    """Start time of a process in clock ticks since boot (Linux); '' where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return ""
+    fields = stat[stat.rfind(")") + 2 :].split()  # the command name may hold spaces and ')'
+    if fields and fields[0] in ("Z", "X"):  # a zombie: killed, not yet reaped
+        return "dead"
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _pid_alive(pid: int, start: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    now = _pid_start(pid)
+    if now == "dead":
+        return False
+    return not (start and now and now != start)  # same pid, another process: the writer is gone
 
 
 @dataclass(frozen=True)
@@ -126,7 +172,7 @@ class RunInfo:
     argv: list[str] = field(default_factory=list)
     baseline: str | None = None
     num_cases: int = 0  # planned
-    num_results: int = 0  # recorded so far
+    num_results: int = 0  # final verdicts recorded so far
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -331,7 +377,52 @@ class ResultStore:
             raise self._domain_error(e) from None
         return run_id
 
-    def record(self, run_id: int, result: CaseResult) -> None:
+    # -- the writer lock ---------------------------------------------------------------------
+
+    def acquire_writer(self, argv: Sequence[str] = ()) -> str:
+        """Take the writer lock or raise WriterBusy (one line: who holds it). Returns a note when a
+        stale lock (its driver was killed) was taken over, else ''."""
+        me = (os.getpid(), socket.gethostname())
+        note = ""
+        try:
+            self._con.execute("BEGIN IMMEDIATE")
+            row = self._con.execute("SELECT pid, host, pid_start, since FROM writer WHERE id = 1").fetchone()
+            if row is not None and (row["pid"], row["host"]) != me:
+                if row["host"] != me[1] or _pid_alive(row["pid"], row["pid_start"]):
+                    self._con.execute("ROLLBACK")
+                    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["since"]))
+                    where = "" if row["host"] == me[1] else " (another host: cannot check it is alive; if it is gone, delete the writer row)"
+                    raise WriterBusy(f"another orch driver (pid {row['pid']} on {row['host']}, since {since}) "
+                                     f"is writing this database{where}", source=self.path)  # fmt: skip
+                note = f"took over the writer lock of pid {row['pid']} on {row['host']} (no longer running)"
+            self._con.execute(
+                "INSERT OR REPLACE INTO writer(id, pid, host, pid_start, since, argv) VALUES (1, ?, ?, ?, ?, ?)",
+                (me[0], me[1], _pid_start(me[0]), time.time(), json.dumps(list(argv))),
+            )
+            self._con.execute("COMMIT")
+        except sqlite3.Error as e:
+            if self._con.in_transaction:
+                self._con.execute("ROLLBACK")
+            raise self._domain_error(e) from None
+        return note
+
+    def release_writer(self) -> None:
+        self._write([("DELETE FROM writer WHERE pid = ? AND host = ?", (os.getpid(), socket.gethostname()))])
+
+    def record(self, run_id: int, result: CaseResult, final: bool = True) -> None:
+        self.record_many(run_id, [(result, final)])
+
+    def record_many(self, run_id: int, items: Sequence[tuple[CaseResult, bool]]) -> None:
+        """Commit results in one transaction (group commit): durable when this returns. `final`
+        False marks a first attempt whose retry is pending (resume re-runs such a case)."""
+        if not items:
+            return
+        statements = []
+        for result, final in items:
+            statements += self._record_statements(run_id, result, final)
+        self._write(statements)
+
+    def _record_statements(self, run_id: int, result: CaseResult, final: bool) -> list[tuple[str, Sequence[Any]]]:
         now = time.time()
         row = (
             run_id, result.case_id, result.status.value, result.reason,
@@ -339,16 +430,16 @@ class ResultStore:
             result.requested_mode, result.resolved_mode, int(result.downgraded), result.graph_kind, result.provider,
             json.dumps(list(result.capture_sizes_used)), result.error_kind, json.dumps(result.timings),
             result.device, json.dumps(result.versions, sort_keys=True), result.log_tail, result.repro,
-            result.attempts, result.worker, json.dumps(result.axes, sort_keys=True, default=str), now,
+            result.attempts, result.worker, json.dumps(result.axes, sort_keys=True, default=str), now, int(final),
         )  # fmt: skip
         placeholders = ", ".join("?" * len(_RESULT_COLS))
-        self._write([
+        return [
             (f"INSERT OR REPLACE INTO results({', '.join(_RESULT_COLS)}) VALUES ({placeholders})", row),
             ("INSERT INTO attempt_log(run_id, case_id, attempt, status, reason, worker, device, finished_at)"
              " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
              (run_id, result.case_id, result.attempts, result.status.value, result.reason, result.worker,
               result.device, now)),
-        ])  # fmt: skip
+        ]  # fmt: skip
 
     def finish_run(self, run_id: int, status: str) -> None:
         self._write([("UPDATE runs SET status = ?, finished_at = ? WHERE id = ?", (status, time.time(), run_id))])
@@ -365,7 +456,7 @@ class ResultStore:
 
     _RUN_SELECT = (
         "SELECT runs.*, (SELECT count(*) FROM cases WHERE cases.run_id = runs.id) AS num_cases,"
-        " (SELECT count(*) FROM results WHERE results.run_id = runs.id) AS num_results FROM runs"
+        " (SELECT count(*) FROM results WHERE results.run_id = runs.id AND final = 1) AS num_results FROM runs"
     )
 
     def run(self, run_id: int) -> RunInfo:
@@ -392,7 +483,7 @@ class ResultStore:
     def missing_case_ids(self, run_id: int) -> list[str]:
         rows = self._sql(
             "SELECT case_id FROM cases WHERE run_id = ? AND case_id NOT IN"
-            " (SELECT case_id FROM results WHERE run_id = ?) ORDER BY rowid",
+            " (SELECT case_id FROM results WHERE run_id = ? AND final = 1) ORDER BY rowid",
             (run_id, run_id),
         )
         return [r[0] for r in rows]

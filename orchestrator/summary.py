@@ -20,6 +20,7 @@ from orchestrator.store import RunInfo
 SYMBOL = {
     "pass": "✅", "regression": "🔻", "new": "❌", "fail": "❌", "error": "💥", "timeout": "⏱️",
     "missing": "❔", "old-failure": "🟥", "flaky": "🎲", "known-fail": "🟨", "fixed": "🟢", "skip": "⬜",
+    "not-run": "🚧",
 }  # fmt: skip
 MAX_PER_SECTION = 25
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -138,6 +139,8 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
     out += _section("New failures", tuple(c for c in gate.new_failures if c not in plain_failed), by_id, gate,
                     "Failing cases the baseline did not run.")  # fmt: skip
     out += _section("Failures", plain_failed, by_id, gate)
+    out += _section("Not run (infrastructure)", gate.not_run, by_id, gate,
+                    "Required cases that never ran (placement, tp gang): the machines, not the code; exit 3.")
     out += _section("Missing results", gate.missing, by_id, gate, "Planned but never finished: `orch run --resume`.")
     out += _section("Old failures (not gating)", gate.old_failures, by_id, gate, "Also failing in the baseline.")
     out += _section("Flaky (not gating)", gate.flaky, by_id, gate)

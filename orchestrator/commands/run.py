@@ -3,6 +3,10 @@
 Order matters for exit codes: a bad matrix/filter/store is exit 2 before anything starts; an
 unreachable cluster is exit 3 after the run row exists (it is closed as "failed", so `--resume`
 can pick it up later). Ctrl-C closes the run as "interrupted" and keeps every committed result.
+The driver holds the store's writer lock for the whole run: a second `orch run` (or a `--resume`
+beside a live driver) on the same --db is exit 3 in one line; a killed driver's lock is taken over.
+Results are committed in groups (one transaction per loop turn of the executor) and reported only
+after their commit.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from orchestrator.errors import InputError
 
 # Test/benchmark hook: the per-case function the actors call (default: the checker).
 RUNNER_ENV = "ORCH_RUNNER"
-_REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.FLAKY)
+_REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.FLAKY, Status.NOT_RUN)
 
 
 def _versions() -> dict[str, str]:
@@ -55,7 +59,12 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
     if not cases and not skipped:
         raise InputError(f"no case matches --filter {filter_expr!r}", source=matrix)
     store = ResultStore(db)
+    locked = False
     try:
+        note = store.acquire_writer(sys.argv)
+        locked = True
+        if note:
+            _err(note)
         if resume_run is not None:
             try:
                 run_id = int(resume_run)
@@ -69,17 +78,16 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
             todo_skips = [skip_by_id[c.case_id] for c in planned if c.case_id in skip_by_id]
             cases = [c for c in planned if c.case_id not in skip_by_id]
             skipped = todo_skips
-            _err(f"resuming run {run_id}: {len(missing)} case(s) without a result")
+            _err(f"resuming run {run_id}: {len(missing)} case(s) without a final verdict")
         else:
             run_id = store.create_run(
                 matrix=matrix, cases=[*cases, *(s.case for s in skipped)], argv=sys.argv, cluster=address,
                 devices=devices, versions=_versions(), baseline=baseline,
             )  # fmt: skip
-        for s in skipped:
-            store.record(run_id, CaseResult(
-                case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,
-                repro=s.case.repro_command(), axes=s.case.axes,
-            ))  # fmt: skip
+        store.record_many(run_id, [(CaseResult(
+            case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,
+            repro=s.case.repro_command(), axes=s.case.axes,
+        ), True) for s in skipped])  # fmt: skip
         try:
             results = _execute(store, run_id, cases, address=address, devices=devices, workers=workers,
                                timeout_s=timeout_s, no_progress=no_progress, phases=phases)  # fmt: skip
@@ -108,7 +116,11 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
              f"{time.monotonic() - t0:.1f}s -> {gate.verdict()} (outputs in {out_dir})")  # fmt: skip
         return int(gate.exit_code)
     finally:
-        store.close()
+        try:
+            if locked:
+                store.release_writer()
+        finally:
+            store.close()
 
 
 def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress,
@@ -134,14 +146,16 @@ def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_p
         config = dataclasses.replace(config, runner=os.environ[RUNNER_ENV])
     progress = Progress(len(cases), live=(not no_progress and sys.stderr.isatty()))
 
-    def on_result(result: CaseResult, final: bool) -> None:
-        store.record(run_id, result)
-        marks.append(time.monotonic())
-        if final:
-            progress.update(result)
+    def on_results(items: list[tuple[CaseResult, bool]]) -> None:
+        store.record_many(run_id, items)  # durable before anything below reports it
+        now = time.monotonic()
+        marks.extend(now for _ in items)
+        for result, final in items:
+            if final:
+                progress.update(result)
 
     try:
-        return Executor(cluster, config, on_result=on_result, history=store.durations()).run(cases)
+        return Executor(cluster, config, on_results=on_results, history=store.durations()).run(cases)
     finally:
         progress.close()
         t_end = time.monotonic()

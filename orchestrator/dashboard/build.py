@@ -30,7 +30,7 @@ _ENV = jinja2.Environment(
 )
 
 # Display state of a cell: the status, or the gate's xfail, or "pending"/"missing" without a result.
-STATES = ("pass", "fail", "error", "timeout", "flaky", "known-fail", "skip", "pending", "missing")
+STATES = ("pass", "fail", "error", "timeout", "flaky", "known-fail", "not-run", "skip", "pending", "missing")
 
 
 def json_for_script(data: Any) -> str:

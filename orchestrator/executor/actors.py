@@ -138,6 +138,17 @@ class CaseWorker:
                 sys.modules["torch"].set_num_threads(1)
         return self._runner
 
+    def _barrier(self, case_id: str, ok: bool) -> str:
+        """'' when the gang left the case in step, else why not (the batch stops on this gang)."""
+        from backend.distributed import case_barrier
+
+        try:
+            case_barrier(case_id, ok)
+        except Exception as e:  # noqa: BLE001 - GangDesync, or the collective itself failed
+            print(f"[orch] gang barrier after {case_id}: {type(e).__name__}: {e}", flush=True)
+            return f"not run: tp gang out of step after {case_id} ({type(e).__name__}); gang recycled"
+        return ""
+
     def run_batch(self, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Run cases in order on this rank; one result dict per case (exceptions become ERROR)."""
         from backend.case import Case
@@ -146,16 +157,23 @@ class CaseWorker:
         runner = self._load()
         rank, world = self._gang
         out = []
+        desync = ""
         for d in cases:
             case = Case.from_dict(d)
+            if desync:  # the gang is out of step: later cases are not run on it (driver requeues)
+                out.append(CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=desync, error_kind="gang",
+                                      requested_mode=case.mode, axes=case.axes, worker=self.info_.label).to_dict())  # fmt: skip
+                continue
             t0 = time.monotonic()
             print(f"[orch] case {case.case_id} rank {rank}", flush=True)
+            raised = False
             try:
                 kwargs: dict[str, Any] = {"rank": rank, "world_size": world, "device": self.device}
                 if self._sessions is not None:
                     kwargs["sessions"] = self._sessions
                 res = runner(case, **kwargs)
             except BaseException as e:  # noqa: BLE001 - a case must never take the actor's loop down
+                raised = True
                 tb = traceback.format_exc()
                 print(tb, flush=True)
                 first = (str(e).strip().splitlines() or [""])[0]
@@ -164,6 +182,11 @@ class CaseWorker:
                     requested_mode=case.mode, error_kind="exception", log_tail=tb[-LOG_TAIL_BYTES:],
                     repro=case.repro_command(), axes=case.axes, timings={"total_s": time.monotonic() - t0},
                 )  # fmt: skip
+            if world > 1:
+                desync = self._barrier(case.case_id, not raised)
+                if desync and not raised:  # its collectives may have paired with the wrong case
+                    res = CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=desync, error_kind="gang",
+                                     requested_mode=case.mode, axes=case.axes)  # fmt: skip
             changes: dict[str, Any] = {"worker": self.info_.label}
             if not res.device:
                 changes["device"] = self.device

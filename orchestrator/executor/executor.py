@@ -9,11 +9,17 @@ change. A hang is therefore a deadline that passed, never a blocked driver:
     actor died (crash)    -> ERROR "crash" with the worker's log tail; gang recreated on demand
     node died             -> its cases requeued without blame (blamed if it happens to them again)
     deadline passed       -> ray.kill the gang (a sync task cannot be cancelled); TIMEOUT
-    placement deadline    -> the case and every later case of >= that tp: SKIP "placement"
+    placement deadline    -> the case and every later case of >= that tp: NOT_RUN "placement"
+    gang setup failed     -> its cases requeued without blame; a second failure: NOT_RUN "gang"
 
 Several small cases go to an actor in one call (dispatch overhead), so a crash or hang loses the
 whole batch: its cases are requeued to run singly, where the culprit is found and blamed alone.
-A failed case (fail/error/timeout) runs once more on another worker; a different verdict -> FLAKY.
+A failed case (fail/error/timeout) runs once more on another worker. FLAKY means one attempt
+passed and one did not; two different non-pass verdicts (FAIL then ERROR) stay a failure (the
+retry's status, both named in the reason). A retry that cannot be placed keeps the first attempt's
+failing verdict ("retry not run" in the reason): an observed failure is not downgraded to NOT_RUN.
+SKIP is only for what cannot run here at all (tp larger than any node); a required case that was
+runnable but never ran is NOT_RUN, which the gate fails as an infrastructure error.
 """
 
 from __future__ import annotations
@@ -37,6 +43,13 @@ from orchestrator.scheduling.policy import Dispatcher, Task
 # Text of an exception that leaves the device (and so the process) unusable: recycle the actor.
 DEVICE_POISON = re.compile(
     r"CUDA error|HIP error|illegal memory access|device-side assert|cudaError|hipError|NCCL error|ECC error",
+    re.IGNORECASE,
+)
+# Faults that stay with the context once raised, even when they surface inside a capture (a capture
+# error whose cause is one of these still recycles the worker; a plain capture error does not).
+STICKY_FAULT = re.compile(
+    r"illegal memory access|device-side assert|ECC error|unspecified launch failure|misaligned address"
+    r"|illegal instruction|hipErrorIllegalAddress|cudaErrorIllegalAddress|cudaErrorLaunchFailure",
     re.IGNORECASE,
 )
 RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
@@ -104,11 +117,16 @@ class Executor:
         config: ExecConfig = ExecConfig(),
         *,
         on_result: Callable[[CaseResult, bool], None] | None = None,
+        on_results: Callable[[list[tuple[CaseResult, bool]]], None] | None = None,
         history: dict[str, float] | None = None,
     ):
         self.cluster = cluster
         self.config = config
         self.on_result = on_result or (lambda r, final: None)
+        # Group commit: results are handed over once per loop turn (one Ray wait's worth of
+        # batches), so a store can commit them in one transaction before anything is reported.
+        self.on_results = on_results
+        self._out: list[tuple[CaseResult, bool]] = []
         self.history = history or {}
         self.log_dir = config.log_dir or tempfile.mkdtemp(prefix="orch-workers-")
         self.gangs: list[Gang] = []
@@ -119,6 +137,7 @@ class Executor:
         self._first: dict[str, CaseResult] = {}  # first attempt of cases being retried
         self._singles: set[str] = set()  # run alone: they were in a batch that crashed/hung
         self._lost: dict[str, int] = {}  # node losses suffered per case
+        self._setup_fails: dict[str, int] = {}  # gang set-ups that failed under a case's batch
         self._alive = [True] * len(cluster.nodes)
         self._nodes_checked = 0.0
         self._no_place_tp: int | None = None  # smallest tp whose placement timed out
@@ -142,16 +161,35 @@ class Executor:
         try:
             while True:
                 self._fill()
+                self._flush()
                 if not self.jobs:
                     if self._queued:  # nothing runs and nothing fits anywhere: will never run
                         for t in list(self._queued.values()):
                             self._queued.pop(t.id)
-                            self._skip_placement(self._cases[t.id], f"needs {t.tp} {self._unit}s on one node; none left")
+                            self._not_run(self._cases[t.id], f"needs {t.tp} {self._unit}s on one node; none left")
                     break
                 self._wait_once()
+                self._flush()
+            self._flush()
         finally:
-            self.shutdown()
+            try:
+                self._flush()  # best effort on the way out (Ctrl-C): what was seen is kept
+            finally:
+                self.shutdown()
         return self.final
+
+    def _emit(self, res: CaseResult, final: bool) -> None:
+        self._out.append((res, final))
+
+    def _flush(self) -> None:
+        if not self._out:
+            return
+        out, self._out = self._out, []
+        if self.on_results is not None:
+            self.on_results(out)
+        else:
+            for res, final in out:
+                self.on_result(res, final)
 
     def shutdown(self) -> None:
         for g in self.gangs:
@@ -185,7 +223,7 @@ class Executor:
                 case = self._cases[task.id]
                 if self._no_place_tp is not None and task.tp >= self._no_place_tp:
                     self.dispatcher.done(task, 0.0)
-                    self._skip_placement(case, f"needs {task.tp} {self._unit}s on one node (placement timed out)")
+                    self._not_run(case, f"needs {task.tp} {self._unit}s on one node (an earlier placement timed out)")
                     continue
                 gang = self._gang_for(node, task, idle)
                 if gang is None:  # a retry that must avoid the only idle worker: ask again later
@@ -316,14 +354,24 @@ class Executor:
             elapsed = time.monotonic() - job.started
             poisoned = False
             for i, task in enumerate(job.tasks):
-                res = _merge([CaseResult.from_dict(rank[i]) for rank in values]).replace(worker=g.label)
+                ranks = [CaseResult.from_dict(rank[i]) for rank in values]
+                if any(r.status == Status.NOT_RUN for r in ranks):  # the gang barrier tripped
+                    poisoned = True
+                    culprit = [r for r in ranks if r.status == Status.ERROR]
+                    if not culprit:  # an innocent case on an out-of-step gang: run it again
+                        self._out_of_step(task, ranks[0].reason)
+                        continue
+                    ranks = culprit[:1]  # the rank that left the case early is the verdict
+                res = _merge(ranks).replace(worker=g.label)
                 # A capture error names cudaError* too, but is not sticky: the runner recovers
                 # (backend/graphs/cuda.py) and the session is kept; recycling would lose every
-                # captured graph for nothing.
-                if res.status == Status.ERROR and res.error_kind != "capture" and \
-                        DEVICE_POISON.search(f"{res.reason}\n{res.log_tail}"):
+                # captured graph for nothing. Unless its cause is a sticky fault (STICKY_FAULT).
+                text = f"{res.reason}\n{res.log_tail}"
+                if res.status == Status.ERROR and (STICKY_FAULT.search(text) if res.error_kind == "capture"
+                                                   else DEVICE_POISON.search(text)):  # fmt: skip
                     poisoned = True
-                    res = res.replace(reason=f"{res.reason} (device error: worker recycled)")
+                    # A sticky fault seen inside a capture is the machine's, not the code's: retried.
+                    res = res.replace(reason=f"{res.reason} (device error: worker recycled)", error_kind="exception")
                 self._attempt(task, res, elapsed / len(job.tasks))
             if poisoned:
                 gangs.teardown(g)
@@ -341,9 +389,8 @@ class Executor:
             if not recurring:
                 return
             job = _Job(job.kind, g, [], job.deadline, recurring, job.started)
-        if job.kind != "batch" and job.kind != "start":
-            for t in job.tasks:  # the rendezvous failed: blame the case that needed it
-                self._attempt(t, self._error(t, g, f"tp gang setup failed: {_first_line(err)}", "exception"), 0.0)
+        if job.kind != "batch":
+            self._setup_failed(job, f"tp{g.tp} gang setup failed ({job.kind}): {_first_line(err)}")
             return
         self._lost_batch(job, f"worker process died: {_first_line(err)}", "crash", Status.ERROR)
 
@@ -355,14 +402,33 @@ class Executor:
             self._no_place_tp = tp if self._no_place_tp is None else min(self._no_place_tp, tp)
             for t in job.tasks:
                 self.dispatcher.done(t, 0.0)
-                self._skip_placement(self._cases[t.id], f"needs {tp} {self._unit}s on one node (no placement within {self.config.placement_timeout_s:.0f}s)")
+                self._not_run(self._cases[t.id], f"needs {tp} {self._unit}s on one node (no placement within {self.config.placement_timeout_s:.0f}s)")
             return
         if job.kind in ("start", "join"):
-            for t in job.tasks:
-                self._attempt(t, self._error(t, g, f"tp gang did not come up within {self.config.setup_timeout_s:.0f}s", "timeout", Status.TIMEOUT), 0.0)
+            self._setup_failed(job, f"tp{g.tp} gang did not come up within {self.config.setup_timeout_s:.0f}s ({job.kind})")
             return
         limit = self._timeout(job.tasks[0])
         self._lost_batch(job, f"no result within {limit:.0f}s: worker killed and recreated", "timeout", Status.TIMEOUT)
+
+    def _out_of_step(self, task: Task, reason: str) -> None:
+        self._setup_fails[task.id] = self._setup_fails.get(task.id, 0) + 1
+        if self._setup_fails[task.id] > 1:
+            self.dispatcher.done(task, 0.0)
+            self._not_run(self._cases[task.id], reason, kind="gang")
+        else:
+            self._singles.add(task.id)
+            self._requeue(task)
+
+    def _setup_failed(self, job: _Job, reason: str) -> None:
+        """Placing, starting or joining a gang failed before any case ran in it: not the cases'
+        fault. They are requeued once (a new gang); a second setup failure is NOT_RUN "gang"."""
+        for t in job.tasks:
+            self._setup_fails[t.id] = self._setup_fails.get(t.id, 0) + 1
+            if self._setup_fails[t.id] > 1:
+                self.dispatcher.done(t, 0.0)
+                self._not_run(self._cases[t.id], reason, kind="gang")
+            else:
+                self._requeue(t)
 
     def _lost_batch(self, job: _Job, reason: str, kind: str, status: Status) -> None:
         """A batch lost to a crash or hang: alone, the case is to blame; else find it singly."""
@@ -422,25 +488,38 @@ class Executor:
         res = CaseResult(case_id=case.case_id, status=Status.SKIP, reason=reason, requested_mode=case.mode,
                          error_kind="placement", repro=case.repro_command(), axes=case.axes)  # fmt: skip
         self.final[case.case_id] = res
-        self.on_result(res, True)
+        self._emit(res, True)
+
+    def _not_run(self, case: Case, reason: str, kind: str = "placement") -> None:
+        """A runnable, required case that will not run: NOT_RUN, or, for a retry, the first
+        attempt's failure (it was observed; only its confirmation is missing)."""
+        first = self._first.pop(case.case_id, None)
+        if first is not None:
+            res = first.replace(reason=f"{first.reason}; retry not run: {reason}")
+        else:
+            res = CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=f"not run: {reason}",
+                             requested_mode=case.mode, error_kind=kind, repro=case.repro_command(), axes=case.axes)  # fmt: skip
+        self.final[case.case_id] = res
+        self._emit(res, True)
 
     def _attempt(self, task: Task, res: CaseResult, duration_s: float) -> None:
         first = self._first.pop(task.id, None)
         if first is None and res.status in RETRY_STATUSES and res.error_kind not in NO_RETRY_KINDS \
                 and self.config.retries > 0:
             self._first[task.id] = res
-            self.on_result(res, False)
+            self._emit(res, False)
             self._requeue(task)
             return
         if first is not None:
+            both = (f"{first.status} on {first.worker} ({first.reason}), "
+                    f"then {res.status} on {res.worker}" + (f" ({res.reason})" if res.reason else ""))
             if first.status == res.status:
                 res = res.replace(attempts=2)
-            else:
-                res = res.replace(
-                    status=Status.FLAKY, attempts=2,
-                    reason=f"retry disagreed: {first.status} on {first.worker} ({first.reason}), "
-                           f"then {res.status} on {res.worker}" + (f" ({res.reason})" if res.reason else ""),
-                )  # fmt: skip
+            elif Status.PASS in (first.status, res.status):
+                res = res.replace(status=Status.FLAKY, attempts=2, reason=f"retry disagreed: {both}")
+            else:  # two failures of different kinds: still a failure (the retry's, if it failed)
+                status = res.status if res.status in RETRY_STATUSES else first.status
+                res = res.replace(status=status, attempts=2, reason=f"failed twice: {both}")
         self.dispatcher.done(task, duration_s)
         self.final[task.id] = res
-        self.on_result(res, True)
+        self._emit(res, True)

@@ -3,7 +3,8 @@
 Runner-level faults are chosen by the case's batch name, so one matrix of hand-made cases can mix
 them: "ok" passes, "crash" kills the process (os._exit), "segv" segfaults, "hang" sleeps forever,
 "cudaerr" raises a device error, "flaky" fails the first time it runs and passes afterwards
-(a marker file named by batch.description), "fail" always fails, "slow" sleeps 0.3 s then passes.
+(a marker file named by batch.description), "fail" always fails, "failerr" fails the first time and raises afterwards (marker file as for
+"flaky"), "slow" sleeps 0.3 s then passes.
 """
 
 from __future__ import annotations
@@ -38,11 +39,22 @@ def fault_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None,
     status = Status.PASS
     if kind == "fail":
         status = Status.FAIL
+    if kind == "failerr":
+        if os.path.exists(case.batch.description):
+            raise RuntimeError("failerr: the retry raised")
+        open(case.batch.description, "w").close()
+        status = Status.FAIL
     if kind == "flaky":
         marker = case.batch.description
         if not os.path.exists(marker):
             open(marker, "w").close()
             status = Status.FAIL
+    if kind == "rankerr":  # rank 1 leaves the case before its collective; rank 0 waits in it
+        if rank == 1:
+            raise RuntimeError("rankerr: rank 1 left the case early")
+        import torch.distributed as dist
+
+        dist.all_reduce(__import__("torch").ones(1))
     if kind == "rank":  # which rank/world/device the gang gave us, and the process group size
         import torch.distributed as dist
 

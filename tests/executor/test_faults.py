@@ -26,6 +26,7 @@ def mixed_run(ray_cluster, tmp_path_factory):
     cases = [make_case("ok", i) for i in range(8)] + [
         make_case("crash", 1), make_case("segv", 1), make_case("hang", 1, timeout_s=2.0),
         make_case("cudaerr", 1), make_case("fail", 1), make_case("flaky", 1, description=str(marker)),
+        make_case("failerr", 1, description=str(marker) + "-failerr"),
     ]  # fmt: skip
     cluster = connect("local", devices="cpu", workers=2)
     attempts: list = []
@@ -42,6 +43,8 @@ SCENARIOS = {
     "device error poisons the worker": ("cudaerr", Status.ERROR, 2, "exception", "worker recycled"),
     "a failure that repeats": ("fail", Status.FAIL, 2, "", "fail"),
     "a failure that does not repeat": ("flaky", Status.FLAKY, 2, "", "retry disagreed"),
+    # FLAKY needs a passing attempt: FAIL then ERROR is a failure (was FLAKY, gate green).
+    "a failure, then a crash of another kind": ("failerr", Status.ERROR, 2, "exception", "failed twice: fail on"),
 }
 
 
@@ -63,8 +66,8 @@ def test_healthy_cases_in_broken_batches_are_not_blamed(mixed_run):
     final, attempts, _ = mixed_run
     ok = [r for cid, r in final.items() if "-ok-" in cid]
     assert len(ok) == 8 and all(r.status == Status.PASS and r.attempts == 1 for r in ok)
-    assert len(final) == 14
-    assert sum(1 for _, f in attempts if f) == 14  # every case reported final exactly once
+    assert len(final) == 15
+    assert sum(1 for _, f in attempts if f) == 15  # every case reported final exactly once
 
 
 def test_crash_log_tail_is_the_crashing_case(mixed_run):
@@ -85,6 +88,24 @@ def test_actor_reports_its_device_and_gang_joins_gloo(ray_cluster):
     assert res.device == "cpu" and res.worker.count("@") == 2  # both ranks named
 
 
+def test_a_rank_leaving_a_case_early_does_not_pair_with_the_next_case(ray_cluster):
+    """tp 2, one batch [rankerr, rank]: rank 1 raises in rankerr while rank 0 waits in an
+    all_reduce. Before the gang barrier rank 1 went on to `rank`'s all_reduce, which paired with
+    rank 0's stale one (both looked fine), then rank 0 hung in `rank`: TIMEOUT, blamed on rankerr.
+    Now the end-of-case barrier meets the stale collective: the gang is torn down at once, the
+    culprit is an ERROR and the innocent case passes on a fresh gang."""
+    cluster = connect("local", devices="cpu")
+    cases = [make_case("rankerr", 0, tp=2, timeout_s=15.0), make_case("rank", 1, tp=2, timeout_s=15.0)]
+    history = {cases[0].case_id: 0.002, cases[1].case_id: 0.001}  # cheap: batched together
+    attempts: list = []
+    final = Executor(cluster, ExecConfig(runner=RUNNER, poll_s=0.2), history=history,
+                     on_result=lambda r, f: attempts.append(r)).run(cases)  # fmt: skip
+    bad, good = final[cases[0].case_id], final[cases[1].case_id]
+    assert good.status == Status.PASS and "sum=3" in good.reason, good
+    assert bad.status == Status.ERROR and bad.error_kind in ("crash", "exception"), bad
+    assert not any(r.status == Status.TIMEOUT for r in attempts), attempts
+
+
 def test_worker_info_from_runtime_context(ray_cluster, tmp_path):
     import ray
 
@@ -99,7 +120,7 @@ def test_worker_info_from_runtime_context(ray_cluster, tmp_path):
         gangs.teardown(gang)
 
 
-def test_impossible_placement_is_a_skip_within_the_deadline(ray_cluster):
+def test_a_placement_timeout_is_not_run_within_the_deadline(ray_cluster):
     real = connect("local", devices="cpu").nodes[0]
     # Claim 16 slots of a whole core each: a tp 8 gang asks for 8 CPUs of a 4-CPU cluster and
     # its placement group never becomes ready (Ray never fails it by itself).
@@ -109,6 +130,7 @@ def test_impossible_placement_is_a_skip_within_the_deadline(ray_cluster):
     final = Executor(cluster, ExecConfig(runner=RUNNER, placement_timeout_s=2.0, poll_s=0.2)).run(cases)
     assert time.monotonic() - t0 < 30
     for cid in ("tp8-FULL-auto-ok-torch-s0", "tp8-FULL-auto-ok-torch-s1"):
-        assert final[cid].status == Status.SKIP and final[cid].error_kind == "placement"
+        # Runnable in principle (16 slots claimed), never placed: NOT_RUN (was SKIP, which never gates).
+        assert final[cid].status == Status.NOT_RUN and final[cid].error_kind == "placement"
         assert "needs 8 CPU workers on one node" in final[cid].reason
     assert final["tp1-FULL-auto-ok-torch-s2"].status == Status.PASS

@@ -120,6 +120,28 @@ def test_orch_run_with_a_broken_backend_fails_the_gate(ray_cluster, tmp_path, sc
     assert text in res.reason + res.log_tail, res
 
 
+# The device error is raised by every attention forward: in the FULL modes that is first the graph
+# warm-up inside ensure_graphs (before: labelled a capture error, not retried, worker kept and the
+# next case blamed); PIECEWISE captures only dense pieces, so it surfaces in the eager step.
+DEVICE_ERROR_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+@pytest.mark.parametrize("mode", DEVICE_ERROR_MODES)
+def test_a_device_error_recycles_the_worker_in_every_mode(ray_cluster, tmp_path, mode):
+    db = str(tmp_path / "r.db")
+    code = run_cmd.main("matrices/smoke.yaml", backend="tests.executor.faulty_backends:DeviceErrorBackend",
+                        filter_expr=f"tp=1 cudagraph_mode={mode} kv_cache_dtype=auto batch=decode_7",
+                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", no_progress=True)  # fmt: skip
+    assert code == 1
+    with ResultStore(db) as store:
+        rid = store.latest_run_id()
+        (res,) = store.results(rid)
+        log = store.attempt_log(rid, res.case_id)
+    assert res.status.value == "error" and res.error_kind == "exception", res
+    assert "worker recycled" in res.reason and "capture error" not in res.reason
+    assert res.attempts == 2 and [a["attempt"] for a in log] == [1, 2]
+
+
 def test_a_capture_error_is_reported_once_and_keeps_the_worker(ray_cluster, tmp_path):
     """A graph capture error names cudaError*, but it is neither retried nor a reason to recycle the
     worker: the mixed cases after it run on the same actor (same pid) and pass."""
@@ -140,3 +162,34 @@ def test_a_capture_error_is_reported_once_and_keeps_the_worker(ray_cluster, tmp_
     piecewise = [r for k, r in results.items() if k.startswith("PIECEWISE/")]
     assert len(piecewise) == 2 and all(r.status.value == "pass" for r in piecewise)
     assert len({r.worker for r in results.values()}) == 1
+
+
+def test_resume_reruns_a_case_whose_retry_never_ran(ray_cluster, tmp_path, monkeypatch):
+    """A driver killed between a case's failed first attempt and its retry: the resume must run it
+    again (before: the first attempt's row counted as done, and the gate saw a lone failure)."""
+    from orchestrator.filters import select
+    from orchestrator.matrix import load_matrix
+    from tests.results.samples import result_for
+    from backend.result import Status
+
+    db = str(tmp_path / "r.db")
+    flt = "tp=1 cudagraph_mode=NONE,FULL kv_cache_dtype=auto"
+    cases = select(load_matrix("matrices/smoke.yaml", devices="cpu").cases, flt)
+    assert len(cases) >= 3
+    half, absent = cases[0], cases[1]
+    with ResultStore(db) as store:
+        rid = store.create_run(matrix="matrices/smoke.yaml", cases=cases)
+        store.record(rid, result_for(half, Status.FAIL, reason="first attempt"), final=False)
+        store.record_many(rid, [(result_for(c), True) for c in cases[2:]])
+    monkeypatch.setenv(run_cmd.RUNNER_ENV, "tests.executor.faulty_backends:slow_runner")
+    code = run_cmd.main("matrices/smoke.yaml", filter_expr=flt, db=db, out_dir=str(tmp_path / "out"),
+                        devices="cpu", resume_run=str(rid), no_progress=True)  # fmt: skip
+    assert code == 0
+    with ResultStore(db) as store:
+        assert store.missing_case_ids(rid) == []
+        final = {r.case_id: r for r in store.results(rid)}
+        assert final[half.case_id].status == Status.PASS and "slow pid=" in final[half.case_id].reason
+        assert [a["status"] for a in store.attempt_log(rid, half.case_id)] == ["fail", "pass"]
+        assert [a["status"] for a in store.attempt_log(rid, absent.case_id)] == ["pass"]
+        assert all(len(store.attempt_log(rid, c.case_id)) == 1 for c in cases[2:])  # not re-run
+        assert store._sql("SELECT count(*) FROM writer").fetchone()[0] == 0  # lock released

@@ -37,6 +37,10 @@ SCENARIOS = {
     "new case failing": (Status.FAIL, ABSENT, False, "new", ExitCode.GATE_FAILED),
     "failing case skipped in baseline is new": (Status.FAIL, Status.SKIP, False, "new", ExitCode.GATE_FAILED),
     "new case passing": (Status.PASS, ABSENT, False, "pass", ExitCode.OK),
+    # A required case that never ran is no pass: gating, and the machines' fault (exit 3).
+    "not run is infrastructure": (Status.NOT_RUN, NO_BASE, False, "not-run", ExitCode.INFRA_ERROR),
+    "not run though it passed before": (Status.NOT_RUN, Status.PASS, False, "not-run", ExitCode.INFRA_ERROR),
+    "not run is never a known failure": (Status.NOT_RUN, NO_BASE, True, "not-run", ExitCode.INFRA_ERROR),
 }
 
 
@@ -49,6 +53,21 @@ def test_gate_scenario(name):
     assert out.classification == {C.case_id: expected}
     assert out.exit_code == code
     assert out.counts[expected] == 1 and sum(out.counts.values()) == 1
+
+
+def test_a_real_failure_beside_a_not_run_case_is_exit_1():
+    d = CASES[1]
+    out = evaluate([samples.result_for(C, Status.NOT_RUN, error_kind="placement", reason="not run: placement"),
+                    samples.result_for(d, Status.FAIL)])  # fmt: skip
+    assert out.exit_code == ExitCode.GATE_FAILED
+    assert out.not_run == (C.case_id,) and out.gating == (d.case_id, C.case_id)
+    assert "1 not run (infrastructure)" in out.verdict() and "1 new failures" in out.verdict()
+
+
+def test_not_run_alone_says_infrastructure():
+    out = evaluate([samples.result_for(C, Status.NOT_RUN, reason="not run: placement")])
+    assert not out.passed and out.verdict() == "gate FAILED: 1 not run (infrastructure) of 1 cases"
+    assert out.to_dict()["not_run"] == [C.case_id]
 
 
 def test_full_sample_run_lists_every_class():

@@ -83,3 +83,27 @@ def test_schema_rejects_a_broken_document(tmp_path):
     bad = tmp_path / "bad.xml"
     bad.write_text('<testsuites><testsuite name="x"><testcase name="a"/></testsuite></testsuites>')
     assert not xmlschema.XMLSchema(XSD).is_valid(str(bad))  # no tests=, no classname=
+
+
+def test_a_not_run_case_is_an_error_in_junit_and_its_own_section_in_the_summary(tmp_path):
+    from backend.result import Status
+    from orchestrator import summary
+    from orchestrator.dashboard.build import STATES
+    from orchestrator.store import RunInfo
+
+    cases = samples.make_cases()[:2]
+    results = [samples.result_for(cases[0], Status.NOT_RUN, reason="not run: needs 8 GPUs on one node (no placement within 30s)",
+                                  error_kind="placement", checks=()), samples.result_for(cases[1])]  # fmt: skip
+    gate = evaluate(results)
+    path = str(tmp_path / "junit.xml")
+    junit.write(path, results, gate, suite_name="m.yaml")
+    [suite] = list(JUnitXml.fromfile(path))
+    by_name = {tc.name: tc for tc in suite}
+    [el] = by_name[cases[0].case_id].result
+    assert isinstance(el, Error) and el.type == "not-run" and "no placement within 30s" in el.message  # not <skipped>
+    assert suite.errors == 1 and suite.skipped == 0
+    run = RunInfo(1, "m.yaml", "", "", 0.0, 1.0, "finished", "", "cpu")
+    text = summary.render(run, results, gate)
+    assert "Not run (infrastructure) (1)" in text or "Not run (infrastructure)" in text
+    assert "gate FAILED: 1 not run (infrastructure) of 2 cases" in text
+    assert "not-run" in STATES  # a dashboard cell state, hence a legend entry

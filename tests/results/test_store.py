@@ -196,3 +196,91 @@ def test_unwritable_location_is_infra_error(tmp_path, capsys):
 def test_missing_db_for_readers_is_input_error(tmp_path, capsys):
     code, err = _cli(capsys, "gate", "--db", str(tmp_path / "nope.db"))
     assert code == 2 and "no results database" in err
+
+
+def test_a_first_attempt_awaiting_its_retry_is_not_a_final_verdict(tmp_path, cases):
+    # Before: a failed first attempt counted as done, so --resume after a driver kill skipped it.
+    with ResultStore(str(tmp_path / "r.db")) as store:
+        rid = store.create_run(matrix="m.yaml", cases=cases[:3])
+        store.record(rid, samples.result_for(cases[0], Status.FAIL), final=False)
+        store.record(rid, samples.result_for(cases[1]))
+        assert store.missing_case_ids(rid) == [cases[0].case_id, cases[2].case_id]
+        assert store.run(rid).num_results == 1
+        store.record(rid, samples.result_for(cases[0], Status.FAIL, attempts=2))
+        assert store.missing_case_ids(rid) == [cases[2].case_id]
+
+
+def test_group_commit_is_one_transaction_visible_to_a_reader_when_it_returns(tmp_path, cases):
+    db = str(tmp_path / "r.db")
+    with ResultStore(db) as store:
+        rid = store.create_run(matrix="m.yaml", cases=cases)
+        before = os.stat(db + "-wal").st_size
+        store.record_many(rid, [(samples.result_for(c), True) for c in cases])
+        with ResultStore(db, readonly=True) as reader:  # another connection: committed, not cached
+            assert reader.run(rid).num_results == len(cases) and reader.missing_case_ids(rid) == []
+        assert len(store.attempt_log(rid, cases[5].case_id)) == 1
+        assert os.stat(db + "-wal").st_size > before
+        # A failing statement rolls the whole group back: nothing half-written.
+        bad = samples.result_for(cases[0]).replace(case_id=None)  # NOT NULL fails mid-transaction
+        with pytest.raises(InputError):
+            store.record_many(rid, [(samples.result_for(cases[1], Status.FAIL), True), (bad, True)])
+        assert store.results(rid)[1].status == Status.PASS
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {repo!r})
+    from orchestrator.store import ResultStore
+    s = ResultStore({db!r})
+    s.acquire_writer(["holder"])
+    print("locked", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _holder(db: str) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLDER.format(repo=REPO, db=db)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "locked"
+    return p
+
+
+def test_writer_lock_refuses_a_second_driver_and_takes_over_a_killed_ones(tmp_path):
+    db = str(tmp_path / "r.db")
+    holder = _holder(db)
+    try:
+        with ResultStore(db) as store:
+            with pytest.raises(InfraError, match=f"another orch driver \\(pid {holder.pid} on "):
+                store.acquire_writer()
+    finally:
+        holder.kill()
+        holder.wait()
+    with ResultStore(db) as store:  # the holder was SIGKILLed: its lock is stale
+        note = store.acquire_writer()
+        assert f"took over the writer lock of pid {holder.pid}" in note
+        assert store.acquire_writer() == ""  # re-entrant for the same driver
+        store.release_writer()
+        assert store._sql("SELECT count(*) FROM writer").fetchone()[0] == 0
+
+
+def test_a_reused_pid_does_not_keep_a_stale_lock(tmp_path):
+    db = str(tmp_path / "r.db")
+    with ResultStore(db) as store:
+        store.acquire_writer()
+        # The recorded writer: a live process (pid 1) whose start time is not the recorded one.
+        store._sql("UPDATE writer SET pid = 1, pid_start = 'not-its-start'")
+        assert "took over the writer lock of pid 1" in store.acquire_writer()
+
+
+def test_resume_beside_a_live_driver_is_exit_3_in_one_line(tmp_path, capsys):
+    db = str(tmp_path / "r.db")
+    holder = _holder(db)
+    try:
+        code, err = _cli(capsys, "run", "matrices/smoke.yaml", "--db", db, "--out", str(tmp_path / "o"),
+                         "--devices", "cpu", "--resume", "1")  # fmt: skip
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 3 and len(err.splitlines()) == 1, err
+    assert f"pid {holder.pid}" in err and "is writing this database" in err and db in err
