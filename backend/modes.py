@@ -31,7 +31,7 @@ import enum
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Sequence
 
-from backend.attention.interface import AttentionCGSupport
+from backend.attention.support import AttentionCGSupport
 
 RuntimeMode = Literal["NONE", "PIECEWISE", "FULL"]
 

@@ -15,25 +15,14 @@ per-tensor k_scale/v_scale device tensors (shape [1], float32) inside the kernel
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import torch
 
-
-class AttentionCGSupport(enum.IntEnum):
-    """How far a backend's forward can be captured in a FULL graph. Ordered: min() over layers."""
-
-    NEVER = 0
-    """Not capturable in a full graph at all (PIECEWISE only)."""
-    UNIFORM_SINGLE_TOKEN_DECODE = 1
-    """Full graphs only for pure-decode batches (every request has query len 1)."""
-    UNIFORM_BATCH = 2
-    """Full graphs for batches whose requests all have the same query len (spec-decode verify
-    batches of q = 1 + k included)."""
-    ALWAYS = 3
-    """Full graphs for any batch, mixed prefill + decode included."""
+# Re-exported: the support level lives in a torch-free module so that the matrix and modes can
+# use it without importing torch (issue 13, start-up).
+from backend.attention.support import AttentionCGSupport  # noqa: F401
 
 
 @dataclass(frozen=True)
