@@ -28,7 +28,7 @@ from backend.checks import (CheckAccumulator, Comparison, all_finite, compare, f
 from backend.model import layout_reasons, reference_forward
 from backend.modes import CUDAGraphMode, UnsupportedModeError, dispatch, resolve_mode
 from backend.result import (CHECK_DETERMINISM, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_NAMES,
-                            CHECK_REFERENCE, CHECK_REPLAY, CaseResult, Status)
+                            CHECK_PADDED_FINITE, CHECK_REFERENCE, CHECK_REPLAY, CaseResult, Status)
 from backend.session import LRU, CaptureFailed, GraphKey, Session, SessionCache, attention_config
 from backend.steps import StepInputs, batch_reasons, hash_seed, make_step_inputs, plan_steps
 
@@ -151,6 +151,15 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
         reason = f"capture error: {line}" if capture else f"{type(e).__name__}: {line}"
         return base.replace(status=Status.ERROR, reason=reason, error_kind="capture" if capture else "exception",
                             log_tail=tail, timings={"total_s": time.perf_counter() - t_start})
+
+
+def _padded_rows(session: Session, key: GraphKey, n: int) -> torch.Tensor | None:
+    """The padded output rows [size - n, hidden] of the FULL graph just replayed (its static
+    output, valid until the next replay), or None. Piecewise graphs run attention on real rows
+    only, so their padded rows are not the backend's output and are not checked."""
+    graph = getattr(session.graphs.get(key), "graph", None)
+    out = getattr(graph, "outputs", None)
+    return out[n:key.size] if isinstance(out, torch.Tensor) else None
 
 
 def _safe(fn, *args) -> str:
@@ -311,6 +320,7 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
 
         x = inputs.x.to(session.device)
         t1 = clock.now()
+        padded = None
         if d.runtime_mode == "NONE":
             out_g = session.run_eager(x, inputs.batch)
             used.append(0)
@@ -318,6 +328,7 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
             out_g = session.run_graph(GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode), x, inputs.batch,
                                       pad_seed=hash_seed(case.seed, plan.index, 31))
             used.append(d.padded_tokens)
+            padded = _padded_rows(session, GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode), x.shape[0])
         t2 = clock.now()
         replay_s.append(t2 - t1)
 
@@ -331,6 +342,11 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResu
         bad = fe if not fe.ok else fg
         acc[CHECK_FINITE].add(step, fe.ok and fg.ok, mismatch=max(fe.mismatch_frac, fg.mismatch_frac),
                               first_bad=bad.first_bad, detail="eager" if not fe.ok else "graph")
+        if padded is not None and padded.shape[0]:
+            fp = all_finite(padded, shape.head_size)
+            acc[CHECK_PADDED_FINITE].add(step, fp.ok, mismatch=fp.mismatch_frac, first_bad=fp.first_bad,
+                                         detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the "
+                                                f"{d.padded_tokens}-token graph" if fp.first_bad else "")
         real_slots = inputs.batch.slot_mapping.to(session.device)
         kv_ok, kv_detail = True, ""
         for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
