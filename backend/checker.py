@@ -20,15 +20,16 @@ from typing import Sequence
 
 import torch
 
-from backend.attention.kv_cache import dequantize, fp8_dtype, quantize_fp8
+from backend.attention.kv_cache import dequantize, fp8_dtype, write_kv
 from backend.attention.registry import BackendLoadError, get_backend
 from backend.case import Case
 from backend.checks import (CheckAccumulator, Comparison, all_finite, compare, failure_reason, kv_integrity, raw,
                             real_slot_values)
 from backend.model import layout_reasons, reference_forward
 from backend.modes import CUDAGraphMode, UnsupportedModeError, dispatch, resolve_mode
-from backend.result import (CHECK_DETERMINISM, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_NAMES,
-                            CHECK_PADDED_FINITE, CHECK_REFERENCE, CHECK_REPLAY, CaseResult, Status)
+from backend.reference import fp8_round
+from backend.result import (CHECK_DETERMINISM, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_NAMES, CHECK_PADDED_FINITE,
+                            CHECK_REFERENCE, CHECK_REPLAY, CaseResult, Status)
 from backend.session import LRU, CaptureFailed, GraphKey, Session, SessionCache, attention_config
 from backend.steps import StepInputs, batch_reasons, hash_seed, make_step_inputs, plan_steps
 
@@ -180,33 +181,25 @@ def _set_scales(case: Case, session: Session) -> None:
             t.copy_(value.to(t.device))  # in place: graphs hold these tensors
 
 
-def _store(session: Session, values: torch.Tensor, scale: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
-    """Context K/V fp32 -> what the cache holds (fp8 with the scale, else the model dtype)."""
-    if cache_dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
-        return quantize_fp8(values, scale.to(values.device), cache_dtype)
-    return values.to(cache_dtype)
-
-
 def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
                   ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
-    """Write every request's context K/V into the rank's caches; return the dequantised fp32
-    context (all kv heads) for the reference (empty lists when `reference` is False). One write
-    per layer and K/V for the whole batch."""
+    """Write every request's context K/V into the rank's caches through the providers' KV write
+    (kv_cache.write_kv, which every provider's forward uses for new tokens: its quantiser is under
+    test for the context too); return the context as the reference's own fp8 rounding sees it
+    (fp32, all kv heads; empty lists when `reference` is False). One write per layer and K/V for
+    the whole batch."""
     kv_heads = torch.tensor(list(session.layout.kv_heads), device=session.device)
     lens = [int(t.numel()) for t in inputs.ctx_slots]
     slots = torch.cat(inputs.ctx_slots).to(session.device) if inputs.ctx_slots else None
     ref_k, ref_v = [], []
     for layer, cache in enumerate(session.kv_caches):
-        num_slots = cache.shape[1] * cache.shape[2]
-        per_kv = []
-        for which, (values, scale) in enumerate(((inputs.ctx_k[layer], session.model.k_scales[layer]),
-                                                 (inputs.ctx_v[layer], session.model.v_scales[layer]))):
-            stored = _store(session, torch.cat(values), scale, cache.dtype) if values else None
-            if stored is not None and slots is not None and slots.numel():
-                raw(cache[which]).reshape(num_slots, *cache.shape[3:])[slots] = raw(stored[:, kv_heads].contiguous())
-            per_kv.append(list(torch.split(dequantize(stored, scale), lens)) if reference and stored is not None else [])
-        ref_k.append(per_kv[0])
-        ref_v.append(per_kv[1])
+        scales = (session.model.k_scales[layer], session.model.v_scales[layer])
+        values = [torch.cat(inputs.ctx_k[layer]) if inputs.ctx_k[layer] else None,
+                  torch.cat(inputs.ctx_v[layer]) if inputs.ctx_v[layer] else None]
+        if values[0] is not None and slots is not None and slots.numel():
+            write_kv(cache, values[0][:, kv_heads], values[1][:, kv_heads], slots, *scales)
+        for out, v, scale in zip((ref_k, ref_v), values, scales):
+            out.append(list(torch.split(fp8_round(v, scale, cache.dtype), lens)) if reference and v is not None else [])
     return ref_k, ref_v
 
 
@@ -215,8 +208,7 @@ def _reference(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v) -
     scales = {"k": session.model.k_scales, "v": session.model.v_scales}
 
     def kv_round(layer: int, which: str, t: torch.Tensor) -> torch.Tensor:
-        scale = scales[which][layer]
-        return dequantize(_store(session, t, scale, cache_dtype), scale)
+        return fp8_round(t, scales[which][layer], cache_dtype)
 
     # On the session's device (fp32): GPU shapes would make a host reference the slowest part.
     return reference_forward(session.reference_weights, case.model, inputs.x.to(session.device), ref_k, ref_v,
