@@ -3,7 +3,8 @@
 Deliberately shares no attention math with the providers: a per-request Python loop over
 `torch.nn.functional.scaled_dot_product_attention` with an explicit bottom-right causal mask,
 GQA by repeating kv heads, on K/V read out of the paged cache one block at a time.
-Only the fp8 dtype helper is imported from backend.attention.
+Its fp8 rounding (`fp8_round`) is its own arithmetic, not the providers' quantiser or torch's
+float8 cast: a broken provider quantiser must disagree with it (issue #17).
 """
 
 from __future__ import annotations
@@ -16,6 +17,25 @@ import torch.nn.functional as F
 from backend.attention.interface import BatchDescription
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+# OCP e4m3fn: max 448, bias 7 (normals from 2^-6); gfx942's e4m3fnuz: max 240, bias 8 (from 2^-7).
+# Both have 3 mantissa bits, subnormals spaced like the smallest normal binade.
+_FP8_FORMAT = {torch.float8_e4m3fn: (448.0, -6), torch.float8_e4m3fnuz: (240.0, -7)}
+_MANTISSA_BITS = 3
+
+
+def fp8_round(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:
+    """What a correct fp8 cache returns for fp32 `x`: x / scale rounded to the nearest e4m3 value
+    (ties to even, saturating at the format's max), times scale; fp32. Other dtypes: x rounded
+    to `dtype`. Plain fp32 arithmetic: y / 2^(e - 3) is exact, so torch.round's half-to-even is
+    the format's rounding."""
+    if dtype not in _FP8_FORMAT:
+        return x.to(dtype).float()
+    fmax, min_exp = _FP8_FORMAT[dtype]
+    s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reshape(())
+    y = (x.float() / s).clamp(-fmax, fmax)
+    exp = torch.floor(torch.log2(y.abs().clamp_min(2.0 ** min_exp))).clamp_min(min_exp)
+    step = torch.exp2(exp - _MANTISSA_BITS)
+    return (torch.round(y / step) * step).clamp(-fmax, fmax) * s
 
 
 def _to_float(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:

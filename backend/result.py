@@ -34,7 +34,9 @@ CHECK_REPLAY = "replay"  # graph replay vs eager
 CHECK_FINITE = "finite"  # no NaN/Inf on real rows
 CHECK_KV_INTEGRITY = "kv_integrity"  # no KV-cache write outside the real slots
 CHECK_DETERMINISM = "determinism"  # eager twice gives the same answer
-CHECK_NAMES = (CHECK_REFERENCE, CHECK_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_DETERMINISM)
+CHECK_PADDED_FINITE = "padded_finite"  # a FULL graph's padded output rows hold no NaN/Inf
+CHECK_NAMES = (CHECK_REFERENCE, CHECK_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_DETERMINISM,
+               CHECK_PADDED_FINITE)
 
 
 @dataclass(frozen=True)

@@ -96,3 +96,26 @@ def test_merge_rank_results_takes_the_worst_rank(name):
     merged = merge_rank_results([_r(s, "" if s == Status.PASS else "bad", f"rank{i}") for i, s in enumerate(statuses)])
     assert merged.status == status and merged.reason == reason
     assert merged.worker == "rank0,rank1"
+
+
+ROW_SCALED_SCENARIOS = {
+    # name: (mutation of a row peaking at 10, ok with row_scaled_atol, ok without)
+    "one bf16 rounding step of the row's peak on a small element": (lambda t: t[1, 3].add_(0.06), True, False),
+    "heads swapped move values by the row's scale": (lambda t: t[1].copy_(t[1].roll(8)), False, False),
+    "error just above the scaled atol": (lambda t: t[1, 3].add_(0.25), False, False),
+    "rows peaking below 1 keep the plain atol": (lambda t: t[2, 3].add_(0.06), False, False),
+}
+
+
+@pytest.mark.parametrize("name", ROW_SCALED_SCENARIOS)
+def test_compare_row_scaled_atol(name):
+    """The atol the reference and replay checks use: tol.atol * max(1, row peak)."""
+    change, ok_scaled, ok_plain = ROW_SCALED_SCENARIOS[name]
+    tol = Tolerance(0.02, 0.02)
+    ref = torch.full((4, 2 * 8), 0.04)
+    ref[1, 0] = 10.0  # row 1 peaks at 10: scaled atol 0.2
+    ref[2, 8:] = 0.5  # row 2 peaks at 0.5: atol stays 0.02
+    out = ref.clone()
+    change(out)
+    assert compare(out, ref, tol, head_size=8, row_scaled_atol=True).ok == ok_scaled
+    assert compare(out, ref, tol, head_size=8).ok == ok_plain

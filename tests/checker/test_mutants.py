@@ -73,6 +73,10 @@ MUTANTS = {
         "tests.mutants.customop_host_sync:Backend",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
         Status.ERROR, "capture"),
+    "NaN left in padded output rows": Expect(
+        "tests.mutants.padded_nan:Backend",
+        lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
+        Status.FAIL, "padded_finite"),
 }
 
 
