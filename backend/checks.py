@@ -84,6 +84,19 @@ def raw(t: torch.Tensor) -> torch.Tensor:
     return t.view(_SAME_SIZE_INT[t.element_size()])
 
 
+def quant_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many representable values of their (same) float dtype lie between a and b, elementwise:
+    the distance of their sign-magnitude bit patterns on the number line (+0 and -0 are 0 apart)."""
+    bits = a.element_size() * 8
+
+    def ordinal(t: torch.Tensor) -> torch.Tensor:
+        r = raw(t).to(torch.int64) & ((1 << bits) - 1)
+        sign, mag = r >> (bits - 1), r & ((1 << (bits - 1)) - 1)
+        return torch.where(sign.bool(), -mag, mag)
+
+    return (ordinal(a) - ordinal(b)).abs()
+
+
 @dataclass(frozen=True)
 class KVComparison:
     ok: bool
@@ -124,7 +137,11 @@ def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_real: torch.Te
         de = torch.stack([dequantize(eager_real[0], scales[0]), dequantize(eager_real[1], scales[1])])
         diff = (da - de).abs()
         worst = float(torch.nan_to_num(diff, nan=float("inf")).max()) if diff.numel() else 0.0
-        real_ok = bool((diff <= tol.atol + tol.rtol * de.abs()).all())
+        # Within tolerance, or one rounding step of the cache dtype apart: a padded GEMM (another
+        # M) may round a K/V element an ulp differently before it is stored, and one fp8 e4m3 step
+        # is up to 1/8 of the value, above any tolerance that is sharp for attention outputs.
+        close = diff <= tol.atol + tol.rtol * de.abs()
+        real_ok = bool((close | (quant_steps(fa, eager_real) <= 1)).all())
     return KVComparison(n_out == 0 and real_ok, n_out, first, real_ok, real_bitwise, worst)
 
 

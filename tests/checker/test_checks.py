@@ -7,7 +7,7 @@ import torch
 
 from backend.case import Tolerance
 from backend.checker import merge_rank_results
-from backend.checks import CheckAccumulator, compare, failure_reason, kv_integrity, real_slot_values
+from backend.checks import CheckAccumulator, compare, failure_reason, kv_integrity, quant_steps, raw, real_slot_values
 from backend.result import CaseResult, Status
 
 TOL = Tolerance(0.1, 0.1)
@@ -61,6 +61,43 @@ def test_kv_integrity_flags_writes_outside_real_slots_only(dtype):
     ok_outside[0, 1, 2] = torch.full((1, 2), 9.0).to(dtype)  # slot 6 differs from eager
     k = kv_integrity(ok_outside, before, eager, real, scales, TOL)
     assert not k.ok and k.outside_changed == 0 and not k.real_ok
+
+
+def _step(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t moved n representable values up (positive t): its bit pattern + n."""
+    return (raw(t).to(torch.int64) + n).to(raw(t).dtype).view(t.dtype)
+
+
+@pytest.mark.parametrize("dtype,steps,ok", [
+    # A padded GEMM may round K/V one representable value apart from eager: not a failure...
+    (torch.float8_e4m3fn, 1, True),
+    (torch.bfloat16, 1, True),
+    # ...two or more steps are a different value, even where the first step would fit the tolerance.
+    (torch.float8_e4m3fn, 2, False),
+    (torch.float8_e4m3fn, 5, False),
+    (torch.bfloat16, 8, False),
+])
+def test_kv_integrity_real_slots_allow_one_rounding_step_only(dtype, steps, ok):
+    real = torch.tensor([5, 6])
+    scales = (torch.ones(1), torch.ones(1))
+    before = _cache(dtype)
+    eager_cache = before.clone()
+    eager_cache[0, 1, 1] = torch.full((1, 2), 2.5).to(dtype)  # slot 5, K: e4m3 steps of 0.25 here
+    eager = real_slot_values(eager_cache, real)
+    after = eager_cache.clone()
+    after[0, 1, 1] = _step(after[0, 1, 1], steps)
+    tight = Tolerance(atol=1e-4, rtol=1e-4)  # below one step of either dtype at 2.5
+    k = kv_integrity(after, before, eager, real, scales, tight)
+    assert (k.ok, k.real_ok, k.real_bitwise) == (ok, ok, False)
+    assert k.real_max_abs > 0
+
+
+def test_quant_steps_counts_representable_values_across_zero():
+    a = torch.tensor([0.0, -0.0, 2.5, 2.5, -2.5]).to(torch.float8_e4m3fn)
+    b = torch.tensor([-0.0, 0.0, 2.75, 2.0, -2.75]).to(torch.float8_e4m3fn)
+    assert quant_steps(a, b).tolist() == [0, 0, 1, 2, 1]
+    tiny = torch.tensor([2.0 ** -9, -(2.0 ** -9)]).to(torch.float8_e4m3fn)  # smallest subnormals
+    assert quant_steps(tiny[:1], tiny[1:]).tolist() == [2]
 
 
 def test_accumulator_keeps_first_failing_step_and_worst_numbers():
