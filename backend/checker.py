@@ -85,13 +85,34 @@ class _Clock:
 
 def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.device | None = None,
              sessions: SessionCache | None = None) -> CaseResult:
-    """Run one case on one rank of its tp gang (the gang must already be initialised for tp > 1)."""
+    """Run one case on one rank of its tp gang (the gang must already be initialised for tp > 1).
+
+    Device memory is the worker's, not the case's: when a case runs out of it, the cached sessions
+    of earlier cases (GBs of KV cache each at production shapes) are dropped and, on a single rank,
+    the case runs once more, so one large case cannot fail the innocent cases after it. A case that
+    does not fit an empty device stays an ERROR naming the allocation."""
     device = torch.device(device) if device is not None else default_device(rank)
+    sessions = sessions if sessions is not None else SessionCache(capacity=1)
+    result = _run_case(case, rank, world_size, device, sessions)
+    if result.status == Status.ERROR and _out_of_memory(result) and device.type == "cuda":
+        sessions.clear()
+        torch.cuda.empty_cache()
+        if world_size == 1:  # a gang's ranks cannot re-run alone: their collectives would pair up wrongly
+            again = _run_case(case, rank, world_size, device, sessions)
+            note = "out of device memory with cached sessions; re-run on a cleared device"
+            return again.replace(log_tail=(note + "\n" + again.log_tail).strip())
+    return result
+
+
+def _out_of_memory(result: CaseResult) -> bool:
+    return "OutOfMemoryError" in result.reason or "out of memory" in result.reason
+
+
+def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sessions: SessionCache) -> CaseResult:
     base = CaseResult(case_id=case.case_id, status=Status.ERROR, requested_mode=case.mode,
                       repro=case.repro_command(), axes=case.axes, device=_safe(device_label, device),
                       versions=versions(), provider=case.backend_label, worker=f"rank{rank}")
     t_start = time.perf_counter()
-    sessions = sessions if sessions is not None else SessionCache(capacity=1)
     key = None
     try:
         if world_size != case.tp:
@@ -104,6 +125,7 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
         base = base.replace(provider=getattr(backend_cls, "name", case.backend_label))
         why = backend_cls.unavailable_reason(device)
         if why:
+            why = why[len("unavailable: "):] if why.startswith("unavailable: ") else why
             return base.replace(status=Status.SKIP, reason=f"unavailable: {why}")
         reasons = layout_reasons(case.model, case.tp)
         if reasons:

@@ -143,6 +143,22 @@ class AiterEmulatedBackend(AiterBackend):
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
     impl_cls = AiterEmulatedImpl
 
+    # Its torch stand-ins gather every request's K/V densely up to the host max_seqlen (the whole
+    # max_model_len in a captured graph), in fp32: at full.yaml's GPU shape one case asked the H200
+    # for 132 GiB, and the OOMs that followed failed innocent cases. Beyond this estimate it is
+    # unsupported on a GPU (where aiter-triton runs AITER's own kernels); CPU shapes are tiny.
+    GPU_WORKSET_LIMIT_BYTES: ClassVar[int] = 1 << 30
+
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
         return None
+
+    @classmethod
+    def unsupported_reasons(cls, config: AttentionConfig) -> list[str]:
+        reasons = super().unsupported_reasons(config)
+        dense = config.max_num_seqs * config.max_model_len * config.num_kv_heads * config.head_size * 4 * 2
+        if torch.device(config.device).type != "cpu" and dense > cls.GPU_WORKSET_LIMIT_BYTES:
+            reasons.append(f"aiter-emulated's dense K/V gathers need ~{dense / 2**30:.1f} GiB at this shape "
+                           f"(max_num_seqs x max_model_len), over its {cls.GPU_WORKSET_LIMIT_BYTES >> 30} GiB "
+                           "limit on a GPU: use aiter-triton there")
+        return reasons

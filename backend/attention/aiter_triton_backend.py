@@ -32,7 +32,6 @@ class AiterTritonImpl(AttentionImpl):
         write_kv(kv_cache, key, value, metadata.slot_mapping, k_scale, v_scale)
         t = metadata.num_padded_tokens
         out = output[:t]
-        out.zero_()  # padded tokens belong to no request: the kernel leaves them unwritten
         ops.unified_attention(
             q=query[:t], k=kv_cache[0], v=kv_cache[1], out=out,
             cu_seqlens_q=metadata.query_start_loc,
@@ -41,7 +40,21 @@ class AiterTritonImpl(AttentionImpl):
             softmax_scale=c.scale, causal=True, window_size=(-1, -1),
             block_table=metadata.block_table, softcap=0.0,
             q_descale=None, k_descale=k_scale, v_descale=v_scale)
+        keep_padded_rows_finite(out, metadata.query_start_loc)
         return output
+
+
+def keep_padded_rows_finite(out: torch.Tensor, query_start_loc: torch.Tensor) -> None:
+    """Zero the rows of tokens that belong to no request, on the device (graph-safe: the real
+    token count is query_start_loc's last entry, a device value, never read on the host).
+
+    unified_attention's 3D (split-KV) path, taken when max_seqlen_k > 512 and the batch has few
+    query blocks (small decode batches at production shapes), ends with `reduce_segments`, launched
+    for every token of `out`: a padded token maps to a request with seq_len 0, whose 0 segments
+    reduce to 0/0, so it writes NaN there (seen on the H200; the 2D path leaves such rows alone).
+    Our interface promises finite padded rows (a NaN there can leak into a later normalisation)."""
+    real = torch.arange(out.shape[0], device=out.device) < query_start_loc[-1]
+    out.copy_(torch.where(real.view(-1, *([1] * (out.dim() - 1))), out, out.new_zeros(())))
 
 
 _TRITON_COMPUTE_TYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -107,3 +109,33 @@ def test_support_levels_are_declared_as_vllm_does():
     assert get_backend("aiter-emulated").impl_cls.forward is get_backend("aiter").impl_cls.forward
     assert get_backend("aiter-emulated").name == "aiter-emulated"
     assert get_backend("aiter-triton").cudagraph_support is S.ALWAYS
+
+
+def test_aiter_emulated_refuses_gpu_shapes_it_cannot_hold():
+    """At full.yaml's GPU shape its dense gathers asked an H200 for 132 GiB; on a GPU device it is
+    unsupported there (a skip naming the estimate), while CPU runs and tiny GPU shapes stay on."""
+    from backend.attention.registry import get_backend
+    from tests.backend.attn_batches import make_config
+
+    emu = get_backend("aiter-emulated")
+    gpu_shape = dict(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, max_model_len=4096,
+                     max_num_seqs=256, max_num_tokens=8192, num_blocks=64)
+    big = make_config(**gpu_shape)
+    assert emu.unsupported_reasons(big) == []  # on CPU: allowed
+    on_gpu = [r for r in emu.unsupported_reasons(dataclasses.replace(big, device=torch.device("cuda")))]
+    assert len(on_gpu) == 1 and "8.0 GiB" in on_gpu[0] and "aiter-triton" in on_gpu[0]
+    tiny = dataclasses.replace(make_config(), device=torch.device("cuda"))
+    assert emu.unsupported_reasons(tiny) == []
+
+
+def test_padded_rows_are_zeroed_on_the_device_and_real_rows_kept():
+    """aiter-triton's guard for unified_attention's 3D path (NaN in tokens of no request)."""
+    from backend.attention.aiter_triton_backend import keep_padded_rows_finite
+
+    out = torch.randn(8, 2, 4, dtype=torch.bfloat16)
+    out[3, 1, 2] = float("nan")  # a real row's NaN is the kernel's bug to report, not to hide
+    out[6:] = float("nan")
+    real = out[:6].clone()
+    keep_padded_rows_finite(out, torch.tensor([0, 2, 5, 6, 6], dtype=torch.int32))
+    assert torch.equal(out[6:], torch.zeros(2, 2, 4, dtype=torch.bfloat16))
+    assert torch.equal(out[:6].isnan(), real.isnan()) and torch.equal(out[:6].nan_to_num(), real.nan_to_num())
