@@ -4,8 +4,9 @@ then replay it on the same tensor objects.
 What it freezes is what a real graph freezes: the op sequence, every shape and every host scalar
 in the op arguments (python ints/floats, branches taken in Python). Tensor contents are read
 live at replay. Replay rules per recorded op:
-- view ops (schema marks the return as an alias, or the result shares an input's storage, e.g.
-  `_unsafe_view`): nothing, the recorded view object still aliases its base;
+- views (the result shares an input's storage: schema-marked views, `_unsafe_view`, a `to` or
+  `reshape` that did not copy): nothing, the recorded view object still aliases its base; a
+  may-alias op that copied (`to` with a new dtype, inside a custom op's body) is re-run;
 - `empty*` factories: nothing (a graph leaves such memory as it is);
 - c10d collectives (gloo/NCCL through torch.distributed; the schema of e.g. `c10d.allreduce_`
   is not marked mutable and returns (tensors, Work)): re-issued in recorded order, which is the
@@ -205,14 +206,17 @@ class _Recorder(TorchDispatchMode):
         schema = func._schema
         mutable = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
         if not mutable:
-            if any(r.alias_info is not None for r in schema.returns):
-                return "skip"  # a view: the recorded object aliases its base
             if schema.name in _EMPTY_OPS:
                 self._note_fresh(out)
                 return "skip"
+            # A view (marked in the schema or not, e.g. _unsafe_view): the recorded object aliases
+            # its base. Decided by the result, not the schema: `to`, `reshape`, `contiguous` are
+            # marked as may-alias but copy when they convert; composite ops like these reach the
+            # recorder as such inside a custom op's body (below autograd), and a copy taken for a
+            # view would be frozen at its capture value.
             inputs = {_storage_ptr(t) for t in _tensors((args, kwargs))} - {0}
             if any(_storage_ptr(t) in inputs for t in _tensors(out)):
-                return "skip"  # an unmarked view (e.g. _unsafe_view)
+                return "skip"
             self._note_fresh(out)
         return "run"
 

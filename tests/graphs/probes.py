@@ -40,6 +40,13 @@ def _scale_by_int(x: torch.Tensor, n: int) -> torch.Tensor:
     return x * n
 
 
+@torch.library.custom_op("orch_probe::cast_reshape", mutates_args=())
+def _cast_reshape(x: torch.Tensor) -> torch.Tensor:
+    # to(dtype) and reshape of a transpose copy; their schemas say "may alias", and inside an op's
+    # body (below autograd) they reach a dispatch mode as such, not decomposed
+    return x.to(torch.float64).view(2, 2).t().reshape(-1).to(torch.float32) * 2
+
+
 # An op registered the older way (a Library impl, no CustomOpDef): the emulation cannot get at
 # its body, so it refuses it rather than replaying the body with live host state.
 _LIB = torch.library.Library("orch_probe_lib", "DEF")
@@ -76,6 +83,12 @@ def _library_impl_host_global(device) -> Instance:
 def _customop_item(device) -> Instance:
     x, scale = _arange(4, device), torch.ones(1, device=device)
     return Instance(lambda: torch.ops.orch_probe.scale_by_item(x, scale), lambda: scale.fill_(2.0), lambda: x * scale)
+
+
+def _customop_cast_reshape(device) -> Instance:
+    x = _arange(4, device)
+    return Instance(lambda: torch.ops.orch_probe.cast_reshape(x), lambda: x.mul_(3),
+                    lambda: x.view(2, 2).t().reshape(-1) * 2)
 
 
 def _customop_mutating(device) -> Instance:
@@ -370,6 +383,8 @@ NEW_PROGRAMS: tuple[Program, ...] = (
     Program("host_view_outlives_base", ".item() of a host slice whose marked tensor object is gone", _host_view_outlives_base),
     Program("host_reshape_scalar", "reshape + index of a host tensor as a device op operand", _host_reshape_scalar),
     Program("host_index_copy_frozen", "advanced indexing of a host tensor, then .item()", _host_index_copy_frozen),
+    Program("customop_cast_reshape", "a custom op whose body casts (to(dtype)) and reshapes a transpose (copies)",
+            _customop_cast_reshape),
     Program("pinned_view_h2d", "non_blocking H2D from a slice of a pinned buffer refilled before replay", _pinned_view_h2d),
 )
 
