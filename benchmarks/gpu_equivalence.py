@@ -5,7 +5,9 @@ emulation; write the golden table of real-graph verdicts and a comparison.
 
 Writes, next to --out:
 - golden_cuda.json (GPU only): {"source": "recorded", "device", "torch", "hip", "verdicts": {probe: verdict},
-  "errors": {probe: message}}; the same format as tests/graphs/golden_cuda.json, which it replaces;
+  "errors": {probe: message}}; the same format as tests/graphs/golden_cuda.json, which it replaces
+  (the repo file may also list "predicted": probes whose verdict was reasoned from CUDA semantics
+  and not yet recorded; a recorded file has none);
 - golden_cuda.md (GPU only): the table for docs/CHECKER.md;
 - probe_comparison.json: {"programs": {probe: {runner: verdict}}, "golden": {...}, "disagree": [...],
   "errors": {...}} comparing every runner here with the golden table (the fresh GPU one when there
@@ -71,7 +73,9 @@ def markdown(golden: dict, emulated: dict[str, str]) -> str:
     descriptions = {p.name: p.description for p in PROGRAMS}
     lines = [f"Source: {golden['source']} ({golden.get('device') or 'no device'}, torch {golden.get('torch')}).", "",
              "| probe | what it does | CUDA graph | emulated |", "|---|---|---|---|"]
+    predicted = set(golden.get("predicted", ()))
     for name, verdict in golden["verdicts"].items():
+        verdict += " (predicted)" if name in predicted else ""
         emu = emulated.get(name, "?")
         if name in CONSERVATIVE:
             emu += " (conservative: cannot emulate)"
@@ -118,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         cells = "  ".join(f"{k}={v}" for k, v in verdicts.items())
         mark = "" if name not in disagree else "  <-- emulation disagrees"
         print(f"{name:<{width}}  golden={golden['verdicts'].get(name, 'missing'):<13}  {cells}{mark}")
-    print(f"golden source: {golden['source']}; {len(table) - len(disagree)}/{len(table)} probes agree; "
+    predicted = golden.get("predicted", [])
+    print(f"golden source: {golden['source']}" + (f" ({len(predicted)} predicted, not recorded)" if predicted else "")
+          + f"; {len(table) - len(disagree)}/{len(table)} probes agree; "
           f"errors: {len(errors)}; wrote {args.out.parent}")
     return 0 if not disagree else 1
 

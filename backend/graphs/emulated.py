@@ -4,8 +4,9 @@ then replay it on the same tensor objects.
 What it freezes is what a real graph freezes: the op sequence, every shape and every host scalar
 in the op arguments (python ints/floats, branches taken in Python). Tensor contents are read
 live at replay. Replay rules per recorded op:
-- view ops (schema marks the return as an alias, or the result shares an input's storage, e.g.
-  `_unsafe_view`): nothing, the recorded view object still aliases its base;
+- views (the result shares an input's storage: schema-marked views, `_unsafe_view`, a `to` or
+  `reshape` that did not copy): nothing, the recorded view object still aliases its base; a
+  may-alias op that copied (`to` with a new dtype, inside a custom op's body) is re-run;
 - `empty*` factories: nothing (a graph leaves such memory as it is);
 - c10d collectives (gloo/NCCL through torch.distributed; the schema of e.g. `c10d.allreduce_`
   is not marked mutable and returns (tensors, Work)): re-issued in recorded order, which is the
@@ -20,9 +21,10 @@ existed before it (persistent buffers, KV cache, a collective's tensor) is resto
 tensors created during capture keep their values. Host syncs raise GraphCaptureError as they
 fail a real capture: `.item()`/`bool()`/`int()` (`_local_scalar_dense`, `is_nonzero`),
 `nonzero`, boolean-mask indexing, `masked_select`, `unique*`, `equal`, `repeat_interleave`
-without output_size, `tolist()`/`numpy()`. On CPU every tensor counts as a device tensor: a host
-tensor read with `.item()` inside the captured callable is flagged here although a GPU would
-allow it; keep host-side preparation outside the captured callable, as vLLM does.
+without output_size, `tolist()`/`numpy()`, and device->host copies (`.cpu()`, `.to("cpu")` in any
+of its forms, `.to(host_tensor)`, `copy_` into host memory). Host memory is what
+backend/graphs/host.py marks (every view of a marked storage); everything else on CPU counts as
+device memory, so a same-device `.to(x.device)` is refused like `.to("cpu")` (both name cpu here).
 """
 
 from __future__ import annotations
@@ -204,14 +206,17 @@ class _Recorder(TorchDispatchMode):
         schema = func._schema
         mutable = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
         if not mutable:
-            if any(r.alias_info is not None for r in schema.returns):
-                return "skip"  # a view: the recorded object aliases its base
             if schema.name in _EMPTY_OPS:
                 self._note_fresh(out)
                 return "skip"
+            # A view (marked in the schema or not, e.g. _unsafe_view): the recorded object aliases
+            # its base. Decided by the result, not the schema: `to`, `reshape`, `contiguous` are
+            # marked as may-alias but copy when they convert; composite ops like these reach the
+            # recorder as such inside a custom op's body (below autograd), and a copy taken for a
+            # view would be frozen at its capture value.
             inputs = {_storage_ptr(t) for t in _tensors((args, kwargs))} - {0}
             if any(_storage_ptr(t) in inputs for t in _tensors(out)):
-                return "skip"  # an unmarked view (e.g. _unsafe_view)
+                return "skip"
             self._note_fresh(out)
         return "run"
 
@@ -236,13 +241,48 @@ def _refuse_host_read(what: str, original: Callable[..., Any]) -> Callable[..., 
     return refuse
 
 
+def _to_host_target(a: tuple, k: dict) -> str | None:
+    """What a Tensor.to(...) call names as host memory: "cpu" (a cpu device given as a string,
+    a torch.device or device=), "a host tensor" (to(other) with other host memory), else None."""
+    other = a[0] if a and isinstance(a[0], torch.Tensor) else k.get("other")
+    if isinstance(other, torch.Tensor):
+        return "a host tensor" if is_host(other) else None
+    # torch's own parser of to()'s overloads (Module.to uses it); it takes no `copy`, which does
+    # not change the target: drop it (a kwarg, or the bool after non_blocking).
+    k = {n: v for n, v in k.items() if n != "copy"}
+    if len(a) >= 2 and isinstance(a[-1], bool) and isinstance(a[-2], bool):
+        a = a[:-1]
+    device = torch._C._nn._parse_to(*a, **k)[0]
+    return "cpu" if device is not None and device.type == "cpu" else None
+
+
+def _refuse_to_host(original: Callable[..., Any]) -> Callable[..., Any]:
+    # On a GPU, x.to("cpu") of a device tensor is a device->host copy (a capture error); on CPU it
+    # returns x without dispatching. Under the emulation a same-device x.to(x.device) names the cpu
+    # device as well and cannot be told apart: it is refused too (conservative, never a silent pass).
+    def to(self: torch.Tensor, *a: Any, **k: Any) -> Any:
+        target = None if is_host(self) else _to_host_target(a, k)
+        if target == "cpu":
+            raise GraphCaptureError(
+                "host sync during graph capture: Tensor.to(cpu) copies device->host (under the emulation "
+                "a same-device .to(x.device) names cpu too and is refused with it; drop it, on a GPU it "
+                "is a no-op)")
+        if target is not None:
+            raise GraphCaptureError(f"host sync during graph capture: Tensor.to({target}) copies device->host")
+        return original(self, *a, **k)
+    return to
+
+
 @contextlib.contextmanager
 def _no_host_reads() -> Iterator[None]:
     # tolist()/numpy() read memory directly, below the dispatcher, so the mode cannot see them;
-    # cpu() of a CPU tensor returns it without dispatching, so the mode cannot see a D2H copy.
-    patched = {name: torch.Tensor.__dict__.get(name) for name in ("tolist", "numpy", "cpu")}
+    # cpu() and to("cpu") of a CPU tensor return it without dispatching, so the mode cannot see
+    # a D2H copy.
+    patched = {name: torch.Tensor.__dict__.get(name) for name in ("tolist", "numpy", "cpu", "to")}
     for name, original in patched.items():
-        setattr(torch.Tensor, name, _refuse_host_read(name, original or getattr(torch.Tensor, name)))
+        original = original or getattr(torch.Tensor, name)
+        wrapper = _refuse_to_host(original) if name == "to" else _refuse_host_read(name, original)
+        setattr(torch.Tensor, name, wrapper)
     try:
         yield
     finally:

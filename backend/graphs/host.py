@@ -3,18 +3,18 @@
 On CPU the emulated device and the host are one device, so a tensor is a device tensor unless it
 was marked here. Callers mark the tensors that stand for host memory (a builder's pinned staging
 buffer, host-side query lens); on a real GPU those are plain CPU tensors and marking is a no-op
-there. Hazard: the mark is keyed by storage pointer and lives as long as the marked tensor
-object; a view that outlives its marked base loses the mark.
+there. The mark belongs to the storage: every view, slice or reshape sharing it is host memory
+too, also one that outlives the tensor that was marked, for as long as the storage lives (a weak
+reference to the storage, so a freed and reused pointer is not taken for host memory).
 """
 
 from __future__ import annotations
 
-import weakref
-
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
-# storage data_ptr -> (weak ref to the marked tensor, pinned)
-_HOST: dict[int, tuple[weakref.ref, bool]] = {}
+# storage data_ptr -> (weak ref to the marked storage, pinned)
+_HOST: dict[int, tuple[StorageWeakRef, bool]] = {}
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -29,15 +29,15 @@ def mark_host(t: torch.Tensor, pinned: bool = False) -> torch.Tensor:
     (the only source a graph may copy host->device from at replay). Returns `t`."""
     ptr = _ptr(t)
     if ptr:
-        _HOST[ptr] = (weakref.ref(t), pinned)
+        _HOST[ptr] = (StorageWeakRef(t.untyped_storage()), pinned)
     return t
 
 
-def _entry(t: torch.Tensor) -> tuple[weakref.ref, bool] | None:
+def _entry(t: torch.Tensor) -> tuple[StorageWeakRef, bool] | None:
     entry = _HOST.get(_ptr(t))
     if entry is None:
         return None
-    if entry[0]() is None:  # the marked tensor died; its pointer may be reused
+    if entry[0].expired():  # the marked storage was freed; its pointer may be reused
         _HOST.pop(_ptr(t), None)
         return None
     return entry

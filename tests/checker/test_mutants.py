@@ -73,6 +73,14 @@ MUTANTS = {
         "tests.mutants.customop_host_sync:Backend",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
         Status.ERROR, "capture"),
+    # The seed inside a torch.library custom op reading the forward context (vLLM's
+    # unified_attention form): red exactly where the plain seed is, once the op body is recorded.
+    "seed inside a custom op reading the forward context": Expect(
+        "tests.mutants.customop_seed:Backend",
+        lambda mode, kv, kind: mode == "FULL", Status.FAIL, "replay"),
+    "control: the torch impl through the same custom op and forward context": Expect(
+        "tests.mutants.customop_seed:ControlBackend",
+        lambda mode, kv, kind: False, Status.PASS, ""),
     "NaN left in padded output rows": Expect(
         "tests.mutants.padded_nan:Backend",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
@@ -111,6 +119,29 @@ def test_reasons_point_at_the_bad_rows(sessions):
     replay = next(c for c in r.checks if c.name == "replay")
     assert replay.step == 0 and replay.first_bad[0] in (1, 2, 3, 4)
     assert "first bad row" in r.reason and "max_abs" in r.reason and "mismatched" in r.reason
+
+
+def test_customop_seed_needs_the_body_recorded(monkeypatch):
+    """Break the emulation on purpose: record custom ops as one opaque call (the body re-runs at
+    replay, reading the live forward context) and the seed in a custom op passes FULL: the silent
+    green of issue #16. The real recorder turns the same cell red."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from backend.checker import SessionCache
+    from backend.graphs import emulated
+
+    case = make_case("tests.mutants.customop_seed:Backend", "FULL", "auto", MIXED)
+    assert run_case(case, sessions=SessionCache(capacity=2)).status == Status.FAIL
+
+    def opaque(self, func, args, kwargs):
+        with _disable_current_modes():
+            out = func(*args, **kwargs)
+        self.ops.append(emulated._Op(func, args, kwargs, out, "run"))
+        return out
+
+    monkeypatch.setattr(emulated._Recorder, "_custom_op", opaque)
+    r = run_case(case, sessions=SessionCache(capacity=2))
+    assert r.status == Status.PASS, r.reason
 
 
 # TP: one spawned gloo gang per case (a few seconds each), so only the cells that matter.

@@ -9,6 +9,8 @@ tensor on a GPU, a marked CPU tensor under the emulation (backend/graphs/host.py
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from backend.graphs.equivalence import PROGRAMS as BASE_PROGRAMS
@@ -36,6 +38,13 @@ def _double_into(x: torch.Tensor, out: torch.Tensor) -> None:
 @torch.library.custom_op("orch_probe::scale_by_int", mutates_args=())
 def _scale_by_int(x: torch.Tensor, n: int) -> torch.Tensor:
     return x * n
+
+
+@torch.library.custom_op("orch_probe::cast_reshape", mutates_args=())
+def _cast_reshape(x: torch.Tensor) -> torch.Tensor:
+    # to(dtype) and reshape of a transpose copy; their schemas say "may alias", and inside an op's
+    # body (below autograd) they reach a dispatch mode as such, not decomposed
+    return x.to(torch.float64).view(2, 2).t().reshape(-1).to(torch.float32) * 2
 
 
 # An op registered the older way (a Library impl, no CustomOpDef): the emulation cannot get at
@@ -74,6 +83,12 @@ def _library_impl_host_global(device) -> Instance:
 def _customop_item(device) -> Instance:
     x, scale = _arange(4, device), torch.ones(1, device=device)
     return Instance(lambda: torch.ops.orch_probe.scale_by_item(x, scale), lambda: scale.fill_(2.0), lambda: x * scale)
+
+
+def _customop_cast_reshape(device) -> Instance:
+    x = _arange(4, device)
+    return Instance(lambda: torch.ops.orch_probe.cast_reshape(x), lambda: x.mul_(3),
+                    lambda: x.view(2, 2).t().reshape(-1) * 2)
 
 
 def _customop_mutating(device) -> Instance:
@@ -272,6 +287,64 @@ def _repeat_interleave_no_size(device) -> Instance:
                     lambda: torch.repeat_interleave(reps).float())
 
 
+def _d2h_variant(convert: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.device], Instance]:
+    """x converted to host memory inside the capture by `convert` (a .to() form of .cpu()): on a GPU a
+    blocking device->host copy, which a capturing stream refuses."""
+    def build(device) -> Instance:
+        x = _arange(4, device)
+        return Instance(lambda: x * 2 + convert(x).sum() * 0, lambda: x.add_(1), lambda: x * 2)
+    return build
+
+
+def _d2h_to_host_like(device) -> Instance:
+    x, like = _arange(4, device), host_tensor(torch.zeros(4), device)
+    return Instance(lambda: x * 2 + x.to(like).sum() * 0, lambda: x.add_(1), lambda: x * 2)
+
+
+def _device_view_item(device) -> Instance:
+    x = _arange(4, device, 1.0)
+    first = x[:1]  # a view of a device tensor, taken before capture: still device memory
+    return Instance(lambda: x * first.item(), lambda: x.fill_(2.0), lambda: x * 2.0)
+
+
+def _host_view_outlives_base(device) -> Instance:
+    # A slice of a detached alias (no ._base link): the tensor object that was marked is gone, the
+    # memory is the same, still host memory on a GPU.
+    lens = host_tensor(torch.tensor([1.0, 2.0, 3.0]), device).detach()[1:]
+    x = _arange(4, device)
+    return Instance(lambda: x * lens.sum().item(), lambda: lens.fill_(4.0), lambda: x * 8.0)
+
+
+def _host_reshape_scalar(device) -> Instance:
+    host = host_tensor(torch.tensor([1.0, 2.0, 3.0, 4.0]), device)
+    x = _arange(4, device)
+    # reshape + index of host memory inside the capture: a 0-dim host tensor, passed by value
+    return Instance(lambda: x * host.reshape(2, 2)[1, 1], lambda: host.fill_(9.0), lambda: x * 9.0)
+
+
+def _host_index_copy_frozen(device) -> Instance:
+    host = host_tensor(torch.tensor([1.0, 2.0, 3.0]), device)
+    pick = host_tensor(torch.tensor([2]), device)
+    x = _arange(4, device)
+    # advanced indexing copies host memory on the host (run once at capture)
+    return Instance(lambda: x * host[pick].item(), lambda: host.fill_(7.0), lambda: x * 7.0)
+
+
+def _pinned_view_h2d(device) -> Instance:
+    staging = host_tensor(torch.ones(6), device, pinned=True)
+    window = staging[2:6]  # a slice of the pinned buffer is pinned memory too
+    dev = torch.zeros(4, device=device)
+
+    def fn():
+        dev.copy_(window, non_blocking=True)
+        return dev * 2
+
+    def step():
+        staging.copy_(torch.arange(6, dtype=torch.float32))
+
+    return Instance(fn, step, lambda: staging[2:6].to(device) * 2)
+
+
 NEW_PROGRAMS: tuple[Program, ...] = (
     Program("customop_host_global", "a custom op whose body reads a host global", _customop_host_global),
     Program("library_impl_host_global", "a Library-impl op (no CustomOpDef) reading a host global", _library_impl_host_global),
@@ -300,7 +373,23 @@ NEW_PROGRAMS: tuple[Program, ...] = (
     Program("nonzero", "torch.nonzero", _nonzero),
     Program("tolist", "Tensor.tolist() of a device tensor", _tolist),
     Program("repeat_interleave_no_size", "repeat_interleave without output_size", _repeat_interleave_no_size),
+    Program("d2h_to_str", 'x.to("cpu") of a device tensor', _d2h_variant(lambda t: t.to("cpu"))),
+    Program("d2h_to_device_kwarg", 'x.to(device="cpu") of a device tensor', _d2h_variant(lambda t: t.to(device="cpu"))),
+    Program("d2h_to_torch_device", 'x.to(torch.device("cpu"), torch.float64) of a device tensor',
+            _d2h_variant(lambda t: t.to(torch.device("cpu"), torch.float64))),
+    Program("d2h_to_host_like", "x.to(h) with h a host tensor", _d2h_to_host_like),
+    Program("d2h_cpu_of_view", "x[1:].cpu(): a view of a device tensor copied to the host", _d2h_variant(lambda t: t[1:].cpu())),
+    Program("device_view_item", ".item() of a view of a device tensor", _device_view_item),
+    Program("host_view_outlives_base", ".item() of a host slice whose marked tensor object is gone", _host_view_outlives_base),
+    Program("host_reshape_scalar", "reshape + index of a host tensor as a device op operand", _host_reshape_scalar),
+    Program("host_index_copy_frozen", "advanced indexing of a host tensor, then .item()", _host_index_copy_frozen),
+    Program("customop_cast_reshape", "a custom op whose body casts (to(dtype)) and reshapes a transpose (copies)",
+            _customop_cast_reshape),
+    Program("pinned_view_h2d", "non_blocking H2D from a slice of a pinned buffer refilled before replay", _pinned_view_h2d),
 )
+
+# Probes added after the last recording: their CUDA verdicts in golden_cuda.json are reasoned from
+# CUDA semantics ("predicted" there) until benchmarks/gpu_equivalence.py records them on a GPU.
 
 PROGRAMS: tuple[Program, ...] = BASE_PROGRAMS + NEW_PROGRAMS
 

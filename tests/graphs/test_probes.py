@@ -23,6 +23,9 @@ def test_corpus_is_large_and_golden_covers_it():
     assert set(GOLDEN["verdicts"]) == set(BY_NAME)
     assert set(GOLDEN["verdicts"].values()) == {"fresh", "stale", "capture-error"}
     assert set(CONSERVATIVE) <= set(BY_NAME)
+    # Verdicts reasoned from CUDA semantics, not yet recorded on a GPU (gpu_equivalence.py records
+    # them and writes a golden file without this key).
+    assert set(GOLDEN.get("predicted", ())) <= set(BY_NAME)
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
@@ -71,3 +74,54 @@ def test_d2h_of_a_host_tensor_and_tolist_are_allowed():
     graph = make_graph_runner("cpu").capture(lambda: x * len(h.cpu().tolist()))
     x.fill_(1)
     assert torch.equal(graph.replay(), torch.full((3,), 3.0))
+
+
+TO_CALLS = {
+    # (what .to() is given, is the tensor host memory) -> refused inside a capture
+    "dtype only": (lambda t, h: t.to(torch.float64), False, False),
+    "dtype kwarg": (lambda t, h: t.to(dtype=torch.float16), False, False),
+    "a device tensor (same device)": (lambda t, h: t.to(torch.zeros(1, dtype=torch.float64)), False, False),
+    "cpu string": (lambda t, h: t.to("cpu"), False, True),
+    "cpu, copy=True": (lambda t, h: t.to("cpu", copy=True), False, True),
+    "cpu, dtype, non_blocking, copy positional": (lambda t, h: t.to("cpu", torch.float64, False, True), False, True),
+    "dtype, non_blocking, copy positional": (lambda t, h: t.to(torch.float64, False, True), False, False),
+    "same-device x.device (conservative)": (lambda t, h: t.to(t.device), False, True),
+    "non_blocking to cpu": (lambda t, h: t.to("cpu", non_blocking=True), False, True),
+    "a host tensor": (lambda t, h: t.to(h), False, True),
+    "host tensor to cpu": (lambda t, h: h.to("cpu"), True, False),
+}
+
+
+@pytest.mark.parametrize("name", TO_CALLS)
+def test_to_cpu_of_a_device_tensor_is_a_d2h_copy(name):
+    call, _, refused = TO_CALLS[name]
+    x, h = torch.arange(3.0), mark_host(torch.zeros(3))
+
+    def fn():
+        return x * 2 + call(x, h).sum() * 0
+
+    runner = make_graph_runner("cpu")
+    if refused:
+        with pytest.raises(GraphCaptureError, match=r"Tensor\.to\(.*\) copies device->host"):
+            runner.capture(fn)
+    else:
+        runner.capture(fn)
+    assert "to" not in torch.Tensor.__dict__  # the patch is undone after a capture, failed or not
+
+
+def test_host_mark_lives_with_the_storage_not_the_marked_object():
+    import gc
+
+    alias = mark_host(torch.ones(4), pinned=True).detach()  # shares the storage, no ._base
+    gc.collect()
+    assert is_host(alias) and is_host(alias[1:].view(3, 1))
+    from backend.graphs.host import is_pinned_host
+
+    assert is_pinned_host(alias[2:])
+    # Freed storage: a new tensor at a reused address is device memory.
+    ptr = alias.untyped_storage().data_ptr()
+    del alias
+    gc.collect()
+    fresh = [torch.empty(4) for _ in range(64)]
+    assert not any(is_host(t) for t in fresh if t.untyped_storage().data_ptr() == ptr)
+    assert not is_host(torch.ones(4)[1:])  # a view of a device tensor stays device
