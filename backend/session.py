@@ -119,6 +119,7 @@ class Session:
         _fill_garbage(caches, self.config.dtype)
         self.model = TPModel(shape, self.layout, self.impl, caches, self.device,
                              all_reduce=getattr(backend_cls, "tp_all_reduce", None))
+        self.capture_sizes = tuple(capture_sizes)  # as resolved for the case's mode and k
         self.max_static = max(capture_sizes, default=1)
         dtype = self.model.dtype
         # Static buffers replays read: never rebound, values copied in [:n].
