@@ -26,8 +26,8 @@ from backend.case import Case
 from backend.checks import (CheckAccumulator, Comparison, all_finite, compare, failure_reason, kv_integrity, raw,
                             real_slot_values)
 from backend.model import layout_reasons, reference_forward
-from backend.modes import (CUDAGraphMode, UnsupportedModeError, dispatch, is_uniform_decode, resolve_capture_sizes,
-                           resolve_mode, uniform_decode_query_len)
+from backend.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
+                           resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
 from backend.reference import fp8_round
 from backend.result import (CHECK_DETERMINISM, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_NAMES, CHECK_PADDED_FINITE,
                             CHECK_REFERENCE, CHECK_REPLAY, CaseResult, Status)
@@ -134,10 +134,15 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
         # Not keyed by mode: graphs inside a session are keyed by (runtime mode, size, uniform
         # decode), which every cudagraph mode captures identically, so modes share one session (its
         # KV caches are GBs at production shapes, and building one dominated GPU cases).
-        key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, str(device))
+        # Static buffers must hold the largest graph the mode captures: with k > 0 a split-mode
+        # decode graph (requests * (1 + k) tokens) can lie above the largest capture size.
+        top = max((s.size for s in capture_plan(mode, sizes, case.model.max_num_seqs,
+                                                uniform_decode_query_len(case.spec_tokens))), default=0)
+        max_tokens = top if top > max(sizes, default=0) else 0
+        key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, max_tokens, str(device))
         t0 = time.perf_counter()
         session = sessions.get(key, lambda: Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype,
-                                                    sizes, device), device=device)
+                                                    sizes, device, max_tokens=max_tokens), device=device)
         phases = dict.fromkeys(PHASES, 0.0)
         phases["session_s"] = time.perf_counter() - t0
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind

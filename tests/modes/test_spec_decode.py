@@ -249,3 +249,16 @@ def test_v1_runner_replays_verify_batches_at_rounded_sizes(mode, sessions):
         assert set(used) <= set(CAPTURE_SIZES) and "rounded" not in r.log_tail
     else:
         assert set(used) <= rounded and "rounded to multiples of 3" in r.log_tail, (used, r.log_tail[:300])
+
+
+def test_decode_graph_above_the_largest_capture_size_fits_the_static_buffers(sessions):
+    """V2 keys decode graphs by request count: with sizes up to 32, max_num_seqs 16 and q = 3 the
+    size 32 gives cdiv(32, 3) = 11 requests = 33 tokens, above every capture size. full.yaml hit it
+    on CPU (64 verify rows -> 86 requests = 258 tokens > 256): the session's static buffers were
+    sized max(capture_sizes) and the replay raised a size mismatch."""
+    model = dataclasses.replace(TINY, max_num_seqs=16)
+    assert max(decode_capture_sizes(CAPTURE_SIZES, 16, 3)) == 33 > max(CAPTURE_SIZES)
+    batch = BatchSpec("decode10", (1,) * 10, (40,) * 10)  # 10 verify rows = 30 tokens -> 11 requests
+    r = run_case(make_case("torch", "FULL_DECODE_ONLY", "auto", batch, spec_tokens=2, model=model), sessions=sessions)
+    assert r.status == Status.PASS, r.reason
+    assert 33 in r.capture_sizes_used, r.capture_sizes_used
