@@ -26,8 +26,8 @@ from backend.case import Case
 from backend.checks import (CheckAccumulator, Comparison, all_finite, compare, failure_reason, kv_integrity, raw,
                             real_slot_values)
 from backend.model import layout_reasons, reference_forward
-from backend.modes import (CUDAGraphMode, UnsupportedModeError, dispatch, is_uniform_decode, resolve_mode,
-                           uniform_decode_query_len)
+from backend.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
+                           resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
 from backend.reference import fp8_round
 from backend.result import (CHECK_DETERMINISM, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_NAMES, CHECK_PADDED_FINITE,
                             CHECK_REFERENCE, CHECK_REPLAY, CaseResult, Status)
@@ -144,26 +144,35 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
             res = resolve_mode(case.mode, backend_cls.cudagraph_support,
                                backend_name=getattr(backend_cls, "name", case.backend_label),
                                spec_tokens=case.spec_tokens)
+            # vLLM settles the sizes with the mode (resolve_cudagraph_mode_and_sizes): with k > 0
+            # and a FULL decode mode the V1 runner rounds them to multiples of 1 + k.
+            capture = resolve_capture_sizes(case.capture_sizes, res.resolved, case.spec_tokens,
+                                            case.model.capture_style)
         except UnsupportedModeError as e:
             return base.replace(status=Status.SKIP, reason=f"unsupported: {e}")
-        mode = res.resolved
+        mode, sizes = res.resolved, capture.sizes
+        notes = "; ".join(n for n in (res.message, capture.note) if n)
         base = base.replace(resolved_mode=mode.name, downgraded=res.downgraded)
         # Not keyed by mode: graphs inside a session are keyed by (runtime mode, size, uniform
         # decode), which every cudagraph mode captures identically, so modes share one session (its
         # KV caches are GBs at production shapes, and building one dominated GPU cases).
-        key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype,
-               tuple(case.capture_sizes), str(device))
+        # Static buffers must hold the largest graph the mode captures: with k > 0 a split-mode
+        # decode graph (requests * (1 + k) tokens) can lie above the largest capture size.
+        top = max((s.size for s in capture_plan(mode, sizes, case.model.max_num_seqs,
+                                                uniform_decode_query_len(case.spec_tokens))), default=0)
+        max_tokens = top if top > max(sizes, default=0) else 0
+        key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, max_tokens, str(device))
         t0 = time.perf_counter()
         session = sessions.get(key, lambda: Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype,
-                                                    tuple(case.capture_sizes), device), device=device)
+                                                    sizes, device, max_tokens=max_tokens), device=device)
         phases = dict.fromkeys(PHASES, 0.0)
         phases["session_s"] = time.perf_counter() - t0
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind
         base = base.replace(graph_kind=graph_kind)
-        result = _run_steps(case, session, mode, base, t_start, phases)
+        result = _run_steps(case, session, mode, sizes, base, t_start, phases)
         if result.status == Status.ERROR:
             sessions.drop(key)
-        return result.replace(log_tail=(res.message + "\n" + result.log_tail).strip() if res.message else result.log_tail)
+        return result.replace(log_tail=(notes + "\n" + result.log_tail).strip() if notes else result.log_tail)
     except Exception as e:  # noqa: BLE001 - the verdict must come back, whatever the case did
         capture = isinstance(e, CaptureFailed) or type(e).__name__ == "GraphCaptureError"
         # A failed capture leaves the session sound (ensure_graphs raises before any step ran; the
@@ -264,7 +273,7 @@ _REFERENCES = LRU(64)
 
 def _reference_key(case: Case, session: Session, step: int) -> tuple:
     return (case.model, case.kv_cache_dtype, case.batch, case.spec_tokens, case.seed, case.steps,
-            tuple(case.capture_sizes), step,
+            session.capture_sizes, step,  # the step plan depends on the (resolved) sizes
             str(session.device), session.kv_caches[0].dtype)
 
 
@@ -302,14 +311,14 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list
                       real_kv, t2 - t1)
 
 
-def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, base: CaseResult, t_start: float,
-               phases: dict[str, float]) -> CaseResult:
+def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[int, ...], base: CaseResult,
+               t_start: float, phases: dict[str, float]) -> CaseResult:
+    """`sizes`: the capture sizes after resolution (resolve_capture_sizes), not case.capture_sizes."""
     clock = _Clock(session.device)
     shape, tol = case.model, case.tolerance
     q = uniform_decode_query_len(case.spec_tokens)
-    plans = plan_steps(case.batch, shape, tuple(case.capture_sizes), max(case.steps, 1), case.seed,
-                       spec_tokens=case.spec_tokens)
-    dispatches = [dispatch(mode, p.num_tokens, is_uniform_decode(p.query_lens, q), case.capture_sizes,
+    plans = plan_steps(case.batch, shape, sizes, max(case.steps, 1), case.seed, spec_tokens=case.spec_tokens)
+    dispatches = [dispatch(mode, p.num_tokens, is_uniform_decode(p.query_lens, q), sizes,
                            shape.max_num_seqs, q) for p in plans]
     keys = {GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode, q if d.uniform_decode else 1)
             for d in dispatches if d.runtime_mode != "NONE"}

@@ -12,16 +12,26 @@ CudaGraphManager, get_cudagraph_sizes, get_cudagraph_runtime_mode):
 - uniform_decode_query_len = 1 + k; a batch is uniform decode when every request has exactly that
   query len (V2 get_cudagraph_runtime_mode: max_query_len == q and num_tokens == q * num_reqs).
   With k > 0 a backend at UNIFORM_SINGLE_TOKEN_DECODE cannot take a FULL decode graph.
-- Default capture sizes: [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16) with
-  max = min(2 * max_num_seqs * q, 512) capped at max_num_batched_tokens; max_num_batched_tokens is
-  appended when it fits under that cap, and with q > 1 the sizes are rounded up to multiples of q
-  (adjust_cudagraph_sizes_for_spec_decode).
+- Default capture sizes (vllm/config/vllm.py VllmConfig._set_cudagraph_sizes): [1, 2, 4] +
+  range(8, 256, 8) + range(256, max + 1, 16) with max = min(2 * max_num_seqs * q, 512) (q counts
+  the speculative tokens already here) capped at max_num_batched_tokens; max_num_batched_tokens is
+  appended when it fits under that cap (read from the 0.33/0.34 wheels, DESIGN.md §4a).
+- Spec decode and the sizes (vllm/config/compilation.py
+  CompilationConfig.adjust_cudagraph_sizes_for_spec_decode, called from the mode resolution
+  resolve_cudagraph_mode_and_sizes, formerly GPUModelRunner._check_and_update_cudagraph_mode):
+  only after resolution, only when the resolved decode mode is FULL and q > 1, and only in the V1
+  model runner (V2 keys its decode graphs by request count and leaves the sizes alone): every size
+  rounds up to a multiple of q, a rounded size above the largest configured size is dropped, [q]
+  when nothing is left but q fits, an error when not even q fits.
 - Split modes add FULL decode graphs keyed by request count: each capture size s >= q gives
   min(cdiv(s, q), max_num_seqs) requests (V1/V2 _dummy_run / capture_graph: num_reqs =
   min(cdiv(num_tokens, q), max_num_reqs)), so the first size above max_num_seqs * q is captured at
   that limit instead of being dropped; its token size is requests * q (a multiple of q).
 - Dispatch pads to the smallest capture size >= N; above the largest, or when nothing matches,
   it runs eager at the unpadded size.
+Not settled (#12): the vLLM source read then (vllm/config/vllm.py _set_cudagraph_sizes,
+vllm/v1/cudagraph_dispatcher.py initialize_cudagraph_keys) neither appends max_num_batched_tokens
+nor keeps a decode key above q * max_num_seqs; both come from the 0.33/0.34 wheels (#18) and stay.
 """
 
 from __future__ import annotations
@@ -140,11 +150,14 @@ def resolve_mode(requested: str | CUDAGraphMode, support: AttentionCGSupport, *,
         mode = target
 
     # 2b. Spec decode: a FULL decode graph replays verify batches of q = 1 + k > 1 tokens per
-    # request, which UNIFORM_SINGLE_TOKEN_DECODE does not cover (vLLM's initialize_cudagraph_capture
-    # checks the support against uniform_decode_query_len and drops FULL decode graphs; the
-    # warning text is vllm/config/compilation.py's: PIECEWISE where attention splits, else NONE).
+    # request, which support below UNIFORM_BATCH does not cover. vLLM: CompilationConfig.
+    # resolve_cudagraph_mode_and_sizes (vllm/config/compilation.py; before it GPUModelRunner.
+    # _check_and_update_cudagraph_mode) checks decode_mode() == FULL, uniform_decode_query_len > 1
+    # and min_cg_support < UNIFORM_BATCH, and drops to PIECEWISE when attention is a splitting op,
+    # else NONE, with the warning below (its wording). Only NEVER or UNIFORM_SINGLE_TOKEN_DECODE
+    # can get here, and NEVER has no FULL decode mode left after rule 2.
     if (spec_tokens > 0 and mode.decode_mode() == CUDAGraphMode.FULL
-            and support == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE):
+            and support < AttentionCGSupport.UNIFORM_BATCH):
         target = CUDAGraphMode.PIECEWISE if piecewise_available else CUDAGraphMode.NONE
         notes.append(f"CUDAGraphMode.{mode.name} is not supported with spec-decode for attention backend "
                      f"{backend_name} (support: AttentionCGSupport.{support.name}); "
@@ -174,18 +187,63 @@ def uniform_decode_query_len(spec_tokens: int = 0) -> int:
 
 def vllm_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int = 0,
                        limit: int = 512) -> tuple[int, ...]:
-    """vLLM's default capture sizes (vllm/config/vllm.py _set_cudagraph_sizes): the default grid up
-    to min(2 * max_num_seqs * q, limit) capped at max_num_batched_tokens, max_num_batched_tokens
-    appended when it fits under that cap, and with q > 1 every size rounded up to a multiple of q
-    (adjust_cudagraph_sizes_for_spec_decode). `limit` is 512 (1024 on SM100)."""
+    """vLLM's default capture sizes as configured, before the backend is known (vllm/config/vllm.py
+    VllmConfig._set_cudagraph_sizes): the default grid up to min(2 * max_num_seqs * q, limit)
+    capped at max_num_batched_tokens, max_num_batched_tokens appended when it fits under that cap.
+    q = 1 + k widens the grid only; the rounding to multiples of q happens at resolution
+    (`resolve_capture_sizes`). `limit` is 512 (1024 on SM100)."""
     q = uniform_decode_query_len(spec_tokens)
     top = min(2 * max_num_seqs * q, limit, max_num_batched_tokens)
     sizes = {s for s in (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)) if s <= top}
     if max_num_batched_tokens <= top:
         sizes.add(max_num_batched_tokens)
-    if q > 1:
-        sizes = {-(-s // q) * q for s in sizes}
     return tuple(sorted(sizes))
+
+
+def spec_decode_capture_sizes(capture_sizes: Sequence[int], spec_tokens: int) -> tuple[int, ...]:
+    """vllm/config/compilation.py CompilationConfig.adjust_cudagraph_sizes_for_spec_decode
+    (sequence parallelism left out: our model has none): each size rounded up to a multiple of
+    q = 1 + k, rounded sizes above the largest configured size dropped; [q] when that leaves
+    nothing but q fits; UnsupportedModeError when not even q fits. q = 1 changes nothing."""
+    q = uniform_decode_query_len(spec_tokens)
+    sizes = sorted(set(capture_sizes))
+    if not sizes or q <= 1:
+        return tuple(sizes)
+    top = sizes[-1]
+    rounded = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= top})
+    if not rounded and q <= top:
+        rounded = [q]
+    if not rounded:
+        raise UnsupportedModeError(
+            f"no valid cudagraph sizes after rounding to multiples of {q} (num_speculative_tokens + 1): "
+            f"lower spec_tokens ({spec_tokens}) or raise the capture sizes (largest {top})")
+    return tuple(rounded)
+
+
+@dataclass(frozen=True)
+class CaptureSizes:
+    sizes: tuple[int, ...]  # what the runner captures and pads to
+    note: str  # "" when the configured sizes stand; else what changed and why (shown with the mode)
+
+
+def resolve_capture_sizes(configured: Sequence[int], resolved: str | CUDAGraphMode, spec_tokens: int = 0,
+                          capture_style: str = "v2") -> CaptureSizes:
+    """The capture sizes a resolved mode runs with (vLLM's resolve_cudagraph_mode_and_sizes, after
+    the downgrades): the V1 model runner ("v1") rounds them to multiples of q = 1 + k when the
+    resolved decode mode is FULL and k > 0 (its dispatcher keys decode graphs by token count and
+    asserts num_tokens % q == 0); the V2 runner ("v2") keeps them and keys decode graphs by request
+    count instead (decode_graph_requests). A PIECEWISE/NONE result (a downgrade included) never
+    rounds."""
+    mode = CUDAGraphMode.parse(resolved)
+    sizes = tuple(sorted(set(configured)))
+    if capture_style != "v1" or spec_tokens <= 0 or mode.decode_mode() != CUDAGraphMode.FULL:
+        return CaptureSizes(sizes, "")
+    rounded = spec_decode_capture_sizes(sizes, spec_tokens)
+    if rounded == sizes:
+        return CaptureSizes(sizes, "")
+    q = uniform_decode_query_len(spec_tokens)
+    return CaptureSizes(rounded, f"capture sizes rounded to multiples of {q} (num_speculative_tokens + 1, "
+                                 f"V1 runner): {list(rounded)}")
 
 
 def decode_graph_requests(capture_sizes: Sequence[int], max_num_seqs: int, query_len: int = 1) -> list[int]:

@@ -107,7 +107,10 @@ def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, c
 
 class Session:
     def __init__(self, backend_cls, shape: ModelShape, tp: int, rank: int, kv_cache_dtype: str,
-                 capture_sizes: tuple[int, ...], device: torch.device, runner_factory=None):
+                 capture_sizes: tuple[int, ...], device: torch.device, runner_factory=None, max_tokens: int = 0):
+        """max_tokens: the largest graph this session may capture, when above max(capture_sizes):
+        a split-mode decode graph of min(cdiv(s, q), max_num_seqs) requests has requests * q
+        tokens, up to q - 1 above the size s it came from (modes.decode_capture_sizes)."""
         self.backend_cls, self.shape, self.device = backend_cls, shape, torch.device(device)
         self.layout = TPLayout(tp, rank, shape.num_heads, shape.num_kv_heads, shape.head_size)
         self.config = attention_config(shape, self.layout, kv_cache_dtype, capture_sizes, self.device)
@@ -119,7 +122,8 @@ class Session:
         _fill_garbage(caches, self.config.dtype)
         self.model = TPModel(shape, self.layout, self.impl, caches, self.device,
                              all_reduce=getattr(backend_cls, "tp_all_reduce", None))
-        self.max_static = max(capture_sizes, default=1)
+        self.capture_sizes = tuple(capture_sizes)  # as resolved for the case's mode and k
+        self.max_static = max(max(capture_sizes, default=1), max_tokens)
         dtype = self.model.dtype
         # Static buffers replays read: never rebound, values copied in [:n].
         self.static_in = torch.zeros(self.max_static, shape.hidden_size, dtype=dtype, device=self.device)

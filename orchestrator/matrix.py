@@ -30,7 +30,7 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "float32": Tolerance(1e-4, 1e-4),
     "fp8": Tolerance(0.15, 0.15),
 }
-# vLLM's default largest capture size: min(2 * max_num_seqs, 512).
+# vLLM's default largest capture size: min(2 * max_num_seqs * (1 + k), 512).
 MAX_DEFAULT_CAPTURE = 512
 # A product beyond this is a typo (a seed range pasted in), not a test plan; refuse it before
 # materialising it.
@@ -144,12 +144,16 @@ class _Loader:
                                     f"{m.num_blocks} leaves {m.num_blocks - 1} (block 0 is the null block)")
         return BatchSpec(name, q, s, block.description)
 
-    def capture_sizes(self) -> tuple[int, ...]:
+    def capture_sizes(self, spec_tokens: int = 0) -> tuple[int, ...]:
+        """The configured sizes for a case with k = spec_tokens: `default` is vLLM's grid for that k
+        (backend/modes.vllm_capture_sizes: up to min(2 * max_num_seqs * (1 + k), 512)); a list is
+        taken as written. Either is rounded to multiples of 1 + k later, at mode resolution, where
+        vLLM does it (modes.resolve_capture_sizes): that needs the backend's support level."""
         m = self.model
         if self.doc.capture_sizes == "default":
-            from backend.modes import vllm_capture_sizes
+            from backend.modes import vllm_capture_sizes  # torch-free
 
-            return vllm_capture_sizes(m.max_num_seqs, m.batched_tokens_limit, limit=MAX_DEFAULT_CAPTURE)
+            return vllm_capture_sizes(m.max_num_seqs, m.batched_tokens_limit, spec_tokens, limit=MAX_DEFAULT_CAPTURE)
         sizes = list(self.doc.capture_sizes)
         if not sizes:
             raise self.err(("capture_sizes",), "empty list (omit the key for vLLM's default sizes)")
@@ -229,14 +233,14 @@ class _Loader:
             raise self.err(("exclude",) if doc.exclude else ("axes",), "the product is empty: exclude removes every combination")
 
         batches = {name: self.batch(name) for name in doc.batches if any(c["batch"] == name for c in combos)}
-        capture = self.capture_sizes()
+        capture = {k: self.capture_sizes(k) for k in {c["spec_tokens"] for c in combos}}
         out: list[tuple[dict, Case]] = []
         seen: dict[str, int] = {}
         for n, combo in enumerate(combos):
             case = Case(
                 backend=combo["backend"], tp=combo["tp"], mode=combo["cudagraph_mode"],
                 kv_cache_dtype=combo["kv_cache_dtype"], batch=batches[combo["batch"]], seed=combo["seed"],
-                model=self.model, capture_sizes=capture, steps=combo.get("steps", doc.steps),
+                model=self.model, capture_sizes=capture[combo["spec_tokens"]], steps=combo.get("steps", doc.steps),
                 tolerance=self.tolerance(combo["kv_cache_dtype"]), timeout_s=float(combo.get("timeout_s", doc.timeout_s)),
                 matrix=self.path, tier=doc.tier, spec_tokens=combo["spec_tokens"],
             )

@@ -2,7 +2,8 @@
 
 Text: runnable case ids with k and the resolved mode, skipped ones with reasons, counts per axis
 value and the estimated cost (total and per tp). `--json`: one document
-  {matrix, device_class, cases: [{id, <axes>, resolved_mode, mode_note, est_s}], skipped: [{id, reason}],
+  {matrix, device_class, cases: [{id, <axes>, resolved_mode, mode_note, capture_sizes, est_s}],
+   skipped: [{id, reason}],
    counts: {axis: {value: n}}, total_est_s, est_s_by_tp}
 (counts are over the runnable, selected cases; est_s is null when no cost model is installed).
 """
@@ -22,19 +23,22 @@ from orchestrator.matrix import SkippedCase, load_matrix
 AXIS_NAMES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens")
 
 
-def resolved_mode(case: Case) -> tuple[str, str]:
-    """(resolved mode, downgrade note) as the worker will resolve it: backend/modes.py against the
-    backend's declared support, with the case's k."""
+def resolved_mode(case: Case) -> tuple[str, str, list[int]]:
+    """(resolved mode, note, capture sizes) as the worker will settle them: backend/modes.py against
+    the backend's declared support, with the case's k (resolve_mode, then resolve_capture_sizes).
+    The note is the downgrade warning and/or the spec-decode rounding of the sizes; "" when the
+    request stands as written."""
     from backend.attention.registry import get_backend
-    from backend.modes import UnsupportedModeError, resolve_mode
+    from backend.modes import UnsupportedModeError, resolve_capture_sizes, resolve_mode
 
     cls = get_backend(case.backend)
     try:
         res = resolve_mode(case.mode, cls.cudagraph_support, backend_name=case.backend_label,
                            spec_tokens=case.spec_tokens)
+        sizes = resolve_capture_sizes(case.capture_sizes, res.resolved, case.spec_tokens, case.model.capture_style)
     except UnsupportedModeError as e:
-        return "ERROR", str(e)
-    return res.resolved.name, res.message
+        return "ERROR", str(e), list(case.capture_sizes)
+    return res.resolved.name, "; ".join(n for n in (res.message, sizes.note) if n), list(sizes.sizes)
 
 
 def _cost_model() -> Callable[[Case], float] | None:
@@ -68,7 +72,7 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
         "name": m.name,
         "device_class": m.device_class,
         "cases": [{"id": c.case_id, **c.axes, "resolved_mode": modes[c.case_id][0], "mode_note": modes[c.case_id][1],
-                   "est_s": est[c.case_id]} for c in cases],
+                   "capture_sizes": modes[c.case_id][2], "est_s": est[c.case_id]} for c in cases],
         "skipped": [{"id": s.case.case_id, "reason": s.reason} for s in skipped],
         "counts": counts_per_axis(cases),
         "total_est_s": round(sum(by_tp.values()), 3) if estimate else None,
@@ -101,7 +105,8 @@ def _print_text(plan: dict) -> None:
             lines.append(f"{c['id']:<{width}}  {c['spec_tokens']:>2}  {mode:<{max(mw, 13)}}  {est:>5}")
         _write(lines)
         if any(c["mode_note"] for c in plan["cases"]):
-            console.print("* downgraded or unresolved: `orch plan --json` gives each case's mode_note")
+            console.print("* downgraded, unresolved, or capture sizes rounded for spec decode: "
+                          "`orch plan --json` gives each case's mode_note and capture_sizes")
 
     if plan["skipped"]:
         console.print(f"skipped: {len(plan['skipped'])}")

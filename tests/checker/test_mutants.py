@@ -177,19 +177,36 @@ def test_tp_gang(key):
 # Spec decode (k > 0, DESIGN.md §4b): (mode, batch kind at k, k) -> reachable. Batches: DECODE
 # becomes 3 verify rows of q = 1 + k (uniform); MIXED (1, 4, 1) at k = 2 is (3, 4, 3), not uniform.
 SPLIT = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # UNIFORM_BATCH: FULL -> FULL_AND_PIECEWISE
+# Resolution at k > 0 (requested -> resolved, others unchanged): vLLM's spec-decode rule sends a
+# backend below UNIFORM_BATCH from any FULL decode mode to PIECEWISE; UNIFORM_BATCH keeps its
+# decode graphs and only mixed FULL drops to FULL_AND_PIECEWISE.
+UNIFORM_K = {"FULL": "FULL_AND_PIECEWISE"}
+SINGLE_TOKEN_K = dict.fromkeys(SPLIT, "PIECEWISE")
 SPEC_MUTANTS = {
     "decode kernel reads one query token per request": Expect(
         "tests.mutants.one_query_token:Backend",
-        lambda mode, kind, k: k > 0 and kind == "decode", Status.FAIL, "reference"),
+        lambda mode, kind, k: k > 0 and kind == "decode", Status.FAIL, "reference", resolved=UNIFORM_K),
     "UNIFORM_BATCH overstated: verify split frozen from the capture batch": Expect(
         "tests.mutants.partition_frozen:Backend",
-        lambda mode, kind, k: k > 0 and kind == "decode" and mode in SPLIT, Status.FAIL, "replay"),
+        lambda mode, kind, k: k > 0 and kind == "decode" and mode in SPLIT, Status.FAIL, "replay",
+        resolved=UNIFORM_K),
     "same code, honest UNIFORM_SINGLE_TOKEN_DECODE (k > 0: PIECEWISE)": Expect(
         "tests.mutants.partition_frozen:HonestBackend",
-        lambda mode, kind, k: False, Status.PASS, ""),
+        lambda mode, kind, k: False, Status.PASS, "", resolved=SINGLE_TOKEN_K),
     "max_query_len == 1 branch under a k > 0 capture (control)": Expect(
         "tests.mutants.decode_branch_spec:Backend",
-        lambda mode, kind, k: False, Status.PASS, ""),
+        lambda mode, kind, k: False, Status.PASS, "", resolved=UNIFORM_K),
+    # ALWAYS overstated, fast path chosen on num_tokens == num_reqs (host, frozen at capture). FULL
+    # has no decode graphs: its mixed graphs of N <= max_num_seqs tokens are captured on N one-token
+    # requests, i.e. on the fast path, so at k > 0 the verify batches (q = 1 + k) replay it too and
+    # the uniform decode cells turn red as well; split modes capture decode graphs on size / q
+    # requests of q tokens (not the fast path) and stay green.
+    "support overstated as ALWAYS (k > 0: verify batches through the mixed graphs)": Expect(
+        "tests.mutants.overstated_support:Backend",
+        lambda mode, kind, k: mode == "FULL" and (kind == "mixed" or k > 0), Status.FAIL, "replay"),
+    "same code, honest UNIFORM_SINGLE_TOKEN_DECODE (k > 0: no FULL decode graph)": Expect(
+        "tests.mutants.overstated_support:HonestBackend",
+        lambda mode, kind, k: False, Status.PASS, "", resolved=SINGLE_TOKEN_K),
 }
 
 
@@ -205,6 +222,11 @@ def test_spec_mutant_flagged_exactly_where_reachable(name, sessions):
                 assert r.status == want, f"{where}: {r.status.value} {r.reason}"
                 if want == Status.FAIL:
                     assert r.reason.startswith(f"{exp.check} check failed"), f"{where}: {r.reason}"
+                if k > 0:
+                    resolved = (exp.resolved or {}).get(mode, mode)
+                    assert r.resolved_mode == resolved and r.downgraded == (resolved != mode), f"{where}: {r.resolved_mode}"
+                    if resolved == "PIECEWISE" and mode != "PIECEWISE":
+                        assert "with spec-decode for attention backend" in r.log_tail, where
 
 
 def test_frozen_partition_is_a_v2_capture_hazard(sessions):

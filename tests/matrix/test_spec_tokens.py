@@ -183,3 +183,90 @@ def test_k_that_fits_only_one_device_class_is_an_error_on_both(tmp_path):
         with pytest.raises(InputError, match="decode row 0 has seq_len 2 < 1 \\+ k = 3") as e:
             load_matrix(path, devices=devices)
         assert e.value.line == marked_line(doc)
+
+
+# Capture sizes per case k (issue #12): `default` is vLLM's grid for that k, computed torch-free at
+# expansion; a written list is kept; both are rounded only at resolution (backend/modes.py).
+DEFAULT_K = replace("capture_sizes: [1, 2, 4, 8, 16, 32]", "capture_sizes: default",
+                    replace("max_num_seqs: 16}", "max_num_seqs: 4}", K_AXIS))
+
+
+@pytest.mark.parametrize("backend_checks", [True, False])
+def test_default_capture_sizes_follow_each_case_k(tmp_path, backend_checks):
+    from backend.modes import vllm_capture_sizes
+
+    m = load_matrix(write(tmp_path, DEFAULT_K), devices="cpu", backend_checks=backend_checks)
+    by_k = {c.spec_tokens: c.capture_sizes for c in m.cases}
+    # max_num_seqs 4, budget 4 * 256: k = 0 up to 8, k = 2 up to 2 * 4 * 3 = 24
+    assert by_k[0] == (1, 2, 4, 8) == vllm_capture_sizes(4, 1024, 0, limit=512)
+    assert by_k[2] == (1, 2, 4, 8, 16, 24) == vllm_capture_sizes(4, 1024, 2, limit=512)
+    written = load_matrix(write(tmp_path, K_AXIS, "w.yaml"), devices="cpu")
+    assert {c.capture_sizes for c in written.cases} == {(1, 2, 4, 8, 16, 32)}, "a written list is kept for every k"
+
+
+def test_default_capture_sizes_stay_torch_free(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from orchestrator.matrix import load_matrix; "
+            f"m = load_matrix({write(tmp_path, DEFAULT_K)!r}, devices='cpu', backend_checks=False); "
+            "assert max(c.capture_sizes for c in m.cases if c.spec_tokens) == (1, 2, 4, 8, 16, 24); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def _plan(capsys, *args) -> dict:
+    assert main(["plan", "matrices/full.yaml", "--devices", "cpu", "--json", "--filter", "k=2", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+# (backend, requested) -> resolved for full.yaml's k = 2 cases on CPU (vLLM's rules in
+# backend/modes.py): torch ALWAYS keeps every mode; aiter-emulated UNIFORM_BATCH keeps its FULL
+# decode graphs for the verify batches, only mixed FULL drops to FULL_AND_PIECEWISE.
+PLAN_K2 = {("torch", m): m for m in MODES} | {("aiter-emulated", m): m for m in MODES}
+PLAN_K2[("aiter-emulated", "FULL")] = "FULL_AND_PIECEWISE"
+
+
+def test_plan_full_yaml_shows_k_cases_in_every_mode_resolved(capsys):
+    plan = _plan(capsys)
+    rows = plan["cases"]
+    assert rows and all(r["spec_tokens"] == 2 and "-k2-" in r["id"] for r in rows)
+    got = {(r["backend"], r["cudagraph_mode"]): set() for r in rows}
+    for r in rows:
+        got[(r["backend"], r["cudagraph_mode"])].add(r["resolved_mode"])
+        assert bool(r["mode_note"]) == (r["resolved_mode"] != r["cudagraph_mode"]), r
+        assert r["capture_sizes"] == [1, 2, 4, 8, 16, 32, 64, 128, 256], "CPU style v2: sizes as written"
+    assert got == {key: {want} for key, want in PLAN_K2.items()}
+    note = next(r["mode_note"] for r in rows if r["backend"] == "aiter-emulated" and r["cudagraph_mode"] == "FULL")
+    assert "support: UNIFORM_BATCH" in note and "FULL_AND_PIECEWISE" in note
+
+
+def test_plan_shows_the_spec_decode_downgrade_of_a_single_token_backend(capsys):
+    # The #25104 support level (UNIFORM_SINGLE_TOKEN_DECODE): with k > 0 no FULL decode graph.
+    plan = _plan(capsys, "--backend", "tests.mutants.seed_aiter_fa:FixedBackend")
+    by_mode = {}
+    for r in plan["cases"]:
+        by_mode.setdefault(r["cudagraph_mode"], set()).add((r["resolved_mode"], bool(r["mode_note"])))
+    assert by_mode == {"NONE": {("NONE", False)}, "PIECEWISE": {("PIECEWISE", False)},
+                       "FULL": {("PIECEWISE", True)}, "FULL_DECODE_ONLY": {("PIECEWISE", True)},
+                       "FULL_AND_PIECEWISE": {("PIECEWISE", True)}}
+    note = next(r["mode_note"] for r in plan["cases"] if r["cudagraph_mode"] == "FULL_DECODE_ONLY")
+    assert note == ("CUDAGraphMode.FULL_DECODE_ONLY is not supported with spec-decode for attention backend "
+                    "FixedBackend (support: AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE); "
+                    "setting cudagraph_mode=PIECEWISE")
+
+
+def test_plan_shows_v1_rounding_of_the_sizes(tmp_path, capsys):
+    doc = replace("max_num_seqs: 16}", "max_num_seqs: 16, capture_style: v1}", K_AXIS)
+    doc = replace("cudagraph_mode: [NONE, FULL]", "cudagraph_mode: [NONE, FULL, FULL_DECODE_ONLY]", doc)
+    path = write(tmp_path, doc)
+    assert main(["plan", path, "--devices", "cpu", "--json", "--filter", "tp=1 kv_cache_dtype=auto batch=dec"]) == 0
+    rows = {(c["spec_tokens"], c["cudagraph_mode"]): c for c in json.loads(capsys.readouterr().out)["cases"]}
+    # 1, 2 -> 3; 4 -> 6; 8 -> 9; 16 -> 18; 32 -> 33 > 32: dropped
+    for mode in ("FULL_DECODE_ONLY", "FULL"):
+        assert rows[(2, mode)]["capture_sizes"] == [3, 6, 9, 18], mode
+        assert "rounded to multiples of 3" in rows[(2, mode)]["mode_note"]
+    for key in ((0, "FULL_DECODE_ONLY"), (2, "NONE"), (0, "FULL")):
+        assert rows[key]["capture_sizes"] == [1, 2, 4, 8, 16, 32] and rows[key]["mode_note"] == "", key

@@ -84,8 +84,11 @@ SIZES = {
     (12, 8192, 0): (1, 2, 4, 8, 16, 24),
     (256, 8192, 0): (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)),  # capped at 512
     (256, 100, 0): (1, 2, 4, *range(8, 97, 8), 100),  # capped at, and appended, the token budget
-    (4, 8192, 1): (2, 4, 8, 16),  # max = 2 * 4 * 2 = 16; 1 -> 2 (multiples of q = 2)
-    (4, 8192, 2): (3, 6, 9, 18, 24),  # max 24: 1,2 -> 3; 4 -> 6; 8 -> 9; 16 -> 18; 24
+    # k widens the grid (max = 2 * max_num_seqs * (1 + k)); the rounding to multiples of 1 + k is
+    # resolution's (resolve_capture_sizes), not the configured sizes'
+    (4, 8192, 1): (1, 2, 4, 8, 16),  # max = 2 * 4 * 2 = 16
+    (4, 8192, 2): (1, 2, 4, 8, 16, 24),  # max 24
+    (256, 8192, 2): (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)),  # 1536 capped at 512
 }
 
 

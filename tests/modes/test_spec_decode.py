@@ -14,8 +14,9 @@ import pytest
 from backend.attention.interface import AttentionCGSupport as S
 from backend.case import BatchSpec
 from backend.checker import SessionCache, run_case
-from backend.modes import (CUDAGraphMode as M, Dispatch, capture_plan, decode_capture_sizes, dispatch,
-                           is_uniform_decode, resolve_mode, uniform_decode_query_len)
+from backend.modes import (CUDAGraphMode as M, Dispatch, UnsupportedModeError, capture_plan, decode_capture_sizes,
+                           dispatch, is_uniform_decode, resolve_capture_sizes, resolve_mode,
+                           spec_decode_capture_sizes, uniform_decode_query_len, vllm_capture_sizes)
 from backend.result import Status
 from backend.steps import plan_steps, verify_rows
 from tests.checker.conftest import CAPTURE_SIZES, DECODE, MIXED, TINY, make_case
@@ -51,6 +52,80 @@ def test_spec_decode_without_piecewise_falls_to_none():
     assert r.resolved == M.NONE and "setting cudagraph_mode=NONE" in r.message
     # k = 0 keeps the decode graph: the rule is about q > 1 only
     assert resolve_mode(M.FULL_DECODE_ONLY, S.UNIFORM_SINGLE_TOKEN_DECODE, spec_tokens=0).resolved == M.FULL_DECODE_ONLY
+
+
+# (configured sizes, k) -> sizes after vllm/config/compilation.py
+# CompilationConfig.adjust_cudagraph_sizes_for_spec_decode: round up to multiples of 1 + k, drop a
+# rounded size above the largest configured one, [q] when nothing is left but q fits.
+ROUNDING = {
+    ((1, 2, 4, 8, 16, 24), 2): (3, 6, 9, 18, 24),  # 1, 2 -> 3; 4 -> 6; 8 -> 9; 16 -> 18; 24 stays
+    ((1, 2, 4, 8, 16, 32, 64, 128, 256), 2): (3, 6, 9, 18, 33, 66, 129),  # 256 -> 258 > 256: dropped
+    ((1, 2, 4, 8, 16), 1): (2, 4, 8, 16),
+    ((*range(8, 256, 8), *range(256, 513, 16)), 2): tuple(sorted({-(-s // 3) * 3 for s in (
+        *range(8, 256, 8), *range(256, 513, 16))} - {513})),  # 512 -> 513 dropped, 510 is the top
+    ((4,), 3): (4,),
+    ((1, 2), 1): (2,),
+    ((3,), 2): (3,),
+    ((2,), 2): None,  # q = 3 > largest size 2: vLLM raises "No valid cudagraph sizes ..."
+    ((1, 2, 4), 0): (1, 2, 4),  # q = 1: unchanged
+}
+
+
+@pytest.mark.parametrize("key", ROUNDING, ids=lambda k: f"{len(k[0])}sizes-max{max(k[0])}-k{k[1]}")
+def test_spec_decode_rounding(key):
+    sizes, k = key
+    if ROUNDING[key] is None:
+        with pytest.raises(UnsupportedModeError, match="no valid cudagraph sizes after rounding to multiples of 3"):
+            spec_decode_capture_sizes(sizes, k)
+        return
+    got = spec_decode_capture_sizes(sizes, k)
+    assert got == ROUNDING[key]
+    assert all(s % (1 + k) == 0 and s <= max(sizes) for s in got)
+
+
+CPU_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# (resolved mode, k, capture style) -> rounded? V1 rounds only when the resolved decode mode is FULL
+# and k > 0 (resolve_cudagraph_mode_and_sizes: `not use_v2_model_runner and decode_mode() == FULL
+# and uniform_decode_query_len > 1`); V2 never does (decode graphs keyed by request count).
+RESOLVED_SIZES = {
+    (M.FULL_DECODE_ONLY, 2, "v1"): True,
+    (M.FULL_AND_PIECEWISE, 2, "v1"): True,
+    (M.FULL, 2, "v1"): True,
+    (M.PIECEWISE, 2, "v1"): False,  # e.g. the spec-decode downgrade of a single-token backend
+    (M.NONE, 2, "v1"): False,
+    (M.FULL_DECODE_ONLY, 0, "v1"): False,
+    (M.FULL_DECODE_ONLY, 2, "v2"): False,
+    (M.FULL, 3, "v2"): False,
+}
+
+
+@pytest.mark.parametrize("key", RESOLVED_SIZES, ids=lambda k: f"{k[0].name}-k{k[1]}-{k[2]}")
+def test_sizes_settle_with_the_resolved_mode(key):
+    mode, k, style = key
+    got = resolve_capture_sizes(CPU_SIZES, mode, k, style)
+    if RESOLVED_SIZES[key]:
+        assert got.sizes == spec_decode_capture_sizes(CPU_SIZES, k) != CPU_SIZES
+        assert f"rounded to multiples of {1 + k}" in got.note
+    else:
+        assert got.sizes == CPU_SIZES and got.note == ""
+
+
+def test_downgrade_then_sizes_as_vllm_orders_them():
+    """A single-token backend under k > 0: FULL -> FULL_AND_PIECEWISE -> PIECEWISE, and then (the
+    sizes step runs after the downgrades) no rounding even in V1."""
+    r = resolve_mode(M.FULL, S.UNIFORM_SINGLE_TOKEN_DECODE, backend_name="X", spec_tokens=2)
+    assert r.resolved == M.PIECEWISE
+    assert resolve_capture_sizes(CPU_SIZES, r.resolved, 2, "v1").sizes == CPU_SIZES
+    u = resolve_mode(M.FULL, S.UNIFORM_BATCH, backend_name="X", spec_tokens=2)
+    assert u.resolved == M.FULL_AND_PIECEWISE
+    assert resolve_capture_sizes(CPU_SIZES, u.resolved, 2, "v1").sizes == (3, 6, 9, 18, 33, 66, 129)
+
+
+def test_configured_default_sizes_grow_with_k_only_below_the_cap():
+    # max = min(2 * max_num_seqs * (1 + k), 512, max_num_batched_tokens) (vllm/config/vllm.py)
+    assert max(vllm_capture_sizes(8, 8192, 0)) == 16 and max(vllm_capture_sizes(8, 8192, 3)) == 64
+    assert vllm_capture_sizes(256, 8192, 2) == vllm_capture_sizes(256, 8192, 0)  # both at 512
+    assert max(vllm_capture_sizes(8, 40, 3)) == 40  # the token budget caps (and is appended)
 
 
 def test_uniform_decode_query_len_and_uniformity():
@@ -158,3 +233,32 @@ def test_correct_providers_pass_with_spec_tokens(key, k, sessions):
             if mode == "FULL_DECODE_ONLY" and batch is DECODE and PROVIDERS[key] == mode:
                 # the verify batch ran through FULL decode graphs of multiples of q
                 assert all(u and u % (1 + k) == 0 for u in r.capture_sizes_used), r.capture_sizes_used
+
+
+@pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "PIECEWISE"])
+def test_v1_runner_replays_verify_batches_at_rounded_sizes(mode, sessions):
+    """The worker settles the sizes with the mode: V1 + a FULL decode mode + k = 2 runs on the
+    rounded sizes (every padded size a multiple of 3, the note in the log); PIECEWISE keeps them."""
+    model = dataclasses.replace(TINY, capture_style="v1")
+    r = run_case(make_case("torch", mode, "auto", DECODE, spec_tokens=2, model=model), sessions=sessions)
+    assert r.status == Status.PASS, r.reason
+    rounded = set(spec_decode_capture_sizes(CAPTURE_SIZES, 2))
+    used = [u for u in r.capture_sizes_used if u]
+    assert used, r.capture_sizes_used
+    if mode == "PIECEWISE":
+        assert set(used) <= set(CAPTURE_SIZES) and "rounded" not in r.log_tail
+    else:
+        assert set(used) <= rounded and "rounded to multiples of 3" in r.log_tail, (used, r.log_tail[:300])
+
+
+def test_decode_graph_above_the_largest_capture_size_fits_the_static_buffers(sessions):
+    """V2 keys decode graphs by request count: with sizes up to 32, max_num_seqs 16 and q = 3 the
+    size 32 gives cdiv(32, 3) = 11 requests = 33 tokens, above every capture size. full.yaml hit it
+    on CPU (64 verify rows -> 86 requests = 258 tokens > 256): the session's static buffers were
+    sized max(capture_sizes) and the replay raised a size mismatch."""
+    model = dataclasses.replace(TINY, max_num_seqs=16)
+    assert max(decode_capture_sizes(CAPTURE_SIZES, 16, 3)) == 33 > max(CAPTURE_SIZES)
+    batch = BatchSpec("decode10", (1,) * 10, (40,) * 10)  # 10 verify rows = 30 tokens -> 11 requests
+    r = run_case(make_case("torch", "FULL_DECODE_ONLY", "auto", batch, spec_tokens=2, model=model), sessions=sessions)
+    assert r.status == Status.PASS, r.reason
+    assert 33 in r.capture_sizes_used, r.capture_sizes_used
