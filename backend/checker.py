@@ -23,14 +23,15 @@ import torch
 from backend.attention.kv_cache import dequantize, fp8_dtype, write_kv
 from backend.attention.registry import BackendLoadError, get_backend
 from backend.case import Case
-from backend.checks import (CheckAccumulator, Comparison, all_finite, compare, failure_reason, kv_integrity, raw,
-                            real_slot_values)
+from backend.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
+                            failure_reason, kv_integrity, raw, real_slot_values)
 from backend.model import layout_reasons, reference_forward
 from backend.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
                            resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
 from backend.reference import fp8_round
-from backend.result import (CHECK_DETERMINISM, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_NAMES, CHECK_PADDED_FINITE,
-                            CHECK_REFERENCE, CHECK_REPLAY, CaseResult, Status)
+from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_DETERMINISM, CHECK_FINITE,
+                            CHECK_KV_INTEGRITY, CHECK_NAMES, CHECK_PADDED_FINITE, CHECK_REFERENCE, CHECK_REPLAY,
+                            CaseResult, Status)
 from backend.session import LRU, CaptureFailed, GraphKey, Session, SessionCache, attention_config
 from backend.steps import StepInputs, batch_reasons, hash_seed, make_step_inputs, plan_steps
 
@@ -236,7 +237,10 @@ def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
     return ref_k, ref_v
 
 
-def _reference(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v) -> torch.Tensor:
+def _reference(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference output [T, hidden] fp32 and its attention outputs [layers, T, H, D] (every
+    head; kept in the model dtype, which holds them exactly: the reference rounds them to it)."""
     cache_dtype = session.kv_caches[0].dtype
     scales = {"k": session.model.k_scales, "v": session.model.v_scales}
 
@@ -244,8 +248,10 @@ def _reference(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v) -
         return fp8_round(t, scales[which][layer], cache_dtype)
 
     # On the session's device (fp32): GPU shapes would make a host reference the slowest part.
-    return reference_forward(session.reference_weights, case.model, inputs.x.to(session.device), ref_k, ref_v,
-                             inputs.plan.query_lens, kv_round)
+    attn: list[torch.Tensor] = []
+    out = reference_forward(session.reference_weights, case.model, inputs.x.to(session.device), ref_k, ref_v,
+                            inputs.plan.query_lens, kv_round, attn)
+    return out, torch.stack(attn).to(getattr(torch, case.model.dtype))
 
 
 @dataclass
@@ -255,10 +261,13 @@ class _EagerStep:
     (dispatch only decides how the graph side runs). Kept in Session.eager_memo."""
 
     out: torch.Tensor  # eager output [T, hidden]
+    attention: torch.Tensor  # eager attention outputs [layers, T, Hl, D]
     reference: Comparison  # eager vs the fp32 reference
+    attn_reference: HeadComparison  # eager attention vs the reference's, per head
     finite: Comparison
     deterministic: bool
     jitter: float  # max |eager - eager again| on the output (0 when bitwise equal; inf for NaN)
+    attn_jitter: float  # the same on the attention outputs
     kv_jitter: bool  # the two eager runs left different real-slot bytes
     real_kv: list[torch.Tensor]  # per layer: the cache at the step's real slots after eager
     eager_s: float
@@ -285,16 +294,17 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list
     real_slots = inputs.batch.slot_mapping.to(session.device)
     x = inputs.x.to(session.device)
     t1 = clock.now()
-    out_e = session.run_eager(x, inputs.batch)
+    first = session.run_eager_step(x, inputs.batch)
+    out_e = first.out
     t2 = clock.now()
     real_kv = [real_slot_values(c, real_slots) for c in caches]
     for c, s in zip(caches, snapshot):
         c.copy_(s)
-    out_e2 = session.run_eager(x, inputs.batch)
-    same_out = torch.equal(raw(out_e), raw(out_e2))
+    second = session.run_eager_step(x, inputs.batch)
+    same_out = torch.equal(raw(out_e), raw(second.out)) and torch.equal(raw(first.attention), raw(second.attention))
     kv_jitter = not all(torch.equal(raw(real_slot_values(c, real_slots)), raw(r)) for c, r in zip(caches, real_kv))
-    jitter = 0.0 if same_out else float(torch.nan_to_num((out_e.float() - out_e2.float()).abs(),
-                                                          nan=float("inf")).max())
+    jitter, attn_jitter = (0.0, 0.0) if same_out else (_max_diff(out_e, second.out),
+                                                      _max_diff(first.attention, second.attention))
     deterministic = same_out and not kv_jitter
     for c, s in zip(caches, snapshot):
         c.copy_(s)
@@ -303,12 +313,20 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list
     if ref is None:
         ref = _reference(case, session, inputs, ref_k, ref_v)
         _REFERENCES.put(ref_key, ref)
-    reference = compare(out_e, ref, case.tolerance, case.model.head_size, row_scaled_atol=True)
+    ref_out, ref_attn = ref
+    reference = compare(out_e, ref_out, case.tolerance, case.model.head_size, row_scaled_atol=True)
+    heads = session.layout.q_heads
+    attn_reference = compare_heads(first.attention, ref_attn[:, :, heads.start:heads.stop], case.tolerance,
+                                   head_offset=heads.start)
     t4 = clock.now()
     phases["eager_s"] += t3 - t1
     phases["reference_s"] += t4 - t3
-    return _EagerStep(out_e, reference, all_finite(out_e, case.model.head_size), deterministic, jitter, kv_jitter,
-                      real_kv, t2 - t1)
+    return _EagerStep(out_e, first.attention, reference, attn_reference, all_finite(out_e, case.model.head_size),
+                      deterministic, jitter, attn_jitter, kv_jitter, real_kv, t2 - t1)
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nan_to_num((a.float() - b.float()).abs(), nan=float("inf")).max()) if a.numel() else 0.0
 
 
 def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[int, ...], base: CaseResult,
@@ -326,7 +344,7 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
     _set_scales(case, session)
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
     eager_s, replay_s, used, shared = [], [], [], 0
-    kv_jitter = False
+    kv_jitter, attn_jitter = False, 0.0
     for plan, d in zip(plans, dispatches):
         t0 = clock.now()
         memo_key = (case.batch, case.spec_tokens, case.seed, case.steps, case.tolerance, plan.index)
@@ -352,22 +370,27 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         t1 = clock.now()
         padded = None
         if d.runtime_mode == "NONE":
-            out_g = session.run_eager(x, inputs.batch)
+            graph_side = session.run_eager_step(x, inputs.batch)
             used.append(0)
         else:
             key = GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode, q if d.uniform_decode else 1)
-            out_g = session.run_graph(key, x, inputs.batch, pad_seed=hash_seed(case.seed, plan.index, 31))
+            graph_side = session.run_graph_step(key, x, inputs.batch, pad_seed=hash_seed(case.seed, plan.index, 31))
             used.append(d.padded_tokens)
             padded = _padded_rows(session, key, x.shape[0])
         t2 = clock.now()
         replay_s.append(t2 - t1)
+        out_g = graph_side.out
 
         step = plan.index
         out_e = eager.out
+        graph_detail = f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}"
         acc[CHECK_REFERENCE].add_comparison(step, eager.reference)
         acc[CHECK_REPLAY].add_comparison(step, compare(out_g, out_e, tol, shape.head_size, row_scaled_atol=True),
-                                         record_bitwise=True,
-                                         detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}")
+                                         record_bitwise=True, detail=graph_detail)
+        _add_heads(acc[CHECK_ATTN_REFERENCE], step, eager.attn_reference)
+        _add_heads(acc[CHECK_ATTN_REPLAY], step,
+                   compare_heads(graph_side.attention, eager.attention, tol, head_offset=session.layout.q_heads.start),
+                   record_bitwise=True, detail=graph_detail)
         fe, fg = eager.finite, all_finite(out_g, shape.head_size)
         bad = fe if not fe.ok else fg
         acc[CHECK_FINITE].add(step, fe.ok and fg.ok, mismatch=max(fe.mismatch_frac, fg.mismatch_frac),
@@ -393,6 +416,7 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
                                    detail=f"two eager runs differ (max_abs {eager.jitter:.3g}"
                                           f"{', and their KV writes' if eager.kv_jitter else ''})")
         kv_jitter = kv_jitter or eager.kv_jitter
+        attn_jitter = max(attn_jitter, eager.attn_jitter)
         del snapshot
         phases["checks_s"] += clock.now() - t2
 
@@ -410,7 +434,8 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
     if not failed:
         return base.replace(status=Status.PASS, reason="", **common)
     det = next((c for c in failed if c.name == CHECK_DETERMINISM), None)
-    real = [c for c in failed if c.name != CHECK_DETERMINISM and not (det and _explained_by_jitter(c, det, kv_jitter))]
+    real = [c for c in failed if c.name != CHECK_DETERMINISM
+            and not (det and _explained_by_jitter(c, det, kv_jitter, attn_jitter))]
     if real:
         note = f" (eager also not deterministic, max_abs {det.max_abs_err:.3g})" if det else ""
         return base.replace(status=Status.FAIL, reason=failure_reason(real[0]) + note, **common)
@@ -424,15 +449,26 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
 JITTER_FACTOR = 4.0
 
 
-def _explained_by_jitter(check, det, kv_jitter: bool) -> bool:
-    """Whether a failed check could be the nondeterminism `det` measured rather than a bug."""
-    if check.name == CHECK_FINITE:
+def _explained_by_jitter(check, det, kv_jitter: bool, attn_jitter: float = 0.0) -> bool:
+    """Whether a failed check could be the nondeterminism `det` measured rather than a bug
+    (`attn_jitter`: the same measure on the attention outputs, for the per-head checks)."""
+    if check.name in (CHECK_FINITE, CHECK_PADDED_FINITE):
         return False  # NaN/Inf is never rounding jitter
     if check.name == CHECK_KV_INTEGRITY:
         return kv_jitter and "outside" not in check.detail  # writes outside the real slots are a bug
     if check.max_abs_err is None or det.max_abs_err is None:
         return False
-    return check.max_abs_err <= JITTER_FACTOR * det.max_abs_err
+    jitter = attn_jitter if check.name in (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY) else det.max_abs_err
+    return check.max_abs_err <= JITTER_FACTOR * jitter
+
+
+def _add_heads(acc: CheckAccumulator, step: int, h: HeadComparison, *, record_bitwise: bool = False,
+               detail: str = "") -> None:
+    """A per-head attention comparison into its accumulator; the failing layer and the worst head
+    go in the detail."""
+    where = f"layer {h.layer}, worst head {h.worst_head}" if h.layer is not None else ""
+    acc.add_comparison(step, h.comparison, record_bitwise=record_bitwise,
+                       detail=", ".join(p for p in (where, detail) if p))
 
 
 _SEVERITY = {Status.ERROR: 6, Status.TIMEOUT: 5, Status.FAIL: 4, Status.FLAKY: 3, Status.SKIP: 1, Status.PASS: 0}

@@ -1,4 +1,4 @@
-"""Comparison math for the five checks (DESIGN.md §5) and their aggregation over steps.
+"""Comparison math for the checks (DESIGN.md §5) and their aggregation over steps.
 
 Outputs are compared on real rows only, as [tokens, heads, head_size] (the model output's hidden
 dimension grouped by head_size, so "head" = column // head_size). Closeness is torch.isclose
@@ -62,6 +62,60 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_s
         row, col = divmod(flat, a.shape[1])
         first_bad = (row, col // head_size)
     return Comparison(not any_bad, max_abs, max_rel, frac, first_bad, bitwise)
+
+
+@dataclass(frozen=True)
+class HeadComparison:
+    """Attention outputs compared head by head, over every layer. `comparison.max_abs` is the
+    worst head's RMS error, `max_rel` the worst RMS error relative to the head's RMS (at least
+    atol times the row's mean head RMS),
+    `mismatch_frac` the fraction of (layer, row, head) outside tolerance, `first_bad` the first
+    bad (row, global head) of the first failing layer."""
+
+    comparison: Comparison
+    layer: int | None  # the first failing layer
+    worst_head: int | None  # the global head with the largest RMS error (any layer, any row)
+
+
+def compare_heads(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, *,
+                  head_offset: int = 0) -> HeadComparison:
+    """Attention outputs [layers, T, H, D], each (row, head) vector judged on its own:
+
+        bad when rms(a - b) > atol * s + rtol * rms(b),   s = mean over the row's heads of rms(b)
+
+    NaN is never close. Scale-free, as the attention output is: a head's output is a weighted mean
+    of V rows, whose RMS shrinks with the context it averages over (CPU shape ~0.2-0.5; long GPU
+    contexts much less), so a fixed atol would hide a 10% head error there. One head's error is
+    not diluted by the others (as it is in the residual stream after the output projection: 1 head
+    of 32 at the GPU shape), while a single element off by one fp8 step (a provider attending to a
+    prefill's own K/V before quantisation, as AITER's prefill does) stays inside: a wrong head
+    (zeroed, scaled, another head's values, a missing key) moves its whole vector.
+    `head_offset`: the global index of local head 0 (a tp rank's first head)."""
+    if actual.shape != expected.shape:
+        raise ValueError(f"shape mismatch {tuple(actual.shape)} vs {tuple(expected.shape)}")
+    layers, t, h, d = expected.shape
+    if actual.numel() == 0:
+        return HeadComparison(Comparison(True, 0.0, 0.0, 0.0, None, True), None, None)
+    a = actual.detach().to(expected.device).float()
+    b = expected.detach().float()
+    bitwise = actual.dtype == expected.dtype and torch.equal(actual.to(expected.device), expected)
+    err = (a - b).pow(2).mean(dim=-1).sqrt()  # [L, T, H]
+    err = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), err)
+    ref = b.pow(2).mean(dim=-1).sqrt()
+    floor = tol.atol * ref.mean(dim=-1, keepdim=True).clamp_min(1e-12)  # [L, T, 1]
+    bad = ~(err <= floor + tol.rtol * ref)
+    rel = err / torch.maximum(ref, floor)
+    max_abs, max_rel, frac, any_bad, worst = torch.stack([
+        err.max(), rel.max(), bad.float().mean(), bad.any().float(),
+        err.amax(dim=(0, 1)).argmax().float()]).tolist()
+    first_bad, layer = None, None
+    if any_bad:
+        flat = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
+        layer, rest = divmod(flat, t * h)
+        row, head = divmod(rest, h)
+        first_bad = (row, head_offset + head)
+    return HeadComparison(Comparison(not any_bad, max_abs, max_rel, frac, first_bad, bitwise), layer,
+                          head_offset + int(worst))
 
 
 def all_finite(t: torch.Tensor, head_size: int) -> Comparison:

@@ -211,8 +211,12 @@ class TPModel:
     def attention(self, i: int, q, k, v, metadata, out: torch.Tensor) -> torch.Tensor:
         return self.impl.forward(q, k, v, self.kv_caches[i], metadata, self.k_scales[i], self.v_scales[i], out)
 
-    def forward(self, x: torch.Tensor, metadata, attn_bufs: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]; attn_bufs [num_layers, T, Hl, D] receives attention outputs."""
+    def forward(self, x: torch.Tensor, metadata, attn_bufs: torch.Tensor,
+                attn_out: list | None = None) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]; attn_bufs [num_layers, T, Hl, D] are the output buffers
+        handed to attention. `attn_out`, when given, receives each layer's attention result [T, Hl, D]
+        (the tensor the backend returned, which the next piece reads: the checker compares it per
+        head, since one head's error is diluted in the residual stream)."""
         attn = None
         for i in range(self.num_pieces):
             out = self.piece(i, x, attn)
@@ -220,18 +224,21 @@ class TPModel:
                 return out
             q, k, v, x = out
             attn = self.attention(i, q, k, v, metadata, attn_bufs[i])
+            if attn_out is not None:
+                attn_out.append(attn)
         raise AssertionError("unreachable")
 
 
 def reference_forward(weights: list[LayerWeights], shape: ModelShape, x: torch.Tensor,
                       ctx_k: Sequence[Sequence[torch.Tensor]], ctx_v: Sequence[Sequence[torch.Tensor]],
-                      query_lens: Sequence[int], kv_round) -> torch.Tensor:
+                      query_lens: Sequence[int], kv_round, attn_out: list | None = None) -> torch.Tensor:
     """The unsharded model in fp32 with backend.reference attention.
 
     x [T, hidden] (the model-dtype input). ctx_k[layer][req] [ctx_len, Hkv, D] fp32: the
     dequantised context already in the cache. kv_round(layer, "k"|"v", t) -> t rounds this step's
     new K/V the way the cache stores them (model dtype, or fp8 with the layer's scale), so the
-    reference attends to what a correct kernel reads back.
+    reference attends to what a correct kernel reads back. `attn_out`, when given, receives each
+    layer's attention output [T, H, D] (all heads; fp32 holding model-dtype values).
 
     Activations are rounded to the model dtype wherever the model stores them (a bf16 residual
     stream alone drifts by ~1e-2 over two layers, as much as the tolerance); every product,
@@ -254,6 +261,8 @@ def reference_forward(weights: list[LayerWeights], shape: ModelShape, x: torch.T
         ks = [torch.cat([ctx_k[i][r], k[s:s + ql]]) for r, (s, ql) in enumerate(zip(starts, query_lens))]
         vs = [torch.cat([ctx_v[i][r], v[s:s + ql]]) for r, (s, ql) in enumerate(zip(starts, query_lens))]
         attn = rnd(reference_attention(q, ks, vs, query_lens, d**-0.5))
+        if attn_out is not None:
+            attn_out.append(attn)
         x = rnd(x + rnd(attn.reshape(t, hq * d) @ lw.wo.t()))
         h = rnd(rmsnorm(x, lw.norm2))
         x = rnd(x + rnd(rnd(F.silu(rnd(h @ lw.w1.t()))) @ lw.w2.t()))

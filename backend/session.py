@@ -80,6 +80,15 @@ class GraphKey:
 class _Full:
     graph: Any
     padded_reqs: int
+    attention: list = field(default_factory=list)  # per layer: the attention result the graph refreshes
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One run's model output [T, hidden] and its attention outputs [num_layers, T, Hl, D], copies."""
+
+    out: torch.Tensor
+    attention: torch.Tensor
 
 
 @dataclass
@@ -178,15 +187,17 @@ class Session:
         style = self.shape.capture_style
         md = self.builder.build_for_capture(n, q, style)
         x, attn = self.static_in[:n], self.static_attn[:, :n]
+        results: list[torch.Tensor] = []
 
         def fn():
-            return self.model.forward(x, md, attn)
+            results.clear()  # keep the attention results of the last call: the captured one
+            return self.model.forward(x, md, attn, results)
 
         # One eager warm-up on the same dummy batch (vLLM: cudagraph_num_of_warmups = 1 in V1,
         # one NONE-mode forward before each capture in V2 CudaGraphManager.capture_graph).
         self.runner.warmup(fn, WARMUP_ITERS)
         self.builder.build_for_capture(n, q, style)  # the warm-up may not leave the buffers as captured
-        return _Full(self.runner.capture(fn), md.num_padded_reqs)
+        return _Full(self.runner.capture(fn), md.num_padded_reqs, results)
 
     def _capture_piecewise(self, key: GraphKey) -> _Piecewise:
         n = key.size
@@ -207,13 +218,24 @@ class Session:
 
     # ---- runs ---------------------------------------------------------------------------------
     def run_eager(self, x: torch.Tensor, batch: BatchDescription) -> torch.Tensor:
+        return self.run_eager_step(x, batch).out
+
+    def run_eager_step(self, x: torch.Tensor, batch: BatchDescription) -> StepOutput:
         md = self.builder.build(batch)
         attn = torch.empty(self.shape.num_layers, x.shape[0], self.layout.local_heads, self.shape.head_size,
                            dtype=self.model.dtype, device=self.device)
-        out = self.model.forward(x.to(self.device), md, attn)
-        return out.clone()
+        results: list[torch.Tensor] = []
+        out = self.model.forward(x.to(self.device), md, attn, results)
+        return StepOutput(out.clone(), _stack(results, x.shape[0]))
 
     def run_graph(self, key: GraphKey, x: torch.Tensor, batch: BatchDescription, pad_seed: int = 0) -> torch.Tensor:
+        return self.run_graph_step(key, x, batch, pad_seed).out
+
+    def run_graph_step(self, key: GraphKey, x: torch.Tensor, batch: BatchDescription,
+                       pad_seed: int = 0) -> StepOutput:
+        """Replay the graph of `key` on the real batch; its output and attention outputs on the
+        real rows (FULL: the attention results the graph refreshed; PIECEWISE: attention's own
+        results between the pieces)."""
         n, size = x.shape[0], key.size
         self.static_in[:n].copy_(x)
         # Padded rows hold fresh non-zero values each step (vLLM leaves stale inputs there): a
@@ -227,19 +249,26 @@ class Session:
         if isinstance(entry, _Full):
             self.builder.build(batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs)
             out = entry.graph.replay()
-            return out[:n].clone()  # the next replay overwrites the graph's output
+            # Copies: the next replay overwrites the graph's outputs.
+            return StepOutput(out[:n].clone(), _stack(entry.attention, n))
         md = self.builder.build(batch)  # attention between pieces: unpadded, real rows only
         outs = None
+        results = []
         for i, graph in enumerate(entry.graphs):
             outs = graph.replay()
             if i < self.shape.num_layers:
                 q, k, v, _ = outs
-                self.model.attention(i, q[:n], k[:n], v[:n], md, self.static_attn[i, :n])
-        return outs[:n].clone()
+                results.append(self.model.attention(i, q[:n], k[:n], v[:n], md, self.static_attn[i, :n]))
+        return StepOutput(outs[:n].clone(), _stack(results, n))
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _stack(attention: list[torch.Tensor], n: int) -> torch.Tensor:
+    """Per-layer attention results [>= n, Hl, D] -> a copy [num_layers, n, Hl, D]."""
+    return torch.stack([a[:n] for a in attention])
 
 
 def _fill_garbage(caches: list[torch.Tensor], dtype: torch.dtype) -> None:

@@ -6,7 +6,8 @@
 Runs the tp 1 NONE cases of the matrix (default matrices/full.yaml; GPU shape on a GPU, CPU shape
 otherwise) for the correct providers and for tests/mutants/near_threshold.py, both kv dtypes, with
 the matrix's tolerances, and records per (provider, kv dtype, batch) the status and each check's
-max abs / rel error. Writes $OUT/tolerances.json and $OUT/tolerances.md (a table for
+max abs / rel error (attn_reference: the worst (row, head) RMS error of the attention output and
+its ratio to the head's RMS). Writes $OUT/tolerances.json and $OUT/tolerances.md (a table for
 docs/CHECKER.md) and prints a summary: per (provider kind, kv dtype) the worst reference error of
 the correct providers, the smallest of the mutants, and whether every mutant cell is red.
 NONE is enough: the reference check does not depend on the mode (the eager side is shared).
@@ -22,9 +23,13 @@ import sys
 import time
 
 CORRECT = ("torch", "aiter-triton")
-MUTANTS = tuple(f"tests.mutants.near_threshold:{n}" for n in ("VWithKScale", "VScale125", "HeadZeroed", "NoSelf"))
+MUTANTS = tuple(f"tests.mutants.near_threshold:{n}"
+                for n in ("VWithKScale", "VScale125", "HeadZeroed", "NoSelf", "HeadScaled"))
 # Where each mutant is reachable (kv dtypes): the others must pass.
-REACHABLE = {"VWithKScale": ("fp8",), "VScale125": ("fp8",), "HeadZeroed": ("auto", "fp8"), "NoSelf": ("auto", "fp8")}
+REACHABLE = {"VWithKScale": ("fp8",), "VScale125": ("fp8",), "HeadZeroed": ("auto", "fp8"), "NoSelf": ("auto", "fp8"),
+             "HeadScaled": ("auto", "fp8")}
+# The checks whose numbers the summary reports: the residual stream and the per-head attention output.
+REPORTED = ("reference", "attn_reference")
 
 
 def main(argv=None) -> int:
@@ -63,7 +68,8 @@ def main(argv=None) -> int:
                              "tolerance": dataclasses.asdict(c.tolerance), "checks": checks,
                              "total_s": r.timings.get("total_s")})
                 print(f"{rows[-1]['backend']:14s} {c.kv_cache_dtype:4s} {c.batch.name:20s} s{seed} "
-                      f"{r.status.value:5s} ref {_fmt(checks.get('reference', {}).get('max_abs'))}", flush=True)
+                      f"{r.status.value:5s} ref {_fmt(checks.get('reference', {}).get('max_abs'))} "
+                      f"attn {_fmt(checks.get('attn_reference', {}).get('max_abs'))}", flush=True)
     device = next((r for r in [matrix.device_class]), "")
     summary = _summary(rows)
     with open(os.path.join(out_dir, "tolerances.json"), "w") as f:
@@ -79,37 +85,44 @@ def _fmt(x) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
+def _err(row: dict, check: str) -> float:
+    return row["checks"].get(check, {}).get("max_abs") or 0.0
+
+
 def _summary(rows: list[dict]) -> dict:
     lines, ok = [], True
     for kv in ("auto", "fp8"):
         correct = [r for r in rows if r["kv"] == kv and r["backend"] in CORRECT or
                    (r["kv"] == kv and not r["backend"] in REACHABLE)]
-        errs = [r["checks"]["reference"]["max_abs"] or 0.0 for r in correct if r["status"] != "skip"]
-        green = all(r["status"] == "pass" for r in correct if r["status"] != "skip")
+        ran = [r for r in correct if r["status"] != "skip"]
+        green = all(r["status"] == "pass" for r in ran)
         ok &= green
-        lines.append(f"{kv}: correct providers worst reference max_abs {_fmt(max(errs) if errs else None)} "
-                     f"({'all green' if green else 'NOT all green'})")
+        worst = ", ".join(f"{name} {_fmt(max((_err(r, name) for r in ran), default=None))}" for name in REPORTED)
+        lines.append(f"{kv}: correct providers worst max_abs: {worst} ({'all green' if green else 'NOT all green'})")
         for name, kvs in REACHABLE.items():
             mine = [r for r in rows if r["backend"] == name and r["kv"] == kv]
             if not mine:
                 continue
             red = sum(r["status"] == "fail" for r in mine)
             want_red = kv in kvs
-            errs = [r["checks"]["reference"]["max_abs"] or 0.0 for r in mine]
             cell_ok = red == len(mine) if want_red else red == 0
             ok &= cell_ok
+            smallest = ", ".join(f"{check} {_fmt(min(_err(r, check) for r in mine))}" for check in REPORTED)
             lines.append(f"  {name:12s} {red}/{len(mine)} red (expected {'all' if want_red else 'none'}), "
-                         f"reference max_abs min {_fmt(min(errs))} {'ok' if cell_ok else 'UNEXPECTED'}")
+                         f"max_abs min: {smallest} {'ok' if cell_ok else 'UNEXPECTED'}")
     return {"ok": ok, "lines": lines}
 
 
 def _markdown(rows: list[dict], summary: dict, device: str) -> str:
     out = [f"# Check errors per provider ({device} shape)", "", "| provider | kv | batch | seed | status | "
-           "reference max_abs | reference max_rel | replay max_abs | tolerance |", "|---|---|---|---|---|---|---|---|---|"]
+           "reference max_abs | reference max_rel | attn_reference max_abs | attn_reference max_rel | replay max_abs | "
+           "tolerance |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["checks"]
         out.append(f"| {r['backend']} | {r['kv']} | {r['batch']} | {r['seed']} | {r['status']} | "
                    f"{_fmt(c.get('reference', {}).get('max_abs'))} | {_fmt(c.get('reference', {}).get('max_rel'))} | "
+                   f"{_fmt(c.get('attn_reference', {}).get('max_abs'))} | "
+                   f"{_fmt(c.get('attn_reference', {}).get('max_rel'))} | "
                    f"{_fmt(c.get('replay', {}).get('max_abs'))} | {r['tolerance']['atol']}/{r['tolerance']['rtol']} |")
     return "\n".join(out + ["", *summary["lines"], ""])
 

@@ -7,7 +7,7 @@ import torch
 
 from backend.case import Tolerance
 from backend.checker import merge_rank_results
-from backend.checks import CheckAccumulator, compare, failure_reason, kv_integrity, quant_steps, raw, real_slot_values
+from backend.checks import CheckAccumulator, compare, compare_heads, failure_reason, kv_integrity, quant_steps, raw, real_slot_values
 from backend.result import CaseResult, Status
 
 TOL = Tolerance(0.1, 0.1)
@@ -156,3 +156,43 @@ def test_compare_row_scaled_atol(name):
     change(out)
     assert compare(out, ref, tol, head_size=8, row_scaled_atol=True).ok == ok_scaled
     assert compare(out, ref, tol, head_size=8).ok == ok_plain
+
+
+def _heads(layers=2, rows=3, heads=32, d=16):
+    gen = torch.Generator().manual_seed(1)
+    return (0.5 * torch.randn(layers, rows, heads, d, generator=gen)).to(torch.bfloat16)
+
+
+HEAD_SCENARIOS = {
+    # name: (mutation of [layers, rows, heads, d] attention outputs, ok, first_bad, layer)
+    "identical": (lambda t: None, True, None, None),
+    "one head of 32 zeroed, layer 1": (lambda t: t[1, 2, 5].zero_(), False, (2, 5 + 4), 1),
+    "one head 10% low": (lambda t: t[0, 1, 7].mul_(0.9), False, (1, 7 + 4), 0),
+    "one element off by an fp8 step of the head's scale stays inside":
+        (lambda t: t[0, 0, 3, 2].add_(0.0625 * t[0, 0, 3].float().pow(2).mean().sqrt()), True, None, None),
+    "nan is never close": (lambda t: t[1, 0, 0, 0].fill_(float("nan")), False, (0, 0 + 4), 1),
+    "every head off by one bf16 rounding step stays inside": (lambda t: t.mul_(1 + 2 ** -8), True, None, None),
+    # Scale-free: a long context averages V down to a small RMS; 10% of one head is still out.
+    "small outputs (long-context scale), one head 10% low": (lambda t: (t.mul_(0.01), t[0, 2, 9].mul_(0.9)),
+                                                             False, (2, 9 + 4), 0),
+    "small outputs, one bf16 rounding step everywhere": (lambda t: (t.mul_(0.01), t.mul_(1 + 2 ** -8)),
+                                                         True, None, None),
+}
+
+
+@pytest.mark.parametrize("name", HEAD_SCENARIOS)
+def test_compare_heads(name):
+    """Per (row, head) RMS error: a wrong head fails however many heads there are; a one-element
+    rounding flip does not. first_bad names the global head (offset 4: a tp rank's first head)."""
+    change, ok, first_bad, layer = HEAD_SCENARIOS[name]
+    ref = _heads()
+    if name.startswith("small outputs"):
+        ref.mul_(0.01)  # the expected side at the same scale; the change scales `out` alike
+    out = _heads()
+    change(out)
+    h = compare_heads(out, ref, Tolerance(2e-2, 2e-2), head_offset=4)
+    assert (h.comparison.ok, h.comparison.first_bad, h.layer) == (ok, first_bad, layer)
+    if not ok:
+        assert h.worst_head == first_bad[1]
+        # the same error in the residual-style comparison of all 32 heads would be 1 of 32 heads
+        assert h.comparison.mismatch_frac == pytest.approx(1 / (2 * 3 * 32))

@@ -28,6 +28,9 @@ class Expect:
     status: Status
     check: str  # first failed check (or error kind for ERROR)
     resolved: dict | None = None  # requested -> resolved mode, when resolution changes it
+    # Checks that may come first in the reason (a coarser check that sees the bug on this small
+    # shape); `check` itself must still have failed.
+    first_any: tuple[str, ...] = ()
 
 
 MUTANTS = {
@@ -81,6 +84,28 @@ MUTANTS = {
     "control: the torch impl through the same custom op and forward context": Expect(
         "tests.mutants.customop_seed:ControlBackend",
         lambda mode, kv, kind: False, Status.PASS, ""),
+    # Near-threshold (issue #17), where benchmarks/gpu_tolerances.py REACHABLE says: red there,
+    # green elsewhere (auto kv has both scales 1.0, so V's scale cannot be wrong).
+    "V dequantised with K's scale": Expect(
+        "tests.mutants.near_threshold:VWithKScale",
+        lambda mode, kv, kind: kv == "fp8", Status.FAIL, "reference"),
+    "V read back 1.25x": Expect(
+        "tests.mutants.near_threshold:VScale125",
+        lambda mode, kv, kind: kv == "fp8", Status.FAIL, "reference"),
+    "one query head zeroed": Expect(
+        "tests.mutants.near_threshold:HeadZeroed",
+        lambda mode, kv, kind: True, Status.FAIL, "reference"),
+    "a token cannot attend itself": Expect(
+        "tests.mutants.near_threshold:NoSelf",
+        lambda mode, kv, kind: True, Status.FAIL, "reference"),
+    # Inside the residual tolerance on this shape: only the per-head attention checks see these.
+    "one query head 10% low": Expect(
+        "tests.mutants.near_threshold:HeadScaled",
+        lambda mode, kv, kind: True, Status.FAIL, "attn_reference", first_any=("reference",)),
+    "one query head 10% low in captured graphs only": Expect(
+        "tests.mutants.near_threshold:HeadScaledCaptured",
+        lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
+        Status.FAIL, "attn_replay", first_any=("replay",)),
     "NaN left in padded output rows": Expect(
         "tests.mutants.padded_nan:Backend",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
@@ -101,8 +126,9 @@ def test_mutant_flagged_exactly_where_reachable(name, sessions):
                 where = f"{name}: {mode}/{kv}/{batch.kind}"
                 assert r.status == want, f"{where}: {r.status.value} {r.reason}"
                 if want == Status.FAIL:
-                    assert r.reason.startswith(f"{exp.check} check failed"), f"{where}: {r.reason}"
-                    assert not next(c for c in r.checks if c.name == exp.check).passed
+                    assert any(r.reason.startswith(f"{c} check failed") for c in (exp.check, *exp.first_any)), \
+                        f"{where}: {r.reason}"
+                    assert not next(c for c in r.checks if c.name == exp.check).passed, f"{where}: {r.reason}"
                 if want == Status.ERROR:
                     assert r.error_kind == exp.check, f"{where}: {r.error_kind} {r.reason}"
                 resolved = (exp.resolved or {}).get(mode, mode)

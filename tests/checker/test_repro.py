@@ -20,7 +20,8 @@ def test_repro_prints_the_checker_verdict(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == verdict_line(expected) == f"PASS {CASE_ID}"
     assert [ln.strip() for ln in lines if ln.strip().split(":")[0] in
-            ("reference", "replay", "finite", "kv_integrity", "determinism", "padded_finite")] == \
+            ("reference", "replay", "finite", "kv_integrity", "determinism", "padded_finite",
+             "attn_reference", "attn_replay")] == \
         [c.summary() for c in expected.checks]
 
 

@@ -31,8 +31,7 @@ def test_step_inputs_slots_and_blocks():
     plans = plan_steps(MIXED, TINY, CAPTURE_SIZES, 2, 0)
     first, second = (make_step_inputs(p, TINY, 0) for p in plans)
     bs = TINY.block_size
-    # step 0: contiguous blocks from 1; every slot in its request's blocks, block 0 never used
-    assert first.batch.block_table[0, :3].tolist() == [1, 2, 3]
+    # every slot in its request's blocks, block 0 never used
     for inputs in (first, second):
         d = inputs.batch
         assert d.slot_mapping.numel() == sum(d.query_lens)
@@ -43,8 +42,18 @@ def test_step_inputs_slots_and_blocks():
             slots = d.slot_mapping[start:start + q].tolist() + inputs.ctx_slots[r].tolist()
             assert {x // bs for x in slots} <= blocks and len(slots) == s
             start += q
-    rows = second.batch.block_table[0, :3].tolist()
-    assert rows != sorted(rows) or rows[-1] - rows[0] != 2  # shuffled, not contiguous
+    for inputs in (first, second):  # every step shuffled (step 0 too), not contiguous
+        rows = inputs.batch.block_table[0, :3].tolist()
+        assert rows != sorted(rows) or rows[-1] - rows[0] != 2, rows
+
+
+@pytest.mark.parametrize("spec_tokens", [0, 2])
+def test_every_step_shuffles_its_blocks(spec_tokens):
+    plans = plan_steps(DECODE, TINY, CAPTURE_SIZES, 5, 0, spec_tokens=spec_tokens)
+    assert all(p.shuffle_blocks for p in plans)
+    tables = [make_step_inputs(p, TINY, 0).batch.block_table for p in plans]
+    firsts = {int(t[0, 0]) for t in tables}
+    assert len(firsts) > 1 and firsts != {1}  # not the contiguous pool from block 1
 
 
 @pytest.mark.parametrize("seed", range(6))

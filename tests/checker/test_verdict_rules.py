@@ -24,6 +24,25 @@ DETERMINISM_SCENARIOS = {
 }
 
 
+@pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
+def test_jitter_mutant_is_graph_safe(mode, monkeypatch):
+    """No default-generator RNG in the jitter (on CUDA an eager draw raises once any capture of
+    the process failed): capture is legal (emulated here, real CUDA graphs on a GPU) and the
+    verdict is FLAKY, not a capture ERROR; the replay differs from eager as a second eager would."""
+    for name in ("rand", "randn", "rand_like", "randn_like", "randint", "normal", "bernoulli", "multinomial"):
+        real = getattr(torch, name)
+
+        def guarded(*args, _real=real, _name=name, **kwargs):
+            if kwargs.get("generator") is None:
+                raise AssertionError(f"torch.{_name} on the default generator")
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(torch, name, guarded)
+    r = run_case(make_case("tests.mutants.jittery:Backend", mode, "auto", DECODE))
+    assert r.status == Status.FLAKY and r.error_kind == "", (r.reason, r.log_tail[-800:])
+    assert r.capture_sizes_used[0] == 4
+
+
 @pytest.mark.parametrize("name", DETERMINISM_SCENARIOS)
 def test_determinism_rule(name):
     backend, batch, status, reason = DETERMINISM_SCENARIOS[name]

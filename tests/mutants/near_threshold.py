@@ -7,6 +7,10 @@ one thing off, identically in eager and graphs, so only the reference check can 
   HeadZeroed    the rank's first query head outputs 0 (one of 32 at the GPU shape)
   NoSelf        a token cannot attend its own position (strict causal mask); a fresh
                 prefill's first token attends nothing and outputs 0
+  HeadScaled    the rank's first query head 10% low: inside the residual-stream tolerance even on
+                the 4-head test shape; only the per-head attention check (attn_reference) sees it
+  HeadScaledCaptured  the same, only in what a graph captured (the scale taken on the capture
+                path): eager is right, so only attn_replay sees it, wherever a FULL graph runs
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.graphs import is_capturing
 from backend.attention.torch_ops import gather_paged, masked_attention, token_chunks, token_to_request
 
 
@@ -72,3 +77,31 @@ class HeadZeroed(TorchBackend):
 class NoSelf(TorchBackend):
     name = "mutant-no-self"
     impl_cls = NoSelfImpl
+
+
+class HeadScaledImpl(TorchImpl):
+    """The rank's first query head 10% low (a per-head scale applied to the wrong head): small
+    in the residual stream, a tenth of the head's own norm."""
+
+    def attend(self, query, kv_cache, metadata, k_scale, v_scale, output):
+        out = super().attend(query, kv_cache, metadata, k_scale, v_scale, output)
+        out[:metadata.num_padded_tokens, 0].mul_(0.9)
+        return out
+
+
+class HeadScaled(TorchBackend):
+    name = "mutant-head-scaled-0.9"
+    impl_cls = HeadScaledImpl
+
+
+class HeadScaledCapturedImpl(TorchImpl):
+    def attend(self, query, kv_cache, metadata, k_scale, v_scale, output):
+        out = super().attend(query, kv_cache, metadata, k_scale, v_scale, output)
+        if is_capturing():
+            out[:metadata.num_padded_tokens, 0].mul_(0.9)
+        return out
+
+
+class HeadScaledCaptured(TorchBackend):
+    name = "mutant-head-scaled-captured"
+    impl_cls = HeadScaledCapturedImpl
