@@ -25,10 +25,10 @@ AXIS_NAMES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "see
 def resolved_mode(case: Case) -> tuple[str, str]:
     """(resolved mode, downgrade note) as the worker will resolve it: backend/modes.py against the
     backend's declared support, with the case's k."""
-    from backend.attention.registry import get_backend
+    from backend.attention.registry import get_capabilities
     from backend.modes import UnsupportedModeError, resolve_mode
 
-    cls = get_backend(case.backend)
+    cls = get_capabilities(case.backend)
     try:
         res = resolve_mode(case.mode, cls.cudagraph_support, backend_name=case.backend_label,
                            spec_tokens=case.spec_tokens)

@@ -50,10 +50,14 @@ class ClusterInfo:
 
 
 def _local_gpu_count() -> int:
+    from backend.attention.capabilities import gpu_visible
+
+    if not gpu_visible():  # no GPU driver here: known without importing torch
+        return 0
     try:
         import torch
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return torch.cuda.device_count()
     except Exception:  # a broken driver is "no GPU", not a crash
         return 0
 

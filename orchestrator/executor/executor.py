@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.case import Case
+from backend.rank_merge import merge_rank_results
 from backend.result import CaseResult, Status
 from orchestrator.executor import gangs
 from orchestrator.executor.actors import DEFAULT_RUNNER, read_tail
@@ -81,13 +82,6 @@ def group_key(case: Case) -> str:
 
 
 def _merge(results: list[CaseResult]) -> CaseResult:
-    if len(results) == 1:
-        return results[0]
-    try:
-        from backend.checker import merge_rank_results
-    except ImportError:  # the checker has not landed: the worst rank decides
-        order = [Status.ERROR, Status.TIMEOUT, Status.FAIL, Status.FLAKY, Status.SKIP, Status.PASS]
-        return min(results, key=lambda r: order.index(r.status))
     return merge_rank_results(results)
 
 
