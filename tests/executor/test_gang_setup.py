@@ -1,0 +1,65 @@
+"""#17: a tp gang that cannot come up is an infrastructure outcome of its cases (requeued once on a
+new gang, then NOT_RUN "gang", which the gate fails as exit 3), never a crash or error blamed on
+the cases; tp 1 cases on the same run are unaffected. Real Ray (the session cluster), actors
+that break on purpose (tests/executor/faulty_actors.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.result import Status
+from orchestrator.executor import gangs
+from orchestrator.executor.cluster import connect
+from orchestrator.executor.executor import ExecConfig, Executor
+from orchestrator.errors import ExitCode
+from orchestrator.gate import evaluate
+from tests.executor import faulty_actors
+from tests.executor.faulty_backends import make_case
+
+pytestmark = pytest.mark.xdist_group("ray")
+RUNNER = "tests.executor.faulty_backends:fault_runner"
+
+SCENARIOS = {
+    # actor class -> (setup phase in the reason, text of the cause)
+    "one rank's actor fails at construction": (faulty_actors.Rank1CannotStart, "(start)", "rank 1 cannot start"),
+    "the process group cannot initialise": (faulty_actors.ProcessGroupCannotInit, "(join)", "process group cannot initialise"),
+}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_a_gang_that_cannot_come_up_is_not_run_not_a_crash(ray_cluster, monkeypatch, scenario):
+    worker_cls, phase, cause = SCENARIOS[scenario]
+    monkeypatch.setattr(gangs, "CaseWorker", worker_cls)
+    cluster = connect("local", devices="cpu", workers=2)
+    cases = [make_case("ok", 0, tp=2), make_case("ok", 1, tp=2), make_case("ok", 2)]
+    attempts: list = []
+    final = Executor(cluster, ExecConfig(runner=RUNNER, poll_s=0.2, setup_timeout_s=60),
+                     on_result=lambda r, f: attempts.append((r, f))).run(cases)
+    for cid in ("tp2-FULL-auto-ok-torch-s0", "tp2-FULL-auto-ok-torch-s1"):
+        r = final[cid]
+        assert r.status == Status.NOT_RUN and r.error_kind == "gang", r
+        assert f"tp2 gang setup failed {phase}" in r.reason and cause in r.reason, r.reason
+    # Nothing was ever filed against the tp 2 cases as an attempt of theirs (no ERROR / crash).
+    assert not [r for r, _ in attempts if r.axes.get("tp") == 2 and r.status != Status.NOT_RUN]
+    # tp 1 gangs never join and their one actor is rank 0: the same broken class runs them.
+    assert final["tp1-FULL-auto-ok-torch-s2"].status == Status.PASS
+    gate = evaluate(list(final.values()))
+    assert gate.exit_code == ExitCode.INFRA_ERROR and set(gate.not_run) == {
+        "tp2-FULL-auto-ok-torch-s0", "tp2-FULL-auto-ok-torch-s1"}, gate
+
+
+def test_the_check_would_catch_a_setup_failure_filed_as_a_crash(ray_cluster, monkeypatch):
+    # Break the executor on purpose: file set-up failures as crashes of the batch. The assertions
+    # above must then fail (so they are not vacuous).
+    from orchestrator.executor import executor as ex
+
+    def as_crash(self, job, reason):
+        self._lost_batch(job, reason, "crash", Status.ERROR)
+
+    monkeypatch.setattr(ex.Executor, "_setup_failed", as_crash)
+    monkeypatch.setattr(gangs, "CaseWorker", faulty_actors.ProcessGroupCannotInit)
+    cluster = connect("local", devices="cpu", workers=2)
+    final = Executor(cluster, ExecConfig(runner=RUNNER, poll_s=0.2, setup_timeout_s=60, retries=0)).run(
+        [make_case("ok", 0, tp=2)])
+    r = final["tp2-FULL-auto-ok-torch-s0"]
+    assert r.status == Status.ERROR and r.error_kind == "crash"
