@@ -172,7 +172,13 @@ class Executor:
     def _free(self, node: int) -> int:
         """Slots the dispatcher may fill: not held by a gang that is busy or coming up."""
         busy = sum(g.tp for g in self.gangs if g.node == node and g.state not in (GangState.DEAD, GangState.IDLE))
-        return self.cluster.nodes[node].slots - busy if self._alive[node] else 0
+        if not self._alive[node]:
+            return 0
+        free = self.cluster.nodes[node].slots - busy
+        cores = self.cluster.nodes[node].cores
+        if cores and busy:  # CPU: a second gang only while the ranks fit in the cores (NodeSlots)
+            free = min(free, cores - busy)
+        return max(free, 0)
 
     def _fill(self) -> None:
         self._refresh_nodes()

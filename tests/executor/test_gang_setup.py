@@ -63,3 +63,20 @@ def test_the_check_would_catch_a_setup_failure_filed_as_a_crash(ray_cluster, mon
         [make_case("ok", 0, tp=2)])
     r = final["tp2-FULL-auto-ok-torch-s0"]
     assert r.status == Status.ERROR and r.error_kind == "crash"
+
+
+@pytest.mark.parametrize("cores, most_workers", [(2, 2), (0, 8)])
+def test_cpu_gangs_start_only_while_their_ranks_fit_in_the_cores(ray_cluster, cores, most_workers):
+    # 8 slots (a tp 8 gang must fit) on a node of `cores` cores: with the cap, tp 1 cases share
+    # two workers instead of starting eight processes; without it (0: --workers given) up to 8.
+    from orchestrator.executor.cluster import ClusterInfo, NodeSlots
+
+    real = connect("local", devices="cpu").nodes[0]
+    cluster = ClusterInfo("local", "cpu", (NodeSlots(real.node_id, real.ip, 8, cores),), cpu_per_worker=0.25)
+    cases = [make_case("ok", i) for i in range(16)] + [make_case("ok", 100, tp=4)]
+    final = Executor(cluster, ExecConfig(runner="tests.executor.faulty_backends:slow_runner", poll_s=0.1,
+                                         batch_target_s=0.0)).run(cases)
+    assert all(r.status == Status.PASS for r in final.values()), final
+    workers = {final[c.case_id].worker for c in cases if c.tp == 1}
+    assert len(workers) <= most_workers and (cores or len(workers) > 2), workers
+    assert final["tp4-FULL-auto-ok-torch-s100"].status == Status.PASS  # a gang larger than the cores still runs
