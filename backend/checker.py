@@ -16,7 +16,6 @@ import platform
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -471,28 +470,8 @@ def _add_heads(acc: CheckAccumulator, step: int, h: HeadComparison, *, record_bi
                        detail=", ".join(p for p in (where, detail) if p))
 
 
-_SEVERITY = {Status.ERROR: 6, Status.TIMEOUT: 5, Status.FAIL: 4, Status.FLAKY: 3, Status.SKIP: 1, Status.PASS: 0}
-
-
-def merge_rank_results(results: Sequence[CaseResult]) -> CaseResult:
-    """A gang's verdict: the worst rank's result (error > timeout > fail > flaky > skip > pass),
-    its reason prefixed with the rank; the ranks that agree are noted."""
-    if not results:
-        raise ValueError("no rank results to merge")
-    if len(results) == 1:
-        return results[0]
-    worst_i = max(range(len(results)), key=lambda i: (_SEVERITY.get(results[i].status, 2), -i))
-    worst = results[worst_i]
-    same = [i for i, r in enumerate(results) if r.status == worst.status]
-    ranks = "all ranks" if len(same) == len(results) else f"ranks {same}"
-    reason = f"rank {worst_i}: {worst.reason}" if worst.reason else ""
-    if worst.status != Status.PASS:
-        reason = f"{reason} [{ranks} {worst.status.value}]"
-    timings = dict(worst.timings)
-    if all("total_s" in r.timings for r in results):
-        timings["total_s"] = max(r.timings["total_s"] for r in results)
-    return worst.replace(reason=reason.strip(), worker=",".join(r.worker for r in results if r.worker),
-                         timings=timings)
+# The gang verdict lives in a torch-free module: the driver merges rank results without torch.
+from backend.rank_merge import merge_rank_results  # noqa: E402,F401
 
 
 def _gang_rank(rank: int, world_size: int, case_dict: dict, device_type: str) -> dict:

@@ -9,6 +9,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.case import field_names
+
 
 class Status(str, enum.Enum):
     """Verdict of one case. `known-fail` and `regression` are gate-level classifications of these,
@@ -101,8 +103,13 @@ class CaseResult:
         return tuple(c for c in self.checks if not c.passed)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        """dataclasses.asdict(self) with status as its value, without asdict's recursive deep copy
+        (the dict fields hold scalars: a shallow copy each). Every result crosses Ray and the store
+        as this dict; tests/results/test_store.py holds it to asdict."""
+        d = {name: getattr(self, name) for name in field_names(type(self))}
         d["status"] = self.status.value
+        d["checks"] = tuple({name: getattr(c, name) for name in field_names(type(c))} for c in self.checks)
+        d["timings"], d["versions"], d["axes"] = dict(self.timings), dict(self.versions), dict(self.axes)
         return d
 
     @classmethod

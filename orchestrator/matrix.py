@@ -65,9 +65,9 @@ def resolve_device_class(devices: str) -> str:
     if devices in T.DEVICE_CLASSES:
         return devices
     if devices == "auto":
-        import torch
+        from backend.attention.capabilities import gpu_visible
 
-        return "gpu" if torch.cuda.is_available() else "cpu"
+        return "gpu" if gpu_visible() else "cpu"
     raise InputError(f"--devices: expected cpu, gpu or auto, got {devices!r}")
 
 
@@ -166,18 +166,18 @@ class _Loader:
         return tuple(sorted(sizes))
 
     def backend_class(self, name: str, loc: tuple | None) -> Any:
+        """The backend's Capabilities (declared for builtins: no torch import; a plugin's class is
+        imported and read)."""
         if name not in self._backends:
-            from backend.attention.registry import BackendLoadError, get_backend
+            from backend.attention.registry import BackendLoadError, get_capabilities
 
             try:
-                self._backends[name] = get_backend(name)
+                self._backends[name] = get_capabilities(name)
             except BackendLoadError as e:
                 if loc is None:
                     raise InputError(f"{e}", source="--backend") from None
                 raise self.err(loc, f"{e}") from None
         return self._backends[name]
-
-    # --- expansion -------------------------------------------------------------------------
 
     def build(self, backend_override: str | None, *, backend_checks: bool = True) -> Matrix:
         """Expand, then (backend_checks) the one stage that needs the backend classes: their
@@ -275,18 +275,15 @@ class _Loader:
         return Tolerance(tol.atol, tol.rtol) if tol else DEFAULT_TOLERANCES[key]
 
     def backend_reasons(self, case: Case) -> list[str]:
-        cls = self._backends[case.backend]
+        caps = self._backends[case.backend]
         label = case.backend_label
         reasons = []
-        if case.kv_cache_dtype not in tuple(getattr(cls, "supported_kv_cache_dtypes", ())):
+        if case.kv_cache_dtype not in caps.kv_cache_dtypes:
             reasons.append(f"{label} does not support kv_cache_dtype {case.kv_cache_dtype}")
-        import torch
-
-        dtypes = getattr(cls, "supported_dtypes", None)
-        if dtypes is not None and getattr(torch, case.model.dtype) not in tuple(dtypes):
+        if case.model.dtype not in caps.dtypes:
             reasons.append(f"{label} does not support dtype {case.model.dtype}")
         if case.backend not in self._unavailable:
-            self._unavailable[case.backend] = unavailable_reason(cls, self.device_class)
+            self._unavailable[case.backend] = unavailable_reason(case.backend, caps, self.device_class)
         why = self._unavailable[case.backend]
         if why:
             reasons.append(why if why.startswith("unavailable") else f"unavailable: {why}")
@@ -296,14 +293,17 @@ class _Loader:
         return [c.reason for c in self.doc.constraints if matches(combo, c.when.axes())]
 
 
-def unavailable_reason(cls: Any, device_class: str) -> str | None:
-    import torch
+def unavailable_reason(name: str, caps: Any, device_class: str) -> str | None:
+    """Why backend `name` cannot run on this device class, or None; where the declaration cannot
+    tell without the class (ASK_CLASS), the class is imported and asked."""
+    from backend.attention.capabilities import ASK_CLASS, of_class
 
-    device = torch.device("cuda" if device_class == "gpu" else "cpu")
-    try:
-        return cls.unavailable_reason(device)
-    except Exception as e:  # a plugin's check that crashes means "cannot run here", said plainly
-        return f"{getattr(cls, '__name__', cls)}.unavailable_reason raised {type(e).__name__}: {e}"
+    why = caps.unavailable_reason(device_class)
+    if why == ASK_CLASS:
+        from backend.attention.registry import get_backend
+
+        why = of_class(get_backend(name), name).unavailable_reason(device_class)
+    return why
 
 
 def spec_reason(batch: BatchSpec, k: int, model: ModelShape) -> str | None:

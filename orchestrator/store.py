@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import time
@@ -27,135 +26,12 @@ from typing import Any
 
 from backend.case import Case
 from backend.result import CaseResult, CheckOutcome, Status
+from orchestrator import store_lock
 from orchestrator.errors import InfraError, InputError
+from orchestrator.store_lock import WriterBusy  # noqa: F401  (re-exported: callers catch it from here)
+from orchestrator.store_schema import _RESULT_COLS, MIGRATIONS, SCHEMA_VERSION  # noqa: F401
 
 APP_ID = "orch-results"  # meta.app: tells our databases from any other SQLite file
-
-# Ordered migrations; SCHEMA_VERSION == len(MIGRATIONS). Never edit a released entry, append one.
-# Each runs in one transaction together with the meta.schema_version bump.
-MIGRATIONS: list[str] = [
-    # --- version 1: runs, their planned cases, one result per (run, case) ---
-    """
-    CREATE TABLE IF NOT EXISTS meta (
-        key   TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    );
-    -- One invocation of `orch run`. status: running | finished | interrupted | failed.
-    CREATE TABLE runs (
-        id          INTEGER PRIMARY KEY AUTOINCREMENT,
-        matrix      TEXT NOT NULL,          -- matrix file as given on the command line
-        matrix_sha  TEXT NOT NULL,          -- sha256 of its bytes ('' if unreadable)
-        git_sha     TEXT NOT NULL,          -- HEAD of the working directory ('' outside git)
-        started_at  REAL NOT NULL,          -- unix seconds
-        finished_at REAL,
-        status      TEXT NOT NULL,
-        cluster     TEXT NOT NULL,          -- Ray address / description
-        devices     TEXT NOT NULL,          -- e.g. "8x NVIDIA H200" or "cpu"
-        versions    TEXT NOT NULL,          -- json {torch, ray, orch, ...}
-        argv        TEXT NOT NULL,          -- json list
-        baseline    TEXT                    -- --baseline as given
-    );
-    -- The expanded matrix of a run: what --resume compares results against.
-    CREATE TABLE cases (
-        run_id  INTEGER NOT NULL REFERENCES runs(id),
-        case_id TEXT NOT NULL,
-        axes    TEXT NOT NULL,              -- json Case.axes
-        "case"  TEXT NOT NULL,              -- json Case.to_dict()
-        est_s   REAL,                       -- duration estimate at planning time (last known)
-        PRIMARY KEY (run_id, case_id)
-    );
-    -- The last attempt of each case of a run (an upsert: a retry replaces the row).
-    CREATE TABLE results (
-        run_id         INTEGER NOT NULL REFERENCES runs(id),
-        case_id        TEXT NOT NULL,
-        status         TEXT NOT NULL,       -- backend.result.Status value
-        reason         TEXT NOT NULL,
-        checks         TEXT NOT NULL,       -- json list of CheckOutcome
-        requested_mode TEXT NOT NULL,
-        resolved_mode  TEXT NOT NULL,
-        downgraded     INTEGER NOT NULL,
-        graph_kind     TEXT NOT NULL,
-        provider       TEXT NOT NULL,
-        capture_sizes  TEXT NOT NULL,       -- json list, per step (0 = ran eager)
-        error_kind     TEXT NOT NULL,
-        timings        TEXT NOT NULL,       -- json {capture_s, eager_step_s, replay_step_s, total_s}
-        device         TEXT NOT NULL,
-        versions       TEXT NOT NULL,       -- json
-        log_tail       TEXT NOT NULL,
-        repro          TEXT NOT NULL,
-        attempts       INTEGER NOT NULL,
-        worker         TEXT NOT NULL,
-        axes           TEXT NOT NULL,       -- json Case.axes (reports that only have results)
-        finished_at    REAL NOT NULL,
-        PRIMARY KEY (run_id, case_id)
-    );
-    CREATE INDEX results_case ON results(case_id, finished_at);
-    """,
-    # --- version 2: every attempt, not only the last (flaky/timeout retries stay visible) ---
-    """
-    CREATE TABLE attempt_log (
-        run_id      INTEGER NOT NULL REFERENCES runs(id),
-        case_id     TEXT NOT NULL,
-        attempt     INTEGER NOT NULL,
-        status      TEXT NOT NULL,
-        reason      TEXT NOT NULL,
-        worker      TEXT NOT NULL,
-        device      TEXT NOT NULL,
-        finished_at REAL NOT NULL
-    );
-    CREATE INDEX attempt_log_case ON attempt_log(run_id, case_id);
-    """,
-    # --- version 3: final verdicts apart from first attempts (resume), the writer lock ---
-    """
-    ALTER TABLE results ADD COLUMN final INTEGER NOT NULL DEFAULT 1;
-    CREATE TABLE writer (
-        id         INTEGER PRIMARY KEY CHECK (id = 1),
-        pid        INTEGER NOT NULL,
-        host       TEXT NOT NULL,
-        pid_start  TEXT NOT NULL,          -- /proc/PID/stat start time: a reused pid is not ours
-        since      REAL NOT NULL,
-        argv       TEXT NOT NULL
-    );
-    """,
-]
-SCHEMA_VERSION = len(MIGRATIONS)
-
-_RESULT_COLS = (
-    "run_id", "case_id", "status", "reason", "checks", "requested_mode", "resolved_mode", "downgraded",
-    "graph_kind", "provider", "capture_sizes", "error_kind", "timings", "device", "versions", "log_tail",
-    "repro", "attempts", "worker", "axes", "finished_at", "final",
-)  # fmt: skip
-
-
-class WriterBusy(InfraError):
-    """Another live driver holds this database's writer lock."""
-
-
-def _pid_start(pid: int) -> str:
-    """Start time of a process in clock ticks since boot (Linux); '' where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except OSError:
-        return ""
-    fields = stat[stat.rfind(")") + 2 :].split()  # the command name may hold spaces and ')'
-    if fields and fields[0] in ("Z", "X"):  # a zombie: killed, not yet reaped
-        return "dead"
-    return fields[19] if len(fields) > 19 else ""
-
-
-def _pid_alive(pid: int, start: str) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    now = _pid_start(pid)
-    if now == "dead":
-        return False
-    return not (start and now and now != start)  # same pid, another process: the writer is gone
-
 
 @dataclass(frozen=True)
 class RunInfo:
@@ -380,34 +256,12 @@ class ResultStore:
     # -- the writer lock ---------------------------------------------------------------------
 
     def acquire_writer(self, argv: Sequence[str] = ()) -> str:
-        """Take the writer lock or raise WriterBusy (one line: who holds it). Returns a note when a
-        stale lock (its driver was killed) was taken over, else ''."""
-        me = (os.getpid(), socket.gethostname())
-        note = ""
-        try:
-            self._con.execute("BEGIN IMMEDIATE")
-            row = self._con.execute("SELECT pid, host, pid_start, since FROM writer WHERE id = 1").fetchone()
-            if row is not None and (row["pid"], row["host"]) != me:
-                if row["host"] != me[1] or _pid_alive(row["pid"], row["pid_start"]):
-                    self._con.execute("ROLLBACK")
-                    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["since"]))
-                    where = "" if row["host"] == me[1] else " (another host: cannot check it is alive; if it is gone, delete the writer row)"
-                    raise WriterBusy(f"another orch driver (pid {row['pid']} on {row['host']}, since {since}) "
-                                     f"is writing this database{where}", source=self.path)  # fmt: skip
-                note = f"took over the writer lock of pid {row['pid']} on {row['host']} (no longer running)"
-            self._con.execute(
-                "INSERT OR REPLACE INTO writer(id, pid, host, pid_start, since, argv) VALUES (1, ?, ?, ?, ?, ?)",
-                (me[0], me[1], _pid_start(me[0]), time.time(), json.dumps(list(argv))),
-            )
-            self._con.execute("COMMIT")
-        except sqlite3.Error as e:
-            if self._con.in_transaction:
-                self._con.execute("ROLLBACK")
-            raise self._domain_error(e) from None
-        return note
+        """Take the writer lock (orchestrator/store_lock.py) or raise WriterBusy; returns a note
+        when a stale lock was taken over, else ''."""
+        return store_lock.acquire(self._con, self.path, argv, self._domain_error)
 
     def release_writer(self) -> None:
-        self._write([("DELETE FROM writer WHERE pid = ? AND host = ?", (os.getpid(), socket.gethostname()))])
+        self._write([store_lock.release_statement()])
 
     def record(self, run_id: int, result: CaseResult, final: bool = True) -> None:
         self.record_many(run_id, [(result, final)])

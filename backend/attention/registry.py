@@ -10,8 +10,12 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from backend.attention.interface import AttentionBackend
+from backend.attention.capabilities import BUILTIN_CAPABILITIES, Capabilities, of_class
+
+if TYPE_CHECKING:
+    from backend.attention.interface import AttentionBackend
 
 
 class BackendLoadError(Exception):
@@ -64,6 +68,8 @@ def validate_backend_class(obj: object, label: str) -> type[AttentionBackend]:
     """Return obj if it is a backend class (subclass, or duck-typed with the required attributes)."""
     if not isinstance(obj, type):
         raise BackendLoadError(f"{label!r} is not an AttentionBackend subclass: not a class")
+    from backend.attention.interface import AttentionBackend
+
     if issubclass(obj, AttentionBackend):
         return obj
     missing = [a for a in _REQUIRED_ATTRS if not hasattr(obj, a)]
@@ -79,6 +85,14 @@ def get_backend(name: str) -> type[AttentionBackend]:
     name = name.strip()
     path = _BUILTIN_PATHS.get(name, name)
     return validate_backend_class(_import_class(path), name)
+
+
+def get_capabilities(name: str) -> Capabilities:
+    """What the planner needs of a backend: declared (torch-free) for a builtin name, else read from
+    the class that `name` imports (BackendLoadError as get_backend)."""
+    if isinstance(name, str) and name.strip() in BUILTIN_CAPABILITIES:
+        return BUILTIN_CAPABILITIES[name.strip()]
+    return of_class(get_backend(name), name.strip() if isinstance(name, str) else name)
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ def resolved_mode(case: Case) -> tuple[str, str, list[int]]:
     the backend's declared support, with the case's k (resolve_mode, then resolve_capture_sizes).
     The note is the downgrade warning and/or the spec-decode rounding of the sizes; "" when the
     request stands as written."""
-    from backend.attention.registry import get_backend
+    from backend.attention.registry import get_capabilities
     from backend.modes import UnsupportedModeError, resolve_capture_sizes, resolve_mode
 
-    cls = get_backend(case.backend)
+    cls = get_capabilities(case.backend)
     try:
         res = resolve_mode(case.mode, cls.cudagraph_support, backend_name=case.backend_label,
                            spec_tokens=case.spec_tokens)

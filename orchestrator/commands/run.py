@@ -29,12 +29,17 @@ _REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.FLAKY, Status.NOT_R
 
 
 def _versions() -> dict[str, str]:
+    import importlib.metadata
+
     import ray
-    import torch
 
     from orchestrator import __version__
 
-    return {"orch": __version__, "python": platform.python_version(), "ray": ray.__version__, "torch": torch.__version__}
+    try:  # the installed version, read without importing torch into the driver (#13)
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return {"orch": __version__, "python": platform.python_version(), "ray": ray.__version__, "torch": torch_version}
 
 
 def _err(msg: str) -> None:

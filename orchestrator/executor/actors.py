@@ -37,14 +37,26 @@ class WorkerInfo:
     free_port: int = 0  # a port free on this node (rank 0 of a gang offers it for the rendezvous)
 
 
-def actor_runtime_env(device_kind: str) -> dict[str, Any]:
+def actor_env(device_kind: str) -> dict[str, str]:
+    """Environment the actor sets on itself first thing in __init__ (before anything imports
+    torch or NCCL reads it). Not a Ray runtime_env: an actor with its own runtime_env cannot use
+    Ray's prestarted workers and waits for the runtime-env agent, 2-4 s per gang on the 2-core
+    machine against ~1 s without (#13). Import-path backends/runners (tests.mutants.x:Cls)
+    resolve in workers as in the driver: Ray puts the driver's working directory on the
+    workers' sys.path, and the actor adds it again with PYTHONPATH for its own subprocesses."""
     env = dict(ACTOR_ENV)
     if device_kind == "cpu":
         env.update(CPU_ACTOR_ENV)
-    # Import-path backends/runners (tests.mutants.x:Cls) must load in workers as in the driver.
     root = os.getcwd()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    return {"env_vars": env}
+    return env
+
+
+def apply_env(env: dict[str, str]) -> None:
+    os.environ.update(env)
+    for p in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if p not in sys.path:
+            sys.path.insert(0, p)
 
 
 def read_tail(path: str, nbytes: int = LOG_TAIL_BYTES) -> str:
@@ -75,7 +87,8 @@ def _free_port() -> int:
 class CaseWorker:
     """Ray actor class (wrapped with ray.remote by gangs.py, with num_gpus/num_cpus/placement)."""
 
-    def __init__(self, *, runner: str, device_kind: str, log_dir: str, label: str):
+    def __init__(self, *, runner: str, device_kind: str, log_dir: str, label: str, env: dict[str, str] | None = None):
+        apply_env(env if env is not None else actor_env(device_kind))
         import ray
 
         os.makedirs(log_dir, exist_ok=True)

@@ -25,6 +25,11 @@ class NodeSlots:
     node_id: str  # Ray NodeID hex
     ip: str
     slots: int
+    # CPU nodes whose slot count was not asked for: the node's cores. Once a gang runs there, more
+    # gangs start only while their ranks fit in the cores (executor._free): on 2 cores, two tp 1
+    # workers rather than eight, a tp 4 gang alone. Fewer processes each import torch, warm up and
+    # build their sessions once for more cases (#13). 0 = no cap (GPU slots, or --workers given).
+    cores: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,10 +55,14 @@ class ClusterInfo:
 
 
 def _local_gpu_count() -> int:
+    from backend.attention.capabilities import gpu_visible
+
+    if not gpu_visible():  # no GPU driver here: known without importing torch
+        return 0
     try:
         import torch
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return torch.cuda.device_count()
     except Exception:  # a broken driver is "no GPU", not a crash
         return 0
 
@@ -103,7 +112,8 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
                 want -= 1
     for n, k in zip(alive, counts):
         if k > 0:
-            out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k))
+            cores = int(n["Resources"].get("CPU", 0)) if workers is None else 0
+            out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k, cores))
     return tuple(out)
 
 

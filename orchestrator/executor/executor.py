@@ -24,7 +24,6 @@ runnable but never ran is NOT_RUN, which the gate fails as an infrastructure err
 
 from __future__ import annotations
 
-import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -32,33 +31,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.case import Case
+from backend.rank_merge import merge_rank_results
 from backend.result import CaseResult, Status
 from orchestrator.executor import gangs
 from orchestrator.executor.actors import DEFAULT_RUNNER, read_tail
 from orchestrator.executor.cluster import ClusterInfo
+from orchestrator.executor.verdicts import (NO_RETRY_KINDS, NODE_DEATH, RETRY_STATUSES, first_line,
+                                            poisons_worker, two_attempts)
 from orchestrator.executor.gangs import Gang, GangSpec, GangState
 from orchestrator.scheduling.cost import estimate_all
 from orchestrator.scheduling.policy import Dispatcher, Task
-
-# Text of an exception that leaves the device (and so the process) unusable: recycle the actor.
-DEVICE_POISON = re.compile(
-    r"CUDA error|HIP error|illegal memory access|device-side assert|cudaError|hipError|NCCL error|ECC error",
-    re.IGNORECASE,
-)
-# Faults that stay with the context once raised, even when they surface inside a capture (a capture
-# error whose cause is one of these still recycles the worker; a plain capture error does not).
-STICKY_FAULT = re.compile(
-    r"illegal memory access|device-side assert|ECC error|unspecified launch failure|misaligned address"
-    r"|illegal instruction|hipErrorIllegalAddress|cudaErrorIllegalAddress|cudaErrorLaunchFailure",
-    re.IGNORECASE,
-)
-RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
-# A failed graph capture is a property of the code under test (a host sync, an unsupported call),
-# the same on every attempt: it is reported once, not retried. (Crashes, hangs and numeric
-# failures are retried: those can come from the machine.)
-NO_RETRY_KINDS = ("capture",)
-NODE_DEATH = re.compile(r"its node has died|NodeDiedError|node was terminated", re.IGNORECASE)
-
 
 @dataclass(frozen=True)
 class ExecConfig:
@@ -78,22 +60,6 @@ def group_key(case: Case) -> str:
     m = case.model
     return (f"{case.backend}|tp{case.tp}|{case.kv_cache_dtype}|{m.num_heads}x{m.num_kv_heads}x"
             f"{m.head_size}|{m.dtype}|{m.num_layers}|{m.max_model_len}|{len(case.capture_sizes)}")  # fmt: skip
-
-
-def _merge(results: list[CaseResult]) -> CaseResult:
-    if len(results) == 1:
-        return results[0]
-    try:
-        from backend.checker import merge_rank_results
-    except ImportError:  # the checker has not landed: the worst rank decides
-        order = [Status.ERROR, Status.TIMEOUT, Status.FAIL, Status.FLAKY, Status.SKIP, Status.PASS]
-        return min(results, key=lambda r: order.index(r.status))
-    return merge_rank_results(results)
-
-
-def _first_line(e: BaseException | str) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 @dataclass
@@ -206,7 +172,13 @@ class Executor:
     def _free(self, node: int) -> int:
         """Slots the dispatcher may fill: not held by a gang that is busy or coming up."""
         busy = sum(g.tp for g in self.gangs if g.node == node and g.state not in (GangState.DEAD, GangState.IDLE))
-        return self.cluster.nodes[node].slots - busy if self._alive[node] else 0
+        if not self._alive[node]:
+            return 0
+        free = self.cluster.nodes[node].slots - busy
+        cores = self.cluster.nodes[node].cores
+        if cores and busy:  # CPU: a second gang only while the ranks fit in the cores (NodeSlots)
+            free = min(free, cores - busy)
+        return max(free, 0)
 
     def _fill(self) -> None:
         self._refresh_nodes()
@@ -362,13 +334,8 @@ class Executor:
                         self._out_of_step(task, ranks[0].reason)
                         continue
                     ranks = culprit[:1]  # the rank that left the case early is the verdict
-                res = _merge(ranks).replace(worker=g.label)
-                # A capture error names cudaError* too, but is not sticky: the runner recovers
-                # (backend/graphs/cuda.py) and the session is kept; recycling would lose every
-                # captured graph for nothing. Unless its cause is a sticky fault (STICKY_FAULT).
-                text = f"{res.reason}\n{res.log_tail}"
-                if res.status == Status.ERROR and (STICKY_FAULT.search(text) if res.error_kind == "capture"
-                                                   else DEVICE_POISON.search(text)):  # fmt: skip
+                res = merge_rank_results(ranks).replace(worker=g.label)
+                if poisons_worker(res):  # verdicts.py: device errors, sticky faults in a capture
                     poisoned = True
                     # A sticky fault seen inside a capture is the machine's, not the code's: retried.
                     res = res.replace(reason=f"{res.reason} (device error: worker recycled)", error_kind="exception")
@@ -390,9 +357,9 @@ class Executor:
                 return
             job = _Job(job.kind, g, [], job.deadline, recurring, job.started)
         if job.kind != "batch":
-            self._setup_failed(job, f"tp{g.tp} gang setup failed ({job.kind}): {_first_line(err)}")
+            self._setup_failed(job, f"tp{g.tp} gang setup failed ({job.kind}): {first_line(err)}")
             return
-        self._lost_batch(job, f"worker process died: {_first_line(err)}", "crash", Status.ERROR)
+        self._lost_batch(job, f"worker process died: {first_line(err)}", "crash", Status.ERROR)
 
     def _job_expired(self, job: _Job) -> None:
         g = job.gang
@@ -511,15 +478,7 @@ class Executor:
             self._requeue(task)
             return
         if first is not None:
-            both = (f"{first.status} on {first.worker} ({first.reason}), "
-                    f"then {res.status} on {res.worker}" + (f" ({res.reason})" if res.reason else ""))
-            if first.status == res.status:
-                res = res.replace(attempts=2)
-            elif Status.PASS in (first.status, res.status):
-                res = res.replace(status=Status.FLAKY, attempts=2, reason=f"retry disagreed: {both}")
-            else:  # two failures of different kinds: still a failure (the retry's, if it failed)
-                status = res.status if res.status in RETRY_STATUSES else first.status
-                res = res.replace(status=status, attempts=2, reason=f"failed twice: {both}")
+            res = two_attempts(first, res)
         self.dispatcher.done(task, duration_s)
         self.final[task.id] = res
         self._emit(res, True)

@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.executor.actors import CaseWorker, WorkerInfo, actor_runtime_env
+from orchestrator.executor.actors import CaseWorker, WorkerInfo, actor_env
 
 _ids = itertools.count()
 
@@ -87,17 +87,17 @@ def start_actors(gang: Gang) -> list[Any]:
     spec = gang.spec
     resources = {"num_gpus": 1, "num_cpus": 0} if spec.device_kind == "gpu" else {"num_cpus": spec.cpu_per_worker}
     cls = ray.remote(CaseWorker)
+    env = actor_env(spec.device_kind)  # applied by the actor itself: no runtime_env (start-up)
     for rank in range(spec.tp):
         label = f"{spec.device_kind}-g{gang.id}r{rank}"
         actor = cls.options(
             **resources,
             max_concurrency=1,
             max_restarts=0,
-            runtime_env=actor_runtime_env(spec.device_kind),
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=gang.pg, placement_group_bundle_index=rank
             ),
-        ).remote(runner=spec.runner, device_kind=spec.device_kind, log_dir=spec.log_dir, label=label)
+        ).remote(runner=spec.runner, device_kind=spec.device_kind, log_dir=spec.log_dir, label=label, env=env)
         gang.actors.append(actor)
     gang.state = GangState.STARTING
     return [a.info.remote() for a in gang.actors]

@@ -193,3 +193,24 @@ def test_resume_reruns_a_case_whose_retry_never_ran(ray_cluster, tmp_path, monke
         assert [a["status"] for a in store.attempt_log(rid, absent.case_id)] == ["pass"]
         assert all(len(store.attempt_log(rid, c.case_id)) == 1 for c in cases[2:])  # not re-run
         assert store._sql("SELECT count(*) FROM writer").fetchone()[0] == 0  # lock released
+
+
+@pytest.mark.slow
+def test_the_driver_of_orch_run_does_not_import_torch(ray_cluster, tmp_path):
+    # #13 start-up: plan, Ray, dispatch, the gang merge (smoke.yaml has tp 2 cases), the store and
+    # the outputs run in a driver that never imports torch/triton/aiter; only the actors do.
+    address = ray_cluster.get_runtime_context().gcs_address
+    code = f"""
+import sys
+from orchestrator.commands import run as run_cmd
+rc = run_cmd.main("matrices/smoke.yaml", db={str(tmp_path / 'd.db')!r}, out_dir={str(tmp_path / 'out')!r},
+                  address={address!r}, no_progress=True, workers=2)
+print("RESULT", rc, sorted(m for m in ("torch", "triton", "aiter") if m in sys.modules))
+"""
+    env = {**os.environ, "PYTHONPATH": REPO, "ORCH_RUNNER": "benchmarks.dispatch_bench:noop_runner"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT")]
+    assert line == ["RESULT 0 []"], (done.stdout[-1500:], done.stderr[-1500:])
+    with ResultStore(str(tmp_path / "d.db")) as store:
+        rid = store.latest_run_id()
+        assert store.run(rid).num_results == store.run(rid).num_cases > 0

@@ -41,15 +41,44 @@ def test_expanding_a_matrix_does_not_import_torch(matrix, devices):
     assert got["out"][0] > 0
 
 
-def test_the_backend_stage_is_what_imports_torch():
-    # The other side of the line: with backend checks the classes (and torch) load. If this
-    # starts failing because backend/ became torch-free, make load_matrix's default torch-free.
+@pytest.mark.parametrize("matrix", ["matrices/smoke.yaml", "matrices/full.yaml", "matrices/nightly.yaml"])
+def test_the_backend_stage_of_builtin_providers_does_not_import_torch(matrix):
+    # Builtin providers are planned from their torch-free declarations
+    # (backend/attention/capabilities.py); tests/backend/test_capabilities.py holds them to the
+    # classes. (For the gpu device class, whether CUDA works and native AITER's probe still ask torch.)
+    got = fresh(f"""
+        from orchestrator.matrix import load_matrix
+        m = load_matrix({matrix!r}, devices="cpu")
+        OUT = [len(m.cases), len(m.skipped)]
+    """)
+    assert got["heavy"] == [], got
+    assert got["out"][0] > 0
+
+
+def test_a_plugin_backend_is_imported_to_plan_it():
+    # The other side of the line: a "package.module:Class" backend can only be read by importing
+    # it (and torch with it).
     got = fresh("""
         from orchestrator.matrix import load_matrix
-        m = load_matrix("matrices/smoke.yaml", devices="cpu")
+        m = load_matrix("matrices/smoke.yaml", devices="cpu", backend_override="tests.backend.broken_backends:FrozenBranchBackend")
         OUT = len(m.cases)
     """)
     assert "torch" in got["heavy"] and "triton" not in got["heavy"]
+
+
+@pytest.mark.parametrize("argv", [["plan", "matrices/full.yaml"], ["plan", "matrices/full.yaml", "--json"],
+                                  ["plan", "matrices/full.yaml", "--devices", "cpu", "--filter", "tp=1"]])
+def test_orch_plan_does_not_import_torch(argv):
+    got = fresh(f"""
+        import contextlib, io
+        from orchestrator.cli import main
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = main({argv!r})
+        OUT = [rc, len(buf.getvalue().splitlines())]
+    """)
+    assert got["heavy"] == [], got
+    assert got["out"][0] == 0 and got["out"][1] > 10
 
 
 def test_store_commands_and_cli_start_without_torch(tmp_path):

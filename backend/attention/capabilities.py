@@ -1,0 +1,134 @@
+"""What the planner needs to know about a provider, without importing it (issue 13, start-up).
+
+The planner (orch plan, the driver of orch run) asks four things of every backend of a matrix: its
+cudagraph support level, its kv cache dtypes, its model dtypes, and whether it can run on this
+device class. For the builtin providers the answers are declared here, torch-free, so the driver
+never imports torch, Triton or a kernel module; tests/backend/test_capabilities.py holds every
+declaration to the class it describes (the class stays the authority: the worker uses it). A
+plugin given as "package.module:Class" is imported and read (its module imports torch anyway).
+
+Availability here may answer ASK_CLASS: "only the class can tell" (native AITER on a GPU machine
+needs torch.version.hip and a JIT import), and then the caller loads the class after all.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from backend.attention.support import AttentionCGSupport
+
+ASK_CLASS = "<ask the class>"
+
+# Device nodes a GPU driver creates; none of them present means no GPU, so torch need not be
+# imported to find out (NVIDIA, ROCm's kfd, WSL's dxg).
+_GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+
+
+def gpu_visible() -> bool:
+    """torch.cuda.is_available(), without importing torch where no GPU driver is present."""
+    if "torch" not in sys.modules and not any(os.path.exists(p) for p in _GPU_NODES):
+        return False
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken driver is "no GPU", not a crash
+        return False
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """A provider's static capabilities, as the planner reads them (dtypes by torch name)."""
+
+    name: str
+    cudagraph_support: AttentionCGSupport
+    kv_cache_dtypes: tuple[str, ...]
+    dtypes: tuple[str, ...]  # "bfloat16", "float16", "float32"
+    unavailable: Callable[[str], str | None]  # device class "cpu" | "gpu" -> reason, None, or ASK_CLASS
+
+    def unavailable_reason(self, device_class: str) -> str | None:
+        return self.unavailable(device_class)
+
+
+def _torch(device_class: str) -> str | None:
+    if device_class == "gpu" and not gpu_visible():
+        return "unavailable: no CUDA/ROCm device visible"
+    return None
+
+
+def _aiter_native(device_class: str) -> str | None:
+    return "unavailable: needs a ROCm GPU" if device_class != "gpu" else ASK_CLASS
+
+
+def _aiter_triton(device_class: str) -> str | None:
+    # The same answers, in the same order, as aiter_loader.triton_unavailable_reason.
+    if device_class != "gpu" or not gpu_visible():
+        return "unavailable: needs a CUDA/ROCm GPU (Triton)"
+    if _missing("aiter", package=True):
+        return "unavailable: amd-aiter not installed (pip install amd-aiter)"
+    if _missing("triton"):
+        return "unavailable: triton not installed"
+    return None
+
+
+def _always(device_class: str) -> str | None:
+    return None
+
+
+_ALL = ("bfloat16", "float16", "float32")
+_HALF = ("bfloat16", "float16")
+_KV = ("auto", "fp8")
+
+BUILTIN_CAPABILITIES: dict[str, Capabilities] = {
+    "torch": Capabilities("torch", AttentionCGSupport.ALWAYS, _KV, _ALL, _torch),
+    "aiter": Capabilities("aiter", AttentionCGSupport.UNIFORM_BATCH, _KV, _HALF, _aiter_native),
+    "aiter-emulated": Capabilities("aiter-emulated", AttentionCGSupport.UNIFORM_BATCH, _KV, _ALL, _always),
+    "aiter-triton": Capabilities("aiter-triton", AttentionCGSupport.ALWAYS, _KV, _HALF, _aiter_triton),
+    "aiter-triton-pa": Capabilities("aiter-triton-pa", AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, _KV, _HALF,
+                                    _aiter_triton),
+}
+
+
+def of_class(cls: type, label: str) -> Capabilities:
+    """A loaded backend class's capabilities (plugins; and the reference the builtins are held to)."""
+
+    def unavailable(device_class: str) -> str | None:
+        import torch
+
+        try:
+            return cls.unavailable_reason(torch.device("cuda" if device_class == "gpu" else "cpu"))
+        except Exception as e:  # a plugin's check that crashes means "cannot run here", said plainly
+            return f"{getattr(cls, '__name__', cls)}.unavailable_reason raised {type(e).__name__}: {e}"
+
+    dtypes = getattr(cls, "supported_dtypes", None)
+    names = _ALL if dtypes is None else tuple(str(d).removeprefix("torch.") for d in dtypes)
+    return Capabilities(label, AttentionCGSupport(int(cls.cudagraph_support)),
+                        tuple(getattr(cls, "supported_kv_cache_dtypes", ())), names, unavailable)
+
+
+def _missing(name: str, package: bool = False) -> bool:
+    """Not installed (found without importing it; `package`: as a package, like aiter_package_dir)."""
+    if name in sys.modules:
+        return False
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return True
+    return spec is None or (package and not spec.submodule_search_locations)
+
+
+def mismatches(declared: Capabilities, actual: Capabilities, device_classes: tuple[str, ...] = ("cpu", "gpu")) -> list[str]:
+    """How a declaration differs from what its class says (one line each; [] when they agree).
+    ASK_CLASS agrees with any answer: the caller asks the class then."""
+    out = [f"{declared.name}: {field} declared {getattr(declared, field)!r}, class says {getattr(actual, field)!r}"
+           for field in ("cudagraph_support", "kv_cache_dtypes", "dtypes")
+           if getattr(declared, field) != getattr(actual, field)]
+    for dc in device_classes:
+        mine, theirs = declared.unavailable_reason(dc), actual.unavailable_reason(dc)
+        if mine != ASK_CLASS and mine != theirs:
+            out.append(f"{declared.name}: on {dc} declared {mine!r}, class says {theirs!r}")
+    return out

@@ -1,0 +1,71 @@
+"""What the executor makes of a result: whether it leaves the worker unusable, how a retry's
+verdict combines with the first attempt's, and which outcomes are retried at all. Pure functions
+over CaseResults (no Ray), split from the dispatch loop (executor.py)."""
+
+from __future__ import annotations
+
+import re
+
+from backend.result import CaseResult, Status
+
+# Text of an exception that leaves the device (and so the process) unusable: recycle the actor.
+DEVICE_POISON = re.compile(
+    r"CUDA error|HIP error|illegal memory access|device-side assert|cudaError|hipError|NCCL error|ECC error",
+    re.IGNORECASE,
+)
+# Faults that stay with the context once raised, even when they surface inside a capture (a capture
+# error whose cause is one of these still recycles the worker; a plain capture error does not).
+STICKY_FAULT = re.compile(
+    r"illegal memory access|device-side assert|ECC error|unspecified launch failure|misaligned address"
+    r"|illegal instruction|hipErrorIllegalAddress|cudaErrorIllegalAddress|cudaErrorLaunchFailure",
+    re.IGNORECASE,
+)
+RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
+# A failed graph capture is a property of the code under test (a host sync, an unsupported call),
+# the same on every attempt: it is reported once, not retried. (Crashes, hangs and numeric
+# failures are retried: those can come from the machine.)
+NO_RETRY_KINDS = ("capture",)
+NODE_DEATH = re.compile(r"its node has died|NodeDiedError|node was terminated", re.IGNORECASE)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: |$)")
+
+
+def first_line(e: BaseException | str) -> str:
+    """One line for a reason: Ray's first line without its colour codes and process details
+    (pid, ip, actor id, repr), plus the cause where Ray carries a traceback (an actor whose
+    constructor raised: "... creation task: RuntimeError: ...")."""
+    lines = [ln for ln in _ANSI.sub("", str(e)).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    head = re.sub(r",?\s*ray::\S+\s*\(pid=.*$|\s*\(pid=.*$", "", lines[0]).rstrip(" ,")
+    cause = lines[-1].strip()
+    if len(lines) > 1 and _EXC_LINE.match(cause):
+        return f"{head}: {cause}"
+    return head
+
+
+def poisons_worker(res: CaseResult) -> bool:
+    """An ERROR whose text says the device (so the process) is unusable: recycle the worker. A
+    capture error names cudaError* too but is not sticky (the runner recovers, the session is
+    kept; recycling would lose every captured graph for nothing), unless its cause is a sticky
+    fault (STICKY_FAULT)."""
+    if res.status != Status.ERROR:
+        return False
+    text = f"{res.reason}\n{res.log_tail}"
+    return bool(STICKY_FAULT.search(text) if res.error_kind == "capture" else DEVICE_POISON.search(text))
+
+
+def two_attempts(first: CaseResult, res: CaseResult) -> CaseResult:
+    """The final verdict of a case that ran twice. FLAKY means one attempt passed and one did not;
+    two different non-pass verdicts (FAIL then ERROR) stay a failure (the retry's status, if it
+    failed), both named in the reason."""
+    both = (f"{first.status} on {first.worker} ({first.reason}), "
+            f"then {res.status} on {res.worker}" + (f" ({res.reason})" if res.reason else ""))
+    if first.status == res.status:
+        return res.replace(attempts=2)
+    if Status.PASS in (first.status, res.status):
+        return res.replace(status=Status.FLAKY, attempts=2, reason=f"retry disagreed: {both}")
+    status = res.status if res.status in RETRY_STATUSES else first.status
+    return res.replace(status=status, attempts=2, reason=f"failed twice: {both}")

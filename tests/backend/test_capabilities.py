@@ -1,0 +1,52 @@
+"""The torch-free capability declarations the planner uses (backend/attention/capabilities.py) say
+what the builtin classes say; a declaration that drifts from its class is caught here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from backend.attention.capabilities import ASK_CLASS, BUILTIN_CAPABILITIES, mismatches, of_class
+from backend.attention.registry import BUILTIN_BACKENDS, get_backend, get_capabilities
+from backend.attention.support import AttentionCGSupport
+
+
+def test_every_builtin_is_declared():
+    assert tuple(BUILTIN_CAPABILITIES) == BUILTIN_BACKENDS
+
+
+@pytest.mark.parametrize("name", BUILTIN_BACKENDS)
+def test_declaration_agrees_with_its_class(name):
+    declared = BUILTIN_CAPABILITIES[name]
+    assert declared.name == name and get_capabilities(name) is declared
+    assert mismatches(declared, of_class(get_backend(name), name)) == []
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("cudagraph_support", AttentionCGSupport.NEVER, "cudagraph_support declared"),
+    ("kv_cache_dtypes", ("auto",), "kv_cache_dtypes declared"),
+    ("dtypes", ("float32",), "dtypes declared"),
+    ("unavailable", lambda dc: "unavailable: nope", "on cpu declared 'unavailable: nope'"),
+])
+def test_a_drifted_declaration_is_reported(field, value, needle):
+    declared = dataclasses.replace(BUILTIN_CAPABILITIES["torch"], **{field: value})
+    found = mismatches(declared, of_class(get_backend("torch"), "torch"))
+    assert any(needle in m for m in found), found
+
+
+def test_a_class_changed_under_its_declaration_is_reported(monkeypatch):
+    cls = get_backend("aiter-triton-pa")
+    monkeypatch.setattr(cls, "cudagraph_support", AttentionCGSupport.ALWAYS)
+    found = mismatches(BUILTIN_CAPABILITIES["aiter-triton-pa"], of_class(cls, "aiter-triton-pa"))
+    assert found and "UNIFORM_SINGLE_TOKEN_DECODE" in found[0]
+
+
+def test_native_aiter_on_a_gpu_is_left_to_its_class():
+    assert BUILTIN_CAPABILITIES["aiter"].unavailable_reason("gpu") == ASK_CLASS
+    assert BUILTIN_CAPABILITIES["aiter"].unavailable_reason("cpu") == "unavailable: needs a ROCm GPU"
+
+
+def test_plugins_are_read_from_their_class():
+    caps = get_capabilities("tests.matrix.plugins:CrashingCheckBackend")
+    assert caps.unavailable_reason("cpu").startswith("CrashingCheckBackend.unavailable_reason raised RuntimeError")

@@ -1,0 +1,51 @@
+"""orchestrator/executor/verdicts.py as a table: a retry's verdict, device faults that recycle a
+worker, the one-line reason of a Ray error. No Ray: the functions are pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.result import CaseResult, Status
+from orchestrator.executor.verdicts import first_line, poisons_worker, two_attempts
+
+P, F, E, T = Status.PASS, Status.FAIL, Status.ERROR, Status.TIMEOUT
+
+
+def _r(status, reason="", worker="w", kind=""):
+    return CaseResult("c", status, reason=reason, worker=worker, error_kind=kind)
+
+
+@pytest.mark.parametrize("first, retry, want, reason_starts", [
+    (F, F, F, ""),
+    (F, P, Status.FLAKY, "retry disagreed"),
+    (E, P, Status.FLAKY, "retry disagreed"),
+    (F, E, E, "failed twice"),  # FAIL then a crash of another kind: a failure, not FLAKY
+    (E, F, F, "failed twice"),
+    (T, E, E, "failed twice"),
+])
+def test_two_attempts(first, retry, want, reason_starts):
+    got = two_attempts(_r(first, "a", "w1"), _r(retry, "b", "w2"))
+    assert got.status == want and got.attempts == 2
+    assert got.reason.startswith(reason_starts) if reason_starts else got.reason == "b"
+
+
+@pytest.mark.parametrize("res, poisons", [
+    (_r(E, "RuntimeError: CUDA error: an illegal memory access"), True),
+    (_r(E, "capture failed: cudaErrorStreamCaptureInvalidated", kind="capture"), False),  # not sticky
+    (_r(E, "capture failed: an illegal memory access was encountered", kind="capture"), True),
+    (_r(F, "CUDA error in the reason of a failed check"), False),  # only errors recycle
+    (_r(E, "ValueError: shapes"), False),
+])
+def test_poisons_worker(res, poisons):
+    assert poisons_worker(res) is poisons
+
+
+@pytest.mark.parametrize("text, want", [
+    ("The actor died because of an error raised in its creation task, \x1b[36mray::W.__init__()\x1b[39m "
+     "(pid=1, ip=1.2.3.4, actor_id=ab, repr=<W>)\n  File \"x.py\", line 1\nRuntimeError: rank 1 cannot start",
+     "The actor died because of an error raised in its creation task: RuntimeError: rank 1 cannot start"),
+    ("The actor died unexpectedly before finishing this task.\n\tclass_name: W", "The actor died unexpectedly before finishing this task."),
+    ("plain one line", "plain one line"),
+])
+def test_first_line(text, want):
+    assert first_line(text) == want
