@@ -21,10 +21,14 @@ import torch
 
 from backend.attention.kv_cache import dequantize, fp8_dtype, write_kv
 from backend.attention.registry import BackendLoadError, get_backend
+from backend.attention.support import unavailable
 from backend.case import Case
 from backend.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
-                            failure_reason, kv_integrity, raw, real_slot_values)
+                            failure_reason, kv_integrity, max_abs_diff, raw, real_slot_values)
 from backend.model import layout_reasons, reference_forward
+# The gang verdict lives in a torch-free module (the driver merges rank results without torch);
+# re-exported here for the worker side.
+from backend.rank_merge import merge_rank_results  # noqa: F401
 from backend.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
                            resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
 from backend.reference import fp8_round
@@ -125,8 +129,7 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         base = base.replace(provider=getattr(backend_cls, "name", case.backend_label))
         why = backend_cls.unavailable_reason(device)
         if why:
-            why = why[len("unavailable: "):] if why.startswith("unavailable: ") else why
-            return base.replace(status=Status.SKIP, reason=f"unavailable: {why}")
+            return base.replace(status=Status.SKIP, reason=unavailable(why))
         reasons = layout_reasons(case.model, case.tp)
         if reasons:
             return base.replace(status=Status.SKIP, reason="unsupported: " + "; ".join(reasons))
@@ -302,8 +305,8 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list
     second = session.run_eager_step(x, inputs.batch)
     same_out = torch.equal(raw(out_e), raw(second.out)) and torch.equal(raw(first.attention), raw(second.attention))
     kv_jitter = not all(torch.equal(raw(real_slot_values(c, real_slots)), raw(r)) for c, r in zip(caches, real_kv))
-    jitter, attn_jitter = (0.0, 0.0) if same_out else (_max_diff(out_e, second.out),
-                                                      _max_diff(first.attention, second.attention))
+    jitter, attn_jitter = (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out),
+                                                      max_abs_diff(first.attention, second.attention))
     deterministic = same_out and not kv_jitter
     for c, s in zip(caches, snapshot):
         c.copy_(s)
@@ -322,10 +325,6 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list
     phases["reference_s"] += t4 - t3
     return _EagerStep(out_e, first.attention, reference, attn_reference, all_finite(out_e, case.model.head_size),
                       deterministic, jitter, attn_jitter, kv_jitter, real_kv, t2 - t1)
-
-
-def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.nan_to_num((a.float() - b.float()).abs(), nan=float("inf")).max()) if a.numel() else 0.0
 
 
 def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[int, ...], base: CaseResult,
@@ -469,9 +468,6 @@ def _add_heads(acc: CheckAccumulator, step: int, h: HeadComparison, *, record_bi
     acc.add_comparison(step, h.comparison, record_bitwise=record_bitwise,
                        detail=", ".join(p for p in (where, detail) if p))
 
-
-# The gang verdict lives in a torch-free module: the driver merges rank results without torch.
-from backend.rank_merge import merge_rank_results  # noqa: E402,F401
 
 
 def _gang_rank(rank: int, world_size: int, case_dict: dict, device_type: str) -> dict:

@@ -138,6 +138,13 @@ def raw(t: torch.Tensor) -> torch.Tensor:
     return t.view(_SAME_SIZE_INT[t.element_size()])
 
 
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| in fp32 (inf where either is NaN; 0 for empty tensors)."""
+    if not a.numel():
+        return 0.0
+    return float(torch.nan_to_num((a.float() - b.float()).abs(), nan=float("inf")).max())
+
+
 def quant_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """How many representable values of their (same) float dtype lie between a and b, elementwise:
     the distance of their sign-magnitude bit patterns on the number line (+0 and -0 are 0 apart)."""
@@ -203,7 +210,7 @@ def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_real: torch.Te
         da = torch.stack([dequantize(fa[0], scales[0]), dequantize(fa[1], scales[1])])
         de = torch.stack([dequantize(eager_real[0], scales[0]), dequantize(eager_real[1], scales[1])])
         diff = (da - de).abs()
-        worst = float(torch.nan_to_num(diff, nan=float("inf")).max()) if diff.numel() else 0.0
+        worst = max_abs_diff(da, de)
         # Within tolerance, or one rounding step of the cache dtype apart: a padded GEMM (another
         # M) may round a K/V element an ulp differently before it is stored, and one fp8 e4m3 step
         # is up to 1/8 of the value, above any tolerance that is sharp for attention outputs.

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from backend.attention.support import unavailable
 from backend.case import BatchSpec, Case, ModelShape, Tolerance, default_capture_sizes
 from orchestrator import matrix_schema as S
 from orchestrator import matrix_tree as T
@@ -286,7 +287,7 @@ class _Loader:
             self._unavailable[case.backend] = unavailable_reason(case.backend, caps, self.device_class)
         why = self._unavailable[case.backend]
         if why:
-            reasons.append(why if why.startswith("unavailable") else f"unavailable: {why}")
+            reasons.append(unavailable(why))
         return reasons
 
     def user_reasons(self, combo: Mapping[str, Any]) -> list[str]:

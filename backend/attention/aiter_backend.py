@@ -133,9 +133,10 @@ class AiterBackend(AttentionBackend):
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
-        if torch.device(device).type != "cuda":
-            return "unavailable: needs a ROCm GPU"
-        return _probe_native()
+        from backend.attention.capabilities import ASK_CLASS, aiter_native_unavailable, device_class
+
+        why = aiter_native_unavailable(device_class(device))
+        return _probe_native() if why == ASK_CLASS else why
 
 
 class AiterEmulatedBackend(AiterBackend):

@@ -455,11 +455,8 @@ def triton_unavailable_reason(device: torch.device) -> str | None:
     """Why aiter's Triton kernels cannot run on `device` here, or None. Cheap (no import of the
     kernels: the planner calls it in the driver for every backend of a matrix). A package that is
     installed but does not load is not "unavailable": the cases error with the AiterLoadError, so
-    a broken install turns the gate red instead of skipping silently."""
-    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
-        return "unavailable: needs a CUDA/ROCm GPU (Triton)"
-    if aiter_package_dir() is None:
-        return "unavailable: amd-aiter not installed (pip install amd-aiter)"
-    if importlib.util.find_spec("triton") is None:
-        return "unavailable: triton not installed"
-    return None
+    a broken install turns the gate red instead of skipping silently. The answer is the torch-free
+    declaration the planner reads (capabilities.py), so the two cannot drift."""
+    from backend.attention.capabilities import aiter_triton_unavailable, device_class
+
+    return aiter_triton_unavailable(device_class(device))

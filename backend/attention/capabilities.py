@@ -54,18 +54,23 @@ class Capabilities:
         return self.unavailable(device_class)
 
 
-def _torch(device_class: str) -> str | None:
+def device_class(device) -> str:
+    """"gpu" for a CUDA/ROCm torch.device (or its string), else "cpu"."""
+    return "gpu" if str(getattr(device, "type", device)).startswith("cuda") else "cpu"
+
+
+def torch_unavailable(device_class: str) -> str | None:
     if device_class == "gpu" and not gpu_visible():
         return "unavailable: no CUDA/ROCm device visible"
     return None
 
 
-def _aiter_native(device_class: str) -> str | None:
+def aiter_native_unavailable(device_class: str) -> str | None:
     return "unavailable: needs a ROCm GPU" if device_class != "gpu" else ASK_CLASS
 
 
-def _aiter_triton(device_class: str) -> str | None:
-    # The same answers, in the same order, as aiter_loader.triton_unavailable_reason.
+def aiter_triton_unavailable(device_class: str) -> str | None:
+    # aiter_loader.triton_unavailable_reason (the class's answer) is this function.
     if device_class != "gpu" or not gpu_visible():
         return "unavailable: needs a CUDA/ROCm GPU (Triton)"
     if _missing("aiter", package=True):
@@ -84,12 +89,12 @@ _HALF = ("bfloat16", "float16")
 _KV = ("auto", "fp8")
 
 BUILTIN_CAPABILITIES: dict[str, Capabilities] = {
-    "torch": Capabilities("torch", AttentionCGSupport.ALWAYS, _KV, _ALL, _torch),
-    "aiter": Capabilities("aiter", AttentionCGSupport.UNIFORM_BATCH, _KV, _HALF, _aiter_native),
+    "torch": Capabilities("torch", AttentionCGSupport.ALWAYS, _KV, _ALL, torch_unavailable),
+    "aiter": Capabilities("aiter", AttentionCGSupport.UNIFORM_BATCH, _KV, _HALF, aiter_native_unavailable),
     "aiter-emulated": Capabilities("aiter-emulated", AttentionCGSupport.UNIFORM_BATCH, _KV, _ALL, _always),
-    "aiter-triton": Capabilities("aiter-triton", AttentionCGSupport.ALWAYS, _KV, _HALF, _aiter_triton),
+    "aiter-triton": Capabilities("aiter-triton", AttentionCGSupport.ALWAYS, _KV, _HALF, aiter_triton_unavailable),
     "aiter-triton-pa": Capabilities("aiter-triton-pa", AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, _KV, _HALF,
-                                    _aiter_triton),
+                                    aiter_triton_unavailable),
 }
 
 

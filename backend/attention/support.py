@@ -6,6 +6,12 @@ from __future__ import annotations
 import enum
 
 
+def unavailable(why: str) -> str:
+    """A backend's unavailable_reason as a skip reason: every reason starts "unavailable: " once
+    (builtin providers already say it; a plugin's bare reason gets the prefix)."""
+    return why if why.startswith("unavailable") else f"unavailable: {why}"
+
+
 class AttentionCGSupport(enum.IntEnum):
     """How far a backend's forward can be captured in a FULL graph. Ordered: min() over layers."""
 

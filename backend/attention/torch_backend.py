@@ -24,16 +24,17 @@ from backend.attention.torch_ops import gather_paged, masked_attention, token_ch
 
 def paged_causal_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            metadata: AttentionMetadata, k_scale: torch.Tensor, v_scale: torch.Tensor,
-                           scale: float) -> torch.Tensor:
+                           scale: float, diagonal: int = 0) -> torch.Tensor:
     """query [T, H, D] -> fp32 [T, H, D]. Token i of a request with query len q and seq len s
-    attends to positions p < s with p <= s - q + i (causal, bottom-right aligned)."""
+    attends to positions p < s with p <= s - q + i + diagonal (causal, bottom-right aligned; the
+    mutation suite's off-by-one mask is diagonal -1)."""
     t, h, d = query.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     length = metadata.block_table.shape[1] * block_size
     req, pos = token_to_request(metadata.query_start_loc, t)
     seq = metadata.seq_lens.to(torch.int64)[req]
     qlen = metadata.query_lens.to(torch.int64)[req]
-    limit = seq - qlen + pos  # last position this token may see
+    limit = seq - qlen + pos + diagonal  # last position this token may see
     real = pos < qlen  # padded tokens (past the last request) attend nothing
     keys = torch.arange(length, device=query.device)
     out = torch.empty(t, h, d, dtype=torch.float32, device=query.device)
@@ -73,6 +74,6 @@ class TorchBackend(AttentionBackend):
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            return "unavailable: no CUDA/ROCm device visible"
-        return None
+        from backend.attention.capabilities import device_class, torch_unavailable
+
+        return torch_unavailable(device_class(device))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from backend.checker import run_case_local
+from backend.result import CHECK_NAMES
 from orchestrator.cli import main
 from orchestrator.matrix import load_matrix
 from orchestrator.commands.repro import verdict_line
@@ -19,9 +20,7 @@ def test_repro_prints_the_checker_verdict(capsys):
     assert main(["repro", CASE_ID, "--matrix", SMOKE, "--devices", "cpu"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == verdict_line(expected) == f"PASS {CASE_ID}"
-    assert [ln.strip() for ln in lines if ln.strip().split(":")[0] in
-            ("reference", "replay", "finite", "kv_integrity", "determinism", "padded_finite",
-             "attn_reference", "attn_replay")] == \
+    assert [ln.strip() for ln in lines if ln.strip().split(":")[0] in CHECK_NAMES] == \
         [c.summary() for c in expected.checks]
 
 

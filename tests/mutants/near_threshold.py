@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.attention.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
 from backend.graphs import is_capturing
-from backend.attention.torch_ops import gather_paged, masked_attention, token_chunks, token_to_request
 
 
 class VWithKScaleImpl(TorchImpl):
@@ -32,30 +31,31 @@ class VScale125Impl(TorchImpl):
         return super().attend(query, kv_cache, metadata, k_scale, v_scale * 1.25, output)
 
 
-class HeadZeroedImpl(TorchImpl):
+class FirstHeadImpl(TorchImpl):
+    """The rank's first query head multiplied by `factor` (only in what a graph captured, when
+    `captured_only`: the factor taken on the capture path, so eager is right)."""
+
+    factor: float = 0.0
+    captured_only: bool = False
+
     def attend(self, query, kv_cache, metadata, k_scale, v_scale, output):
         out = super().attend(query, kv_cache, metadata, k_scale, v_scale, output)
-        out[:metadata.num_padded_tokens, 0].zero_()
+        if is_capturing() or not self.captured_only:
+            head = out[:metadata.num_padded_tokens, 0]
+            head.mul_(self.factor) if self.factor else head.zero_()
         return out
+
+
+class HeadZeroedImpl(FirstHeadImpl):
+    factor = 0.0
 
 
 class NoSelfImpl(TorchImpl):
     def attend(self, query, kv_cache, metadata, k_scale, v_scale, output):
         t = metadata.num_padded_tokens
-        k_cache, v_cache = kv_cache[0], kv_cache[1]
-        length = metadata.block_table.shape[1] * k_cache.shape[1]
-        req, pos = token_to_request(metadata.query_start_loc, t)
-        seq = metadata.seq_lens.to(torch.int64)[req]
-        limit = seq - metadata.query_lens.to(torch.int64)[req] + pos
-        real = pos < metadata.query_lens.to(torch.int64)[req]
-        keys = torch.arange(length, device=query.device)
-        per_token = length * k_cache.shape[2] * k_cache.shape[3] * 8 + query.shape[1] * length * 12
-        for chunk in token_chunks(t, per_token):
-            rows = metadata.block_table[req[chunk]]
-            k = gather_paged(k_cache, rows, length, k_scale)
-            v = gather_paged(v_cache, rows, length, v_scale)
-            mask = (keys[None, :] < limit[chunk, None]) & real[chunk, None]  # `<`: the bug (should be <=)
-            output[chunk] = masked_attention(query[chunk], k, v, mask, self.config.scale).to(output.dtype)
+        out = paged_causal_attention(query[:t], kv_cache[0], kv_cache[1], metadata, k_scale, v_scale,
+                                     self.config.scale, diagonal=-1)  # the bug: `<` where `<=` belongs
+        output[:t].copy_(out.to(output.dtype))
         return output
 
 
@@ -79,14 +79,11 @@ class NoSelf(TorchBackend):
     impl_cls = NoSelfImpl
 
 
-class HeadScaledImpl(TorchImpl):
-    """The rank's first query head 10% low (a per-head scale applied to the wrong head): small
-    in the residual stream, a tenth of the head's own norm."""
+class HeadScaledImpl(FirstHeadImpl):
+    """A per-head scale applied to the wrong head: small in the residual stream, a tenth of the
+    head's own norm."""
 
-    def attend(self, query, kv_cache, metadata, k_scale, v_scale, output):
-        out = super().attend(query, kv_cache, metadata, k_scale, v_scale, output)
-        out[:metadata.num_padded_tokens, 0].mul_(0.9)
-        return out
+    factor = 0.9
 
 
 class HeadScaled(TorchBackend):
@@ -94,12 +91,8 @@ class HeadScaled(TorchBackend):
     impl_cls = HeadScaledImpl
 
 
-class HeadScaledCapturedImpl(TorchImpl):
-    def attend(self, query, kv_cache, metadata, k_scale, v_scale, output):
-        out = super().attend(query, kv_cache, metadata, k_scale, v_scale, output)
-        if is_capturing():
-            out[:metadata.num_padded_tokens, 0].mul_(0.9)
-        return out
+class HeadScaledCapturedImpl(HeadScaledImpl):
+    captured_only = True
 
 
 class HeadScaledCaptured(TorchBackend):
