@@ -21,6 +21,9 @@ log=$OUT/all.log
 step() { echo "== $* ($(date -u +%T))" >> "$log"; }
 pack() { tar czf "$OUT/results.tgz" -C "$R" . 2>/dev/null; }
 filter=${RUN_FILTER:-tp=1}
+step "driver start-up: GPUs asked of the driver without torch; orch plan on the GPU"
+python3 -c "import sys, time; t = time.perf_counter(); from backend.attention import capabilities as c; print('driver_gpu_count', c.driver_gpu_count(), 'gpu_visible', c.gpu_visible(), 'local_gpu_count', c.local_gpu_count(), 'torch imported', 'torch' in sys.modules, f'{time.perf_counter() - t:.3f}s')" >> "$log" 2>&1
+/usr/bin/time -f "orch plan --devices gpu: wall %e s" python3 -m orchestrator.cli plan matrices/full.yaml --devices gpu --json > /dev/null 2>> "$log"
 
 orch_run() {  # name, extra args...
   local name=$1; shift

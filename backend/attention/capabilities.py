@@ -13,6 +13,7 @@ needs torch.version.hip and a JIT import), and then the caller loads the class a
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import sys
@@ -28,10 +29,76 @@ ASK_CLASS = "<ask the class>"
 _GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 
 
+def driver_gpu_count(kfd_topology: str = "/sys/class/kfd/kfd/topology/nodes") -> int | None:
+    """The GPUs the driver offers this process, asked without importing torch (issue 13: the
+    driver of `orch run` and `orch plan` on a GPU machine spent seconds importing torch only to
+    learn this). NVIDIA: libcuda's cuInit + cuDeviceGetCount, the calls torch's own check ends in
+    (CUDA_VISIBLE_DEVICES is honoured by the driver). ROCm: GPU nodes of the KFD topology (nodes
+    with a non-zero gfx_target_version). None when it cannot tell (no libcuda, a HIP/ROCR
+    visibility mask that sysfs does not apply): the caller asks torch."""
+    if os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0"):
+        try:
+            cuda = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return None
+        count = ctypes.c_int(0)
+        if cuda.cuInit(0) != 0:  # e.g. CUDA_ERROR_NO_DEVICE (CUDA_VISIBLE_DEVICES="") or a broken driver
+            return 0
+        return count.value if cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 else 0
+    if os.path.exists("/dev/kfd"):
+        if any(v in os.environ for v in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")):
+            return None
+        return kfd_gpu_count(kfd_topology)
+    return None
+
+
+def kfd_gpu_count(topology: str) -> int | None:
+    """GPU nodes in a KFD topology directory (ROCm's sysfs view; CPU nodes have gfx_target_version
+    0). None when the directory cannot be read."""
+    try:
+        nodes = os.listdir(topology)
+    except OSError:
+        return None
+    gpus = 0
+    for node in nodes:
+        try:
+            with open(os.path.join(topology, node, "properties")) as f:
+                props = dict(line.split(None, 1) for line in f if len(line.split(None, 1)) == 2)
+        except OSError:
+            continue
+        if props.get("gfx_target_version", "0").strip() not in ("", "0"):
+            gpus += 1
+    return gpus
+
+
 def gpu_visible() -> bool:
-    """torch.cuda.is_available(), without importing torch where no GPU driver is present."""
-    if "torch" not in sys.modules and not any(os.path.exists(p) for p in _GPU_NODES):
+    """torch.cuda.is_available(), without importing torch where the driver can be asked directly
+    (driver_gpu_count) or no GPU driver is present at all."""
+    if "torch" in sys.modules:
+        return _torch_sees_gpu()
+    if not any(os.path.exists(p) for p in _GPU_NODES):
         return False
+    count = driver_gpu_count()
+    return count > 0 if count is not None else _torch_sees_gpu()
+
+
+def local_gpu_count() -> int:
+    """torch.cuda.device_count() on this machine, torch-free where the driver can be asked."""
+    if "torch" not in sys.modules:
+        if not any(os.path.exists(p) for p in _GPU_NODES):
+            return 0
+        count = driver_gpu_count()
+        if count is not None:
+            return count
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken driver is "no GPU", not a crash
+        return 0
+
+
+def _torch_sees_gpu() -> bool:
     try:
         import torch
 

@@ -55,16 +55,9 @@ class ClusterInfo:
 
 
 def _local_gpu_count() -> int:
-    from backend.attention.capabilities import gpu_visible
+    from backend.attention.capabilities import local_gpu_count
 
-    if not gpu_visible():  # no GPU driver here: known without importing torch
-        return 0
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except Exception:  # a broken driver is "no GPU", not a crash
-        return 0
+    return local_gpu_count()
 
 
 def _check_reachable(address: str) -> None:

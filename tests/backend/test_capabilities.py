@@ -50,3 +50,22 @@ def test_native_aiter_on_a_gpu_is_left_to_its_class():
 def test_plugins_are_read_from_their_class():
     caps = get_capabilities("tests.matrix.plugins:CrashingCheckBackend")
     assert caps.unavailable_reason("cpu").startswith("CrashingCheckBackend.unavailable_reason raised RuntimeError")
+
+
+@pytest.mark.parametrize("nodes, expected", [
+    ({"0": "cpu_cores_count 16\ngfx_target_version 0\n"}, 0),                       # a CPU node only
+    ({"0": "gfx_target_version 0\n", "1": "simd_count 304\ngfx_target_version 90402\n",
+      "2": "gfx_target_version 90402\n"}, 2),                                         # MI300X-style: 2 GPUs
+    ({"0": "gfx_target_version 0\n", "1": "no version line\n"}, 0),                   # nothing claims a GPU
+    (None, None),                                                                     # no topology: cannot tell
+])
+def test_kfd_topology_counts_gpu_nodes(tmp_path, nodes, expected):
+    # The driver of orch run asks ROCm's sysfs instead of importing torch (issue 13).
+    from backend.attention.capabilities import kfd_gpu_count
+
+    root = tmp_path / "nodes"
+    if nodes is not None:
+        for name, text in nodes.items():
+            (root / name).mkdir(parents=True)
+            (root / name / "properties").write_text(text)
+    assert kfd_gpu_count(str(root)) == expected
