@@ -15,11 +15,19 @@ DEVICE_POISON = re.compile(
 )
 # Faults that stay with the context once raised, even when they surface inside a capture (a capture
 # error whose cause is one of these still recycles the worker; a plain capture error does not).
+# Phrased as the CUDA/HIP error strings are, not as words: every torch CUDA error ends with the
+# hint "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions", which must not make a
+# cudaErrorStreamCaptureUnsupported (AITER pa_decode's k_scale.item() under capture) sticky: on the
+# H200 that recycled the worker after every such capture error, rebuilding its sessions each time.
 STICKY_FAULT = re.compile(
-    r"illegal memory access|device-side assert|ECC error|unspecified launch failure|misaligned address"
-    r"|illegal instruction|hipErrorIllegalAddress|cudaErrorIllegalAddress|cudaErrorLaunchFailure",
+    r"illegal memory access|device-side assert triggered|ECC error|uncorrectable ECC|unspecified launch failure"
+    r"|misaligned address|illegal instruction|hipErrorIllegalAddress|cudaErrorIllegalAddress|cudaErrorLaunchFailure"
+    r"|cudaErrorAssert|hipErrorAssert",
     re.IGNORECASE,
 )
+# torch's fixed advice lines after a CUDA error: not evidence of anything.
+_TORCH_HINTS = re.compile(r"^.*(TORCH_USE_CUDA_DSA|CUDA_LAUNCH_BLOCKING|AMD_SERIALIZE_KERNEL|HIP_LAUNCH_BLOCKING"
+                          r"|might be asynchronously reported).*$", re.MULTILINE)
 RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
 # A failed graph capture is a property of the code under test (a host sync, an unsupported call),
 # the same on every attempt: it is reported once, not retried. (Crashes, hangs and numeric
@@ -53,7 +61,7 @@ def poisons_worker(res: CaseResult) -> bool:
     fault (STICKY_FAULT)."""
     if res.status != Status.ERROR:
         return False
-    text = f"{res.reason}\n{res.log_tail}"
+    text = _TORCH_HINTS.sub("", f"{res.reason}\n{res.log_tail}")
     return bool(STICKY_FAULT.search(text) if res.error_kind == "capture" else DEVICE_POISON.search(text))
 
 

@@ -150,14 +150,18 @@ def test_reasons_point_at_the_bad_rows(sessions):
 def test_customop_seed_needs_the_body_recorded(monkeypatch):
     """Break the emulation on purpose: record custom ops as one opaque call (the body re-runs at
     replay, reading the live forward context) and the seed in a custom op passes FULL: the silent
-    green of issue #16. The real recorder turns the same cell red."""
+    green of issue #16. The real recorder turns the same cell red. On the CPU device (the emulated
+    runner) also on a GPU machine, where the default device would capture real CUDA graphs, which
+    need no recorder (there the mutant is red: test_mutants' table)."""
+    import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
     from backend.checker import SessionCache
     from backend.graphs import emulated
 
     case = make_case("tests.mutants.customop_seed:Backend", "FULL", "auto", MIXED)
-    assert run_case(case, sessions=SessionCache(capacity=2)).status == Status.FAIL
+    cpu = torch.device("cpu")
+    assert run_case(case, device=cpu, sessions=SessionCache(capacity=2)).status == Status.FAIL
 
     def opaque(self, func, args, kwargs):
         with _disable_current_modes():
@@ -166,7 +170,7 @@ def test_customop_seed_needs_the_body_recorded(monkeypatch):
         return out
 
     monkeypatch.setattr(emulated._Recorder, "_custom_op", opaque)
-    r = run_case(case, sessions=SessionCache(capacity=2))
+    r = run_case(case, device=cpu, sessions=SessionCache(capacity=2))
     assert r.status == Status.PASS, r.reason
 
 

@@ -11,8 +11,18 @@ from orchestrator.executor.verdicts import first_line, poisons_worker, two_attem
 P, F, E, T = Status.PASS, Status.FAIL, Status.ERROR, Status.TIMEOUT
 
 
-def _r(status, reason="", worker="w", kind=""):
-    return CaseResult("c", status, reason=reason, worker=worker, error_kind=kind)
+def _r(status, reason="", worker="w", kind="", log=""):
+    return CaseResult("c", status, reason=reason, worker=worker, error_kind=kind, log_tail=log)
+
+
+# What torch prints after every CUDA error (seen on the H200 after AITER pa_decode's
+# k_scale.item() inside a capture): the DSA hint names device-side assertions.
+TORCH_CUDA_TAIL = """torch.AcceleratorError: CUDA error: operation not permitted when stream is capturing
+Search for `cudaErrorStreamCaptureUnsupported' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html
+CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+For debugging consider passing CUDA_LAUNCH_BLOCKING=1
+Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.
+"""
 
 
 @pytest.mark.parametrize("first, retry, want, reason_starts", [
@@ -33,6 +43,10 @@ def test_two_attempts(first, retry, want, reason_starts):
     (_r(E, "RuntimeError: CUDA error: an illegal memory access"), True),
     (_r(E, "capture failed: cudaErrorStreamCaptureInvalidated", kind="capture"), False),  # not sticky
     (_r(E, "capture failed: an illegal memory access was encountered", kind="capture"), True),
+    (_r(E, "capture error: FULL size 64: CUDA error: operation not permitted when stream is capturing",
+        kind="capture", log=TORCH_CUDA_TAIL), False),  # torch's DSA hint is not a device-side assert
+    (_r(E, "capture failed", kind="capture", log="CUDA error: device-side assert triggered\n" + TORCH_CUDA_TAIL), True),
+    (_r(E, "RuntimeError: CUDA error: unspecified launch failure", log=TORCH_CUDA_TAIL), True),
     (_r(F, "CUDA error in the reason of a failed check"), False),  # only errors recycle
     (_r(E, "ValueError: shapes"), False),
 ])
