@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,7 +134,40 @@ def torch_unavailable(device_class: str) -> str | None:
 
 
 def aiter_native_unavailable(device_class: str) -> str | None:
-    return "unavailable: needs a ROCm GPU" if device_class != "gpu" else ASK_CLASS
+    if device_class != "gpu":
+        return "unavailable: needs a ROCm GPU"
+    if "torch" not in sys.modules and _installed_torch_hip() is None:
+        # A CUDA (or CPU) build of torch, read from its version.py without importing it: the
+        # planner of a CUDA machine (the H200) spent 3 s importing torch to learn this.
+        return "unavailable: needs ROCm (torch.version.hip is None)"
+    return ASK_CLASS
+
+
+_HIP_LINE = re.compile(r"^hip\s*(?::[^=]*)?=\s*(.+?)\s*$", re.MULTILINE)
+
+
+def _installed_torch_hip() -> str | None:
+    """torch.version.hip of the installed torch, from the text of torch/version.py (written at
+    build time: `hip: Optional[str] = None` or `= '6.2.41133-...'`); "?" when it cannot be read,
+    so the caller asks the class."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        origin = spec.origin if spec else None
+        if not origin:
+            return "?"
+        with open(os.path.join(os.path.dirname(origin), "version.py")) as f:
+            return hip_of_version_py(f.read())
+    except (OSError, ImportError, ValueError):
+        return "?"
+
+
+def hip_of_version_py(text: str) -> str | None:
+    """The `hip` value of a torch/version.py text: None, the version string, or "?" (no such line)."""
+    m = _HIP_LINE.search(text)
+    if m is None:
+        return "?"
+    value = m.group(1).strip()
+    return None if value == "None" else value.strip("'\"")
 
 
 def aiter_triton_unavailable(device_class: str) -> str | None:

@@ -69,3 +69,16 @@ def test_kfd_topology_counts_gpu_nodes(tmp_path, nodes, expected):
             (root / name).mkdir(parents=True)
             (root / name / "properties").write_text(text)
     assert kfd_gpu_count(str(root)) == expected
+
+
+@pytest.mark.parametrize("text, want", [
+    ("__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n", None),  # CUDA build
+    ("__version__ = '2.9.0+rocm6.4'\nhip: Optional[str] = '6.4.43482-0f2d60242'\n", "6.4.43482-0f2d60242"),
+    ("hip = None\n", None),
+    ("__version__ = '2.4.0'\n", "?"),  # no hip line: ask the class
+])
+def test_torch_hip_read_without_importing_torch(text, want):
+    # The planner on a CUDA machine answers "needs ROCm" for native aiter from torch/version.py.
+    from backend.attention.capabilities import hip_of_version_py
+
+    assert hip_of_version_py(text) == want
