@@ -18,7 +18,8 @@ Random ops draw new numbers at each replay, like a graph-safe generator advancin
 
 Capture on a GPU records without executing. To match, state the capture wrote into tensors that
 existed before it (persistent buffers, KV cache, a collective's tensor) is restored afterwards;
-tensors created during capture keep their values. Host syncs raise GraphCaptureError as they
+tensors created during capture keep their values. The flex_attention higher-order op is recorded
+through torch's dense implementation (_register_hop_rules). Host syncs raise GraphCaptureError as they
 fail a real capture: `.item()`/`bool()`/`int()` (`_local_scalar_dense`, `is_nonzero`),
 `nonzero`, boolean-mask indexing, `masked_select`, `unique*`, `equal`, `repeat_interleave`
 without output_size, `tolist()`/`numpy()`, and device->host copies (`.cpu()`, `.to("cpu")` in any
@@ -229,6 +230,25 @@ class _Recorder(TorchDispatchMode):
             for t, saved in reversed(self.snapshots):
                 t.copy_(saved)
         self.snapshots.clear()
+
+
+def _register_hop_rules() -> None:
+    """Higher-order operators reach a dispatch mode whole; a graph records the kernels they
+    launch. flex_attention (vLLM's FLEX_ATTENTION backend run eagerly on CPU) is recorded through
+    torch's own dense implementation, so its aten ops, with every host value they take, are what
+    replays. Any other HOP under capture is refused by torch with a clear error."""
+    try:
+        from torch._higher_order_ops.flex_attention import flex_attention as flex_hop, sdpa_dense
+    except ImportError:  # a torch without flex attention
+        return
+
+    @flex_hop.py_impl(_Recorder)
+    def _flex_recorded(mode, *args, **kwargs):
+        with mode:
+            return sdpa_dense(*args, **kwargs)
+
+
+_register_hop_rules()
 
 
 def _refuse_host_read(what: str, original: Callable[..., Any]) -> Callable[..., Any]:

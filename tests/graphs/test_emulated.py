@@ -179,3 +179,41 @@ def test_other_capture_failure_is_wrapped(runner):
 
     with pytest.raises(GraphCaptureError, match="KeyError"):
         runner.capture(broken)
+
+
+def test_flex_attention_hop_is_recorded_through_its_dense_implementation(runner):
+    """The flex_attention HOP (vLLM's FLEX_ATTENTION run eagerly on CPU) replays with live mask
+    tensors and a live query. Its dense path upcasts bf16 with `to.dtype`, whose schema marks a
+    possible alias: treated as a view, the replay reused the capture's query (a false red on
+    every FULL cell of vllm:FLEX_ATTENTION)."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    import torch.nn.attention.flex_attention as fa
+
+    old = fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # eager flex without its torch.compile wrapper
+    try:
+        doc, lens = torch.tensor([0, 1, 2, 3]), torch.tensor([2, 3, 4, 5])
+
+        def mask(b, h, q, kv):
+            return kv < lens[doc[q]]
+
+        bm = BlockMask.from_kv_blocks(torch.ones(1, 1, 1, dtype=torch.int32), torch.zeros(1, 1, 1, 1, dtype=torch.int32),
+                                      BLOCK_SIZE=(16, 16), mask_mod=mask, seq_lengths=(4, 8), compute_q_blocks=False)
+        q, k, v = (torch.randn(1, 1, n, 8, dtype=torch.bfloat16) for n in (4, 8, 8))
+        out = torch.zeros(1, 1, 4, 8, dtype=torch.bfloat16)
+
+        def fn():
+            out.copy_(flex_attention(q, k, v, block_mask=bm))
+            return out
+
+        runner.warmup(fn, 1)
+        graph = runner.capture(fn)
+        lens.copy_(torch.tensor([5, 6, 7, 8]))
+        doc.copy_(torch.tensor([3, 2, 1, 0]))
+        q.copy_(torch.randn(1, 1, 4, 8, dtype=torch.bfloat16))
+        graph.replay()
+        replayed = out.clone()
+        fn()
+        assert torch.equal(replayed, out)
+    finally:
+        fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = old
