@@ -125,9 +125,13 @@ class Session:
         self.config = attention_config(shape, self.layout, kv_cache_dtype, capture_sizes, self.device)
         self.builder = backend_cls.builder_cls(self.config)
         self.impl = backend_cls.impl_cls(self.config)
-        cache_shape = backend_cls.kv_cache_shape(self.config.num_blocks, shape.block_size,
-                                                 self.layout.local_kv_heads, shape.head_size)
-        caches = [allocate_kv_cache(self.config, tuple(cache_shape)) for _ in range(shape.num_layers)]
+        own = getattr(backend_cls, "allocate_kv_cache", None)
+        if own is not None:  # a backend with its own layout (backend/adapters/vllm.py), seen as ours
+            caches = [own(self.config) for _ in range(shape.num_layers)]
+        else:
+            cache_shape = backend_cls.kv_cache_shape(self.config.num_blocks, shape.block_size,
+                                                     self.layout.local_kv_heads, shape.head_size)
+            caches = [allocate_kv_cache(self.config, tuple(cache_shape)) for _ in range(shape.num_layers)]
         _fill_garbage(caches, self.config.dtype)
         self.model = TPModel(shape, self.layout, self.impl, caches, self.device,
                              all_reduce=getattr(backend_cls, "tp_all_reduce", None))

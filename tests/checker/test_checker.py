@@ -196,3 +196,17 @@ def test_tp_layout(key):
     if expected is not None:
         lay = TPLayout(tp, rank, heads, kv, 16)
         assert (tuple(lay.q_heads), tuple(lay.kv_heads)) == expected
+
+
+@pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_spec_decode_graph_above_the_largest_capture_size_runs(mode):
+    """k = 2 on 11 decode rows (33 tokens): the decode graph of the largest capture size 32 has
+    cdiv(32, 3) = 11 requests = 33 tokens, one more row than max(capture_sizes); the session's
+    static buffers must hold the largest captured graph (an ERROR otherwise: 'size of tensor a
+    (33) must match ... (32)'; decode_64 k2 cells on CPU: 86 x 3 = 258 > 256)."""
+    batch = BatchSpec("decode11", (1,) * 11, (40,) * 11)
+    case = make_case(mode=mode, batch=batch, spec_tokens=2,
+                     model=dataclasses.replace(TINY, max_num_seqs=16))
+    result = run_case(case, device=torch.device("cpu"))
+    assert result.status == Status.PASS, (result.reason, result.log_tail[-1500:])
+    assert 33 in result.capture_sizes_used
