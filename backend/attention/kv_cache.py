@@ -70,17 +70,26 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slo
     redirected to slot 0 (inside the null block, which no real token writes) and writes back the
     bytes it read there, so nothing in the cache changes for padded tokens.
     """
-    num_slots = kv_cache.shape[1] * kv_cache.shape[2]
+    write_slots(kv_cache[0], key, slot_mapping, k_scale)
+    write_slots(kv_cache[1], value, slot_mapping, v_scale)
+
+
+def write_slots(cache: torch.Tensor, x: torch.Tensor, slot_mapping: torch.Tensor, scale: torch.Tensor) -> None:
+    """write_kv for one of K or V: cache [num_blocks, block_size, Hkv, D]. The cache may be a
+    strided view (a vLLM-layout cache seen as ours) as long as (num_blocks, block_size) flatten
+    into one slot dim without a copy."""
+    num_slots = cache.shape[0] * cache.shape[1]
     n = slot_mapping.shape[0]
     valid = (slot_mapping >= 0)[:, None, None]
     index = slot_mapping.clamp(min=0)
-    if not kv_cache.is_contiguous():
-        raise ValueError("kv_cache must be contiguous (the write goes through a flat view)")
-    for cache, x, scale in ((kv_cache[0], key, k_scale), (kv_cache[1], value, v_scale)):
+    try:
         flat = cache.view(num_slots, *cache.shape[2:])  # [num_slots, Hkv, D]
-        x = x[:n]
-        new = quantize_fp8(x, scale, flat.dtype) if flat.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) \
-            else x.to(flat.dtype)
-        raw = _raw(flat)
-        old = raw.index_select(0, index)
-        raw.index_copy_(0, index, torch.where(valid, _raw(new), old))
+    except RuntimeError:
+        raise ValueError("kv_cache blocks and slots must flatten without a copy (the write goes through "
+                         "a flat view)") from None
+    x = x[:n]
+    new = quantize_fp8(x, scale, flat.dtype) if flat.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) \
+        else x.to(flat.dtype)
+    raw = _raw(flat)
+    old = raw.index_select(0, index)
+    raw.index_copy_(0, index, torch.where(valid, _raw(new), old))

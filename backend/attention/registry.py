@@ -31,6 +31,11 @@ _BUILTIN_PATHS: dict[str, str] = {
     "aiter-triton-pa": "backend.attention.aiter_triton_backend:AiterTritonPABackend",
 }
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(_BUILTIN_PATHS)
+# "vllm:NAME" is vLLM's own backend NAME run in place (backend/adapters/vllm.py); reserved, so it
+# is never read as the import path "module vllm, attribute NAME". Doctor lists these.
+VLLM_PREFIX = "vllm:"
+VLLM_BACKENDS: tuple[str, ...] = ("vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN",
+                                  "vllm:ROCM_AITER_FA")
 
 # What a duck-typed plugin must provide (checked when it does not subclass AttentionBackend).
 _REQUIRED_ATTRS = ("name", "cudagraph_support", "builder_cls", "impl_cls", "supported_kv_cache_dtypes")
@@ -83,6 +88,13 @@ def get_backend(name: str) -> type[AttentionBackend]:
     if not isinstance(name, str) or not name.strip():
         raise BackendLoadError(f"empty backend name: expected one of {', '.join(BUILTIN_BACKENDS)}")
     name = name.strip()
+    if name.startswith(VLLM_PREFIX):  # vLLM's own backend by its registry name (issue 15)
+        vllm_name = name[len(VLLM_PREFIX):].strip()
+        if not vllm_name:
+            raise BackendLoadError(f"empty vLLM backend name in {name!r}: expected e.g. vllm:FLEX_ATTENTION")
+        from backend.adapters.vllm import make_backend  # imports vllm only when the class is used
+
+        return make_backend(vllm_name)
     path = _BUILTIN_PATHS.get(name, name)
     return validate_backend_class(_import_class(path), name)
 

@@ -212,7 +212,7 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
     import torch
 
     from backend.attention.kv_cache import fp8_dtype
-    from backend.attention.registry import BUILTIN_BACKENDS, availability
+    from backend.attention.registry import BUILTIN_BACKENDS, VLLM_BACKENDS, availability
     from backend.distributed import _NCCL_ENV
     from backend.graphs.cuda import graph_kind
 
@@ -229,7 +229,7 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
     if len({g.arch for g in gpus}) > 1:
         warnings.append(f"mixed GPU archs on one node: {', '.join(sorted({g.arch for g in gpus}))}")
     providers = tuple(ProviderLine(a.provider, a.available, a.reason)
-                      for a in (availability(name, device) for name in BUILTIN_BACKENDS))
+                      for a in (availability(name, device) for name in BUILTIN_BACKENDS + VLLM_BACKENDS))
     triton_ok = any(p.provider == "aiter-triton" and p.available for p in providers)
     aiter_version, aiter_findings = _aiter_findings(triton_ok)
     home = Path(env.get("HOME") or Path.home())

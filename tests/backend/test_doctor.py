@@ -120,7 +120,11 @@ def test_doctor_json_on_this_machine():
     assert report["graph_kind"] == graph_kind(torch.version.hip, gpu)
     assert report["platform"] == D.platform_name(torch.version.hip, torch.version.cuda, gpu)
     providers = {p["provider"]: p for p in report["providers"]}
-    assert set(providers) == {"torch", "aiter", "aiter-emulated", "aiter-triton", "aiter-triton-pa"}
+    assert set(providers) == {"torch", "aiter", "aiter-emulated", "aiter-triton", "aiter-triton-pa",
+                              "vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN", "vllm:ROCM_AITER_FA"}
+    # vLLM's backends: available, or a one-line reason (vllm missing, version, platform).
+    for name in ("vllm:TRITON_ATTN", "vllm:ROCM_AITER_FA"):
+        assert not providers[name]["available"] and providers[name]["reason"]
     assert providers["torch"]["available"] and providers["aiter-emulated"]["available"]
     if torch.version.hip is None:
         assert not providers["aiter"]["available"] and "ROCm" in providers["aiter"]["reason"]

@@ -1,0 +1,221 @@
+"""`vllm:NAME`: vLLM's own attention backends behind our interface (backend/adapters/vllm.py).
+
+The first group needs no vllm (version range, names, skips with reasons). The `vllm` group runs
+vLLM's real FLEX_ATTENTION code and is skipped with the reason when vllm is not importable
+(.ci/run installs it, docs/VLLM.md); it includes backends broken on purpose.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.adapters import vllm as adapter
+from backend.attention.registry import BackendLoadError, availability, get_backend
+from backend.case import BatchSpec, Case, ModelShape, Tolerance
+from backend.checker import run_case
+from backend.result import Status
+
+_VLLM_WHY = adapter.version_reason(adapter.installed_version())
+if _VLLM_WHY is None:
+    _cls, _VLLM_WHY = adapter.load_vllm_backend("FLEX_ATTENTION")
+_skip = pytest.mark.skipif(_VLLM_WHY is not None, reason=f"vllm not usable here: {_VLLM_WHY}")
+
+
+def needs_vllm(test):
+    """The `vllm` group (`pytest -m vllm`): real vLLM code, skipped with the reason without it."""
+    return pytest.mark.vllm(_skip(test))
+
+
+@pytest.mark.parametrize("installed,expect", [
+    (None, "vllm is not installed"),
+    ("0.32.1", "outside the supported range >=0.33.0,<0.35.0"),
+    ("0.33.0", None),
+    ("0.34.0", None),
+    ("0.34.1rc1", None),
+    ("0.34.0+cu130", None),
+    ("0.35.0", "outside the supported range"),
+    ("1.0.0", "outside the supported range"),
+    ("not-a-version", "is not a version number"),
+])
+def test_version_range(installed, expect):
+    why = adapter.version_reason(installed)
+    if expect is None:
+        assert why is None
+    else:
+        assert expect in why and "\n" not in why
+
+
+def test_empty_vllm_name_is_one_line_error():
+    with pytest.raises(BackendLoadError, match="empty vLLM backend name"):
+        get_backend("vllm:")
+
+
+def test_unusable_vllm_is_a_skip_reason_never_a_traceback(monkeypatch):
+    """vllm missing / outside the range: the class still loads and says why it cannot run."""
+    monkeypatch.setattr(adapter, "installed_version", lambda: "0.20.0")
+    adapter.load_vllm_backend.cache_clear()
+    adapter._make_backend.cache_clear()
+    try:
+        cls = get_backend("vllm:FLEX_ATTENTION")
+        why = cls.unavailable_reason(torch.device("cpu"))
+        assert "vllm 0.20.0 is outside the supported range" in why
+        a = availability("vllm:FLEX_ATTENTION", "cpu")
+        assert not a.available and "outside the supported range" in a.reason
+        case = Case("vllm:FLEX_ATTENTION", 1, "FULL", "auto", BatchSpec("d", (1,), (9,)),
+                    model=ModelShape(num_heads=4, num_kv_heads=2, head_size=16, num_layers=1, max_model_len=64,
+                                     max_num_seqs=4, num_blocks=32), capture_sizes=(1, 2, 4))
+        result = run_case(case, device=torch.device("cpu"))
+        assert result.status == Status.SKIP and "outside the supported range" in result.reason
+    finally:
+        adapter.load_vllm_backend.cache_clear()
+        adapter._make_backend.cache_clear()
+
+
+# ---- with vLLM ---------------------------------------------------------------------------------
+SHAPE = ModelShape(num_heads=8, num_kv_heads=2, head_size=16, num_layers=1, max_model_len=128, max_num_seqs=16,
+                   num_blocks=64, max_num_batched_tokens=512)
+SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def _case(mode: str, batch: BatchSpec, backend: str = "vllm:FLEX_ATTENTION", kv: str = "auto", k: int = 0) -> Case:
+    return Case(backend, 1, mode, kv, batch, model=SHAPE, capture_sizes=SIZES, steps=3,
+                tolerance=Tolerance(2e-2, 2e-2), spec_tokens=k)
+
+
+DECODE_5 = BatchSpec("decode_5", (1,) * 5, (40, 17, 64, 9, 33))
+MIXED = BatchSpec("mixed", (1, 1, 6, 1), (30, 12, 6, 50))
+
+
+@needs_vllm
+def test_flex_declares_vllms_own_support_and_kv_dtypes():
+    cls = get_backend("vllm:FLEX_ATTENTION")
+    vllm_cls = cls.vllm_backend
+    assert cls.name == "vllm:FLEX_ATTENTION"
+    assert cls.cudagraph_support.name == vllm_cls.get_builder_cls()._cudagraph_support.name == "ALWAYS"
+    assert cls.supported_kv_cache_dtypes == ("auto",)  # vLLM's FLEX has no quantized cache
+    a = availability("vllm:FLEX_ATTENTION", "cpu")
+    assert a.available, a.reason
+
+
+@needs_vllm
+def test_cache_view_is_vllms_storage_in_our_layout():
+    """Our [2, B, N, H, D] view and vLLM's logical [B, H, N, 2D] view address the same bytes:
+    K of (block b, offset n, head h) is vLLM's [b, h, n, :D], V its [b, h, n, D:]."""
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    from backend.session import attention_config
+    from backend.model import TPLayout
+
+    config = attention_config(SHAPE, TPLayout(1, 0, 8, 2, 16), "auto", SIZES, "cpu")
+    ours = adapter.allocate_vllm_kv_cache(config, KVCacheLayout.LBNHC)
+    theirs = adapter.as_vllm_view(ours)
+    assert ours.shape == (2, 64, 16, 2, 16) and theirs.shape == (64, 2, 16, 32)
+    ours[0, 5, 3, 1] = 1.0
+    ours[1, 5, 3, 1] = 2.0
+    assert (theirs[5, 1, 3, :16] == 1).all() and (theirs[5, 1, 3, 16:] == 2).all()
+    assert int((theirs != 0).sum()) == 32  # nothing else touched
+    # vLLM's FLEX reads [B, N, H, 2D] physically (LBNHC): a token's heads are adjacent.
+    assert theirs.transpose(1, 2).is_contiguous()
+
+
+@needs_vllm
+def test_emulated_kv_write_skips_padded_slots():
+    adapter.ensure_cache_ops()
+    kc = torch.zeros(4, 16, 2, 8)
+    vc = torch.zeros(4, 16, 2, 8)
+    key, value = torch.ones(3, 2, 8), 2 * torch.ones(3, 2, 8)
+    slots = torch.tensor([17, -1, 63])
+    one = torch.ones(1)
+    torch.ops._C_cache_ops.reshape_and_cache_flash(key, value, kc, vc, slots, "auto", one, one)
+    assert (kc.view(64, 2, 8)[[17, 63]] == 1).all() and (vc.view(64, 2, 8)[[17, 63]] == 2).all()
+    assert int((kc != 0).sum()) == 2 * 16  # the -1 token wrote nowhere
+
+
+@needs_vllm
+@pytest.mark.parametrize("mode,batch", [
+    ("NONE", MIXED),
+    ("PIECEWISE", MIXED),
+    ("FULL", MIXED),  # ALWAYS: the mixed batch replays a FULL graph of 16 tokens
+    ("FULL", DECODE_5),  # pads 5 -> 8
+    ("FULL_AND_PIECEWISE", DECODE_5),
+])
+def test_flex_cells_run_vllm_code_green(mode, batch):
+    result = run_case(_case(mode, batch), device=torch.device("cpu"))
+    assert result.status == Status.PASS, (result.reason, result.log_tail[-2000:])
+    assert result.provider == "vllm:FLEX_ATTENTION" and result.resolved_mode == mode
+    if mode != "NONE":
+        assert result.graph_kind == "emulated"
+
+
+@needs_vllm
+def test_flex_spec_decode_verify_rows():
+    result = run_case(_case("FULL_DECODE_ONLY", DECODE_5, k=2), device=torch.device("cpu"))
+    assert result.status == Status.PASS, result.reason
+
+
+@needs_vllm
+def test_flex_fp8_is_a_skip_with_reason():
+    result = run_case(_case("FULL", DECODE_5, kv="fp8"), device=torch.device("cpu"))
+    assert result.status == Status.SKIP and "kv_cache_dtype fp8 not supported by vllm:FLEX_ATTENTION" in result.reason
+
+
+# ---- broken on purpose: the checker must see it through the adapter ---------------------------
+class _NoKVWriteImpl(adapter.VllmImpl):
+    """vLLM's FLEX with the KV write dropped: new tokens are never attended to."""
+
+    backend_name = "FLEX_ATTENTION"
+
+    def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
+        self.layer.bind(k_scale, v_scale)
+        t = metadata.num_padded_tokens
+        self.impl.forward(self.layer, query[:t], key[:t], value[:t], adapter.as_vllm_view(kv_cache),
+                          metadata.vllm, output[:t])
+        return output
+
+
+class _StaleMetadataBuilder(adapter.VllmBuilder):
+    """Rebuilds vLLM's metadata only at capture: a replay keeps the capture's seq_lens (what a
+    builder that does not write its persistent buffers looks like under FULL graphs)."""
+
+    backend_name = "FLEX_ATTENTION"
+
+    def build(self, batch, num_padded_tokens=None, num_padded_reqs=None):
+        md = super().build(batch, num_padded_tokens, num_padded_reqs)
+        if num_padded_tokens is not None:  # a FULL replay step
+            self.vllm_builder.persistent_seq_lens.fill_(1)
+        return md
+
+
+def _mutant(**roles):
+    base = get_backend("vllm:FLEX_ATTENTION")
+    return type("Mutant", (base,), {"name": "vllm:FLEX_ATTENTION-mutant", **roles})
+
+
+@needs_vllm
+def test_dropped_kv_write_fails_the_reference_check(monkeypatch):
+    mutant = _mutant(impl_cls=_NoKVWriteImpl)
+    monkeypatch.setattr("backend.checker.get_backend", lambda name: mutant)
+    result = run_case(_case("NONE", MIXED), device=torch.device("cpu"))
+    assert result.status == Status.FAIL and "reference" in result.reason
+
+
+@needs_vllm
+def test_stale_metadata_under_full_fails_replay_only(monkeypatch):
+    mutant = _mutant(builder_cls=_StaleMetadataBuilder)
+    monkeypatch.setattr("backend.checker.get_backend", lambda name: mutant)
+    full = run_case(_case("FULL", DECODE_5), device=torch.device("cpu"))
+    assert full.status == Status.FAIL and "replay" in full.reason
+    piecewise = run_case(_case("PIECEWISE", DECODE_5), device=torch.device("cpu"))
+    assert piecewise.status == Status.PASS, piecewise.reason
+
+
+@needs_vllm
+def test_triton_attn_constructs_on_cpu_and_says_it_needs_a_gpu():
+    """TRITON_ATTN's class, support level and kv dtypes come from vLLM here; its kernels need CUDA."""
+    cls = get_backend("vllm:TRITON_ATTN")
+    if cls.vllm_backend is None:
+        pytest.skip(cls.unavailable_reason(torch.device("cpu")))
+    assert cls.cudagraph_support.name == "ALWAYS"
+    assert cls.supported_kv_cache_dtypes == ("auto", "fp8")
+    assert "needs a GPU" in cls.unavailable_reason(torch.device("cpu"))
