@@ -219,3 +219,20 @@ def test_triton_attn_constructs_on_cpu_and_says_it_needs_a_gpu():
     assert cls.cudagraph_support.name == "ALWAYS"
     assert cls.supported_kv_cache_dtypes == ("auto", "fp8")
     assert "needs a GPU" in cls.unavailable_reason(torch.device("cpu"))
+    # Everything up to the kernel launch builds here: vLLM's builder, Impl, cache and metadata.
+    from backend.attention.interface import BatchDescription
+    from backend.model import TPLayout
+    from backend.session import attention_config
+
+    shape = ModelShape(num_heads=8, num_kv_heads=2, head_size=64, num_layers=1, max_model_len=128,
+                       max_num_seqs=8, num_blocks=32)
+    for kv, dtype in (("auto", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        config = attention_config(shape, TPLayout(1, 0, 8, 2, 64), kv, (1, 2, 4, 8), "cpu")
+        builder, impl, cache = cls.builder_cls(config), cls.impl_cls(config), cls.allocate_kv_cache(config)
+        assert cache.shape == (2, 32, 16, 2, 64) and cache.dtype == dtype
+        table = torch.zeros(2, 8, dtype=torch.int32)
+        table[0, 0], table[1, 0] = 1, 2
+        md = builder.build(BatchDescription([1, 3], [5, 3], table, torch.tensor([20, 32, 33, 34])))
+        assert type(md.vllm).__name__ == "TritonAttentionMetadata"
+        assert builder.build_for_capture(8, 1).vllm.num_actual_tokens == 8
+        assert type(impl.impl).__name__ == "TritonAttentionImpl"
