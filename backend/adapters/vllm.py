@@ -49,11 +49,8 @@ from backend.attention.interface import (
 )
 from backend.attention.kv_cache import kv_cache_torch_dtype, write_slots
 
-PREFIX = "vllm:"
 SUPPORTED_RANGE = ("0.33.0", "0.35.0")  # >= first, < second
-# Listed by `orch doctor`; any other AttentionBackendEnum name works with --backend too.
-KNOWN_BACKENDS = ("FLEX_ATTENTION", "TRITON_ATTN", "FLASH_ATTN", "FLASHINFER", "ROCM_AITER_FA",
-                  "ROCM_AITER_UNIFIED_ATTN")
+# The names `orch doctor` lists are registry.VLLM_BACKENDS; any AttentionBackendEnum name works.
 # Backends whose kernels run on a CPU torch (FLEX_ATTENTION is pure torch).
 CPU_BACKENDS = ("FLEX_ATTENTION",)
 # Compiled modules a backend's kernels live in, beyond vLLM's Python: absent from the trimmed
@@ -74,14 +71,14 @@ def version_reason(installed: str | None, supported: tuple[str, str] = SUPPORTED
     from packaging.version import InvalidVersion, Version
 
     if installed is None:
-        return "vllm is not installed (pip install vllm --no-deps plus docs/VLLM.md's extra packages)"
+        return "unavailable: vllm is not installed (pip install vllm --no-deps plus docs/VLLM.md's extra packages)"
     try:
         v = Version(installed)
     except InvalidVersion:
-        return f"vllm version {installed!r} is not a version number"
+        return f"unavailable: vllm version {installed!r} is not a version number"
     lo, hi = (Version(s) for s in supported)
     if not lo <= Version(v.base_version) < hi:
-        return f"vllm {installed} is outside the supported range >={supported[0]},<{supported[1]}"
+        return f"unavailable: vllm {installed} is outside the supported range >={supported[0]},<{supported[1]}"
     return None
 
 
@@ -131,16 +128,16 @@ def load_vllm_backend(name: str) -> tuple[Any, str | None]:
     try:
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
     except Exception as exc:  # noqa: BLE001 - an import that fails for any reason is "unavailable"
-        return None, f"vllm does not import: {_one_line(exc)}"
+        return None, f"unavailable: vllm does not import: {_one_line(exc)}"
     _cpu_fixups()
     try:
         member = AttentionBackendEnum[name]
     except (KeyError, ValueError):
-        return None, f"vLLM has no attention backend {name!r}"
+        return None, f"unavailable: vLLM has no attention backend {name!r}"
     try:
         cls = member.get_class()
     except Exception as exc:  # noqa: BLE001 - e.g. a kernel package missing on this platform
-        return None, f"vllm backend {name} does not import here: {_one_line(exc)}"
+        return None, f"unavailable: vllm backend {name} does not import here: {_one_line(exc)}"
     eager = _cpu_flex_eager(sys.modules[cls.__module__]) if name == "FLEX_ATTENTION" else None
     if eager:
         _EMULATED_OPS.append(eager)
@@ -413,8 +410,10 @@ def make_backend(name: str) -> type[AttentionBackend]:
 def _make_backend(name: str) -> type[AttentionBackend]:
     cls, why = load_vllm_backend(name)
     support = _support(cls, None) if cls is not None else AttentionCGSupport.NEVER
+    # Unusable here: every kv dtype, so a case's skip reason is why vLLM is unusable, not a
+    # dtype it may well support.
     kv_dtypes = tuple(ours for ours, theirs in _KV_DTYPES.items()
-                      if cls is not None and (not cls.supported_kv_cache_dtypes or theirs in cls.supported_kv_cache_dtypes))
+                      if cls is None or not cls.supported_kv_cache_dtypes or theirs in cls.supported_kv_cache_dtypes)
     dtypes = tuple(cls.supported_dtypes) if cls is not None else (torch.bfloat16, torch.float16, torch.float32)
     builder = type(f"{name}Builder", (VllmBuilder,), {"backend_name": name})
     impl = type(f"{name}Impl", (VllmImpl,), {"backend_name": name})
@@ -425,15 +424,15 @@ def _make_backend(name: str) -> type[AttentionBackend]:
             return why
         device = torch.device(device)
         if device.type == "cuda" and not torch.cuda.is_available():
-            return "no CUDA/ROCm device visible"
+            return "unavailable: no CUDA/ROCm device visible"
         if name.startswith("ROCM_") and torch.version.hip is None:
-            return f"vllm:{name} runs on ROCm only"
+            return f"unavailable: vllm:{name} runs on ROCm only"
         if device.type != "cuda" and name not in CPU_BACKENDS:
             kind = "Triton" if name in ("TRITON_ATTN", "ROCM_AITER_UNIFIED_ATTN") else "CUDA/HIP"
-            return f"vllm:{name} launches {kind} kernels: it needs a GPU (--devices gpu)"
+            return f"unavailable: vllm:{name} launches {kind} kernels: it needs a GPU (--devices gpu)"
         missing = _native_missing(name)
         if missing:
-            return f"vllm:{name} needs {missing}, which this vllm install lacks (a Python-only wheel?)"
+            return f"unavailable: vllm:{name} needs {missing}, which this vllm install lacks (a Python-only wheel?)"
         return None
 
     @classmethod

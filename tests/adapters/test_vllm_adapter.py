@@ -28,7 +28,7 @@ def needs_vllm(test):
 
 
 @pytest.mark.parametrize("installed,expect", [
-    (None, "vllm is not installed"),
+    (None, "unavailable: vllm is not installed"),
     ("0.32.1", "outside the supported range >=0.33.0,<0.35.0"),
     ("0.33.0", None),
     ("0.34.0", None),
@@ -67,6 +67,24 @@ def test_unusable_vllm_is_a_skip_reason_never_a_traceback(monkeypatch):
                                      max_num_seqs=4, num_blocks=32), capture_sizes=(1, 2, 4))
         result = run_case(case, device=torch.device("cpu"))
         assert result.status == Status.SKIP and "outside the supported range" in result.reason
+    finally:
+        adapter.load_vllm_backend.cache_clear()
+        adapter._make_backend.cache_clear()
+
+
+def test_without_vllm_the_matrix_skips_every_vllm_case_with_that_reason_alone(monkeypatch):
+    """vllm not installed: every vllm: cell of matrices/vllm.yaml is a skip whose reason is that,
+    not a kv dtype the backend may well support, and nothing is runnable."""
+    from orchestrator.matrix import load_matrix
+
+    monkeypatch.setattr(adapter, "installed_version", lambda: None)
+    adapter.load_vllm_backend.cache_clear()
+    adapter._make_backend.cache_clear()
+    try:
+        matrix = load_matrix("matrices/vllm.yaml", devices="cpu")
+        assert not matrix.cases and len(matrix.skipped) == 150
+        assert {s.reason for s in matrix.skipped} == {adapter.version_reason(None)}
+        assert adapter.version_reason(None).startswith("unavailable: vllm is not installed")
     finally:
         adapter.load_vllm_backend.cache_clear()
         adapter._make_backend.cache_clear()
@@ -236,3 +254,36 @@ def test_triton_attn_constructs_on_cpu_and_says_it_needs_a_gpu():
         assert type(md.vllm).__name__ == "TritonAttentionMetadata"
         assert builder.build_for_capture(8, 1).vllm.num_actual_tokens == 8
         assert type(impl.impl).__name__ == "TritonAttentionImpl"
+
+
+# ---- broken vLLM backends as plugins (tests/mutants/vllm_backends.py): the gate goes red ----------
+@needs_vllm
+@pytest.mark.parametrize("mutant,filter_expr,red,check", [
+    # Prefill rows zeroed after vLLM's forward: red where a batch has a prefill row, in every mode
+    # (eager is as wrong: the reference check); the pure decode cells stay green.
+    ("FlexPrefillDropped", "mode=FULL,PIECEWISE k=0 batch=decode_7,mixed_small,prefill_only",
+     {"mixed_small", "prefill_only"}, ("reference", "attn_reference")),
+    # One head halved: red on every cell.
+    ("FlexHeadScaled", "mode=FULL_DECODE_ONLY k=0,2 batch=decode_7", {"decode_7"}, ("reference", "attn_reference")),
+])
+def test_broken_vllm_backend_turns_the_gate_red(mutant, filter_expr, red, check):
+    from orchestrator.errors import ExitCode
+    from orchestrator.filters import select
+    from orchestrator.gate import evaluate
+    from orchestrator.matrix import load_matrix
+
+    matrix = load_matrix("matrices/vllm.yaml", devices="cpu", backend_override=f"tests.mutants.vllm_backends:{mutant}")
+    cases = select(list(matrix.cases), filter_expr)
+    assert cases and all(c.kv_cache_dtype == "auto" for c in cases)  # fp8: FLEX declares none
+    results = [run_case(c, device=torch.device("cpu")) for c in cases]
+    outcome = evaluate(results)
+    assert outcome.exit_code == ExitCode.GATE_FAILED
+    for case, r in zip(cases, results):
+        assert r.provider.startswith("mutant-vllm:FLEX_ATTENTION")
+        if case.batch.name in red:
+            assert r.status == Status.FAIL and r.reason.startswith(tuple(f"{c} check failed" for c in check)), \
+                (case.case_id, r.status, r.reason)
+            assert outcome.classification[case.case_id] == "fail"
+        else:
+            assert r.status == Status.PASS, (case.case_id, r.reason)
+    assert set(outcome.new_failures) == {c.case_id for c in cases if c.batch.name in red}
