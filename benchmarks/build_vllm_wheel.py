@@ -1,10 +1,16 @@
-"""Build a Python-only vllm wheel (and the extra packages its attention imports need) into .whl/,
-for `--backend vllm:NAME` where there is no registry (the lent GPU machine) or no time for the
-full wheel (CI). See docs/VLLM.md.
+"""Build a Python-only vllm wheel (and the extra packages its attention imports need) into
+.whl-vllm/, for `--backend vllm:NAME` where there is no registry (the lent GPU machine) or no time
+for the full wheel (CI). See docs/VLLM.md.
 
-    python benchmarks/build_vllm_wheel.py                      # vllm 0.34.0 + extras for Python 3.12
+    python benchmarks/build_vllm_wheel.py                      # vllm 0.34.0 + extras + orch's deps, Python 3.12
     python benchmarks/build_vllm_wheel.py --wheel /tmp/vllm-0.34.0-...whl --python-version 3.11
     python benchmarks/build_vllm_wheel.py --no-extras --out /tmp/w
+
+.whl-vllm/ is its own git-ignored folder (not Ray's .whl/), so it can be carried to the device
+alone: with ORCH_DEPS it holds everything benchmarks/gpu_vllm.py needs that the GPU machine lacks
+(the lent H200 has torch, triton, numpy, pyyaml, click, rich, typer, jinja2, pytest are
+there), Ray excepted (gpu_vllm runs in-process). The folder must stay within the device tool's
+64 MiB carry: over CARRY_LIMIT_MIB is exit code 4.
 
 The registry wheel is ~239 MB, most of it compiled code (vllm._C, flash-attn, MoE, DeepGEMM, the
 vllm-rs binary) and C++/CUDA headers, none of which FLEX_ATTENTION or TRITON_ATTN load. Dropped:
@@ -12,14 +18,16 @@ ELF files (any name), *.so, and C/C++/CUDA sources and headers; RECORD is rewrit
 `pip install --no-deps` accepts it. The extras are the exact packages `import
 vllm.v1.attention.backends.flex_attention` (config, CommonAttentionMetadata, builder) needs with
 `--no-deps` (EXTRAS, measured with vllm 0.34.0 on torch 2.13 CPU). Exit codes: 0 done, 2 bad
-input, 3 a download failed.
+input, 3 a download failed, 4 the folder is over the carry limit.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import csv
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -38,7 +46,19 @@ EXTRAS = (
     "pillow==13.0.0", "pybase64==1.5.1", "cachetools==8.0.2", "cbor2==6.3.0", "msgspec==0.23.0",
     "cloudpickle==3.1.3", "uvloop==0.23.0", "py-cpuinfo==9.0.0", "prometheus_client==0.26.0",
     "llguidance==1.9.1", "xgrammar==0.2.9", "apache-tvm-ffi==0.1.11",
+    # ... and what that venv already had but a torch-only machine (the lent H200) lacks: found by
+    # the same import over torch, numpy, pyyaml, click, rich, jinja2, pytest alone.
+    "psutil==7.2.2", "requests==2.34.2", "urllib3==2.8.0", "idna==3.20", "certifi==2026.10.19.post1",
+    "charset_normalizer==3.5.3", "einops==0.8.2",
 )
+# What orch itself imports (pyproject's dependencies and theirs) that the GPU machine lacks,
+# Ray excepted: pinned to the versions orch is tested with here. cp312 binaries via --python-version.
+ORCH_DEPS = (
+    "pydantic==2.14.4", "pydantic_core==2.50.5", "annotated_types==0.8.0", "typing_inspection==0.4.5",
+    "jsonschema==4.26.0", "jsonschema_specifications==2025.9.1", "referencing==0.37.0", "rpds_py==2026.9.1",
+    "attrs==26.1.0", "junitparser==5.0.3",
+)
+CARRY_LIMIT_MIB = 64.0
 _DROP_SUFFIXES = (".so", ".hpp", ".h", ".cuh", ".cu", ".cpp", ".cc", ".c", ".cxx", ".inl")
 
 
@@ -57,8 +77,11 @@ def keep(name: str, head: bytes) -> bool:
 
 
 def _record_line(name: str, data: bytes) -> str:
+    """One RECORD row, CSV as the wheel spec says (vLLM has file names with commas in them)."""
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{name},sha256={digest},{len(data)}"
+    row = io.StringIO()
+    csv.writer(row, lineterminator="").writerow([name, f"sha256={digest}", len(data)])
+    return row.getvalue()
 
 
 def trim(src: str, dst: str) -> tuple[int, int]:
@@ -78,9 +101,13 @@ def trim(src: str, dst: str) -> tuple[int, int]:
             kept += 1
         if record_name is None:
             raise InputError(f"{src}: not a wheel (no .dist-info/RECORD)")
-        lines.append(f"{record_name},,")
+        lines.append(f"{record_name},,")  # a dist-info name has no comma
         zout.writestr(record_name, "\n".join(lines) + "\n")
     return kept, dropped
+
+
+def folder_mib(path: str) -> float:
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) / 2**20
 
 
 def _download(args: list[str], dest: str) -> None:
@@ -106,10 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--version", default="0.34.0", help="vllm version to download (default 0.34.0)")
     ap.add_argument("--wheel", help="an already downloaded vllm wheel (no download)")
-    ap.add_argument("--out", default=".whl", help="output directory (default .whl, git-ignored)")
+    ap.add_argument("--out", default=".whl-vllm", help="output directory (default .whl-vllm, git-ignored)")
     ap.add_argument("--python-version", default="3.12",
                     help="target Python of the extras' binary wheels (default 3.12, the GPU machine's); '' = this one")
     ap.add_argument("--no-extras", action="store_true", help="only the trimmed vllm wheel")
+    ap.add_argument("--no-orch-deps", action="store_true", help="leave out ORCH_DEPS (orch's own dependencies)")
     a = ap.parse_args(argv)
     try:
         if a.wheel and not (os.path.isfile(a.wheel) and a.wheel.endswith(".whl")):
@@ -127,11 +155,18 @@ def main(argv: list[str] | None = None) -> int:
             t2 = time.perf_counter()
             print(f"vllm: {os.path.getsize(src) / 2**20:.0f} MiB -> {os.path.getsize(dst) / 2**20:.1f} MiB "
                   f"({kept} files kept, {dropped} compiled/C++ dropped); download {t1 - t0:.1f} s, trim {t2 - t1:.1f} s")
-            if not a.no_extras:
-                _download([*_platform_args(a.python_version), *EXTRAS], a.out)
-                size = sum(os.path.getsize(os.path.join(a.out, f)) for f in os.listdir(a.out))
-                print(f"extras: {len(EXTRAS)} packages for Python {a.python_version or 'here'}; "
-                      f"{a.out}/ now {size / 2**20:.1f} MiB; {time.perf_counter() - t2:.1f} s")
+            packages = (() if a.no_extras else EXTRAS) + (() if a.no_orch_deps else ORCH_DEPS)
+            if packages:
+                _download([*_platform_args(a.python_version), *packages], a.out)
+                print(f"extras: {0 if a.no_extras else len(EXTRAS)} packages, orch's deps: "
+                      f"{0 if a.no_orch_deps else len(ORCH_DEPS)}, for Python {a.python_version or 'here'}; "
+                      f"{time.perf_counter() - t2:.1f} s")
+        size = folder_mib(a.out)
+        print(f"{a.out}/: {len(os.listdir(a.out))} wheels, {size:.1f} MiB (carry limit {CARRY_LIMIT_MIB:.0f} MiB)")
+        if size > CARRY_LIMIT_MIB:
+            print(f"build_vllm_wheel: {a.out}/ is {size:.1f} MiB, over the {CARRY_LIMIT_MIB:.0f} MiB carry limit "
+                  "(stale wheels from another build? empty the folder and rebuild)", file=sys.stderr)
+            return 4
     except InputError as e:
         print(f"build_vllm_wheel: {e}", file=sys.stderr)
         return 2
