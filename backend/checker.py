@@ -56,7 +56,7 @@ def versions() -> dict[str, str]:
         out["orch"] = orch_version
     except Exception:
         pass
-    for label, dist in (("triton", "triton"), ("aiter", "amd-aiter"), ("ray", "ray")):
+    for label, dist in (("triton", "triton"), ("aiter", "amd-aiter"), ("ray", "ray"), ("vllm", "vllm")):
         try:
             out[label] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -127,6 +127,9 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         except BackendLoadError as e:
             return base.replace(reason=f"backend: {e}", error_kind="exception")
         base = base.replace(provider=getattr(backend_cls, "name", case.backend_label))
+        emulated = getattr(backend_cls, "emulated", None)  # what runs in place of a third party's code
+        if callable(emulated) and emulated():
+            base = base.replace(versions={**base.versions, "emulated": ", ".join(emulated())})
         why = backend_cls.unavailable_reason(device)
         if why:
             return base.replace(status=Status.SKIP, reason=unavailable(why))

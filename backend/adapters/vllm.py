@@ -13,7 +13,7 @@ vLLM's builder as the model runner would), and the KV cache in vLLM's own layout
 The checker sees that same storage as our [2, num_blocks, block_size, Hkv, D] through a strided
 view (no copy), so context writes, snapshots and the KV-integrity check read vLLM's bytes.
 
-Emulated, and said so in the result's provider name: vLLM's `_C` extension is not shipped in the
+Emulated, and said so in every result's versions["emulated"]: vLLM's `_C` extension is not shipped in the
 Python-only wheel (and is built for another torch), so where `torch.ops._C_cache_ops.
 reshape_and_cache_flash` is missing (FLEX_ATTENTION's KV write) it is registered here as a
 composite op with the documented semantics (slot -1 writes nothing; fp8 divides by the scale):
@@ -102,6 +102,42 @@ def _cpu_fixups() -> None:
     tu.PIN_MEMORY = False
 
 
+# Compiled modules vLLM's platform classes import at module level, stubbed where a Python-only
+# install lacks them: vllm/platforms/cuda.py runs `import vllm._C_stable_libtorch` at import
+# (its import_kernels() treats the same module as optional), so without a stub no backend that
+# reads current_platform (TRITON_ATTN does at import) loads on a CUDA machine. The stub
+# registers no op: a backend that needs one of its ops fails on that op, by name. The same
+# applies to the full wheel's module when it cannot load (built for vLLM's pinned torch).
+_PLATFORM_NATIVE = ("vllm._C_stable_libtorch",)
+
+
+def _native_missing_module(name: str) -> bool:
+    """The compiled module does not load here: absent (Python-only wheel) or built for another
+    torch / a CUDA driver this machine lacks (what vLLM's own import would hit)."""
+    import importlib
+
+    try:
+        importlib.import_module(name)
+    except (ImportError, OSError):
+        return True
+    return False
+
+
+def stub_platform_native(force: bool = False) -> tuple[str, ...]:
+    """Empty modules for the absent _PLATFORM_NATIVE (on a CUDA machine, or `force`); the names."""
+    if not (force or torch.cuda.is_available()):
+        return ()
+    stubbed = []
+    for name in _PLATFORM_NATIVE:
+        if name in sys.modules:
+            continue
+        if _native_missing_module(name):
+            sys.modules[name] = types.ModuleType(name, "stub: absent from a Python-only vllm (backend/adapters/vllm.py)")
+            stubbed.append(name)
+            _EMULATED_OPS.append(f"{name} (empty stub)")
+    return tuple(stubbed)
+
+
 def _cpu_flex_eager(module) -> str | None:
     """FLEX_ATTENTION on CPU: torch.compile's CPU lowering of flex attention asserts that the
     block mask spans the whole KV (flex_cpu.py: seq_len_kv <= kv_indices width x KV block), and
@@ -126,6 +162,7 @@ def load_vllm_backend(name: str) -> tuple[Any, str | None]:
     if why:
         return None, why
     try:
+        stub_platform_native()  # before anything resolves vllm.platforms.current_platform
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
     except Exception as exc:  # noqa: BLE001 - an import that fails for any reason is "unavailable"
         return None, f"unavailable: vllm does not import: {_one_line(exc)}"
@@ -141,6 +178,7 @@ def load_vllm_backend(name: str) -> tuple[Any, str | None]:
     eager = _cpu_flex_eager(sys.modules[cls.__module__]) if name == "FLEX_ATTENTION" else None
     if eager:
         _EMULATED_OPS.append(eager)
+    ensure_cache_ops()  # here, so that emulated() is final once the class is loaded
     return cls, None
 
 
@@ -460,6 +498,8 @@ def _make_backend(name: str) -> type[AttentionBackend]:
         "unavailable_reason": unavailable_reason,
         "unsupported_reasons": unsupported_reasons,
         "allocate_kv_cache": allocate_kv_cache,
+        # What runs in place of vLLM's own code in this process (the result's versions say it).
+        "emulated": staticmethod(lambda: tuple(_EMULATED_OPS)),
         "__doc__": f"vLLM's {name} backend, run in place (backend/adapters/vllm.py).",
     }
     return types.new_class(f"Vllm_{name}", (AttentionBackend,), {}, lambda ns: ns.update(attrs))

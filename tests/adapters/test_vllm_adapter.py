@@ -162,6 +162,9 @@ def test_flex_cells_run_vllm_code_green(mode, batch):
     result = run_case(_case(mode, batch), device=torch.device("cpu"))
     assert result.status == Status.PASS, (result.reason, result.log_tail[-2000:])
     assert result.provider == "vllm:FLEX_ATTENTION" and result.resolved_mode == mode
+    # What ran in place of vLLM's own code is in the result, with vLLM's version.
+    assert result.versions["vllm"] == adapter.installed_version()
+    assert {"reshape_and_cache_flash", "flex_attention eager (CPU)"} <= set(result.versions["emulated"].split(", "))
     if mode != "NONE":
         assert result.graph_kind == "emulated"
 
@@ -226,6 +229,37 @@ def test_stale_metadata_under_full_fails_replay_only(monkeypatch):
     assert full.status == Status.FAIL and "replay" in full.reason
     piecewise = run_case(_case("PIECEWISE", DECODE_5), device=torch.device("cpu"))
     assert piecewise.status == Status.PASS, piecewise.reason
+
+
+_CUDA_PLATFORM = """
+import sys
+from backend.adapters import vllm as adapter
+if sys.argv[1] == "stub":
+    print("stubbed", adapter.stub_platform_native(force=True))
+try:
+    import vllm.platforms.cuda
+    print("imported", issubclass(vllm.platforms.cuda.CudaPlatform, vllm.platforms.cuda.CudaPlatformBase))
+except ImportError as e:
+    print("failed", e)
+"""
+
+
+@needs_vllm
+@pytest.mark.parametrize("stub", ["stub", "no-stub"])
+def test_cuda_platform_imports_on_a_python_only_install_only_with_the_stub(stub):
+    """vllm/platforms/cuda.py imports the compiled vllm._C_stable_libtorch at module level: on a
+    GPU machine with the Python-only wheel (.whl-vllm), current_platform, and with it TRITON_ATTN,
+    would not load. The adapter stubs it there; a fresh process shows both sides on CPU."""
+    import subprocess
+    import sys
+
+    if not adapter._native_missing_module("vllm._C_stable_libtorch"):
+        pytest.skip("vllm._C_stable_libtorch loads here")
+    out = subprocess.run([sys.executable, "-c", _CUDA_PLATFORM, stub], capture_output=True, text=True, timeout=120).stdout
+    if stub == "stub":
+        assert "stubbed ('vllm._C_stable_libtorch',)" in out and "imported True" in out, out
+    else:
+        assert "failed" in out and ("vllm._C_stable_libtorch" in out or "libcuda" in out), out
 
 
 @needs_vllm
