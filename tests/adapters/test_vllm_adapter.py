@@ -117,6 +117,15 @@ def test_flex_declares_vllms_own_support_and_kv_dtypes():
 
 
 @needs_vllm
+def test_unknown_vllm_name_skips_with_the_reason():
+    from orchestrator.matrix import load_matrix
+
+    matrix = load_matrix("matrices/vllm.yaml", devices="cpu", backend_override="vllm:NOPE")
+    assert not matrix.cases
+    assert {s.reason for s in matrix.skipped} == {"unavailable: vLLM has no attention backend 'NOPE'"}
+
+
+@needs_vllm
 def test_cache_view_is_vllms_storage_in_our_layout():
     """Our [2, B, N, H, D] view and vLLM's logical [B, H, N, 2D] view address the same bytes:
     K of (block b, offset n, head h) is vLLM's [b, h, n, :D], V its [b, h, n, D:]."""
