@@ -197,7 +197,7 @@ def _model_dir(config: AttentionConfig) -> str:
     key = f"orch-vllm-model-h{heads}-kv{kv_heads}-d{d}-l{config.max_model_len}-{str(config.dtype).removeprefix('torch.')}"
     path = os.path.join(tempfile.gettempdir(), key)
     os.makedirs(path, exist_ok=True)
-    doc = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": heads * d,
+    doc = {"architectures": [_TEST_ARCH], "model_type": "llama", "hidden_size": heads * d,
            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": d,
            "num_hidden_layers": 1, "intermediate_size": 2 * heads * d, "vocab_size": 256,
            "max_position_embeddings": config.max_model_len,
@@ -208,6 +208,36 @@ def _model_dir(config: AttentionConfig) -> str:
         json.dump(doc, f)
     os.replace(tmp, target)
     return path
+
+
+# The architecture named in config.json. vLLM inspects a lazily registered model class (its Llama)
+# in a *subprocess* (`_run_in_subprocess`), which on a CUDA machine with the Python-only wheel
+# does not have our vllm._C_stable_libtorch stub and fails ("Model architectures
+# ['LlamaForCausalLM'] failed to be inspected", seen on the H200). A class registered as a class is
+# inspected in this process; nothing builds it (the test model is ours), it only answers vLLM's
+# interface checks (a text-generation model: vllm_config kw, embed_input_ids, forward with
+# input_ids and positions, compute_logits).
+_TEST_ARCH = "OrchAttentionTestForCausalLM"
+
+
+@functools.lru_cache(maxsize=1)
+def _register_test_arch() -> None:
+    from vllm.model_executor.models import ModelRegistry
+
+    class OrchAttentionTestForCausalLM(torch.nn.Module):
+        def __init__(self, *, vllm_config=None, prefix: str = ""):
+            super().__init__()
+
+        def embed_input_ids(self, input_ids):
+            raise NotImplementedError("orch's test model is not built by vLLM")
+
+        def forward(self, input_ids, positions, **kwargs):
+            raise NotImplementedError("orch's test model is not built by vLLM")
+
+        def compute_logits(self, hidden_states):
+            raise NotImplementedError("orch's test model is not built by vLLM")
+
+    ModelRegistry.register_model(_TEST_ARCH, OrchAttentionTestForCausalLM)
 
 
 @functools.lru_cache(maxsize=8)
@@ -231,6 +261,7 @@ def vllm_context(name: str, config: AttentionConfig) -> VllmContext:
     cls, why = load_vllm_backend(name)
     if cls is None:
         raise RuntimeError(why)
+    _register_test_arch()
     d = _model_dir(config)
     model = ModelConfig(model=d, tokenizer=d, skip_tokenizer_init=True, dtype=config.dtype, seed=0,
                         max_model_len=config.max_model_len)
