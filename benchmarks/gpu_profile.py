@@ -56,7 +56,7 @@ def main() -> int:
     sessions = SessionCache()
     totals: dict[str, float] = defaultdict(float)
     profiler = cProfile.Profile()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     print(f"{'case':58} {'status':6} {'total':>7} " + " ".join(f"{p[:-2]:>9}" for p in ("capture_s", *PHASES)) + "   other")
     for case in cases:
         profiler.enable()
@@ -71,8 +71,9 @@ def main() -> int:
         totals["total_s"] += t.get("total_s", 0.0)
         print(f"{case.case_id:58} {r.status.value:6} {t.get('total_s', 0.0):7.3f} "
               + " ".join(f"{v:9.3f}" for v in parts) + f" {other:7.3f}" + (f"  {r.reason[:80]}" if r.reason else ""))
-    wall = time.perf_counter() - t0
-    print(f"\n{len(cases)} cases in {wall:.1f} s ({len(cases) / wall:.2f} cases/s); sessions built {sessions.misses}")
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    print(f"\n{len(cases)} cases in {wall:.1f} s ({len(cases) / wall:.2f} cases/s), {cpu:.1f} s of CPU in this "
+          f"process ({cpu / max(len(cases), 1) * 1000:.0f} ms a case, under the profiler); sessions built {sessions.misses}")
     print("seconds by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(totals.items(), key=lambda kv: -kv[1])))
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.top)
