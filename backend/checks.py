@@ -192,17 +192,23 @@ def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_real: torch.Te
     """One layer's cache [2, blocks, block_size, Hkv, D]: bytes outside real_slots unchanged from
     `before`; the real slots equal the eager run's `eager_real` (real_slot_values of the cache
     eager left; bitwise, else within tol after dequantising: padded graph sizes may round K/V
-    differently by an ulp)."""
+    differently by an ulp).
+
+    `before` is scratch (the step's snapshot, discarded after this): its real slots are
+    overwritten with `after`'s, so that one whole-cache equality answers "nothing changed outside
+    the real slots" (one pass, one host sync); only a cache that did change is reduced per slot to
+    count and locate the writes (#13: the per-slot reduction of every step was the check's cost)."""
     from backend.attention.kv_cache import dequantize
 
     num_slots = after.shape[1] * after.shape[2]
-    a = raw(after).reshape(2, num_slots, -1)
-    b = raw(before).reshape(2, num_slots, -1)
-    changed = (_words(a) != _words(b)).any(dim=-1).any(dim=0)  # [num_slots]
-    outside = changed.clone()
-    outside[real_slots] = False
-    n_out = int(outside.sum())
-    first = int(torch.argmax(outside.to(torch.uint8))) if n_out else None
+    a = _words(raw(after).reshape(2, num_slots, -1))
+    b = _words(raw(before).reshape(2, num_slots, -1))
+    b[:, real_slots] = a[:, real_slots]  # a copy of `before` when reshape copied: the same verdict
+    n_out, first = 0, None
+    if not torch.equal(a, b):
+        outside = (a != b).any(dim=-1).any(dim=0)  # [num_slots]; the real slots are equal now
+        n_out = int(outside.sum())
+        first = int(torch.argmax(outside.to(torch.uint8))) if n_out else None
     fa = after.reshape(2, num_slots, -1)[:, real_slots]
     real_bitwise = bool(torch.equal(raw(fa), raw(eager_real)))
     real_ok, worst = real_bitwise, 0.0

@@ -18,7 +18,7 @@ Everything is generated on the CPU from the case seed, identically on every tp r
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -230,6 +230,18 @@ class StepInputs:
     ctx_k: list[list[torch.Tensor]]  # [layer][req] -> [ctx_len, Hkv, D] fp32 on the device, every kv head
     ctx_v: list[list[torch.Tensor]]
     ctx_slots: list[torch.Tensor]  # [req] -> [ctx_len] int64 slots of the context tokens
+    # The same, unsplit (the per-request lists are views of these): [layer] -> [sum ctx_len, Hkv, D],
+    # and [sum ctx_len]; what the batch's one KV write per layer takes, without a cat of the views.
+    ctx_k_flat: list[torch.Tensor] = field(default_factory=list)
+    ctx_v_flat: list[torch.Tensor] = field(default_factory=list)
+    ctx_slots_flat: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.x, self.batch.block_table, self.batch.slot_mapping, *self.ctx_k_flat, *self.ctx_v_flat]
+        if self.ctx_slots_flat is not None:
+            tensors.append(self.ctx_slots_flat)
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
@@ -259,7 +271,8 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     seq_slots = block_table.to(torch.int64)[req, pos // bs] * bs + pos % bs
     ctx_len_t = seq_t - torch.tensor(plan.query_lens, dtype=torch.int64)
     is_ctx = pos < ctx_len_t[req]
-    ctx_slots = list(torch.split(seq_slots[is_ctx], ctx_len_t.tolist()))
+    ctx_slots_flat = seq_slots[is_ctx]
+    ctx_slots = list(torch.split(ctx_slots_flat, ctx_len_t.tolist()))
     desc = BatchDescription(list(plan.query_lens), list(plan.seq_lens), block_table, seq_slots[~is_ctx])
     dtype = getattr(torch, shape.dtype)
     x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
@@ -267,12 +280,13 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     # 800 small draws per step), split into per-request views.
     ctx_lens = [s - q for q, s in zip(plan.query_lens, plan.seq_lens)]
     total = sum(ctx_lens)
-    ctx_k, ctx_v = [], []
+    ctx_k, ctx_v, flat_k, flat_v = [], [], [], []
     for _ in range(shape.num_layers):
-        for out in (ctx_k, ctx_v):
+        for out, flat in ((ctx_k, flat_k), (ctx_v, flat_v)):
             block = torch.randn(total, shape.num_kv_heads, shape.head_size, generator=kv_gen, device=device)
+            flat.append(block)
             out.append(list(torch.split(block, ctx_lens)))
-    return StepInputs(plan, desc, x, ctx_k, ctx_v, ctx_slots)
+    return StepInputs(plan, desc, x, ctx_k, ctx_v, ctx_slots, flat_k, flat_v, ctx_slots_flat)
 
 
 def hash_seed(*parts: int) -> int:

@@ -8,6 +8,10 @@ cProfile, and print per-case phase timings and the top functions by cumulative t
 The phase timings are the checker's own (CaseResult.timings: session_s, capture_s, inputs_s,
 snapshot_s, eager_s, reference_s, checks_s); "other" is total_s minus their sum (graph replays,
 step planning, Python around them).
+
+`--solo-rank` profiles one rank of tp > 1 cases alone, in this process, without a gang (no
+collectives: the all-reduce is the identity, so the verdicts are meaningless, the per-rank cost is
+not); `--threads N` sets torch's intra-op threads (CPU actors run with 1).
 """
 
 from __future__ import annotations
@@ -35,7 +39,14 @@ def main() -> int:
     ap.add_argument("--devices", default="auto")
     ap.add_argument("--limit", type=int, default=0, help="first N cases of the ordered slice (0: all)")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--solo-rank", action="store_true",
+                    help="tp > 1 cases: run rank 0 alone (no gang; verdicts meaningless, costs per rank)")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
     args = ap.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     matrix = load_matrix(args.matrix, devices=args.devices)
     cases = select(matrix.cases, args.filter)
@@ -45,11 +56,11 @@ def main() -> int:
     sessions = SessionCache()
     totals: dict[str, float] = defaultdict(float)
     profiler = cProfile.Profile()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     print(f"{'case':58} {'status':6} {'total':>7} " + " ".join(f"{p[:-2]:>9}" for p in ("capture_s", *PHASES)) + "   other")
     for case in cases:
         profiler.enable()
-        r = run_case(case, sessions=sessions)
+        r = run_case(case, sessions=sessions, world_size=case.tp if args.solo_rank else 1)
         profiler.disable()
         t = r.timings
         parts = [t.get(p, 0.0) for p in ("capture_s", *PHASES)]
@@ -60,8 +71,9 @@ def main() -> int:
         totals["total_s"] += t.get("total_s", 0.0)
         print(f"{case.case_id:58} {r.status.value:6} {t.get('total_s', 0.0):7.3f} "
               + " ".join(f"{v:9.3f}" for v in parts) + f" {other:7.3f}" + (f"  {r.reason[:80]}" if r.reason else ""))
-    wall = time.perf_counter() - t0
-    print(f"\n{len(cases)} cases in {wall:.1f} s ({len(cases) / wall:.2f} cases/s); sessions built {sessions.misses}")
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    print(f"\n{len(cases)} cases in {wall:.1f} s ({len(cases) / wall:.2f} cases/s), {cpu:.1f} s of CPU in this "
+          f"process ({cpu / max(len(cases), 1) * 1000:.0f} ms a case, under the profiler); sessions built {sessions.misses}")
     print("seconds by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(totals.items(), key=lambda kv: -kv[1])))
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.top)

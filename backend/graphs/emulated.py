@@ -67,7 +67,7 @@ def _storage_ptr(t: torch.Tensor) -> int:
         return 0
 
 
-def _host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
+def _host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict, flat: list | None = None) -> str | None:
     name = func._schema.name
     if name in _HOST_SYNC_OPS:
         return f"{func} (reads tensor data on the host)"
@@ -76,7 +76,7 @@ def _host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) ->
         hi = args[3] if len(args) > 3 else kwargs.get("max", 0)
         if lo == hi:
             return f"{func} with min == max (the range is read from the data on the host)"
-    if any(isinstance(x, torch.Generator) for x in tree_flatten((args, kwargs))[0]):
+    if any(isinstance(x, torch.Generator) for x in (tree_flatten((args, kwargs))[0] if flat is None else flat)):
         return (f"{func} with an explicit torch.Generator (a CUDA graph refuses a generator it was "
                 "not given through register_generator_state)")
     if name == "aten::repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor") \
@@ -90,9 +90,10 @@ def _host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) ->
     return None
 
 
-def _written_args(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+def _written_args(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
+                  tensors: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     if func.namespace == "c10d":  # not marked mutable, but writes its tensor arguments
-        return _tensors((args, kwargs))
+        return _tensors((args, kwargs)) if tensors is None else list(tensors)
     written = []
     for i, arg in enumerate(func._schema.arguments):
         if arg.alias_info is not None and arg.alias_info.is_write:
@@ -116,15 +117,24 @@ def _wait_all(tree: Any) -> None:
             x.wait()
 
 
-def _copy_into(recorded: Any, fresh: Any) -> None:
-    for rec, new in zip(tree_flatten(recorded)[0], tree_flatten(fresh)[0]):
+def _copy_leaves(recorded: list, fresh: list) -> None:
+    """Each fresh result into its recorded output object, unless the op wrote in place."""
+    for rec, new in zip(recorded, fresh):
         if isinstance(rec, torch.Tensor) and isinstance(new, torch.Tensor) and rec is not new:
-            if rec.numel() and _storage_ptr(rec) == _storage_ptr(new) and rec.data_ptr() == new.data_ptr():
+            if rec.numel() and rec.data_ptr() == new.data_ptr() and _storage_ptr(rec) == _storage_ptr(new):
                 continue  # the op wrote in place and returned (a view of) its argument
             rec.copy_(new)
 
 
 class _Recorder(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo unless
+        # this says no; the wrapper imports torch._dynamo on the first op (1.5-4.4 s per worker
+        # process on the 2-core machine, paid by every rank of every gang) and adds a frame per
+        # op. Nothing here runs under torch.compile, so there is no Dynamo to keep out (#13).
+        return False
+
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[_Op] = []
@@ -136,21 +146,26 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if func.namespace not in _BUILTIN_NAMESPACES:
             return self._custom_op(func, args, kwargs)
-        host = [t for t in _tensors((args, kwargs)) if is_host(t)]
+        # The arguments flattened once per op (capture's cost is this Python per op, #13).
+        flat = tree_flatten((args, kwargs))[0]
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        host = [t for t in tensors if is_host(t)]
         if host:
             args, kwargs, done, out = self._host_tensors(func, args, kwargs, host)
             if done:
                 return out
-        reason = _host_sync_reason(func, args, kwargs)
+            flat = tree_flatten((args, kwargs))[0]  # host scalars may have been swapped for frozen copies
+            tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        reason = _host_sync_reason(func, args, kwargs, flat)
         if reason is not None:
             raise GraphCaptureError(f"host sync during graph capture: {reason}")
-        for t in _written_args(func, args, kwargs):
+        for t in _written_args(func, args, kwargs, tensors):
             # Snapshot tensors that outlive the capture before their first write (see module doc).
             if id(t) not in self._snapshotted and _storage_ptr(t) not in self.fresh_storages:
                 self._snapshotted.add(id(t))
                 self.snapshots.append((t, t.detach().clone()))
         out = func(*args, **kwargs)
-        self.ops.append(_Op(func, args, kwargs, out, self._classify(func, args, kwargs, out)))
+        self.ops.append(_Op(func, args, kwargs, out, self._classify(func, args, kwargs, out, tensors)))
         return out
 
     def _custom_op(self, func, args, kwargs):
@@ -198,7 +213,7 @@ class _Recorder(TorchDispatchMode):
             f"graph capture failed: {func} mixes host tensors with device tensors "
             f"(host shape {tuple(host[0].shape)}; a GPU op refuses CPU tensors)")
 
-    def _classify(self, func, args, kwargs, out) -> str:
+    def _classify(self, func, args, kwargs, out, tensors: list[torch.Tensor] | None = None) -> str:
         if func.namespace == "c10d":
             return "c10d"
         if func.namespace == "_c10d_functional" and func._schema.name != "_c10d_functional::wait_tensor":
@@ -215,7 +230,7 @@ class _Recorder(TorchDispatchMode):
             # marked as may-alias but copy when they convert; composite ops like these reach the
             # recorder as such inside a custom op's body (below autograd), and a copy taken for a
             # view would be frozen at its capture value.
-            inputs = {_storage_ptr(t) for t in _tensors((args, kwargs))} - {0}
+            inputs = {_storage_ptr(t) for t in (_tensors((args, kwargs)) if tensors is None else tensors)} - {0}
             if any(_storage_ptr(t) in inputs for t in _tensors(out)):
                 return "skip"
             self._note_fresh(out)
@@ -317,6 +332,12 @@ class EmulatedCapturedGraph(CapturedGraph):
     def __init__(self, ops: list[_Op], outputs: object):
         self._ops = ops
         self.outputs = outputs
+        # What replay needs per op, worked out once (the recorded objects never change): the
+        # callable, and the recorded output's leaves, or None for ops whose result is not copied.
+        # A replay of the small CPU model is ~100 ops; flattening the recorded output of every op
+        # on every replay was a third of the replay's Python time (#13).
+        self._plan = [(getattr(op.func, "_op", op.func), op.args, op.kwargs, op.kind,
+                       None if op.kind in ("skip", "c10d") else tree_flatten(op.out)[0]) for op in ops]
 
     @property
     def num_ops(self) -> int:
@@ -327,17 +348,17 @@ class EmulatedCapturedGraph(CapturedGraph):
 
     def replay(self) -> object:
         with torch.no_grad():
-            for op in self._ops:
-                if op.kind == "skip":
+            for call, args, kwargs, kind, recorded in self._plan:
+                if kind == "skip":
                     continue
-                result = op.func(*op.args, **op.kwargs)
-                if op.kind == "c10d":
+                result = call(*args, **kwargs)
+                if kind == "c10d":
                     _wait_all(result)  # else the next op reads the unreduced tensor
                     continue
-                if op.kind == "functional":
+                if kind == "functional":
                     for t in _tensors(result):
                         torch.ops._c10d_functional.wait_tensor(t)
-                _copy_into(op.out, result)
+                _copy_leaves(recorded, [result] if isinstance(result, torch.Tensor) else tree_flatten(result)[0])
         return self.outputs
 
 

@@ -40,3 +40,19 @@ def test_fn_bytes_read_as_fnuz_are_half_the_value():
 
 def test_cpu_caches_use_e4m3fn():
     assert fp8_dtype("cpu") == FN
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_fp8_lookup_is_bitwise_the_conversion(dtype):
+    """kv_cache.fp8_to_float (a table by byte on the CPU, #13) gives x.float()'s bits for every
+    one of the 256 values (NaN and -0 included) and for a strided view of a cache."""
+    from backend.attention.kv_cache import dequantize, fp8_to_float
+
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
+    assert torch.equal(fp8_to_float(every).view(torch.int32), every.float().view(torch.int32))
+    cache = torch.randn(4, 16, 2, 8).mul(40).to(dtype)[:, :, 1:]  # one kv head of two: not contiguous
+    assert not cache.is_contiguous()
+    got = fp8_to_float(cache)
+    assert got.shape == cache.shape and torch.equal(got.view(torch.int32), cache.float().view(torch.int32))
+    scale = torch.tensor([0.37])
+    assert torch.equal(dequantize(cache, scale).view(torch.int32), (cache.float() * scale).view(torch.int32))

@@ -123,6 +123,50 @@ def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
     assert broken.status == Status.FAIL and broken.reason.startswith("reference check failed")
 
 
+def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeypatch):
+    """Inputs depend on (plan, shape, seed, device) only: every mode, kv dtype and backend of a
+    batch reads one draw per step (#13), equal to a fresh draw after the cases used it."""
+    from collections import OrderedDict
+
+    from backend import checker
+    from backend.steps import make_step_inputs
+
+    monkeypatch.setattr(checker, "_INPUTS", OrderedDict())
+    drawn = []
+    monkeypatch.setattr(checker, "make_step_inputs", lambda p, *a: drawn.append(p.index) or make_step_inputs(p, *a))
+    cache = SessionCache(capacity=2)
+    results = [run_case(make_case(b, m, kv, MIXED, seed=5), sessions=cache)
+               for b, m, kv in (("torch", "FULL", "auto"), ("torch", "NONE", "fp8"), ("aiter-emulated", "PIECEWISE", "auto"))]
+    steps = len(results[0].capture_sizes_used)
+    assert sorted(drawn) == list(range(steps))  # one draw per step for the three cases
+    # another seed draws its own, step 0 included (whose plan, the spec as written, is the same)
+    other = run_case(make_case("torch", "FULL", "auto", MIXED, seed=6), sessions=cache)
+    assert sorted(drawn) == sorted(list(range(steps)) * 2) and other.status == Status.PASS
+    assert all(r.status == Status.PASS for r in results)
+    for key, cached in checker._INPUTS.items():
+        plan, shape, seed, device = key
+        fresh = make_step_inputs(plan, shape, seed, device)
+        assert torch.equal(cached.x, fresh.x) and torch.equal(cached.batch.slot_mapping, fresh.batch.slot_mapping)
+        assert all(torch.equal(a, b) for a, b in zip(cached.ctx_k_flat + cached.ctx_v_flat, fresh.ctx_k_flat + fresh.ctx_v_flat))
+
+
+def test_step_inputs_cache_is_bounded_by_bytes(monkeypatch):
+    from collections import OrderedDict
+
+    from backend import checker
+    from backend.steps import plan_steps
+
+    monkeypatch.setattr(checker, "_INPUTS", OrderedDict())
+    keys = [(p, seed) for seed in range(4) for p in plan_steps(MIXED, TINY, (1, 2, 4, 8, 16, 32), 6, seed)]
+    biggest = max(checker.make_step_inputs(p, TINY, seed, "cpu").nbytes for p, seed in keys)
+    monkeypatch.setattr(checker, "_INPUTS_BYTES", 8 * biggest)  # every entry fits; 24 of them do not
+    for p, seed in keys:
+        checker._step_inputs(p, TINY, seed, torch.device("cpu"))
+    assert sum(v.nbytes for v in checker._INPUTS.values()) <= 8 * biggest
+    assert 0 < len(checker._INPUTS) < len(keys)
+    assert list(checker._INPUTS)[-1][:3] == (keys[-1][0], TINY, keys[-1][1])  # the newest is kept, the oldest went
+
+
 def test_a_capture_error_keeps_the_session():
     cache = SessionCache(capacity=2)
     ok = run_case(make_case("torch", "FULL", "auto", DECODE), sessions=cache)

@@ -63,6 +63,49 @@ def test_kv_integrity_flags_writes_outside_real_slots_only(dtype):
     assert not k.ok and k.outside_changed == 0 and not k.real_ok
 
 
+def _outside_by_slot(after, before, real):
+    """The check's answer worked out the slow way: per slot, any byte changed, real slots excluded."""
+    n = after.shape[1] * after.shape[2]
+    changed = (raw(after).reshape(2, n, -1) != raw(before).reshape(2, n, -1)).any(dim=-1).any(dim=0)
+    changed[real] = False
+    idx = changed.nonzero().flatten().tolist()
+    return len(idx), (idx[0] if idx else None)
+
+
+# (name, writes as (kv, block, offset, value)): kv_integrity's one-equality fast path must give the
+# per-slot reduction's answer, whether or not anything outside the real slots changed (#13).
+_WRITES = [
+    ("real slots only", [(0, 1, 1, 3.0), (1, 1, 2, -1.0)]),
+    ("same bytes outside", [(0, 2, 0, None)]),  # rewritten with its own value: no change
+    ("V outside", [(0, 1, 1, 3.0), (1, 0, 3, 7.0)]),
+    ("K outside, two slots", [(0, 3, 3, -2.0), (0, 2, 1, 5.0)]),
+    ("NaN payload outside", [(1, 3, 0, float("nan"))]),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("name,writes", _WRITES, ids=[w[0] for w in _WRITES])
+def test_kv_integrity_fast_path_equals_per_slot_reduction(dtype, name, writes):
+    before = _cache(dtype)
+    real = torch.tensor([5, 6])
+    after = before.clone()
+    for kv, block, off, value in writes:
+        if value is not None:
+            after[kv, block, off] = torch.full((1, 2), value).to(dtype)
+    eager = real_slot_values(after, real)
+    expected = _outside_by_slot(after, before, real)
+    scratch = before.clone()
+    k = kv_integrity(after, scratch, eager, real, (torch.ones(1), torch.ones(1)), TOL)
+    assert (k.outside_changed, k.first_outside) == expected
+    assert k.ok == (expected[0] == 0)
+    assert (name in ("real slots only", "same bytes outside")) == k.ok  # the table's own claim
+    # `before` is scratch: only its real slots may have been overwritten
+    n = before.shape[1] * before.shape[2]
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[real] = False
+    assert torch.equal(raw(scratch).reshape(2, n, -1)[:, keep], raw(before).reshape(2, n, -1)[:, keep])
+
+
 def _step(t: torch.Tensor, n: int) -> torch.Tensor:
     """t moved n representable values up (positive t): its bit pattern + n."""
     return (raw(t).to(torch.int64) + n).to(raw(t).dtype).view(t.dtype)

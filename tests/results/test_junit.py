@@ -107,3 +107,20 @@ def test_a_not_run_case_is_an_error_in_junit_and_its_own_section_in_the_summary(
     assert "Not run (infrastructure) (1)" in text or "Not run (infrastructure)" in text
     assert "gate FAILED: 1 not run (infrastructure) of 2 cases" in text
     assert "not-run" in STATES  # a dashboard cell state, hence a legend entry
+
+
+def test_suite_statistics_counted_once_not_per_case(monkeypatch):
+    """junitparser's add_testcase recounts the suite on every call: building full.yaml's 1,730
+    cases took 9-20 s (#13). The counts are computed once per suite, whatever the case count."""
+    from junitparser import TestSuite
+
+    calls = []
+    original = TestSuite.update_statistics
+    monkeypatch.setattr(TestSuite, "update_statistics", lambda self: (calls.append(1), original(self))[1])
+    cases = samples.make_cases()
+    results = samples.make_results(cases)
+    gate = evaluate(results, baseline=samples.make_baseline(cases), known=parse(samples.KNOWN_YAML))
+    xml = junit.build(results, gate, suite_name="s")
+    [suite] = list(xml)
+    assert suite.tests == len(results) > 10
+    assert len(calls) <= 2
