@@ -170,10 +170,12 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         top = max((s.size for s in capture_plan(mode, sizes, case.model.max_num_seqs,
                                                 uniform_decode_query_len(case.spec_tokens))), default=0)
         max_tokens = top if top > max(sizes, default=0) else 0
-        key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, max_tokens, str(device))
+        k = case.spec_tokens if getattr(backend_cls, "sizes_by_spec_tokens", False) else 0
+        key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, max_tokens, k, str(device))
         t0 = time.perf_counter()
         session = sessions.get(key, lambda: Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype,
-                                                    sizes, device, max_tokens=max_tokens), device=device)
+                                                    sizes, device, max_tokens=max_tokens, spec_tokens=k),
+                               device=device)
         phases = dict.fromkeys(PHASES, 0.0)
         phases["session_s"] = time.perf_counter() - t0
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind

@@ -96,7 +96,8 @@ class _Piecewise:
     graphs: list = field(default_factory=list)
 
 
-def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, capture_sizes, device) -> AttentionConfig:
+def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, capture_sizes, device,
+                     spec_tokens: int = 0) -> AttentionConfig:
     return AttentionConfig(
         num_heads=layout.local_heads,
         num_kv_heads=layout.local_kv_heads,
@@ -111,18 +112,21 @@ def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, c
         kv_cache_dtype=kv_cache_dtype,
         device=torch.device(device),
         scale=shape.head_size ** -0.5,
+        spec_tokens=spec_tokens,
     )
 
 
 class Session:
     def __init__(self, backend_cls, shape: ModelShape, tp: int, rank: int, kv_cache_dtype: str,
-                 capture_sizes: tuple[int, ...], device: torch.device, runner_factory=None, max_tokens: int = 0):
+                 capture_sizes: tuple[int, ...], device: torch.device, runner_factory=None, max_tokens: int = 0,
+                 spec_tokens: int = 0):
         """max_tokens: the largest graph this session may capture, when above max(capture_sizes):
         a split-mode decode graph of min(cdiv(s, q), max_num_seqs) requests has requests * q
-        tokens, up to q - 1 above the size s it came from (modes.decode_capture_sizes)."""
+        tokens, up to q - 1 above the size s it came from (modes.decode_capture_sizes).
+        spec_tokens: the case's k, for a backend with `sizes_by_spec_tokens` (else 0)."""
         self.backend_cls, self.shape, self.device = backend_cls, shape, torch.device(device)
         self.layout = TPLayout(tp, rank, shape.num_heads, shape.num_kv_heads, shape.head_size)
-        self.config = attention_config(shape, self.layout, kv_cache_dtype, capture_sizes, self.device)
+        self.config = attention_config(shape, self.layout, kv_cache_dtype, capture_sizes, self.device, spec_tokens)
         self.builder = backend_cls.builder_cls(self.config)
         self.impl = backend_cls.impl_cls(self.config)
         own = getattr(backend_cls, "allocate_kv_cache", None)

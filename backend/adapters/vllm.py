@@ -240,6 +240,19 @@ def _register_test_arch() -> None:
     ModelRegistry.register_model(_TEST_ARCH, OrchAttentionTestForCausalLM)
 
 
+def _speculative_config(k: int, model, parallel):
+    """The case's k as vLLM's speculative_config: what its builders size by (TRITON_ATTN's 3D
+    split-KV scratch holds max_num_seqs x (1 + k) query rows; spec-as-decode builders set their
+    reorder threshold to max_decode_query_len = 1 + k). n-gram drafting: the method that needs
+    no draft model, and adds no drafting slots. None for k = 0, as in an engine without it."""
+    if k <= 0:
+        return None
+    from vllm.config import SpeculativeConfig
+
+    return SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_max=k + 1, prompt_lookup_min=1,
+                             target_model_config=model, target_parallel_config=parallel)
+
+
 @functools.lru_cache(maxsize=8)
 def vllm_context(name: str, config: AttentionConfig) -> VllmContext:
     """The VllmConfig and KV cache spec vLLM's builder and Impl see for one rank's config.
@@ -274,9 +287,11 @@ def vllm_context(name: str, config: AttentionConfig) -> VllmContext:
     # cudagraph_mode NONE: vLLM's engine would capture; here our session captures (the mode is a
     # case axis, not a builder setting). Builders read it only for custom mask mods / sliding
     # windows, which our model does not use.
-    vc = VllmConfig(model_config=model, cache_config=cache, parallel_config=ParallelConfig(tensor_parallel_size=1),
+    parallel = ParallelConfig(tensor_parallel_size=1)
+    vc = VllmConfig(model_config=model, cache_config=cache, parallel_config=parallel,
                     scheduler_config=scheduler, device_config=DeviceConfig(device=config.device.type),
-                    compilation_config=CompilationConfig(cudagraph_mode="NONE"))
+                    compilation_config=CompilationConfig(cudagraph_mode="NONE"),
+                    speculative_config=_speculative_config(config.spec_tokens, model, parallel))
     spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=config.num_kv_heads,
                              head_size=config.head_size, dtype=kv_cache_torch_dtype(config))
     layouts = cls.supported_kv_cache_layouts() or (KVCacheLayout.LBNHC,)
@@ -529,6 +544,7 @@ def _make_backend(name: str) -> type[AttentionBackend]:
         "unavailable_reason": unavailable_reason,
         "unsupported_reasons": unsupported_reasons,
         "allocate_kv_cache": allocate_kv_cache,
+        "sizes_by_spec_tokens": True,  # its VllmConfig carries the case's speculative_config
         # What runs in place of vLLM's own code in this process (the result's versions say it).
         "emulated": staticmethod(lambda: tuple(_EMULATED_OPS)),
         "__doc__": f"vLLM's {name} backend, run in place (backend/adapters/vllm.py).",

@@ -41,6 +41,10 @@ class AttentionConfig:
     kv_cache_dtype: str  # "auto" | "fp8"
     device: torch.device
     scale: float  # softmax scale, 1/sqrt(head_size)
+    # The case's speculative tokens k (verify rows of 1 + k), for a backend that declares
+    # `sizes_by_spec_tokens` (vLLM's builders size scratch and split decode by their
+    # speculative_config); 0 for every other backend, whose sessions k > 0 cases share.
+    spec_tokens: int = 0
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -140,6 +144,9 @@ class AttentionBackend:
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
     builder_cls: ClassVar[type[AttentionMetadataBuilder]] = AttentionMetadataBuilder
     impl_cls: ClassVar[type[AttentionImpl]] = AttentionImpl
+    # True: the session's AttentionConfig carries the case's spec_tokens (and k > 0 cases get
+    # sessions of their own). Ours size nothing by k: their sessions are shared across k.
+    sizes_by_spec_tokens: ClassVar[bool] = False
     # The tp communicator's in-place all-reduce used by the test model's row-parallel projection,
     # for a backend that brings its own (a custom all-reduce, or a mutant); None = torch.distributed.
     tp_all_reduce: ClassVar[Callable[[torch.Tensor], torch.Tensor] | None] = None

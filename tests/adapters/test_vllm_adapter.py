@@ -185,6 +185,26 @@ def test_flex_spec_decode_verify_rows():
 
 
 @needs_vllm
+@pytest.mark.parametrize("k, want", [(0, None), (2, 2), (3, 3)])
+def test_spec_tokens_reach_vllms_speculative_config(k, want):
+    """The case's k is vLLM's num_speculative_tokens (its builders size by it: TRITON_ATTN's 3D
+    scratch, spec-as-decode reorder thresholds), and k > 0 gets a session of its own."""
+    from vllm.v1.attention.backend import max_decode_query_len
+
+    from backend.checker import SessionCache
+
+    sessions = SessionCache(capacity=4)
+    result = run_case(_case("FULL_DECODE_ONLY", DECODE_5, k=k), device=torch.device("cpu"), sessions=sessions)
+    assert result.status == Status.PASS, result.reason
+    (session,) = sessions._sessions.values()
+    assert session.config.spec_tokens == k
+    vc = session.builder.ctx.vllm_config
+    spec = vc.speculative_config
+    assert (spec.num_speculative_tokens if spec is not None else None) == want
+    assert max_decode_query_len(vc) == 1 + k
+
+
+@needs_vllm
 def test_flex_fp8_is_a_skip_with_reason():
     result = run_case(_case("FULL", DECODE_5, kv="fp8"), device=torch.device("cpu"))
     assert result.status == Status.SKIP and "kv_cache_dtype fp8 not supported by vllm:FLEX_ATTENTION" in result.reason

@@ -254,3 +254,16 @@ def test_spec_decode_graph_above_the_largest_capture_size_runs(mode):
     result = run_case(case, device=torch.device("cpu"))
     assert result.status == Status.PASS, (result.reason, result.log_tail[-1500:])
     assert 33 in result.capture_sizes_used
+
+
+def test_our_providers_share_sessions_across_spec_tokens():
+    """Only a backend that sizes by k (`sizes_by_spec_tokens`, vLLM's) gets k in its config and
+    a session per k; ours share the session (its KV cache is GBs on a GPU)."""
+    from backend.checker import SessionCache
+
+    sessions = SessionCache(capacity=4)
+    for k in (0, 2):
+        assert run_case(make_case("torch", "NONE", "auto", DECODE, spec_tokens=k), sessions=sessions).status == Status.PASS
+    assert len(sessions._sessions) == 1
+    (session,) = sessions._sessions.values()
+    assert session.config.spec_tokens == 0
