@@ -26,8 +26,10 @@ not import on this platform, every case is a skip with the reason, never a trace
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -155,6 +157,22 @@ def _cpu_flex_eager(module) -> str | None:
     return "flex_attention eager (CPU)"
 
 
+@contextlib.contextmanager
+def _quiet_vllm_import():
+    """vLLM logs a warning per compiled module it cannot load ("Failed to import from vllm._C")
+    and torch one for a missing Triton, on stderr: `orch doctor` and every bad-input message
+    promise one line there. vLLM's level is ERROR unless the user set VLLM_LOGGING_LEVEL (read
+    when vllm.logger is first imported); torch's Triton notice is raised to ERROR for the import."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    log = logging.getLogger("torch._library.triton")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 @functools.lru_cache(maxsize=None)
 def load_vllm_backend(name: str) -> tuple[Any, str | None]:
     """(vLLM's backend class, None), or (None, why it cannot be used here)."""
@@ -163,7 +181,8 @@ def load_vllm_backend(name: str) -> tuple[Any, str | None]:
         return None, why
     try:
         stub_platform_native()  # before anything resolves vllm.platforms.current_platform
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+        with _quiet_vllm_import():
+            from vllm.v1.attention.backends.registry import AttentionBackendEnum
     except Exception as exc:  # noqa: BLE001 - an import that fails for any reason is "unavailable"
         return None, f"unavailable: vllm does not import: {_one_line(exc)}"
     _cpu_fixups()
@@ -172,7 +191,8 @@ def load_vllm_backend(name: str) -> tuple[Any, str | None]:
     except (KeyError, ValueError):
         return None, f"unavailable: vLLM has no attention backend {name!r}"
     try:
-        cls = member.get_class()
+        with _quiet_vllm_import():
+            cls = member.get_class()
     except Exception as exc:  # noqa: BLE001 - e.g. a kernel package missing on this platform
         return None, f"unavailable: vllm backend {name} does not import here: {_one_line(exc)}"
     eager = _cpu_flex_eager(sys.modules[cls.__module__]) if name == "FLEX_ATTENTION" else None
