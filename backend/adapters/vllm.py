@@ -161,9 +161,14 @@ def _cpu_flex_eager(module) -> str | None:
 def _quiet_vllm_import():
     """vLLM logs a warning per compiled module it cannot load ("Failed to import from vllm._C")
     and torch one for a missing Triton, on stderr: `orch doctor` and every bad-input message
-    promise one line there. vLLM's level is ERROR unless the user set VLLM_LOGGING_LEVEL (read
-    when vllm.logger is first imported); torch's Triton notice is raised to ERROR for the import."""
+    promise one line there. vLLM's logger, where nothing configured it (no handler, no level:
+    Python's last-resort handler would print its warnings), is set to ERROR for the process;
+    VLLM_LOGGING_LEVEL too, unless the user set it (read when vLLM configures its logging).
+    torch's Triton notice is raised to ERROR for the import."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    vlog = logging.getLogger("vllm")
+    if not vlog.handlers and vlog.level == logging.NOTSET:
+        vlog.setLevel(logging.ERROR)
     log = logging.getLogger("torch._library.triton")
     level = log.level
     log.setLevel(logging.ERROR)
