@@ -399,6 +399,14 @@ class _Layer(torch.nn.Module):
             self._prob_scale = self._prob_scale.to(k_scale.device)
 
 
+def _backend_and_context(name: str, config: AttentionConfig) -> tuple[Any, VllmContext]:
+    """vLLM's backend class and its config for this session (builder and Impl alike)."""
+    cls, why = load_vllm_backend(name)
+    if cls is None:
+        raise RuntimeError(why)
+    return cls, vllm_context(name, config)
+
+
 class VllmBuilder(AttentionMetadataBuilder):
     backend_name: ClassVar[str] = ""
 
@@ -406,10 +414,7 @@ class VllmBuilder(AttentionMetadataBuilder):
         super().__init__(config)
         from vllm.config import set_current_vllm_config
 
-        cls, why = load_vllm_backend(self.backend_name)
-        if cls is None:
-            raise RuntimeError(why)
-        self.ctx = vllm_context(self.backend_name, config)
+        cls, self.ctx = _backend_and_context(self.backend_name, config)
         self.common = PersistentMetadataBuilder(config)
         with set_current_vllm_config(self.ctx.vllm_config):
             self.vllm_builder = cls.get_builder_cls()(self.ctx.kv_cache_spec, ["model.layers.0.self_attn.attn"],
@@ -456,12 +461,9 @@ class VllmImpl(AttentionImpl):
         super().__init__(config)
         from vllm.config import set_current_vllm_config
 
-        cls, why = load_vllm_backend(self.backend_name)
-        if cls is None:
-            raise RuntimeError(why)
+        cls, self.ctx = _backend_and_context(self.backend_name, config)
         self.backend = cls
         self.emulated_ops = ensure_cache_ops()
-        self.ctx = vllm_context(self.backend_name, config)
         with set_current_vllm_config(self.ctx.vllm_config):
             self.impl = cls.get_impl_cls()(
                 num_heads=config.num_heads, head_size=config.head_size, scale=config.scale,
