@@ -51,11 +51,9 @@ _FP8_SCALE_RANGE = (6.0, 12.0)  # |K|, |V| covered before saturation (inputs are
 @functools.lru_cache(maxsize=1)
 def versions() -> dict[str, str]:
     out = {"torch": torch.__version__, "python": platform.python_version()}
-    try:
-        from orchestrator import __version__ as orch_version
-
-        out["orch"] = orch_version
-    except Exception:
+    try:  # the installed distribution's version: backend/ does not import orchestrator/
+        out["orch"] = importlib.metadata.version("orch")
+    except importlib.metadata.PackageNotFoundError:
         pass
     for label, dist in (("triton", "triton"), ("aiter", "amd-aiter"), ("ray", "ray"), ("vllm", "vllm")):
         try:

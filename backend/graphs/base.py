@@ -58,15 +58,3 @@ class GraphRunner:
 
     def capture(self, fn: Callable[[], object]) -> CapturedGraph:
         raise NotImplementedError
-
-
-def make_graph_runner(device: torch.device | str) -> GraphRunner:
-    """Real graphs on a CUDA/HIP device (hip when torch is a ROCm build), emulation elsewhere."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        from backend.graphs.cuda import CudaGraphRunner
-
-        return CudaGraphRunner(device)
-    from backend.graphs.emulated import EmulatedGraphRunner
-
-    return EmulatedGraphRunner()
