@@ -14,6 +14,7 @@ needs torch.version.hip and a JIT import), and then the caller loads the class a
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import os
 import re
@@ -30,13 +31,15 @@ ASK_CLASS = "<ask the class>"
 _GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 
 
+@functools.lru_cache(maxsize=None)
 def driver_gpu_count(kfd_topology: str = "/sys/class/kfd/kfd/topology/nodes") -> int | None:
     """The GPUs the driver offers this process, asked without importing torch (issue 13: the
     driver of `orch run` and `orch plan` on a GPU machine spent seconds importing torch only to
     learn this). NVIDIA: libcuda's cuInit + cuDeviceGetCount, the calls torch's own check ends in
     (CUDA_VISIBLE_DEVICES is honoured by the driver). ROCm: GPU nodes of the KFD topology (nodes
     with a non-zero gfx_target_version). None when it cannot tell (no libcuda, a HIP/ROCR
-    visibility mask that sysfs does not apply): the caller asks torch."""
+    visibility mask that sysfs does not apply): the caller asks torch. Asked once per process,
+    as the driver reads CUDA_VISIBLE_DEVICES once, at cuInit."""
     if os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0"):
         try:
             cuda = ctypes.CDLL("libcuda.so.1")
@@ -73,18 +76,13 @@ def kfd_gpu_count(topology: str) -> int | None:
 
 
 def gpu_visible() -> bool:
-    """torch.cuda.is_available(), without importing torch where the driver can be asked directly
-    (driver_gpu_count) or no GPU driver is present at all."""
-    if "torch" in sys.modules:
-        return _torch_sees_gpu()
-    if not any(os.path.exists(p) for p in _GPU_NODES):
-        return False
-    count = driver_gpu_count()
-    return count > 0 if count is not None else _torch_sees_gpu()
+    """torch.cuda.is_available(), torch-free where local_gpu_count can ask the driver."""
+    return local_gpu_count() > 0
 
 
 def local_gpu_count() -> int:
-    """torch.cuda.device_count() on this machine, torch-free where the driver can be asked."""
+    """torch.cuda.device_count() (0 where CUDA/HIP is unavailable), without importing torch
+    where no GPU driver is present or the driver can be asked directly (driver_gpu_count)."""
     if "torch" not in sys.modules:
         if not any(os.path.exists(p) for p in _GPU_NODES):
             return 0
@@ -97,15 +95,6 @@ def local_gpu_count() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # a broken driver is "no GPU", not a crash
         return 0
-
-
-def _torch_sees_gpu() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # a broken driver is "no GPU", not a crash
-        return False
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import os
 import socket
 from dataclasses import dataclass
 
+from backend.attention.capabilities import local_gpu_count
 from orchestrator.errors import InfraError, InputError
 
 # Embedded Ray: explicit sizes, because the defaults have hung on the lent GPU machine (DESIGN §7).
@@ -52,12 +53,6 @@ class ClusterInfo:
 
     def describe_devices(self) -> str:
         return f"{self.total_slots}x {self.device_kind}"
-
-
-def _local_gpu_count() -> int:
-    from backend.attention.capabilities import local_gpu_count
-
-    return local_gpu_count()
 
 
 def _check_reachable(address: str) -> None:
@@ -122,7 +117,7 @@ def connect(address: str = "local", *, devices: str = "auto", workers: int | Non
     owned = False
     if not ray.is_initialized():
         if address == "local" and not os.environ.get("RAY_ADDRESS"):
-            gpus = 0 if devices == "cpu" else _local_gpu_count()
+            gpus = 0 if devices == "cpu" else local_gpu_count()
             ray.init(
                 num_cpus=os.cpu_count() or 1,
                 num_gpus=gpus,

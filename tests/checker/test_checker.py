@@ -35,7 +35,8 @@ def test_result_records_everything(sessions):
     graph_kind = ("hip" if torch.version.hip else "cuda") if on_gpu else "emulated"
     assert (r.requested_mode, r.resolved_mode, r.downgraded, r.graph_kind) == \
         ("FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE", False, graph_kind)
-    assert r.provider == "torch" and (r.device.startswith("NVIDIA") or "cuda" in r.device if on_gpu else r.device == "cpu")
+    assert r.provider == "torch"
+    assert (r.device.startswith("NVIDIA") or "cuda" in r.device) if on_gpu else r.device == "cpu", r.device
     assert r.capture_sizes_used[0] == 8 and len(r.capture_sizes_used) == case.steps
     assert set(r.timings) == {"capture_s", "eager_step_s", "replay_step_s", "total_s", "eager_shared_steps",
                               *PHASES}
