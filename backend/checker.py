@@ -15,7 +15,6 @@ import importlib.metadata
 import platform
 import time
 import traceback
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -232,23 +231,16 @@ def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
     the whole batch."""
     kv_heads = torch.tensor(list(session.layout.kv_heads), device=session.device)
     lens = [int(t.numel()) for t in inputs.ctx_slots]
-    flat = inputs.ctx_slots_flat if inputs.ctx_slots_flat is not None else (
-        torch.cat(inputs.ctx_slots) if inputs.ctx_slots else None)
-    slots = flat.to(session.device) if flat is not None else None
+    slots = inputs.ctx_slots_flat.to(session.device)
     ref_k, ref_v = [], []
-
-    def whole(flats: list[torch.Tensor], parts: list[list[torch.Tensor]], layer: int) -> torch.Tensor | None:
-        if flats:  # make_step_inputs keeps the unsplit draw: no cat of its per-request views
-            return flats[layer]
-        return torch.cat(parts[layer]) if parts[layer] else None
-
     for layer, cache in enumerate(session.kv_caches):
         scales = (session.model.k_scales[layer], session.model.v_scales[layer])
-        values = [whole(inputs.ctx_k_flat, inputs.ctx_k, layer), whole(inputs.ctx_v_flat, inputs.ctx_v, layer)]
-        if values[0] is not None and slots is not None and slots.numel():
+        # make_step_inputs keeps the unsplit draw: one KV write per layer, no cat of its views
+        values = [inputs.ctx_k_flat[layer], inputs.ctx_v_flat[layer]]
+        if slots.numel():
             write_kv(cache, values[0][:, kv_heads], values[1][:, kv_heads], slots, *scales)
         for out, v, scale in zip((ref_k, ref_v), values, scales):
-            out.append(list(torch.split(fp8_round(v, scale, cache.dtype), lens)) if reference and v is not None else [])
+            out.append(list(torch.split(fp8_round(v, scale, cache.dtype), lens)) if reference else [])
     return ref_k, ref_v
 
 
@@ -319,22 +311,25 @@ def _snapshot(caches: list[torch.Tensor]) -> list[torch.Tensor]:
 # draw the same ones: drawn once (the context K/V draw was a fifth of a rank's case time on the
 # 2-core machine, #13). Read-only for every user (the KV write, the runs and the reference copy
 # out of them). Bounded by bytes: a GPU shape's context is hundreds of MB per step.
-_INPUTS: "OrderedDict[tuple, StepInputs]" = OrderedDict()
 _INPUTS_BYTES = 256 * 2**20
+
+
+def new_inputs_cache(budget: int = _INPUTS_BYTES) -> LRU:
+    """Step inputs by (plan, shape, seed, device), at most `budget` bytes; an entry above budget / 8
+    is not kept (it would evict the small batches that share theirs)."""
+    return LRU(budget, size=lambda inputs: inputs.nbytes)
+
+
+_INPUTS = new_inputs_cache()
 
 
 def _step_inputs(plan, shape, seed: int, device: torch.device) -> StepInputs:
     key = (plan, shape, seed, str(device))
     inputs = _INPUTS.get(key)
-    if inputs is not None:
-        _INPUTS.move_to_end(key)
-        return inputs
-    inputs = make_step_inputs(plan, shape, seed, device)
-    if inputs.nbytes <= _INPUTS_BYTES // 8:
-        _INPUTS[key] = inputs
-        total = sum(v.nbytes for v in _INPUTS.values())
-        while total > _INPUTS_BYTES:
-            total -= _INPUTS.popitem(last=False)[1].nbytes
+    if inputs is None:
+        inputs = make_step_inputs(plan, shape, seed, device)
+        if inputs.nbytes <= _INPUTS.capacity // 8:
+            _INPUTS.put(key, inputs)
     return inputs
 
 

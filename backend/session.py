@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 import torch
 
@@ -37,10 +37,13 @@ EAGER_MEMO_STEPS = 48
 
 
 class LRU:
-    """A small least-recently-used map: get() refreshes, put() evicts beyond `capacity`."""
+    """A small least-recently-used map: get() refreshes, put() evicts the oldest while the values'
+    total `size` (1 each by default; e.g. their bytes) is above `capacity`."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, size: Callable[[Any], int] | None = None):
         self.capacity = capacity
+        self._size = size or (lambda value: 1)
+        self._total = 0
         self._items: OrderedDict[Hashable, Any] = OrderedDict()
 
     def __contains__(self, key: Hashable) -> bool:
@@ -49,6 +52,19 @@ class LRU:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __iter__(self):
+        return iter(self._items)
+
+    def items(self):
+        return self._items.items()
+
+    def values(self):
+        return self._items.values()
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._total = 0
+
     def get(self, key: Hashable) -> Any:
         if key in self._items:
             self._items.move_to_end(key)
@@ -56,10 +72,13 @@ class LRU:
         return None
 
     def put(self, key: Hashable, value: Any) -> None:
+        if key in self._items:
+            self._total -= self._size(self._items[key])
         self._items[key] = value
+        self._total += self._size(value)
         self._items.move_to_end(key)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        while self._total > self.capacity and self._items:
+            self._total -= self._size(self._items.popitem(last=False)[1])
 
 
 class CaptureFailed(Exception):

@@ -18,7 +18,7 @@ Everything is generated on the CPU from the case seed, identically on every tp r
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -232,15 +232,14 @@ class StepInputs:
     ctx_slots: list[torch.Tensor]  # [req] -> [ctx_len] int64 slots of the context tokens
     # The same, unsplit (the per-request lists are views of these): [layer] -> [sum ctx_len, Hkv, D],
     # and [sum ctx_len]; what the batch's one KV write per layer takes, without a cat of the views.
-    ctx_k_flat: list[torch.Tensor] = field(default_factory=list)
-    ctx_v_flat: list[torch.Tensor] = field(default_factory=list)
-    ctx_slots_flat: torch.Tensor | None = None
+    ctx_k_flat: list[torch.Tensor]
+    ctx_v_flat: list[torch.Tensor]
+    ctx_slots_flat: torch.Tensor
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.x, self.batch.block_table, self.batch.slot_mapping, *self.ctx_k_flat, *self.ctx_v_flat]
-        if self.ctx_slots_flat is not None:
-            tensors.append(self.ctx_slots_flat)
+        tensors = [self.x, self.batch.block_table, self.batch.slot_mapping, self.ctx_slots_flat,
+                   *self.ctx_k_flat, *self.ctx_v_flat]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 

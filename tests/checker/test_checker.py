@@ -127,12 +127,10 @@ def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
 def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeypatch):
     """Inputs depend on (plan, shape, seed, device) only: every mode, kv dtype and backend of a
     batch reads one draw per step (#13), equal to a fresh draw after the cases used it."""
-    from collections import OrderedDict
-
     from backend import checker
     from backend.steps import make_step_inputs
 
-    monkeypatch.setattr(checker, "_INPUTS", OrderedDict())
+    monkeypatch.setattr(checker, "_INPUTS", checker.new_inputs_cache())
     drawn = []
     monkeypatch.setattr(checker, "make_step_inputs", lambda p, *a: drawn.append(p.index) or make_step_inputs(p, *a))
     cache = SessionCache(capacity=2)
@@ -152,15 +150,12 @@ def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeyp
 
 
 def test_step_inputs_cache_is_bounded_by_bytes(monkeypatch):
-    from collections import OrderedDict
-
     from backend import checker
     from backend.steps import plan_steps
 
-    monkeypatch.setattr(checker, "_INPUTS", OrderedDict())
     keys = [(p, seed) for seed in range(4) for p in plan_steps(MIXED, TINY, (1, 2, 4, 8, 16, 32), 6, seed)]
     biggest = max(checker.make_step_inputs(p, TINY, seed, "cpu").nbytes for p, seed in keys)
-    monkeypatch.setattr(checker, "_INPUTS_BYTES", 8 * biggest)  # every entry fits; 24 of them do not
+    monkeypatch.setattr(checker, "_INPUTS", checker.new_inputs_cache(8 * biggest))  # every entry fits; 24 do not
     for p, seed in keys:
         checker._step_inputs(p, TINY, seed, torch.device("cpu"))
     assert sum(v.nbytes for v in checker._INPUTS.values()) <= 8 * biggest
