@@ -29,5 +29,11 @@ def allreduce_replay(rank: int, port: int, world: int, queue) -> None:
         no_collective = EmulatedCapturedGraph([op for op in graph._ops if op.kind != "c10d"], graph.outputs)
         results["without_collective"] = no_collective.replay().clone().tolist()
         queue.put((rank, results))
+        # Flush the queue's feeder thread before tearing down: a rank blocked in
+        # destroy_process_group (rank 0, the store's host, already gone) could otherwise keep its
+        # result unsent, and the test timed out on it now and then. Both ranks then leave together.
+        queue.close()
+        queue.join_thread()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
