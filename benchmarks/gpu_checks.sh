@@ -9,7 +9,7 @@
 # $OUT/results.tgz (every JSON/markdown/log/junit the steps wrote), within the device tool's
 # 8-file limit. Per-step timeouts: a slow step cannot take the others with it.
 # Environment: COLD_RUN=1, RUN_FILTER (tp=1), SKIP_EQUIV, SKIP_TOL, SKIP_SPEC, SKIP_PADDED,
-# SKIP_MUTANTS (=1 to skip), TOL_ARGS, SPEC_ARGS.
+# SKIP_MUTANTS (=1 to skip), TOL_ARGS, SPEC_ARGS, PROFILE_FILTER (a slice to profile in one process).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/orch-gpu-out}; mkdir -p "$OUT"
@@ -41,6 +41,12 @@ if [ "${COLD_RUN:-0}" = 1 ]; then
   step "orch run full.yaml --filter $filter again (warm Triton cache)"
   orch_run warm
   pack
+fi
+if [ -n "${PROFILE_FILTER:-}" ]; then
+  step "profile: $PROFILE_FILTER in one process (cProfile; then the kernel floor under torch.profiler)"
+  timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/gpu_profile.py matrices/full.yaml --filter "$PROFILE_FILTER" \
+      --devices gpu --top 40 --kernels > "$R/profile.txt" 2>&1
+  echo "rc=$?" >> "$R/profile.txt"; grep -E "cases in|seconds by phase|kernel floor|key_averages|rc=" "$R/profile.txt" >> "$log"; pack
 fi
 if [ "${SKIP_EQUIV:-0}" != 1 ]; then
   step "equivalence: probe corpus under CUDA graphs"

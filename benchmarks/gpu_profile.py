@@ -12,6 +12,11 @@ step planning, Python around them).
 `--solo-rank` profiles one rank of tp > 1 cases alone, in this process, without a gang (no
 collectives: the all-reduce is the identity, so the verdicts are meaningless, the per-rank cost is
 not); `--threads N` sets torch's intra-op threads (CPU actors run with 1).
+
+`--kernels` runs the slice a second time (warm: sessions, Triton kernels and inputs already
+built) under torch.profiler with CUDA activity and prints the floor: the sum of the device time
+of every kernel and copy the cases launched (graph replays included) against the slice's wall
+time. That ratio is what per-case overhead costs.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ def main() -> int:
     ap.add_argument("--solo-rank", action="store_true",
                     help="tp > 1 cases: run rank 0 alone (no gang; verdicts meaningless, costs per rank)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="then run the slice again under torch.profiler: device time against wall time")
     args = ap.parse_args()
     if args.threads:
         import torch
@@ -81,7 +88,41 @@ def main() -> int:
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
+    if args.kernels:
+        kernel_floor(cases, sessions, args.solo_rank)
     return 0
+
+
+def kernel_floor(cases, sessions, solo_rank: bool) -> None:
+    """The slice again, warm, under torch.profiler: summed device time of kernels and memcpys
+    (what the cases need from the GPU) against the wall time the checker took."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for case in cases:
+            run_case(case, sessions=sessions, world_size=case.tp if solo_rank else 1)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    device_us = 0.0
+    by_name: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if getattr(ev, "device_type", None) is not None and ev.device_type.name == "CUDA":
+            us = ev.time_range.elapsed_us()
+            device_us += us
+            by_name[ev.name[:70]] += us
+    print(f"\nkernel floor: {len(cases)} cases, wall {wall:.2f} s under the profiler, device time "
+          f"{device_us / 1e6:.3f} s ({device_us / 1e3 / max(len(cases), 1):.2f} ms a case); "
+          f"wall / device = {wall / max(device_us / 1e6, 1e-9):.1f}")
+    averaged = sum(getattr(a, "self_device_time_total", 0.0) for a in prof.key_averages())
+    print(f"  (key_averages' self device time: {averaged / 1e6:.3f} s)")
+    for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:25]:
+        print(f"  {us / 1e3:10.2f} ms  {name}")
 
 
 if __name__ == "__main__":
