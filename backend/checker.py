@@ -310,26 +310,45 @@ def _snapshot(caches: list[torch.Tensor]) -> list[torch.Tensor]:
 # device) only, so the five cudagraph modes, both kv dtypes and every backend of one (batch, seed)
 # draw the same ones: drawn once (the context K/V draw was a fifth of a rank's case time on the
 # 2-core machine, #13). Read-only for every user (the KV write, the runs and the reference copy
-# out of them). Bounded by bytes: a GPU shape's context is hundreds of MB per step.
+# out of them). Bounded by bytes, by device: on the CPU 256 MB (entries up to 32 MB, so the small
+# batches share theirs); on a GPU a fifth of the device's memory, entries up to a quarter of that
+# (full.yaml's GPU shape draws 32 GB of context over its 45 distinct steps, 6.4 GB for one
+# decode_200 step: at 256 MB every GPU case drew its own, 11 s of the 290-case tp 1 run's 40 s).
 _INPUTS_BYTES = 256 * 2**20
+GPU_INPUTS_FRACTION = 5  # of the device's total memory
 
 
-def new_inputs_cache(budget: int = _INPUTS_BYTES) -> LRU:
-    """Step inputs by (plan, shape, seed, device), at most `budget` bytes; an entry above budget / 8
-    is not kept (it would evict the small batches that share theirs)."""
-    return LRU(budget, size=lambda inputs: inputs.nbytes)
+def new_inputs_cache(budget: int = _INPUTS_BYTES, max_entry: int | None = None) -> LRU:
+    """Step inputs by (plan, shape, seed, device), at most `budget` bytes; an entry above
+    `max_entry` (default budget / 8) is not kept (it would evict the small batches that share theirs)."""
+    cache = LRU(budget, size=lambda inputs: inputs.nbytes)
+    cache.max_entry = max_entry if max_entry is not None else budget // 8
+    return cache
+
+
+def _inputs_cache_for(device: torch.device) -> LRU:
+    """The process's step-inputs cache, sized for `device` the first time a GPU uses it (a worker
+    has one device; the CPU default is kept for CPU workers)."""
+    global _INPUTS
+    if device.type == "cuda" and not getattr(_INPUTS, "sized_for", None):
+        total = torch.cuda.get_device_properties(device).total_memory
+        budget = total // GPU_INPUTS_FRACTION
+        _INPUTS = new_inputs_cache(budget, max_entry=budget // 4)
+        _INPUTS.sized_for = str(device)
+    return _INPUTS
 
 
 _INPUTS = new_inputs_cache()
 
 
 def _step_inputs(plan, shape, seed: int, device: torch.device) -> StepInputs:
+    cache = _inputs_cache_for(device)
     key = (plan, shape, seed, str(device))
-    inputs = _INPUTS.get(key)
+    inputs = cache.get(key)
     if inputs is None:
         inputs = make_step_inputs(plan, shape, seed, device)
-        if inputs.nbytes <= _INPUTS.capacity // 8:
-            _INPUTS.put(key, inputs)
+        if inputs.nbytes <= cache.max_entry:
+            cache.put(key, inputs)
     return inputs
 
 
