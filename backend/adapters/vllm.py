@@ -19,6 +19,10 @@ reshape_and_cache_flash` is missing (FLEX_ATTENTION's KV write) it is registered
 composite op with the documented semantics (slot -1 writes nothing; fp8 divides by the scale):
 backend.attention.kv_cache.write_slots, the same quantiser every provider uses.
 
+The query is what vLLM's Attention layer would hand the Impl: with an fp8 cache and an Impl that
+declares `supports_quant_query_input` (TRITON_ATTN on CUDA), vLLM's QuantFP8 quantises it to fp8
+with the layer's q scale (query_quantizer; docs/VLLM.md).
+
 Supported vLLM: SUPPORTED_RANGE (the 0.33/0.34 interface: logical [B, H, N, C] caches,
 KVCacheLayout, vllm.v1.attention.backend). Outside it, or without vllm, or when the backend does
 not import on this platform, every case is a skip with the reason, never a traceback.
