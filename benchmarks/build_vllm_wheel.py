@@ -51,6 +51,27 @@ EXTRAS = (
     "psutil==7.2.2", "requests==2.34.2", "urllib3==2.8.0", "idna==3.20", "certifi==2026.10.19.post1",
     "charset_normalizer==3.5.3", "einops==0.8.2",
 )
+# vllm 0.33.0 over the same import: its own pins differ (transformers <5.21, llguidance <1.8,
+# xgrammar 0.2.8), and its config imports more of the server (vllm.config.reasoning ->
+# entrypoints.mcp -> openai_harmony; structured output -> vllm.parser -> entrypoints.serve ->
+# fastapi, openai). Measured with vllm 0.33.0 on torch 2.13 CPU (docs/VLLM.md).
+EXTRAS_033_PINS = {"transformers": "transformers==5.20.2", "llguidance": "llguidance==1.7.6",
+                   "xgrammar": "xgrammar==0.2.8"}
+EXTRAS_033_ADD = ("oss-harmony==0.0.11", "openai==3.60.0", "sniffio==1.3.1", "anyio==4.16.0",
+                  "fastapi==0.136.3", "starlette==1.10.0", "annotated_doc==0.0.7",
+                  "partial_json_parser==0.2.1.1.post7")
+
+
+def extras_for(version: str) -> tuple[str, ...]:
+    """The exact extra packages for vllm `version` (0.33.x or 0.34.x, the supported range)."""
+    minor = ".".join(version.split(".")[:2])
+    if minor == "0.34":
+        return EXTRAS
+    if minor == "0.33":
+        return tuple(EXTRAS_033_PINS.get(p.split("==")[0], p) for p in EXTRAS) + EXTRAS_033_ADD
+    raise InputError(f"--version {version}: no extras list for it (known: 0.33.x, 0.34.x; or --no-extras)")
+
+
 # What orch itself imports (pyproject's dependencies and theirs) that the GPU machine lacks,
 # Ray excepted: pinned to the versions orch is tested with here. cp312 binaries via --python-version.
 ORCH_DEPS = (
@@ -143,7 +164,7 @@ def _platform_args(python_version: str | None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--version", default="0.34.0", help="vllm version to download (default 0.34.0)")
+    ap.add_argument("--version", default="0.34.0", help="vllm version to download, and whose extras list to use (default 0.34.0; also with --wheel)")
     ap.add_argument("--wheel", help="an already downloaded vllm wheel (no download)")
     ap.add_argument("--out", default=".whl-vllm", help="output directory (default .whl-vllm, git-ignored)")
     ap.add_argument("--python-version", default="3.12",
@@ -152,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-orch-deps", action="store_true", help="leave out ORCH_DEPS (orch's own dependencies)")
     a = ap.parse_args(argv)
     try:
+        if not a.no_extras:
+            extras_for(a.version)  # bad input before any download
         if a.wheel and not (os.path.isfile(a.wheel) and a.wheel.endswith(".whl")):
             raise InputError(f"--wheel {a.wheel}: not a .whl file")
         os.makedirs(a.out, exist_ok=True)
@@ -167,10 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             t2 = time.perf_counter()
             print(f"vllm: {os.path.getsize(src) / 2**20:.0f} MiB -> {os.path.getsize(dst) / 2**20:.1f} MiB "
                   f"({kept} files kept, {dropped} compiled/C++ dropped); download {t1 - t0:.1f} s, trim {t2 - t1:.1f} s")
-            packages = (() if a.no_extras else EXTRAS) + (() if a.no_orch_deps else ORCH_DEPS)
+            extras = () if a.no_extras else extras_for(a.version)
+            packages = extras + (() if a.no_orch_deps else ORCH_DEPS)
             if packages:
                 _download([*_platform_args(a.python_version), *packages], a.out)
-                print(f"extras: {0 if a.no_extras else len(EXTRAS)} packages, orch's deps: "
+                print(f"extras: {len(extras)} packages, orch's deps: "
                       f"{0 if a.no_orch_deps else len(ORCH_DEPS)}, for Python {a.python_version or 'here'}; "
                       f"{time.perf_counter() - t2:.1f} s")
         size, tree = folder_mib(a.out), tree_mib()

@@ -19,6 +19,10 @@ reshape_and_cache_flash` is missing (FLEX_ATTENTION's KV write) it is registered
 composite op with the documented semantics (slot -1 writes nothing; fp8 divides by the scale):
 backend.attention.kv_cache.write_slots, the same quantiser every provider uses.
 
+The query is what vLLM's Attention layer would hand the Impl: with an fp8 cache and an Impl that
+declares `supports_quant_query_input` (TRITON_ATTN on CUDA), vLLM's QuantFP8 quantises it to fp8
+with the layer's q scale (query_quantizer; docs/VLLM.md).
+
 Supported vLLM: SUPPORTED_RANGE (the 0.33/0.34 interface: logical [B, H, N, C] caches,
 KVCacheLayout, vllm.v1.attention.backend). Outside it, or without vllm, or when the backend does
 not import on this platform, every case is a skip with the reason, never a traceback.
@@ -383,13 +387,15 @@ class VllmMetadata(AttentionMetadata):
 
 class _Layer(torch.nn.Module):
     """What vLLM's Impl reads from its Attention layer: the live scale tensors (ours, so graphs
-    read their values) and their host copies."""
+    read their values) and their host copies. `_q_scale`/`_prob_scale` are the layer's defaults
+    (vLLM's set_default_quant_scales: 0-d float32 1.0), what an engine without a checkpoint's q
+    scale holds; with fp8 they become TRITON_ATTN's q_descale."""
 
     def __init__(self):
         super().__init__()
         self.layer_name = "model.layers.0.self_attn.attn"
-        self._q_scale = torch.ones(1)
-        self._prob_scale = torch.ones(1)
+        self._q_scale = torch.tensor(1.0, dtype=torch.float32)
+        self._prob_scale = torch.tensor(1.0, dtype=torch.float32)
         self._q_scale_float = self._k_scale_float = self._v_scale_float = 1.0
 
     def bind(self, k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
@@ -454,6 +460,34 @@ class VllmBuilder(AttentionMetadataBuilder):
         return self._wrap(self.common.build_for_capture(num_tokens, uniform_query_len, style), capture=True)
 
 
+def query_quantizer(impl, kv_cache_dtype: str, vllm_config):
+    """What vLLM's Attention layer puts in front of the Impl for this kv dtype (0.33/0.34:
+    Attention.__init__'s `query_quant`): vLLM's own QuantFP8, static per-tensor, when the Impl
+    declares `supports_quant_query_input` and the cache is fp8 (TRITON_ATTN on CUDA, and on ROCm
+    but gfx90a/gfx11; FLEX_ATTENTION never declares it). None otherwise: the Impl gets the
+    model-dtype query, as in the engine. Per-head q scales come only from a checkpoint's q_scale,
+    which this test model has not."""
+    if not (getattr(impl, "supports_quant_query_input", False) and kv_cache_dtype.startswith("fp8")):
+        return None
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    with set_current_vllm_config(vllm_config):
+        return QuantFP8(static=True, group_shape=GroupShape.PER_TENSOR)
+
+
+def quantize_query(quant, query: torch.Tensor, q_scale: torch.Tensor) -> torch.Tensor:
+    """The layer's `query, _ = self.query_quant(query, self._q_scale)` on the [T, H*D] query,
+    through QuantFP8.forward_native: what the engine's default compilation runs (VLLM_COMPILE with
+    inductor puts custom_ops "none", so quant_fp8 is disabled and its native form is compiled into
+    the model). forward_cuda would call vLLM's compiled scaled_fp8_quant, which a Python-only wheel
+    lacks; with a per-tensor static scale both are x / scale, clamped, cast to fp8."""
+    t = query.shape[0]
+    quantized, _ = quant.forward_native(query.reshape(t, -1), q_scale)
+    return quantized.view(query.shape)
+
+
 class VllmImpl(AttentionImpl):
     backend_name: ClassVar[str] = ""
 
@@ -471,6 +505,7 @@ class VllmImpl(AttentionImpl):
                 kv_cache_dtype=_KV_DTYPES[config.kv_cache_dtype], logits_soft_cap=None)
         self.layer = _Layer()
         self.includes_update = bool(getattr(cls, "forward_includes_kv_cache_update", True))
+        self.query_quant = query_quantizer(self.impl, _KV_DTYPES[config.kv_cache_dtype], self.ctx.vllm_config)
 
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
         self.layer.bind(k_scale, v_scale)
@@ -479,7 +514,10 @@ class VllmImpl(AttentionImpl):
         t = metadata.num_padded_tokens
         if not self.includes_update:  # the engine's unified_kv_cache_update, before attention
             self.impl.do_kv_cache_update(self.layer, key[:t], value[:t], cache, metadata.slot_mapping)
-        self.impl.forward(self.layer, query[:t], key[:t], value[:t], cache, md, output[:t])
+        q = query[:t]
+        if self.query_quant is not None:  # the layer's fp8 query (K/V stay in the model dtype)
+            q = quantize_query(self.query_quant, q, self.layer._q_scale)
+        self.impl.forward(self.layer, q, key[:t], value[:t], cache, md, output[:t])
         return output
 
 

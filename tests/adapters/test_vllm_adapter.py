@@ -319,6 +319,115 @@ def test_triton_attn_constructs_on_cpu_and_says_it_needs_a_gpu():
         assert type(impl.impl).__name__ == "TritonAttentionImpl"
 
 
+# ---- fp8 query: what vLLM's Attention layer does before the Impl (docs/VLLM.md) ----------------
+def _triton_impl(kv: str):
+    cls = get_backend("vllm:TRITON_ATTN")
+    if cls.vllm_backend is None:
+        pytest.skip(cls.unavailable_reason(torch.device("cpu")))
+    from backend.model import TPLayout
+    from backend.session import attention_config
+
+    shape = ModelShape(num_heads=8, num_kv_heads=2, head_size=64, num_layers=1, max_model_len=128,
+                       max_num_seqs=8, num_blocks=32)
+    config = attention_config(shape, TPLayout(1, 0, 8, 2, 64), kv, (1, 2, 4, 8), "cpu")
+    return cls, config
+
+
+@needs_vllm
+@pytest.mark.parametrize("backend,kv,declared,quantized", [
+    ("FLEX_ATTENTION", "auto", None, False),  # FLEX never declares it (and has no fp8 cache)
+    ("TRITON_ATTN", "auto", None, False),     # model-dtype cache: the layer leaves the query alone
+    ("TRITON_ATTN", "fp8", None, False),      # as built on CPU: is_cuda() is False, so not declared
+    ("TRITON_ATTN", "fp8", True, True),       # as built on CUDA: the layer quantises
+    ("TRITON_ATTN", "auto", True, False),     # declared, but the cache is not fp8
+])
+def test_query_quantizer_follows_the_impls_declaration_and_the_kv_dtype(backend, kv, declared, quantized):
+    """The layer's rule (Attention.__init__, 0.33/0.34): QuantFP8 only when the Impl declares
+    supports_quant_query_input and the cache is fp8; the flag is read from vLLM's own Impl."""
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+
+    if backend == "FLEX_ATTENTION":
+        cls = get_backend("vllm:FLEX_ATTENTION")
+        from backend.model import TPLayout
+        from backend.session import attention_config
+
+        impl = cls.impl_cls(attention_config(SHAPE, TPLayout(1, 0, 8, 2, 16), kv, SIZES, "cpu"))
+    else:
+        cls, config = _triton_impl(kv)
+        impl = cls.impl_cls(config)
+    assert impl.impl.supports_quant_query_input is False  # on CPU, for both
+    if declared is not None:
+        impl.impl.supports_quant_query_input = declared
+    quant = adapter.query_quantizer(impl.impl, kv, impl.ctx.vllm_config)
+    assert isinstance(quant, QuantFP8) if quantized else quant is None
+    if quantized:
+        assert quant.static and quant.group_shape.is_per_tensor()
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def forward(self, layer, query, key, value, kv_cache, md, output):
+        self.calls.append((query.clone(), key.dtype, layer._q_scale.clone()))
+
+    def do_kv_cache_update(self, *args):
+        pass
+
+
+def _triton_fp8_forward(q_scale: float, query: torch.Tensor, declared: bool = True):
+    """The adapter's forward for TRITON_ATTN fp8 as built on CUDA (declared), up to vLLM's kernel
+    launch, which needs a GPU: what the Impl receives."""
+    from backend.attention.interface import BatchDescription
+
+    cls, config = _triton_impl("fp8")
+    builder, impl, cache = cls.builder_cls(config), cls.impl_cls(config), cls.allocate_kv_cache(config)
+    real = impl.impl
+    real.supports_quant_query_input = declared
+    impl.query_quant = adapter.query_quantizer(real, "fp8", impl.ctx.vllm_config)
+    table = torch.zeros(2, 8, dtype=torch.int32)
+    table[0, 0], table[1, 0] = 1, 2
+    md = builder.build(BatchDescription([1, 3], [5, 3], table, torch.tensor([20, 32, 33, 34])))
+    rec = _Recorder()
+    impl.impl = rec
+    impl.layer._q_scale.fill_(q_scale)
+    kv = torch.randn(4, 2, 64, dtype=torch.bfloat16)
+    ones = torch.ones(1)
+    impl.forward(query, kv, kv, cache, md, ones, ones, torch.empty_like(query))
+    (seen, key_dtype, seen_scale), = rec.calls
+    return real, seen, key_dtype, seen_scale
+
+
+@needs_vllm
+@pytest.mark.parametrize("q_scale", [1.0, 2.0])
+def test_triton_fp8_impl_receives_the_layers_fp8_query(q_scale):
+    """On CUDA vLLM's layer hands TRITON_ATTN an e4m3 query, x / _q_scale clamped to +-448, and the
+    Impl then passes layer._q_scale as q_descale (FP8_PER_TENSOR and an fp8 query). K/V stay in the
+    model dtype (the cache write quantises them). A value past e4m3's range saturates, not NaN."""
+    from backend.reference import fp8_round
+
+    torch.manual_seed(0)
+    query = torch.randn(4, 8, 64, dtype=torch.bfloat16) * 3
+    query[0, 0, 0] = 1000.0
+    real, seen, key_dtype, seen_scale = _triton_fp8_forward(q_scale, query)
+    assert seen.dtype == torch.float8_e4m3fn and seen.shape == (4, 8, 64)
+    assert key_dtype == torch.bfloat16
+    assert seen_scale.dim() == 0 and seen_scale.dtype == torch.float32 and float(seen_scale) == q_scale
+    expect = fp8_round(query.float(), q_scale, torch.float8_e4m3fn) / q_scale  # saturating
+    assert torch.equal(seen.float(), expect)
+    assert float(seen[0, 0, 0]) == 448.0
+    assert real._kv_quant_mode.name == "FP8_PER_TENSOR"  # so TRITON's forward sets q_descale = _q_scale
+
+
+@needs_vllm
+def test_undeclared_query_quantisation_leaves_the_model_dtype_query():
+    """Broken on purpose, the other way: as built on CPU (not declared) the Impl gets the bf16
+    query untouched; were the adapter to quantise regardless, this would see fp8."""
+    query = torch.randn(4, 8, 64, dtype=torch.bfloat16)
+    _, seen, _, _ = _triton_fp8_forward(1.0, query, declared=False)
+    assert seen.dtype == torch.bfloat16 and torch.equal(seen, query)
+
+
 # ---- broken vLLM backends as plugins (tests/mutants/vllm_backends.py): the gate goes red ----------
 @needs_vllm
 @pytest.mark.parametrize("mutant,filter_expr,red,check", [

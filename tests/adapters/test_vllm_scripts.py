@@ -73,6 +73,28 @@ def test_the_device_folder_holds_orchs_own_deps_and_not_ray():
     assert all("==" in p for p in build.EXTRAS + build.ORCH_DEPS)  # exact pins: the GPU run is reproducible
 
 
+@pytest.mark.parametrize("version,has,lacks", [
+    ("0.34.0", {"transformers==5.22.2", "xgrammar==0.2.9"}, {"oss-harmony==0.0.11"}),
+    ("0.34.1", {"transformers==5.22.2"}, {"fastapi==0.136.3"}),
+    # 0.33's own pins (transformers <5.21, llguidance <1.8, xgrammar 0.2.8) and the server modules its config imports
+    ("0.33.0", {"transformers==5.20.2", "llguidance==1.7.6", "xgrammar==0.2.8", "oss-harmony==0.0.11",
+                "fastapi==0.136.3", "openai==3.60.0"}, {"transformers==5.22.2", "xgrammar==0.2.9"}),
+])
+def test_extras_follow_the_vllm_version(version, has, lacks):
+    build = _load("build_vllm_wheel")
+    extras = set(build.extras_for(version))
+    assert has <= extras and not lacks & extras
+    assert len({p.split("==")[0] for p in extras}) == len(extras)  # one pin per package
+
+
+def test_a_version_without_an_extras_list_is_bad_input(tmp_path, capsys):
+    build = _load("build_vllm_wheel")
+    assert build.main(["--version", "0.32.0", "--out", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["build_vllm_wheel: --version 0.32.0: no extras list for it (known: 0.33.x, 0.34.x; or --no-extras)"]
+    assert not (tmp_path / "w").exists()  # refused before any download
+
+
 # ---- gpu_vllm ------------------------------------------------------------------------------------
 def test_gpu_vllm_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     gv = _load("gpu_vllm")
