@@ -60,6 +60,18 @@ def destroy_gang() -> None:
         dist.destroy_process_group()
 
 
+def leave_gang() -> None:
+    """Every rank of an idle gang leaves its process group together, so the actor can join
+    another (the executor re-forms gangs across tp phases). The barrier first: rank 0 hosts the
+    rendezvous store, and a rank still talking to it when rank 0 tears it down can block in
+    teardown (the lesson of the gloo test worker). No-op without a group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def world() -> tuple[int, int]:
     """(rank, world_size) of the current gang; (0, 1) without one."""
     if dist.is_available() and dist.is_initialized():

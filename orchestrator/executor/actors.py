@@ -140,6 +140,24 @@ class CaseWorker:
         print(f"[orch] rank {rank}/{world_size} joined {master_addr}:{master_port}", flush=True)
         return rank
 
+    def leave_gang(self) -> WorkerInfo:
+        """Leave the tp process group (all ranks of the gang are called together) so the driver
+        can re-form this actor into a gang of another size; returns info() with a fresh port.
+        The session cache is dropped: its sessions were built for the old tp's shapes."""
+        try:
+            from backend.distributed import leave_gang
+        except ImportError:
+            leave_gang = None
+        if leave_gang is not None:
+            leave_gang()
+        print(f"[orch] rank {self._gang[0]}/{self._gang[1]} left its gang", flush=True)
+        self._gang = (0, 1)
+        if self._sessions is not None:
+            from backend.checker import SessionCache
+
+            self._sessions = SessionCache()
+        return self.info()
+
     def _load(self) -> Callable[..., Any]:
         if self._runner is None:
             self._runner = resolve(self.runner_path)

@@ -52,6 +52,7 @@ class ExecConfig:
     max_batch: int = 64
     retries: int = 1
     log_dir: str = ""  # per-actor logs; default a fresh temp dir
+    reuse_gangs: bool = True  # split an idle larger gang's actors into the tp needed (no new processes)
     poll_s: float = 0.5
 
 
@@ -160,14 +161,21 @@ class Executor:
     def shutdown(self) -> None:
         for g in self.gangs:
             if g.state != GangState.DEAD:
-                gangs.teardown(g)
+                self._teardown(g)
         self.gangs = []
         self.jobs = []
 
     # -- dispatch -------------------------------------------------------------------------------
 
     def _held(self, node: int) -> int:
-        return sum(g.tp for g in self.gangs if g.node == node and g.state != GangState.DEAD)
+        """Bundles reserved on the node: a pg's every bundle while any gang over it lives."""
+        pgs = {id(g.pg): g.pg_size for g in self.gangs if g.node == node and g.state != GangState.DEAD}
+        return sum(pgs.values())
+
+    def _teardown(self, g: Gang) -> None:
+        """Kill the gang; its pg goes with the last live gang over it (gangs.py: re-formed views)."""
+        shared = any(o is not g and o.pg is g.pg and o.state != GangState.DEAD for o in self.gangs)
+        gangs.teardown(g, remove_pg=not shared)
 
     def _free(self, node: int) -> int:
         """Slots the dispatcher may fill: not held by a gang that is busy or coming up."""
@@ -219,11 +227,15 @@ class Executor:
             return same[0]
         if avoid and any(g.tp == task.tp and g.label == avoid for g in idle) and self.cluster.total_slots < 2 * task.tp:
             return next(g for g in idle if g.tp == task.tp)  # nowhere else to go
+        if self.config.reuse_gangs:
+            parts = self._reform(task, idle, avoid)
+            if parts is not None:
+                return parts
         # New gang: tear idle gangs down until its slots are unheld (counted free by _free).
         for g in sorted(idle, key=lambda g: g.tp == task.tp):  # other sizes go first
             if self.cluster.nodes[node].slots - self._held(node) >= task.tp:
                 break
-            gangs.teardown(g)
+            self._teardown(g)
         if self.cluster.nodes[node].slots - self._held(node) < task.tp:
             return None
         spec = GangSpec(task.tp, self.cluster.device_kind, self.config.runner, self.log_dir, self.cluster.cpu_per_worker)
@@ -231,6 +243,20 @@ class Executor:
         self.gangs.append(gang)
         self.jobs.append(_Job("place", gang, [ready], time.monotonic() + self.config.placement_timeout_s, []))
         return gang
+
+    def _reform(self, task: Task, idle: list[Gang], avoid: str | None) -> Gang | None:
+        """Split the smallest idle gang whose ranks divide into task.tp-sized gangs (#13: the tp 8
+        gang's processes serve the tp 4, 2 and 1 phases); returns the one to carry the batch."""
+        fits = sorted((g for g in idle if gangs.splits(g, task.tp)), key=lambda g: g.tp)
+        if not fits:
+            return None
+        parts, refs = gangs.reform(fits[0], task.tp)
+        deadline = time.monotonic() + self.config.setup_timeout_s
+        for part, part_refs in zip(parts, refs):
+            self.gangs.append(part)
+            self.jobs.append(_Job("leave", part, part_refs, deadline, []))
+        # A retry avoids the worker of its first attempt; the split gives at least two to choose from.
+        return next((p for p in parts if p.label != avoid), parts[-1])
 
     def _batch(self, node: int, first: Task, gang: Gang) -> list[Task]:
         batch, total = [first], first.est_s
@@ -312,15 +338,16 @@ class Executor:
         if job.kind == "place":
             refs = gangs.start_actors(g)
             self.jobs.append(_Job("start", g, refs, time.monotonic() + self.config.setup_timeout_s, job.tasks))
-        elif job.kind == "start":
+        elif job.kind in ("start", "leave"):  # leave: a re-formed gang, its ranks out of the old group
             refs = gangs.join(g, values, self.config.setup_timeout_s)
             if refs:
                 self.jobs.append(_Job("join", g, refs, time.monotonic() + self.config.setup_timeout_s, job.tasks))
-            else:
+            elif job.tasks:
                 self._submit(g, job.tasks)
         elif job.kind == "join":
             g.state = GangState.IDLE
-            self._submit(g, job.tasks)
+            if job.tasks:  # a split's other gangs come up with no batch: idle until asked
+                self._submit(g, job.tasks)
         else:
             g.state = GangState.IDLE
             elapsed = time.monotonic() - job.started
@@ -341,11 +368,11 @@ class Executor:
                     res = res.replace(reason=f"{res.reason} (device error: worker recycled)", error_kind="exception")
                 self._attempt(task, res, elapsed / len(job.tasks))
             if poisoned:
-                gangs.teardown(g)
+                self._teardown(g)
 
     def _job_failed(self, job: _Job, err: BaseException) -> None:
         g = job.gang
-        gangs.teardown(g)
+        self._teardown(g)
         if self._node_died(g, err):
             for t in job.tasks:
                 self._lost[t.id] = self._lost.get(t.id, 0) + 1
@@ -363,7 +390,7 @@ class Executor:
 
     def _job_expired(self, job: _Job) -> None:
         g = job.gang
-        gangs.teardown(g)
+        self._teardown(g)
         if job.kind == "place":
             tp = g.tp
             self._no_place_tp = tp if self._no_place_tp is None else min(self._no_place_tp, tp)
@@ -371,7 +398,7 @@ class Executor:
                 self.dispatcher.done(t, 0.0)
                 self._not_run(self._cases[t.id], f"needs {tp} {self._unit}s on one node (no placement within {self.config.placement_timeout_s:.0f}s)")
             return
-        if job.kind in ("start", "join"):
+        if job.kind in ("start", "join", "leave"):
             self._setup_failed(job, f"tp{g.tp} gang did not come up within {self.config.setup_timeout_s:.0f}s ({job.kind})")
             return
         limit = self._timeout(job.tasks[0])
@@ -435,7 +462,7 @@ class Executor:
                 self._alive[i] = False
                 for g in self.gangs:
                     if g.node == i and g.state == GangState.IDLE:
-                        gangs.teardown(g)
+                        self._teardown(g)
 
     # -- results --------------------------------------------------------------------------------
 

@@ -9,6 +9,14 @@ value each, advanced by the executor as Ray answers; nothing here blocks):
     JOINING    tp > 1: every rank in setup_gang(), the torch.distributed rendezvous on 127.0.0.1
                (the ranks share a node by construction)
     IDLE/BUSY  reusable for any case of the same tp
+    LEAVING    re-formed (#13): an idle gang of a larger tp is split into gangs of a tp that
+               divides it; every rank leaves the old process group (leave_gang), then each new
+               gang JOINs on a fresh port (tp 1: IDLE at once). No new processes start.
+
+Placement groups outlive a split: the new gangs are views over the old gang's actors, each in
+the bundle it was placed in, sharing one pg (`Gang.pg`, `Gang.pg_size` bundles). The executor
+removes a pg only with the last live gang over it (`teardown(..., remove_pg=...)`), and counts a
+pg's bundles as held while any gang over it lives (a dead view's bundles stay reserved).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ class GangState(str, enum.Enum):
     JOINING = "joining"
     IDLE = "idle"
     BUSY = "busy"
+    LEAVING = "leaving"
     DEAD = "dead"
 
 
@@ -57,6 +66,10 @@ class Gang:
     actors: list[Any] = field(default_factory=list)
     infos: list[WorkerInfo] = field(default_factory=list)
     last_group: str = ""
+    pg_size: int = 0  # bundles in pg (the tp it was placed for); 0: spec.tp
+
+    def __post_init__(self) -> None:
+        self.pg_size = self.pg_size or self.spec.tp
 
     @property
     def tp(self) -> int:
@@ -120,8 +133,34 @@ def run_batch(gang: Gang, case_dicts: list[dict[str, Any]]) -> list[Any]:
     return [a.run_batch.remote(case_dicts) for a in gang.actors]
 
 
-def teardown(gang: Gang) -> None:
-    """Kill the actors (a hung sync task cannot be cancelled, only killed) and free the bundles."""
+def splits(gang: Gang, tp: int) -> bool:
+    """Can this gang's ranks form gangs of `tp` with none left over?"""
+    return gang.tp > tp and gang.tp % tp == 0 and len(gang.infos) == gang.tp
+
+
+def reform(gang: Gang, tp: int) -> tuple[list[Gang], list[list[Any]]]:
+    """Split an idle gang into gang.tp // tp gangs of `tp` over the same actors and pg (the old
+    gang is DEAD, without teardown); every actor leaves the old process group. Returns the new
+    gangs (LEAVING) and, per new gang, its ranks' leave_gang() refs (they resolve to WorkerInfo
+    with a fresh port, rank 0's for the rendezvous)."""
+    import dataclasses
+
+    assert splits(gang, tp), (gang.tp, tp)
+    spec = dataclasses.replace(gang.spec, tp=tp)
+    new, refs = [], []
+    for start in range(0, gang.tp, tp):
+        part = Gang(spec=spec, node=gang.node, node_id=gang.node_id, pg=gang.pg, pg_size=gang.pg_size,
+                    state=GangState.LEAVING, actors=gang.actors[start:start + tp],
+                    infos=gang.infos[start:start + tp])  # fmt: skip
+        new.append(part)
+        refs.append([a.leave_gang.remote() for a in part.actors])
+    gang.state = GangState.DEAD
+    return new, refs
+
+
+def teardown(gang: Gang, remove_pg: bool = True) -> None:
+    """Kill the actors (a hung sync task cannot be cancelled, only killed) and free the bundles
+    (remove_pg False: another live gang still has actors in this pg)."""
     import ray
     from ray.util.placement_group import remove_placement_group
 
@@ -130,8 +169,9 @@ def teardown(gang: Gang) -> None:
             ray.kill(a, no_restart=True)
         except Exception:  # already dead
             pass
-    try:
-        remove_placement_group(gang.pg)
-    except Exception:  # node gone with it
-        pass
+    if remove_pg:
+        try:
+            remove_placement_group(gang.pg)
+        except Exception:  # node gone with it
+            pass
     gang.state = GangState.DEAD

@@ -1,0 +1,91 @@
+"""#13: worker processes are reused across tp phases. An idle gang whose ranks divide into the tp
+the next case needs is split (every rank leaves its process group, the new gangs join on fresh
+ports) instead of being torn down for new actors. Real Ray (the session cluster), the fault
+runner (tests/executor/faulty_backends.py): "rank" cases all-reduce over the gang they were given."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.result import Status
+from orchestrator.executor import gangs
+from orchestrator.executor.cluster import ClusterInfo, NodeSlots, connect
+from orchestrator.executor.executor import ExecConfig, Executor
+from tests.executor.faulty_backends import make_case
+
+pytestmark = pytest.mark.xdist_group("ray")
+RUNNER = "tests.executor.faulty_backends:fault_runner"
+
+
+def _cluster() -> ClusterInfo:
+    real = connect("local", devices="cpu").nodes[0]
+    return ClusterInfo("local", "cpu", (NodeSlots(real.node_id, real.ip, 4, 2),), cpu_per_worker=0.25)
+
+
+def _run(monkeypatch, cases, *, reuse: bool, retries: int = 1):
+    """Run the cases; also returns every actor process a gang was formed over (pids) and how
+    many actors were created."""
+    pids: list[int] = []
+    created: list[int] = []
+    join, start = gangs.join, gangs.start_actors
+
+    def spy_join(gang, infos, timeout_s):
+        pids.extend(i.pid for i in infos)
+        return join(gang, infos, timeout_s)
+
+    def spy_start(gang):
+        created.append(gang.tp)
+        return start(gang)
+
+    monkeypatch.setattr(gangs, "join", spy_join)
+    monkeypatch.setattr(gangs, "start_actors", spy_start)
+    attempts: list = []
+    config = ExecConfig(runner=RUNNER, poll_s=0.1, setup_timeout_s=60, retries=retries, reuse_gangs=reuse)
+    final = Executor(_cluster(), config, on_result=lambda r, f: attempts.append(r)).run(cases)
+    return final, set(pids), sum(created), attempts
+
+
+PHASES = [make_case("rank", i, tp=4) for i in range(2)] + [make_case("rank", 10 + i, tp=2) for i in range(3)] \
+    + [make_case("ok", 20 + i) for i in range(4)]
+
+
+@pytest.mark.parametrize("reuse, processes", [(True, 4), (False, 4 + 2 + 2)])
+def test_tp_4_then_2_then_1_start_only_four_worker_processes(ray_cluster, monkeypatch, reuse, processes):
+    # reuse=False is the old behaviour (a new gang per tp phase): the same assertion on it must
+    # see more processes, so the count is not vacuous.
+    final, pids, created, _ = _run(monkeypatch, PHASES, reuse=reuse)
+    assert {cid: r.status for cid, r in final.items()} == {c.case_id: Status.PASS for c in PHASES}, final
+    # A re-formed gang's process group has exactly its own ranks: sum of rank+1 over the gang.
+    for c in PHASES:
+        if c.tp > 1:
+            reason = final[c.case_id].reason
+            assert f"world={c.tp} " in reason and f" sum={c.tp * (c.tp + 1) // 2} " in reason, reason
+    assert created == (4 if reuse else processes), created
+    assert len(pids) == processes, pids
+    if reuse:  # every case ran in one of the tp 4 gang's processes
+        ran = {int(r.reason.rsplit("pid=", 1)[1]) for r in final.values()}
+        assert ran <= pids, (ran, pids)
+
+
+def test_a_crash_in_a_re_formed_gang_is_still_a_crash_and_later_cases_run(ray_cluster, monkeypatch):
+    cases = [make_case("rank", 0, tp=2), make_case("rank", 1, tp=2), make_case("crash", 2)] \
+        + [make_case("ok", 10 + i) for i in range(4)]
+    final, pids, created, attempts = _run(monkeypatch, cases, reuse=True)
+    crash = final["tp1-FULL-auto-crash-torch-s2"]
+    assert crash.status == Status.ERROR and crash.error_kind == "crash", crash
+    assert crash.log_tail.startswith("[orch] case tp1-FULL-auto-crash-torch-s2") and "about to crash" in crash.log_tail
+    tp2_gang = final["tp2-FULL-auto-rank-torch-s0"].worker.split("r0@")[0]  # "cpu-g<id>"
+    first = next(r for r in attempts if r.case_id == crash.case_id)
+    assert first.worker.startswith(tp2_gang + "r"), (first.worker, tp2_gang)  # it crashed a re-formed worker
+    for i in range(4):
+        assert final[f"tp1-FULL-auto-ok-torch-s{10 + i}"].status == Status.PASS
+    assert created == 2 or created == 3, created  # the tp 2 gang, and a new worker only once both halves died
+
+
+def test_a_split_is_only_made_where_the_ranks_divide():
+    spec = gangs.GangSpec(4, "cpu", RUNNER, "/tmp")
+    g = gangs.Gang(spec=spec, node=0, node_id="n", pg=object(), infos=[None] * 4)  # type: ignore[list-item]
+    assert gangs.splits(g, 2) and gangs.splits(g, 1)
+    assert not gangs.splits(g, 3) and not gangs.splits(g, 4) and not gangs.splits(g, 8)
+    g.infos = []  # never started: nothing to re-form
+    assert not gangs.splits(g, 2)
