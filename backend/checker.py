@@ -254,10 +254,13 @@ def _reference(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v
     def kv_round(layer: int, which: str, t: torch.Tensor) -> torch.Tensor:
         return fp8_round(t, scales[which][layer], cache_dtype)
 
+    q_scale = _query_scale(session)
+    q_round = None if q_scale is None else (lambda layer, q: fp8_round(q, q_scale, cache_dtype))
+
     # On the session's device (fp32): GPU shapes would make a host reference the slowest part.
     attn: list[torch.Tensor] = []
     out = reference_forward(session.reference_weights, case.model, inputs.x.to(session.device), ref_k, ref_v,
-                            inputs.plan.query_lens, kv_round, attn)
+                            inputs.plan.query_lens, kv_round, attn, q_round=q_round)
     return out, torch.stack(attn).to(getattr(torch, case.model.dtype))
 
 
@@ -352,10 +355,18 @@ def _step_inputs(plan, shape, seed: int, device: torch.device) -> StepInputs:
     return inputs
 
 
+def _query_scale(session: Session) -> float | None:
+    """The static scale with which the backend rounds its query to the cache's fp8 before
+    attention (`query_fp8_scale()` on its Impl: vLLM's layer quantises the query for an Impl that
+    declares supports_quant_query_input), or None: the query stays in the model dtype."""
+    fn = getattr(session.impl, "query_fp8_scale", None)
+    return fn() if callable(fn) else None
+
+
 def _reference_key(case: Case, session: Session, step: int) -> tuple:
     return (case.model, case.kv_cache_dtype, case.batch, case.spec_tokens, case.seed, case.steps,
             session.capture_sizes, step,  # the step plan depends on the (resolved) sizes
-            str(session.device), session.kv_caches[0].dtype)
+            str(session.device), session.kv_caches[0].dtype, _query_scale(session))
 
 
 def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[torch.Tensor], ref_k, ref_v,

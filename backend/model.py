@@ -231,7 +231,8 @@ class TPModel:
 
 def reference_forward(weights: list[LayerWeights], shape: ModelShape, x: torch.Tensor,
                       ctx_k: Sequence[Sequence[torch.Tensor]], ctx_v: Sequence[Sequence[torch.Tensor]],
-                      query_lens: Sequence[int], kv_round, attn_out: list | None = None) -> torch.Tensor:
+                      query_lens: Sequence[int], kv_round, attn_out: list | None = None,
+                      q_round=None) -> torch.Tensor:
     """The unsharded model in fp32 with backend.reference attention.
 
     x [T, hidden] (the model-dtype input). ctx_k[layer][req] [ctx_len, Hkv, D] fp32: the
@@ -239,6 +240,9 @@ def reference_forward(weights: list[LayerWeights], shape: ModelShape, x: torch.T
     new K/V the way the cache stores them (model dtype, or fp8 with the layer's scale), so the
     reference attends to what a correct kernel reads back. `attn_out`, when given, receives each
     layer's attention output [T, H, D] (all heads; fp32 holding model-dtype values).
+    `q_round(layer, q)`, when given, rounds the query as the backend's layer does before attention
+    (vLLM's fp8 query quantisation with a static scale): the reference attends with what a correct
+    kernel is handed.
 
     Activations are rounded to the model dtype wherever the model stores them (a bf16 residual
     stream alone drifts by ~1e-2 over two layers, as much as the tolerance); every product,
@@ -256,6 +260,8 @@ def reference_forward(weights: list[LayerWeights], shape: ModelShape, x: torch.T
     for i, lw in enumerate(weights):
         h = rnd(rmsnorm(x, lw.norm1))
         q = rnd(h @ lw.wq.t()).view(t, hq, d)
+        if q_round is not None:
+            q = q_round(i, q)
         k = kv_round(i, "k", rnd(h @ lw.wk.t()).view(t, hkv, d))
         v = kv_round(i, "v", rnd(h @ lw.wv.t()).view(t, hkv, d))
         ks = [torch.cat([ctx_k[i][r], k[s:s + ql]]) for r, (s, ql) in enumerate(zip(starts, query_lens))]

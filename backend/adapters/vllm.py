@@ -507,6 +507,11 @@ class VllmImpl(AttentionImpl):
         self.includes_update = bool(getattr(cls, "forward_includes_kv_cache_update", True))
         self.query_quant = query_quantizer(self.impl, _KV_DTYPES[config.kv_cache_dtype], self.ctx.vllm_config)
 
+    def query_fp8_scale(self) -> float | None:
+        """The layer's static q scale when it quantises the query (the checker's reference rounds
+        its query the same way), else None."""
+        return float(self.layer._q_scale) if self.query_quant is not None else None
+
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
         self.layer.bind(k_scale, v_scale)
         cache = as_vllm_view(kv_cache)

@@ -263,3 +263,25 @@ def test_our_providers_share_sessions_across_spec_tokens():
     assert len(sessions._sessions) == 1
     (session,) = sessions._sessions.values()
     assert session.config.spec_tokens == 0
+
+
+def _attn_reference_error(backend: str, kv: str) -> float:
+    from backend.result import CHECK_ATTN_REFERENCE
+
+    r = run_case(make_case(backend, "NONE", kv, MIXED, seed=3), sessions=SessionCache(capacity=1))
+    check = next(c for c in r.checks if c.name == CHECK_ATTN_REFERENCE)
+    return check.max_abs_err
+
+
+def test_reference_rounds_the_query_of_a_backend_that_declares_an_fp8_query():
+    """A backend whose layer hands its kernel an fp8 query (vLLM: supports_quant_query_input)
+    declares the scale; the reference then attends with the same rounded query, so the reference
+    checks measure the kernel, not the quantisation. Undeclared, the same rounding is error."""
+    declared = _attn_reference_error("tests.mutants.fp8_query:QueryFp8Declared", "fp8")
+    undeclared = _attn_reference_error("tests.mutants.fp8_query:QueryFp8Undeclared", "fp8")
+    plain = _attn_reference_error("torch", "fp8")
+    assert declared <= plain * 1.5 + 1e-6  # as close as a provider with a bf16 query
+    assert undeclared > 2 * declared  # the rounding the reference no longer sees is large
+    # kv auto: nothing is rounded, nothing is declared
+    assert _attn_reference_error("tests.mutants.fp8_query:QueryFp8Declared", "auto") == \
+        _attn_reference_error("torch", "auto")
