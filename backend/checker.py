@@ -324,24 +324,23 @@ GPU_INPUTS_FRACTION = 5  # of the device's total memory
 def new_inputs_cache(budget: int = _INPUTS_BYTES, max_entry: int | None = None) -> LRU:
     """Step inputs by (plan, shape, seed, device), at most `budget` bytes; an entry above
     `max_entry` (default budget / 8) is not kept (it would evict the small batches that share theirs)."""
-    cache = LRU(budget, size=lambda inputs: inputs.nbytes)
-    cache.max_entry = max_entry if max_entry is not None else budget // 8
-    return cache
+    return LRU(budget, size=lambda inputs: inputs.nbytes,
+               max_item=budget // 8 if max_entry is None else max_entry)
+
+
+_INPUTS = new_inputs_cache()
+_INPUTS_SIZED_FOR_GPU = False
 
 
 def _inputs_cache_for(device: torch.device) -> LRU:
     """The process's step-inputs cache, sized for `device` the first time a GPU uses it (a worker
-    has one device; the CPU default is kept for CPU workers)."""
-    global _INPUTS
-    if device.type == "cuda" and not getattr(_INPUTS, "sized_for", None):
-        total = torch.cuda.get_device_properties(device).total_memory
-        budget = total // GPU_INPUTS_FRACTION
+    has one device; CPU workers keep the default)."""
+    global _INPUTS, _INPUTS_SIZED_FOR_GPU
+    if device.type == "cuda" and not _INPUTS_SIZED_FOR_GPU:
+        budget = torch.cuda.get_device_properties(device).total_memory // GPU_INPUTS_FRACTION
         _INPUTS = new_inputs_cache(budget, max_entry=budget // 4)
-        _INPUTS.sized_for = str(device)
+        _INPUTS_SIZED_FOR_GPU = True
     return _INPUTS
-
-
-_INPUTS = new_inputs_cache()
 
 
 def _step_inputs(plan, shape, seed: int, device: torch.device) -> StepInputs:
@@ -350,8 +349,7 @@ def _step_inputs(plan, shape, seed: int, device: torch.device) -> StepInputs:
     inputs = cache.get(key)
     if inputs is None:
         inputs = make_step_inputs(plan, shape, seed, device)
-        if inputs.nbytes <= cache.max_entry:
-            cache.put(key, inputs)
+        cache.put(key, inputs)  # not kept when above the cache's max_item
     return inputs
 
 

@@ -55,19 +55,15 @@ def init_gang(rank: int, world_size: int, master_addr: str, master_port: int, *,
     )
 
 
-def destroy_gang() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def leave_gang() -> None:
-    """Every rank of an idle gang leaves its process group together, so the actor can join
-    another (the executor re-forms gangs across tp phases). The barrier first: rank 0 hosts the
-    rendezvous store, and a rank still talking to it when rank 0 tears it down can block in
-    teardown (the lesson of the gloo test worker). No-op without a group."""
+def destroy_gang(together: bool = False) -> None:
+    """Leave the process group (no-op without one). `together`: every rank of the gang calls this
+    at once (the executor re-forms an idle gang's actors across tp phases), so they meet at a
+    barrier first: rank 0 hosts the rendezvous store, and a rank still talking to it when rank 0
+    tears it down can block in teardown (the lesson of the gloo test worker). A rank leaving
+    alone (a failed one) must not wait for the others."""
     if not (dist.is_available() and dist.is_initialized()):
         return
-    if dist.get_world_size() > 1:
+    if together and dist.get_world_size() > 1:
         dist.barrier()
     dist.destroy_process_group()
 

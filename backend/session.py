@@ -38,10 +38,12 @@ EAGER_MEMO_STEPS = 48
 
 class LRU:
     """A small least-recently-used map: get() refreshes, put() evicts the oldest while the values'
-    total `size` (1 each by default; e.g. their bytes) is above `capacity`."""
+    total `size` (1 each by default; e.g. their bytes) is above `capacity`. A value whose size is
+    above `max_item` (default: capacity) is not kept: put() leaves the map as it was."""
 
-    def __init__(self, capacity: int, size: Callable[[Any], int] | None = None):
+    def __init__(self, capacity: int, size: Callable[[Any], int] | None = None, max_item: int | None = None):
         self.capacity = capacity
+        self.max_item = capacity if max_item is None else max_item
         self._size = size or (lambda value: 1)
         self._total = 0
         self._items: OrderedDict[Hashable, Any] = OrderedDict()
@@ -72,6 +74,8 @@ class LRU:
         return None
 
     def put(self, key: Hashable, value: Any) -> None:
+        if self._size(value) > self.max_item:
+            return
         if key in self._items:
             self._total -= self._size(self._items[key])
         self._items[key] = value

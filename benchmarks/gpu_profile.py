@@ -119,8 +119,6 @@ def kernel_floor(cases, sessions, solo_rank: bool) -> None:
     print(f"\nkernel floor: {len(cases)} cases, wall {wall:.2f} s under the profiler, device time "
           f"{device_us / 1e6:.3f} s ({device_us / 1e3 / max(len(cases), 1):.2f} ms a case); "
           f"wall / device = {wall / max(device_us / 1e6, 1e-9):.1f}")
-    averaged = sum(getattr(a, "self_device_time_total", 0.0) for a in prof.key_averages())
-    print(f"  (key_averages' self device time: {averaged / 1e6:.3f} s)")
     for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:25]:
         print(f"  {us / 1e3:10.2f} ms  {name}")
 

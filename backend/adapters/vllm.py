@@ -509,8 +509,8 @@ class VllmImpl(AttentionImpl):
 
     def query_fp8_scale(self) -> float | None:
         """The layer's static q scale when it quantises the query (the checker's reference rounds
-        its query the same way), else None."""
-        return float(self.layer._q_scale) if self.query_quant is not None else None
+        its query the same way), else None. The layer's host copy, as vLLM keeps it: no device read."""
+        return self.layer._q_scale_float if self.query_quant is not None else None
 
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
         self.layer.bind(k_scale, v_scale)

@@ -120,23 +120,10 @@ class CaseWorker:
 
     def setup_gang(self, rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float) -> int:
         """Join the tp process group (gloo on CPU, NCCL on GPU). Returns rank (for the driver's check)."""
+        from backend.distributed import init_gang
+
         self._gang = (rank, world_size)
-        try:
-            from backend.distributed import init_gang
-        except ImportError:
-            init_gang = None
-        if init_gang is not None:
-            init_gang(rank, world_size, master_addr, master_port, device=self.device, timeout_s=timeout_s)
-        else:  # the backend helper has not landed: the same rendezvous, by hand
-            import datetime
-
-            import torch.distributed as dist
-
-            dist.init_process_group(
-                "nccl" if self.device.startswith("cuda") else "gloo",
-                init_method=f"tcp://{master_addr}:{master_port}",
-                rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),
-            )  # fmt: skip
+        init_gang(rank, world_size, master_addr, master_port, device=self.device, timeout_s=timeout_s)
         print(f"[orch] rank {rank}/{world_size} joined {master_addr}:{master_port}", flush=True)
         return rank
 
@@ -144,12 +131,9 @@ class CaseWorker:
         """Leave the tp process group (all ranks of the gang are called together) so the driver
         can re-form this actor into a gang of another size; returns info() with a fresh port.
         The session cache is dropped: its sessions were built for the old tp's shapes."""
-        try:
-            from backend.distributed import leave_gang
-        except ImportError:
-            leave_gang = None
-        if leave_gang is not None:
-            leave_gang()
+        from backend.distributed import destroy_gang
+
+        destroy_gang(together=True)
         print(f"[orch] rank {self._gang[0]}/{self._gang[1]} left its gang", flush=True)
         self._gang = (0, 1)
         if self._sessions is not None:

@@ -10,7 +10,7 @@ value each, advanced by the executor as Ray answers; nothing here blocks):
                (the ranks share a node by construction)
     IDLE/BUSY  reusable for any case of the same tp
     LEAVING    re-formed (#13): an idle gang of a larger tp is split into gangs of a tp that
-               divides it; every rank leaves the old process group (leave_gang), then each new
+               divides it; every rank leaves the old process group (CaseWorker.leave_gang), then each new
                gang JOINs on a fresh port (tp 1: IDLE at once). No new processes start.
 
 Placement groups outlive a split: the new gangs are views over the old gang's actors, each in

@@ -20,9 +20,9 @@ def test_repro_prints_the_checker_verdict(capsys):
     assert main(["repro", CASE_ID, "--matrix", SMOKE, "--devices", "cpu"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == verdict_line(expected) == f"PASS {CASE_ID}"
-    assert [c.name for c in expected.checks] == list(CHECK_NAMES)  # a line per check, none vacuous
-    assert [ln.strip() for ln in lines if ln.strip().split(":")[0] in CHECK_NAMES] == \
-        [c.summary() for c in expected.checks]
+    printed = [ln.strip() for ln in lines if ln.strip().split(":")[0] in CHECK_NAMES]
+    assert [ln.split(":")[0] for ln in printed] == list(CHECK_NAMES)  # a line per check, in order
+    assert printed == [c.summary() for c in expected.checks]
 
 
 def test_repro_json_and_failing_exit_code(capsys):
