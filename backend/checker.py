@@ -15,6 +15,7 @@ import importlib.metadata
 import platform
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -108,6 +109,91 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
     return result
 
 
+@dataclass(frozen=True)
+class _SessionPlan:
+    mode: CUDAGraphMode  # resolved
+    sizes: tuple[int, ...]  # capture sizes as resolved with the mode
+    notes: str  # what resolution changed, for the log
+    downgraded: bool
+    key: tuple  # the SessionCache key
+    factory: Callable[[], Session]
+
+
+def _session_plan(case: Case, backend_cls, rank: int, device: torch.device) -> _SessionPlan:
+    """The resolved mode and sizes of a case and the session it runs in (raises
+    UnsupportedModeError)."""
+    res = resolve_mode(case.mode, backend_cls.cudagraph_support,
+                       backend_name=getattr(backend_cls, "name", case.backend_label), spec_tokens=case.spec_tokens)
+    # vLLM settles the sizes with the mode (resolve_cudagraph_mode_and_sizes): with k > 0 and a
+    # FULL decode mode the V1 runner rounds them to multiples of 1 + k.
+    capture = resolve_capture_sizes(case.capture_sizes, res.resolved, case.spec_tokens, case.model.capture_style)
+    mode, sizes = res.resolved, capture.sizes
+    # Not keyed by mode: graphs inside a session are keyed by (runtime mode, size, uniform
+    # decode), which every cudagraph mode captures identically, so modes share one session (its
+    # KV caches are GBs at production shapes, and building one dominated GPU cases).
+    # Static buffers must hold the largest graph the mode captures: with k > 0 a split-mode
+    # decode graph (requests * (1 + k) tokens) can lie above the largest capture size.
+    top = max((s.size for s in capture_plan(mode, sizes, case.model.max_num_seqs,
+                                            uniform_decode_query_len(case.spec_tokens))), default=0)
+    max_tokens = top if top > max(sizes, default=0) else 0
+    k = case.spec_tokens if getattr(backend_cls, "sizes_by_spec_tokens", False) else 0
+    key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, max_tokens, k, str(device))
+
+    def factory() -> Session:
+        return Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype, sizes, device,
+                       max_tokens=max_tokens, spec_tokens=k)
+
+    return _SessionPlan(mode, sizes, "; ".join(n for n in (res.message, capture.note) if n), res.downgraded, key,
+                        factory)
+
+
+def _dispatch_plan(case: Case, mode: CUDAGraphMode, sizes: tuple[int, ...]):
+    """A case's step plans, the graph each step dispatches to, and the graph keys they need."""
+    q = uniform_decode_query_len(case.spec_tokens)
+    plans = plan_steps(case.batch, case.model, sizes, max(case.steps, 1), case.seed, spec_tokens=case.spec_tokens)
+    dispatches = [dispatch(mode, p.num_tokens, is_uniform_decode(p.query_lens, q), sizes,
+                           case.model.max_num_seqs, q) for p in plans]
+    keys = [GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode, q if d.uniform_decode else 1)
+            if d.runtime_mode != "NONE" else None for d in dispatches]
+    return plans, dispatches, keys
+
+
+def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) -> bool:
+    """Run a tp 1 case's steps for the kernels they launch and nothing else (backend/precompile.py
+    warms Triton's cache with it): its session, the graphs its steps dispatch to, and each step's
+    eager and graph run, on the session's seeded-garbage caches. No context is drawn or written, no
+    snapshot, reference or check: it needs one session's memory. Which kernel specialisations run
+    depends on shapes and integer values (the step plans, sizes, metadata), not on the caches'
+    contents. False where the case would not run (skip, invalid); raises what the case raises."""
+    backend_cls = get_backend(case.backend)
+    if case.tp != 1 or backend_cls.unavailable_reason(device) or layout_reasons(case.model, 1) \
+            or batch_reasons(case.batch, case.model):
+        return False
+    from backend.model import TPLayout
+
+    layout = TPLayout(1, 0, case.model.num_heads, case.model.num_kv_heads, case.model.head_size)
+    if backend_cls.unsupported_reasons(attention_config(case.model, layout, case.kv_cache_dtype,
+                                                        case.capture_sizes, device)):
+        return False
+    try:
+        plan = _session_plan(case, backend_cls, 0, device)
+    except UnsupportedModeError:
+        return False
+    session = sessions.get(plan.key, plan.factory, device=device)
+    plans, _, keys = _dispatch_plan(case, plan.mode, plan.sizes)
+    session.ensure_graphs({k for k in keys if k is not None})
+    _set_scales(case, session)
+    for step, key in zip(plans, keys):
+        inputs = make_step_inputs(step, case.model, case.seed, session.device, context=False)
+        x = inputs.x.to(session.device)
+        session.run_eager_step(x, inputs.batch)
+        if key is not None:
+            session.run_graph_step(key, x, inputs.batch, pad_seed=hash_seed(case.seed, step.index, 31))
+    if session.device.type == "cuda":
+        torch.cuda.synchronize(session.device)
+    return True
+
+
 def _out_of_memory(result: CaseResult) -> bool:
     return "OutOfMemoryError" in result.reason or "out of memory" in result.reason
 
@@ -147,32 +233,13 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         if reasons:
             return base.replace(status=Status.SKIP, reason="unsupported: " + "; ".join(reasons))
         try:
-            res = resolve_mode(case.mode, backend_cls.cudagraph_support,
-                               backend_name=getattr(backend_cls, "name", case.backend_label),
-                               spec_tokens=case.spec_tokens)
-            # vLLM settles the sizes with the mode (resolve_cudagraph_mode_and_sizes): with k > 0
-            # and a FULL decode mode the V1 runner rounds them to multiples of 1 + k.
-            capture = resolve_capture_sizes(case.capture_sizes, res.resolved, case.spec_tokens,
-                                            case.model.capture_style)
+            plan = _session_plan(case, backend_cls, rank, device)
         except UnsupportedModeError as e:
             return base.replace(status=Status.SKIP, reason=f"unsupported: {e}")
-        mode, sizes = res.resolved, capture.sizes
-        notes = "; ".join(n for n in (res.message, capture.note) if n)
-        base = base.replace(resolved_mode=mode.name, downgraded=res.downgraded)
-        # Not keyed by mode: graphs inside a session are keyed by (runtime mode, size, uniform
-        # decode), which every cudagraph mode captures identically, so modes share one session (its
-        # KV caches are GBs at production shapes, and building one dominated GPU cases).
-        # Static buffers must hold the largest graph the mode captures: with k > 0 a split-mode
-        # decode graph (requests * (1 + k) tokens) can lie above the largest capture size.
-        top = max((s.size for s in capture_plan(mode, sizes, case.model.max_num_seqs,
-                                                uniform_decode_query_len(case.spec_tokens))), default=0)
-        max_tokens = top if top > max(sizes, default=0) else 0
-        k = case.spec_tokens if getattr(backend_cls, "sizes_by_spec_tokens", False) else 0
-        key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, max_tokens, k, str(device))
+        mode, sizes, notes, key = plan.mode, plan.sizes, plan.notes, plan.key
+        base = base.replace(resolved_mode=mode.name, downgraded=plan.downgraded)
         t0 = time.perf_counter()
-        session = sessions.get(key, lambda: Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype,
-                                                    sizes, device, max_tokens=max_tokens, spec_tokens=k),
-                               device=device)
+        session = sessions.get(key, plan.factory, device=device)
         phases = dict.fromkeys(PHASES, 0.0)
         phases["session_s"] = time.perf_counter() - t0
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind
@@ -411,18 +478,13 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
     """`sizes`: the capture sizes after resolution (resolve_capture_sizes), not case.capture_sizes."""
     clock = _Clock(session.device)
     shape, tol = case.model, case.tolerance
-    q = uniform_decode_query_len(case.spec_tokens)
-    plans = plan_steps(case.batch, shape, sizes, max(case.steps, 1), case.seed, spec_tokens=case.spec_tokens)
-    dispatches = [dispatch(mode, p.num_tokens, is_uniform_decode(p.query_lens, q), sizes,
-                           shape.max_num_seqs, q) for p in plans]
-    keys = {GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode, q if d.uniform_decode else 1)
-            for d in dispatches if d.runtime_mode != "NONE"}
-    capture_s = session.ensure_graphs(keys)  # before any snapshot: capture runs the model
+    plans, dispatches, graph_keys = _dispatch_plan(case, mode, sizes)
+    capture_s = session.ensure_graphs({k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
     _set_scales(case, session)
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
     eager_s, replay_s, used, shared = [], [], [], 0
     kv_jitter, attn_jitter = False, 0.0
-    for plan, d in zip(plans, dispatches):
+    for plan, d, graph_key in zip(plans, dispatches, graph_keys):
         t0 = clock.now()
         memo_key = (case.batch, case.spec_tokens, case.seed, case.steps, case.tolerance, plan.index)
         eager = session.eager_memo.get(memo_key)
@@ -450,7 +512,7 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
             graph_side = session.run_eager_step(x, inputs.batch)
             used.append(0)
         else:
-            key = GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode, q if d.uniform_decode else 1)
+            key = graph_key
             graph_side = session.run_graph_step(key, x, inputs.batch, pad_seed=hash_seed(case.seed, plan.index, 31))
             used.append(d.padded_tokens)
             padded = _padded_rows(session, key, x.shape[0])

@@ -244,9 +244,10 @@ class StepInputs:
 
 
 def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
-                     device: torch.device | str = "cpu") -> StepInputs:
+                     device: torch.device | str = "cpu", *, context: bool = True) -> StepInputs:
     """Blocks, slots and x on the CPU; context K/V drawn on `device` (GPU shapes hold GBs of
-    context: generating it on the host would dominate the step)."""
+    context: generating it on the host would dominate the step). context=False: no context K/V
+    (empty lists; checker.warm_kernels runs steps only for the kernels they launch)."""
     gen = torch.Generator().manual_seed(hash_seed(seed, plan.index))
     device = torch.device(device)
     kv_gen = torch.Generator(device=device).manual_seed(hash_seed(seed, plan.index, 17))
@@ -280,7 +281,7 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     ctx_lens = [s - q for q, s in zip(plan.query_lens, plan.seq_lens)]
     total = sum(ctx_lens)
     ctx_k, ctx_v, flat_k, flat_v = [], [], [], []
-    for _ in range(shape.num_layers):
+    for _ in range(shape.num_layers if context else 0):
         for out, flat in ((ctx_k, flat_k), (ctx_v, flat_v)):
             block = torch.randn(total, shape.num_kv_heads, shape.head_size, generator=kv_gen, device=device)
             flat.append(block)

@@ -31,6 +31,9 @@ orch_run() {  # name, extra args...
       matrices/full.yaml --filter "$filter" --devices gpu --db "$R/$name.db" \
       --known-failures matrices/known-failures.yaml --no-progress "$@" > "$R/$name.log" 2>&1
   echo "rc=$?" >> "$R/$name.log"
+  local wdir; wdir=$(ls -td /tmp/orch-workers-* 2>/dev/null | head -1)  # the run's worker logs
+  [ -n "$wdir" ] && [ -f "$wdir/precompile.log" ] && cp "$wdir/precompile.log" "$R/$name-precompile.log" \
+      && grep -E "over|already|done" "$R/$name-precompile.log" >> "$log"
   grep -v "^    repro:\|^orch: ERROR" "$R/$name.log" | tail -12 >> "$log"
   python3 -c "import sqlite3,sys; sqlite3.connect(sys.argv[1]).execute('pragma wal_checkpoint(TRUNCATE)')" "$R/$name.db" 2>/dev/null
 }

@@ -96,6 +96,7 @@ class AiterTritonBackend(AttentionBackend):
     name: ClassVar[str] = "aiter-triton"
     cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16)
+    jit_kernels: ClassVar[bool] = True  # AITER's Triton kernels compile on first use
     builder_cls = PersistentMetadataBuilder
     impl_cls = AiterTritonImpl
 

@@ -150,6 +150,9 @@ class AttentionBackend:
     # The tp communicator's in-place all-reduce used by the test model's row-parallel projection,
     # for a backend that brings its own (a custom all-reduce, or a mutant); None = torch.distributed.
     tp_all_reduce: ClassVar[Callable[[torch.Tensor], torch.Tensor] | None] = None
+    # True: the backend JIT-compiles kernels (Triton) on first use, so `orch run` warms its disk
+    # cache in helper processes at the start of a GPU run (backend/precompile.py).
+    jit_kernels: ClassVar[bool] = False
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import platform
 import sys
+import tempfile
 import time
 
 import click
@@ -48,7 +49,7 @@ def _err(msg: str) -> None:
 
 def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="orch-out", address="local",
          devices="auto", workers=None, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
-         known_failures=None, resume_run=None, no_progress=False) -> int:  # fmt: skip
+         known_failures=None, resume_run=None, no_progress=False, precompile_jobs=None) -> int:  # fmt: skip
     from orchestrator.filters import select
     from orchestrator.matrix import load_matrix
     from orchestrator.artifacts import write_outputs
@@ -57,6 +58,8 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
     t0 = time.monotonic()
     if timeout_s is not None and timeout_s <= 0:
         raise InputError(f"--timeout must be > 0, got {timeout_s}")
+    if precompile_jobs is not None and precompile_jobs < 0:
+        raise InputError(f"--precompile-jobs must be >= 0, got {precompile_jobs}")
     m = load_matrix(matrix, devices=devices, backend_override=backend)
     phases = {"matrix": time.monotonic() - t0}
     cases = select(m.cases, filter_expr)
@@ -95,7 +98,8 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
         ), True) for s in skipped])  # fmt: skip
         try:
             results = _execute(store, run_id, cases, address=address, devices=devices, workers=workers,
-                               timeout_s=timeout_s, no_progress=no_progress, phases=phases)  # fmt: skip
+                               timeout_s=timeout_s, no_progress=no_progress, phases=phases,
+                               precompile_jobs=precompile_jobs)  # fmt: skip
         except KeyboardInterrupt:
             store.finish_run(run_id, "interrupted")
             _err(f"interrupted: run {run_id} keeps what was recorded; finish it with --resume {run_id}")
@@ -129,24 +133,59 @@ def main(matrix, backend=None, filter_expr=None, db="orch-results.db", out_dir="
 
 
 def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress,
-             phases: dict[str, float] | None = None) -> dict[str, CaseResult]:
+             phases: dict[str, float] | None = None, precompile_jobs: int | None = None) -> dict[str, CaseResult]:
     """Run the cases on Ray. `phases` receives where the wall time went: cluster (connect),
     first_result (from connect to the first result: worker start-up, imports, the first session),
-    cases (from then to the last result), shutdown."""
+    cases (from then to the last result), shutdown. On this machine's GPUs, Triton's kernel cache is
+    warmed by helper processes meanwhile (`precompile_jobs`, None: ORCH_PRECOMPILE_JOBS or auto)."""
+    if not cases:
+        return {}
+    phases = phases if phases is not None else {}
+    log_dir = tempfile.mkdtemp(prefix="orch-workers-")
+    history = store.durations()
+    warmup = _start_precompile(cases, address=address, devices=devices, jobs=precompile_jobs, log_dir=log_dir,
+                               history=history)  # before the cluster: its start-up overlaps ours
+    try:
+        return _run_on_cluster(store, run_id, cases, address=address, devices=devices, workers=workers,
+                               timeout_s=timeout_s, no_progress=no_progress, phases=phases, log_dir=log_dir,
+                               history=history)
+    finally:
+        if warmup is not None:
+            warmup.stop()
+
+
+def _start_precompile(cases, *, address, devices, jobs, log_dir, history):
+    """The Triton warm-up helpers (orchestrator/executor/precompile.py) for a run on this
+    machine's GPUs, or None."""
+    from backend.attention.capabilities import local_gpu_count
+    from orchestrator.executor import precompile
+
+    jobs = precompile.resolve_jobs(jobs)
+    local = address == "local" and not os.environ.get("RAY_ADDRESS")
+    if jobs < 1 or devices == "cpu" or not local or os.environ.get(RUNNER_ENV):  # a test runner: no checker
+        return None
+    if not local_gpu_count():
+        return None
+    warmup = precompile.start(cases, jobs=jobs, log_dir=log_dir, history=history)
+    if warmup is not None:
+        _err(f"precompile: {jobs} helper process(es) warming Triton's kernel cache from the {warmup.count} "
+             f"tp 1 case(s) (log {warmup.log_path})")
+    return warmup
+
+
+def _run_on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress, phases, log_dir,
+                    history) -> dict[str, CaseResult]:
     from orchestrator.executor.cluster import connect, disconnect
     from orchestrator.executor.executor import ExecConfig, Executor
     from orchestrator.executor.progress import Progress
 
-    if not cases:
-        return {}
-    phases = phases if phases is not None else {}
     t0 = time.monotonic()
     cluster = connect(address, devices=devices, workers=workers, min_slots=max(c.tp for c in cases))
     t_up = time.monotonic()
     phases["cluster"] = t_up - t0
     marks: list[float] = []
     _err(cluster.banner)
-    config = ExecConfig(timeout_s=timeout_s)
+    config = ExecConfig(timeout_s=timeout_s, log_dir=log_dir)
     if os.environ.get(RUNNER_ENV):
         config = dataclasses.replace(config, runner=os.environ[RUNNER_ENV])
     progress = Progress(len(cases), live=(not no_progress and sys.stderr.isatty()))
@@ -160,7 +199,7 @@ def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_p
                 progress.update(result)
 
     try:
-        return Executor(cluster, config, on_results=on_results, history=store.durations()).run(cases)
+        return Executor(cluster, config, on_results=on_results, history=history).run(cases)
     finally:
         progress.close()
         t_end = time.monotonic()
