@@ -15,6 +15,7 @@ import importlib.metadata
 import platform
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -100,6 +101,7 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
     if result.status == Status.ERROR and _out_of_memory(result) and device.type == "cuda":
         sessions.clear()
         _SCRATCH.clear()
+        _mark_scratch(None)
         _INPUTS.clear()
         torch.cuda.empty_cache()
         if world_size == 1:  # a gang's ranks cannot re-run alone: their collectives would pair up wrongly
@@ -290,12 +292,12 @@ def _set_scales(case: Case, session: Session) -> None:
 
 
 def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
-                  ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+                  ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]], torch.Tensor]:
     """Write every request's context K/V into the rank's caches through the providers' KV write
     (kv_cache.write_kv, which every provider's forward uses for new tokens: its quantiser is under
     test for the context too); return the context as the reference's own fp8 rounding sees it
     (fp32, all kv heads; empty lists when `reference` is False). One write per layer and K/V for
-    the whole batch."""
+    the whole batch. Also returns the slots written (int64, on the device)."""
     kv_heads = torch.tensor(list(session.layout.kv_heads), device=session.device)
     lens = [int(t.numel()) for t in inputs.ctx_slots]
     slots = inputs.ctx_slots_flat.to(session.device)
@@ -308,7 +310,7 @@ def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
             write_kv(cache, values[0][:, kv_heads], values[1][:, kv_heads], slots, *scales)
         for out, v, scale in zip((ref_k, ref_v), values, scales):
             out.append(list(torch.split(fp8_round(v, scale, cache.dtype), lens)) if reference else [])
-    return ref_k, ref_v
+    return ref_k, ref_v, slots
 
 
 def _reference(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v
@@ -363,16 +365,45 @@ _REFERENCES = LRU(64)
 # page-faulted in every time; no allocator churn of GBs per step on a GPU). Keyed by the caches'
 # shapes, dtypes and device: a session of another shape or kv dtype replaces it.
 _SCRATCH: dict[tuple, list[torch.Tensor]] = {}
+# The session whose caches the scratch equals byte for byte (a weak reference), or None. A step
+# that passes kv_integrity's "nothing changed outside the real slots" leaves the scratch equal to
+# the caches (kv_integrity copies the real slots into it and compares the rest), so the next
+# step's snapshot only needs the slots its context fill wrote, not a whole-cache copy (#13: 4.3 GB
+# a step at full.yaml's GPU shape). Anything else that may write the caches (a capture, a step
+# that wrote outside its slots, an exception, another session on the same buffers) leaves None.
+_SCRATCH_OWNER: list = [None]
+# Above this fraction of the cache's slots, one contiguous copy is cheaper than gather + scatter.
+_PARTIAL_SNAPSHOT_MAX = 0.25
 
 
-def _snapshot(caches: list[torch.Tensor]) -> list[torch.Tensor]:
+def _scratch_in_sync(session: Session) -> bool:
+    owner = _SCRATCH_OWNER[0]
+    return owner is not None and owner() is session
+
+
+def _mark_scratch(session: Session | None) -> None:
+    _SCRATCH_OWNER[0] = weakref.ref(session) if session is not None else None
+
+
+def _snapshot(caches: list[torch.Tensor], session: Session | None = None,
+              written: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """The caches' state now, in the scratch buffers. With `session` whose caches the scratch
+    still equals but for the slots `written` (int64, on the caches' device), only those are copied."""
     key = tuple((tuple(c.shape), c.dtype, str(c.device)) for c in caches)
     bufs = _SCRATCH.get(key)
+    in_sync = session is not None and written is not None and _scratch_in_sync(session) and bufs is not None
+    _mark_scratch(None)  # until the step that uses it has verified it again
     if bufs is None:
         _SCRATCH.clear()  # before allocating: one copy of the caches at a time
         bufs = _SCRATCH[key] = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in caches]
+    num_slots = caches[0].shape[1] * caches[0].shape[2]
+    partial = in_sync and written.numel() <= _PARTIAL_SNAPSHOT_MAX * num_slots and all(c.is_contiguous() for c in caches)
     for b, c in zip(bufs, caches):
-        b.copy_(c)
+        if partial:
+            if written.numel():
+                b.view(2, num_slots, -1)[:, written] = c.view(2, num_slots, -1)[:, written]
+        else:
+            b.copy_(c)
     return bufs
 
 
@@ -480,6 +511,8 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
     shape, tol = case.model, case.tolerance
     plans, dispatches, graph_keys = _dispatch_plan(case, mode, sizes)
     capture_s = session.ensure_graphs({k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
+    if capture_s:
+        _mark_scratch(None)  # capture ran the model on the caches
     _set_scales(case, session)
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
     eager_s, replay_s, used, shared = [], [], [], 0
@@ -490,11 +523,11 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         eager = session.eager_memo.get(memo_key)
         ref_key = _reference_key(case, session, plan.index)
         inputs = _step_inputs(plan, shape, case.seed, session.device)
-        ref_k, ref_v = _fill_context(session, inputs, reference=eager is None and ref_key not in _REFERENCES)
+        ref_k, ref_v, ctx_slots = _fill_context(session, inputs, reference=eager is None and ref_key not in _REFERENCES)
         t1 = clock.now()
         phases["inputs_s"] += t1 - t0
         caches = session.kv_caches
-        snapshot = _snapshot(caches)  # eager and the graph run both start from it
+        snapshot = _snapshot(caches, session, ctx_slots)  # eager and the graph run both start from it
         t0 = clock.now()
         phases["snapshot_s"] += t0 - t1
         if eager is None:
@@ -540,10 +573,11 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
                                          detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the "
                                                 f"{d.padded_tokens}-token graph" if fp.first_bad else "")
         real_slots = inputs.batch.slot_mapping.to(session.device)
-        kv_ok, kv_detail = True, ""
+        kv_ok, kv_detail, outside_ok = True, "", True
         for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
             k = kv_integrity(after, before, eager_real, real_slots,
                              (session.model.k_scales[layer], session.model.v_scales[layer]), tol)
+            outside_ok = outside_ok and not k.outside_changed
             if not k.ok and kv_ok:
                 kv_ok = False
                 kv_detail = (f"layer {layer}: {k.outside_changed} slots written outside the step's "
@@ -551,6 +585,8 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
                              if k.outside_changed else
                              f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
         acc[CHECK_KV_INTEGRITY].add(step, kv_ok, detail=kv_detail)
+        if outside_ok:  # kv_integrity left the scratch equal to the caches (_SCRATCH_OWNER)
+            _mark_scratch(session)
         acc[CHECK_DETERMINISM].add(step, eager.deterministic, max_abs=eager.jitter,
                                    detail=f"two eager runs differ (max_abs {eager.jitter:.3g}"
                                           f"{', and their KV writes' if eager.kv_jitter else ''})")

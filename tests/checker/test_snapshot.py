@@ -1,0 +1,88 @@
+"""The step snapshot after a verified step copies only the slots the context fill wrote
+(checker._snapshot, #13). Whatever the path, the snapshot must equal the caches byte for byte when
+it is taken: checked on every step of a sequence of cases that shares one session, with graphs
+captured in between, a backend that writes outside its slots, and another session on the same
+scratch buffers; and the verdicts must be those of the whole-cache copy."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from backend import checker
+from backend.checker import SessionCache, run_case
+from backend.checks import raw
+from tests.checker.conftest import DECODE, MIXED, TINY, make_case
+
+BIG = dataclasses.replace(TINY, num_blocks=256)  # contexts well under a quarter of the cache: partial copies
+SEQUENCE = [  # (backend, mode, kv, batch): the worker's order, modes of a batch in a row
+    *[("torch", m, "auto", MIXED) for m in ("FULL", "PIECEWISE", "NONE", "FULL_AND_PIECEWISE")],
+    ("tests.mutants.padded_slot_write:Backend", "FULL", "auto", DECODE),  # writes outside its slots
+    *[("torch", m, "auto", DECODE) for m in ("FULL_DECODE_ONLY", "FULL", "NONE")],  # new graphs captured
+    ("torch", "FULL", "fp8", MIXED),  # another session, other buffers
+    *[("torch", m, "auto", MIXED) for m in ("FULL", "NONE")],
+]
+
+
+def _run(sequence, monkeypatch, *, partial: bool):
+    calls = {"partial": 0, "full": 0}
+    real = checker._snapshot
+
+    def checked(caches, session=None, written=None):
+        in_sync = session is not None and checker._scratch_in_sync(session)
+        bufs = real(caches, session, written)
+        for b, c in zip(bufs, caches):
+            assert torch.equal(raw(b), raw(c)), "the snapshot is not the caches' state"
+        calls["partial" if in_sync and written.numel() <= checker._PARTIAL_SNAPSHOT_MAX * c.shape[1] * c.shape[2]
+              else "full"] += 1
+        return bufs
+
+    monkeypatch.setattr(checker, "_snapshot", checked)
+    monkeypatch.setattr(checker, "_PARTIAL_SNAPSHOT_MAX", 0.25 if partial else -1.0)
+    checker._SCRATCH.clear()
+    sessions = SessionCache(capacity=8)
+    results = [run_case(make_case(b, m, kv, batch, model=BIG), sessions=sessions) for b, m, kv, batch in sequence]
+    return results, calls
+
+
+def test_snapshot_equals_the_caches_on_every_step_and_verdicts_do_not_change(monkeypatch):
+    fast, calls = _run(SEQUENCE, monkeypatch, partial=True)
+    slow, slow_calls = _run(SEQUENCE, monkeypatch, partial=False)
+    assert calls["partial"] >= 10 and calls["full"] >= 3, calls  # both paths were taken
+    assert slow_calls["partial"] == 0
+    for a, b in zip(fast, slow):
+        assert (a.case_id, a.status, a.reason) == (b.case_id, b.status, b.reason)
+        assert [(c.name, c.passed, c.step) for c in a.checks] == [(c.name, c.passed, c.step) for c in b.checks]
+    mutant = fast[4]
+    assert mutant.status.value == "fail" and "kv_integrity" in mutant.reason, mutant.reason
+    assert all(r.status.value == "pass" for i, r in enumerate(fast) if i != 4), [r.reason for r in fast]
+
+
+@pytest.mark.parametrize("event", ["capture", "outside_write", "exception"])
+def test_what_may_write_the_caches_unmarks_the_scratch(monkeypatch, event):
+    sessions = SessionCache(capacity=8)
+    checker._SCRATCH.clear()
+    case = make_case("torch", "FULL", "auto", MIXED, model=BIG)
+    assert run_case(case, sessions=sessions).status.value == "pass"
+    session = next(iter(sessions._sessions.values()))
+    assert checker._scratch_in_sync(session)  # a verified step
+    if event == "capture":
+        run_case(dataclasses.replace(case, mode="FULL_AND_PIECEWISE", batch=DECODE), sessions=sessions)
+        # the capture unmarked it; the steps after verified it again
+        assert checker._scratch_in_sync(session)
+        checker._mark_scratch(None)
+        assert not checker._scratch_in_sync(session)
+    elif event == "outside_write":
+        r = run_case(make_case("tests.mutants.padded_slot_write:Backend", "FULL", "auto", DECODE, model=BIG),
+                     sessions=sessions)
+        assert r.status.value == "fail"
+        assert checker._SCRATCH_OWNER[0] is None  # the last step wrote outside its slots
+    else:
+        def boom(*a, **k):
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(checker, "kv_integrity", boom)
+        assert run_case(case, sessions=sessions).status.value == "error"
+        assert not checker._scratch_in_sync(session)
