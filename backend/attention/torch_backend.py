@@ -1,8 +1,13 @@
 """`torch` provider: vectorised paged gather + masked softmax. CPU and GPU, bf16/fp16/fp32, auto/fp8.
 
-Graph-safe by construction (support ALWAYS): every token gathers its request's K/V over a fixed
-length (max_blocks_per_seq * block_size) and the mask is computed on device from seq_lens,
-query_start_loc and query_lens, so no host value of the batch reaches a shape or a branch.
+Graph-safe (support ALWAYS): the mask is computed on device from seq_lens, query_start_loc and
+query_lens; the one host value that reaches a shape is the gather length, the metadata's host
+`max_seq_len` rounded up to whole blocks, as vLLM's backends size their launches by it
+(FlashAttention's max_seqlen_k, the partition count of paged decode). A graph freezes it at
+capture, where the builder sets it to max_model_len (vLLM's capture batch, DESIGN.md §4a), an
+upper bound of every replay; eager steps and the attention between piecewise graphs gather only
+the blocks their batch can reach (#13: at the GPU shape a 200-request decode step gathered every
+request's 4096 positions, 6.7 GB of fp32 K/V, for contexts of ~2048).
 """
 
 from __future__ import annotations
@@ -22,6 +27,14 @@ from backend.attention.kv_cache import write_kv
 from backend.attention.torch_ops import gather_paged, masked_attention, token_chunks, token_to_request
 
 
+def gather_length(metadata: AttentionMetadata, block_size: int) -> int:
+    """Key positions each token gathers: the host max_seq_len in whole blocks, at most the block
+    table's width (at least one block, so an empty batch keeps non-empty shapes)."""
+    width = metadata.block_table.shape[1] * block_size
+    need = -(-max(int(metadata.max_seq_len), 1) // block_size) * block_size
+    return min(width, need)
+
+
 def paged_causal_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            metadata: AttentionMetadata, k_scale: torch.Tensor, v_scale: torch.Tensor,
                            scale: float, diagonal: int = 0) -> torch.Tensor:
@@ -30,7 +43,7 @@ def paged_causal_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     mutation suite's off-by-one mask is diagonal -1)."""
     t, h, d = query.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
-    length = metadata.block_table.shape[1] * block_size
+    length = gather_length(metadata, block_size)
     req, pos = token_to_request(metadata.query_start_loc, t)
     seq = metadata.seq_lens.to(torch.int64)[req]
     qlen = metadata.query_lens.to(torch.int64)[req]
