@@ -25,6 +25,7 @@ from backend.attention.kv_cache import dequantize, fp8_dtype, write_kv
 from backend.attention.registry import BackendLoadError, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
+from backend.host_copy import copy_into, to_device
 from backend.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
                             failure_reason, kv_integrity, max_abs_diff, raw, real_slot_values)
 from backend.model import layout_reasons, reference_forward
@@ -78,13 +79,50 @@ def device_label(device: torch.device) -> str:
 
 
 class _Clock:
-    def __init__(self, device: torch.device):
-        self.device = device
+    """Marks between a case's phases (CaseResult.timings). On a GPU a mark is a CUDA event recorded
+    on the current stream, never a host sync, so the host queues a step's next work while the
+    device still runs the last (#13: these marks were 6,564 synchronize calls, 9 s of the 290-case
+    tp 1 slice on the H200); a span between two marks is then the device's time between them,
+    read when the case's timings are (its checks have synced by then). On the CPU a mark is
+    perf_counter and a span its difference."""
 
-    def now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    def __init__(self, device: torch.device):
+        self.events = device.type == "cuda"
+
+    def now(self) -> "float | torch.cuda.Event":
+        if self.events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
         return time.perf_counter()
+
+    @staticmethod
+    def span(start, end) -> "_Span":
+        return _Span(start, end)
+
+
+class _Span:
+    """The time between two marks of a _Clock; float() resolves it (waiting for a GPU event's
+    completion once) and keeps the seconds."""
+
+    __slots__ = ("_start", "_end", "_seconds")
+
+    def __init__(self, start, end):
+        self._start, self._end, self._seconds = start, end, None
+
+    def __float__(self) -> float:
+        if self._seconds is None:
+            if isinstance(self._start, float):
+                self._seconds = self._end - self._start
+            else:
+                self._end.synchronize()
+                self._seconds = self._start.elapsed_time(self._end) / 1e3
+            self._start = self._end = None
+        return self._seconds
+
+
+def _seconds(spans) -> float:
+    return sum(float(s) for s in spans)
 
 
 def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.device | None = None,
@@ -187,7 +225,7 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
     _set_scales(case, session)
     for step, key in zip(plans, keys):
         inputs = make_step_inputs(step, case.model, case.seed, session.device, context=False)
-        x = inputs.x.to(session.device)
+        x = inputs.on(session.device).x
         session.run_eager_step(x, inputs.batch)
         if key is not None:
             session.run_graph_step(key, x, inputs.batch, pad_seed=hash_seed(case.seed, step.index, 31))
@@ -242,8 +280,8 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         base = base.replace(resolved_mode=mode.name, downgraded=plan.downgraded)
         t0 = time.perf_counter()
         session = sessions.get(key, plan.factory, device=device)
-        phases = dict.fromkeys(PHASES, 0.0)
-        phases["session_s"] = time.perf_counter() - t0
+        phases: dict[str, list] = {name: [] for name in PHASES}  # spans (_Clock), summed at the end
+        phases["session_s"].append(_Span(t0, time.perf_counter()))
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind
         base = base.replace(graph_kind=graph_kind)
         result = _run_steps(case, session, mode, sizes, base, t_start, phases)
@@ -288,7 +326,7 @@ def _set_scales(case: Case, session: Session) -> None:
     for ks, vs in zip(session.model.k_scales, session.model.v_scales):
         for t in (ks, vs):
             value = (lo + (hi - lo) * torch.rand(1, generator=gen)) / fmax if fp8 else torch.ones(1)
-            t.copy_(value.to(t.device))  # in place: graphs hold these tensors
+            copy_into(t, value)  # in place: graphs hold these tensors
 
 
 def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
@@ -298,9 +336,9 @@ def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
     test for the context too); return the context as the reference's own fp8 rounding sees it
     (fp32, all kv heads; empty lists when `reference` is False). One write per layer and K/V for
     the whole batch. Also returns the slots written (int64, on the device)."""
-    kv_heads = torch.tensor(list(session.layout.kv_heads), device=session.device)
+    kv_heads = to_device(torch.tensor(list(session.layout.kv_heads)), session.device)
     lens = [int(t.numel()) for t in inputs.ctx_slots]
-    slots = inputs.ctx_slots_flat.to(session.device)
+    slots = inputs.on(session.device).ctx_slots
     ref_k, ref_v = [], []
     for layer, cache in enumerate(session.kv_caches):
         scales = (session.model.k_scales[layer], session.model.v_scales[layer])
@@ -328,7 +366,7 @@ def _reference(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v
 
     # On the session's device (fp32): GPU shapes would make a host reference the slowest part.
     attn: list[torch.Tensor] = []
-    out = reference_forward(session.reference_weights, case.model, inputs.x.to(session.device), ref_k, ref_v,
+    out = reference_forward(session.reference_weights, case.model, inputs.on(session.device).x, ref_k, ref_v,
                             inputs.plan.query_lens, kv_round, attn, q_round=q_round)
     return out, torch.stack(attn).to(getattr(torch, case.model.dtype))
 
@@ -349,7 +387,7 @@ class _EagerStep:
     attn_jitter: float  # the same on the attention outputs
     kv_jitter: bool  # the two eager runs left different real-slot bytes
     real_kv: list[torch.Tensor]  # per layer: the cache at the step's real slots after eager
-    eager_s: float
+    eager_s: "_Span"  # the first eager run (float() gives seconds)
 
 
 # Reference outputs of recent steps, per process. The reference is the unsharded fp32 model on the
@@ -466,12 +504,12 @@ def _reference_key(case: Case, session: Session, step: int) -> tuple:
 
 
 def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[torch.Tensor], ref_k, ref_v,
-                clock: "_Clock", phases: dict[str, float], ref_key: tuple) -> _EagerStep:
+                clock: "_Clock", phases: dict[str, list], ref_key: tuple) -> _EagerStep:
     """Eager twice from the caches' state `snapshot` (determinism), the reference, and what eager
     wrote; leaves the caches as `snapshot` again."""
     caches = session.kv_caches
-    real_slots = inputs.batch.slot_mapping.to(session.device)
-    x = inputs.x.to(session.device)
+    on_device = inputs.on(session.device)
+    real_slots, x = on_device.real_slots, on_device.x
     t1 = clock.now()
     first = session.run_eager_step(x, inputs.batch)
     out_e = first.out
@@ -498,10 +536,10 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list
     attn_reference = compare_heads(first.attention, ref_attn[:, :, heads.start:heads.stop], case.tolerance,
                                    head_offset=heads.start)
     t4 = clock.now()
-    phases["eager_s"] += t3 - t1
-    phases["reference_s"] += t4 - t3
+    phases["eager_s"].append(clock.span(t1, t3))
+    phases["reference_s"].append(clock.span(t3, t4))
     return _EagerStep(out_e, first.attention, reference, attn_reference, all_finite(out_e, case.model.head_size),
-                      deterministic, jitter, attn_jitter, kv_jitter, real_kv, t2 - t1)
+                      deterministic, jitter, attn_jitter, kv_jitter, real_kv, clock.span(t1, t2))
 
 
 def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[int, ...], base: CaseResult,
@@ -525,11 +563,11 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         inputs = _step_inputs(plan, shape, case.seed, session.device)
         ref_k, ref_v, ctx_slots = _fill_context(session, inputs, reference=eager is None and ref_key not in _REFERENCES)
         t1 = clock.now()
-        phases["inputs_s"] += t1 - t0
+        phases["inputs_s"].append(clock.span(t0, t1))
         caches = session.kv_caches
         snapshot = _snapshot(caches, session, ctx_slots)  # eager and the graph run both start from it
         t0 = clock.now()
-        phases["snapshot_s"] += t0 - t1
+        phases["snapshot_s"].append(clock.span(t1, t0))
         if eager is None:
             eager = _eager_side(case, session, inputs, snapshot, ref_k, ref_v, clock, phases, ref_key)
             session.eager_memo.put(memo_key, eager)
@@ -538,7 +576,8 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         eager_s.append(eager.eager_s)
         del ref_k, ref_v
 
-        x = inputs.x.to(session.device)
+        on_device = inputs.on(session.device)
+        x = on_device.x
         t1 = clock.now()
         padded = None
         if d.runtime_mode == "NONE":
@@ -550,7 +589,7 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
             used.append(d.padded_tokens)
             padded = _padded_rows(session, key, x.shape[0])
         t2 = clock.now()
-        replay_s.append(t2 - t1)
+        replay_s.append(clock.span(t1, t2))
         out_g = graph_side.out
 
         step = plan.index
@@ -572,7 +611,7 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
             acc[CHECK_PADDED_FINITE].add(step, fp.ok, mismatch=fp.mismatch_frac, first_bad=fp.first_bad,
                                          detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the "
                                                 f"{d.padded_tokens}-token graph" if fp.first_bad else "")
-        real_slots = inputs.batch.slot_mapping.to(session.device)
+        real_slots = on_device.real_slots
         kv_ok, kv_detail, outside_ok = True, "", True
         for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
             k = kv_integrity(after, before, eager_real, real_slots,
@@ -593,15 +632,16 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         kv_jitter = kv_jitter or eager.kv_jitter
         attn_jitter = max(attn_jitter, eager.attn_jitter)
         del snapshot
-        phases["checks_s"] += clock.now() - t2
+        phases["checks_s"].append(clock.span(t2, clock.now()))
 
     checks = tuple(acc[name].outcome() for name in CHECK_NAMES)
+    spent = {k: round(_seconds(v), 6) for k, v in phases.items()}  # resolves the spans first
     timings = {
         "capture_s": capture_s,
-        "eager_step_s": sum(eager_s) / len(eager_s),
-        "replay_step_s": sum(replay_s) / len(replay_s),
+        "eager_step_s": _seconds(eager_s) / len(eager_s),
+        "replay_step_s": _seconds(replay_s) / len(replay_s),
         "total_s": time.perf_counter() - t_start,
-        **{k: round(v, 6) for k, v in phases.items()},
+        **spent,
         "eager_shared_steps": float(shared),
     }
     failed = [c for c in checks if not c.passed]

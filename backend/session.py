@@ -28,6 +28,7 @@ from backend.attention.interface import AttentionConfig, BatchDescription
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
 from backend.graphs.base import GraphCaptureError
+from backend.host_copy import copy_into
 from backend.model import TPLayout, TPModel, make_weights
 
 WARMUP_ITERS = 1
@@ -275,7 +276,7 @@ class Session:
         if size > n:
             gen = torch.Generator().manual_seed(pad_seed)
             pad = torch.randn(size - n, self.shape.hidden_size, generator=gen)
-            self.static_in[n:size].copy_(pad.to(self.static_in.dtype))
+            copy_into(self.static_in[n:size], pad.to(self.static_in.dtype))
         entry = self.graphs[key]
         if isinstance(entry, _Full):
             self.builder.build(batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs)

@@ -18,12 +18,13 @@ Everything is generated on the CPU from the case seed, identically on every tp r
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from backend.attention.interface import BatchDescription
 from backend.case import BatchSpec, ModelShape
+from backend.host_copy import to_device
 
 
 @dataclass(frozen=True)
@@ -235,12 +236,34 @@ class StepInputs:
     ctx_k_flat: list[torch.Tensor]
     ctx_v_flat: list[torch.Tensor]
     ctx_slots_flat: torch.Tensor
+    # The host tensors a step uses on its device, copied once per device (the inputs are cached and
+    # shared by every mode, kv dtype and backend of a batch: one queued copy each, not one host
+    # sync per use).
+    _on_device: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def on(self, device: torch.device) -> "DeviceInputs":
+        key = str(device)
+        got = self._on_device.get(key)
+        if got is None:
+            got = self._on_device[key] = DeviceInputs(to_device(self.x, device),
+                                                      to_device(self.batch.slot_mapping, device),
+                                                      to_device(self.ctx_slots_flat, device))
+        return got
 
     @property
     def nbytes(self) -> int:
         tensors = [self.x, self.batch.block_table, self.batch.slot_mapping, self.ctx_slots_flat,
                    *self.ctx_k_flat, *self.ctx_v_flat]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass(frozen=True)
+class DeviceInputs:
+    """StepInputs' host tensors on one device."""
+
+    x: torch.Tensor  # [T, hidden]
+    real_slots: torch.Tensor  # the batch's slot_mapping (int64)
+    ctx_slots: torch.Tensor  # ctx_slots_flat (int64)
 
 
 def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,

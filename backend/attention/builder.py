@@ -19,6 +19,7 @@ from backend.attention.interface import (
     AttentionMetadataBuilder,
     BatchDescription,
 )
+from backend.host_copy import copy_into
 
 PAD_SLOT = -1
 NULL_BLOCK = 0
@@ -103,19 +104,20 @@ class PersistentMetadataBuilder(AttentionMetadataBuilder):
         qlens = torch.tensor(query_lens, dtype=torch.int32)
         qsl = torch.zeros(n + 1, dtype=torch.int32)
         torch.cumsum(qlens, 0, out=qsl[1:])
-        # Host -> device copies into the persistent storage; tails reset to padding.
-        self.query_start_loc[: n + 1].copy_(qsl)
+        # Host -> device copies into the persistent storage (queued, no host sync on a GPU);
+        # tails reset to padding.
+        copy_into(self.query_start_loc[: n + 1], qsl)
         self.query_start_loc[n + 1:].fill_(t)
-        self.seq_lens[:n].copy_(torch.tensor(seq_lens, dtype=torch.int32))
+        copy_into(self.seq_lens[:n], torch.tensor(seq_lens, dtype=torch.int32))
         self.seq_lens[n:].fill_(0)
-        self.query_lens[:n].copy_(qlens)
+        copy_into(self.query_lens[:n], qlens)
         self.query_lens[n:].fill_(0)
         width = min(block_table.shape[1], self.block_table.shape[1]) if n else 0
         self.block_table[n:].fill_(NULL_BLOCK)
         if n:
-            self.block_table[:n, :width].copy_(block_table[:n, :width].to(torch.int32))
+            copy_into(self.block_table[:n, :width], block_table[:n, :width].to(torch.int32))
             self.block_table[:n, width:].fill_(NULL_BLOCK)
-        self.slot_mapping[:t].copy_(slot_mapping.to(torch.int64))
+        copy_into(self.slot_mapping[:t], slot_mapping.to(torch.int64))
         self.slot_mapping[t:].fill_(PAD_SLOT)
         return AttentionMetadata(
             num_actual_tokens=t,
