@@ -102,25 +102,35 @@ def kernel_floor(cases, sessions, solo_rank: bool) -> None:
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    t0 = time.perf_counter()
-    with profile(activities=activities) as prof:
-        for case in cases:
-            run_case(case, sessions=sessions, world_size=case.tp if solo_rank else 1)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    device_us = 0.0
-    by_name: dict[str, float] = defaultdict(float)
-    for ev in prof.events():
-        if getattr(ev, "device_type", None) is not None and ev.device_type.name == "CUDA":
-            us = ev.time_range.elapsed_us()
-            device_us += us
-            by_name[ev.name[:70]] += us
-    print(f"\nkernel floor: {len(cases)} cases, wall {wall:.2f} s under the profiler, device time "
-          f"{device_us / 1e6:.3f} s ({device_us / 1e3 / max(len(cases), 1):.2f} ms a case); "
-          f"wall / device = {wall / max(device_us / 1e6, 1e-9):.1f}")
-    for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:25]:
-        print(f"  {us / 1e3:10.2f} ms  {name}")
+    groups: dict[str, list] = defaultdict(list)  # one floor per provider, then the whole slice
+    for case in cases:
+        groups[case.backend_label].append(case)
+    total_wall = total_device = 0.0
+    for label, group in groups.items():
+        t0 = time.perf_counter()
+        with profile(activities=activities) as prof:
+            for case in group:
+                run_case(case, sessions=sessions, world_size=case.tp if solo_rank else 1)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        device_us = 0.0
+        by_name: dict[str, float] = defaultdict(float)
+        for ev in prof.events():
+            if getattr(ev, "device_type", None) is not None and ev.device_type.name == "CUDA":
+                us = ev.time_range.elapsed_us()
+                device_us += us
+                by_name[ev.name[:70]] += us
+        total_wall += wall
+        total_device += device_us / 1e6
+        print(f"\nkernel floor [{label}]: {len(group)} cases, wall {wall:.2f} s under the profiler, device time "
+              f"{device_us / 1e6:.3f} s ({device_us / 1e3 / max(len(group), 1):.2f} ms a case); "
+              f"wall / device = {wall / max(device_us / 1e6, 1e-9):.1f}")
+        for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:20]:
+            print(f"  {us / 1e3:10.2f} ms  {name}")
+    print(f"\nkernel floor: {len(cases)} cases, wall {total_wall:.2f} s under the profiler, device time "
+          f"{total_device:.3f} s ({total_device * 1e3 / max(len(cases), 1):.2f} ms a case); "
+          f"wall / device = {total_wall / max(total_device, 1e-9):.1f}")
 
 
 if __name__ == "__main__":
