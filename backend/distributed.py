@@ -22,6 +22,17 @@ import torch.distributed as dist
 _NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
+# The gang this process is in: the rendezvous address its process group was formed at, "" alone.
+# Every rank of a gang has the same, and a gang formed again (other peers, a fresh port) another:
+# what a rank memoises per gang (the checker's eager and graph sides, which skip collectives when
+# reused) is then reused by all of its ranks or by none.
+_GANG = [""]
+
+
+def gang_id() -> str:
+    return _GANG[0]
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -53,6 +64,7 @@ def init_gang(rank: int, world_size: int, master_addr: str, master_port: int, *,
         timeout=timedelta(seconds=timeout_s),
         **({"device_id": device} if device.type == "cuda" else {}),
     )
+    _GANG[0] = f"{master_addr}:{master_port}"
 
 
 def destroy_gang(together: bool = False) -> None:
@@ -66,6 +78,7 @@ def destroy_gang(together: bool = False) -> None:
     if together and dist.get_world_size() > 1:
         dist.barrier()
     dist.destroy_process_group()
+    _GANG[0] = ""
 
 
 def world() -> tuple[int, int]:
