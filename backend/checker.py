@@ -10,8 +10,10 @@ Free of Ray: the same function runs in `orch repro`, under pytest and in a Ray a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
+import itertools
 import platform
 import time
 import traceback
@@ -25,9 +27,10 @@ from backend.attention.kv_cache import dequantize, fp8_dtype, write_kv
 from backend.attention.registry import BackendLoadError, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
-from backend.host_copy import copy_into, to_device
 from backend.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
                             failure_reason, kv_integrity, max_abs_diff, raw, real_slot_values)
+from backend.distributed import gang_id
+from backend.host_copy import copy_into, to_device
 from backend.model import layout_reasons, reference_forward
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
@@ -138,6 +141,7 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
     result = _run_case(case, rank, world_size, device, sessions)
     if result.status == Status.ERROR and _out_of_memory(result) and device.type == "cuda":
         sessions.clear()
+        _REFERENCES.clear()
         _SCRATCH.clear()
         _mark_scratch(None)
         _INPUTS.clear()
@@ -388,13 +392,65 @@ class _EagerStep:
     kv_jitter: bool  # the two eager runs left different real-slot bytes
     real_kv: list[torch.Tensor]  # per layer: the cache at the step's real slots after eager
     eager_s: "_Span"  # the first eager run (float() gives seconds)
+    # Which computation of the eager side this is: a memoised graph side counts only with the
+    # eager side it was compared with (one evicted and computed again is another).
+    serial: int = dataclasses.field(default_factory=lambda: next(_EAGER_SERIALS))
+
+
+_EAGER_SERIALS = itertools.count()
+
+
+@dataclass(frozen=True)
+class _GraphStep:
+    """One step's graph side as the checks saw it (outcomes only, no tensors), shared by the
+    cudagraph modes that dispatch the step to the same runtime path: FULL, FULL_DECODE_ONLY and
+    FULL_AND_PIECEWISE replay one FULL graph for a uniform decode step; FULL_DECODE_ONLY runs a
+    mixed step eagerly as NONE does, FULL_AND_PIECEWISE through the piecewise graphs as PIECEWISE
+    does. Same session (caches, builder, graphs), same inputs, same path: the same outcome, so a
+    later mode reuses it (Session.graph_memo) as every mode reuses the eager side."""
+
+    replay: Comparison  # graph output vs eager
+    attn_replay: HeadComparison
+    finite: Comparison  # of the graph output
+    padded: Comparison | None  # the FULL graph's padded rows, when it had some
+    padded_detail: str
+    detail: str  # "FULL graph of 8 tokens for 7"
+    used: int  # the graph's size (0: eager)
+    replay_s: "_Span"
+    eager_serial: int  # the _EagerStep it was compared with
+    kv_ok: bool = True
+    kv_detail: str = ""
+
+
+def _add_step(acc: dict[str, CheckAccumulator], step: int, eager: _EagerStep, g: _GraphStep) -> None:
+    """One step's outcomes into the checks' accumulators."""
+    acc[CHECK_REFERENCE].add_comparison(step, eager.reference)
+    acc[CHECK_REPLAY].add_comparison(step, g.replay, record_bitwise=True, detail=g.detail)
+    _add_heads(acc[CHECK_ATTN_REFERENCE], step, eager.attn_reference)
+    _add_heads(acc[CHECK_ATTN_REPLAY], step, g.attn_replay, record_bitwise=True, detail=g.detail)
+    fe, fg = eager.finite, g.finite
+    bad = fe if not fe.ok else fg
+    acc[CHECK_FINITE].add(step, fe.ok and fg.ok, mismatch=max(fe.mismatch_frac, fg.mismatch_frac),
+                          first_bad=bad.first_bad, detail="eager" if not fe.ok else "graph")
+    if g.padded is not None:
+        acc[CHECK_PADDED_FINITE].add(step, g.padded.ok, mismatch=g.padded.mismatch_frac,
+                                     first_bad=g.padded.first_bad, detail=g.padded_detail)
+    acc[CHECK_KV_INTEGRITY].add(step, g.kv_ok, detail=g.kv_detail)
+    acc[CHECK_DETERMINISM].add(step, eager.deterministic, max_abs=eager.jitter,
+                               detail=f"two eager runs differ (max_abs {eager.jitter:.3g}"
+                                      f"{', and their KV writes' if eager.kv_jitter else ''})")
 
 
 # Reference outputs of recent steps, per process. The reference is the unsharded fp32 model on the
 # step's inputs: it depends on the shape, kv dtype (how new K/V are rounded), batch, seed and step,
 # not on the backend, mode or tp rank, so every backend's eager output of a step is checked
 # against one computation of it (~0.3 s per step of a 200-request decode batch on the H200).
-_REFERENCES = LRU(64)
+# Bounded by bytes (an entry is the step's output and attention outputs: KBs on the CPU shape, up
+# to ~13 MB at the GPU's): at 64 entries the 290-case tp 1 GPU slice, whose providers run their
+# batches interleaved, evicted most of them before the next provider came back to the same step
+# (aiter-triton-pa recomputed 1.9 s of references, #13).
+REFERENCES_BYTES = 2 * 2**30
+_REFERENCES = LRU(REFERENCES_BYTES, size=lambda ref: sum(t.numel() * t.element_size() for t in ref))
 
 
 # The step's cache snapshot is scratch (restored from by the eager side, consumed by kv_integrity,
@@ -553,12 +609,29 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         _mark_scratch(None)  # capture ran the model on the caches
     _set_scales(case, session)
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
-    eager_s, replay_s, used, shared = [], [], [], 0
+    eager_s, replay_s, used, shared, shared_graph = [], [], [], 0, 0
+    again = case.case_id in session.cases_run  # a case run again reuses no graph side
+    session.cases_run.add(case.case_id)
     kv_jitter, attn_jitter = False, 0.0
     for plan, d, graph_key in zip(plans, dispatches, graph_keys):
         t0 = clock.now()
-        memo_key = (case.batch, case.spec_tokens, case.seed, case.steps, case.tolerance, plan.index)
+        # gang_id: a rank reuses what it memoised only in the gang it memoised it in (a reuse skips
+        # collectives; every rank of the gang must skip them alike).
+        memo_key = (case.batch, case.spec_tokens, case.seed, case.steps, case.tolerance, plan.index, gang_id())
         eager = session.eager_memo.get(memo_key)
+        graph_memo_key = (memo_key, d.runtime_mode, graph_key)
+        seen = session.graph_memo.get(graph_memo_key) if eager is not None and not again else None
+        if seen is not None and seen.eager_serial == eager.serial:
+            # An earlier mode of this batch ran this step down the same path (the same graph, or
+            # eager for NONE) from the same inputs in this session: its outcome is this step's.
+            shared, shared_graph = shared + 1, shared_graph + 1
+            eager_s.append(eager.eager_s)
+            replay_s.append(seen.replay_s)
+            used.append(seen.used)
+            _add_step(acc, plan.index, eager, seen)
+            kv_jitter = kv_jitter or eager.kv_jitter
+            attn_jitter = max(attn_jitter, eager.attn_jitter)
+            continue
         ref_key = _reference_key(case, session, plan.index)
         inputs = _step_inputs(plan, shape, case.seed, session.device)
         ref_k, ref_v, ctx_slots = _fill_context(session, inputs, reference=eager is None and ref_key not in _REFERENCES)
@@ -592,25 +665,18 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         replay_s.append(clock.span(t1, t2))
         out_g = graph_side.out
 
-        step = plan.index
         out_e = eager.out
-        graph_detail = f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}"
-        acc[CHECK_REFERENCE].add_comparison(step, eager.reference)
-        acc[CHECK_REPLAY].add_comparison(step, compare(out_g, out_e, tol, shape.head_size, row_scaled_atol=True),
-                                         record_bitwise=True, detail=graph_detail)
-        _add_heads(acc[CHECK_ATTN_REFERENCE], step, eager.attn_reference)
-        _add_heads(acc[CHECK_ATTN_REPLAY], step,
-                   compare_heads(graph_side.attention, eager.attention, tol, head_offset=session.layout.q_heads.start),
-                   record_bitwise=True, detail=graph_detail)
-        fe, fg = eager.finite, all_finite(out_g, shape.head_size)
-        bad = fe if not fe.ok else fg
-        acc[CHECK_FINITE].add(step, fe.ok and fg.ok, mismatch=max(fe.mismatch_frac, fg.mismatch_frac),
-                              first_bad=bad.first_bad, detail="eager" if not fe.ok else "graph")
-        if padded is not None and padded.shape[0]:
-            fp = all_finite(padded, shape.head_size)
-            acc[CHECK_PADDED_FINITE].add(step, fp.ok, mismatch=fp.mismatch_frac, first_bad=fp.first_bad,
-                                         detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the "
-                                                f"{d.padded_tokens}-token graph" if fp.first_bad else "")
+        fp = all_finite(padded, shape.head_size) if padded is not None and padded.shape[0] else None
+        graph_step = _GraphStep(
+            replay=compare(out_g, out_e, tol, shape.head_size, row_scaled_atol=True),
+            attn_replay=compare_heads(graph_side.attention, eager.attention, tol,
+                                      head_offset=session.layout.q_heads.start),
+            finite=all_finite(out_g, shape.head_size),
+            padded=fp,
+            padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
+                          if fp is not None and fp.first_bad else "",
+            detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}",
+            used=used[-1], replay_s=replay_s[-1], eager_serial=eager.serial)
         real_slots = on_device.real_slots
         kv_ok, kv_detail, outside_ok = True, "", True
         for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
@@ -623,12 +689,11 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
                              f"{real_slots.numel()} real slots (first slot {k.first_outside})"
                              if k.outside_changed else
                              f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
-        acc[CHECK_KV_INTEGRITY].add(step, kv_ok, detail=kv_detail)
         if outside_ok:  # kv_integrity left the scratch equal to the caches (_SCRATCH_OWNER)
             _mark_scratch(session)
-        acc[CHECK_DETERMINISM].add(step, eager.deterministic, max_abs=eager.jitter,
-                                   detail=f"two eager runs differ (max_abs {eager.jitter:.3g}"
-                                          f"{', and their KV writes' if eager.kv_jitter else ''})")
+        graph_step = dataclasses.replace(graph_step, kv_ok=kv_ok, kv_detail=kv_detail)
+        session.graph_memo.put(graph_memo_key, graph_step)
+        _add_step(acc, plan.index, eager, graph_step)
         kv_jitter = kv_jitter or eager.kv_jitter
         attn_jitter = max(attn_jitter, eager.attn_jitter)
         del snapshot
@@ -643,6 +708,7 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         "total_s": time.perf_counter() - t_start,
         **spent,
         "eager_shared_steps": float(shared),
+        "graph_shared_steps": float(shared_graph),
     }
     failed = [c for c in checks if not c.passed]
     common = dict(checks=checks, capture_sizes_used=tuple(used), timings=timings)

@@ -39,7 +39,7 @@ def test_result_records_everything(sessions):
     assert (r.device.startswith("NVIDIA") or "cuda" in r.device) if on_gpu else r.device == "cpu", r.device
     assert r.capture_sizes_used[0] == 8 and len(r.capture_sizes_used) == case.steps
     assert set(r.timings) == {"capture_s", "eager_step_s", "replay_step_s", "total_s", "eager_shared_steps",
-                              *PHASES}
+                              "graph_shared_steps", *PHASES}
     assert {"torch", "python", "orch"} <= set(r.versions)
     assert r.repro == case.repro_command() and r.axes == case.axes
     replay = next(c for c in r.checks if c.name == "replay")
@@ -104,6 +104,76 @@ def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run(monkeypa
     assert shared.status == alone.status == Status.PASS
     for a, b in zip(shared.checks, alone.checks):
         assert (a.name, a.passed, a.max_abs_err, a.bitwise) == (b.name, b.passed, b.max_abs_err, b.bitwise)
+
+
+def _same_checks(a, b) -> bool:
+    return [(c.name, c.passed, c.step, c.max_abs_err, c.max_rel_err, c.first_bad, c.bitwise, c.detail)
+            for c in a.checks] == [(c.name, c.passed, c.step, c.max_abs_err, c.max_rel_err, c.first_bad,
+                                    c.bitwise, c.detail) for c in b.checks]
+
+
+# (backend, batch, mode that runs first, mode that reuses its graph side): decode steps go through
+# the one uniform-decode FULL graph in FULL_DECODE_ONLY and FULL_AND_PIECEWISE; a mixed step runs
+# eagerly in NONE and FULL_DECODE_ONLY; the padded-NaN mutant is red through the shared FULL graph.
+GRAPH_SHARING = [
+    ("torch", DECODE, "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", Status.PASS),
+    ("torch", MIXED, "NONE", "FULL_DECODE_ONLY", Status.PASS),
+    ("aiter-emulated", MIXED, "PIECEWISE", "FULL_AND_PIECEWISE", Status.PASS),
+    ("tests.mutants.padded_nan:Backend", DECODE, "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", Status.FAIL),
+]
+
+
+@pytest.mark.parametrize("backend, batch, first_mode, mode, status", GRAPH_SHARING)
+def test_modes_that_dispatch_a_step_alike_share_its_graph_side(monkeypatch, backend, batch, first_mode, mode, status):
+    from backend import checker
+
+    monkeypatch.setattr(checker, "_REFERENCES", checker.LRU(64))
+    cache = SessionCache(capacity=1)
+    first = run_case(make_case(backend, first_mode, "auto", batch, seed=3), sessions=cache)
+    shared = run_case(make_case(backend, mode, "auto", batch, seed=3), sessions=cache)
+    alone = run_case(make_case(backend, mode, "auto", batch, seed=3))
+    steps = len(shared.capture_sizes_used)
+    assert (first.timings["graph_shared_steps"], shared.timings["graph_shared_steps"],
+            alone.timings["graph_shared_steps"]) == (0, steps, 0)
+    # nothing of the step ran again: no inputs written, no snapshot, no checks
+    assert shared.timings["inputs_s"] == shared.timings["checks_s"] == 0
+    assert shared.status == alone.status == status, (shared.reason, alone.reason)
+    assert shared.reason == alone.reason and shared.capture_sizes_used == alone.capture_sizes_used
+    assert _same_checks(shared, alone)
+
+
+def test_a_mode_that_dispatches_otherwise_runs_its_own_graph_side():
+    cache = SessionCache(capacity=1)
+    run_case(make_case("torch", "FULL", "auto", DECODE, seed=3), sessions=cache)  # mixed FULL graphs
+    own = run_case(make_case("torch", "FULL_DECODE_ONLY", "auto", DECODE, seed=3), sessions=cache)
+    assert own.timings["graph_shared_steps"] == 0 < own.timings["eager_shared_steps"]
+
+
+def test_a_case_run_again_runs_its_graph_side_again():
+    """The executor retries a failed case on the same worker when there is no other (one GPU): a
+    retry exists to see another outcome, so it reuses no graph side, not even one another mode made."""
+    cache = SessionCache(capacity=1)
+    run_case(make_case("torch", "FULL_DECODE_ONLY", "auto", DECODE, seed=3), sessions=cache)
+    first = run_case(make_case("torch", "FULL_AND_PIECEWISE", "auto", DECODE, seed=3), sessions=cache)
+    retry = run_case(make_case("torch", "FULL_AND_PIECEWISE", "auto", DECODE, seed=3), sessions=cache)
+    assert first.timings["graph_shared_steps"] > 0
+    assert retry.timings["graph_shared_steps"] == 0 and retry.timings["checks_s"] > 0
+    assert _same_checks(first, retry)
+
+
+def test_nothing_memoised_in_one_gang_is_reused_in_another(monkeypatch):
+    """A reuse skips the step's collectives, so every rank of a gang must reuse alike: what a rank
+    memoised counts only in the gang (backend.distributed.gang_id) it memoised it in."""
+    from backend import checker
+
+    cache = SessionCache(capacity=1)
+    monkeypatch.setattr(checker, "gang_id", lambda: "127.0.0.1:1111")
+    run_case(make_case("torch", "FULL_DECODE_ONLY", "auto", DECODE, seed=3), sessions=cache)
+    monkeypatch.setattr(checker, "gang_id", lambda: "127.0.0.1:2222")
+    other = run_case(make_case("torch", "FULL_AND_PIECEWISE", "auto", DECODE, seed=3), sessions=cache)
+    assert other.timings["graph_shared_steps"] == other.timings["eager_shared_steps"] == 0
+    again = run_case(make_case("torch", "FULL", "auto", DECODE, seed=3), sessions=cache)
+    assert again.timings["eager_shared_steps"] > 0  # the same gang: its own eager side is reused
 
 
 def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
