@@ -36,13 +36,20 @@ def token_to_request(cu_seqlens: torch.Tensor, num_tokens: int) -> tuple[torch.T
 def gather_paged(cache: torch.Tensor, block_rows: torch.Tensor, length: int,
                  scale: torch.Tensor | None) -> torch.Tensor:
     """cache [num_blocks, block_size, Hkv, D], block_rows [C, max_blocks] -> fp32 [C, length, Hkv, D]
-    (positions 0..length-1 of each row's sequence, dequantised)."""
+    (positions 0..length-1 of each row's sequence, dequantised).
+
+    The result is a view of head-major storage ([C, Hkv, length, D]): masked_attention's einsums
+    multiply per (token, kv head) and take that layout as it is, where a position-major result was
+    copied once more, in fp32, inside each einsum. The reordering is done on the gathered values
+    in the cache dtype (2 or 1 bytes an element) before dequantising (#13; CPU, 14 tokens x 1024
+    positions x 8 kv heads: 16% less time with bf16, 41% with fp8, bitwise the same output)."""
     block_size = cache.shape[1]
     nblocks = -(-length // block_size)
     blocks = block_rows[:, :nblocks].to(torch.int64)
     kv = cache[blocks]  # [C, nblocks, block_size, Hkv, D]
-    kv = kv.reshape(kv.shape[0], nblocks * block_size, *cache.shape[2:])[:, :length]
-    return dequantize(kv, scale)
+    c, hkv, d = kv.shape[0], cache.shape[2], cache.shape[3]
+    kv = kv.permute(0, 3, 1, 2, 4).reshape(c, hkv, nblocks * block_size, d)  # head-major, a copy
+    return dequantize(kv[:, :, :length], scale).permute(0, 2, 1, 3)
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
