@@ -27,6 +27,10 @@ A warm-up that completed leaves a marker in Triton's cache directory, named by a
 warmed (the representatives, the versions of torch, Triton and AITER, and the source of the jit
 backends' modules): a later run with the same marker does nothing (a warm cache needs no helpers
 competing with the worker for the GPU), and a cache that was wiped takes the marker with it.
+A run can also finish before its helpers do (the worker compiled what they had left: on the H200
+a warm run then started the helpers again, 3 processes and sessions beside the worker). The
+driver then sends SIGUSR1 instead of stopping them: every tp 1 case ran in the worker, so the
+cache holds what the representatives need, and the helpers end and write the marker.
 
     python -m backend.precompile --cases CASES.json [--jobs 3] [--parent PID] [--deadline-s 300]
                                  [--device cuda|cpu]
@@ -44,6 +48,7 @@ import inspect
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -194,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=DEFAULT_DEADLINE_S)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = p.parse_args(argv)
+    covered: list[bool] = []  # SIGUSR1: the driver's run ran every case itself (the module docstring)
+    signal.signal(signal.SIGUSR1, lambda *_: covered.append(True))
     deadline = time.monotonic() + args.deadline_s
     try:
         with open(args.cases, encoding="utf-8") as f:
@@ -224,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(proc)
     try:
         while any(proc.is_alive() for proc in procs):
-            if not _alive(args.parent) or time.monotonic() > deadline + 5:
+            if covered or not _alive(args.parent) or time.monotonic() > deadline + 5:
                 break
             for proc in procs:
                 proc.join(timeout=0.5)
@@ -235,13 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         for proc in procs:
             proc.join(timeout=5)
     failed = sum(1 for proc in procs if proc.exitcode != 0)
-    complete = not failed and _alive(args.parent) and time.monotonic() <= deadline
-    if complete:  # every helper ran its whole share
+    # Every helper ran its whole share, or the driver's run ran every case itself.
+    complete = bool(covered) or (not failed and _alive(args.parent) and time.monotonic() <= deadline)
+    if complete:
         os.makedirs(os.path.dirname(marker), exist_ok=True)
         with open(marker, "w", encoding="utf-8") as f:
             f.write("\n".join(c.case_id for c in reps) + "\n")
+    how = "covered by the run, " if covered else ""
     print(f"precompile: done ({failed} helper(s) did not exit cleanly; "
-          f"{'complete, marker ' + marker if complete else 'incomplete, no marker'})", flush=True)
+          f"{how}{'complete, marker ' + marker if complete else 'incomplete, no marker'})", flush=True)
     return 0
 
 

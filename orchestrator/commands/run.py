@@ -145,13 +145,24 @@ def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_p
     history = store.durations()
     warmup = _start_precompile(cases, address=address, devices=devices, jobs=precompile_jobs, log_dir=log_dir,
                                history=history)  # before the cluster: its start-up overlaps ours
+    results: dict[str, CaseResult] = {}
     try:
-        return _run_on_cluster(store, run_id, cases, address=address, devices=devices, workers=workers,
-                               timeout_s=timeout_s, no_progress=no_progress, phases=phases, log_dir=log_dir,
-                               history=history)
+        results = _run_on_cluster(store, run_id, cases, address=address, devices=devices, workers=workers,
+                                  timeout_s=timeout_s, no_progress=no_progress, phases=phases, log_dir=log_dir,
+                                  history=history)
+        return results
     finally:
         if warmup is not None:
-            warmup.stop()
+            warmup.stop(covered=covered_warmup(cases, results))
+
+
+def covered_warmup(cases, results: dict[str, CaseResult]) -> bool:
+    """Whether the run ran every tp 1 case in its workers to a verdict (none timed out, crashed or
+    never ran): then Triton's cache holds every kernel the warm-up's representatives need."""
+    tp1 = [c.case_id for c in cases if c.tp == 1]
+    return bool(tp1) and all(
+        cid in results and results[cid].status not in (Status.TIMEOUT, Status.NOT_RUN)
+        and results[cid].error_kind != "crash" for cid in tp1)
 
 
 def _start_precompile(cases, *, address, devices, jobs, log_dir, history):

@@ -56,8 +56,16 @@ class Precompile:
     def running(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, grace_s: float = 3.0) -> None:
-        """End the helpers (their whole process group) and remove the case file."""
+    def stop(self, grace_s: float = 3.0, covered: bool = False) -> None:
+        """End the helpers (their whole process group) and remove the case file. `covered`: the
+        run ran every one of its tp 1 cases itself, so the helpers' warm-up is complete as far as
+        the cache goes: they are asked (SIGUSR1) to end and leave their marker first."""
+        if covered and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGUSR1)
+                self.proc.wait(timeout=grace_s)
+            except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+                pass
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)

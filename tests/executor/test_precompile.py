@@ -142,6 +142,53 @@ def test_driver_starts_the_helpers_and_stop_ends_their_process_group(tmp_path, f
     assert os.path.exists(warm.log_path)
 
 
+def _wait_for(path, text: str, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and text in open(path).read():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} not in {path} after {timeout_s}s")
+
+
+def test_a_run_that_covered_the_warm_up_completes_it(tmp_path, full_cases, monkeypatch):
+    """A run that ran every case before its helpers finished: stop(covered=True) asks them to end
+    and leave their marker (the worker compiled what they had left), so the next run starts none;
+    a plain stop() leaves no marker."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    cases = _tiny_cases(full_cases, JIT, 5)
+    for covered in (False, True):
+        warm = launcher.start(cases, jobs=1, log_dir=str(tmp_path / f"run-{covered}"), device="cpu")
+        _wait_for(warm.log_path, "over 1 helper(s)")  # the helpers are starting, far from done
+        warm.stop(covered=covered)
+        assert not warm.running()
+        assert bool(list((tmp_path / "triton").glob("orch-precompile-*.done"))) == covered
+    assert "covered by the run, complete, marker" in open(warm.log_path).read()
+    again = launcher.start(cases, jobs=1, log_dir=str(tmp_path / "next-run"), device="cpu")
+    try:
+        _wait_for(again.log_path, "already warm")  # the next run's helpers have nothing to do
+    finally:
+        again.stop()
+
+
+def test_covered_means_every_tp1_case_came_to_a_verdict(full_cases):
+    from backend.result import CaseResult, Status
+    from orchestrator.commands.run import covered_warmup
+
+    cases = [c for c in full_cases if c.tp == 1][:4] + [c for c in full_cases if c.tp == 2][:1]
+
+    def results(*statuses, kind=""):
+        return {c.case_id: CaseResult(case_id=c.case_id, status=s, requested_mode=c.mode, error_kind=kind)
+                for c, s in zip(cases, statuses)}
+
+    assert covered_warmup(cases, results(Status.PASS, Status.FAIL, Status.ERROR, Status.SKIP))
+    assert not covered_warmup(cases, results(Status.PASS, Status.PASS, Status.PASS))  # one never came back
+    assert not covered_warmup(cases, results(Status.PASS, Status.TIMEOUT, Status.PASS, Status.PASS))
+    assert not covered_warmup(cases, results(Status.PASS, Status.PASS, Status.PASS, Status.NOT_RUN))
+    assert not covered_warmup(cases, results(Status.ERROR, Status.PASS, Status.PASS, Status.PASS, kind="crash"))
+    assert not covered_warmup(cases[4:], {})  # no tp 1 case: nothing was warmed
+
+
 def test_driver_does_nothing_without_jobs_or_tp1_cases(tmp_path, full_cases):
     assert launcher.start(_tiny_cases(full_cases, JIT, 2), jobs=0, log_dir=str(tmp_path)) is None
     tp2 = [c for c in full_cases if c.tp == 2][:3]
