@@ -418,8 +418,8 @@ class _GraphStep:
     used: int  # the graph's size (0: eager)
     replay_s: "_Span"
     eager_serial: int  # the _EagerStep it was compared with
-    kv_ok: bool = True
-    kv_detail: str = ""
+    kv_ok: bool
+    kv_detail: str
 
 
 def _add_step(acc: dict[str, CheckAccumulator], step: int, eager: _EagerStep, g: _GraphStep) -> None:
@@ -666,17 +666,10 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         out_g = graph_side.out
 
         out_e = eager.out
+        replay = compare(out_g, out_e, tol, shape.head_size, row_scaled_atol=True)
+        attn_replay = compare_heads(graph_side.attention, eager.attention, tol, head_offset=session.layout.q_heads.start)
+        finite = all_finite(out_g, shape.head_size)
         fp = all_finite(padded, shape.head_size) if padded is not None and padded.shape[0] else None
-        graph_step = _GraphStep(
-            replay=compare(out_g, out_e, tol, shape.head_size, row_scaled_atol=True),
-            attn_replay=compare_heads(graph_side.attention, eager.attention, tol,
-                                      head_offset=session.layout.q_heads.start),
-            finite=all_finite(out_g, shape.head_size),
-            padded=fp,
-            padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
-                          if fp is not None and fp.first_bad else "",
-            detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}",
-            used=used[-1], replay_s=replay_s[-1], eager_serial=eager.serial)
         real_slots = on_device.real_slots
         kv_ok, kv_detail, outside_ok = True, "", True
         for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
@@ -691,7 +684,12 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
                              f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
         if outside_ok:  # kv_integrity left the scratch equal to the caches (_SCRATCH_OWNER)
             _mark_scratch(session)
-        graph_step = dataclasses.replace(graph_step, kv_ok=kv_ok, kv_detail=kv_detail)
+        graph_step = _GraphStep(
+            replay=replay, attn_replay=attn_replay, finite=finite, padded=fp,
+            padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
+                          if fp is not None and fp.first_bad else "",
+            detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}",
+            used=used[-1], replay_s=replay_s[-1], eager_serial=eager.serial, kv_ok=kv_ok, kv_detail=kv_detail)
         session.graph_memo.put(graph_memo_key, graph_step)
         _add_step(acc, plan.index, eager, graph_step)
         kv_jitter = kv_jitter or eager.kv_jitter
