@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.metadata
-import itertools
 import platform
 import time
 import traceback
@@ -98,10 +97,6 @@ class _Clock:
             event.record()
             return event
         return time.perf_counter()
-
-    @staticmethod
-    def span(start, end) -> "_Span":
-        return _Span(start, end)
 
 
 class _Span:
@@ -392,12 +387,9 @@ class _EagerStep:
     kv_jitter: bool  # the two eager runs left different real-slot bytes
     real_kv: list[torch.Tensor]  # per layer: the cache at the step's real slots after eager
     eager_s: "_Span"  # the first eager run (float() gives seconds)
-    # Which computation of the eager side this is: a memoised graph side counts only with the
-    # eager side it was compared with (one evicted and computed again is another).
-    serial: int = dataclasses.field(default_factory=lambda: next(_EAGER_SERIALS))
-
-
-_EAGER_SERIALS = itertools.count()
+    # The graph sides compared with this eager side, by (runtime mode, graph key): they go when it
+    # goes (an eager side evicted and computed again starts with none).
+    graph_sides: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -407,7 +399,7 @@ class _GraphStep:
     FULL_AND_PIECEWISE replay one FULL graph for a uniform decode step; FULL_DECODE_ONLY runs a
     mixed step eagerly as NONE does, FULL_AND_PIECEWISE through the piecewise graphs as PIECEWISE
     does. Same session (caches, builder, graphs), same inputs, same path: the same outcome, so a
-    later mode reuses it (Session.graph_memo) as every mode reuses the eager side."""
+    later mode reuses it (kept on the step's _EagerStep) as every mode reuses the eager side."""
 
     replay: Comparison  # graph output vs eager
     attn_replay: HeadComparison
@@ -417,7 +409,6 @@ class _GraphStep:
     detail: str  # "FULL graph of 8 tokens for 7"
     used: int  # the graph's size (0: eager)
     replay_s: "_Span"
-    eager_serial: int  # the _EagerStep it was compared with
     kv_ok: bool
     kv_detail: str
 
@@ -592,14 +583,14 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list
     attn_reference = compare_heads(first.attention, ref_attn[:, :, heads.start:heads.stop], case.tolerance,
                                    head_offset=heads.start)
     t4 = clock.now()
-    phases["eager_s"].append(clock.span(t1, t3))
-    phases["reference_s"].append(clock.span(t3, t4))
+    phases["eager_s"].append(_Span(t1, t3))
+    phases["reference_s"].append(_Span(t3, t4))
     return _EagerStep(out_e, first.attention, reference, attn_reference, all_finite(out_e, case.model.head_size),
-                      deterministic, jitter, attn_jitter, kv_jitter, real_kv, clock.span(t1, t2))
+                      deterministic, jitter, attn_jitter, kv_jitter, real_kv, _Span(t1, t2))
 
 
 def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[int, ...], base: CaseResult,
-               t_start: float, phases: dict[str, float]) -> CaseResult:
+               t_start: float, phases: dict[str, list]) -> CaseResult:
     """`sizes`: the capture sizes after resolution (resolve_capture_sizes), not case.capture_sizes."""
     clock = _Clock(session.device)
     shape, tol = case.model, case.tolerance
@@ -619,9 +610,9 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         # collectives; every rank of the gang must skip them alike).
         memo_key = (case.batch, case.spec_tokens, case.seed, case.steps, case.tolerance, plan.index, gang_id())
         eager = session.eager_memo.get(memo_key)
-        graph_memo_key = (memo_key, d.runtime_mode, graph_key)
-        seen = session.graph_memo.get(graph_memo_key) if eager is not None and not again else None
-        if seen is not None and seen.eager_serial == eager.serial:
+        dispatched = (d.runtime_mode, graph_key)
+        seen = eager.graph_sides.get(dispatched) if eager is not None and not again else None
+        if seen is not None:
             # An earlier mode of this batch ran this step down the same path (the same graph, or
             # eager for NONE) from the same inputs in this session: its outcome is this step's.
             shared, shared_graph = shared + 1, shared_graph + 1
@@ -636,11 +627,11 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         inputs = _step_inputs(plan, shape, case.seed, session.device)
         ref_k, ref_v, ctx_slots = _fill_context(session, inputs, reference=eager is None and ref_key not in _REFERENCES)
         t1 = clock.now()
-        phases["inputs_s"].append(clock.span(t0, t1))
+        phases["inputs_s"].append(_Span(t0, t1))
         caches = session.kv_caches
         snapshot = _snapshot(caches, session, ctx_slots)  # eager and the graph run both start from it
         t0 = clock.now()
-        phases["snapshot_s"].append(clock.span(t1, t0))
+        phases["snapshot_s"].append(_Span(t1, t0))
         if eager is None:
             eager = _eager_side(case, session, inputs, snapshot, ref_k, ref_v, clock, phases, ref_key)
             session.eager_memo.put(memo_key, eager)
@@ -662,7 +653,7 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
             used.append(d.padded_tokens)
             padded = _padded_rows(session, key, x.shape[0])
         t2 = clock.now()
-        replay_s.append(clock.span(t1, t2))
+        replay_s.append(_Span(t1, t2))
         out_g = graph_side.out
 
         out_e = eager.out
@@ -689,13 +680,13 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
             padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
                           if fp is not None and fp.first_bad else "",
             detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}",
-            used=used[-1], replay_s=replay_s[-1], eager_serial=eager.serial, kv_ok=kv_ok, kv_detail=kv_detail)
-        session.graph_memo.put(graph_memo_key, graph_step)
+            used=used[-1], replay_s=replay_s[-1], kv_ok=kv_ok, kv_detail=kv_detail)
+        eager.graph_sides[dispatched] = graph_step
         _add_step(acc, plan.index, eager, graph_step)
         kv_jitter = kv_jitter or eager.kv_jitter
         attn_jitter = max(attn_jitter, eager.attn_jitter)
         del snapshot
-        phases["checks_s"].append(clock.span(t2, clock.now()))
+        phases["checks_s"].append(_Span(t2, clock.now()))
 
     checks = tuple(acc[name].outcome() for name in CHECK_NAMES)
     spent = {k: round(_seconds(v), 6) for k, v in phases.items()}  # resolves the spans first

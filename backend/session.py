@@ -35,8 +35,6 @@ WARMUP_ITERS = 1
 # Steps whose eager side a session keeps (a few MB each at GPU shapes): enough for every step of
 # a few batches, as the dispatcher runs a group's cases back to back.
 EAGER_MEMO_STEPS = 48
-# Graph sides kept (a few hundred bytes each): every dispatch of those steps.
-GRAPH_MEMO_STEPS = 4 * EAGER_MEMO_STEPS
 
 
 class LRU:
@@ -176,12 +174,9 @@ class Session:
         self._runner = None
         self.graphs: dict[GraphKey, _Full | _Piecewise] = {}
         # The eager side of recent steps (checker._EagerStep), shared by the cudagraph modes of one
-        # (batch, seed): keyed by (batch spec, seed, steps, tolerance, step index), LRU-bounded.
+        # (batch, seed): keyed by (batch spec, seed, steps, tolerance, step index, gang), LRU-bounded;
+        # each carries the graph sides of the modes that replayed the step (checker._GraphStep).
         self.eager_memo = LRU(EAGER_MEMO_STEPS)
-        # The graph side of recent steps (checker._GraphStep: the checks' outcomes, no tensors),
-        # shared by the cudagraph modes that dispatch a step to the same runtime path: keyed by the
-        # eager side's key and the step's dispatch (runtime mode and graph key).
-        self.graph_memo = LRU(GRAPH_MEMO_STEPS)
         # Cases this session ran: one that comes again (the executor's retry on a one-worker
         # machine, a repeated repro) runs its graph side again instead of reusing one (a retry
         # exists to see a different outcome).

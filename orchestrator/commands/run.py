@@ -153,16 +153,9 @@ def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_p
         return results
     finally:
         if warmup is not None:
-            warmup.stop(covered=covered_warmup(cases, results))
+            from orchestrator.executor.precompile import covered
 
-
-def covered_warmup(cases, results: dict[str, CaseResult]) -> bool:
-    """Whether the run ran every tp 1 case in its workers to a verdict (none timed out, crashed or
-    never ran): then Triton's cache holds every kernel the warm-up's representatives need."""
-    tp1 = [c.case_id for c in cases if c.tp == 1]
-    return bool(tp1) and all(
-        cid in results and results[cid].status not in (Status.TIMEOUT, Status.NOT_RUN)
-        and results[cid].error_kind != "crash" for cid in tp1)
+            warmup.stop(covered=covered(cases, results))
 
 
 def _start_precompile(cases, *, address, devices, jobs, log_dir, history):

@@ -18,14 +18,25 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from backend.case import Case
+from backend.result import CaseResult, Status
 from orchestrator.scheduling.cost import estimate_all
 
 AUTO_JOBS_MAX = 3  # helpers share the GPU's memory with the worker (a session each: GBs)
 ENV = "ORCH_PRECOMPILE_JOBS"  # a default for --precompile-jobs (0 turns the warm-up off)
+
+
+def covered(cases: Sequence[Case], results: Mapping[str, CaseResult]) -> bool:
+    """Whether a run ran every tp 1 case in its workers to a verdict (none timed out, crashed or
+    never ran): then Triton's cache holds every kernel the warm-up's representatives need, and
+    `Precompile.stop(covered=True)` lets the helpers leave their marker."""
+    tp1 = [c.case_id for c in cases if c.tp == 1]
+    return bool(tp1) and all(
+        cid in results and results[cid].status not in (Status.TIMEOUT, Status.NOT_RUN)
+        and results[cid].error_kind != "crash" for cid in tp1)
 
 
 def auto_jobs() -> int:

@@ -173,7 +173,6 @@ def test_a_run_that_covered_the_warm_up_completes_it(tmp_path, full_cases, monke
 
 def test_covered_means_every_tp1_case_came_to_a_verdict(full_cases):
     from backend.result import CaseResult, Status
-    from orchestrator.commands.run import covered_warmup
 
     cases = [c for c in full_cases if c.tp == 1][:4] + [c for c in full_cases if c.tp == 2][:1]
 
@@ -181,12 +180,12 @@ def test_covered_means_every_tp1_case_came_to_a_verdict(full_cases):
         return {c.case_id: CaseResult(case_id=c.case_id, status=s, requested_mode=c.mode, error_kind=kind)
                 for c, s in zip(cases, statuses)}
 
-    assert covered_warmup(cases, results(Status.PASS, Status.FAIL, Status.ERROR, Status.SKIP))
-    assert not covered_warmup(cases, results(Status.PASS, Status.PASS, Status.PASS))  # one never came back
-    assert not covered_warmup(cases, results(Status.PASS, Status.TIMEOUT, Status.PASS, Status.PASS))
-    assert not covered_warmup(cases, results(Status.PASS, Status.PASS, Status.PASS, Status.NOT_RUN))
-    assert not covered_warmup(cases, results(Status.ERROR, Status.PASS, Status.PASS, Status.PASS, kind="crash"))
-    assert not covered_warmup(cases[4:], {})  # no tp 1 case: nothing was warmed
+    assert launcher.covered(cases, results(Status.PASS, Status.FAIL, Status.ERROR, Status.SKIP))
+    assert not launcher.covered(cases, results(Status.PASS, Status.PASS, Status.PASS))  # one never came back
+    assert not launcher.covered(cases, results(Status.PASS, Status.TIMEOUT, Status.PASS, Status.PASS))
+    assert not launcher.covered(cases, results(Status.PASS, Status.PASS, Status.PASS, Status.NOT_RUN))
+    assert not launcher.covered(cases, results(Status.ERROR, Status.PASS, Status.PASS, Status.PASS, kind="crash"))
+    assert not launcher.covered(cases[4:], {})  # no tp 1 case: nothing was warmed
 
 
 def test_driver_does_nothing_without_jobs_or_tp1_cases(tmp_path, full_cases):
