@@ -106,6 +106,9 @@ class Capabilities:
     kv_cache_dtypes: tuple[str, ...]
     dtypes: tuple[str, ...]  # "bfloat16", "float16", "float32"
     unavailable: Callable[[str], str | None]  # device class "cpu" | "gpu" -> reason, None, or ASK_CLASS
+    # Kernels compiled on first use in each machine's cache (the class's `jit_kernels`): a local
+    # GPU run warms them in helper processes and runs these cases after the others (#13).
+    jit_kernels: bool = False
 
     def unavailable_reason(self, device_class: str) -> str | None:
         return self.unavailable(device_class)
@@ -182,9 +185,10 @@ BUILTIN_CAPABILITIES: dict[str, Capabilities] = {
     "torch": Capabilities("torch", AttentionCGSupport.ALWAYS, _KV, _ALL, torch_unavailable),
     "aiter": Capabilities("aiter", AttentionCGSupport.UNIFORM_BATCH, _KV, _HALF, aiter_native_unavailable),
     "aiter-emulated": Capabilities("aiter-emulated", AttentionCGSupport.UNIFORM_BATCH, _KV, _ALL, _always),
-    "aiter-triton": Capabilities("aiter-triton", AttentionCGSupport.ALWAYS, _KV, _HALF, aiter_triton_unavailable),
+    "aiter-triton": Capabilities("aiter-triton", AttentionCGSupport.ALWAYS, _KV, _HALF, aiter_triton_unavailable,
+                                 jit_kernels=True),
     "aiter-triton-pa": Capabilities("aiter-triton-pa", AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, _KV, _HALF,
-                                    aiter_triton_unavailable),
+                                    aiter_triton_unavailable, jit_kernels=True),
 }
 
 
@@ -202,7 +206,8 @@ def of_class(cls: type, label: str) -> Capabilities:
     dtypes = getattr(cls, "supported_dtypes", None)
     names = _ALL if dtypes is None else tuple(str(d).removeprefix("torch.") for d in dtypes)
     return Capabilities(label, AttentionCGSupport(int(cls.cudagraph_support)),
-                        tuple(getattr(cls, "supported_kv_cache_dtypes", ())), names, unavailable)
+                        tuple(getattr(cls, "supported_kv_cache_dtypes", ())), names, unavailable,
+                        bool(getattr(cls, "jit_kernels", False)))
 
 
 def _missing(name: str, package: bool = False) -> bool:
@@ -220,7 +225,7 @@ def mismatches(declared: Capabilities, actual: Capabilities, device_classes: tup
     """How a declaration differs from what its class says (one line each; [] when they agree).
     ASK_CLASS agrees with any answer: the caller asks the class then."""
     out = [f"{declared.name}: {field} declared {getattr(declared, field)!r}, class says {getattr(actual, field)!r}"
-           for field in ("cudagraph_support", "kv_cache_dtypes", "dtypes")
+           for field in ("cudagraph_support", "kv_cache_dtypes", "dtypes", "jit_kernels")
            if getattr(declared, field) != getattr(actual, field)]
     for dc in device_classes:
         mine, theirs = declared.unavailable_reason(dc), actual.unavailable_reason(dc)

@@ -149,7 +149,7 @@ def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_p
     try:
         results = _run_on_cluster(store, run_id, cases, address=address, devices=devices, workers=workers,
                                   timeout_s=timeout_s, no_progress=no_progress, phases=phases, log_dir=log_dir,
-                                  history=history)
+                                  history=history, deferral=_deferral(cases, warmup))
         return results
     finally:
         if warmup is not None:
@@ -177,8 +177,20 @@ def _start_precompile(cases, *, address, devices, jobs, log_dir, history):
     return warmup
 
 
+def _deferral(cases, warmup):
+    """While the warm-up helpers run, the cases of backends whose kernels they compile wait for
+    the others (the worker would compile the same kernels itself, ~10 s on a cold H200)."""
+    if warmup is None:
+        return None
+    from backend.attention.registry import get_capabilities
+    from orchestrator.executor.executor import Deferral
+
+    jit = frozenset(b for b in {c.backend for c in cases} if get_capabilities(b).jit_kernels)
+    return Deferral(jit, warmup.running) if jit else None
+
+
 def _run_on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress, phases, log_dir,
-                    history) -> dict[str, CaseResult]:
+                    history, deferral=None) -> dict[str, CaseResult]:
     from orchestrator.executor.cluster import connect, disconnect
     from orchestrator.executor.executor import ExecConfig, Executor
     from orchestrator.executor.progress import Progress
@@ -203,7 +215,7 @@ def _run_on_cluster(store, run_id, cases, *, address, devices, workers, timeout_
                 progress.update(result)
 
     try:
-        return Executor(cluster, config, on_results=on_results, history=history).run(cases)
+        return Executor(cluster, config, on_results=on_results, history=history, deferral=deferral).run(cases)
     finally:
         progress.close()
         t_end = time.monotonic()

@@ -56,6 +56,16 @@ class ExecConfig:
     poll_s: float = 0.5
 
 
+@dataclass(frozen=True)
+class Deferral:
+    """Cases of these backends go after every other case while `pending()` is true (#13: on a
+    cold machine the warm-up helpers are compiling their Triton kernels, so the worker runs the
+    cases that need none meanwhile instead of compiling the same kernels itself)."""
+
+    backends: frozenset[str]
+    pending: Callable[[], bool]
+
+
 def group_key(case: Case) -> str:
     """Cases that can share captured graphs (same SessionCache entry shapes) on one actor."""
     m = case.model
@@ -86,8 +96,10 @@ class Executor:
         on_result: Callable[[CaseResult, bool], None] | None = None,
         on_results: Callable[[list[tuple[CaseResult, bool]]], None] | None = None,
         history: dict[str, float] | None = None,
+        deferral: Deferral | None = None,
     ):
         self.cluster = cluster
+        self.deferral = deferral
         self.config = config
         self.on_result = on_result or (lambda r, final: None)
         # Group commit: results are handed over once per loop turn (one Ray wait's worth of
@@ -122,11 +134,16 @@ class Executor:
             if c.tp > max(slots):
                 self._skip_placement(c, f"needs {c.tp} {self._unit}s on one node; the largest has {max(slots)}")
             else:
-                tasks.append(Task(c.case_id, c.tp, est[c.case_id], group_key(c)))
+                later = self.deferral is not None and c.backend in self.deferral.backends
+                tasks.append(Task(c.case_id, c.tp, est[c.case_id], group_key(c), tier=int(later)))
         self.dispatcher = Dispatcher(tasks, slots)
         self._queued = {t.id: t for t in tasks}
+        deferring = self.deferral is not None and any(t.tier for t in tasks)
         try:
             while True:
+                if deferring and not self.deferral.pending():
+                    self.dispatcher.lift_tiers()
+                    deferring = False
                 self._fill()
                 self._flush()
                 if not self.jobs:

@@ -42,6 +42,9 @@ class Task:
     tp: int
     est_s: float
     group: str = ""  # cases sharing captured graphs (backend/model/mode/kv dtype/tp)
+    # Dispatched only while no task of a lower tier is waiting that fits (the executor puts cases
+    # whose kernels a warm-up is still compiling in tier 1, #13); longest first within a tier.
+    tier: int = 0
 
 
 def _validate(tasks: Sequence[Task], nodes: Sequence[int]) -> None:
@@ -105,6 +108,9 @@ class Dispatcher:
       to the gang without idling. Without it, a node that keeps being backfilled with tp1 work
       never has 8 GPUs free at once and a long gang starts last.
     - Ties within GROUP_TIE prefer the group the node's worker ran last (reuse captured graphs).
+    - Tiers (`Task.tier`) come before all of that: a task of tier 1 is handed out only when no
+      task of tier 0 that fits is waiting. The executor defers the cases whose kernels the
+      warm-up helpers are still compiling, so the worker runs the rest meanwhile (#13).
 
     Time: `now` defaults to time.monotonic(); the simulator passes its clock. Only differences
     between `now` values matter (start + est_s = expected end).
@@ -120,18 +126,20 @@ class Dispatcher:
         # id -> 0 (waiting in the sorted arrays) or k > 0 (waiting, requeued with token k).
         self._live: dict[str, int] = {t.id: 0 for t in tasks}
         alive = lambda t: self._live.get(t.id) == 0  # noqa: E731
-        by_tp: dict[int, list[Task]] = {}
+        by_kind: dict[tuple[int, int], list[Task]] = {}
         by_group: dict[tuple[int, str], list[Task]] = {}
         for t in tasks:
-            by_tp.setdefault(t.tp, []).append(t)
+            by_kind.setdefault((t.tier, t.tp), []).append(t)
             if t.group:
                 by_group.setdefault((t.tp, t.group), []).append(t)
-        self._tps = sorted(by_tp)
-        self._ranked = {tp: _Ranked(ts, alive) for tp, ts in by_tp.items()}
+        self._tps = sorted({tp for _, tp in by_kind})
+        self._tiers = sorted({tier for tier, _ in by_kind}) or [0]
+        self._flat = False  # lift_tiers() was called: every task ranks as tier 0
+        self._ranked = {k: _Ranked(ts, alive) for k, ts in by_kind.items()}  # (tier, tp) -> waiting
         self._groups = {k: _Ranked(ts, alive) for k, ts in by_group.items()}
         # Requeued tasks (retries, and the executor giving back what did not suit a batch): a
-        # max-heap per tp, entries (-est, token, task), live while _live[id] == token.
-        self._requeued: dict[int, list[tuple[float, int, Task]]] = {}
+        # max-heap per (tier, tp), entries (-est, token, task), live while _live[id] == token.
+        self._requeued: dict[tuple[int, int], list[tuple[float, int, Task]]] = {}
         self._tokens = itertools.count(1)
         self._running: list[dict[str, tuple[float, int]]] = [{} for _ in self.nodes]  # id -> (end, tp)
         self._where: dict[str, int] = {}
@@ -142,10 +150,10 @@ class Dispatcher:
         self._gpus = sum(self.nodes)
 
     # -- queue -----------------------------------------------------------------------------------
-    def _requeued_best(self, max_tp: int, limit_s: float = math.inf) -> Task | None:
+    def _requeued_best(self, tier: int, max_tp: int, limit_s: float = math.inf) -> Task | None:
         best = None
-        for tp, heap in self._requeued.items():
-            if tp > max_tp:
+        for (t_tier, tp), heap in self._requeued.items():
+            if t_tier != tier or tp > max_tp:
                 continue
             while heap and self._live.get(heap[0][2].id) != heap[0][1]:
                 heapq.heappop(heap)  # stale: dispatched again, or requeued once more
@@ -161,15 +169,19 @@ class Dispatcher:
         return best
 
     def _best(self, max_tp: int, limit_s: float = math.inf) -> Task | None:
-        best = self._requeued_best(max_tp, limit_s)
-        for tp in self._tps:
-            if tp > max_tp:
-                break
-            r = self._ranked[tp]
-            t = r.first() if limit_s == math.inf else r.first_at_most(limit_s)
-            if t is not None and (best is None or t.est_s > best.est_s):
-                best = t
-        return best
+        """The longest waiting task of the lowest tier that has one fitting max_tp (and limit_s)."""
+        for tier in self._tiers:
+            best = self._requeued_best(tier, max_tp, limit_s)
+            for tp in self._tps:
+                if tp > max_tp:
+                    break
+                r = self._ranked.get((tier, tp))
+                t = None if r is None else (r.first() if limit_s == math.inf else r.first_at_most(limit_s))
+                if t is not None and (best is None or t.est_s > best.est_s):
+                    best = t
+            if best is not None:
+                return best
+        return None
 
     def _pick(self, free: int, last_group: str | None, limit_s: float = math.inf) -> Task | None:
         best = self._best(free, limit_s)
@@ -180,7 +192,7 @@ class Dispatcher:
                 break
             r = self._groups.get((tp, last_group))
             g = None if r is None else (r.first() if limit_s == math.inf else r.first_at_most(limit_s))
-            if g is not None and g.est_s >= best.est_s * (1.0 - GROUP_TIE):
+            if g is not None and self._tier(g) == self._tier(best) and g.est_s >= best.est_s * (1.0 - GROUP_TIE):
                 return g
         return best
 
@@ -264,7 +276,34 @@ class Dispatcher:
         token = next(self._tokens)
         self._live[task.id] = token
         self._waiting_gpu_s += task.est_s * task.tp
-        heapq.heappush(self._requeued.setdefault(task.tp, []), (-task.est_s, token, task))
+        tier = self._tier(task)
+        if tier not in self._tiers:
+            self._tiers = sorted(self._tiers + [tier])
+        heapq.heappush(self._requeued.setdefault((tier, task.tp), []), (-task.est_s, token, task))
+
+    def _tier(self, task: Task) -> int:
+        return 0 if self._flat else task.tier
+
+    def lift_tiers(self) -> None:
+        """From now on every task ranks as tier 0 (the warm-up the tiers waited for is over):
+        the waiting tasks are ranked again, longest first, as one kind per tp."""
+        if self._flat:
+            return
+        self._flat = True
+        alive = lambda t: self._live.get(t.id) == 0  # noqa: E731
+        by_tp: dict[int, list[Task]] = {}
+        for r in self._ranked.values():
+            for t in r.tasks:
+                if alive(t):
+                    by_tp.setdefault(t.tp, []).append(t)
+        self._ranked = {(0, tp): _Ranked(ts, alive) for tp, ts in by_tp.items()}
+        requeued: dict[tuple[int, int], list[tuple[float, int, Task]]] = {}
+        for (_, tp), heap in self._requeued.items():
+            requeued.setdefault((0, tp), []).extend(heap)
+        for heap in requeued.values():
+            heapq.heapify(heap)
+        self._requeued = requeued
+        self._tiers = [0]
 
     def done(self, task: Task, duration_s: float) -> None:
         self._release(task)

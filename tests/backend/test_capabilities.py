@@ -27,6 +27,7 @@ def test_declaration_agrees_with_its_class(name):
     ("cudagraph_support", AttentionCGSupport.NEVER, "cudagraph_support declared"),
     ("kv_cache_dtypes", ("auto",), "kv_cache_dtypes declared"),
     ("dtypes", ("float32",), "dtypes declared"),
+    ("jit_kernels", True, "jit_kernels declared True"),
     ("unavailable", lambda dc: "unavailable: nope", "on cpu declared 'unavailable: nope'"),
 ])
 def test_a_drifted_declaration_is_reported(field, value, needle):

@@ -254,3 +254,31 @@ def test_warm_kernels_does_not_run_what_the_worker_would_not(full_cases, change)
             warm_kernels(case, device=torch.device("cpu"), sessions=SessionCache())
     else:
         assert warm_kernels(case, device=torch.device("cpu"), sessions=SessionCache()) is False
+
+
+class _Helpers:
+    def __init__(self, alive: bool):
+        self.alive = alive
+
+    def running(self) -> bool:
+        return self.alive
+
+
+@pytest.mark.parametrize("backends, warmup, expected", [
+    (("torch", "aiter-triton", "aiter-triton-pa"), _Helpers(True), {"aiter-triton", "aiter-triton-pa"}),
+    (("torch", JIT), _Helpers(True), {JIT}),        # a plugin that declares jit_kernels
+    (("torch", "aiter-emulated"), _Helpers(True), None),  # nothing to wait for
+    (("torch", "aiter-triton"), None, None),          # no warm-up (CPU, a joined cluster, jobs 0)
+])
+def test_the_run_defers_the_backends_its_warm_up_compiles(full_cases, backends, warmup, expected):
+    from orchestrator.commands.run import _deferral
+
+    cases = [dataclasses.replace(full_cases[0], backend=b) for b in backends]
+    deferral = _deferral(cases, warmup)
+    if expected is None:
+        assert deferral is None
+        return
+    assert deferral.backends == expected
+    assert deferral.pending() is True
+    warmup.alive = False
+    assert deferral.pending() is False  # asks the helpers each time, so the wait ends with them

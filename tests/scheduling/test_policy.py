@@ -179,3 +179,58 @@ def test_many_requeues_keep_priority_order_and_stay_fast():
     assert len(order) == 20000
     assert order == sorted(order, reverse=True)
     assert time.perf_counter() - t0 < 5.0
+
+
+def _order(d: Dispatcher, nodes: list[int], lift_after: int | None = None) -> list[str]:
+    """Hand out every task one at a time on node 0 (one GPU free each time); returns the ids in
+    dispatch order. lift_after=k: lift the tiers after the k-th grant."""
+    out: list[str] = []
+    while d.remaining():
+        t = d.next_for(0, 1, None, now=float(len(out)))
+        assert t is not None
+        out.append(t.id)
+        d.done(t, 1.0)
+        if lift_after is not None and len(out) == lift_after:
+            d.lift_tiers()
+    return out
+
+
+@pytest.mark.parametrize(
+    "tasks, lift_after, expected",
+    [
+        # Tier 0 first, longest first inside each tier, whatever the estimates across tiers.
+        ([Task("jit-long", 1, 9.0, tier=1), Task("a", 1, 1.0), Task("b", 1, 2.0), Task("jit", 1, 3.0, tier=1)],
+         None, ["b", "a", "jit-long", "jit"]),
+        # Lifted after the first grant: the rest rank by estimate alone.
+        ([Task("jit-long", 1, 9.0, tier=1), Task("a", 1, 1.0), Task("b", 1, 2.0), Task("jit", 1, 3.0, tier=1)],
+         1, ["b", "jit-long", "jit", "a"]),
+        # One tier: plain longest-first.
+        ([Task("a", 1, 1.0), Task("b", 1, 2.0)], None, ["b", "a"]),
+    ],
+    ids=["tiered", "lifted", "untiered"],
+)
+def test_tiers_order_dispatch(tasks, lift_after, expected):
+    assert _order(Dispatcher(tasks, [1]), [1], lift_after) == expected
+
+
+def test_a_tier_1_task_takes_a_gpu_that_no_waiting_tier_0_task_fits():
+    # One GPU free: the waiting tier 0 gang cannot use it, so the tier 1 case runs there instead
+    # of the GPU idling; with both free, the gang goes first.
+    tasks = [Task("gang", 2, 5.0), Task("jit", 1, 1.0, tier=1)]
+    assert Dispatcher(tasks, [2]).next_for(0, 1, None, now=0.0).id == "jit"
+    assert Dispatcher(tasks, [2]).next_for(0, 2, None, now=0.0).id == "gang"
+
+
+def test_a_requeued_task_keeps_its_tier_until_lifted():
+    d = Dispatcher([Task("jit", 1, 9.0, tier=1), Task("a", 1, 1.0), Task("b", 1, 2.0)], [1])
+    b = d.next_for(0, 1, None, now=0.0)
+    assert b.id == "b"
+    d.requeue(b)  # e.g. its worker died: back among tier 0, still ahead of the tier 1 task
+    assert d.next_for(0, 1, None, now=1.0).id == "b"
+    d.done(b, 1.0)
+    a = d.next_for(0, 1, None, now=2.0)
+    assert a.id == "a"
+    d.requeue(a)
+    d.lift_tiers()  # one tier now: the longer "jit" goes before the requeued "a"
+    assert [d.next_for(0, 1, None, now=3.0).id, d.next_for(0, 1, None, now=3.0).id] == ["jit", "a"]
+    assert d.remaining() == 0
