@@ -73,7 +73,7 @@ def plan(matrix, filter_expr, as_json, devices, backend):
 @click.option("--resume", "resume_run", default=None, help="Finish run RUN_ID: run only the cases it has no result for.")
 @click.option("--no-progress", is_flag=True, help="No live progress bar.")
 @click.option("--precompile-jobs", "precompile_jobs", type=int, default=None,
-              help="Helper processes that warm Triton's kernel cache at the start of a local GPU run (0: off; default ORCH_PRECOMPILE_JOBS, else up to 3).")
+              help="Helper processes that warm Triton's kernel cache at the start of a local GPU run (0: off; default ORCH_PRECOMPILE_JOBS, else 1 when the run has cases of other backends to run meanwhile, up to 3 when not).")
 def run(**kwargs):
     """Run MATRIX on Ray and gate on the results.
 

@@ -164,7 +164,8 @@ def _start_precompile(cases, *, address, devices, jobs, log_dir, history):
     from backend.attention.capabilities import local_gpu_count
     from orchestrator.executor import precompile
 
-    jobs = precompile.resolve_jobs(jobs)
+    jit = _jit_backends(cases)
+    jobs = precompile.resolve_jobs(jobs, other_work=any(c.backend not in jit for c in cases))
     local = address == "local" and not os.environ.get("RAY_ADDRESS")
     if jobs < 1 or devices == "cpu" or not local or os.environ.get(RUNNER_ENV):  # a test runner: no checker
         return None
@@ -182,11 +183,17 @@ def _deferral(cases, warmup):
     the others (the worker would compile the same kernels itself, ~10 s on a cold H200)."""
     if warmup is None:
         return None
-    from backend.attention.registry import get_capabilities
     from orchestrator.executor.executor import Deferral
 
-    jit = frozenset(b for b in {c.backend for c in cases} if get_capabilities(b).jit_kernels)
+    jit = _jit_backends(cases)
     return Deferral(jit, warmup.running) if jit else None
+
+
+def _jit_backends(cases) -> frozenset[str]:
+    """The backends among the cases whose kernels compile on first use (torch-free for builtins)."""
+    from backend.attention.registry import get_capabilities
+
+    return frozenset(b for b in {c.backend for c in cases} if get_capabilities(b).jit_kernels)
 
 
 def _run_on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress, phases, log_dir,

@@ -39,11 +39,19 @@ def covered(cases: Sequence[Case], results: Mapping[str, CaseResult]) -> bool:
         and results[cid].error_kind != "crash" for cid in tp1)
 
 
-def auto_jobs() -> int:
+def auto_jobs(other_work: bool = False) -> int:
+    """Helpers when none were asked for. `other_work`: the run has cases of backends that compile
+    nothing, which it dispatches while the helpers run (executor.Deferral): then one helper. The
+    helpers' GPU contexts time-slice with the worker's; on a cold H200 the 290-case slice took
+    37.5 / 38.0 s with one helper against 43.5 / 41.9 s with three (the torch cases ran 4 s
+    faster and the one helper still kept ahead of the worker, docs/BENCHMARKS.md). With nothing
+    else to run, up to AUTO_JOBS_MAX compile in parallel."""
+    if other_work:
+        return 1
     return max(1, min(AUTO_JOBS_MAX, (os.cpu_count() or 1) // 4))
 
 
-def resolve_jobs(jobs: int | None) -> int:
+def resolve_jobs(jobs: int | None, other_work: bool = False) -> int:
     if jobs is not None:
         return jobs
     env = os.environ.get(ENV, "").strip()
@@ -54,7 +62,7 @@ def resolve_jobs(jobs: int | None) -> int:
             from orchestrator.errors import InputError
 
             raise InputError(f"{ENV} must be an integer, got {env!r}") from None
-    return auto_jobs()
+    return auto_jobs(other_work)
 
 
 @dataclass

@@ -200,6 +200,16 @@ def test_jobs_come_from_the_option_then_the_environment(monkeypatch, env, jobs, 
     assert launcher.resolve_jobs(jobs) == expect
 
 
+@pytest.mark.parametrize("cores, other_work, expect", [(16, False, 3), (16, True, 1), (4, False, 1), (128, False, 3),
+                                                       (2, True, 1)])
+def test_auto_jobs_one_helper_when_the_worker_has_other_work(monkeypatch, cores, other_work, expect):
+    monkeypatch.setenv(launcher.ENV, "")
+    monkeypatch.setattr(launcher.os, "cpu_count", lambda: cores)
+    assert launcher.resolve_jobs(None, other_work=other_work) == expect
+    monkeypatch.setenv(launcher.ENV, "2")  # asked for: the rule does not apply
+    assert launcher.resolve_jobs(None, other_work=other_work) == 2
+
+
 def test_a_bad_environment_value_is_an_input_error(monkeypatch):
     from orchestrator.errors import InputError
 
