@@ -589,11 +589,57 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list
                       deterministic, jitter, attn_jitter, kv_jitter, real_kv, _Span(t1, t2))
 
 
+def _graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInputs, snapshot: list[torch.Tensor],
+                eager: _EagerStep, clock: "_Clock", phases: dict[str, list]) -> _GraphStep:
+    """Run the step as the mode dispatches it (eager for NONE, else replay `graph_key`) from the
+    caches' state `snapshot` and check it against the eager side."""
+    shape, tol = case.model, case.tolerance
+    caches = session.kv_caches
+    on_device = inputs.on(session.device)
+    x = on_device.x
+    t1 = clock.now()
+    padded = None
+    if d.runtime_mode == "NONE":
+        graph_side = session.run_eager_step(x, inputs.batch)
+        used = 0
+    else:
+        graph_side = session.run_graph_step(graph_key, x, inputs.batch, pad_seed=hash_seed(case.seed, plan.index, 31))
+        used = d.padded_tokens
+        padded = _padded_rows(session, graph_key, x.shape[0])
+    t2 = clock.now()
+    out_g = graph_side.out
+    replay = compare(out_g, eager.out, tol, shape.head_size, row_scaled_atol=True)
+    attn_replay = compare_heads(graph_side.attention, eager.attention, tol, head_offset=session.layout.q_heads.start)
+    finite = all_finite(out_g, shape.head_size)
+    fp = all_finite(padded, shape.head_size) if padded is not None and padded.shape[0] else None
+    real_slots = on_device.real_slots
+    kv_ok, kv_detail, outside_ok = True, "", True
+    for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
+        k = kv_integrity(after, before, eager_real, real_slots,
+                         (session.model.k_scales[layer], session.model.v_scales[layer]), tol)
+        outside_ok = outside_ok and not k.outside_changed
+        if not k.ok and kv_ok:
+            kv_ok = False
+            kv_detail = (f"layer {layer}: {k.outside_changed} slots written outside the step's "
+                         f"{real_slots.numel()} real slots (first slot {k.first_outside})"
+                         if k.outside_changed else
+                         f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
+    if outside_ok:  # kv_integrity left the scratch equal to the caches (_SCRATCH_OWNER)
+        _mark_scratch(session)
+    phases["checks_s"].append(_Span(t2, clock.now()))
+    return _GraphStep(
+        replay=replay, attn_replay=attn_replay, finite=finite, padded=fp,
+        padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
+                      if fp is not None and fp.first_bad else "",
+        detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}",
+        used=used, replay_s=_Span(t1, t2), kv_ok=kv_ok, kv_detail=kv_detail)
+
+
 def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[int, ...], base: CaseResult,
                t_start: float, phases: dict[str, list]) -> CaseResult:
     """`sizes`: the capture sizes after resolution (resolve_capture_sizes), not case.capture_sizes."""
     clock = _Clock(session.device)
-    shape, tol = case.model, case.tolerance
+    shape = case.model
     plans, dispatches, graph_keys = _dispatch_plan(case, mode, sizes)
     capture_s = session.ensure_graphs({k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
     if capture_s:
@@ -616,77 +662,31 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
             # An earlier mode of this batch ran this step down the same path (the same graph, or
             # eager for NONE) from the same inputs in this session: its outcome is this step's.
             shared, shared_graph = shared + 1, shared_graph + 1
-            eager_s.append(eager.eager_s)
-            replay_s.append(seen.replay_s)
-            used.append(seen.used)
-            _add_step(acc, plan.index, eager, seen)
-            kv_jitter = kv_jitter or eager.kv_jitter
-            attn_jitter = max(attn_jitter, eager.attn_jitter)
-            continue
-        ref_key = _reference_key(case, session, plan.index)
-        inputs = _step_inputs(plan, shape, case.seed, session.device)
-        ref_k, ref_v, ctx_slots = _fill_context(session, inputs, reference=eager is None and ref_key not in _REFERENCES)
-        t1 = clock.now()
-        phases["inputs_s"].append(_Span(t0, t1))
-        caches = session.kv_caches
-        snapshot = _snapshot(caches, session, ctx_slots)  # eager and the graph run both start from it
-        t0 = clock.now()
-        phases["snapshot_s"].append(_Span(t1, t0))
-        if eager is None:
-            eager = _eager_side(case, session, inputs, snapshot, ref_k, ref_v, clock, phases, ref_key)
-            session.eager_memo.put(memo_key, eager)
         else:
-            shared += 1
+            ref_key = _reference_key(case, session, plan.index)
+            inputs = _step_inputs(plan, shape, case.seed, session.device)
+            ref_k, ref_v, ctx_slots = _fill_context(session, inputs,
+                                                    reference=eager is None and ref_key not in _REFERENCES)
+            t1 = clock.now()
+            phases["inputs_s"].append(_Span(t0, t1))
+            snapshot = _snapshot(session.kv_caches, session, ctx_slots)  # eager and the graph run both start from it
+            t0 = clock.now()
+            phases["snapshot_s"].append(_Span(t1, t0))
+            if eager is None:
+                eager = _eager_side(case, session, inputs, snapshot, ref_k, ref_v, clock, phases, ref_key)
+                session.eager_memo.put(memo_key, eager)
+            else:
+                shared += 1
+            del ref_k, ref_v
+            seen = _graph_side(case, session, plan, d, graph_key, inputs, snapshot, eager, clock, phases)
+            eager.graph_sides[dispatched] = seen
+            del snapshot
         eager_s.append(eager.eager_s)
-        del ref_k, ref_v
-
-        on_device = inputs.on(session.device)
-        x = on_device.x
-        t1 = clock.now()
-        padded = None
-        if d.runtime_mode == "NONE":
-            graph_side = session.run_eager_step(x, inputs.batch)
-            used.append(0)
-        else:
-            key = graph_key
-            graph_side = session.run_graph_step(key, x, inputs.batch, pad_seed=hash_seed(case.seed, plan.index, 31))
-            used.append(d.padded_tokens)
-            padded = _padded_rows(session, key, x.shape[0])
-        t2 = clock.now()
-        replay_s.append(_Span(t1, t2))
-        out_g = graph_side.out
-
-        out_e = eager.out
-        replay = compare(out_g, out_e, tol, shape.head_size, row_scaled_atol=True)
-        attn_replay = compare_heads(graph_side.attention, eager.attention, tol, head_offset=session.layout.q_heads.start)
-        finite = all_finite(out_g, shape.head_size)
-        fp = all_finite(padded, shape.head_size) if padded is not None and padded.shape[0] else None
-        real_slots = on_device.real_slots
-        kv_ok, kv_detail, outside_ok = True, "", True
-        for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
-            k = kv_integrity(after, before, eager_real, real_slots,
-                             (session.model.k_scales[layer], session.model.v_scales[layer]), tol)
-            outside_ok = outside_ok and not k.outside_changed
-            if not k.ok and kv_ok:
-                kv_ok = False
-                kv_detail = (f"layer {layer}: {k.outside_changed} slots written outside the step's "
-                             f"{real_slots.numel()} real slots (first slot {k.first_outside})"
-                             if k.outside_changed else
-                             f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
-        if outside_ok:  # kv_integrity left the scratch equal to the caches (_SCRATCH_OWNER)
-            _mark_scratch(session)
-        graph_step = _GraphStep(
-            replay=replay, attn_replay=attn_replay, finite=finite, padded=fp,
-            padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
-                          if fp is not None and fp.first_bad else "",
-            detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}",
-            used=used[-1], replay_s=replay_s[-1], kv_ok=kv_ok, kv_detail=kv_detail)
-        eager.graph_sides[dispatched] = graph_step
-        _add_step(acc, plan.index, eager, graph_step)
+        replay_s.append(seen.replay_s)
+        used.append(seen.used)
+        _add_step(acc, plan.index, eager, seen)
         kv_jitter = kv_jitter or eager.kv_jitter
         attn_jitter = max(attn_jitter, eager.attn_jitter)
-        del snapshot
-        phases["checks_s"].append(_Span(t2, clock.now()))
 
     checks = tuple(acc[name].outcome() for name in CHECK_NAMES)
     spent = {k: round(_seconds(v), 6) for k, v in phases.items()}  # resolves the spans first

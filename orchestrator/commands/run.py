@@ -143,13 +143,14 @@ def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_p
     phases = phases if phases is not None else {}
     log_dir = tempfile.mkdtemp(prefix="orch-workers-")
     history = store.durations()
+    jit = _jit_backends(cases)
     warmup = _start_precompile(cases, address=address, devices=devices, jobs=precompile_jobs, log_dir=log_dir,
-                               history=history)  # before the cluster: its start-up overlaps ours
+                               history=history, jit=jit)  # before the cluster: its start-up overlaps ours
     results: dict[str, CaseResult] = {}
     try:
         results = _run_on_cluster(store, run_id, cases, address=address, devices=devices, workers=workers,
                                   timeout_s=timeout_s, no_progress=no_progress, phases=phases, log_dir=log_dir,
-                                  history=history, deferral=_deferral(cases, warmup))
+                                  history=history, deferral=_deferral(jit, warmup))
         return results
     finally:
         if warmup is not None:
@@ -158,13 +159,12 @@ def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_p
             warmup.stop(covered=covered(cases, results))
 
 
-def _start_precompile(cases, *, address, devices, jobs, log_dir, history):
+def _start_precompile(cases, *, address, devices, jobs, log_dir, history, jit: frozenset[str]):
     """The Triton warm-up helpers (orchestrator/executor/precompile.py) for a run on this
-    machine's GPUs, or None."""
+    machine's GPUs, or None. `jit`: the run's backends whose kernels compile on first use."""
     from backend.attention.capabilities import local_gpu_count
     from orchestrator.executor import precompile
 
-    jit = _jit_backends(cases)
     jobs = precompile.resolve_jobs(jobs, other_work=any(c.backend not in jit for c in cases))
     local = address == "local" and not os.environ.get("RAY_ADDRESS")
     if jobs < 1 or devices == "cpu" or not local or os.environ.get(RUNNER_ENV):  # a test runner: no checker
@@ -178,15 +178,14 @@ def _start_precompile(cases, *, address, devices, jobs, log_dir, history):
     return warmup
 
 
-def _deferral(cases, warmup):
-    """While the warm-up helpers run, the cases of backends whose kernels they compile wait for
-    the others (the worker would compile the same kernels itself, ~10 s on a cold H200)."""
-    if warmup is None:
+def _deferral(jit: frozenset[str], warmup):
+    """While the warm-up helpers run, the cases of the `jit` backends (whose kernels they compile)
+    wait for the others (the worker would compile the same kernels itself, ~10 s on a cold H200)."""
+    if warmup is None or not jit:
         return None
     from orchestrator.executor.executor import Deferral
 
-    jit = _jit_backends(cases)
-    return Deferral(jit, warmup.running) if jit else None
+    return Deferral(jit, warmup.running)
 
 
 def _jit_backends(cases) -> frozenset[str]:

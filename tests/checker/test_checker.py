@@ -24,7 +24,8 @@ def test_correct_providers_are_green_everywhere(backend, mode, sessions):
             for seed in (0, 1, 2):
                 r = run_case(make_case(backend, mode, kv, batch, seed=seed), sessions=sessions)
                 assert r.status == Status.PASS, (kv, batch.name, seed, r.reason, r.log_tail[-1500:])
-                assert [c.name for c in r.checks] == list(CHECK_NAMES)
+                names = [c.name for c in r.checks]
+                assert names == list(CHECK_NAMES)
 
 
 def test_result_records_everything(sessions):

@@ -281,10 +281,10 @@ class _Helpers:
     (("torch", "aiter-triton"), None, None),          # no warm-up (CPU, a joined cluster, jobs 0)
 ])
 def test_the_run_defers_the_backends_its_warm_up_compiles(full_cases, backends, warmup, expected):
-    from orchestrator.commands.run import _deferral
+    from orchestrator.commands.run import _deferral, _jit_backends
 
     cases = [dataclasses.replace(full_cases[0], backend=b) for b in backends]
-    deferral = _deferral(cases, warmup)
+    deferral = _deferral(_jit_backends(cases), warmup)
     if expected is None:
         assert deferral is None
         return

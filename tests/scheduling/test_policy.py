@@ -232,5 +232,6 @@ def test_a_requeued_task_keeps_its_tier_until_lifted():
     assert a.id == "a"
     d.requeue(a)
     d.lift_tiers()  # one tier now: the longer "jit" goes before the requeued "a"
-    assert [d.next_for(0, 1, None, now=3.0).id, d.next_for(0, 1, None, now=3.0).id] == ["jit", "a"]
+    handed = [d.next_for(0, 1, None, now=3.0).id, d.next_for(0, 1, None, now=3.0).id]
+    assert handed == ["jit", "a"]
     assert d.remaining() == 0
