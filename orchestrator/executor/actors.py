@@ -23,6 +23,13 @@ DEFAULT_RUNNER = "backend.checker:run_case"
 ACTOR_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 CPU_ACTOR_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 LOG_TAIL_BYTES = 4000
+# Modules Ray's worker processes import before they take an actor (the raylet's
+# `preload_python_modules`, set by cluster.connect for the embedded cluster; a cluster started with
+# `ray start` takes it from RAY_preload_python_modules). Ray prestarts workers while ray.init is
+# still waiting for its own agents, so the actor's `import torch` (5 s on the H200 machine) overlaps
+# the cluster's start instead of following it (#13). Nothing here may touch a device: the worker
+# does not know its GPU yet, and CPU workers set their thread count in CaseWorker._load.
+WORKER_PRELOAD = ("torch",)
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class WorkerInfo:
     device: str  # "cuda:0" (of the visible set) or "cpu"
     log_path: str
     free_port: int = 0  # a port free on this node (rank 0 of a gang offers it for the rendezvous)
+    preloaded: tuple[str, ...] = ()  # WORKER_PRELOAD modules already imported when the actor started
 
 
 def actor_env(device_kind: str) -> dict[str, str]:
@@ -88,6 +96,7 @@ class CaseWorker:
     """Ray actor class (wrapped with ray.remote by gangs.py, with num_gpus/num_cpus/placement)."""
 
     def __init__(self, *, runner: str, device_kind: str, log_dir: str, label: str, env: dict[str, str] | None = None):
+        preloaded = tuple(m for m in WORKER_PRELOAD if m in sys.modules)
         apply_env(env if env is not None else actor_env(device_kind))
         import ray
 
@@ -106,12 +115,14 @@ class CaseWorker:
         self.device = "cuda:0" if (device_kind == "gpu" and gpu_ids) else "cpu"
         ip = ray.util.get_node_ip_address()
         where = f"gpu{','.join(gpu_ids)}@{ip}" if gpu_ids else f"{label}@{ip}"
-        self.info_ = WorkerInfo(where, ctx.get_node_id(), ip, os.getpid(), gpu_ids, self.device, self.log_path)
+        self.info_ = WorkerInfo(where, ctx.get_node_id(), ip, os.getpid(), gpu_ids, self.device, self.log_path,
+                                preloaded=preloaded)
         self.runner_path = runner
         self._runner: Callable[..., Any] | None = None
         self._sessions: Any = None
         self._gang: tuple[int, int] = (0, 1)
-        print(f"[orch] worker {where} pid {os.getpid()} device {self.device} runner {runner}", flush=True)
+        print(f"[orch] worker {where} pid {os.getpid()} device {self.device} runner {runner} "
+              f"preloaded {','.join(preloaded) or '-'}", flush=True)
 
     def info(self) -> WorkerInfo:
         import dataclasses

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from backend.attention.capabilities import local_gpu_count
 from orchestrator.errors import InfraError, InputError
+from orchestrator.executor.actors import WORKER_PRELOAD
 
 # Embedded Ray: explicit sizes, because the defaults have hung on the lent GPU machine (DESIGN §7).
 OBJECT_STORE_BYTES = 512 * 1024**2
@@ -125,6 +126,7 @@ def connect(address: str = "local", *, devices: str = "auto", workers: int | Non
                 object_store_memory=OBJECT_STORE_BYTES,
                 log_to_driver=False,
                 configure_logging=False,
+                _system_config={"preload_python_modules": list(WORKER_PRELOAD)},
             )
         else:
             target = os.environ.get("RAY_ADDRESS", "auto") if address in ("local", "auto") else address
