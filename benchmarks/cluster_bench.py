@@ -1,10 +1,11 @@
 """Where the time before the first case goes (#13): Ray's embedded cluster and one worker's start.
 
-    PYTHONPATH=$PWD python benchmarks/cluster_bench.py [--num-cpus 16,2] [--repeat 2] [--devices gpu|cpu]
+    PYTHONPATH=$PWD python benchmarks/cluster_bench.py [--num-cpus 16,2] [--repeat 2] [--devices gpu|cpu] [--no-preload]
 
 Each variant runs in a fresh interpreter (imports are part of the cost) and reports, in seconds:
   import_ray    `import ray` in the driver
-  init          ray.init(...) as orchestrator/executor/cluster.py calls it, with num_cpus=N
+  init          ray.init(...) as orchestrator/executor/cluster.py calls it (embedded_init_kwargs),
+                with num_cpus=N; --no-preload: without the worker preload (torch then loads in `torch`)
   actor_ready   a one-bundle placement group plus an actor in it (as gangs.py places a tp 1
                 worker) until its first method returns: process start or reuse of a prestarted
                 worker, Ray's registration
@@ -34,14 +35,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROBE = textwrap.dedent("""
     import json, os, subprocess, sys, time
+    from orchestrator.executor.cluster import embedded_init_kwargs  # imports no Ray, no torch
     t0 = time.perf_counter()
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     t1 = time.perf_counter()
     gpu = DEVICES == "gpu"
-    ray.init(num_cpus=NUM_CPUS, num_gpus=1 if gpu else 0, include_dashboard=False,
-             object_store_memory=512 * 1024**2, log_to_driver=False, configure_logging=False, **INIT_KW)
+    ray.init(**{**embedded_init_kwargs(1 if gpu else 0, preload=PRELOAD), "num_cpus": NUM_CPUS, **INIT_KW})
     t2 = time.perf_counter()
     time.sleep(0.5)
     workers = subprocess.run(["pgrep", "-fc", "default_worker.py"], capture_output=True, text=True).stdout.strip()
@@ -80,11 +81,11 @@ PROBE = textwrap.dedent("""
 PROFILE_INIT = textwrap.dedent("""
     import cProfile, glob, os, pstats, time
     import ray
+    from orchestrator.executor.cluster import embedded_init_kwargs
     pr = cProfile.Profile()
     t0 = time.time()
     pr.enable()
-    ray.init(num_cpus=NUM_CPUS, num_gpus=1 if DEVICES == "gpu" else 0, include_dashboard=False,
-             object_store_memory=512 * 1024**2, log_to_driver=False, configure_logging=False, **INIT_KW)
+    ray.init(**{**embedded_init_kwargs(1 if DEVICES == "gpu" else 0, preload=PRELOAD), "num_cpus": NUM_CPUS, **INIT_KW})
     pr.disable()
     print(f"ray.init {time.time() - t0:.2f} s")
     pstats.Stats(pr).sort_stats("cumulative").print_stats(25)
@@ -95,13 +96,17 @@ PROFILE_INIT = textwrap.dedent("""
 """)
 
 
-def profile_init(num_cpus: int, devices: str) -> None:
-    code = f"DEVICES = {devices!r}\nNUM_CPUS = {num_cpus}\nINIT_KW = {INIT_KW!r}\n" + PROFILE_INIT
+def _header(num_cpus: int, devices: str, preload: bool) -> str:
+    return f"DEVICES = {devices!r}\nNUM_CPUS = {num_cpus}\nPRELOAD = {preload}\nINIT_KW = {INIT_KW!r}\n"
+
+
+def profile_init(num_cpus: int, devices: str, preload: bool) -> None:
+    code = _header(num_cpus, devices, preload) + PROFILE_INIT
     subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=300)
 
 
-def run(num_cpus: int, devices: str) -> dict:
-    code = f"DEVICES = {devices!r}\nNUM_CPUS = {num_cpus}\nINIT_KW = {INIT_KW!r}\n" + PROBE
+def run(num_cpus: int, devices: str, preload: bool) -> dict:
+    code = _header(num_cpus, devices, preload) + PROBE
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -116,18 +121,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--devices", default="gpu" if os.path.exists("/dev/nvidia0") else "cpu")
     ap.add_argument("--profile-init", action="store_true")
+    ap.add_argument("--no-preload", action="store_true", help="start Ray without the worker preload (as before fb7ab84)")
     ap.add_argument("--init-kw", default="{}", help="extra ray.init keywords, JSON")
     args = ap.parse_args(argv)
     INIT_KW.update(json.loads(args.init_kw))
     if args.profile_init:
-        profile_init(int(args.num_cpus.split(",")[0]), args.devices)
+        profile_init(int(args.num_cpus.split(",")[0]), args.devices, not args.no_preload)
         return 0
     keys = ("import_ray", "init", "actor_ready", "torch", "device", "checker", "shutdown")
     print("| num_cpus | " + " | ".join(keys) + " | prestarted | sum |\n|---|" + "---|" * (len(keys) + 2))
     for n in [int(x) for x in args.num_cpus.split(",")]:
         rows = []
         for _ in range(args.repeat):  # alternate would be fairer; variants are few and runs short
-            r = run(n, args.devices)
+            r = run(n, args.devices, not args.no_preload)
             if "error" in r:
                 print(f"| {n} | error: {r['error']} |")
                 continue

@@ -22,11 +22,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$NEW
 { date -u; nvidia-smi -L; python3 -c "import torch, triton, ray; print('torch', torch.__version__, 'triton', triton.__version__, 'ray', ray.__version__)"; } >> "$L" 2>&1
 if [ "${SKIP_CLUSTER_BENCH:-0}" != 1 ]; then
-  step "cluster_bench: ray.init as before"
+  step "cluster_bench: Ray's start without the worker preload (as before)"
+  timeout 120 python3 benchmarks/cluster_bench.py --devices gpu --num-cpus 16 --repeat 2 --no-preload 2>&1 | tail -4 >> "$L"
+  step "cluster_bench: as cluster.connect starts Ray now (the worker preload)"
   timeout 120 python3 benchmarks/cluster_bench.py --devices gpu --num-cpus 16 --repeat 2 2>&1 | tail -4 >> "$L"
-  step "cluster_bench: with the worker preload (as cluster.connect starts Ray now)"
-  timeout 120 python3 benchmarks/cluster_bench.py --devices gpu --num-cpus 16 --repeat 2 \
-      --init-kw '{"_system_config": {"preload_python_modules": ["torch"]}}' 2>&1 | tail -4 >> "$L"
 fi
 run() {  # name tree triton-cache [orch run args...]
   local name=$1 tree=$2 cache=$3; shift 3

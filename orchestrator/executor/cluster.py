@@ -106,6 +106,16 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
     return tuple(out)
 
 
+def embedded_init_kwargs(num_gpus: int, *, preload: bool = True) -> dict:
+    """ray.init's keywords for the embedded cluster (connect's `local`; benchmarks/cluster_bench.py
+    times this same start, and with preload=False the start before the worker preload)."""
+    kw: dict = dict(num_cpus=os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
+                    object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, configure_logging=False)
+    if preload:
+        kw["_system_config"] = {"preload_python_modules": list(WORKER_PRELOAD)}
+    return kw
+
+
 def connect(address: str = "local", *, devices: str = "auto", workers: int | None = None, min_slots: int = 1) -> ClusterInfo:
     """Start embedded Ray (`local`) or join (`auto`, HOST:PORT, or RAY_ADDRESS) and count slots.
 
@@ -118,16 +128,7 @@ def connect(address: str = "local", *, devices: str = "auto", workers: int | Non
     owned = False
     if not ray.is_initialized():
         if address == "local" and not os.environ.get("RAY_ADDRESS"):
-            gpus = 0 if devices == "cpu" else local_gpu_count()
-            ray.init(
-                num_cpus=os.cpu_count() or 1,
-                num_gpus=gpus,
-                include_dashboard=False,
-                object_store_memory=OBJECT_STORE_BYTES,
-                log_to_driver=False,
-                configure_logging=False,
-                _system_config={"preload_python_modules": list(WORKER_PRELOAD)},
-            )
+            ray.init(**embedded_init_kwargs(0 if devices == "cpu" else local_gpu_count()))
         else:
             target = os.environ.get("RAY_ADDRESS", "auto") if address in ("local", "auto") else address
             if target != "auto":

@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PROBE = """
 import ray, sys, tempfile
 from orchestrator.executor import gangs
-from orchestrator.executor.cluster import connect, disconnect
+from orchestrator.executor.cluster import connect, disconnect, embedded_init_kwargs
 
 def one_actor(node_id):
     spec = gangs.GangSpec(tp=1, device_kind="cpu", runner="backend.checker:run_case", log_dir=tempfile.mkdtemp())
@@ -39,7 +39,7 @@ if sys.argv[1] == "connect":  # as orch run starts its cluster
     print("RESULT", *one_actor(cluster.nodes[0].node_id))
     disconnect(cluster)
 else:  # the contrast: the same embedded cluster without the preload
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, object_store_memory=256 * 1024**2, log_to_driver=False)
+    ray.init(**embedded_init_kwargs(0, preload=False))
     print("RESULT", *one_actor(ray.nodes()[0]["NodeID"]))
     ray.shutdown()
 """
