@@ -33,6 +33,7 @@ def _run(sequence, monkeypatch, *, partial: bool):
     def checked(caches, session=None, written=None):
         in_sync = session is not None and checker._scratch_in_sync(session)
         bufs = real(caches, session, written)
+        assert len(bufs) == len(caches) > 0, "a snapshot per cache"
         for b, c in zip(bufs, caches):
             assert torch.equal(raw(b), raw(c)), "the snapshot is not the caches' state"
         calls["partial" if in_sync and written.numel() <= checker._PARTIAL_SNAPSHOT_MAX * c.shape[1] * c.shape[2]
@@ -52,6 +53,7 @@ def test_snapshot_equals_the_caches_on_every_step_and_verdicts_do_not_change(mon
     slow, slow_calls = _run(SEQUENCE, monkeypatch, partial=False)
     assert calls["partial"] >= 10 and calls["full"] >= 3, calls  # both paths were taken
     assert slow_calls["partial"] == 0
+    assert len(fast) == len(slow) == len(SEQUENCE)
     for a, b in zip(fast, slow):
         assert (a.case_id, a.status, a.reason) == (b.case_id, b.status, b.reason)
         assert [(c.name, c.passed, c.step) for c in a.checks] == [(c.name, c.passed, c.step) for c in b.checks]
