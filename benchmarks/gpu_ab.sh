@@ -10,17 +10,14 @@
 # Environment: BASE (.base), FILTER (the tp 1 slice of torch, aiter-triton, aiter-triton-pa),
 # SKIP_AUTO (0), SKIP_CLUSTER_BENCH (0), RUN_TIMEOUT (200 s a run).
 set -u
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/orch-gpu-out}; mkdir -p "$OUT"
-L=$OUT/all.log; R=/tmp/orch-ab; mkdir -p "$R"
 NEW=$PWD; OLD=$PWD/${BASE:-.base}
-F=${FILTER:-tp=1 backend=torch,aiter-triton,aiter-triton-pa}
 [ -d "$OLD/orchestrator" ] || { echo "no old tree at $OLD (git archive <commit> | tar -x -C $OLD)" >&2; exit 2; }
+. benchmarks/gpu_env.sh
+L=$OUT/all.log; R=/tmp/orch-ab; mkdir -p "$R"
+F=${FILTER:-tp=1 backend=torch,aiter-triton,aiter-triton-pa}
 T0=$(date +%s)
 step() { echo "== $* (+$(( $(date +%s) - T0 ))s)" >> "$L"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$NEW
-{ date -u; nvidia-smi -L; python3 -c "import torch, triton, ray; print('torch', torch.__version__, 'triton', triton.__version__, 'ray', ray.__version__)"; } >> "$L" 2>&1
+gpu_header "$L"
 if [ "${SKIP_CLUSTER_BENCH:-0}" != 1 ]; then
   step "cluster_bench: Ray's start without the worker preload (as before)"
   timeout 120 python3 benchmarks/cluster_bench.py --devices gpu --num-cpus 16 --repeat 2 --no-preload 2>&1 | tail -4 >> "$L"
@@ -35,7 +32,7 @@ run() {  # name tree triton-cache [orch run args...]
       --known-failures "$NEW/matrices/known-failures.yaml" --no-progress --db "$R/$name.db" "$@" > "$R/$name.log" 2>&1
     echo "rc=$?" >> "$R/$name.log" )
   grep -E "time:|gate|wall|rc=" "$R/$name.log" | tail -4 >> "$L"
-  python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('pragma wal_checkpoint(TRUNCATE)').fetchall(); c.execute('pragma journal_mode=DELETE').fetchall(); c.close()" "$R/$name.db"
+  single_file_db "$R/$name.db"
 }
 run old_cold "$OLD" /tmp/tc_old
 run new_cold "$NEW" /tmp/tc_new

@@ -11,13 +11,10 @@
 # Environment: COLD_RUN=1, RUN_FILTER (tp=1), SKIP_EQUIV, SKIP_TOL, SKIP_SPEC, SKIP_PADDED,
 # SKIP_MUTANTS (=1 to skip), TOL_ARGS, SPEC_ARGS, PROFILE_FILTER (a slice to profile in one process).
 set -u
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/orch-gpu-out}; mkdir -p "$OUT"
+. benchmarks/gpu_env.sh
 R=/tmp/orch-results; mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
 log=$OUT/all.log
-{ date -u; nvidia-smi -L; python3 -c "import torch, triton, ray; print('torch', torch.__version__, 'triton', triton.__version__, 'ray', ray.__version__)"; } > "$log" 2>&1
+: > "$log"; gpu_header "$log"
 step() { echo "== $* ($(date -u +%T))" >> "$log"; }
 pack() { tar czf "$OUT/results.tgz" -C "$R" . 2>/dev/null; }
 filter=${RUN_FILTER:-tp=1}
@@ -35,7 +32,7 @@ orch_run() {  # name, extra args...
   [ -n "$wdir" ] && [ -f "$wdir/precompile.log" ] && cp "$wdir/precompile.log" "$R/$name-precompile.log" \
       && grep -E "over|already|done" "$R/$name-precompile.log" >> "$log"
   grep -v "^    repro:\|^orch: ERROR" "$R/$name.log" | tail -12 >> "$log"
-  python3 -c "import sqlite3,sys; sqlite3.connect(sys.argv[1]).execute('pragma wal_checkpoint(TRUNCATE)')" "$R/$name.db" 2>/dev/null
+  single_file_db "$R/$name.db"
 }
 
 if [ "${COLD_RUN:-0}" = 1 ]; then

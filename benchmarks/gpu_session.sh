@@ -10,12 +10,9 @@
 # RUN_LOG=/tmp/run.log to stay within 8 files), SKIP_RUN=1, SKIP_EQUIV=1, SKIP_MUTANTS=1, PROFILE_FILTER=expr
 # (benchmarks/gpu_profile.py on that slice, in-process, after the runs).
 set -u
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/orch-gpu-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
+. benchmarks/gpu_env.sh
 log=$OUT/all.log
-{ date -u; nvidia-smi -L; python3 -c "import torch, triton, ray; print('torch', torch.__version__, 'triton', triton.__version__, 'ray', ray.__version__)"; } > "$log" 2>&1
+: > "$log"; gpu_header "$log"
 step() { echo "== $* ($(date -u +%T))" >> "$log"; }
 filter=${RUN_FILTER:-tp=1}
 
@@ -26,7 +23,7 @@ orch_run() {  # db, log, extra args...
       --no-progress "$@" > "$out" 2>&1
   echo "rc=$?" >> "$out"
   grep -v "^    repro:\|^orch: ERROR" "$out" | tail -12 >> "$log"
-  python3 -c "import sqlite3,sys; sqlite3.connect(sys.argv[1]).execute('pragma wal_checkpoint(TRUNCATE)')" "$db" 2>/dev/null
+  single_file_db "$db"
 }
 
 if [ "${SKIP_RUN:-0}" != 1 ]; then
