@@ -22,7 +22,7 @@ def _cluster() -> ClusterInfo:
     return ClusterInfo("local", "cpu", (NodeSlots(real.node_id, real.ip, 4, 2),), cpu_per_worker=0.25)
 
 
-def _run(monkeypatch, cases, *, reuse: bool, retries: int = 1):
+def _run(monkeypatch, cases, *, reuse: bool, retries: int = 1, max_batch: int = 64):
     """Run the cases; also returns every actor process a gang was formed over (pids) and how
     many actors were created."""
     pids: list[int] = []
@@ -40,7 +40,8 @@ def _run(monkeypatch, cases, *, reuse: bool, retries: int = 1):
     monkeypatch.setattr(gangs, "join", spy_join)
     monkeypatch.setattr(gangs, "start_actors", spy_start)
     attempts: list = []
-    config = ExecConfig(runner=RUNNER, poll_s=0.1, setup_timeout_s=60, retries=retries, reuse_gangs=reuse)
+    config = ExecConfig(runner=RUNNER, poll_s=0.1, setup_timeout_s=60, retries=retries, reuse_gangs=reuse,
+                        max_batch=max_batch)
     final = Executor(_cluster(), config, on_result=lambda r, f: attempts.append(r)).run(cases)
     return final, set(pids), sum(created), attempts
 
@@ -70,7 +71,9 @@ def test_tp_4_then_2_then_1_start_only_four_worker_processes(ray_cluster, monkey
 def test_a_crash_in_a_re_formed_gang_is_still_a_crash_and_later_cases_run(ray_cluster, monkeypatch):
     cases = [make_case("rank", 0, tp=2), make_case("rank", 1, tp=2), make_case("crash", 2)] \
         + [make_case("ok", 10 + i) for i in range(4)]
-    final, pids, created, attempts = _run(monkeypatch, cases, reuse=True)
+    # One case per call, so every worker the crash case kills is one of its recorded attempts
+    # (in a batch it would also take a worker down before it is run alone).
+    final, pids, created, attempts = _run(monkeypatch, cases, reuse=True, max_batch=1)
     crash = final["tp1-FULL-auto-crash-torch-s2"]
     assert crash.status == Status.ERROR and crash.error_kind == "crash", crash
     assert crash.log_tail.startswith("[orch] case tp1-FULL-auto-crash-torch-s2") and "about to crash" in crash.log_tail
@@ -79,7 +82,12 @@ def test_a_crash_in_a_re_formed_gang_is_still_a_crash_and_later_cases_run(ray_cl
     assert first.worker.startswith(tp2_gang + "r"), (first.worker, tp2_gang)  # it crashed a re-formed worker
     for i in range(4):
         assert final[f"tp1-FULL-auto-ok-torch-s{10 + i}"].status == Status.PASS
-    assert created == 2 or created == 3, created  # the tp 2 gang, and a new worker only once both halves died
+    # The tp 1 phase starts no actor of its own: beyond the tp 2 gang, a new worker only replaces
+    # one the crash case killed. How many replacements depends on timing (a replacement comes up
+    # while the surviving half is still busy), never more than the workers that died.
+    deaths = sum(r.case_id == crash.case_id and r.error_kind == "crash" for r in attempts)
+    assert deaths == 2, attempts  # retries=1: two attempts, each on its own worker
+    assert 2 <= created <= 2 + deaths, (created, deaths)
 
 
 def test_a_split_is_only_made_where_the_ranks_divide():
