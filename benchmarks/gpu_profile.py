@@ -17,6 +17,11 @@ not); `--threads N` sets torch's intra-op threads (CPU actors run with 1).
 built) under torch.profiler with CUDA activity and prints the floor: the sum of the device time
 of every kernel and copy the cases launched (graph replays included) against the slice's wall
 time. That ratio is what per-case overhead costs.
+
+`--syncs` runs the slice once more with torch's CUDA sync debug mode on and counts the host syncs
+(every `.item()`, `.tolist()`, `torch.equal`, blocking copy ...) per provider, with the backend/
+lines that made them: each one stops the host from queueing the next case's work while the GPU
+runs this one's, so they are what pipelining cases on one worker has to remove.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import io
 import pstats
 import sys
 import time
-from collections import defaultdict
+import traceback
+import warnings
+from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -49,6 +56,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
     ap.add_argument("--kernels", action="store_true",
                     help="then run the slice again under torch.profiler: device time against wall time")
+    ap.add_argument("--syncs", action="store_true",
+                    help="then run the slice again counting host syncs (torch's sync debug mode) and where")
     args = ap.parse_args()
     if args.threads:
         import torch
@@ -90,6 +99,8 @@ def main() -> int:
     print(out.getvalue())
     if args.kernels:
         kernel_floor(cases, sessions, args.solo_rank)
+    if args.syncs:
+        count_syncs(cases, sessions, args.solo_rank, args.top)
     return 0
 
 
@@ -131,6 +142,53 @@ def kernel_floor(cases, sessions, solo_rank: bool) -> None:
     print(f"\nkernel floor: {len(cases)} cases, wall {total_wall:.2f} s under the profiler, device time "
           f"{total_device:.3f} s ({total_device * 1e3 / max(len(cases), 1):.2f} ms a case); "
           f"wall / device = {total_wall / max(total_device, 1e-9):.1f}")
+
+
+def count_syncs(cases, sessions, solo_rank: bool, top: int) -> None:
+    """Host syncs per provider, and the backend/ lines that made them (torch warns on each sync
+    in debug mode "warn"; the warning's stack names the line)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("\nsyncs: no CUDA device, nothing to count")
+        return
+    root = str(Path(__file__).resolve().parents[1])
+    sites: Counter = Counter()
+    count = [0]
+
+    def on_warning(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        count[0] += 1
+        ours = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root + "/backend/")]
+        where = ours[-1] if ours else None
+        sites[f"{where.filename[len(root) + 1:]}:{where.lineno} {where.name}" if where else "outside backend/"] += 1
+
+    groups: dict[str, list] = defaultdict(list)
+    for case in cases:
+        groups[case.backend_label].append(case)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = on_warning
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            torch.zeros(1, device="cuda").item()  # a known sync: is the counting working at all?
+            if count[0] == 0:
+                print("\nsyncs: torch's sync warnings did not reach Python; not counted")
+                return
+            count[0] = 0
+            sites.clear()
+            for label, group in groups.items():
+                before = count[0]
+                for case in group:
+                    run_case(case, sessions=sessions, world_size=case.tp if solo_rank else 1)
+                n = count[0] - before
+                print(f"\nsyncs [{label}]: {n} in {len(group)} cases ({n / max(len(group), 1):.1f} a case)")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    print(f"syncs: {count[0]} in {len(cases)} cases; by line (cases re-run in their sessions share no graph side):")
+    for site, n in sites.most_common(top):
+        print(f"  {n:7d}  {site}")
 
 
 if __name__ == "__main__":
