@@ -105,6 +105,11 @@ class _Full:
     graph: Any
     padded_reqs: int
     attention: list = field(default_factory=list)  # per layer: the attention result the graph refreshes
+    # The capture batch's metadata, alive as long as the graph: a backend that builds a fresh
+    # tensor per step (the seed's cu_seq_lens) must replay the capture-time one, as in a busy
+    # engine. Dropped, the allocator gave its block to the step's fresh copy and the seed passed
+    # FULL mixed batches on an H100 (backend/graphs/cuda.py), where the emulation holds it anyway.
+    capture_metadata: Any = None
 
 
 @dataclass(frozen=True)
@@ -234,7 +239,7 @@ class Session:
         # one NONE-mode forward before each capture in V2 CudaGraphManager.capture_graph).
         self.runner.warmup(fn, WARMUP_ITERS)
         self.builder.build_for_capture(n, q, style)  # the warm-up may not leave the buffers as captured
-        return _Full(self.runner.capture(fn), md.num_padded_reqs, results)
+        return _Full(self.runner.capture(fn), md.num_padded_reqs, results, capture_metadata=md)
 
     def _capture_piecewise(self, key: GraphKey) -> _Piecewise:
         n = key.size

@@ -12,6 +12,12 @@
   context manager's __exit__, the stream context is never exited and the capture stream stays
   current. Here the capture is always ended, the current stream restored, and the graph dropped,
   so the runner stays usable.
+- The kernels of a graph hold raw addresses. A tensor made outside the capture and read by it
+  (the capture batch's metadata) must outlive the graph: freed, its block goes to the next tensor
+  of that size, often the step's own fresh copy, and the replay reads the step's values by luck.
+  The caller keeps such tensors (Session._capture_full keeps the capture metadata with the graph),
+  not the runner: holding the captured callable would tie the graph to its session in a cycle,
+  and a session's device memory is freed by reference counting when it is evicted.
 """
 
 from __future__ import annotations

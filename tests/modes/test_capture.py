@@ -156,3 +156,27 @@ def test_seed_red_in_full_mixed_graphs_green_after_25104(key, sessions):
         assert r.reason.startswith("replay check failed")
     if cls == "FixedBackend" and mode == "FULL":
         assert r.resolved_mode == "FULL_AND_PIECEWISE" and r.downgraded
+
+
+def test_a_full_graph_keeps_its_capture_metadata_alive():
+    # A real graph reads the capture batch's tensors at their addresses. Freed after capture, the
+    # seed's per-step cu_seq_lens block went to the step's fresh copy, and the seed passed FULL
+    # mixed batches on an H100 (backend/graphs/cuda.py). The session must hold the metadata as
+    # long as the graph; the emulation would hide the loss, so it is checked by reference here.
+    import gc
+    import weakref
+
+    s = Session(get_backend("tests.mutants.seed_aiter_fa:Backend"), TINY, 1, 0, "auto", (1, 2, 4, 8),
+                torch.device("cpu"))
+    key = GraphKey("FULL", 8, False)
+    s.ensure_graphs({key})
+    md = s.graphs[key].capture_metadata
+    assert md is not None and md.for_capture and md.max_query_len == 8
+    assert md.cu_seq_lens is not None  # the seed's fresh tensor, built for the capture batch
+    held = weakref.ref(md.cu_seq_lens)
+    del md
+    gc.collect()
+    assert held() is not None
+    s.graphs.clear()
+    gc.collect()
+    assert held() is None  # held by the graph entry, nothing else
