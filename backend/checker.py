@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+import backend
 from backend.attention.kv_cache import dequantize, fp8_dtype, write_kv
 from backend.attention.registry import BackendLoadError, get_backend
 from backend.attention.support import unavailable
@@ -54,11 +55,8 @@ _FP8_SCALE_RANGE = (6.0, 12.0)  # |K|, |V| covered before saturation (inputs are
 
 @functools.lru_cache(maxsize=1)
 def versions() -> dict[str, str]:
-    out = {"torch": torch.__version__, "python": platform.python_version()}
-    try:  # the installed distribution's version: backend/ does not import orchestrator/
-        out["orch"] = importlib.metadata.version("orch")
-    except importlib.metadata.PackageNotFoundError:
-        pass
+    # orch's version from the code that ran (backend/__init__.py), installed or on PYTHONPATH
+    out = {"torch": torch.__version__, "python": platform.python_version(), "orch": backend.__version__}
     for label, dist in (("triton", "triton"), ("aiter", "amd-aiter"), ("ray", "ray"), ("vllm", "vllm")):
         try:
             out[label] = importlib.metadata.version(dist)

@@ -1,3 +1,3 @@
 """orch: a distributed test-matrix orchestrator for graph-captured attention backends."""
 
-__version__ = "0.1.0"
+from backend import __version__  # noqa: F401  (one place: backend/__init__.py)
