@@ -66,6 +66,14 @@ def fault_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None,
                       axes=case.axes, timings={"total_s": 0.001})  # fmt: skip
 
 
+def env_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
+    """Passes, saying in its reason what the worker's environment has for the variable named by
+    batch.description (the actors' env forwarding)."""
+    name = case.batch.description
+    return CaseResult(case.case_id, Status.PASS, reason=f"{name}={os.environ.get(name)}", requested_mode=case.mode,
+                      axes=case.axes, timings={"total_s": 0.001})  # fmt: skip
+
+
 def slow_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
     """Passes after 0.25 s: a run long enough to be killed in the middle (resume test)."""
     time.sleep(0.25)
