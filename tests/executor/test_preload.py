@@ -1,8 +1,9 @@
 """#13 start-up: the embedded cluster's workers import torch before they take an actor.
 
 `cluster.connect("local")` starts Ray with the raylet's `preload_python_modules`, so a worker
-actor finds torch already imported (its `import torch` overlapped ray.init instead of following
-the cluster's start). Checked on a real embedded cluster in a child process (the test session's
+actor finds torch already imported (the worker did it before taking the actor; whether that saves
+time depends on how long before, docs/BENCHMARKS.md: neutral in an embedded run, it pays on a head
+kept running). Checked on a real embedded cluster in a child process (the test session's
 own cluster is started without it), and against a plain ray.init as the contrast: there the same
 actor reports nothing preloaded, so the assertion can fail.
 """
