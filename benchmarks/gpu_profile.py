@@ -104,6 +104,13 @@ def main() -> int:
     return 0
 
 
+def _by_provider(cases) -> dict[str, list]:
+    groups: dict[str, list] = defaultdict(list)
+    for case in cases:
+        groups[case.backend_label].append(case)
+    return groups
+
+
 def kernel_floor(cases, sessions, solo_rank: bool) -> None:
     """The slice again, warm, under torch.profiler: summed device time of kernels and memcpys
     (what the cases need from the GPU) against the wall time the checker took."""
@@ -113,9 +120,7 @@ def kernel_floor(cases, sessions, solo_rank: bool) -> None:
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    groups: dict[str, list] = defaultdict(list)  # one floor per provider, then the whole slice
-    for case in cases:
-        groups[case.backend_label].append(case)
+    groups = _by_provider(cases)  # one floor per provider, then the whole slice
     total_wall = total_device = 0.0
     for label, group in groups.items():
         t0 = time.perf_counter()
@@ -164,9 +169,7 @@ def count_syncs(cases, sessions, solo_rank: bool, top: int) -> None:
         where = ours[-1] if ours else None
         sites[f"{where.filename[len(root) + 1:]}:{where.lineno} {where.name}" if where else "outside backend/"] += 1
 
-    groups: dict[str, list] = defaultdict(list)
-    for case in cases:
-        groups[case.backend_label].append(case)
+    groups = _by_provider(cases)
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = on_warning

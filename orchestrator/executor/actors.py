@@ -56,9 +56,9 @@ def actor_env(device_kind: str) -> dict[str, str]:
     torch or NCCL reads it). Not a Ray runtime_env: an actor with its own runtime_env cannot use
     Ray's prestarted workers and waits for the runtime-env agent, 2-4 s per gang on the 2-core
     machine against ~1 s without (#13). FORWARDED_ENV comes from the driver's environment.
-    Import-path backends/runners (tests.mutants.x:Cls)
-    resolve in workers as in the driver: Ray puts the driver's working directory on the
-    workers' sys.path, and the actor adds it again with PYTHONPATH for its own subprocesses."""
+    Import-path backends/runners (tests.mutants.x:Cls) resolve in workers as in the driver: Ray
+    puts the driver's working directory on the workers' sys.path, and the actor adds it again
+    with PYTHONPATH for its own subprocesses."""
     env = dict(ACTOR_ENV)
     env.update({name: os.environ[name] for name in FORWARDED_ENV if name in os.environ})
     if device_kind == "cpu":

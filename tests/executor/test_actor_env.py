@@ -14,16 +14,15 @@ import uuid
 import pytest
 
 from backend.result import Status
-from orchestrator.executor.cluster import ClusterInfo, NodeSlots, connect
 from orchestrator.executor.executor import ExecConfig, Executor
+from tests.executor.conftest import session_node
 from tests.executor.faulty_backends import make_case
 
 pytestmark = pytest.mark.xdist_group("ray")
 
 
 def _worker_sees(name: str) -> str:
-    real = connect("local", devices="cpu").nodes[0]
-    cluster = ClusterInfo("local", "cpu", (NodeSlots(real.node_id, real.ip, 1, 1),), cpu_per_worker=0.25)
+    cluster = session_node(1, 1)
     config = ExecConfig(runner="tests.executor.faulty_backends:env_runner", poll_s=0.1, setup_timeout_s=60)
     case = make_case("env", description=name)
     result = Executor(cluster, config).run([case])[case.case_id]

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from orchestrator.executor.cluster import ClusterInfo, NodeSlots, connect
 from orchestrator.executor.executor import Deferral, ExecConfig, Executor
+from tests.executor.conftest import session_node
 from tests.executor.faulty_backends import make_case
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -22,8 +22,7 @@ HISTORY = {c.case_id: 10.0 for c in JIT} | {c.case_id: 1.0 for c in TORCH}
 
 
 def _order(deferral: Deferral | None, seen: list[str] | None = None) -> list[str]:
-    real = connect("local", devices="cpu").nodes[0]
-    cluster = ClusterInfo("local", "cpu", (NodeSlots(real.node_id, real.ip, 1, 0),), cpu_per_worker=0.25)
+    cluster = session_node(1)
     # One case a batch, so the order results arrive in is the order they were dispatched in.
     config = ExecConfig(runner=RUNNER, poll_s=0.05, setup_timeout_s=60, max_batch=1)
     seen = [] if seen is None else seen

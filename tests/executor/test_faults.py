@@ -12,8 +12,9 @@ import pytest
 
 from backend.result import Status
 from orchestrator.executor import gangs
-from orchestrator.executor.cluster import ClusterInfo, NodeSlots, connect
+from orchestrator.executor.cluster import connect
 from orchestrator.executor.executor import ExecConfig, Executor
+from tests.executor.conftest import session_node
 from tests.executor.faulty_backends import make_case
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -121,10 +122,9 @@ def test_worker_info_from_runtime_context(ray_cluster, tmp_path):
 
 
 def test_a_placement_timeout_is_not_run_within_the_deadline(ray_cluster):
-    real = connect("local", devices="cpu").nodes[0]
     # Claim 16 slots of a whole core each: a tp 8 gang asks for 8 CPUs of a 4-CPU cluster and
     # its placement group never becomes ready (Ray never fails it by itself).
-    cluster = ClusterInfo("local", "cpu", (NodeSlots(real.node_id, real.ip, 16),), cpu_per_worker=1.0)
+    cluster = session_node(16, cpu_per_worker=1.0)
     cases = [make_case("ok", 0, tp=8), make_case("ok", 1, tp=8), make_case("ok", 2)]
     t0 = time.monotonic()
     final = Executor(cluster, ExecConfig(runner=RUNNER, placement_timeout_s=2.0, poll_s=0.2)).run(cases)

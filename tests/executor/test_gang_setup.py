@@ -14,6 +14,7 @@ from orchestrator.executor.executor import ExecConfig, Executor
 from orchestrator.errors import ExitCode
 from orchestrator.gate import evaluate
 from tests.executor import faulty_actors
+from tests.executor.conftest import session_node
 from tests.executor.faulty_backends import make_case
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -69,10 +70,7 @@ def test_the_check_would_catch_a_setup_failure_filed_as_a_crash(ray_cluster, mon
 def test_cpu_gangs_start_only_while_their_ranks_fit_in_the_cores(ray_cluster, cores, most_workers):
     # 8 slots (a tp 8 gang must fit) on a node of `cores` cores: with the cap, tp 1 cases share
     # two workers instead of starting eight processes; without it (0: --workers given) up to 8.
-    from orchestrator.executor.cluster import ClusterInfo, NodeSlots
-
-    real = connect("local", devices="cpu").nodes[0]
-    cluster = ClusterInfo("local", "cpu", (NodeSlots(real.node_id, real.ip, 8, cores),), cpu_per_worker=0.25)
+    cluster = session_node(8, cores)
     cases = [make_case("ok", i) for i in range(16)] + [make_case("ok", 100, tp=4)]
     final = Executor(cluster, ExecConfig(runner="tests.executor.faulty_backends:slow_runner", poll_s=0.1,
                                          batch_target_s=0.0)).run(cases)

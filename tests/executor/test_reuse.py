@@ -9,17 +9,12 @@ import pytest
 
 from backend.result import Status
 from orchestrator.executor import gangs
-from orchestrator.executor.cluster import ClusterInfo, NodeSlots, connect
 from orchestrator.executor.executor import ExecConfig, Executor
+from tests.executor.conftest import session_node
 from tests.executor.faulty_backends import make_case
 
 pytestmark = pytest.mark.xdist_group("ray")
 RUNNER = "tests.executor.faulty_backends:fault_runner"
-
-
-def _cluster() -> ClusterInfo:
-    real = connect("local", devices="cpu").nodes[0]
-    return ClusterInfo("local", "cpu", (NodeSlots(real.node_id, real.ip, 4, 2),), cpu_per_worker=0.25)
 
 
 def _run(monkeypatch, cases, *, reuse: bool, retries: int = 1, max_batch: int = 64):
@@ -42,7 +37,7 @@ def _run(monkeypatch, cases, *, reuse: bool, retries: int = 1, max_batch: int = 
     attempts: list = []
     config = ExecConfig(runner=RUNNER, poll_s=0.1, setup_timeout_s=60, retries=retries, reuse_gangs=reuse,
                         max_batch=max_batch)
-    final = Executor(_cluster(), config, on_result=lambda r, f: attempts.append(r)).run(cases)
+    final = Executor(session_node(4, 2), config, on_result=lambda r, f: attempts.append(r)).run(cases)
     return final, set(pids), sum(created), attempts
 
 
