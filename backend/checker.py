@@ -134,16 +134,22 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
     result = _run_case(case, rank, world_size, device, sessions)
     if result.status == Status.ERROR and _out_of_memory(result) and device.type == "cuda":
         sessions.clear()
-        _REFERENCES.clear()
-        _SCRATCH.clear()
-        _mark_scratch(None)
-        _INPUTS.clear()
+        clear_process_caches()
         torch.cuda.empty_cache()
         if world_size == 1:  # a gang's ranks cannot re-run alone: their collectives would pair up wrongly
             again = _run_case(case, rank, world_size, device, sessions)
             note = "out of device memory with cached sessions; re-run on a cleared device"
             return again.replace(log_tail=(note + "\n" + again.log_tail).strip())
     return result
+
+
+def clear_process_caches() -> None:
+    """Forget what this process memoised across cases (references, step inputs, the snapshot
+    scratch): the state of a worker that has run nothing yet, but for its SessionCache."""
+    _REFERENCES.clear()
+    _SCRATCH.clear()
+    _mark_scratch(None)
+    _INPUTS.clear()
 
 
 @dataclass(frozen=True)

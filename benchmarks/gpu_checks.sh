@@ -45,8 +45,8 @@ fi
 if [ -n "${PROFILE_FILTER:-}" ]; then
   step "profile: $PROFILE_FILTER in one process (cProfile; then the kernel floor under torch.profiler; then host syncs)"
   timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/gpu_profile.py matrices/full.yaml --filter "$PROFILE_FILTER" \
-      --devices gpu --top 40 --kernels --syncs > "$R/profile.txt" 2>&1
-  echo "rc=$?" >> "$R/profile.txt"; grep -E "cases in|seconds by phase|kernel floor|^syncs|rc=" "$R/profile.txt" >> "$log"; pack
+      --devices gpu --top 40 --bare --kernels --syncs > "$R/profile.txt" 2>&1
+  echo "rc=$?" >> "$R/profile.txt"; grep -E "^bare|cases in|seconds by phase|kernel floor|^syncs|rc=" "$R/profile.txt" >> "$log"; pack
 fi
 if [ "${SKIP_EQUIV:-0}" != 1 ]; then
   step "equivalence: probe corpus under CUDA graphs"

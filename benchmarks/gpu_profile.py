@@ -18,6 +18,11 @@ built) under torch.profiler with CUDA activity and prints the floor: the sum of 
 of every kernel and copy the cases launched (graph replays included) against the slice's wall
 time. That ratio is what per-case overhead costs.
 
+`--bare` first runs the slice once without any profiler, in fresh sessions, and prints its wall
+time by provider: with Triton's cache already warm on disk (after an `orch run`), what the
+worker's cases would cost without Ray, the driver or the store around them; the profiled pass
+then starts from fresh sessions and caches again.
+
 `--syncs` runs the slice once more with torch's CUDA sync debug mode on and counts the host syncs
 (every `.item()`, `.tolist()`, `torch.equal`, blocking copy ...) per provider, with the backend/
 lines that made them: each one stops the host from queueing the next case's work while the GPU
@@ -54,6 +59,8 @@ def main() -> int:
     ap.add_argument("--solo-rank", action="store_true",
                     help="tp > 1 cases: run rank 0 alone (no gang; verdicts meaningless, costs per rank)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    ap.add_argument("--bare", action="store_true",
+                    help="first run the slice unprofiled in fresh sessions: its wall time by provider")
     ap.add_argument("--kernels", action="store_true",
                     help="then run the slice again under torch.profiler: device time against wall time")
     ap.add_argument("--syncs", action="store_true",
@@ -69,6 +76,8 @@ def main() -> int:
     cases.sort(key=lambda c: (c.backend, c.kv_cache_dtype, c.batch.name, c.mode))
     if args.limit:
         cases = cases[: args.limit]
+    if args.bare:
+        bare_pass(cases, args.solo_rank)
     sessions = SessionCache()
     totals: dict[str, float] = defaultdict(float)
     profiler = cProfile.Profile()
@@ -109,6 +118,34 @@ def _by_provider(cases) -> dict[str, list]:
     for case in cases:
         groups[case.backend_label].append(case)
     return groups
+
+
+def bare_pass(cases, solo_rank: bool) -> None:
+    """The slice once, unprofiled, in a SessionCache of its own; then the process's checker caches
+    are cleared so that what follows starts as fresh as this did."""
+    import torch
+
+    from backend.checker import clear_process_caches
+
+    sessions = SessionCache()
+    cuda = torch.cuda.is_available()
+    t_all = time.perf_counter()
+    for label, group in _by_provider(cases).items():
+        t0 = time.perf_counter()
+        statuses: Counter = Counter()
+        for case in group:
+            statuses[run_case(case, sessions=sessions, world_size=case.tp if solo_rank else 1).status.value] += 1
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        print(f"bare [{label}]: {len(group)} cases in {wall:.2f} s ({wall * 1e3 / max(len(group), 1):.1f} ms a case); "
+              + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
+    wall = time.perf_counter() - t_all
+    print(f"bare: {len(cases)} cases in {wall:.2f} s, no profiler, fresh sessions, sessions built {sessions.misses}\n")
+    sessions.clear()
+    clear_process_caches()
+    if cuda:
+        torch.cuda.empty_cache()
 
 
 def kernel_floor(cases, sessions, solo_rank: bool) -> None:
