@@ -23,14 +23,14 @@ from dataclasses import dataclass
 import torch
 
 import backend
-from backend.attention.kv_cache import dequantize, fp8_dtype, write_kv
+from backend.attention.kv_cache import fp8_dtype, write_kv
 from backend.attention.registry import BackendLoadError, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
 from backend.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
                             failure_reason, kv_integrity, max_abs_diff, raw, real_slot_values)
 from backend.distributed import gang_id
-from backend.host_copy import copy_into, to_device
+from backend.host_copy import copy_into
 from backend.model import layout_reasons, reference_forward
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
@@ -339,7 +339,8 @@ def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
     test for the context too); return the context as the reference's own fp8 rounding sees it
     (fp32, all kv heads; empty lists when `reference` is False). One write per layer and K/V for
     the whole batch. Also returns the slots written (int64, on the device)."""
-    kv_heads = to_device(torch.tensor(list(session.layout.kv_heads)), session.device)
+    heads = session.layout.kv_heads  # a range: the rank's kv heads are a slice (a view, no copy)
+    kv_heads = slice(heads.start, heads.stop)
     lens = [int(t.numel()) for t in inputs.ctx_slots]
     slots = inputs.on(session.device).ctx_slots
     ref_k, ref_v = [], []

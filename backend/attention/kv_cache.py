@@ -84,8 +84,10 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slo
     """Scatter this step's K/V [T, Hkv, D] into the cache at slot_mapping [T'] (T' <= T).
 
     Slots of -1 write nothing, graph-safely: no host sync, no boolean-mask indexing. A -1 slot is
-    redirected to slot 0 (inside the null block, which no real token writes) and writes back the
-    bytes it read there, so nothing in the cache changes for padded tokens.
+    redirected to slot 0 (inside the null block, which no real token writes), whose bytes are kept
+    before the write and put back after it when the batch had a -1 slot, so nothing in the cache
+    changes for padded tokens. (One pass over the written rows: reading every redirected row back
+    and selecting per row cost three, on GBs of context a step at GPU shapes, #13.)
     """
     write_slots(kv_cache[0], key, slot_mapping, k_scale)
     write_slots(kv_cache[1], value, slot_mapping, v_scale)
@@ -97,7 +99,6 @@ def write_slots(cache: torch.Tensor, x: torch.Tensor, slot_mapping: torch.Tensor
     into one slot dim without a copy."""
     num_slots = cache.shape[0] * cache.shape[1]
     n = slot_mapping.shape[0]
-    valid = (slot_mapping >= 0)[:, None, None]
     index = slot_mapping.clamp(min=0)
     try:
         flat = cache.view(num_slots, *cache.shape[2:])  # [num_slots, Hkv, D]
@@ -108,5 +109,6 @@ def write_slots(cache: torch.Tensor, x: torch.Tensor, slot_mapping: torch.Tensor
     new = quantize_fp8(x, scale, flat.dtype) if flat.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) \
         else x.to(flat.dtype)
     raw = _raw(flat)
-    old = raw.index_select(0, index)
-    raw.index_copy_(0, index, torch.where(valid, _raw(new), old))
+    null = raw[:1].clone()  # slot 0 as it was
+    raw.index_copy_(0, index, _raw(new))
+    raw[:1].copy_(torch.where((slot_mapping < 0).any(), null, raw[:1]))

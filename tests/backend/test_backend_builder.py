@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 from backend.attention.builder import PersistentMetadataBuilder
-from backend.attention.kv_cache import allocate_kv_cache, fp8_dtype, write_kv
+import pytest
+
+from backend.attention.kv_cache import allocate_kv_cache, fp8_dtype, quantize_fp8, write_kv
 from tests.backend.attn_batches import make_config, make_step
 
 
@@ -70,6 +72,44 @@ def test_kv_write_fp8_round_trip_with_scales():
     torch.testing.assert_close(v_back, key, atol=0.2, rtol=0.13)
     # The scale is applied, not ignored: the raw fp8 values are key / scale.
     torch.testing.assert_close(cache[1].flatten(0, 1)[5:8].float(), key / 2.0, atol=0.1, rtol=0.13)
+
+
+def _select_per_row_write(cache, key, value, slot_mapping, k_scale, v_scale):
+    """The KV write as it was before #13 made it one pass: every redirected row read back and
+    selected per row. Its bytes are the contract."""
+    for c, x, scale in ((cache[0], key, k_scale), (cache[1], value, v_scale)):
+        raw = c.flatten(0, 1).view(torch.uint8 if c.element_size() == 1 else torch.int16)
+        x = x[:slot_mapping.shape[0]]
+        new = quantize_fp8(x, scale, c.dtype) if c.element_size() == 1 else x.to(c.dtype)
+        new = new.view(raw.dtype)
+        index = slot_mapping.clamp(min=0)
+        raw.index_copy_(0, index, torch.where((slot_mapping >= 0)[:, None, None], new, raw.index_select(0, index)))
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("pads", [0, 1, 5], ids=lambda n: f"{n}_pads")
+def test_kv_write_leaves_the_bytes_the_per_row_select_left(kv_cache_dtype, pads):
+    """Context fills (thousands of real slots), decode writes and padded graph writes: the same
+    cache bytes as the three-pass write, from a strided rank slice of a wider draw too."""
+    config = make_config(kv_cache_dtype=kv_cache_dtype)
+    gen = torch.Generator().manual_seed(11 + pads)
+    start = allocate_kv_cache(config)
+    noise = torch.randint(0, 256, start.view(torch.uint8).shape, generator=gen, dtype=torch.uint8)
+    start.view(torch.uint8).copy_(noise)
+    num_slots = config.num_blocks * config.block_size
+    for n in (3, num_slots // 2):
+        slots = torch.randperm(num_slots - config.block_size, generator=gen)[:n] + config.block_size
+        slots[torch.randperm(n, generator=gen)[:pads]] = -1
+        draw = torch.randn(n + 2, 2 * config.num_kv_heads, config.head_size, generator=gen) * 3
+        key, value = draw[:, ::2], draw[:, 1::2]  # strided, and longer than the slot mapping
+        scales = torch.tensor([0.03]), torch.tensor([0.02])
+        ours, theirs = start.clone(), start.clone()
+        write_kv(ours, key, value, slots, *scales)
+        _select_per_row_write(theirs, key, value, slots, *scales)
+        assert torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8)), n
+        assert torch.equal(ours[:, 0].view(torch.uint8), start[:, 0].view(torch.uint8)), "null block as it was"
+        wrote = not torch.equal(ours.view(torch.uint8), start.view(torch.uint8))
+        assert wrote == (pads < n), "real slots written, and only those of an all-padded batch not"
 
 
 def test_step_helper_writes_only_real_slots():
