@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.families.specs import DEFAULT_FAMILY, FAMILY_NAMES
+
 # vLLM v1 cudagraph modes (DESIGN.md §4). Runtime modes are only NONE, PIECEWISE, FULL.
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 # Which vLLM model runner's capture procedure to reproduce (DESIGN.md §4a): "v1" gpu_model_runner
@@ -38,7 +40,12 @@ def default_capture_sizes(max_size: int = 512) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Shape of the test model. Heads are global; a tp rank holds num_heads // tp of them."""
+    """Shape of the test model. Heads are global; a tp rank holds num_heads // tp of them.
+
+    `attention` names the attention family (backend/families/specs.py) and `dims` holds the
+    family's own dimensions as sorted (name, value) pairs (hashable, JSON-able; e.g. MLA's
+    kv_lora_rank): the generic fields keep one meaning across families, num_kv_heads and
+    head_size describing the KV cache (MLA: 1 latent row of kv_lora_rank + qk_rope_head_dim)."""
 
     num_heads: int = 8
     num_kv_heads: int = 2
@@ -54,10 +61,27 @@ class ModelShape:
     # (max_num_seqs * max_model_len), so matrices written before the field keep their sizes.
     max_num_batched_tokens: int = 0
     capture_style: str = "v2"  # one of CAPTURE_STYLES; v2 = the current vLLM model runner
+    attention: str = DEFAULT_FAMILY  # one of backend.families.specs.FAMILY_NAMES
+    dims: tuple[tuple[str, Any], ...] = ()  # the family's own dimensions, sorted by name
 
     def __post_init__(self):
         if self.capture_style not in CAPTURE_STYLES:
             raise ValueError(f"capture_style {self.capture_style!r} is not one of {', '.join(CAPTURE_STYLES)}")
+        if self.attention not in FAMILY_NAMES:
+            raise ValueError(f"attention {self.attention!r} is not one of {', '.join(FAMILY_NAMES)}")
+        # JSON gives lists back: normalise to sorted tuples (hashable; one order for equal shapes)
+        object.__setattr__(self, "dims", tuple(sorted((str(k), v) for k, v in self.dims)))
+
+    def dim(self, name: str) -> Any:
+        """One of the family's dims (KeyError naming it when the shape has no such dim)."""
+        for key, value in self.dims:
+            if key == name:
+                return value
+        raise KeyError(f"{self.attention} shape has no dim {name!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelShape":
+        return cls(**{**d, "dims": tuple(tuple(p) for p in d.get("dims", ()))})
 
     @property
     def batched_tokens_limit(self) -> int:
@@ -163,6 +187,11 @@ class Case:
     spec_tokens: int = 0
 
     @property
+    def attention(self) -> str:
+        """The attention family (the model's)."""
+        return self.model.attention
+
+    @property
     def verify_batch(self) -> BatchSpec:
         """The batch as this case runs it (BatchSpec.verify with the case's k)."""
         return self.batch.verify(self.spec_tokens)
@@ -177,12 +206,15 @@ class Case:
         # Computed once per instance (the driver asks ~10 times per case; the fields are frozen).
         # `-k{k}` only when k > 0, so every id from before the spec_tokens axis stays as it was.
         spec = f"-k{self.spec_tokens}" if self.spec_tokens else ""
-        raw = f"tp{self.tp}-{self.mode}-{self.kv_cache_dtype}{spec}-{self.batch.name}-{self.backend_label}-s{self.seed}"
+        # The family leads the id when it is not the default, so every gqa id stays as it was.
+        family = "" if self.model.attention == DEFAULT_FAMILY else f"{self.model.attention}-"
+        raw = f"{family}tp{self.tp}-{self.mode}-{self.kv_cache_dtype}{spec}-{self.batch.name}-{self.backend_label}-s{self.seed}"
         return re.sub(r"[^A-Za-z0-9_.\-]", "_", raw)
 
     @property
     def axes(self) -> dict[str, Any]:
         return {
+            "attention": self.model.attention,
             "tp": self.tp,
             "cudagraph_mode": self.mode,
             "kv_cache_dtype": self.kv_cache_dtype,
@@ -212,7 +244,7 @@ class Case:
         d = dict(d)
         b = d["batch"]
         d["batch"] = BatchSpec(b["name"], tuple(b["query_lens"]), tuple(b["seq_lens"]), b.get("description", ""))
-        d["model"] = ModelShape(**d["model"])
+        d["model"] = ModelShape.from_dict(d["model"])
         d["tolerance"] = Tolerance(**d["tolerance"])
         d["capture_sizes"] = tuple(d["capture_sizes"])
         return cls(**d)

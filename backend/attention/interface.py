@@ -45,10 +45,18 @@ class AttentionConfig:
     # `sizes_by_spec_tokens` (vLLM's builders size scratch and split decode by their
     # speculative_config); 0 for every other backend, whose sessions k > 0 cases share.
     spec_tokens: int = 0
+    # The attention family (backend/families/) and its own dims as sorted (name, value) pairs:
+    # e.g. an MLA provider reads kv_lora_rank here. num_kv_heads/head_size describe the cache
+    # (MLA: 1 latent row of kv_lora_rank + qk_rope_head_dim).
+    attention: str = "gqa"
+    dims: tuple = ()
 
     @property
     def max_blocks_per_seq(self) -> int:
         return -(-self.max_model_len // self.block_size)
+
+    def dim(self, name: str):
+        return dict(self.dims)[name]
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 import backend
-from backend.attention.kv_cache import fp8_dtype, write_kv
+from backend.attention.kv_cache import fp8_dtype
 from backend.attention.registry import BackendLoadError, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
@@ -31,7 +31,7 @@ from backend.harness.checks import (CheckAccumulator, Comparison, HeadComparison
                             failure_reason, kv_integrity, max_abs_diff, raw, real_slot_values)
 from backend.harness.distributed import gang_id
 from backend.host_copy import copy_into
-from backend.harness.model import layout_reasons, reference_forward
+from backend.harness.model import TPLayout, layout_reasons, reference_forward
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
 from backend.rank_merge import merge_rank_results  # noqa: F401
@@ -212,8 +212,6 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
     if case.tp != 1 or backend_cls.unavailable_reason(device) or layout_reasons(case.model, 1) \
             or batch_reasons(case.batch, case.model):
         return False
-    from backend.harness.model import TPLayout
-
     layout = TPLayout(1, 0, case.model.num_heads, case.model.num_kv_heads, case.model.head_size)
     if backend_cls.unsupported_reasons(attention_config(case.model, layout, case.kv_cache_dtype,
                                                         case.capture_sizes, device)):
@@ -268,8 +266,6 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         reasons = batch_reasons(case.batch, case.model)
         if reasons:
             return base.replace(reason="invalid case: " + "; ".join(reasons), error_kind="exception")
-        from backend.harness.model import TPLayout
-
         layout = TPLayout(case.tp, rank, case.model.num_heads, case.model.num_kv_heads, case.model.head_size)
         config = attention_config(case.model, layout, case.kv_cache_dtype, case.capture_sizes, device)
         reasons = backend_cls.unsupported_reasons(config)
@@ -333,44 +329,43 @@ def _set_scales(case: Case, session: Session) -> None:
 
 
 def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
-                  ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]], torch.Tensor]:
-    """Write every request's context K/V into the rank's caches through the providers' KV write
-    (kv_cache.write_kv, which every provider's forward uses for new tokens: its quantiser is under
+                  ) -> tuple[list[list[list[torch.Tensor]]], torch.Tensor]:
+    """Write every request's context into the rank's caches through the providers' KV write (the
+    family's `write`, which every provider's forward uses for new tokens: its quantiser is under
     test for the context too); return the context as the reference's own fp8 rounding sees it
-    (fp32, all kv heads; empty lists when `reference` is False). One write per layer and K/V for
-    the whole batch. Also returns the slots written (int64, on the device)."""
-    heads = session.layout.kv_heads  # a range: the rank's kv heads are a slice (a view, no copy)
-    kv_heads = slice(heads.start, heads.stop)
-    lens = [int(t.numel()) for t in inputs.ctx_slots]
+    ([layer][plane][req], fp32, every head; empty lists when `reference` is False). One write per
+    layer for the whole batch. Also returns the slots written (int64, on the device)."""
+    family = session.family
     slots = inputs.on(session.device).ctx_slots
-    ref_k, ref_v = [], []
+    context = []
     for layer, cache in enumerate(session.kv_caches):
-        scales = (session.model.k_scales[layer], session.model.v_scales[layer])
+        k_scale, v_scale = session.model.k_scales[layer], session.model.v_scales[layer]
         # make_step_inputs keeps the unsplit draw: one KV write per layer, no cat of its views
-        values = [inputs.ctx_k_flat[layer], inputs.ctx_v_flat[layer]]
+        values = inputs.ctx_flat[layer]
         if slots.numel():
-            write_kv(cache, values[0][:, kv_heads], values[1][:, kv_heads], slots, *scales)
-        for out, v, scale in zip((ref_k, ref_v), values, scales):
-            out.append(list(torch.split(fp8_round(v, scale, cache.dtype), lens)) if reference else [])
-    return ref_k, ref_v, slots
+            family.write(cache, family.rank_context(values, session.layout), slots, k_scale, v_scale)
+        scales = family.plane_scales(k_scale, v_scale)
+        context.append([list(torch.split(fp8_round(v, scale, cache.dtype), inputs.ctx_lens)) if reference else []
+                        for v, scale in zip(values, scales)])
+    return context, slots
 
 
-def _reference(case: Case, session: Session, inputs: StepInputs, ref_k, ref_v
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference output [T, hidden] fp32 and its attention outputs [layers, T, H, D] (every
+def _reference(case: Case, session: Session, inputs: StepInputs, context) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference output [T, hidden] fp32 and its attention outputs [layers, T, H, Dv] (every
     head; kept in the model dtype, which holds them exactly: the reference rounds them to it)."""
     cache_dtype = session.kv_caches[0].dtype
-    scales = {"k": session.model.k_scales, "v": session.model.v_scales}
+    model, family = session.model, session.family
 
-    def kv_round(layer: int, which: str, t: torch.Tensor) -> torch.Tensor:
-        return fp8_round(t, scales[which][layer], cache_dtype)
+    def kv_round(layer: int, plane: int, t: torch.Tensor) -> torch.Tensor:
+        scale = family.plane_scales(model.k_scales[layer], model.v_scales[layer])[plane]
+        return fp8_round(t, scale, cache_dtype)
 
     q_scale = _query_scale(session)
     q_round = None if q_scale is None else (lambda layer, q: fp8_round(q, q_scale, cache_dtype))
 
     # On the session's device (fp32): GPU shapes would make a host reference the slowest part.
     attn: list[torch.Tensor] = []
-    out = reference_forward(session.reference_weights, case.model, inputs.on(session.device).x, ref_k, ref_v,
+    out = reference_forward(session.reference_weights, case.model, inputs.on(session.device).x, context,
                             inputs.plan.query_lens, kv_round, attn, q_round=q_round)
     return out, torch.stack(attn).to(getattr(torch, case.model.dtype))
 
@@ -486,12 +481,15 @@ def _snapshot(caches: list[torch.Tensor], session: Session | None = None,
     if bufs is None:
         _SCRATCH.clear()  # before allocating: one copy of the caches at a time
         bufs = _SCRATCH[key] = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in caches]
-    num_slots = caches[0].shape[1] * caches[0].shape[2]
-    partial = in_sync and written.numel() <= _PARTIAL_SNAPSHOT_MAX * num_slots and all(c.is_contiguous() for c in caches)
+    partial = False
+    if in_sync and all(c.is_contiguous() for c in caches):
+        num_slots = session.family.slot_rows(caches[0]).shape[1]
+        partial = written.numel() <= _PARTIAL_SNAPSHOT_MAX * num_slots
     for b, c in zip(bufs, caches):
         if partial:
-            if written.numel():
-                b.view(2, num_slots, -1)[:, written] = c.view(2, num_slots, -1)[:, written]
+            if written.numel():  # [planes, num_slots, row] views of both (contiguous)
+                rows = session.family.slot_rows(b)
+                rows[:, written] = session.family.slot_rows(c)[:, written]
         else:
             b.copy_(c)
     return bufs
@@ -555,7 +553,7 @@ def _reference_key(case: Case, session: Session, step: int) -> tuple:
             str(session.device), session.kv_caches[0].dtype, _query_scale(session))
 
 
-def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[torch.Tensor], ref_k, ref_v,
+def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[torch.Tensor], context,
                 clock: "_Clock", phases: dict[str, list], ref_key: tuple) -> _EagerStep:
     """Eager twice from the caches' state `snapshot` (determinism), the reference, and what eager
     wrote; leaves the caches as `snapshot` again."""
@@ -566,12 +564,13 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list
     first = session.run_eager_step(x, inputs.batch)
     out_e = first.out
     t2 = clock.now()
-    real_kv = [real_slot_values(c, real_slots) for c in caches]
+    real_kv = [real_slot_values(session.family.slot_rows(c), real_slots) for c in caches]
     for c, s in zip(caches, snapshot):
         c.copy_(s)
     second = session.run_eager_step(x, inputs.batch)
     same_out = torch.equal(raw(out_e), raw(second.out)) and torch.equal(raw(first.attention), raw(second.attention))
-    kv_jitter = not all(torch.equal(raw(real_slot_values(c, real_slots)), raw(r)) for c, r in zip(caches, real_kv))
+    kv_jitter = not all(torch.equal(raw(real_slot_values(session.family.slot_rows(c), real_slots)), raw(r))
+                        for c, r in zip(caches, real_kv))
     jitter, attn_jitter = (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out),
                                                       max_abs_diff(first.attention, second.attention))
     deterministic = same_out and not kv_jitter
@@ -580,7 +579,7 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list
     t3 = clock.now()
     ref = _REFERENCES.get(ref_key)
     if ref is None:
-        ref = _reference(case, session, inputs, ref_k, ref_v)
+        ref = _reference(case, session, inputs, context)
         _REFERENCES.put(ref_key, ref)
     ref_out, ref_attn = ref
     reference = compare(out_e, ref_out, case.tolerance, case.model.head_size, row_scaled_atol=True)
@@ -620,8 +619,9 @@ def _graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepIn
     real_slots = on_device.real_slots
     kv_ok, kv_detail, outside_ok = True, "", True
     for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
-        k = kv_integrity(after, before, eager_real, real_slots,
-                         (session.model.k_scales[layer], session.model.v_scales[layer]), tol)
+        family = session.family
+        k = kv_integrity(family.slot_rows(after), family.slot_rows(before), eager_real, real_slots,
+                         family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer]), tol)
         outside_ok = outside_ok and not k.outside_changed
         if not k.ok and kv_ok:
             kv_ok = False
@@ -670,19 +670,18 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         else:
             ref_key = _reference_key(case, session, plan.index)
             inputs = _step_inputs(plan, shape, case.seed, session.device)
-            ref_k, ref_v, ctx_slots = _fill_context(session, inputs,
-                                                    reference=eager is None and ref_key not in _REFERENCES)
+            context, ctx_slots = _fill_context(session, inputs, reference=eager is None and ref_key not in _REFERENCES)
             t1 = clock.now()
             phases["inputs_s"].append(_Span(t0, t1))
             snapshot = _snapshot(session.kv_caches, session, ctx_slots)  # eager and the graph run both start from it
             t0 = clock.now()
             phases["snapshot_s"].append(_Span(t1, t0))
             if eager is None:
-                eager = _eager_side(case, session, inputs, snapshot, ref_k, ref_v, clock, phases, ref_key)
+                eager = _eager_side(case, session, inputs, snapshot, context, clock, phases, ref_key)
                 session.eager_memo.put(memo_key, eager)
             else:
                 shared += 1
-            del ref_k, ref_v
+            del context
             seen = _graph_side(case, session, plan, d, graph_key, inputs, snapshot, eager, clock, phases)
             eager.graph_sides[dispatched] = seen
             del snapshot

@@ -181,18 +181,19 @@ class KVComparison:
     real_max_abs: float
 
 
-def real_slot_values(cache: torch.Tensor, real_slots: torch.Tensor) -> torch.Tensor:
-    """One layer's cache [2, blocks, block_size, Hkv, D] at `real_slots`: [2, n, Hkv * D], a copy."""
-    num_slots = cache.shape[1] * cache.shape[2]
-    return cache.reshape(2, num_slots, -1)[:, real_slots].clone()
+def real_slot_values(rows: torch.Tensor, real_slots: torch.Tensor) -> torch.Tensor:
+    """One layer's cache as [planes, num_slots, row] (AttentionFamily.slot_rows) at `real_slots`:
+    [planes, n, row], a copy."""
+    return rows[:, real_slots].clone()
 
 
 def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_real: torch.Tensor, real_slots: torch.Tensor,
-                 scales: tuple[torch.Tensor, torch.Tensor], tol: Tolerance) -> KVComparison:
-    """One layer's cache [2, blocks, block_size, Hkv, D]: bytes outside real_slots unchanged from
-    `before`; the real slots equal the eager run's `eager_real` (real_slot_values of the cache
-    eager left; bitwise, else within tol after dequantising: padded graph sizes may round K/V
-    differently by an ulp).
+                 scales: tuple[torch.Tensor, ...], tol: Tolerance) -> KVComparison:
+    """One layer's cache as [planes, num_slots, row] (AttentionFamily.slot_rows: GQA K and V, MLA
+    the latent row), `scales` the scale tensor of each plane: bytes outside real_slots unchanged
+    from `before`; the real slots equal the eager run's `eager_real` (real_slot_values of the
+    cache eager left; bitwise, else within tol after dequantising: padded graph sizes may round
+    K/V differently by an ulp).
 
     `before` is scratch (the step's snapshot, discarded after this): its real slots are
     overwritten with `after`'s, so that one whole-cache equality answers "nothing changed outside
@@ -200,21 +201,20 @@ def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_real: torch.Te
     count and locate the writes (#13: the per-slot reduction of every step was the check's cost)."""
     from backend.attention.kv_cache import dequantize
 
-    num_slots = after.shape[1] * after.shape[2]
-    a = _words(raw(after).reshape(2, num_slots, -1))
-    b = _words(raw(before).reshape(2, num_slots, -1))
-    b[:, real_slots] = a[:, real_slots]  # a copy of `before` when reshape copied: the same verdict
+    a = _words(raw(after))
+    b = _words(raw(before))
+    b[:, real_slots] = a[:, real_slots]  # a copy of `before` when slot_rows copied: the same verdict
     n_out, first = 0, None
     if not torch.equal(a, b):
         outside = (a != b).any(dim=-1).any(dim=0)  # [num_slots]; the real slots are equal now
         n_out = int(outside.sum())
         first = int(torch.argmax(outside.to(torch.uint8))) if n_out else None
-    fa = after.reshape(2, num_slots, -1)[:, real_slots]
+    fa = after[:, real_slots]
     real_bitwise = bool(torch.equal(raw(fa), raw(eager_real)))
     real_ok, worst = real_bitwise, 0.0
     if not real_bitwise:
-        da = torch.stack([dequantize(fa[0], scales[0]), dequantize(fa[1], scales[1])])
-        de = torch.stack([dequantize(eager_real[0], scales[0]), dequantize(eager_real[1], scales[1])])
+        da = torch.stack([dequantize(fa[p], scales[p]) for p in range(fa.shape[0])])
+        de = torch.stack([dequantize(eager_real[p], scales[p]) for p in range(fa.shape[0])])
         diff = (da - de).abs()
         worst = max_abs_diff(da, de)
         # Within tolerance, or one rounding step of the cache dtype apart: a padded GEMM (another

@@ -27,6 +27,7 @@ import torch
 from backend.attention.interface import AttentionConfig, BatchDescription
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
+from backend.families import family as family_of
 from backend.graphs.base import GraphCaptureError
 from backend.host_copy import copy_into
 from backend.harness.model import TPLayout, TPModel, make_weights
@@ -127,6 +128,7 @@ class _Piecewise:
 
 def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, capture_sizes, device,
                      spec_tokens: int = 0) -> AttentionConfig:
+    fam = family_of(shape.attention)
     return AttentionConfig(
         num_heads=layout.local_heads,
         num_kv_heads=layout.local_kv_heads,
@@ -140,8 +142,10 @@ def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, c
         dtype=getattr(torch, shape.dtype),
         kv_cache_dtype=kv_cache_dtype,
         device=torch.device(device),
-        scale=shape.head_size ** -0.5,
+        scale=fam.scale(shape),
         spec_tokens=spec_tokens,
+        attention=shape.attention,
+        dims=fam.config_dims(shape),
     )
 
 
@@ -154,6 +158,7 @@ class Session:
         tokens, up to q - 1 above the size s it came from (modes.decode_capture_sizes).
         spec_tokens: the case's k, for a backend with `sizes_by_spec_tokens` (else 0)."""
         self.backend_cls, self.shape, self.device = backend_cls, shape, torch.device(device)
+        self.family = family_of(shape.attention)
         self.layout = TPLayout(tp, rank, shape.num_heads, shape.num_kv_heads, shape.head_size)
         self.config = attention_config(shape, self.layout, kv_cache_dtype, capture_sizes, self.device, spec_tokens)
         self.builder = backend_cls.builder_cls(self.config)
@@ -165,7 +170,7 @@ class Session:
             cache_shape = backend_cls.kv_cache_shape(self.config.num_blocks, shape.block_size,
                                                      self.layout.local_kv_heads, shape.head_size)
             caches = [allocate_kv_cache(self.config, tuple(cache_shape)) for _ in range(shape.num_layers)]
-        _fill_garbage(caches, self.config.dtype)
+        _fill_garbage(caches, self.family, self.config.dtype)
         self.model = TPModel(shape, self.layout, self.impl, caches, self.device,
                              all_reduce=getattr(backend_cls, "tp_all_reduce", None))
         self.capture_sizes = tuple(capture_sizes)  # as resolved for the case's mode and k
@@ -174,7 +179,7 @@ class Session:
         # Static buffers replays read: never rebound, values copied in [:n].
         self.static_in = torch.zeros(self.max_static, shape.hidden_size, dtype=dtype, device=self.device)
         self.static_attn = torch.zeros(shape.num_layers, self.max_static, self.layout.local_heads,
-                                       shape.head_size, dtype=dtype, device=self.device)
+                                       self.family.out_head_size(shape), dtype=dtype, device=self.device)
         self._runner_factory = runner_factory
         self._runner = None
         self.graphs: dict[GraphKey, _Full | _Piecewise] = {}
@@ -255,7 +260,7 @@ class Session:
             graph = self.runner.capture(fn)
             entry.graphs.append(graph)
             if i < self.shape.num_layers:
-                prev_x = graph.outputs[3]
+                prev_x = graph.outputs[-1]  # (*attention inputs, x)
         return entry
 
     # ---- runs ---------------------------------------------------------------------------------
@@ -264,8 +269,8 @@ class Session:
 
     def run_eager_step(self, x: torch.Tensor, batch: BatchDescription) -> StepOutput:
         md = self.builder.build(batch)
-        attn = torch.empty(self.shape.num_layers, x.shape[0], self.layout.local_heads, self.shape.head_size,
-                           dtype=self.model.dtype, device=self.device)
+        attn = torch.empty(self.shape.num_layers, x.shape[0], self.layout.local_heads,
+                           self.family.out_head_size(self.shape), dtype=self.model.dtype, device=self.device)
         results: list[torch.Tensor] = []
         out = self.model.forward(x.to(self.device), md, attn, results)
         return StepOutput(out.clone(), _stack(results, x.shape[0]))
@@ -299,8 +304,8 @@ class Session:
         for i, graph in enumerate(entry.graphs):
             outs = graph.replay()
             if i < self.shape.num_layers:
-                q, k, v, _ = outs
-                results.append(self.model.attention(i, q[:n], k[:n], v[:n], md, self.static_attn[i, :n]))
+                *inputs, _ = outs
+                results.append(self.model.attention(i, [t[:n] for t in inputs], md, self.static_attn[i, :n]))
         return StepOutput(outs[:n].clone(), _stack(results, n))
 
     def _sync(self) -> None:
@@ -313,15 +318,16 @@ def _stack(attention: list[torch.Tensor], n: int) -> torch.Tensor:
     return torch.stack([a[:n] for a in attention])
 
 
-def _fill_garbage(caches: list[torch.Tensor], dtype: torch.dtype) -> None:
+def _fill_garbage(caches: list[torch.Tensor], family, dtype: torch.dtype) -> None:
     """Seeded non-zero cache contents: a zero cache hides reads and writes of wrong slots."""
     for cache in caches:
-        # Drawn on the device, in the model dtype (no fp32 temporary of GBs), in chunks that bound
+        # Drawn on the device, in the model dtype (no fp32 temporary of GBs), plane by plane
+        # (AttentionFamily.planes: [num_blocks, block_size, ...]) in chunks of blocks that bound
         # the temporary an fp8 cache needs for its cast.
         gen = torch.Generator(device=cache.device).manual_seed(7)
-        for kv in range(cache.shape[0]):
-            for start in range(0, cache.shape[1], 8192):
-                part = cache[kv, start:start + 8192]
+        for plane in family.planes(cache):
+            for start in range(0, plane.shape[0], 8192):
+                part = plane[start:start + 8192]
                 part.copy_(torch.randn(part.shape, generator=gen, device=cache.device, dtype=dtype).to(cache.dtype))
 
 

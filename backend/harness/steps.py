@@ -24,6 +24,7 @@ import torch
 
 from backend.attention.interface import BatchDescription
 from backend.case import BatchSpec, ModelShape
+from backend.families import family as family_of
 from backend.host_copy import to_device
 
 
@@ -228,13 +229,12 @@ class StepInputs:
     plan: StepPlan
     batch: BatchDescription  # block table + slot mapping of this step's new tokens
     x: torch.Tensor  # [T, hidden] model dtype
-    ctx_k: list[list[torch.Tensor]]  # [layer][req] -> [ctx_len, Hkv, D] fp32 on the device, every kv head
-    ctx_v: list[list[torch.Tensor]]
     ctx_slots: list[torch.Tensor]  # [req] -> [ctx_len] int64 slots of the context tokens
-    # The same, unsplit (the per-request lists are views of these): [layer] -> [sum ctx_len, Hkv, D],
-    # and [sum ctx_len]; what the batch's one KV write per layer takes, without a cat of the views.
-    ctx_k_flat: list[torch.Tensor]
-    ctx_v_flat: list[torch.Tensor]
+    # Every request's context rows, unsplit: [layer][plane] -> [sum ctx_len, *row] fp32 on the
+    # device, every head (the family's context_rows: GQA K and V [.., Hkv, D]; MLA the latent
+    # row); what the batch's one KV write per layer and plane takes. ctx_lens splits them.
+    ctx_flat: list[list[torch.Tensor]]
+    ctx_lens: list[int]
     ctx_slots_flat: torch.Tensor
     # The host tensors a step uses on its device, copied once per device (the inputs are cached and
     # shared by every mode, kv dtype and backend of a batch: one queued copy each, not one host
@@ -253,7 +253,7 @@ class StepInputs:
     @property
     def nbytes(self) -> int:
         tensors = [self.x, self.batch.block_table, self.batch.slot_mapping, self.ctx_slots_flat,
-                   *self.ctx_k_flat, *self.ctx_v_flat]
+                   *(t for planes in self.ctx_flat for t in planes)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -299,17 +299,14 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     desc = BatchDescription(list(plan.query_lens), list(plan.seq_lens), block_table, seq_slots[~is_ctx])
     dtype = getattr(torch, shape.dtype)
     x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
-    # One draw per layer and K/V for every request's context (a decode batch of 200 requests was
-    # 800 small draws per step), split into per-request views.
+    # One draw per layer and cache plane for every request's context (a decode batch of 200
+    # requests was 800 small draws per step).
     ctx_lens = [s - q for q, s in zip(plan.query_lens, plan.seq_lens)]
     total = sum(ctx_lens)
-    ctx_k, ctx_v, flat_k, flat_v = [], [], [], []
-    for _ in range(shape.num_layers if context else 0):
-        for out, flat in ((ctx_k, flat_k), (ctx_v, flat_v)):
-            block = torch.randn(total, shape.num_kv_heads, shape.head_size, generator=kv_gen, device=device)
-            flat.append(block)
-            out.append(list(torch.split(block, ctx_lens)))
-    return StepInputs(plan, desc, x, ctx_k, ctx_v, ctx_slots, flat_k, flat_v, ctx_slots_flat)
+    rows = family_of(shape.attention).context_rows(shape)
+    ctx_flat = [[torch.randn(total, *row, generator=kv_gen, device=device) for row in rows]
+                for _ in range(shape.num_layers if context else 0)]
+    return StepInputs(plan, desc, x, ctx_slots, ctx_flat, ctx_lens, ctx_slots_flat)
 
 
 def hash_seed(*parts: int) -> int:

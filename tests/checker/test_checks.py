@@ -8,7 +8,13 @@ import torch
 from backend.case import Tolerance
 from backend.harness.checker import merge_rank_results
 from backend.harness.checks import CheckAccumulator, compare, compare_heads, failure_reason, kv_integrity, quant_steps, raw, real_slot_values
+from backend.families import family
 from backend.result import CaseResult, Status
+
+
+def _rows(cache: torch.Tensor) -> torch.Tensor:
+    """A gqa cache [2, blocks, block_size, Hkv, D] as kv_integrity takes it: [planes, slots, row]."""
+    return family("gqa").slot_rows(cache)
 
 TOL = Tolerance(0.1, 0.1)
 
@@ -51,15 +57,15 @@ def test_kv_integrity_flags_writes_outside_real_slots_only(dtype):
     scales = (torch.ones(1), torch.ones(1))
     after = before.clone()
     after[0, 1, 1] = torch.full((1, 2), 3.0).to(dtype)  # slot 5: a real slot
-    eager = real_slot_values(after, real)
-    assert kv_integrity(after, before, eager, real, scales, TOL).ok
+    eager = real_slot_values(_rows(after), real)
+    assert kv_integrity(_rows(after), _rows(before), eager, real, scales, TOL).ok
     after[1, 3, 3] = torch.full((1, 2), -2.0).to(dtype)  # slot 15: outside (a wrapped -1)
-    k = kv_integrity(after, before, eager, real, scales, TOL)
+    k = kv_integrity(_rows(after), _rows(before), eager, real, scales, TOL)
     assert not k.ok and k.outside_changed == 1 and k.first_outside == 15
     ok_outside = before.clone()
     ok_outside[0, 1, 1] = torch.full((1, 2), 3.0).to(dtype)
     ok_outside[0, 1, 2] = torch.full((1, 2), 9.0).to(dtype)  # slot 6 differs from eager
-    k = kv_integrity(ok_outside, before, eager, real, scales, TOL)
+    k = kv_integrity(_rows(ok_outside), _rows(before), eager, real, scales, TOL)
     assert not k.ok and k.outside_changed == 0 and not k.real_ok
 
 
@@ -92,10 +98,10 @@ def test_kv_integrity_fast_path_equals_per_slot_reduction(dtype, name, writes):
     for kv, block, off, value in writes:
         if value is not None:
             after[kv, block, off] = torch.full((1, 2), value).to(dtype)
-    eager = real_slot_values(after, real)
+    eager = real_slot_values(_rows(after), real)
     expected = _outside_by_slot(after, before, real)
     scratch = before.clone()
-    k = kv_integrity(after, scratch, eager, real, (torch.ones(1), torch.ones(1)), TOL)
+    k = kv_integrity(_rows(after), _rows(scratch), eager, real, (torch.ones(1), torch.ones(1)), TOL)
     assert (k.outside_changed, k.first_outside) == expected
     assert k.ok == (expected[0] == 0)
     assert (name in ("real slots only", "same bytes outside")) == k.ok  # the table's own claim
@@ -126,11 +132,11 @@ def test_kv_integrity_real_slots_allow_one_rounding_step_only(dtype, steps, ok):
     before = _cache(dtype)
     eager_cache = before.clone()
     eager_cache[0, 1, 1] = torch.full((1, 2), 2.5).to(dtype)  # slot 5, K: e4m3 steps of 0.25 here
-    eager = real_slot_values(eager_cache, real)
+    eager = real_slot_values(_rows(eager_cache), real)
     after = eager_cache.clone()
     after[0, 1, 1] = _step(after[0, 1, 1], steps)
     tight = Tolerance(atol=1e-4, rtol=1e-4)  # below one step of either dtype at 2.5
-    k = kv_integrity(after, before, eager, real, scales, tight)
+    k = kv_integrity(_rows(after), _rows(before), eager, real, scales, tight)
     assert (k.ok, k.real_ok, k.real_bitwise) == (ok, ok, False)
     assert k.real_max_abs > 0
 

@@ -101,7 +101,7 @@ def test_context_goes_through_the_providers_kv_write(monkeypatch):
         n = slot_mapping.shape[0] - (slot_mapping.shape[0] > TINY.max_num_seqs)
         real(kv, key[:n], value[:n], slot_mapping[:n], k_scale, v_scale)
 
-    for module in ("backend.attention.kv_cache", "backend.providers.torch_backend", "backend.harness.checker"):
+    for module in ("backend.attention.kv_cache", "backend.providers.torch_backend", "backend.families.gqa"):
         monkeypatch.setattr(f"{module}.write_kv", drops_last, raising=False)
     monkeypatch.setattr("backend.harness.checker._REFERENCES", LRU(64))
     r = run_case(make_case("torch", "NONE", "auto", BIG_CONTEXT, seed=914))

@@ -1,0 +1,123 @@
+"""What the harness asks of an attention family (backend/families/__init__.py).
+
+The harness owns everything around the attention op: the residual stream, the row-parallel
+output projection and its all-reduce, the MLP, graphs, steps, checks and the verdict
+(backend/harness/). A family owns the op itself and what only it knows:
+
+- the op's contract with its providers: softmax scale, the output's head size, the AttentionConfig
+  extras its providers read (`config_dims`);
+- the KV cache: its planes (GQA: K and V; MLA: one latent row) as [num_blocks, block_size, ...]
+  views of a layer's cache, which scale tensor each plane uses, the context rows a step draws
+  (every head) and the share a tp rank holds, and the KV write its providers use;
+- the test-model layer: its full fp32 weights (drawn in a fixed order from the model's generator),
+  a rank's shard, the projections from the normed residual to the op's inputs, and the op's call;
+- the independent fp32 reference of the op;
+- its step plan (rows reordered as vLLM's runner hands them to such a backend).
+
+Shapes: T tokens, H query heads (Hl on a rank), Dv = out_head_size; a cache plane row is what one
+token stores in that plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from backend.families.specs import FamilySpec
+
+# fn(rows, cols) -> an fp32 weight rounded to the model dtype; fn(n) -> a norm weight
+WeightFn = Callable[[int, int], torch.Tensor]
+NormFn = Callable[[int], torch.Tensor]
+
+
+class AttentionFamily:
+    spec: ClassVar[FamilySpec]
+    num_planes: ClassVar[int]  # cache planes per layer (GQA: K and V; MLA: the latent row)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    # ---- the op's contract ------------------------------------------------------------------
+    def scale(self, shape) -> float:
+        raise NotImplementedError
+
+    def out_head_size(self, shape) -> int:
+        """The attention output's size per query head (what the output projection reads)."""
+        raise NotImplementedError
+
+    # ---- KV cache -----------------------------------------------------------------------------
+    def planes(self, cache: torch.Tensor) -> list[torch.Tensor]:
+        """One layer's cache as its planes, each [num_blocks, block_size, *row] (views)."""
+        raise NotImplementedError
+
+    def slot_rows(self, cache: torch.Tensor) -> torch.Tensor:
+        """[num_planes, num_slots, row elements]: every slot's bytes per plane (a view where the
+        cache allows it, else a copy: callers compare, they do not write through it)."""
+        first = self.planes(cache)[0]
+        return cache.reshape(self.num_planes, first.shape[0] * first.shape[1], -1)
+
+    def plane_scales(self, k_scale: torch.Tensor, v_scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The scale tensor each plane is quantised with (fp8 caches)."""
+        raise NotImplementedError
+
+    def context_rows(self, shape) -> tuple[tuple[int, ...], ...]:
+        """Per plane, the row shape of one token's context with every head (what a step draws)."""
+        raise NotImplementedError
+
+    def rank_context(self, values: Sequence[torch.Tensor], layout) -> list[torch.Tensor]:
+        """The share of the context rows (per plane, [n, *row]) that a rank's cache holds."""
+        raise NotImplementedError
+
+    def write(self, cache: torch.Tensor, values: Sequence[torch.Tensor], slots: torch.Tensor,
+              k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+        """Write rows (per plane, the rank's share) at `slots` through the providers' own KV write
+        (its quantiser is under test for the context too); slots of -1 write nothing."""
+        raise NotImplementedError
+
+    # ---- the test-model layer -------------------------------------------------------------------
+    def draw(self, w: WeightFn, norm: NormFn, shape) -> dict[str, torch.Tensor]:
+        """The layer's full fp32 attention weights (drawn in a fixed order: the model's weights
+        follow from the seed). The output projection is the harness's: [hidden, H * Dv]."""
+        raise NotImplementedError
+
+    def shard(self, weights: dict[str, torch.Tensor], layout, shape) -> dict[str, torch.Tensor]:
+        """A rank's share of `draw`'s weights (still fp32 on the host side)."""
+        raise NotImplementedError
+
+    def project(self, lw: dict[str, torch.Tensor], h: torch.Tensor, layout, shape) -> tuple[torch.Tensor, ...]:
+        """h [T, hidden] (normed, model dtype) -> the op's inputs on this rank."""
+        raise NotImplementedError
+
+    def attend(self, impl, lw: dict[str, torch.Tensor], inputs: Sequence[torch.Tensor], cache: torch.Tensor,
+               metadata, k_scale: torch.Tensor, v_scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The provider's op on the inputs; writes `out` [T, Hl, Dv] and returns the result."""
+        raise NotImplementedError
+
+    # ---- the reference ----------------------------------------------------------------------------
+    def reference(self, weights: dict[str, torch.Tensor], h: torch.Tensor, context: Sequence[Sequence[torch.Tensor]],
+                  query_lens: Sequence[int], round_new: Callable[[int, torch.Tensor], torch.Tensor],
+                  round_query: Callable[[torch.Tensor], torch.Tensor] | None, shape,
+                  rnd: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The op in fp32 on the unsharded weights: h [T, hidden] (fp32 holding model-dtype values),
+        context[plane][req] [ctx_len, *row] (fp32, as the cache returns it), round_new(plane, t)
+        rounds this step's new rows as the cache stores them, round_query rounds q as the
+        provider's layer does (or None), rnd rounds to the model dtype where the model stores an
+        activation. Returns [T, H, Dv] (all heads)."""
+        raise NotImplementedError
+
+    # ---- steps -------------------------------------------------------------------------------------
+    def order_rows(self, query_lens: Sequence[int], seq_lens: Sequence[int], spec_tokens: int
+                   ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """A step's rows in the order vLLM's runner hands them to this family's backends."""
+        return tuple(query_lens), tuple(seq_lens)
+
+    def config_dims(self, shape) -> tuple[tuple[str, Any], ...]:
+        """The dims a provider's AttentionConfig carries (default: the shape's own)."""
+        return shape.dims
+
+
+def split_by(t: torch.Tensor, lens: Sequence[int]) -> list[torch.Tensor]:
+    return list(torch.split(t, list(lens)))

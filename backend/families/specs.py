@@ -1,0 +1,210 @@
+"""What each attention family declares without torch: its own model dimensions, the generic shape
+fields it derives from them, its default shapes, and the tp layouts it can shard (DESIGN.md §9).
+
+The matrix loader, the planner and the driver read these (no torch import: `orch plan` starts in
+well under a second); the implementations (backend/families/<name>.py, torch) are held to them by
+tests/families/test_specs.py, as the providers' torch-free Capabilities are held to their classes.
+
+A family's model is the generic ModelShape (heads, block size, max_model_len, ...) plus its own
+`dims`, given in the matrix's model block beside the generic keys:
+
+    gqa        num_kv_heads, head_size (generic fields: no dims of its own)
+    mla        kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim; the cache row is
+               kv_lora_rank + qk_rope_head_dim values and one "kv head" (vLLM's MLAAttentionSpec),
+               so num_kv_heads = 1 and head_size = that row are derived, never written
+    swa_sinks  sliding_window, layer_pattern, sinks, kv_groups (gpt-oss: alternating window / full
+               layers, a learned sink per query head, one KV-cache group per layer kind)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_FAMILY = "gqa"
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One family-specific model dimension: an int in [lo, hi], or one of `choices` (a string)."""
+
+    name: str
+    default: int | str
+    lo: int = 0
+    hi: int = 1 << 20
+    choices: tuple[str, ...] = ()
+    doc: str = ""
+
+    def check(self, value: Any) -> str | None:
+        """Why `value` is not valid for this dim (one line), or None."""
+        if self.choices:
+            if value not in self.choices:
+                return f"{self.name} {value!r} is not one of {', '.join(self.choices)}"
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{self.name} must be an integer, got {value!r}"
+        if not self.lo <= value <= self.hi:
+            return f"{self.name} {value} is outside [{self.lo}, {self.hi}]"
+        return None
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    name: str
+    description: str
+    impl: str  # "module:attribute" of the AttentionFamily implementation (imports torch)
+    dims: tuple[Dim, ...] = ()
+    # Generic ModelShape fields this family fixes from its dims (not to be written in a matrix):
+    # fn(dims) -> {field: value}.
+    derive: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda dims: {}
+    # Model keys (generic or dims) a matrix's shape starts from before its own block, per device
+    # class: what "the family's shape" is when a matrix names the family and says nothing more.
+    defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Every reason a shape of this family cannot be sharded over tp ranks: fn(shape, tp) -> [str].
+    layout_reasons: Callable[[Any, int], list[str]] = lambda shape, tp: []
+    # Every reason a shape is not a valid model of this family at all: fn(shape) -> [str].
+    shape_reasons: Callable[[Any], list[str]] = lambda shape: []
+
+    @property
+    def dim_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.dims)
+
+    def dim(self, name: str) -> Dim:
+        return next(d for d in self.dims if d.name == name)
+
+    def derived_fields(self) -> tuple[str, ...]:
+        return tuple(self.derive({d.name: d.default for d in self.dims}))
+
+
+# ---- gqa: plain grouped-query paged attention (the family orch started with) -----------------
+
+def _gqa_layout(shape, tp: int) -> list[str]:
+    """vLLM's rules: q heads split by tp; kv heads split, or replicated when tp exceeds them."""
+    h, kv = shape.num_heads, shape.num_kv_heads
+    if tp < 1:
+        return [f"tp {tp} < 1"]
+    if tp > h:
+        return [f"tp {tp} > num_heads {h}"]
+    reasons = []
+    if h % tp:
+        reasons.append(f"num_heads {h} not divisible by tp {tp}")
+    if kv <= 0 or h % kv:
+        reasons.append(f"num_heads {h} not a multiple of num_kv_heads {kv}")
+    elif tp > kv:
+        if tp % kv:
+            reasons.append(f"tp {tp} not a multiple of num_kv_heads {kv} (kv heads replicated)")
+    elif kv % tp:
+        reasons.append(f"num_kv_heads {kv} not divisible by tp {tp}")
+    return reasons
+
+
+def _gqa_shape(shape) -> list[str]:
+    if shape.num_kv_heads < 1 or shape.num_heads % shape.num_kv_heads:
+        return [f"num_heads {shape.num_heads} is not a multiple of num_kv_heads {shape.num_kv_heads}"]
+    return []
+
+
+GQA = FamilySpec(
+    name="gqa",
+    description="grouped-query paged attention: K and V caches [blocks, block_size, kv_heads, head_size]",
+    impl="backend.families.gqa:GQA",
+    layout_reasons=_gqa_layout,
+    shape_reasons=_gqa_shape,
+)
+
+
+# ---- mla: multi-head latent attention (DeepSeek V3/R1, Kimi K2) ----------------------------------
+
+def _heads_only_layout(shape, tp: int) -> list[str]:
+    """q heads split by tp; the cache (one latent row per token, or the family's kv heads when
+    tp exceeds them) is replicated on every rank, so heads are the only constraint."""
+    h = shape.num_heads
+    if tp < 1:
+        return [f"tp {tp} < 1"]
+    if tp > h:
+        return [f"tp {tp} > num_heads {h}"]
+    return [f"num_heads {h} not divisible by tp {tp}"] if h % tp else []
+
+
+MLA = FamilySpec(
+    name="mla",
+    description="multi-head latent attention: one latent row [kv_c | k_pe] per token, decode absorbed, "
+                "prefill decompressed",
+    impl="backend.families.mla:MLA",
+    dims=(
+        Dim("kv_lora_rank", 512, 1, 4096, doc="latent width L (the cache row's kv_c part; V is the latent)"),
+        Dim("qk_rope_head_dim", 64, 1, 1024, doc="rope part R of q and of the cache row (k_pe)"),
+        Dim("qk_nope_head_dim", 128, 1, 1024, doc="no-rope part P of q; softmax scale (P + R)^-0.5"),
+        Dim("v_head_dim", 128, 1, 1024, doc="V per head after W_UV (the attention output's head size)"),
+    ),
+    derive=lambda d: {"num_kv_heads": 1, "head_size": d["kv_lora_rank"] + d["qk_rope_head_dim"]},
+    defaults={
+        # DeepSeek-V3 per rank at tp 8 (128 heads / 8): what one MI355X rank runs.
+        "gpu": {"num_heads": 16, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                "v_head_dim": 128},
+        # Small enough for the 2-core CI box; 8 heads keep tp 8 valid (one head a rank).
+        "cpu": {"num_heads": 8, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
+                "v_head_dim": 16},
+    },
+    layout_reasons=_heads_only_layout,
+)
+
+
+# ---- swa_sinks: sliding window + attention sinks over several KV-cache groups (gpt-oss) ----------
+
+LAYER_PATTERNS = ("alternate", "window", "full")
+KV_GROUPS = ("hybrid", "merged")
+
+
+def _swa_shape(shape) -> list[str]:
+    reasons = _gqa_shape(shape)
+    dims = dict(shape.dims)
+    window, pattern = dims.get("sliding_window", 0), dims.get("layer_pattern", "alternate")
+    if window >= shape.max_model_len:
+        reasons.append(f"sliding_window {window} must be below max_model_len {shape.max_model_len}")
+    if pattern == "alternate" and shape.num_layers < 4:
+        reasons.append(f"layer_pattern alternate needs num_layers >= 4 (two window and two full layers), "
+                       f"got {shape.num_layers}")
+    if dims.get("kv_groups") == "hybrid" and pattern != "alternate":
+        reasons.append(f"kv_groups hybrid needs layers of both kinds (layer_pattern alternate), got {pattern}")
+    return reasons
+
+
+SWA_SINKS = FamilySpec(
+    name="swa_sinks",
+    description="gpt-oss attention: sliding-window and full layers alternating, a learned sink per query "
+                "head, one KV-cache group per layer kind",
+    impl="backend.families.swa_sinks:SWASinks",
+    dims=(
+        Dim("sliding_window", 128, 1, 1 << 20, doc="W: a query at position i sees key j iff 0 <= i - j < W"),
+        Dim("layer_pattern", "alternate", choices=LAYER_PATTERNS,
+            doc="alternate: window on even layers, full on odd (gpt-oss); or every layer one kind"),
+        Dim("sinks", 1, 0, 1, doc="1: a learned sink logit per query head in every layer"),
+        Dim("kv_groups", "hybrid", choices=KV_GROUPS,
+            doc="hybrid: one KV-cache group per layer kind (vLLM's hybrid manager); merged: one group "
+                "(--disable-hybrid-kv-cache-manager)"),
+    ),
+    defaults={
+        # gpt-oss: 64 q heads, 8 kv heads, head dim 64, window 128.
+        "gpu": {"num_heads": 64, "num_kv_heads": 8, "head_size": 64, "num_layers": 4, "sliding_window": 128},
+        "cpu": {"num_heads": 8, "num_kv_heads": 2, "head_size": 16, "num_layers": 4, "sliding_window": 32},
+    },
+    layout_reasons=_gqa_layout,
+    shape_reasons=_swa_shape,
+)
+
+
+SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA,)}
+FAMILY_NAMES: tuple[str, ...] = tuple(SPECS)
+
+
+class UnknownFamily(ValueError):
+    """A family name that is not one of FAMILY_NAMES (one line)."""
+
+
+def spec(name: str) -> FamilySpec:
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise UnknownFamily(f"unknown attention family {name!r} (one of {', '.join(FAMILY_NAMES)})") from None
