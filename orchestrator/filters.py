@@ -3,7 +3,8 @@
 Terms are separated by spaces and must all match. A term is either
 - `key=v1,v2`: the case's axis value equals one of the values (case-insensitive; values may be
   globs, `batch=decode_*`). Keys: tp, cudagraph_mode (or mode), kv_cache_dtype (or kv), batch,
-  backend (the name as given, or the class name of an import path), seed, spec_tokens (or k); or
+  backend (the name as given, or the class name of an import path), seed, spec_tokens (or k),
+  attention (or family: gqa, mla, ...); or
 - anything else: a glob (if it has * ? or [) or a substring of the case id.
 Unknown keys and impossible axis values are an InputError, so a typo cannot silently select
 nothing.
@@ -17,9 +18,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, TP_SIZES, Case
+from backend.families.specs import FAMILY_NAMES
 from orchestrator.errors import InputError
 
 KEYS = {
+    "attention": "attention",
+    "family": "attention",
     "tp": "tp",
     "cudagraph_mode": "cudagraph_mode",
     "mode": "cudagraph_mode",
@@ -35,6 +39,7 @@ _KNOWN_VALUES = {
     "tp": tuple(str(t) for t in TP_SIZES),
     "cudagraph_mode": tuple(m.lower() for m in CUDAGRAPH_MODES),
     "kv_cache_dtype": KV_CACHE_DTYPES,
+    "attention": FAMILY_NAMES,
 }
 _GLOB = set("*?[")
 

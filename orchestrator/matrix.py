@@ -19,9 +19,11 @@ from typing import Any
 
 from backend.attention.support import unavailable
 from backend.case import BatchSpec, Case, ModelShape, Tolerance, default_capture_sizes
+from backend.families.specs import spec as family_spec
 from orchestrator import matrix_schema as S
 from orchestrator import matrix_tree as T
 from orchestrator.errors import InputError
+from orchestrator.matrix_models import family_shape
 
 # Used when a matrix gives no `tolerances:` entry for the case's dtype key. bf16/fp16 follow
 # AITER's own attention tests (~1e-2); fp8 KV is much coarser (~0.1-0.15).
@@ -98,9 +100,33 @@ def load_matrix(path: str, *, devices: str = "auto", backend_override: str | Non
 class _Loader:
     def __init__(self, path: str, tree: T.Node, doc: S.MatrixDoc, device_class: str):
         self.path, self.tree, self.doc, self.device_class = path, tree, doc, device_class
-        self.model = ModelShape(**doc.model.model_dump())
-        self._backends: dict[str, Any] = {}
-        self._unavailable: dict[str, str | None] = {}
+        self._models: dict[str, ModelShape] = {}
+        self._backends: dict[tuple[str, str], Any] = {}
+        self._unavailable: dict[tuple[str, str], str | None] = {}
+
+    @property
+    def families(self) -> list[str]:
+        """The attention families the matrix runs (the axis, and any an include entry names)."""
+        extra = [e.attention for e in self.doc.include if e.attention is not None]
+        return list(dict.fromkeys([*self.doc.axes.attention, *extra]))
+
+    def model_of(self, family: str) -> ModelShape:
+        """The family's model shape (orchestrator/matrix_models.py), built once."""
+        if family not in self._models:
+            self._models[family] = family_shape(self.tree, self.doc, family, self.device_class)
+        return self._models[family]
+
+    @property
+    def model(self) -> ModelShape:
+        return self.model_of(self.families[0])
+
+    def family_axes(self, family: str) -> dict[str, list]:
+        """The axis values of one family's combinations: the matrix's, with families.<f>.axes over them."""
+        block = self.doc.families.get(family)
+        axes = {k: list(getattr(self.doc.axes, k)) for k in S.AXES}
+        axes.update(block.axes.given() if block is not None else {})
+        axes["attention"] = [family]
+        return axes
 
     def err(self, loc: tuple, message: str) -> InputError:
         field = T.field_path(self.tree, loc)
@@ -109,26 +135,37 @@ class _Loader:
     # --- checks that need more than one field --------------------------------------------
 
     def check(self) -> None:
-        self.capture_sizes()
+        for name in self.doc.families:
+            if name not in self.families:
+                raise self.err(("families", name), f"the {name} family is not in axes.attention "
+                                                   f"({', '.join(self.doc.axes.attention)}): add it there or remove the block")
+        for family in self.families:
+            self.capture_sizes(self.model_of(family))
         names = self.doc.batches
-        used = list(dict.fromkeys(self.doc.axes.batch + [e.batch for e in self.doc.include if e.batch]))
+        used = [e.batch for e in self.doc.include if e.batch]
         for i, name in enumerate(self.doc.axes.batch):
             if name not in names:
                 raise self.err(("axes", "batch", i), f"no batch spec named {name!r} under batches: (have {', '.join(names)})")
+        for family, block in self.doc.families.items():
+            for i, name in enumerate(block.axes.batch or ()):
+                if name not in names:
+                    raise self.err(("families", family, "axes", "batch", i), f"no batch spec named {name!r} under batches:")
+        for family in self.families:
+            used += [(name, family) for name in self.family_axes(family)["batch"]]
         for key in ("exclude", "include", "constraints"):
             for i, entry in enumerate(getattr(self.doc, key)):
                 match = entry.when if key == "constraints" else entry
                 if match.batch is not None and match.batch not in names:
                     loc = (key, i, "when", "batch") if key == "constraints" else (key, i, "batch")
                     raise self.err(loc, f"no batch spec named {match.batch!r} under batches:")
-        for name in used:
-            self.batch(name)
+        for item in dict.fromkeys(used):
+            name, family = item if isinstance(item, tuple) else (item, self.families[0])
+            self.batch(name, self.model_of(family))
 
-    def batch(self, name: str) -> BatchSpec:
+    def batch(self, name: str, m: ModelShape) -> BatchSpec:
         block = self.doc.batches[name]
         q, s = block.rows()
         loc = ("batches", name)
-        m = self.model
         if len(q) > m.max_num_seqs:
             raise self.err(loc, f"{len(q)} requests exceed model max_num_seqs {m.max_num_seqs}")
         for i, (ql, sl) in enumerate(zip(q, s)):
@@ -145,12 +182,11 @@ class _Loader:
                                     f"{m.num_blocks} leaves {m.num_blocks - 1} (block 0 is the null block)")
         return BatchSpec(name, q, s, block.description)
 
-    def capture_sizes(self, spec_tokens: int = 0) -> tuple[int, ...]:
+    def capture_sizes(self, m: ModelShape, spec_tokens: int = 0) -> tuple[int, ...]:
         """The configured sizes for a case with k = spec_tokens: `default` is vLLM's grid for that k
         (backend/modes.vllm_capture_sizes: up to min(2 * max_num_seqs * (1 + k), 512)); a list is
         taken as written. Either is rounded to multiples of 1 + k later, at mode resolution, where
         vLLM does it (modes.resolve_capture_sizes): that needs the backend's support level."""
-        m = self.model
         if self.doc.capture_sizes == "default":
             from backend.harness.modes import vllm_capture_sizes  # torch-free
 
@@ -166,19 +202,48 @@ class _Loader:
             raise self.err(("capture_sizes",), f"size {max(sizes)} exceeds max_num_seqs * max_model_len = {limit}")
         return tuple(sorted(sizes))
 
-    def backend_class(self, name: str, loc: tuple | None) -> Any:
-        """The backend's Capabilities (declared for builtins: no torch import; a plugin's class is
-        imported and read)."""
-        if name not in self._backends:
-            from backend.attention.registry import BackendLoadError, get_capabilities
+    def backend_class(self, name: str, family: str, loc: tuple | None) -> Any:
+        """The backend's Capabilities for one family (declared for builtins: no torch import; a
+        plugin's class is imported and read), or None when the provider does not implement the
+        family (its cases are skipped with family_reason's words)."""
+        key = (name, family)
+        if key not in self._backends:
+            from backend.attention.registry import BackendLoadError, family_reason, get_capabilities
 
+            if family_reason(name, family):
+                self._backends[key] = None
+                return None
             try:
-                self._backends[name] = get_capabilities(name)
+                self._backends[key] = get_capabilities(name, family)
             except BackendLoadError as e:
                 if loc is None:
                     raise InputError(f"{e}", source="--backend") from None
                 raise self.err(loc, f"{e}") from None
-        return self._backends[name]
+        return self._backends[key]
+
+    def check_families_have_backends(self, override: str | None) -> None:
+        """Each family of the matrix needs a backend that implements it (a whole family skipped for
+        want of one is a mistake in the file, or the wrong --backend)."""
+        from backend.attention.registry import family_reason
+
+        runnable = []
+        for i, family in enumerate(self.families):
+            names = [override] if override is not None else self.family_axes(family)["backend"]
+            ok = [n for n in names if not family_reason(n, family) and self._implements(n, family)]
+            runnable.append(bool(ok))
+            if not ok and override is None:
+                where = (("families", family, "axes", "backend") if family in self.doc.families
+                         and self.doc.families[family].axes.backend else ("axes", "backend"))
+                raise self.err(where, f"no backend here implements the {family} attention family "
+                                      f"({', '.join(names)}); axes.attention[{i}] names it")
+        if override is not None and not any(runnable):
+            raise InputError(f"{override} implements none of the matrix's attention families "
+                             f"({', '.join(self.families)})", source="--backend")
+
+    def _implements(self, name: str, family: str) -> bool:
+        caps = self.backend_class(name, family, None if name not in self.doc.axes.backend else
+                                  ("axes", "backend", self.doc.axes.backend.index(name)))
+        return caps is not None and getattr(caps, "family", "gqa") == family
 
     def build(self, backend_override: str | None, *, backend_checks: bool = True) -> Matrix:
         """Expand, then (backend_checks) the one stage that needs the backend classes: their
@@ -186,64 +251,90 @@ class _Loader:
         combination they cannot run becomes a skip. Without it nothing imports torch."""
         self.check()
         doc = self.doc
-        axes = {k: list(getattr(doc.axes, k)) for k in S.AXES}
+        per_family = [self.family_axes(f) for f in doc.axes.attention]
         includes = [{**e.axes(), **e.extras()} for e in doc.include]
         if backend_override is not None:
             if backend_checks:
-                self.backend_class(backend_override, None)
-            axes["backend"] = [backend_override]
+                self.check_families_have_backends(backend_override)
+            for axes in per_family:
+                axes["backend"] = [backend_override]
             # A backend-specific include is kept, re-targeted at the override.
             includes = [{**inc, "backend": backend_override} if "backend" in inc else inc for inc in includes]
         elif backend_checks:
-            for i, name in enumerate(axes["backend"]):
-                self.backend_class(name, ("axes", "backend", i))
+            for axes in per_family:
+                for name in axes["backend"]:
+                    self.backend_class(name, axes["attention"][0], self._backend_loc(name, axes["attention"][0]))
             for i, e in enumerate(doc.include):
                 if e.backend is not None:
-                    self.backend_class(e.backend, ("include", i, "backend"))
-        cases = self.expand_cases(axes, includes)
+                    self.backend_class(e.backend, e.attention or doc.axes.attention[0], ("include", i, "backend"))
+            self.check_families_have_backends(None)
+        cases = self.expand_cases(per_family, includes)
         runnable: list[Case] = []
         skipped: list[SkippedCase] = []
-        head_only = True  # every skip is about heads vs tp: the tp axis itself is wrong
+        head_only: dict[str, bool] = {}  # per family: every skip is about heads vs tp
         for combo, case in cases:
-            heads = head_reasons(self.model, case.tp)
+            heads = family_spec(case.attention).layout_reasons(case.model, case.tp)
             reasons = heads + (self.backend_reasons(case) if backend_checks else []) + self.user_reasons(combo)
             if reasons:
-                head_only = head_only and bool(heads)
+                head_only[case.attention] = head_only.get(case.attention, True) and bool(heads)
                 skipped.append(SkippedCase(case, "; ".join(reasons)))
             else:
+                head_only[case.attention] = False
                 runnable.append(case)
-        if not runnable and head_only:
-            raise self.err(("axes", "tp"), f"nothing runnable: {skipped[0].reason} (model num_heads "
-                           f"{self.model.num_heads}, num_kv_heads {self.model.num_kv_heads})")
+        for family, only in head_only.items():
+            if only:
+                m = self.model_of(family)
+                first = next(s.reason for s in skipped if s.case.attention == family)
+                where = ("families", family, "axes", "tp") if family in doc.families and \
+                    doc.families[family].axes.tp else ("axes", "tp")
+                raise self.err(where, f"nothing runnable for {family}: {first} (model num_heads {m.num_heads}, "
+                                      f"num_kv_heads {m.num_kv_heads})")
         name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
         return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped))
 
-    def expand_cases(self, axes: dict[str, list], includes: list[dict]) -> list[tuple[dict, Case]]:
-        """Product, exclude, include -> (combination, Case), ids unique, k fitted to each batch."""
+    def _backend_loc(self, name: str, family: str) -> tuple:
+        block = self.doc.families.get(family)
+        if block is not None and block.axes.backend and name in block.axes.backend:
+            return ("families", family, "axes", "backend", block.axes.backend.index(name))
+        return ("axes", "backend", self.doc.axes.backend.index(name)) if name in self.doc.axes.backend else ("axes", "backend")
+
+    def expand_cases(self, per_family: list[dict[str, list]], includes: list[dict]) -> list[tuple[dict, Case]]:
+        """Product (family by family), exclude, include -> (combination, Case), ids unique, k fitted
+        to each batch."""
         doc = self.doc
-        size = 1
-        for values in axes.values():
-            size *= len(values)
+        size = 0
+        for axes in per_family:
+            n = 1
+            for values in axes.values():
+                n *= len(values)
+            size += n
         if size > MAX_COMBINATIONS:
             raise self.err(("axes",), f"the product has {size} combinations (limit {MAX_COMBINATIONS})")
         try:
-            combos = expand(axes, [e.axes() for e in doc.exclude], includes)
+            combos = expand(per_family, [e.axes() for e in doc.exclude], includes)
         except IncompleteInclude as e:
             raise self.err(("include", e.index), str(e)) from None
         if not combos:
             raise self.err(("exclude",) if doc.exclude else ("axes",), "the product is empty: exclude removes every combination")
 
-        batches = {name: self.batch(name) for name in doc.batches if any(c["batch"] == name for c in combos)}
-        capture = {k: self.capture_sizes(k) for k in {c["spec_tokens"] for c in combos}}
+        batches: dict[tuple[str, str], BatchSpec] = {}
+        capture: dict[tuple[str, int], tuple[int, ...]] = {}
         out: list[tuple[dict, Case]] = []
         seen: dict[str, int] = {}
         for n, combo in enumerate(combos):
+            family, k = combo["attention"], combo["spec_tokens"]
+            model = self.model_of(family)
+            if (combo["batch"], family) not in batches:
+                batches[(combo["batch"], family)] = self.batch(combo["batch"], model)
+            if (family, k) not in capture:
+                capture[(family, k)] = self.capture_sizes(model, k)
             case = Case(
                 backend=combo["backend"], tp=combo["tp"], mode=combo["cudagraph_mode"],
-                kv_cache_dtype=combo["kv_cache_dtype"], batch=batches[combo["batch"]], seed=combo["seed"],
-                model=self.model, capture_sizes=capture[combo["spec_tokens"]], steps=combo.get("steps", doc.steps),
-                tolerance=self.tolerance(combo["kv_cache_dtype"]), timeout_s=float(combo.get("timeout_s", doc.timeout_s)),
-                matrix=self.path, tier=doc.tier, spec_tokens=combo["spec_tokens"],
+                kv_cache_dtype=combo["kv_cache_dtype"], batch=batches[(combo["batch"], family)], seed=combo["seed"],
+                model=model, capture_sizes=capture[(family, k)], steps=combo.get("steps", doc.steps),
+                tolerance=self.tolerance(combo["kv_cache_dtype"], family),
+                timeout_s=float(combo.get("timeout_s", doc.timeout_s)),
+                matrix=self.path, tier=doc.tier, spec_tokens=k,
             )
             self.check_spec(combo, case)
             cid = case.case_id
@@ -260,32 +351,45 @@ class _Loader:
         k = case.spec_tokens
         if not k:
             return
-        why = spec_reason(case.batch, k, self.model)
+        why = spec_reason(case.batch, k, case.model)
         if why is None:
             return
         if "_include" in combo:
             i = combo["_include"]
             loc = ("include", i, "spec_tokens") if self.doc.include[i].spec_tokens is not None else ("include", i)
         else:
-            loc = ("axes", "spec_tokens", self.doc.axes.spec_tokens.index(k))
+            block = self.doc.families.get(case.attention)
+            if block is not None and block.axes.spec_tokens and k in block.axes.spec_tokens:
+                loc = ("families", case.attention, "axes", "spec_tokens", block.axes.spec_tokens.index(k))
+            else:
+                loc = ("axes", "spec_tokens", self.doc.axes.spec_tokens.index(k))
         raise self.err(loc, f"spec_tokens {k} with batch {case.batch.name!r}: {why} (exclude the pair if intended)")
 
-    def tolerance(self, kv_cache_dtype: str) -> Tolerance:
-        key = "fp8" if kv_cache_dtype == "fp8" else self.model.dtype
-        tol = self.doc.tolerances.get(key)
+    def tolerance(self, kv_cache_dtype: str, family: str) -> Tolerance:
+        key = "fp8" if kv_cache_dtype == "fp8" else self.model_of(family).dtype
+        block = self.doc.families.get(family)
+        tol = (block.tolerances.get(key) if block is not None else None) or self.doc.tolerances.get(key)
         return Tolerance(tol.atol, tol.rtol) if tol else DEFAULT_TOLERANCES[key]
 
     def backend_reasons(self, case: Case) -> list[str]:
-        caps = self._backends[case.backend]
+        from backend.attention.registry import family_reason
+
+        why = family_reason(case.backend, case.attention)
+        if why:
+            return [f"unsupported: {why}"]
+        caps = self.backend_class(case.backend, case.attention, self._backend_loc(case.backend, case.attention))
         label = case.backend_label
+        if getattr(caps, "family", "gqa") != case.attention:
+            return [f"unsupported: {label} implements the {caps.family} attention family, not {case.attention}"]
         reasons = []
         if case.kv_cache_dtype not in caps.kv_cache_dtypes:
             reasons.append(f"{label} does not support kv_cache_dtype {case.kv_cache_dtype}")
         if case.model.dtype not in caps.dtypes:
             reasons.append(f"{label} does not support dtype {case.model.dtype}")
-        if case.backend not in self._unavailable:
-            self._unavailable[case.backend] = unavailable_reason(case.backend, caps, self.device_class)
-        why = self._unavailable[case.backend]
+        key = (case.backend, case.attention)
+        if key not in self._unavailable:
+            self._unavailable[key] = unavailable_reason(case.backend, caps, self.device_class, case.attention)
+        why = self._unavailable[key]
         if why:
             reasons.append(unavailable(why))
         return reasons
@@ -294,7 +398,7 @@ class _Loader:
         return [c.reason for c in self.doc.constraints if matches(combo, c.when.axes())]
 
 
-def unavailable_reason(name: str, caps: Any, device_class: str) -> str | None:
+def unavailable_reason(name: str, caps: Any, device_class: str, family: str = "gqa") -> str | None:
     """Why backend `name` cannot run on this device class, or None; where the declaration cannot
     tell without the class (ASK_CLASS), the class is imported and asked."""
     from backend.attention.capabilities import ASK_CLASS, of_class
@@ -303,7 +407,7 @@ def unavailable_reason(name: str, caps: Any, device_class: str) -> str | None:
     if why == ASK_CLASS:
         from backend.attention.registry import get_backend
 
-        why = of_class(get_backend(name), name).unavailable_reason(device_class)
+        why = of_class(get_backend(name, family), name).unavailable_reason(device_class)
     return why
 
 
@@ -325,20 +429,8 @@ def spec_reason(batch: BatchSpec, k: int, model: ModelShape) -> str | None:
 
 
 def head_reasons(model: ModelShape, tp: int) -> list[str]:
-    """Why `tp` cannot shard this model's heads (vLLM's rules), or []."""
-    h, kv = model.num_heads, model.num_kv_heads
-    if tp > h:
-        return [f"tp {tp} > num_heads {h}"]
-    reasons = []
-    if h % tp:
-        reasons.append(f"num_heads {h} not divisible by tp {tp}")
-    if tp > kv:
-        # vLLM replicates kv heads when tp exceeds them: each kv head lands on tp / kv ranks.
-        if tp % kv:
-            reasons.append(f"tp {tp} not a multiple of num_kv_heads {kv} (kv heads replicated)")
-    elif kv % tp:
-        reasons.append(f"num_kv_heads {kv} not divisible by tp {tp}")
-    return reasons
+    """Why `tp` cannot shard this model's heads (its family's rules, vLLM's), or []."""
+    return family_spec(model.attention).layout_reasons(model, tp)
 
 
 def matches(combo: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
@@ -351,16 +443,20 @@ class IncompleteInclude(ValueError):
         self.index = index
 
 
-def expand(axes: Mapping[str, Sequence[Any]], exclude: Sequence[Mapping[str, Any]],
-           include: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Cartesian product of `axes` (in key order), minus every combination an `exclude` entry
+def expand(axes: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Sequence[Any]]],
+           exclude: Sequence[Mapping[str, Any]], include: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Cartesian product of `axes` (in key order; a list of axes mappings: the concatenation of
+    their products, one per attention family), minus every combination an `exclude` entry
     matches (all of its keys equal), then GitHub Actions `include`: an entry whose axis keys all
     match an original combination merges its other keys into every such combination (never
     overwriting an axis value; earlier merged extras may be overwritten); an entry that matches
     none is added as a new combination. A new combination must name every axis that has more than
-    one value; single-valued axes fill in. Added combinations carry "_include": entry index."""
-    keys = list(axes)
-    combos = [dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))]
+    one value (over all the mappings); single-valued axes fill in. Added combinations carry
+    "_include": entry index."""
+    blocks = [axes] if isinstance(axes, Mapping) else list(axes)
+    keys = list(blocks[0])
+    combos = [dict(zip(keys, values)) for block in blocks for values in itertools.product(*(block[k] for k in keys))]
+    axes = {k: list(dict.fromkeys(v for block in blocks for v in block[k])) for k in keys}
     combos = [c for c in combos if not any(matches(c, e) for e in exclude)]
     original = list(combos)
     for i, entry in enumerate(include):

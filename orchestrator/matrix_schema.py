@@ -13,9 +13,12 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, MODEL_DTYPES, TP_SIZES
+from backend.families.specs import FAMILY_NAMES
 from orchestrator.matrix_tree import Node, error_at, field_path, to_plain
 
-AXES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens")
+# `attention` first: the product runs family by family (each with its own axes: FamilyBlock), and
+# gqa's combinations keep the order they had before the axis existed.
+AXES = ("attention", "tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens")
 MAX_SPEC_TOKENS = 64
 
 
@@ -29,6 +32,7 @@ def _one_of(allowed: tuple, what: str):
 
 
 TpValue = Annotated[int, _one_of(TP_SIZES, "tp")]
+FamilyValue = Annotated[str, _one_of(FAMILY_NAMES, "attention family")]
 ModeValue = Annotated[str, _one_of(CUDAGRAPH_MODES, "cudagraph_mode")]
 KvValue = Annotated[str, _one_of(KV_CACHE_DTYPES, "kv_cache_dtype")]
 # Batch names end up in case ids: keep them id-safe so ids stay readable and distinct.
@@ -48,8 +52,10 @@ class _Model(BaseModel):
 
 class ModelBlock(_Model):
     num_heads: int = Field(ge=1, le=1024)
-    num_kv_heads: int = Field(ge=1, le=1024)
-    head_size: int = Field(ge=1, le=1024)
+    # The KV cache's heads and head size: gqa's own (a family that derives them, MLA, must not be
+    # given them; orchestrator/matrix_models.py builds each family's shape from this block).
+    num_kv_heads: int | None = Field(None, ge=1, le=1024)
+    head_size: int | None = Field(None, ge=1, le=1024)
     block_size: int = Field(16, ge=1, le=4096)
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     num_layers: int = Field(1, ge=1, le=256)
@@ -62,7 +68,7 @@ class ModelBlock(_Model):
 
     @model_validator(mode="after")
     def _gqa(self):
-        if self.num_heads % self.num_kv_heads:
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         return self
 
@@ -132,6 +138,7 @@ def _no_duplicates(values: list) -> list:
 
 
 class Axes(_Model):
+    attention: list[FamilyValue] = Field(["gqa"], min_length=1)
     tp: list[TpValue] = Field([1], min_length=1)
     cudagraph_mode: list[ModeValue] = Field(min_length=1)
     kv_cache_dtype: list[KvValue] = Field(["auto"], min_length=1)
@@ -146,6 +153,7 @@ class Axes(_Model):
 class AxisMatch(_Model):
     """A partial assignment of axes: matches a combination when every given key is equal."""
 
+    attention: FamilyValue | None = None
     tp: TpValue | None = None
     cudagraph_mode: ModeValue | None = None
     kv_cache_dtype: KvValue | None = None
@@ -179,6 +187,33 @@ class Constraint(_Model):
     reason: str = Field(min_length=1, max_length=500)
 
 
+class FamilyAxes(_Model):
+    """A family's own axis values: they replace the matrix's for that family's combinations."""
+
+    tp: list[TpValue] | None = Field(None, min_length=1)
+    cudagraph_mode: list[ModeValue] | None = Field(None, min_length=1)
+    kv_cache_dtype: list[KvValue] | None = Field(None, min_length=1)
+    batch: list[BatchName] | None = Field(None, min_length=1)
+    backend: list[BackendName] | None = Field(None, min_length=1)
+    seed: list[Seed] | None = Field(None, min_length=1, max_length=10_000)
+    spec_tokens: list[SpecTokens] | None = Field(None, min_length=1)
+
+    _dups = field_validator("*")(lambda v: v if v is None else _no_duplicates(v))
+
+    def given(self) -> dict[str, list]:
+        return {k: list(v) for k, v in self.model_dump(exclude_none=True).items()}
+
+
+class FamilyBlock(_Model):
+    """families.<name>: that attention family's model shape (its dims and any generic key, over
+    the family's defaults and the matrix's model), axis values and tolerances. Its model keys are
+    checked against the family's spec where the shape is built (orchestrator/matrix_models.py)."""
+
+    model: dict[str, Any] = Field(default_factory=dict)
+    axes: FamilyAxes = Field(default_factory=FamilyAxes)
+    tolerances: dict[ToleranceKey, TolBlock] = Field(default_factory=dict)
+
+
 class MatrixDoc(_Model):
     extends: str | None = None  # already merged by read_tree; kept so the key is allowed
     name: str | None = Field(None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")
@@ -191,6 +226,7 @@ class MatrixDoc(_Model):
     timeout_s: float = Field(300.0, gt=0, le=7 * 86400, allow_inf_nan=False)
     tolerances: dict[ToleranceKey, TolBlock] = Field(default_factory=dict)
     axes: Axes
+    families: dict[FamilyValue, FamilyBlock] = Field(default_factory=dict)
     exclude: list[AxisMatch] = Field(default_factory=list)
     include: list[IncludeEntry] = Field(default_factory=list)
     constraints: list[Constraint] = Field(default_factory=list)

@@ -19,6 +19,7 @@ from orchestrator.errors import InputError
 DEVICE_CLASSES = ("cpu", "gpu")
 # Keys whose value may be given per device class: `{cpu: X, gpu: X}` instead of X.
 PER_DEVICE_KEYS = ("model", "capture_sizes", "steps", "timeout_s", "tolerances")
+FAMILY_PER_DEVICE_KEYS = ("model", "tolerances")  # under families.<name>:
 # Not inherited through `extends:`: they describe the file itself.
 NOT_INHERITED = ("extends", "name", "tier")
 MAX_EXTENDS_DEPTH = 8
@@ -204,6 +205,15 @@ def select_device(root: Node, device_class: str) -> Node:
     batches = top.get("batches")
     if batches is not None and isinstance(batches.value, dict):
         top["batches"] = Node({k: pick(v, f"batches.{k}") for k, v in batches.value.items()}, batches.src, batches.line)
+    families = top.get("families")
+    if families is not None and isinstance(families.value, dict):  # families.<name>.model / .tolerances
+        picked = {}
+        for name, block in families.value.items():
+            if isinstance(block.value, dict):
+                block = Node({k: pick(v, f"families.{name}.{k}") if k in FAMILY_PER_DEVICE_KEYS else v
+                              for k, v in block.value.items()}, block.src, block.line)
+            picked[name] = block
+        top["families"] = Node(picked, families.src, families.line)
     return Node(top, root.src, root.line)
 
 

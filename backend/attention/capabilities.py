@@ -109,6 +109,7 @@ class Capabilities:
     # Kernels compiled on first use in each machine's cache (the class's `jit_kernels`): a local
     # GPU run warms them in helper processes and runs these cases after the others (#13).
     jit_kernels: bool = False
+    family: str = "gqa"  # the attention family this class implements (backend/families/)
 
     def unavailable_reason(self, device_class: str) -> str | None:
         return self.unavailable(device_class)
@@ -181,15 +182,28 @@ _ALL = ("bfloat16", "float16", "float32")
 _HALF = ("bfloat16", "float16")
 _KV = ("auto", "fp8")
 
-BUILTIN_CAPABILITIES: dict[str, Capabilities] = {
-    "torch": Capabilities("torch", AttentionCGSupport.ALWAYS, _KV, _ALL, torch_unavailable),
-    "aiter": Capabilities("aiter", AttentionCGSupport.UNIFORM_BATCH, _KV, _HALF, aiter_native_unavailable),
-    "aiter-emulated": Capabilities("aiter-emulated", AttentionCGSupport.UNIFORM_BATCH, _KV, _ALL, _always),
-    "aiter-triton": Capabilities("aiter-triton", AttentionCGSupport.ALWAYS, _KV, _HALF, aiter_triton_unavailable,
-                                 jit_kernels=True),
-    "aiter-triton-pa": Capabilities("aiter-triton-pa", AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, _KV, _HALF,
-                                    aiter_triton_unavailable, jit_kernels=True),
-}
+_CG = AttentionCGSupport
+# (provider, family) -> what its class declares. A provider is a name with one class per family
+# it implements (registry._BUILTIN_PATHS); MLA classes declare at most UNIFORM_BATCH, as vLLM's.
+BUILTIN_CAPABILITIES: dict[tuple[str, str], Capabilities] = {(c.name, c.family): c for c in (
+    Capabilities("torch", _CG.ALWAYS, _KV, _ALL, torch_unavailable),
+    Capabilities("aiter", _CG.UNIFORM_BATCH, _KV, _HALF, aiter_native_unavailable),
+    Capabilities("aiter-emulated", _CG.UNIFORM_BATCH, _KV, _ALL, _always),
+    Capabilities("aiter-triton", _CG.ALWAYS, _KV, _HALF, aiter_triton_unavailable, jit_kernels=True),
+    Capabilities("aiter-triton-pa", _CG.UNIFORM_SINGLE_TOKEN_DECODE, _KV, _HALF, aiter_triton_unavailable,
+                 jit_kernels=True),
+    Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="mla"),
+    Capabilities("aiter", _CG.UNIFORM_BATCH, _KV, _HALF, aiter_native_unavailable, family="mla"),
+    Capabilities("aiter-emulated", _CG.UNIFORM_BATCH, _KV, _ALL, _always, family="mla"),
+    # decode_attention_fwd_grouped_rope takes no fp8 scales: a bf16/fp16 latent cache only.
+    Capabilities("aiter-triton", _CG.UNIFORM_BATCH, ("auto",), _HALF, aiter_triton_unavailable,
+                 jit_kernels=True, family="mla"),
+)}
+
+
+def builtin_families(name: str) -> tuple[str, ...]:
+    """The attention families a builtin provider implements, in declaration order (() if none)."""
+    return tuple(f for (n, f) in BUILTIN_CAPABILITIES if n == name)
 
 
 def of_class(cls: type, label: str) -> Capabilities:
@@ -207,7 +221,7 @@ def of_class(cls: type, label: str) -> Capabilities:
     names = _ALL if dtypes is None else tuple(str(d).removeprefix("torch.") for d in dtypes)
     return Capabilities(label, AttentionCGSupport(int(cls.cudagraph_support)),
                         tuple(getattr(cls, "supported_kv_cache_dtypes", ())), names, unavailable,
-                        bool(getattr(cls, "jit_kernels", False)))
+                        bool(getattr(cls, "jit_kernels", False)), getattr(cls, "family", "gqa"))
 
 
 def _missing(name: str, package: bool = False) -> bool:
@@ -225,7 +239,7 @@ def mismatches(declared: Capabilities, actual: Capabilities, device_classes: tup
     """How a declaration differs from what its class says (one line each; [] when they agree).
     ASK_CLASS agrees with any answer: the caller asks the class then."""
     out = [f"{declared.name}: {field} declared {getattr(declared, field)!r}, class says {getattr(actual, field)!r}"
-           for field in ("cudagraph_support", "kv_cache_dtypes", "dtypes", "jit_kernels")
+           for field in ("cudagraph_support", "kv_cache_dtypes", "dtypes", "jit_kernels", "family")
            if getattr(declared, field) != getattr(actual, field)]
     for dc in device_classes:
         mine, theirs = declared.unavailable_reason(dc), actual.unavailable_reason(dc)

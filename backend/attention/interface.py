@@ -147,6 +147,9 @@ class AttentionBackend:
     """Static capabilities. Subclasses set the ClassVars; user plugins subclass this too."""
 
     name: ClassVar[str] = "base"
+    # The attention family this class implements (backend/families/): its Impl.forward takes
+    # that family's inputs (gqa: q, k, v; mla: backend/attention/mla.py).
+    family: ClassVar[str] = "gqa"
     cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto", "fp8")
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from backend.attention.capabilities import BUILTIN_CAPABILITIES, Capabilities, of_class
+from backend.attention.capabilities import BUILTIN_CAPABILITIES, Capabilities, builtin_families, of_class
 
 if TYPE_CHECKING:
     from backend.attention.interface import AttentionBackend
@@ -22,15 +22,20 @@ class BackendLoadError(Exception):
     """A backend name or import path that cannot be turned into a backend class (one-line message)."""
 
 
-# name -> "module:Class"; imported only when asked for.
-_BUILTIN_PATHS: dict[str, str] = {
-    "torch": "backend.providers.torch_backend:TorchBackend",
-    "aiter": "backend.providers.aiter_backend:AiterBackend",
-    "aiter-emulated": "backend.providers.aiter_backend:AiterEmulatedBackend",
-    "aiter-triton": "backend.providers.aiter_triton_backend:AiterTritonBackend",
-    "aiter-triton-pa": "backend.providers.aiter_triton_backend:AiterTritonPABackend",
+# (name, attention family) -> "module:Class"; imported only when asked for. A provider name is the
+# same kernel source across families (AITER, plain torch), one class per family it implements.
+_BUILTIN_PATHS: dict[tuple[str, str], str] = {
+    ("torch", "gqa"): "backend.providers.torch_backend:TorchBackend",
+    ("aiter", "gqa"): "backend.providers.aiter_backend:AiterBackend",
+    ("aiter-emulated", "gqa"): "backend.providers.aiter_backend:AiterEmulatedBackend",
+    ("aiter-triton", "gqa"): "backend.providers.aiter_triton_backend:AiterTritonBackend",
+    ("aiter-triton-pa", "gqa"): "backend.providers.aiter_triton_backend:AiterTritonPABackend",
+    ("torch", "mla"): "backend.providers.torch_mla:TorchMLABackend",
+    ("aiter", "mla"): "backend.providers.aiter_mla:AiterMLABackend",
+    ("aiter-emulated", "mla"): "backend.providers.aiter_mla:AiterEmulatedMLABackend",
+    ("aiter-triton", "mla"): "backend.providers.aiter_triton_mla:AiterTritonMLABackend",
 }
-BUILTIN_BACKENDS: tuple[str, ...] = tuple(_BUILTIN_PATHS)
+BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUILTIN_PATHS))
 # "vllm:NAME" is vLLM's own backend NAME run in place (backend/adapters/vllm.py); reserved, so it
 # is never read as the import path "module vllm, attribute NAME". Doctor lists these.
 VLLM_PREFIX = "vllm:"
@@ -83,8 +88,10 @@ def validate_backend_class(obj: object, label: str) -> type[AttentionBackend]:
     return obj  # type: ignore[return-value]
 
 
-def get_backend(name: str) -> type[AttentionBackend]:
-    """The backend class for a builtin provider name or an import path "package.module:Class"."""
+def get_backend(name: str, family: str = "gqa") -> type[AttentionBackend]:
+    """The backend class for a builtin provider name or an import path "package.module:Class",
+    implementing attention `family` (a builtin: its class for that family, BackendLoadError when
+    it has none; an import path names one class: see class_family_reason)."""
     if not isinstance(name, str) or not name.strip():
         raise BackendLoadError(f"empty backend name: expected one of {', '.join(BUILTIN_BACKENDS)}")
     name = name.strip()
@@ -95,16 +102,37 @@ def get_backend(name: str) -> type[AttentionBackend]:
         from backend.adapters.vllm import make_backend  # imports vllm only when the class is used
 
         return make_backend(vllm_name)
-    path = _BUILTIN_PATHS.get(name, name)
-    return validate_backend_class(_import_class(path), name)
+    if name in BUILTIN_BACKENDS:
+        path = _BUILTIN_PATHS.get((name, family))
+        if path is None:
+            raise BackendLoadError(family_reason(name, family) or f"{name} does not implement {family}")
+        return validate_backend_class(_import_class(path), name)
+    return validate_backend_class(_import_class(name), name)
 
 
-def get_capabilities(name: str) -> Capabilities:
-    """What the planner needs of a backend: declared (torch-free) for a builtin name, else read from
-    the class that `name` imports (BackendLoadError as get_backend)."""
-    if isinstance(name, str) and name.strip() in BUILTIN_CAPABILITIES:
-        return BUILTIN_CAPABILITIES[name.strip()]
-    return of_class(get_backend(name), name.strip() if isinstance(name, str) else name)
+def family_reason(name: str, family: str) -> str | None:
+    """Why builtin provider `name` cannot run attention `family` (None when it can, or when `name`
+    is not a builtin: a plugin class says its own family, class_family_reason)."""
+    families = builtin_families(name.strip()) if isinstance(name, str) else ()
+    if not families or family in families:
+        return None
+    return f"{name} does not implement the {family} attention family (it implements {', '.join(families)})"
+
+
+def class_family_reason(cls: type, label: str, family: str) -> str | None:
+    """Why a loaded class cannot run attention `family` (its `family` ClassVar, default gqa)."""
+    own = getattr(cls, "family", "gqa")
+    return None if own == family else f"{label} implements the {own} attention family, not {family}"
+
+
+def get_capabilities(name: str, family: str = "gqa") -> Capabilities:
+    """What the planner needs of a backend for one attention family: declared (torch-free) for a
+    builtin name, else read from the class that `name` imports (BackendLoadError as get_backend;
+    a builtin without the family raises it too: ask family_reason first)."""
+    key = (name.strip(), family) if isinstance(name, str) else None
+    if key in BUILTIN_CAPABILITIES:
+        return BUILTIN_CAPABILITIES[key]
+    return of_class(get_backend(name, family), name.strip() if isinstance(name, str) else name)
 
 
 @dataclass(frozen=True)
@@ -117,14 +145,14 @@ class Availability:
     reason: str
 
 
-def availability(name: str, device) -> Availability:
+def availability(name: str, device, family: str = "gqa") -> Availability:
     """The provider's own unavailable_reason(device), as the planner asks it; a name that does not
     load or a check that raises is "unavailable" with the error, never an exception."""
     import torch
 
     device = torch.device(device)
     try:
-        cls = get_backend(name)
+        cls = get_backend(name, family)
     except BackendLoadError as exc:
         return Availability(name, str(device), False, f"unavailable: {exc}")
     try:

@@ -195,7 +195,7 @@ SWA_SINKS = FamilySpec(
 )
 
 
-SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA,)}
+SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA, MLA)}
 FAMILY_NAMES: tuple[str, ...] = tuple(SPECS)
 
 

@@ -24,7 +24,7 @@ import torch
 
 import backend
 from backend.attention.kv_cache import fp8_dtype
-from backend.attention.registry import BackendLoadError, get_backend
+from backend.attention.registry import BackendLoadError, class_family_reason, family_reason, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
 from backend.harness.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
@@ -208,7 +208,11 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
     snapshot, reference or check: it needs one session's memory. Which kernel specialisations run
     depends on shapes and integer values (the step plans, sizes, metadata), not on the caches'
     contents. False where the case would not run (skip, invalid); raises what the case raises."""
-    backend_cls = get_backend(case.backend)
+    if family_reason(case.backend, case.attention):
+        return False
+    backend_cls = get_backend(case.backend, case.attention)
+    if class_family_reason(backend_cls, case.backend_label, case.attention):
+        return False
     if case.tp != 1 or backend_cls.unavailable_reason(device) or layout_reasons(case.model, 1) \
             or batch_reasons(case.batch, case.model):
         return False
@@ -249,10 +253,16 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         if world_size != case.tp:
             return base.replace(reason=f"invalid case: tp {case.tp} but the gang has {world_size} ranks",
                                 error_kind="exception")
+        why = family_reason(case.backend, case.attention)
+        if why:
+            return base.replace(status=Status.SKIP, reason=f"unsupported: {why}")
         try:
-            backend_cls = get_backend(case.backend)
+            backend_cls = get_backend(case.backend, case.attention)
         except BackendLoadError as e:
             return base.replace(reason=f"backend: {e}", error_kind="exception")
+        why = class_family_reason(backend_cls, case.backend_label, case.attention)
+        if why:
+            return base.replace(status=Status.SKIP, reason=f"unsupported: {why}")
         base = base.replace(provider=getattr(backend_cls, "name", case.backend_label))
         emulated = getattr(backend_cls, "emulated", None)  # what runs in place of a third party's code
         if callable(emulated) and emulated():
@@ -299,6 +309,44 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         reason = f"capture error: {line}" if capture else f"{type(e).__name__}: {line}"
         return base.replace(status=Status.ERROR, reason=reason, error_kind="capture" if capture else "exception",
                             log_tail=tail, timings={"total_s": time.perf_counter() - t_start})
+
+
+def _capture(session: Session, keys: set[GraphKey]) -> float:
+    """Capture the keys the session lacks, checking that making each graph (its eager warm-up and
+    the capture itself, on vLLM's dummy batch of slot -1 tokens) writes nothing to the KV cache:
+    a write there lands before any step's snapshot, so kv_integrity could not see it (vLLM #39444:
+    a warm-up write to slot 0), and it can pre-write the very bytes a later stray write repeats
+    (#32). What a key wrote is kept in session.capture_writes; every step that replays that graph
+    fails kv_integrity with it. Returns the seconds spent capturing."""
+    missing = [k for k in keys if k not in session.graphs]
+    if not missing:
+        return 0.0
+    family = session.family
+    before = [family.slot_rows(b) for b in _snapshot(session.kv_caches)]  # views of the scratch
+    spent = 0.0
+    for key in sorted(missing, key=lambda k: (k.uniform_decode, -k.size, k.runtime_mode)):  # capture_plan order
+        spent += session.ensure_graphs({key})
+        for layer, (cache, was) in enumerate(zip(session.kv_caches, before)):
+            now = family.slot_rows(cache)
+            if torch.equal(raw(now), raw(was)):
+                continue
+            changed = (raw(now) != raw(was)).reshape(now.shape[0], now.shape[1], -1).any(dim=-1).any(dim=0)
+            n = int(changed.sum())
+            session.capture_writes.setdefault(
+                key, f"layer {layer}: {n} slot{'s' if n != 1 else ''} written during its warm-up and capture "
+                     f"(first slot {int(torch.argmax(changed.to(torch.uint8)))}); capture runs on slots of -1")
+            was.copy_(now)
+    _mark_scratch(None)  # capture ran the model on the caches
+    return spent
+
+
+def _pad_seed(case: Case, step: int, session: Session) -> int:
+    """The seed of a replay's padded input rows: new for every replay of the session, so a padded
+    token's stray KV write changes bytes every time, whatever an earlier case or warm-up left in
+    the slot it hits (#32: the same pad values wrote the same bytes, and a deterministic stray
+    write passed on one attempt and failed on another, FLAKY)."""
+    session.replays += 1
+    return hash_seed(case.seed, step, 31, session.replays)
 
 
 def _padded_rows(session: Session, key: GraphKey, n: int) -> torch.Tensor | None:
@@ -607,7 +655,7 @@ def _graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepIn
         graph_side = session.run_eager_step(x, inputs.batch)
         used = 0
     else:
-        graph_side = session.run_graph_step(graph_key, x, inputs.batch, pad_seed=hash_seed(case.seed, plan.index, 31))
+        graph_side = session.run_graph_step(graph_key, x, inputs.batch, pad_seed=_pad_seed(case, plan.index, session))
         used = d.padded_tokens
         padded = _padded_rows(session, graph_key, x.shape[0])
     t2 = clock.now()
@@ -631,6 +679,8 @@ def _graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepIn
                          f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
     if outside_ok:  # kv_integrity left the scratch equal to the caches (_SCRATCH_OWNER)
         _mark_scratch(session)
+    if kv_ok and graph_key in session.capture_writes:  # the graph wrote the cache while it was made
+        kv_ok, kv_detail = False, f"{d.runtime_mode} graph of {d.padded_tokens} tokens: {session.capture_writes[graph_key]}"
     phases["checks_s"].append(_Span(t2, clock.now()))
     return _GraphStep(
         replay=replay, attn_replay=attn_replay, finite=finite, padded=fp,
@@ -646,9 +696,7 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
     clock = _Clock(session.device)
     shape = case.model
     plans, dispatches, graph_keys = _dispatch_plan(case, mode, sizes)
-    capture_s = session.ensure_graphs({k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
-    if capture_s:
-        _mark_scratch(None)  # capture ran the model on the caches
+    capture_s = _capture(session, {k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
     _set_scales(case, session)
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
     eager_s, replay_s, used, shared, shared_graph = [], [], [], 0, 0

@@ -87,13 +87,16 @@ def jit_backends(names: Iterable[str]) -> set[str]:
     not load is left to the worker, which reports it)."""
     from backend.attention.registry import BackendLoadError, get_backend
 
+    from backend.attention.capabilities import builtin_families
+
     out = set()
     for name in set(names):
-        try:
-            if getattr(get_backend(name), "jit_kernels", False):
-                out.add(name)
-        except (BackendLoadError, ImportError):
-            continue
+        for family in builtin_families(name) or ("gqa",):
+            try:
+                if getattr(get_backend(name, family), "jit_kernels", False):
+                    out.add(name)
+            except (BackendLoadError, ImportError):
+                continue
     return out
 
 
@@ -121,11 +124,11 @@ def marker_path(reps: Sequence[Case]) -> str:
             h.update(f"{dist}={importlib.metadata.version(dist)}".encode())
         except importlib.metadata.PackageNotFoundError:
             h.update(f"{dist}=-".encode())
-    for name in sorted({c.backend for c in reps}):
+    for name, family in sorted({(c.backend, c.attention) for c in reps}):
         try:
-            with open(inspect.getsourcefile(get_backend(name)) or "", "rb") as f:
+            with open(inspect.getsourcefile(get_backend(name, family)) or "", "rb") as f:
                 h.update(f.read())
-        except (OSError, TypeError):
+        except (OSError, TypeError, ImportError):
             pass
     return os.path.join(triton_cache_dir(), f"orch-precompile-{h.hexdigest()[:24]}.done")
 

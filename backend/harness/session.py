@@ -191,6 +191,9 @@ class Session:
         # machine, a repeated repro) runs its graph side again instead of reusing one (a retry
         # exists to see a different outcome).
         self.cases_run: set[str] = set()
+        # What making a graph wrote to the KV cache (checker._capture), by key: steps replaying it fail.
+        self.capture_writes: dict[GraphKey, str] = {}
+        self.replays = 0  # graph replays so far: each gets fresh padded input rows (checker._pad_seed)
 
     @property
     def runner(self):

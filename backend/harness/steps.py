@@ -70,8 +70,17 @@ def _kind(query_lens) -> str:
 
 def plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ...], num_steps: int,
                seed: int, spec_tokens: int = 0) -> list[StepPlan]:
-    if spec_tokens > 0:
-        return plan_verify_steps(batch, shape, capture_sizes, num_steps, seed, spec_tokens)
+    """The case's steps, each step's rows in the order the family's backends get them
+    (AttentionFamily.order_rows: MLA's decodes first; gqa's as drawn)."""
+    family = family_of(shape.attention)
+    plans = (plan_verify_steps(batch, shape, capture_sizes, num_steps, seed, spec_tokens) if spec_tokens > 0
+             else _plan_steps(batch, shape, capture_sizes, num_steps, seed))
+    return [StepPlan(p.index, *family.order_rows(p.query_lens, p.seq_lens, spec_tokens), p.shuffle_blocks)
+            for p in plans]
+
+
+def _plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ...], num_steps: int,
+                seed: int) -> list[StepPlan]:
     rng = random.Random(f"steps-{seed}-{batch.name}")
     kind = batch.kind
     max_tokens = max(capture_sizes) if capture_sizes and batch.num_tokens <= max(capture_sizes) else None

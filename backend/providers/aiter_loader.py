@@ -44,6 +44,7 @@ _LAUNCHER_MODULES = (
     "aiter.ops.triton.unified_attention",
     "aiter.ops.triton.pa_decode",
     "aiter.ops.triton.mha",
+    "aiter.ops.triton.mla_decode_rope",
 )
 
 
@@ -52,11 +53,13 @@ _LAUNCHER_MODULES = (
 NATIVE_FUNCTIONS = {
     "flash_attn_varlen_func": ("ops/mha.py", "flash_attn_varlen_func"),
     "paged_attention_v1": ("ops/attention.py", "paged_attention_v1"),
+    "mla_decode_fwd": ("mla.py", "mla_decode_fwd"),  # the mla family's decode (aiter_mla.py)
 }
 TRITON_FUNCTIONS = {
     "unified_attention": ("ops/triton/unified_attention.py", "unified_attention"),
     "paged_attention_decode": ("ops/triton/pa_decode.py", "paged_attention_decode"),
     "flash_attn_varlen_func": ("ops/triton/mha.py", "flash_attn_varlen_func"),
+    "decode_attention_fwd_grouped_rope": ("ops/triton/mla_decode_rope.py", "decode_attention_fwd_grouped_rope"),
 }
 _ARCH_INFO = "ops/triton/utils/_triton/arch_info.py"
 _TYPES = "ops/triton/utils/types.py"
@@ -423,8 +426,9 @@ def patch_checks(package_dir: str | None = None) -> tuple[PatchCheck, ...]:
 
 @functools.lru_cache(maxsize=1)
 def load_aiter_triton() -> types.SimpleNamespace:
-    """unified_attention, paged_attention_decode (pa_decode) and the Triton MHA
-    flash_attn_varlen_func from the installed amd-aiter. Raises AiterLoadError."""
+    """unified_attention, paged_attention_decode (pa_decode), the Triton MHA
+    flash_attn_varlen_func and the MLA decode decode_attention_fwd_grouped_rope from the installed
+    amd-aiter. Raises AiterLoadError."""
     package_dir = aiter_package_dir()
     if package_dir is None:
         raise AiterLoadError("amd-aiter not installed (pip install amd-aiter)")
@@ -448,6 +452,7 @@ def load_aiter_triton() -> types.SimpleNamespace:
         unified_attention=modules["aiter.ops.triton.unified_attention"].unified_attention,
         paged_attention_decode=modules["aiter.ops.triton.pa_decode"].paged_attention_decode,
         flash_attn_varlen_func=modules["aiter.ops.triton.mha"].flash_attn_varlen_func,
+        decode_attention_fwd_grouped_rope=modules["aiter.ops.triton.mla_decode_rope"].decode_attention_fwd_grouped_rope,
     )
 
 

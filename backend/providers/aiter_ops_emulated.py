@@ -1,5 +1,6 @@
-"""Torch implementations of the two native AITER ops, with their documented semantics
-(DESIGN.md §3), so the `aiter` provider's own wrapper runs on CPU and in CI.
+"""Torch implementations of the native AITER ops orch's `aiter` providers call, with their
+documented semantics (DESIGN.md §3, §9a), so the providers' own wrappers run on CPU and in CI:
+flash_attn_varlen_func and paged_attention_v1 (gqa), mla_decode_fwd (mla).
 
 What matters is what a graph freezes, so host ints are honoured exactly as the kernels use them:
 - flash_attn_varlen_func: the launch grid covers max_seqlen_q query rows and max_seqlen_k key
@@ -25,7 +26,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
                            bias=None, alibi_slopes=None, deterministic: bool = False, return_lse: bool = False,
                            return_attn_probs: bool = False, how_v3_bf16_cvt: int = 1, block_table=None,
                            out: torch.Tensor | None = None, cu_seqlens_q_padded=None, cu_seqlens_k_padded=None):
-    """q [Tq, H, D], k/v [Tk, Hkv, D] packed contiguously by cu_seqlens_q/k [B+1]. Returns out."""
+    """q [Tq, H, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] packed contiguously by cu_seqlens_q/k [B+1]
+    (MLA's prefill: D = P + R, Dv = V). Returns out [Tq, H, Dv]."""
     unsupported = {"dropout_p": dropout_p, "logits_soft_cap": logits_soft_cap, "bias": bias,
                    "alibi_slopes": alibi_slopes, "block_table": block_table, "return_lse": return_lse,
                    "return_attn_probs": return_attn_probs, "cu_seqlens_q_padded": cu_seqlens_q_padded,
@@ -34,7 +36,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     if used or tuple(window_size) != (-1, -1):
         raise NotImplementedError(f"emulated flash_attn_varlen_func does not model {used or 'window_size'}")
     if out is None:
-        out = torch.zeros_like(q)
+        out = q.new_zeros(*q.shape[:-1], v.shape[-1])
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     tq, h, d = q.shape
     tk, hkv = k.shape[0], k.shape[1]
@@ -45,7 +47,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     # Written rows: inside the launch grid (row < max_seqlen_q) and of a request not skipped.
     written = (row < qlen) & (row < max_seqlen_q) & (qlen > min_seqlen_q)
     keys = torch.arange(max(max_seqlen_k, 0), device=q.device)
-    per_token = max(max_seqlen_k, 1) * hkv * d * 4 * 2 + h * max(max_seqlen_k, 1) * 4 * 3
+    per_token = max(max_seqlen_k, 1) * hkv * (d + v.shape[-1]) * 4 + h * max(max_seqlen_k, 1) * 4 * 3
     for chunk in token_chunks(tq, per_token):
         index = (cu_k[req[chunk], None] + keys[None, :]).clamp(0, max(tk - 1, 0))
         visible = keys[None, :] < klen[chunk, None]
@@ -103,3 +105,54 @@ def paged_attention_v1(out, workspace_buffer, query, key_cache, value_cache, sca
         res = masked_attention(query[chunk], kk, vv, keys[None, :] < ctx[chunk, None], scale)
         out[chunk] = torch.where(active[chunk, None, None], res.to(out.dtype), out[chunk])
     return out
+
+
+def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
+                   sm_scale=None, logit_cap=0.0, num_kv_splits=None, num_kv_splits_indptr=None, work_meta_data=None,
+                   work_indptr=None, work_info_set=None, reduce_indptr=None, reduce_final_map=None,
+                   reduce_partial_map=None, q_scale=None, kv_scale=None):
+    """aiter/mla.py mla_decode_fwd: MQA over a paged latent cache. q [T, H, Dqk]; kv_buffer
+    [num_pages, page_size, 1, Dqk]; o [T, H, Dv] (V = each key row's first Dv values, the
+    latent); row b owns query tokens qo_indptr[b]..qo_indptr[b+1] and the KV pages
+    kv_indices[kv_indptr[b]:kv_indptr[b+1]]; kv_scale dequantises an fp8 buffer. Modelled: page
+    size 1 and max_seqlen_q 1 (one query token a row), no logit cap, no q_scale. A row with no
+    keys is left unwritten (the native stage-2 reduce's result there is not documented; orch's
+    wrapper zero-fills `o` first). Returns (o, None).
+
+    Graph-safe: a segmented softmax over kv_indices' whole capacity (a static shape), positions
+    past kv_indptr's last entry masked; no host read of the layout."""
+    pages, page_size = kv_buffer.shape[0], kv_buffer.shape[1]
+    if page_size != 1 or max_seqlen_q != 1 or logit_cap or q_scale is not None or work_meta_data is not None:
+        raise NotImplementedError("emulated mla_decode_fwd models page size 1, max_seqlen_q 1, no logit cap, "
+                                  "no q_scale, the non-persistent path")
+    rows, h, dv = qo_indptr.shape[0] - 1, q.shape[1], o.shape[-1]
+    scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
+    flat = kv_buffer.view(pages, -1)
+    ends = kv_indptr[1:rows + 1].to(torch.int64)
+    first_token = qo_indptr[:rows].to(torch.int64).clamp(max=max(q.shape[0] - 1, 0))
+    qr = q[first_token].float()  # [rows, H, Dqk]
+    m = torch.full((rows, h), float("-inf"), dtype=torch.float32, device=q.device)
+    den = torch.zeros(rows, h, dtype=torch.float32, device=q.device)
+    num = torch.zeros(rows, h, dv, dtype=torch.float32, device=q.device)
+    per_pos = flat.shape[1] * 4 * 2 + h * (dv + 4) * 4
+    for chunk in token_chunks(kv_indices.shape[0], per_pos, budget=32 * 1024**2):  # online softmax
+        p = torch.arange(chunk.start, chunk.stop, device=q.device)
+        row = torch.searchsorted(ends, p, right=True)
+        valid = row < rows
+        row = row.clamp(max=max(rows - 1, 0))
+        k = flat[kv_indices[chunk].to(torch.int64).clamp(0, pages - 1)]
+        k = k.float() * kv_scale.float() if kv_scale is not None else k.float()
+        s = torch.einsum("phd,pd->ph", qr[row], k) * scale
+        s = torch.where(valid[:, None], s, torch.full_like(s, float("-inf")))
+        m_new = m.scatter_reduce(0, row[:, None].expand(-1, h), s, reduce="amax")
+        keep = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), torch.exp(m - m_new))  # rows still empty: 0
+        den, num, m = den * keep, num * keep[..., None], m_new
+        e = torch.where(valid[:, None], torch.exp(s - m[row]), torch.zeros_like(s))
+        den.index_add_(0, row, e)
+        num.index_add_(0, row, e[..., None] * k[:, None, :dv])
+    has_keys = den > 0
+    res = num / torch.where(has_keys, den, torch.ones_like(den))[..., None]
+    target = qo_indptr[:rows].to(torch.int64).clamp(max=max(o.shape[0] - 1, 0))
+    written = has_keys.any(dim=-1) & (qo_indptr[1:rows + 1] > qo_indptr[:rows])
+    o[target] = torch.where(written[:, None, None], res.to(o.dtype), o[target])
+    return o, None

@@ -56,7 +56,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
                      scale: float) -> torch.Tensor:
     """Per-token attention over its own keys, fp32.
 
-    q [C, H, D], k/v [C, L, Hkv, D], mask [C, L] (True = attend) -> [C, H, D].
+    q [C, H, D], k [C, L, Hkv, D], v [C, L, Hkv, Dv], mask [C, L] (True = attend) -> [C, H, Dv].
     GQA: query head h uses kv head h // (H // Hkv). A row with no key attended gives 0, not NaN
     (padded requests have seq_len 0).
 
@@ -73,4 +73,4 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     # A row with no key attended is all -inf: softmax makes it NaN, zeroed here (as before: 0).
     p = torch.softmax(scores, dim=-1)
     p.masked_fill_(~mask.any(dim=-1)[None, :, None, None], 0.0)
-    return torch.matmul(p, vh).transpose(0, 1).reshape(c, h, d)
+    return torch.matmul(p, vh).transpose(0, 1).reshape(c, h, v.shape[-1])

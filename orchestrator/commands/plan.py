@@ -20,7 +20,7 @@ from orchestrator.errors import ExitCode
 from orchestrator.filters import select
 from orchestrator.matrix import SkippedCase, load_matrix
 
-AXIS_NAMES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens")
+AXIS_NAMES = ("attention", "tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens")
 
 
 def resolved_mode(case: Case) -> tuple[str, str, list[int]]:
@@ -31,7 +31,7 @@ def resolved_mode(case: Case) -> tuple[str, str, list[int]]:
     from backend.attention.registry import get_capabilities
     from backend.harness.modes import UnsupportedModeError, resolve_capture_sizes, resolve_mode
 
-    cls = get_capabilities(case.backend)
+    cls = get_capabilities(case.backend, case.attention)
     try:
         res = resolve_mode(case.mode, cls.cudagraph_support, backend_name=case.backend_label,
                            spec_tokens=case.spec_tokens)

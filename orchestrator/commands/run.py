@@ -192,7 +192,7 @@ def _jit_backends(cases) -> frozenset[str]:
     """The backends among the cases whose kernels compile on first use (torch-free for builtins)."""
     from backend.attention.registry import get_capabilities
 
-    return frozenset(b for b in {c.backend for c in cases} if get_capabilities(b).jit_kernels)
+    return frozenset(b for b, f in {(c.backend, c.attention) for c in cases} if get_capabilities(b, f).jit_kernels)
 
 
 def _run_on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress, phases, log_dir,

@@ -7,20 +7,39 @@ import dataclasses
 
 import pytest
 
-from backend.attention.capabilities import ASK_CLASS, BUILTIN_CAPABILITIES, mismatches, of_class
-from backend.attention.registry import BUILTIN_BACKENDS, get_backend, get_capabilities
+from backend.attention.capabilities import ASK_CLASS, BUILTIN_CAPABILITIES, builtin_families, mismatches, of_class
+from backend.attention.registry import BUILTIN_BACKENDS, family_reason, get_backend, get_capabilities
 from backend.attention.support import AttentionCGSupport
 
 
 def test_every_builtin_is_declared():
-    assert tuple(BUILTIN_CAPABILITIES) == BUILTIN_BACKENDS
+    assert tuple(dict.fromkeys(name for name, _ in BUILTIN_CAPABILITIES)) == BUILTIN_BACKENDS
 
 
-@pytest.mark.parametrize("name", BUILTIN_BACKENDS)
-def test_declaration_agrees_with_its_class(name):
-    declared = BUILTIN_CAPABILITIES[name]
-    assert declared.name == name and get_capabilities(name) is declared
-    assert mismatches(declared, of_class(get_backend(name), name)) == []
+@pytest.mark.parametrize("name, family", sorted(BUILTIN_CAPABILITIES))
+def test_declaration_agrees_with_its_class(name, family):
+    declared = BUILTIN_CAPABILITIES[(name, family)]
+    assert declared.name == name and declared.family == family and get_capabilities(name, family) is declared
+    cls = get_backend(name, family)
+    assert cls.family == family
+    assert mismatches(declared, of_class(cls, name)) == []
+
+
+# (provider, family, implemented?): a provider names its kernels; it implements a family only
+# where it has a class for it, and says so before anything is imported.
+FAMILY_SUPPORT = [
+    ("torch", "gqa", True), ("torch", "mla", True), ("aiter-emulated", "mla", True),
+    ("aiter-triton", "mla", True), ("aiter", "mla", True), ("aiter-triton-pa", "mla", False),
+]
+
+
+@pytest.mark.parametrize("name, family, implemented", FAMILY_SUPPORT)
+def test_a_provider_declares_the_families_it_implements(name, family, implemented):
+    assert (family in builtin_families(name)) == implemented
+    why = family_reason(name, family)
+    assert (why is None) == implemented
+    if not implemented:
+        assert family in why and "gqa" in why  # names what it lacks and what it has
 
 
 @pytest.mark.parametrize("field, value, needle", [
@@ -31,7 +50,7 @@ def test_declaration_agrees_with_its_class(name):
     ("unavailable", lambda dc: "unavailable: nope", "on cpu declared 'unavailable: nope'"),
 ])
 def test_a_drifted_declaration_is_reported(field, value, needle):
-    declared = dataclasses.replace(BUILTIN_CAPABILITIES["torch"], **{field: value})
+    declared = dataclasses.replace(BUILTIN_CAPABILITIES[("torch", "gqa")], **{field: value})
     found = mismatches(declared, of_class(get_backend("torch"), "torch"))
     assert any(needle in m for m in found), found
 
@@ -39,13 +58,14 @@ def test_a_drifted_declaration_is_reported(field, value, needle):
 def test_a_class_changed_under_its_declaration_is_reported(monkeypatch):
     cls = get_backend("aiter-triton-pa")
     monkeypatch.setattr(cls, "cudagraph_support", AttentionCGSupport.ALWAYS)
-    found = mismatches(BUILTIN_CAPABILITIES["aiter-triton-pa"], of_class(cls, "aiter-triton-pa"))
+    found = mismatches(BUILTIN_CAPABILITIES[("aiter-triton-pa", "gqa")], of_class(cls, "aiter-triton-pa"))
     assert found and "UNIFORM_SINGLE_TOKEN_DECODE" in found[0]
 
 
 def test_native_aiter_on_a_gpu_is_left_to_its_class():
-    assert BUILTIN_CAPABILITIES["aiter"].unavailable_reason("gpu") == ASK_CLASS
-    assert BUILTIN_CAPABILITIES["aiter"].unavailable_reason("cpu") == "unavailable: needs a ROCm GPU"
+    for family in ("gqa", "mla"):
+        assert BUILTIN_CAPABILITIES[("aiter", family)].unavailable_reason("gpu") == ASK_CLASS
+        assert BUILTIN_CAPABILITIES[("aiter", family)].unavailable_reason("cpu") == "unavailable: needs a ROCm GPU"
 
 
 def test_plugins_are_read_from_their_class():

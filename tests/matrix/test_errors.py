@@ -40,7 +40,7 @@ BROKEN = [
     ("bad import path", replace("backend: [torch]", "backend: [tests.matrix.no_such_module:X]  #!"), "cannot import"),
     ("import path to a non-class", replace("backend: [torch]", "backend: ['tests.matrix.plugins:NOT_A_CLASS']  #!"), "not an AttentionBackend"),
     ("heads not multiple of kv heads", replace("num_kv_heads: 2", "num_kv_heads: 3  #!"), "not a multiple of num_kv_heads 3"),
-    ("nothing runnable: tp vs heads", replace("tp: [1, 2]", "tp: [4, 8]  #!").replace("num_heads: 8, num_kv_heads: 2", "num_heads: 2, num_kv_heads: 2"), "nothing runnable: tp 4 > num_heads 2"),
+    ("nothing runnable: tp vs heads", replace("tp: [1, 2]", "tp: [4, 8]  #!").replace("num_heads: 8, num_kv_heads: 2", "num_heads: 2, num_kv_heads: 2"), "nothing runnable for gqa: tp 4 > num_heads 2"),
     ("duplicate key", replace("  tp: [1, 2]", "  tp: [1, 2]\n  tp: [1]  #!"), "duplicate key 'tp'"),
     ("duplicate axis value", replace("tp: [1, 2]", "tp: [1, 2, 1]  #!"), "duplicate value 1"),
     ("include lacks an axis", BASE + "include:\n  - {tp: 4}  #!\n", "does not say which cudagraph_mode"),

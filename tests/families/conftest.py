@@ -1,0 +1,31 @@
+"""Tiny MLA shapes and cases, so the family's suite stays within a minute or two on one core."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from backend.case import BatchSpec, Case, ModelShape, Tolerance
+from backend.harness.checker import SessionCache
+
+# L = 32, R = 16 (a 48-value latent row), P = 16, V = 16; 4 heads, so tp 2 and 4 shard them.
+MLA_DIMS = (("kv_lora_rank", 32), ("qk_nope_head_dim", 16), ("qk_rope_head_dim", 16), ("v_head_dim", 16))
+TINY_MLA = ModelShape(num_heads=4, num_kv_heads=1, head_size=48, block_size=16, dtype="bfloat16", num_layers=2,
+                      max_model_len=128, max_num_seqs=8, attention="mla", dims=MLA_DIMS)
+CAPTURE_SIZES = (1, 2, 4, 8, 16, 32)
+DECODE = BatchSpec("decode3", (1, 1, 1), (40, 20, 70))  # 3 tokens pad to 4
+MIXED = BatchSpec("mixed6", (1, 4, 1), (40, 20, 70))  # reordered decodes first: (1, 1, 4)
+TOL = {"auto": Tolerance(2e-2, 2e-2), "fp8": Tolerance(2e-2, 5e-2)}
+
+
+def make_case(backend: str = "torch", mode: str = "FULL", kv: str = "auto", batch: BatchSpec = MIXED,
+              tp: int = 1, seed: int = 0, **changes) -> Case:
+    case = Case(backend=backend, tp=tp, mode=mode, kv_cache_dtype=kv, batch=batch, seed=seed, model=TINY_MLA,
+                capture_sizes=CAPTURE_SIZES, steps=3, tolerance=TOL[kv], matrix="tests/tiny-mla.yaml")
+    return dataclasses.replace(case, **changes) if changes else case
+
+
+@pytest.fixture(scope="session")
+def mla_sessions() -> SessionCache:
+    return SessionCache(capacity=64)
