@@ -37,6 +37,14 @@ def num_kv_splits(max_seq_len: int) -> int:
 
 
 class AiterTritonMLAImpl(MLAImpl):
+    def __init__(self, config):
+        super().__init__(config)
+        # RoPE is outside the op here (use_rope=False): the kernel never reads these, but the
+        # signature types them as tensors, so it gets small ones (never None).
+        dev, r = config.device, self.dims.qk_rope_head_dim
+        self._no_rope = (torch.zeros(1, r, dtype=config.dtype, device=dev),
+                         torch.zeros(1, r, dtype=config.dtype, device=dev), torch.zeros(1, dtype=torch.int64, device=dev))
+
     def forward(self, q, kv_c, k_pe, kv_cache, metadata, k_scale, output, w_uk_t, w_uv):
         ops, dims, scale, md = load_aiter_triton(), self.dims, self.config.scale, metadata
         mla_ops.write_latent(kv_cache, kv_c, k_pe, md.slot_mapping, k_scale)
@@ -49,8 +57,8 @@ class AiterTritonMLAImpl(MLAImpl):
                                  device=q.device)
             k_buffer = kv_cache.view(-1, 1, dims.row)
             ops.decode_attention_fwd_grouped_rope(
-                qq, k_buffer, k_buffer[..., :dims.kv_lora_rank], o_lat, md.kv_indptr, md.kv_indices, None,
-                dims.kv_lora_rank, dims.qk_rope_head_dim, None, None, logits, splits, scale,
+                qq, k_buffer, k_buffer[..., :dims.kv_lora_rank], o_lat, md.kv_indptr, md.kv_indices, self._no_rope[0],
+                dims.kv_lora_rank, dims.qk_rope_head_dim, self._no_rope[1], self._no_rope[2], logits, splits, scale,
                 logit_cap=0.0, use_rope=False, is_neox_style=False)
             keep_padded_rows_finite(o_lat, md.query_start_loc)
             output[:dt].copy_(mla_ops.up_project(o_lat, w_uv))
