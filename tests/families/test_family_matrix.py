@@ -1,0 +1,106 @@
+"""The attention axis in matrix files: families.<name> blocks, per-family shapes, ids, skips, and
+bad input (one line naming file and field, exit 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.matrix import load_matrix
+from tests.matrix.helpers import BASE, marked_line, replace, write
+
+MLA = replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, mla]")
+
+# (scenario, document with the offending line marked `#!`, words the message must contain)
+BROKEN = [
+    ("unknown family", replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, mlaa]  #!"),
+     "'mlaa' is not a valid attention family"),
+    ("family block for a family not in the axis", BASE + "families:\n  mla: {}  #!\n",
+     "families.mla: the mla family is not in axes.attention"),
+    ("unknown key in a family's model", MLA + "families:\n  mla:\n    model: {kv_lora_rnak: 32}  #!\n",
+     "unknown key 'kv_lora_rnak' for a mla model (did you mean 'kv_lora_rank'?)"),
+    ("a derived field given", MLA + "families:\n  mla:\n    model: {head_size: 576}  #!\n",
+     "head_size is derived for the mla family"),
+    ("a dim out of range", MLA + "families:\n  mla:\n    model: {kv_lora_rank: 0}  #!\n",
+     "kv_lora_rank 0 is outside [1, 4096]"),
+    ("a generic field wrong in a family's model", MLA + "families:\n  mla:\n    model: {num_heads: 0}  #!\n",
+     "num_heads"),
+    ("no backend implements a family",
+     MLA + "families:\n  mla:\n    axes: {backend: [aiter-triton-pa]}  #!\n",
+     "no backend here implements the mla attention family"),
+    ("heads not divisible by any tp", MLA + "families:\n  mla:\n    model: {num_heads: 3}\n    axes: {tp: [2]}  #!\n",
+     "nothing runnable for mla: num_heads 3 not divisible by tp 2"),
+]
+
+
+@pytest.mark.parametrize("doc,needle", [pytest.param(d, n, id=s) for s, d, n in BROKEN])
+def test_broken_family_matrix_exits_2_with_file_and_line(tmp_path, capsys, doc, needle):
+    path = write(tmp_path, doc)
+    code = main(["plan", path, "--devices", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"orch: {path}:{marked_line(doc)}: "), lines[0]
+    assert needle in lines[0], lines[0]
+
+
+def test_backend_override_that_implements_no_family_of_the_matrix(tmp_path, capsys):
+    path = write(tmp_path, replace("  backend: [torch]", "  backend: [torch]\n  attention: [mla]"))
+    assert main(["plan", path, "--devices", "cpu", "--backend", "aiter-triton-pa"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "orch: --backend: aiter-triton-pa implements none of the matrix's attention families (mla)", err
+
+
+def test_the_family_axis_keeps_every_gqa_id(tmp_path):
+    """Adding attention: [gqa, mla] adds mla-prefixed cases and leaves the gqa ones as they were."""
+    plain = load_matrix(write(tmp_path, BASE, "a.yaml"), devices="cpu")
+    both = load_matrix(write(tmp_path, MLA, "b.yaml"), devices="cpu")
+    gqa = [c.case_id for c in both.cases if c.attention == "gqa"]
+    assert gqa == [c.case_id for c in plain.cases]
+    mla = [c.case_id for c in both.cases if c.attention == "mla"]
+    assert mla and all(i.startswith("mla-tp") for i in mla)
+    assert len(mla) == len(gqa)
+
+
+def test_a_familys_model_is_its_defaults_over_the_generic_fields(tmp_path):
+    doc = MLA + "families:\n  mla:\n    model: {num_heads: 4, v_head_dim: 8}\n"
+    m = load_matrix(write(tmp_path, doc), devices="cpu")
+    mla = next(c.model for c in m.cases if c.attention == "mla")
+    gqa = next(c.model for c in m.cases if c.attention == "gqa")
+    assert mla.num_heads == 4 and mla.dim("v_head_dim") == 8  # the block
+    assert mla.dim("kv_lora_rank") == 32 and mla.dim("qk_rope_head_dim") == 16  # the CPU defaults
+    assert (mla.num_kv_heads, mla.head_size) == (1, 48)  # derived: one latent row of L + R
+    assert (mla.max_model_len, mla.block_size) == (gqa.max_model_len, gqa.block_size)  # generic: inherited
+    gpu = load_matrix(write(tmp_path, MLA, "g.yaml"), devices="gpu")  # no GPU here: skipped, still built
+    cases = [*gpu.cases, *(s.case for s in gpu.skipped)]
+    assert next(c.model for c in cases if c.attention == "mla").dims == (
+        ("kv_lora_rank", 512), ("qk_nope_head_dim", 128), ("qk_rope_head_dim", 64), ("v_head_dim", 128))
+
+
+def test_a_provider_without_the_family_is_skipped_with_the_reason(tmp_path):
+    doc = MLA.replace("backend: [torch]", "backend: [torch, aiter-triton-pa]")
+    m = load_matrix(write(tmp_path, doc), devices="cpu")
+    skipped = [s for s in m.skipped if s.case.attention == "mla" and s.case.backend == "aiter-triton-pa"]
+    assert skipped and all("does not implement the mla attention family (it implements gqa)" in s.reason
+                           for s in skipped)
+
+
+def test_family_axes_replace_the_matrix_axes_for_that_family(tmp_path):
+    doc = MLA + "families:\n  mla:\n    axes: {tp: [1], batch: [dec], kv_cache_dtype: [auto]}\n"
+    m = load_matrix(write(tmp_path, doc), devices="cpu")
+    mla = [c for c in m.cases if c.attention == "mla"]
+    assert {c.tp for c in mla} == {1} and {c.batch.name for c in mla} == {"dec"} and len(mla) == 2
+    assert {c.tp for c in m.cases if c.attention == "gqa"} == {1, 2}
+
+
+def test_full_yaml_plans_mla_with_its_resolution(capsys):
+    import json
+
+    assert main(["plan", "matrices/full.yaml", "--devices", "cpu", "--json", "--filter", "attention=mla"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    full = {c["backend"]: c["resolved_mode"] for c in plan["cases"] if c["cudagraph_mode"] == "FULL"}
+    assert full == {"torch": "FULL_AND_PIECEWISE", "aiter-emulated": "FULL_AND_PIECEWISE"}
+    assert {c["tp"] for c in plan["cases"]} == {1, 2, 4, 8}
+    assert {c["spec_tokens"] for c in plan["cases"]} == {0, 2}
+    assert {c["kv_cache_dtype"] for c in plan["cases"]} == {"auto", "fp8"}
