@@ -88,9 +88,11 @@ def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
     symbol per cell (worst case in the cell)."""
     out: list[str] = []
     worst = {c: i for i, c in enumerate(CLASSIFICATIONS)}
-    backends = _order((r.axes.get("backend", "?") for r in results), ())
-    for backend in backends:
-        rs = [r for r in results if r.axes.get("backend", "?") == backend]
+    # One grid per (attention family, backend): gqa's first, each family's backends in run order.
+    groups = _order(((r.axes.get("attention") or "gqa", r.axes.get("backend", "?")) for r in results), ())
+    groups = sorted(groups, key=lambda g: g[0] != "gqa")
+    for family, backend in groups:
+        rs = [r for r in results if (r.axes.get("attention") or "gqa", r.axes.get("backend", "?")) == (family, backend)]
         rows = _order(((r.axes.get("tp"), r.axes.get("cudagraph_mode"), _k(r)) for r in rs), ())
         rows = sorted(rows, key=lambda t: (t[0] or 0, CUDAGRAPH_MODES.index(t[1]) if t[1] in CUDAGRAPH_MODES else 99, t[2]))
         with_k = any(k for _, _, k in rows)
@@ -106,7 +108,7 @@ def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
                 cells[key] = cls
             if r.downgraded:
                 down.add(key)
-        out += [f"#### `{backend}`", ""]
+        out += [f"#### `{backend}`" + ("" if family == "gqa" else f" · {family}"), ""]
         head = "tp × mode × k" if with_k else "tp × mode"
         out.append(f"| {head} | " + " | ".join(f"{kv}<br>{b}" for kv, b in cols) + " |")
         out.append("|---|" + "---|" * len(cols))

@@ -58,8 +58,9 @@ def _history(case_id: str, current: int, hist: dict) -> dict[str, Any]:
 
 
 def with_k(axes: dict) -> dict[str, Any]:
-    """Axes with spec_tokens (0 for results stored before the axis), so the page groups them."""
-    return {**axes, "spec_tokens": axes.get("spec_tokens", 0) or 0}
+    """Axes with spec_tokens and attention (0 and gqa for results stored before those axes), so
+    the page groups them."""
+    return {**axes, "spec_tokens": axes.get("spec_tokens", 0) or 0, "attention": axes.get("attention") or "gqa"}
 
 
 def case_entry(r: CaseResult, view: RunView, hist: dict) -> dict[str, Any]:

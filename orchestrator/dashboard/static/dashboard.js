@@ -8,6 +8,8 @@
   var LETTER = { pass: "", fail: "F", error: "E", timeout: "T", flaky: "~", "known-fail": "K", "not-run": "N", skip: "S", pending: "…", missing: "?" };
   var AXIS_CHOICES = [
     ["tp,cudagraph_mode", "tp × mode"], ["tp,cudagraph_mode,spec_tokens", "tp × mode × k"],
+    ["attention,tp,cudagraph_mode", "family × tp × mode"], ["attention,tp,cudagraph_mode,spec_tokens", "family × tp × mode × k"],
+    ["attention", "attention family"],
     ["kv_cache_dtype,batch", "kv dtype × batch"], ["tp", "tp"], ["spec_tokens", "k (spec tokens)"],
     ["cudagraph_mode", "mode"], ["kv_cache_dtype", "kv dtype"], ["batch", "batch"], ["backend", "backend"],
     ["seed", "seed"], ["tp,kv_cache_dtype", "tp × kv dtype"], ["cudagraph_mode,batch", "mode × batch"]
@@ -27,6 +29,7 @@
   function axisSort(axis, vals) {
     if (axis === "tp" || axis === "seed" || axis === "spec_tokens") return vals.slice().sort(function (a, b) { return a - b; });
     if (axis === "cudagraph_mode") return vals.slice().sort(function (a, b) { return MODE_ORDER.indexOf(a) - MODE_ORDER.indexOf(b); });
+    if (axis === "attention") return vals.slice().sort(function (a, b) { return (a === "gqa" ? 0 : 1) - (b === "gqa" ? 0 : 1) || String(a).localeCompare(String(b)); });
     if (axis === "kv_cache_dtype") return vals.slice().sort(function (a, b) { return (a === "auto" ? 0 : 1) - (b === "auto" ? 0 : 1) || String(a).localeCompare(String(b)); });
     return vals;
   }
@@ -58,8 +61,11 @@
 
   function setupControls() {
     // A run with spec-decode cases splits rows by k, so a k = 2 failure never hides behind k = 0.
+    // A run of several attention families (gqa, mla, ...) splits rows by family first.
     var withK = DATA.cases.some(function (c) { return c.axes.spec_tokens > 0; });
-    fillSelect($("rows"), AXIS_CHOICES, withK ? "tp,cudagraph_mode,spec_tokens" : "tp,cudagraph_mode");
+    var families = uniq(DATA.cases.map(function (c) { return c.axes.attention; }));
+    fillSelect($("rows"), AXIS_CHOICES, (families.length > 1 ? "attention," : "") +
+               (withK ? "tp,cudagraph_mode,spec_tokens" : "tp,cudagraph_mode"));
     fillSelect($("cols"), AXIS_CHOICES, "kv_cache_dtype,batch");
     var backends = uniq(DATA.cases.map(function (c) { return String(c.axes.backend); }));
     fillSelect($("f-backend"), [["", "all"]].concat(backends.map(function (b) { return [b, b]; })), "");
@@ -187,6 +193,7 @@
     }
     if (c.cls === "fixed") body.appendChild(el("p", { "class": "ok" }, "Known failure now passes: remove its entry."));
     var t = el("table", { id: "d-fields" });
+    kv(t, "attention family", c.axes.attention || "gqa");
     kv(t, "k (spec tokens)", String(c.axes.spec_tokens || 0) + (c.axes.spec_tokens > 0 ? " (verify rows of " + (1 + c.axes.spec_tokens) + " tokens)" : ""));
     kv(t, "axes", Object.keys(c.axes).map(function (k) { return k + "=" + c.axes[k]; }).join("  "));
     kv(t, "mode", c.requested_mode ? (c.requested_mode + (c.downgraded ? " → " + c.resolved_mode + " (downgraded)" : " (resolved " + c.resolved_mode + ")")) : "");
