@@ -70,27 +70,9 @@ class PersistentMetadataBuilder(AttentionMetadataBuilder):
         = each request's query len, host max_seq_len = max_model_len, block-table rows on the null
         block. Slots are -1: capture must not write the cache the checker later compares."""
         c = self.config
-        if style not in ("v1", "v2"):
-            raise ValueError(f"capture style {style!r} is not v1 or v2")
-        if uniform_query_len > 0:
-            n = min(-(-num_tokens // uniform_query_len), c.max_num_seqs)
-            query_lens = [uniform_query_len] * n
-            query_lens[-1] = num_tokens - uniform_query_len * (n - 1)
-            host_max_query_len = uniform_query_len
-        else:
-            n = min(num_tokens, c.max_num_seqs)
-            query_lens = [num_tokens // n] * n
-            query_lens[-1] += num_tokens % n
-            host_max_query_len = num_tokens
-        nb = c.max_blocks_per_seq
-        if style == "v1":
-            usable = max(c.num_blocks - 1, 1)
-            block_table = (1 + torch.arange(n * nb, dtype=torch.int64).remainder(usable)).view(n, nb).to(torch.int32)
-            seq_lens = [c.max_model_len] * n
-        else:
-            block_table = torch.full((n, nb), NULL_BLOCK, dtype=torch.int32)
-            seq_lens = list(query_lens)
-        slots = torch.full((num_tokens,), PAD_SLOT, dtype=torch.int64)
+        query_lens, seq_lens, block_table, slots, host_max_query_len = capture_batch(c, num_tokens, uniform_query_len,
+                                                                                     style)
+        n = len(query_lens)
         self._check(n, num_tokens, n, num_tokens)
         md = self._write(query_lens, seq_lens, block_table, slots, num_tokens, n, for_capture=True)
         md.max_query_len = host_max_query_len
@@ -133,3 +115,31 @@ class PersistentMetadataBuilder(AttentionMetadataBuilder):
             query_lens=self.query_lens[:padded_reqs],
             for_capture=for_capture,
         )
+
+
+def capture_batch(c: AttentionConfig, num_tokens: int, uniform_query_len: int = 0, style: str = "v2"
+                  ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor, int]:
+    """vLLM's capture dummy batch (PersistentMetadataBuilder.build_for_capture says which):
+    (query_lens, seq_lens, block_table, slot_mapping of -1s, host max_query_len)."""
+    if style not in ("v1", "v2"):
+        raise ValueError(f"capture style {style!r} is not v1 or v2")
+    if uniform_query_len > 0:
+        n = min(-(-num_tokens // uniform_query_len), c.max_num_seqs)
+        query_lens = [uniform_query_len] * n
+        query_lens[-1] = num_tokens - uniform_query_len * (n - 1)
+        host_max_query_len = uniform_query_len
+    else:
+        n = min(num_tokens, c.max_num_seqs)
+        query_lens = [num_tokens // n] * n
+        query_lens[-1] += num_tokens % n
+        host_max_query_len = num_tokens
+    nb = c.max_blocks_per_seq
+    if style == "v1":
+        usable = max(c.num_blocks - 1, 1)
+        block_table = (1 + torch.arange(n * nb, dtype=torch.int64).remainder(usable)).view(n, nb).to(torch.int32)
+        seq_lens = [c.max_model_len] * n
+    else:
+        block_table = torch.full((n, nb), NULL_BLOCK, dtype=torch.int32)
+        seq_lens = list(query_lens)
+    slots = torch.full((num_tokens,), PAD_SLOT, dtype=torch.int64)
+    return query_lens, seq_lens, block_table, slots, host_max_query_len

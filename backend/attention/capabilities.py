@@ -110,6 +110,8 @@ class Capabilities:
     # GPU run warms them in helper processes and runs these cases after the others (#13).
     jit_kernels: bool = False
     family: str = "gqa"  # the attention family this class implements (backend/families/)
+    # What it supports beyond its family's core (the class's `features`): "sinks" (swa_sinks).
+    features: tuple[str, ...] = ()
 
     def unavailable_reason(self, device_class: str) -> str | None:
         return self.unavailable(device_class)
@@ -198,6 +200,10 @@ BUILTIN_CAPABILITIES: dict[tuple[str, str], Capabilities] = {(c.name, c.family):
     # decode_attention_fwd_grouped_rope takes no fp8 scales: a bf16/fp16 latent cache only.
     Capabilities("aiter-triton", _CG.UNIFORM_BATCH, ("auto",), _HALF, aiter_triton_unavailable,
                  jit_kernels=True, family="mla"),
+    # swa_sinks: ALWAYS, as vLLM's TRITON_ATTN and ROCM_AITER_UNIFIED_ATTN declare.
+    Capabilities("torch", _CG.ALWAYS, _KV, _ALL, torch_unavailable, family="swa_sinks", features=("sinks",)),
+    Capabilities("aiter-triton", _CG.ALWAYS, _KV, _HALF, aiter_triton_unavailable, jit_kernels=True,
+                 family="swa_sinks", features=("sinks",)),
 )}
 
 
@@ -221,7 +227,8 @@ def of_class(cls: type, label: str) -> Capabilities:
     names = _ALL if dtypes is None else tuple(str(d).removeprefix("torch.") for d in dtypes)
     return Capabilities(label, AttentionCGSupport(int(cls.cudagraph_support)),
                         tuple(getattr(cls, "supported_kv_cache_dtypes", ())), names, unavailable,
-                        bool(getattr(cls, "jit_kernels", False)), getattr(cls, "family", "gqa"))
+                        bool(getattr(cls, "jit_kernels", False)), getattr(cls, "family", "gqa"),
+                        tuple(getattr(cls, "features", ())))
 
 
 def _missing(name: str, package: bool = False) -> bool:
@@ -239,7 +246,7 @@ def mismatches(declared: Capabilities, actual: Capabilities, device_classes: tup
     """How a declaration differs from what its class says (one line each; [] when they agree).
     ASK_CLASS agrees with any answer: the caller asks the class then."""
     out = [f"{declared.name}: {field} declared {getattr(declared, field)!r}, class says {getattr(actual, field)!r}"
-           for field in ("cudagraph_support", "kv_cache_dtypes", "dtypes", "jit_kernels", "family")
+           for field in ("cudagraph_support", "kv_cache_dtypes", "dtypes", "jit_kernels", "family", "features")
            if getattr(declared, field) != getattr(actual, field)]
     for dc in device_classes:
         mine, theirs = declared.unavailable_reason(dc), actual.unavailable_reason(dc)

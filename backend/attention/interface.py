@@ -50,6 +50,11 @@ class AttentionConfig:
     # (MLA: 1 latent row of kv_lora_rank + qk_rope_head_dim).
     attention: str = "gqa"
     dims: tuple = ()
+    # The sliding window of the KV-cache group spec this builder serves (vLLM's
+    # kv_cache_spec.sliding_window), None for full attention. A layer's own window reaches its
+    # Impl per call (swa_sinks): a backend that reads it from here instead is wrong for every full
+    # layer of a merged group (vLLM #51756).
+    sliding_window: int | None = None
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -34,6 +34,8 @@ _BUILTIN_PATHS: dict[tuple[str, str], str] = {
     ("aiter", "mla"): "backend.providers.aiter_mla:AiterMLABackend",
     ("aiter-emulated", "mla"): "backend.providers.aiter_mla:AiterEmulatedMLABackend",
     ("aiter-triton", "mla"): "backend.providers.aiter_triton_mla:AiterTritonMLABackend",
+    ("torch", "swa_sinks"): "backend.providers.torch_swa:TorchSWABackend",
+    ("aiter-triton", "swa_sinks"): "backend.providers.aiter_triton_swa:AiterTritonSWABackend",
 }
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUILTIN_PATHS))
 # "vllm:NAME" is vLLM's own backend NAME run in place (backend/adapters/vllm.py); reserved, so it

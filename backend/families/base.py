@@ -21,11 +21,25 @@ token stores in that plane.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from backend.families.specs import FamilySpec
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers that share one block table, slot mapping and metadata builder (vLLM's KV-cache
+    groups: one per layer spec in a hybrid model). `sliding_window`: the group spec's window (what
+    a builder reads off the spec, not the layer); `frees_outside_window`: blocks wholly outside
+    every query's window are the null block (vLLM's SlidingWindowManager)."""
+
+    name: str
+    layers: tuple[int, ...]
+    sliding_window: int | None = None
+    frees_outside_window: bool = False
 
 # fn(rows, cols) -> an fp32 weight rounded to the model dtype; fn(n) -> a norm weight
 WeightFn = Callable[[int, int], torch.Tensor]
@@ -78,9 +92,10 @@ class AttentionFamily:
         raise NotImplementedError
 
     # ---- the test-model layer -------------------------------------------------------------------
-    def draw(self, w: WeightFn, norm: NormFn, shape) -> dict[str, torch.Tensor]:
-        """The layer's full fp32 attention weights (drawn in a fixed order: the model's weights
-        follow from the seed). The output projection is the harness's: [hidden, H * Dv]."""
+    def draw(self, w: WeightFn, norm: NormFn, shape, layer: int) -> dict[str, Any]:
+        """Layer `layer`'s full fp32 attention weights (drawn in a fixed order: the model's weights
+        follow from the seed), and any host value of the layer's (swa_sinks: its window). The
+        output projection is the harness's: [hidden, H * Dv]."""
         raise NotImplementedError
 
     def shard(self, weights: dict[str, torch.Tensor], layout, shape) -> dict[str, torch.Tensor]:
@@ -114,6 +129,16 @@ class AttentionFamily:
         """A step's rows in the order vLLM's runner hands them to this family's backends."""
         return tuple(query_lens), tuple(seq_lens)
 
+    def groups(self, shape) -> tuple[KVCacheGroup, ...]:
+        """The model's KV-cache groups, in the order vLLM builds their metadata (default: one)."""
+        return (KVCacheGroup("all", tuple(range(shape.num_layers))),)
+
+    def make_builder(self, backend_cls, config, shape):
+        """The session's metadata builder: build(batches, padded...) and build_for_capture(n, q,
+        style) over every group's batch (StepInputs.batches). Default: the backend's own builder
+        for the one group, its metadata used by every layer."""
+        return SingleGroupBuilder(backend_cls.builder_cls(config))
+
     def config_dims(self, shape) -> tuple[tuple[str, Any], ...]:
         """The dims a provider's AttentionConfig carries (default: the shape's own)."""
         return shape.dims
@@ -121,3 +146,25 @@ class AttentionFamily:
 
 def split_by(t: torch.Tensor, lens: Sequence[int]) -> list[torch.Tensor]:
     return list(torch.split(t, list(lens)))
+
+
+class SingleGroupBuilder:
+    """One group: the backend's builder, handed the group's batch."""
+
+    def __init__(self, builder):
+        self.builder = builder
+
+    def build(self, batches, num_padded_tokens=None, num_padded_reqs=None):
+        batch = batches[0] if isinstance(batches, tuple) else batches
+        return self.builder.build(batch, num_padded_tokens, num_padded_reqs)
+
+    def build_for_capture(self, num_tokens: int, uniform_query_len: int = 0, style: str = "v2"):
+        return self.builder.build_for_capture(num_tokens, uniform_query_len, style)
+
+    def __getattr__(self, name):  # the backend builder's own attributes (tests, mutants read them)
+        return getattr(self.builder, name)
+
+
+def layer_metadata(metadata, layer: int):
+    """Layer `layer`'s metadata: a per-layer sequence (several KV-cache groups) or one for all."""
+    return metadata[layer] if isinstance(metadata, tuple) else metadata

@@ -51,7 +51,7 @@ class GQA(AttentionFamily):
     def write(self, cache, values, slots, k_scale, v_scale):
         write_kv(cache, values[0], values[1], slots, k_scale, v_scale)
 
-    def draw(self, w, norm, shape):
+    def draw(self, w, norm, shape, layer):
         hid, hd, kvd = shape.hidden_size, shape.num_heads * shape.head_size, shape.num_kv_heads * shape.head_size
         return {"wq": w(hd, hid), "wk": w(kvd, hid), "wv": w(kvd, hid)}
 

@@ -56,7 +56,7 @@ class MLA(AttentionFamily):
     def write(self, cache, values, slots, k_scale, v_scale):
         write_slots(cache, values[0], slots, k_scale)
 
-    def draw(self, w, norm, shape):
+    def draw(self, w, norm, shape, layer):
         d, hid, h = MLADims.of(shape), shape.hidden_size, shape.num_heads
         return {
             "wq": w(h * (d.qk_nope_head_dim + d.qk_rope_head_dim), hid),

@@ -195,7 +195,7 @@ SWA_SINKS = FamilySpec(
 )
 
 
-SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA, MLA)}
+SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA, MLA, SWA_SINKS)}
 FAMILY_NAMES: tuple[str, ...] = tuple(SPECS)
 
 

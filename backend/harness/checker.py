@@ -231,9 +231,9 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
     for step, key in zip(plans, keys):
         inputs = make_step_inputs(step, case.model, case.seed, session.device, context=False)
         x = inputs.on(session.device).x
-        session.run_eager_step(x, inputs.batch)
+        session.run_eager_step(x, inputs.batches)
         if key is not None:
-            session.run_graph_step(key, x, inputs.batch, pad_seed=hash_seed(case.seed, step.index, 31))
+            session.run_graph_step(key, x, inputs.batches, pad_seed=hash_seed(case.seed, step.index, 31))
     if session.device.type == "cuda":
         torch.cuda.synchronize(session.device)
     return True
@@ -384,18 +384,21 @@ def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
     ([layer][plane][req], fp32, every head; empty lists when `reference` is False). One write per
     layer for the whole batch. Also returns the slots written (int64, on the device)."""
     family = session.family
-    slots = inputs.on(session.device).ctx_slots
+    on_device = inputs.on(session.device)
     context = []
     for layer, cache in enumerate(session.kv_caches):
         k_scale, v_scale = session.model.k_scales[layer], session.model.v_scales[layer]
         # make_step_inputs keeps the unsplit draw: one KV write per layer, no cat of its views
         values = inputs.ctx_flat[layer]
+        group = on_device.group_of(layer)  # the layer's KV-cache group: its slots, its share of the rows
+        slots = group.ctx_slots
         if slots.numel():
-            family.write(cache, family.rank_context(values, session.layout), slots, k_scale, v_scale)
+            held = values if group.ctx_rows is None else [v.index_select(0, group.ctx_rows) for v in values]
+            family.write(cache, family.rank_context(held, session.layout), slots, k_scale, v_scale)
         scales = family.plane_scales(k_scale, v_scale)
         context.append([list(torch.split(fp8_round(v, scale, cache.dtype), inputs.ctx_lens)) if reference else []
                         for v, scale in zip(values, scales)])
-    return context, slots
+    return context, on_device.all_ctx_slots
 
 
 def _reference(case: Case, session: Session, inputs: StepInputs, context) -> tuple[torch.Tensor, torch.Tensor]:
@@ -607,18 +610,19 @@ def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list
     wrote; leaves the caches as `snapshot` again."""
     caches = session.kv_caches
     on_device = inputs.on(session.device)
-    real_slots, x = on_device.real_slots, on_device.x
+    x = on_device.x
+    real_slots = [on_device.group_of(layer).real_slots for layer in range(len(caches))]
     t1 = clock.now()
-    first = session.run_eager_step(x, inputs.batch)
+    first = session.run_eager_step(x, inputs.batches)
     out_e = first.out
     t2 = clock.now()
-    real_kv = [real_slot_values(session.family.slot_rows(c), real_slots) for c in caches]
+    real_kv = [real_slot_values(session.family.slot_rows(c), s) for c, s in zip(caches, real_slots)]
     for c, s in zip(caches, snapshot):
         c.copy_(s)
-    second = session.run_eager_step(x, inputs.batch)
+    second = session.run_eager_step(x, inputs.batches)
     same_out = torch.equal(raw(out_e), raw(second.out)) and torch.equal(raw(first.attention), raw(second.attention))
-    kv_jitter = not all(torch.equal(raw(real_slot_values(session.family.slot_rows(c), real_slots)), raw(r))
-                        for c, r in zip(caches, real_kv))
+    kv_jitter = not all(torch.equal(raw(real_slot_values(session.family.slot_rows(c), s)), raw(r))
+                        for c, s, r in zip(caches, real_slots, real_kv))
     jitter, attn_jitter = (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out),
                                                       max_abs_diff(first.attention, second.attention))
     deterministic = same_out and not kv_jitter
@@ -652,10 +656,10 @@ def _graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepIn
     t1 = clock.now()
     padded = None
     if d.runtime_mode == "NONE":
-        graph_side = session.run_eager_step(x, inputs.batch)
+        graph_side = session.run_eager_step(x, inputs.batches)
         used = 0
     else:
-        graph_side = session.run_graph_step(graph_key, x, inputs.batch, pad_seed=_pad_seed(case, plan.index, session))
+        graph_side = session.run_graph_step(graph_key, x, inputs.batches, pad_seed=_pad_seed(case, plan.index, session))
         used = d.padded_tokens
         padded = _padded_rows(session, graph_key, x.shape[0])
     t2 = clock.now()
@@ -664,9 +668,9 @@ def _graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepIn
     attn_replay = compare_heads(graph_side.attention, eager.attention, tol, head_offset=session.layout.q_heads.start)
     finite = all_finite(out_g, shape.head_size)
     fp = all_finite(padded, shape.head_size) if padded is not None and padded.shape[0] else None
-    real_slots = on_device.real_slots
     kv_ok, kv_detail, outside_ok = True, "", True
     for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
+        real_slots = on_device.group_of(layer).real_slots
         family = session.family
         k = kv_integrity(family.slot_rows(after), family.slot_rows(before), eager_real, real_slots,
                          family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer]), tol)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from backend.case import ModelShape
 from backend.families import family as family_of
+from backend.families.base import layer_metadata
 from backend.families.specs import spec
 from backend.harness.distributed import all_reduce_
 
@@ -115,7 +116,7 @@ def _make_weights_cached(shape: ModelShape, seed: int, device: str) -> list[Laye
     layers = []
     for _ in range(shape.num_layers):
         norm1 = norm()
-        attn = fam.draw(w, norm, shape)
+        attn = fam.draw(w, norm, shape, len(layers))
         layers.append(LayerWeights(norm1, attn, w(hid, attn_out), norm(), w(inter, hid), w(hid, inter)))
     return layers
 
@@ -126,8 +127,8 @@ def _shard_layers(weights: Sequence[LayerWeights], layout: "TPLayout", shape: Mo
     fam = family_of(shape.attention)
     out_cols = _head_cols(layout.q_heads, fam.out_head_size(shape))
 
-    def dev(t: torch.Tensor) -> torch.Tensor:
-        return t.to(device=device, dtype=dtype).contiguous()
+    def dev(t):  # tensors to the rank's device and dtype; a family's host values (a window) as they are
+        return t.to(device=device, dtype=dtype).contiguous() if isinstance(t, torch.Tensor) else t
 
     return [{
         "norm1": dev(lw.norm1), "norm2": dev(lw.norm2),
@@ -215,7 +216,7 @@ class TPModel:
             if i == self.shape.num_layers:
                 return out
             *inputs, x = out
-            attn = self.attention(i, inputs, metadata, attn_bufs[i])
+            attn = self.attention(i, inputs, layer_metadata(metadata, i), attn_bufs[i])
             if attn_out is not None:
                 attn_out.append(attn)
         raise AssertionError("unreachable")

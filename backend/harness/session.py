@@ -28,6 +28,7 @@ from backend.attention.interface import AttentionConfig, BatchDescription
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
 from backend.families import family as family_of
+from backend.families.base import layer_metadata
 from backend.graphs.base import GraphCaptureError
 from backend.host_copy import copy_into
 from backend.harness.model import TPLayout, TPModel, make_weights
@@ -161,7 +162,7 @@ class Session:
         self.family = family_of(shape.attention)
         self.layout = TPLayout(tp, rank, shape.num_heads, shape.num_kv_heads, shape.head_size)
         self.config = attention_config(shape, self.layout, kv_cache_dtype, capture_sizes, self.device, spec_tokens)
-        self.builder = backend_cls.builder_cls(self.config)
+        self.builder = self.family.make_builder(backend_cls, self.config, shape)
         self.impl = backend_cls.impl_cls(self.config)
         own = getattr(backend_cls, "allocate_kv_cache", None)
         if own is not None:  # a backend with its own layout (backend/adapters/vllm.py), seen as ours
@@ -308,7 +309,8 @@ class Session:
             outs = graph.replay()
             if i < self.shape.num_layers:
                 *inputs, _ = outs
-                results.append(self.model.attention(i, [t[:n] for t in inputs], md, self.static_attn[i, :n]))
+                results.append(self.model.attention(i, [t[:n] for t in inputs], layer_metadata(md, i),
+                                                    self.static_attn[i, :n]))
         return StepOutput(outs[:n].clone(), _stack(results, n))
 
     def _sync(self) -> None:

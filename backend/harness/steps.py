@@ -231,39 +231,71 @@ def _padding_variant(qs: list[int], kind: str, sizes: set[int], fits, rng: rando
     return (padded or ok or [None])[0]
 
 
+@dataclass(frozen=True)
+class GroupInputs:
+    """One KV-cache group's share of a step (AttentionFamily.groups): its own block table and slot
+    mapping over the step's shared query and sequence lengths, and the context rows its layers'
+    caches hold (a sliding-window group whose blocks wholly outside the window are the null block
+    holds only the rest)."""
+
+    batch: BatchDescription
+    ctx_slots_flat: torch.Tensor  # int64 slots of the context rows this group's caches hold
+    ctx_rows: torch.Tensor | None  # which rows of the step's context draw those are (None: all)
+
+
 @dataclass
 class StepInputs:
     """One step's concrete inputs (identical on every rank)."""
 
     plan: StepPlan
-    batch: BatchDescription  # block table + slot mapping of this step's new tokens
+    batch: BatchDescription  # block table + slot mapping of this step's new tokens (group 0)
     x: torch.Tensor  # [T, hidden] model dtype
-    ctx_slots: list[torch.Tensor]  # [req] -> [ctx_len] int64 slots of the context tokens
+    ctx_slots: list[torch.Tensor]  # [req] -> [ctx_len] int64 slots of the context tokens (group 0)
     # Every request's context rows, unsplit: [layer][plane] -> [sum ctx_len, *row] fp32 on the
     # device, every head (the family's context_rows: GQA K and V [.., Hkv, D]; MLA the latent
     # row); what the batch's one KV write per layer and plane takes. ctx_lens splits them.
     ctx_flat: list[list[torch.Tensor]]
     ctx_lens: list[int]
     ctx_slots_flat: torch.Tensor
+    # Per KV-cache group (one for most families: the batch above), and each layer's group.
+    groups: tuple[GroupInputs, ...] = ()
+    layer_group: tuple[int, ...] = ()
     # The host tensors a step uses on its device, copied once per device (the inputs are cached and
     # shared by every mode, kv dtype and backend of a batch: one queued copy each, not one host
     # sync per use).
     _on_device: dict = field(default_factory=dict, repr=False, compare=False)
 
+    @property
+    def batches(self) -> tuple[BatchDescription, ...]:
+        """What a session's builder takes: every group's batch, in group order."""
+        return tuple(g.batch for g in self.groups) if self.groups else (self.batch,)
+
     def on(self, device: torch.device) -> "DeviceInputs":
         key = str(device)
         got = self._on_device.get(key)
         if got is None:
+            groups = tuple(DeviceGroup(to_device(g.batch.slot_mapping, device), to_device(g.ctx_slots_flat, device),
+                                       None if g.ctx_rows is None else to_device(g.ctx_rows, device))
+                           for g in self.groups)
             got = self._on_device[key] = DeviceInputs(to_device(self.x, device),
                                                       to_device(self.batch.slot_mapping, device),
-                                                      to_device(self.ctx_slots_flat, device))
+                                                      to_device(self.ctx_slots_flat, device), groups,
+                                                      self.layer_group)
         return got
 
     @property
     def nbytes(self) -> int:
         tensors = [self.x, self.batch.block_table, self.batch.slot_mapping, self.ctx_slots_flat,
-                   *(t for planes in self.ctx_flat for t in planes)]
+                   *(t for planes in self.ctx_flat for t in planes),
+                   *(t for g in self.groups[1:] for t in (g.batch.block_table, g.batch.slot_mapping, g.ctx_slots_flat))]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    real_slots: torch.Tensor  # the group's slot_mapping (int64)
+    ctx_slots: torch.Tensor  # its ctx_slots_flat (int64)
+    ctx_rows: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -273,6 +305,18 @@ class DeviceInputs:
     x: torch.Tensor  # [T, hidden]
     real_slots: torch.Tensor  # the batch's slot_mapping (int64)
     ctx_slots: torch.Tensor  # ctx_slots_flat (int64)
+    groups: tuple[DeviceGroup, ...] = ()
+    layer_group: tuple[int, ...] = ()
+
+    def group_of(self, layer: int) -> DeviceGroup:
+        return self.groups[self.layer_group[layer]] if self.groups else DeviceGroup(self.real_slots, self.ctx_slots, None)
+
+    @property
+    def all_ctx_slots(self) -> torch.Tensor:
+        """Every slot the context fill writes, over the groups (a superset across layers)."""
+        if len(self.groups) <= 1:
+            return self.ctx_slots
+        return torch.cat([g.ctx_slots for g in self.groups])
 
 
 def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
@@ -283,6 +327,40 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     gen = torch.Generator().manual_seed(hash_seed(seed, plan.index))
     device = torch.device(device)
     kv_gen = torch.Generator(device=device).manual_seed(hash_seed(seed, plan.index, 17))
+    family = family_of(shape.attention)
+    groups = family.groups(shape)
+    layouts = []
+    for g, group in enumerate(groups):
+        # Group 0 draws from the step's generator as a single-group step always did (its blocks,
+        # then x); every other group gets its own shuffle of the blocks (its layers' caches).
+        layouts.append(_group_layout(plan, shape, gen if g == 0 else torch.Generator().manual_seed(
+            hash_seed(seed, plan.index, 101 + g)), group.frees_outside_window and group.sliding_window))
+        if g == 0:
+            dtype = getattr(torch, shape.dtype)
+            x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
+    desc, ctx_slots_flat, ctx_rows = layouts[0]
+    ctx_len_t = torch.tensor([s - q for q, s in zip(plan.query_lens, plan.seq_lens)], dtype=torch.int64)
+    ctx_slots = list(torch.split(ctx_slots_flat, ctx_len_t.tolist())) if ctx_rows is None else []
+    # One draw per layer and cache plane for every request's context (a decode batch of 200
+    # requests was 800 small draws per step).
+    ctx_lens = ctx_len_t.tolist()
+    total = sum(ctx_lens)
+    rows = family.context_rows(shape)
+    ctx_flat = [[torch.randn(total, *row, generator=kv_gen, device=device) for row in rows]
+                for _ in range(shape.num_layers if context else 0)]
+    layer_group = tuple(next(g for g, group in enumerate(groups) if layer in group.layers)
+                        for layer in range(shape.num_layers))
+    return StepInputs(plan, desc, x, ctx_slots, ctx_flat, ctx_lens, ctx_slots_flat,
+                      tuple(GroupInputs(*lay) for lay in layouts), layer_group)
+
+
+def _group_layout(plan: StepPlan, shape: ModelShape, gen: torch.Generator, window: int | None | bool
+                  ) -> tuple[BatchDescription, torch.Tensor, torch.Tensor | None]:
+    """One KV-cache group's block table over the step's requests, its new tokens' slots, and the
+    slots (and draw rows) of the context it holds. `window`: a sliding-window group whose blocks
+    wholly outside every query's window are the null block, as vLLM's SlidingWindowManager frees
+    them (a query at position i sees keys j > i - W, so request r needs none below
+    ctx_r - W + 1); their context rows are not in this group's caches."""
     bs, nb = shape.block_size, shape.max_blocks_per_seq
     needed = [-(-s // bs) for s in plan.seq_lens]
     pool = torch.arange(1, shape.total_blocks)  # block 0 is the null block
@@ -295,27 +373,23 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     first_block = torch.cumsum(need_t, 0) - need_t
     col = torch.arange(nb)[None, :]
     used = col < need_t[:, None]
+    seq_t = torch.tensor(plan.seq_lens, dtype=torch.int64)
+    ctx_len_t = seq_t - torch.tensor(plan.query_lens, dtype=torch.int64)
+    if window:
+        first_needed = (ctx_len_t - window + 1).clamp(min=0)
+        used &= (col + 1) * bs > first_needed[:, None]  # a block with no needed key is freed
     picks = pool[(first_block[:, None] + col).clamp(max=pool.numel() - 1)]
     block_table = torch.where(used, picks, torch.zeros_like(picks)).to(torch.int32)
-    seq_t = torch.tensor(plan.seq_lens, dtype=torch.int64)
     req = torch.repeat_interleave(torch.arange(num_reqs), seq_t)  # every position of every sequence
     pos = torch.arange(int(seq_t.sum())) - torch.repeat_interleave(torch.cumsum(seq_t, 0) - seq_t, seq_t)
-    seq_slots = block_table.to(torch.int64)[req, pos // bs] * bs + pos % bs
-    ctx_len_t = seq_t - torch.tensor(plan.query_lens, dtype=torch.int64)
+    blocks = block_table.to(torch.int64)[req, pos // bs]
+    seq_slots = blocks * bs + pos % bs
     is_ctx = pos < ctx_len_t[req]
-    ctx_slots_flat = seq_slots[is_ctx]
-    ctx_slots = list(torch.split(ctx_slots_flat, ctx_len_t.tolist()))
     desc = BatchDescription(list(plan.query_lens), list(plan.seq_lens), block_table, seq_slots[~is_ctx])
-    dtype = getattr(torch, shape.dtype)
-    x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
-    # One draw per layer and cache plane for every request's context (a decode batch of 200
-    # requests was 800 small draws per step).
-    ctx_lens = [s - q for q, s in zip(plan.query_lens, plan.seq_lens)]
-    total = sum(ctx_lens)
-    rows = family_of(shape.attention).context_rows(shape)
-    ctx_flat = [[torch.randn(total, *row, generator=kv_gen, device=device) for row in rows]
-                for _ in range(shape.num_layers if context else 0)]
-    return StepInputs(plan, desc, x, ctx_slots, ctx_flat, ctx_lens, ctx_slots_flat)
+    if not window:
+        return desc, seq_slots[is_ctx], None
+    kept = blocks[is_ctx] != 0  # context rows in freed blocks are not this group's to hold
+    return desc, seq_slots[is_ctx][kept], torch.nonzero(kept).flatten()
 
 
 def hash_seed(*parts: int) -> int:

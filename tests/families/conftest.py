@@ -29,3 +29,26 @@ def make_case(backend: str = "torch", mode: str = "FULL", kv: str = "auto", batc
 @pytest.fixture(scope="session")
 def mla_sessions() -> SessionCache:
     return SessionCache(capacity=64)
+
+
+# gpt-oss in small: 4 q heads, 2 kv heads, head dim 16, 4 layers alternating window 32 / full,
+# sinks, one KV-cache group per layer kind.
+SWA_DIMS = (("kv_groups", "hybrid"), ("layer_pattern", "alternate"), ("sinks", 1), ("sliding_window", 32))
+TINY_SWA = ModelShape(num_heads=4, num_kv_heads=2, head_size=16, block_size=16, dtype="bfloat16", num_layers=4,
+                      max_model_len=128, max_num_seqs=8, attention="swa_sinks", dims=SWA_DIMS)
+# seq lens below, at and above the window, windows starting mid-block (70 - 32 + 1 = 39: block 2, offset 7)
+SWA_DECODE = BatchSpec("decode3", (1, 1, 1), (20, 32, 70))
+SWA_MIXED = BatchSpec("mixed6", (1, 4, 1), (40, 20, 70))
+# 12-token queries: above the 3-D path's longest (8), so the 2-D path runs
+SWA_PREFILL = BatchSpec("prefill2", (12, 12), (12, 50))
+
+
+def make_swa_case(backend: str = "torch", mode: str = "FULL", kv: str = "auto", batch: BatchSpec = SWA_MIXED,
+                  tp: int = 1, seed: int = 0, **changes) -> Case:
+    case = Case(backend=backend, tp=tp, mode=mode, kv_cache_dtype=kv, batch=batch, seed=seed, model=TINY_SWA,
+                capture_sizes=CAPTURE_SIZES, steps=3, tolerance=TOL[kv], matrix="tests/tiny-swa.yaml")
+    return dataclasses.replace(case, **changes) if changes else case
+
+
+def swa_model(**dims) -> ModelShape:
+    return dataclasses.replace(TINY_SWA, dims=tuple({**dict(SWA_DIMS), **dims}.items()))

@@ -15,8 +15,8 @@ MLA = replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, mla]
 BROKEN = [
     ("unknown family", replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, mlaa]  #!"),
      "'mlaa' is not a valid attention family"),
-    ("family block for a family not in the axis", BASE + "families:\n  mla: {}  #!\n",
-     "families.mla: the mla family is not in axes.attention"),
+    ("family block for an unknown family", BASE + "families:\n  mlaa: {}  #!\n",
+     "'mlaa' is not a valid attention family"),
     ("unknown key in a family's model", MLA + "families:\n  mla:\n    model: {kv_lora_rnak: 32}  #!\n",
      "unknown key 'kv_lora_rnak' for a mla model (did you mean 'kv_lora_rank'?)"),
     ("a derived field given", MLA + "families:\n  mla:\n    model: {head_size: 576}  #!\n",

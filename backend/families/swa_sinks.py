@@ -1,0 +1,119 @@
+"""swa_sinks: gpt-oss attention (DESIGN.md §9b-9c): GQA with a sliding window on some layers,
+full attention on the others, a learned sink logit per query head, and one KV-cache group per
+layer kind.
+
+Per layer on one tp rank: gqa's projections and cache; the op gets the layer's window W (None:
+full) and sinks [Hl]:
+    a = impl.forward(q, k, v, kv_cache, metadata[layer], k_scale, v_scale, out, window, sinks)
+A query at absolute position i sees key j iff j <= i and (no window, or i - j < W); the sink adds
+exp(sink_h - m) once to the softmax denominator (not scaled, no value).
+
+Layers: layer_pattern `alternate` windows the even layers (gpt-oss starts with a sliding layer),
+`window` / `full` every layer alike. KV-cache groups (kv_groups): `hybrid`, vLLM's hybrid manager:
+one group per layer kind, in first-layer order, the window group's blocks wholly outside the
+window freed to the null block; `merged` (--disable-hybrid-kv-cache-manager): one group, every
+block kept, its spec carrying the first layer's window (vLLM promotes SlidingWindowSpec to a
+FullAttentionSpec that records it), which a backend must not apply to the full layers (#51756).
+The session's builder is backend/attention/groups.py's, over the groups in that order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from backend.attention.groups import GroupedMetadataBuilder
+from backend.families.base import KVCacheGroup
+from backend.families.gqa import GQA, _with_new
+from backend.families.specs import SWA_SINKS as SPEC
+
+
+def layer_window(shape, layer: int) -> int | None:
+    dims = dict(shape.dims)
+    pattern, w = dims["layer_pattern"], dims["sliding_window"]
+    if pattern == "window" or (pattern == "alternate" and layer % 2 == 0):
+        return w
+    return None
+
+
+class SWASinks(GQA):
+    spec = SPEC
+    num_planes: ClassVar[int] = 2
+
+    def draw(self, w, norm, shape, layer):
+        out = super().draw(w, norm, shape, layer)
+        if dict(shape.dims)["sinks"]:
+            out["sinks"] = w(shape.num_heads, 1).view(-1)  # one logit per query head, ~N(0, 1)
+        out["window"] = layer_window(shape, layer)
+        return out
+
+    def shard(self, weights, layout, shape):
+        out = super().shard(weights, layout, shape)
+        if "sinks" in weights:
+            out["sinks"] = weights["sinks"][layout.q_heads.start:layout.q_heads.stop]
+        out["window"] = weights["window"]
+        return out
+
+    def attend(self, impl, lw, inputs, cache, metadata, k_scale, v_scale, out):
+        q, k, v = inputs
+        return impl.forward(q, k, v, cache, metadata, k_scale, v_scale, out, window=lw["window"],
+                            sinks=lw.get("sinks"))
+
+    def reference(self, weights, h, context, query_lens, round_new, round_query, shape, rnd):
+        d, hq, hkv = shape.head_size, shape.num_heads, shape.num_kv_heads
+        t = h.shape[0]
+        q = rnd(h @ weights["wq"].t()).view(t, hq, d)
+        if round_query is not None:
+            q = round_query(q)
+        k = round_new(0, rnd(h @ weights["wk"].t()).view(t, hkv, d))
+        v = round_new(1, rnd(h @ weights["wv"].t()).view(t, hkv, d))
+        sinks = weights.get("sinks")
+        outs, start = [], 0
+        for ks, vs, ql in zip(_with_new(context[0], k, query_lens), _with_new(context[1], v, query_lens), query_lens):
+            outs.append(reference_window_sinks(q[start:start + ql], ks, vs, self.scale(shape), weights["window"],
+                                               sinks))
+            start += ql
+        return torch.cat(outs) if outs else q.new_zeros(0, hq, d)
+
+    def groups(self, shape):
+        dims = dict(shape.dims)
+        windows = [layer_window(shape, i) for i in range(shape.num_layers)]
+        if dims["kv_groups"] == "merged" or len(set(windows)) == 1:
+            # One group: its spec's window is the first layer's; blocks kept unless every layer
+            # slides (one SlidingWindowSpec group frees them, as the hybrid window group does).
+            all_slide = all(w is not None for w in windows)
+            return (KVCacheGroup("merged" if len(set(windows)) > 1 else "all", tuple(range(shape.num_layers)),
+                                 windows[0], frees_outside_window=all_slide),)
+        kinds = list(dict.fromkeys(windows))  # first-layer order: gpt-oss's window group first
+        return tuple(KVCacheGroup("sliding_window" if w is not None else "full",
+                                  tuple(i for i, x in enumerate(windows) if x == w), w, frees_outside_window=w is not None)
+                     for w in kinds)
+
+    def make_builder(self, backend_cls, config, shape):
+        return GroupedMetadataBuilder(backend_cls, config, self.groups(shape), shape.num_layers,
+                                      group_config=lambda c, g: dataclasses.replace(c, sliding_window=g.sliding_window))
+
+
+def reference_window_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,
+                           sinks: torch.Tensor | None) -> torch.Tensor:
+    """One request, fp32: q [q, H, D] (its last q positions), k/v [s, Hkv, D] its whole sequence.
+    Explicit softmax with the sink as one more logit per head (value 0), then dropped."""
+    q_len, s = q.shape[0], k.shape[0]
+    rep = q.shape[1] // k.shape[1]
+    k32 = k.float().repeat_interleave(rep, dim=1)
+    v32 = v.float().repeat_interleave(rep, dim=1)
+    scores = torch.einsum("qhd,shd->hqs", q.float(), k32) * scale
+    i = torch.arange(q_len, device=q.device)[:, None] + (s - q_len)
+    j = torch.arange(s, device=q.device)[None, :]
+    allowed = j <= i
+    if window is not None:
+        allowed = allowed & (i - j < window)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().view(-1, 1, 1).expand(-1, q_len, 1)
+        p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :s]
+    else:
+        p = torch.softmax(scores, dim=-1)
+    return torch.einsum("hqs,shd->qhd", p, v32)
