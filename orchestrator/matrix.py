@@ -238,6 +238,23 @@ class _Loader:
             raise InputError(f"{override} implements none of the matrix's attention families "
                              f"({', '.join(self.families)})", source="--backend")
 
+    def check_features(self, override: str | None) -> None:
+        """A family's shape may need more than the family (swa_sinks with sinks: 1 needs backends
+        that honour sinks): a backend without it is a mistake in the file, one line at its entry."""
+        for family in self.families:
+            needs = set(family_spec(family).requires(self.model_of(family)))
+            if not needs:
+                continue
+            for name in [override] if override is not None else self.family_axes(family)["backend"]:
+                caps = self.backend_class(name, family, self._backend_loc(name, family))
+                missing = sorted(needs - set(getattr(caps, "features", ()) or ())) if caps is not None else []
+                if missing:
+                    msg = (f"{name} has no {', '.join(missing)}, which the {family} model asks for "
+                           f"(its {'/'.join(missing)}: 1)")
+                    if override is not None:
+                        raise InputError(msg, source="--backend")
+                    raise self.err(self._backend_loc(name, family), msg)
+
     def _implements(self, name: str, family: str) -> bool:
         caps = self.backend_class(name, family, None if name not in self.doc.axes.backend else
                                   ("axes", "backend", self.doc.axes.backend.index(name)))
@@ -254,6 +271,7 @@ class _Loader:
         if backend_override is not None:
             if backend_checks:
                 self.check_families_have_backends(backend_override)
+                self.check_features(backend_override)
             for axes in per_family:
                 axes["backend"] = [backend_override]
             # A backend-specific include is kept, re-targeted at the override.
@@ -266,6 +284,7 @@ class _Loader:
                 if e.backend is not None:
                     self.backend_class(e.backend, e.attention or doc.axes.attention[0], ("include", i, "backend"))
             self.check_families_have_backends(None)
+            self.check_features(None)
         cases = self.expand_cases(per_family, includes)
         runnable: list[Case] = []
         skipped: list[SkippedCase] = []

@@ -65,6 +65,8 @@ class FamilySpec:
     layout_reasons: Callable[[Any, int], list[str]] = lambda shape, tp: []
     # Every reason a shape is not a valid model of this family at all: fn(shape) -> [str].
     shape_reasons: Callable[[Any], list[str]] = lambda shape: []
+    # Backend features a shape needs (a provider's Capabilities.features): fn(shape) -> (str, ...).
+    requires: Callable[[Any], tuple[str, ...]] = lambda shape: ()
 
     @property
     def dim_names(self) -> tuple[str, ...]:
@@ -192,6 +194,7 @@ SWA_SINKS = FamilySpec(
     },
     layout_reasons=_gqa_layout,
     shape_reasons=_swa_shape,
+    requires=lambda shape: ("sinks",) if dict(shape.dims).get("sinks") else (),
 )
 
 

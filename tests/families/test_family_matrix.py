@@ -10,6 +10,7 @@ from orchestrator.matrix import load_matrix
 from tests.matrix.helpers import BASE, marked_line, replace, write
 
 MLA = replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, mla]")
+SWA = replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, swa_sinks]")
 
 # (scenario, document with the offending line marked `#!`, words the message must contain)
 BROKEN = [
@@ -28,6 +29,16 @@ BROKEN = [
     ("no backend implements a family",
      MLA + "families:\n  mla:\n    axes: {backend: [aiter-triton-pa]}  #!\n",
      "no backend here implements the mla attention family"),
+    ("sinks with a provider that has none",
+     SWA + "families:\n  swa_sinks:\n    axes: {backend: [torch, 'tests.matrix.plugins:NoSinksBackend']}  #!\n",
+     "tests.matrix.plugins:NoSinksBackend has no sinks, which the swa_sinks model asks for"),
+    ("a window larger than max_model_len", SWA + "families:\n  swa_sinks:\n    model: {sliding_window: 300}  #!\n",
+     "sliding_window 300 must be below max_model_len 256"),
+    ("a group layout that does not fit the model",
+     SWA + "families:\n  swa_sinks:\n    model: {layer_pattern: full, kv_groups: hybrid}  #!\n",
+     "kv_groups hybrid needs layers of both kinds"),
+    ("alternating layers need four", SWA + "families:\n  swa_sinks:\n    model: {num_layers: 2}  #!\n",
+     "layer_pattern alternate needs num_layers >= 4"),
     ("heads not divisible by any tp", MLA + "families:\n  mla:\n    model: {num_heads: 3}\n    axes: {tp: [2]}  #!\n",
      "nothing runnable for mla: num_heads 3 not divisible by tp 2"),
 ]
@@ -104,3 +115,19 @@ def test_full_yaml_plans_mla_with_its_resolution(capsys):
     assert {c["tp"] for c in plan["cases"]} == {1, 2, 4, 8}
     assert {c["spec_tokens"] for c in plan["cases"]} == {0, 2}
     assert {c["kv_cache_dtype"] for c in plan["cases"]} == {"auto", "fp8"}
+
+
+def test_swa_sinks_groups_and_windows_in_the_plan(tmp_path):
+    m = load_matrix(write(tmp_path, SWA), devices="cpu")
+    swa = next(c for c in m.cases if c.attention == "swa_sinks")
+    assert swa.case_id.startswith("swa_sinks-tp") and swa.model.num_layers == 4
+    from backend.families import family
+
+    groups = family("swa_sinks").groups(swa.model)
+    assert [(g.name, g.layers, g.sliding_window, g.frees_outside_window) for g in groups] == [
+        ("sliding_window", (0, 2), 32, True), ("full", (1, 3), None, False)]
+    merged = load_matrix(write(tmp_path, SWA + "families:\n  swa_sinks:\n    model: {kv_groups: merged}\n", "m2.yaml"),
+                         devices="cpu")
+    g = family("swa_sinks").groups(next(c for c in merged.cases if c.attention == "swa_sinks").model)
+    assert [(x.name, x.layers, x.sliding_window, x.frees_outside_window) for x in g] == [
+        ("merged", (0, 1, 2, 3), 32, False)]

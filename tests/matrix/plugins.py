@@ -27,3 +27,14 @@ class CrashingCheckBackend(AttentionBackend):
 
 
 NOT_A_CLASS = 42
+
+
+from backend.providers.torch_swa import TorchSWABackend  # noqa: E402
+
+
+class NoSinksBackend(TorchSWABackend):
+    """A swa_sinks provider without sinks (as vLLM's ROCM_ATTN): the matrix must refuse it where
+    the model has sinks."""
+
+    name = "no-sinks"
+    features = ()
