@@ -1,5 +1,9 @@
 """The checker: one case in, one honest verdict out (DESIGN.md §5; docs/CHECKER.md).
 
+Its parts, one concern each: timing.py (phase marks), scratch.py (the step's cache snapshot and
+the capture-write check), step_data.py (step inputs, context fill, scales, the reference),
+sides.py (a step's eager and graph sides and their checks), verdict.py (checks to a status).
+
     run_case(case, rank=0, world_size=1, device=None, sessions=None) -> CaseResult
     merge_rank_results(results) -> CaseResult          # a gang's verdict: the worst rank
     run_case_local(case, device=None) -> CaseResult     # tp 1 here; tp > 1 a local gloo gang
@@ -10,47 +14,41 @@ Free of Ray: the same function runs in `orch repro`, under pytest and in a Ray a
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib.metadata
 import platform
 import time
 import traceback
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 import backend
-from backend.attention.kv_cache import fp8_dtype
 from backend.attention.registry import BackendLoadError, class_family_reason, family_reason, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
-from backend.harness.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
-                            failure_reason, kv_integrity, max_abs_diff, raw, real_slot_values)
+from backend.harness import step_data
+from backend.harness.checks import CheckAccumulator, failure_reason
 from backend.harness.distributed import gang_id
-from backend.host_copy import copy_into
-from backend.harness.model import TPLayout, layout_reasons, reference_forward
+from backend.harness.model import TPLayout, layout_reasons
+from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
+                                   resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
+from backend.harness.scratch import SCRATCH, capture_checked, mark_scratch, take_snapshot
+from backend.harness.session import CaptureFailed, GraphKey, Session, SessionCache, attention_config
+from backend.harness.sides import add_step, eager_side, graph_side
+from backend.harness.step_data import fill_context, reference_key, set_scales, step_inputs
+from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, plan_steps
+from backend.harness.timing import PHASES, Clock, Span, seconds
+from backend.harness.verdict import explained_by_jitter
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
 from backend.rank_merge import merge_rank_results  # noqa: F401
-from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
-                           resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
-from backend.harness.reference import fp8_round
-from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_DETERMINISM, CHECK_FINITE,
-                            CHECK_KV_INTEGRITY, CHECK_NAMES, CHECK_PADDED_FINITE, CHECK_REFERENCE, CHECK_REPLAY,
-                            CaseResult, Status)
-from backend.harness.session import LRU, CaptureFailed, GraphKey, Session, SessionCache, attention_config
-from backend.harness.steps import StepInputs, batch_reasons, hash_seed, make_step_inputs, plan_steps
+from backend.result import CHECK_DETERMINISM, CHECK_NAMES, CaseResult, Status
 
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
 
 LOG_TAIL_CHARS = 4000
-# Where a case's time goes, beyond capture and the timed steps (CaseResult.timings, seconds).
-PHASES = ("session_s", "inputs_s", "snapshot_s", "eager_s", "reference_s", "checks_s")
-# fp8 scales are drawn per case so a graph that froze an old scale disagrees with eager.
-_FP8_SCALE_RANGE = (6.0, 12.0)  # |K|, |V| covered before saturation (inputs are ~N(0, 1))
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,49 +76,6 @@ def device_label(device: torch.device) -> str:
     return str(device)
 
 
-class _Clock:
-    """Marks between a case's phases (CaseResult.timings). On a GPU a mark is a CUDA event recorded
-    on the current stream, never a host sync, so the host queues a step's next work while the
-    device still runs the last (#13: these marks were 6,564 synchronize calls, 9 s of the 290-case
-    tp 1 slice on the H200); a span between two marks is then the device's time between them,
-    read when the case's timings are (its checks have synced by then). On the CPU a mark is
-    perf_counter and a span its difference."""
-
-    def __init__(self, device: torch.device):
-        self.events = device.type == "cuda"
-
-    def now(self) -> "float | torch.cuda.Event":
-        if self.events:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-
-class _Span:
-    """The time between two marks of a _Clock; float() resolves it (waiting for a GPU event's
-    completion once) and keeps the seconds."""
-
-    __slots__ = ("_start", "_end", "_seconds")
-
-    def __init__(self, start, end):
-        self._start, self._end, self._seconds = start, end, None
-
-    def __float__(self) -> float:
-        if self._seconds is None:
-            if isinstance(self._start, float):
-                self._seconds = self._end - self._start
-            else:
-                self._end.synchronize()
-                self._seconds = self._start.elapsed_time(self._end) / 1e3
-            self._start = self._end = None
-        return self._seconds
-
-
-def _seconds(spans) -> float:
-    return sum(float(s) for s in spans)
-
-
 def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.device | None = None,
              sessions: SessionCache | None = None) -> CaseResult:
     """Run one case on one rank of its tp gang (the gang must already be initialised for tp > 1).
@@ -146,10 +101,10 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
 def clear_process_caches() -> None:
     """Forget what this process memoised across cases (references, step inputs, the snapshot
     scratch): the state of a worker that has run nothing yet, but for its SessionCache."""
-    _REFERENCES.clear()
-    _SCRATCH.clear()
-    _mark_scratch(None)
-    _INPUTS.clear()
+    step_data.REFERENCES.clear()
+    SCRATCH.clear()
+    mark_scratch(None)
+    step_data.INPUTS.clear()
 
 
 @dataclass(frozen=True)
@@ -227,7 +182,7 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
     session = sessions.get(plan.key, plan.factory, device=device)
     plans, _, keys = _dispatch_plan(case, plan.mode, plan.sizes)
     session.ensure_graphs({k for k in keys if k is not None})
-    _set_scales(case, session)
+    set_scales(case, session)
     for step, key in zip(plans, keys):
         inputs = make_step_inputs(step, case.model, case.seed, session.device, context=False)
         x = inputs.on(session.device).x
@@ -289,8 +244,8 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         base = base.replace(resolved_mode=mode.name, downgraded=plan.downgraded)
         t0 = time.perf_counter()
         session = sessions.get(key, plan.factory, device=device)
-        phases: dict[str, list] = {name: [] for name in PHASES}  # spans (_Clock), summed at the end
-        phases["session_s"].append(_Span(t0, time.perf_counter()))
+        phases: dict[str, list] = {name: [] for name in PHASES}  # spans (Clock), summed at the end
+        phases["session_s"].append(Span(t0, time.perf_counter()))
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind
         base = base.replace(graph_kind=graph_kind)
         result = _run_steps(case, session, mode, sizes, base, t_start, phases)
@@ -311,53 +266,6 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
                             log_tail=tail, timings={"total_s": time.perf_counter() - t_start})
 
 
-def _capture(session: Session, keys: set[GraphKey]) -> float:
-    """Capture the keys the session lacks, checking that making each graph (its eager warm-up and
-    the capture itself, on vLLM's dummy batch of slot -1 tokens) writes nothing to the KV cache:
-    a write there lands before any step's snapshot, so kv_integrity could not see it (vLLM #39444:
-    a warm-up write to slot 0), and it can pre-write the very bytes a later stray write repeats
-    (#32). What a key wrote is kept in session.capture_writes; every step that replays that graph
-    fails kv_integrity with it. Returns the seconds spent capturing."""
-    missing = [k for k in keys if k not in session.graphs]
-    if not missing:
-        return 0.0
-    family = session.family
-    before = [family.slot_rows(b) for b in _snapshot(session.kv_caches)]  # views of the scratch
-    spent = 0.0
-    for key in sorted(missing, key=lambda k: (k.uniform_decode, -k.size, k.runtime_mode)):  # capture_plan order
-        spent += session.ensure_graphs({key})
-        for layer, (cache, was) in enumerate(zip(session.kv_caches, before)):
-            now = family.slot_rows(cache)
-            if torch.equal(raw(now), raw(was)):
-                continue
-            changed = (raw(now) != raw(was)).reshape(now.shape[0], now.shape[1], -1).any(dim=-1).any(dim=0)
-            n = int(changed.sum())
-            session.capture_writes.setdefault(
-                key, f"layer {layer}: {n} slot{'s' if n != 1 else ''} written during its warm-up and capture "
-                     f"(first slot {int(torch.argmax(changed.to(torch.uint8)))}); capture runs on slots of -1")
-            was.copy_(now)
-    _mark_scratch(None)  # capture ran the model on the caches
-    return spent
-
-
-def _pad_seed(case: Case, step: int, session: Session) -> int:
-    """The seed of a replay's padded input rows: new for every replay of the session, so a padded
-    token's stray KV write changes bytes every time, whatever an earlier case or warm-up left in
-    the slot it hits (#32: the same pad values wrote the same bytes, and a deterministic stray
-    write passed on one attempt and failed on another, FLAKY)."""
-    session.replays += 1
-    return hash_seed(case.seed, step, 31, session.replays)
-
-
-def _padded_rows(session: Session, key: GraphKey, n: int) -> torch.Tensor | None:
-    """The padded output rows [size - n, hidden] of the FULL graph just replayed (its static
-    output, valid until the next replay), or None. Piecewise graphs run attention on real rows
-    only, so their padded rows are not the backend's output and are not checked."""
-    graph = getattr(session.graphs.get(key), "graph", None)
-    out = getattr(graph, "outputs", None)
-    return out[n:key.size] if isinstance(out, torch.Tensor) else None
-
-
 def _safe(fn, *args) -> str:
     try:
         return fn(*args)
@@ -365,343 +273,14 @@ def _safe(fn, *args) -> str:
         return "unknown"
 
 
-def _set_scales(case: Case, session: Session) -> None:
-    gen = torch.Generator().manual_seed(hash_seed(case.seed, 977))
-    fp8 = case.kv_cache_dtype == "fp8"
-    fmax = torch.finfo(fp8_dtype(session.device)).max if fp8 else 1.0
-    lo, hi = _FP8_SCALE_RANGE
-    for ks, vs in zip(session.model.k_scales, session.model.v_scales):
-        for t in (ks, vs):
-            value = (lo + (hi - lo) * torch.rand(1, generator=gen)) / fmax if fp8 else torch.ones(1)
-            copy_into(t, value)  # in place: graphs hold these tensors
-
-
-def _fill_context(session: Session, inputs: StepInputs, reference: bool = True
-                  ) -> tuple[list[list[list[torch.Tensor]]], torch.Tensor]:
-    """Write every request's context into the rank's caches through the providers' KV write (the
-    family's `write`, which every provider's forward uses for new tokens: its quantiser is under
-    test for the context too); return the context as the reference's own fp8 rounding sees it
-    ([layer][plane][req], fp32, every head; empty lists when `reference` is False). One write per
-    layer for the whole batch. Also returns the slots written (int64, on the device)."""
-    family = session.family
-    on_device = inputs.on(session.device)
-    context = []
-    for layer, cache in enumerate(session.kv_caches):
-        k_scale, v_scale = session.model.k_scales[layer], session.model.v_scales[layer]
-        # make_step_inputs keeps the unsplit draw: one KV write per layer, no cat of its views
-        values = inputs.ctx_flat[layer]
-        group = on_device.group_of(layer)  # the layer's KV-cache group: its slots, its share of the rows
-        slots = group.ctx_slots
-        if slots.numel():
-            held = values if group.ctx_rows is None else [v.index_select(0, group.ctx_rows) for v in values]
-            family.write(cache, family.rank_context(held, session.layout), slots, k_scale, v_scale)
-        scales = family.plane_scales(k_scale, v_scale)
-        context.append([list(torch.split(fp8_round(v, scale, cache.dtype), inputs.ctx_lens)) if reference else []
-                        for v, scale in zip(values, scales)])
-    return context, on_device.all_ctx_slots
-
-
-def _reference(case: Case, session: Session, inputs: StepInputs, context) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference output [T, hidden] fp32 and its attention outputs [layers, T, H, Dv] (every
-    head; kept in the model dtype, which holds them exactly: the reference rounds them to it)."""
-    cache_dtype = session.kv_caches[0].dtype
-    model, family = session.model, session.family
-
-    def kv_round(layer: int, plane: int, t: torch.Tensor) -> torch.Tensor:
-        scale = family.plane_scales(model.k_scales[layer], model.v_scales[layer])[plane]
-        return fp8_round(t, scale, cache_dtype)
-
-    q_scale = _query_scale(session)
-    q_round = None if q_scale is None else (lambda layer, q: fp8_round(q, q_scale, cache_dtype))
-
-    # On the session's device (fp32): GPU shapes would make a host reference the slowest part.
-    attn: list[torch.Tensor] = []
-    out = reference_forward(session.reference_weights, case.model, inputs.on(session.device).x, context,
-                            inputs.plan.query_lens, kv_round, attn, q_round=q_round)
-    return out, torch.stack(attn).to(getattr(torch, case.model.dtype))
-
-
-@dataclass
-class _EagerStep:
-    """One step's eager side, shared by every cudagraph mode of a (batch, seed): modes share a
-    session, and the eager output, the reference check and determinism do not depend on the mode
-    (dispatch only decides how the graph side runs). Kept in Session.eager_memo."""
-
-    out: torch.Tensor  # eager output [T, hidden]
-    attention: torch.Tensor  # eager attention outputs [layers, T, Hl, D]
-    reference: Comparison  # eager vs the fp32 reference
-    attn_reference: HeadComparison  # eager attention vs the reference's, per head
-    finite: Comparison
-    deterministic: bool
-    jitter: float  # max |eager - eager again| on the output (0 when bitwise equal; inf for NaN)
-    attn_jitter: float  # the same on the attention outputs
-    kv_jitter: bool  # the two eager runs left different real-slot bytes
-    real_kv: list[torch.Tensor]  # per layer: the cache at the step's real slots after eager
-    eager_s: "_Span"  # the first eager run (float() gives seconds)
-    # The graph sides compared with this eager side, by (runtime mode, graph key): they go when it
-    # goes (an eager side evicted and computed again starts with none).
-    graph_sides: dict = dataclasses.field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _GraphStep:
-    """One step's graph side as the checks saw it (outcomes only, no tensors), shared by the
-    cudagraph modes that dispatch the step to the same runtime path: FULL, FULL_DECODE_ONLY and
-    FULL_AND_PIECEWISE replay one FULL graph for a uniform decode step; FULL_DECODE_ONLY runs a
-    mixed step eagerly as NONE does, FULL_AND_PIECEWISE through the piecewise graphs as PIECEWISE
-    does. Same session (caches, builder, graphs), same inputs, same path: the same outcome, so a
-    later mode reuses it (kept on the step's _EagerStep) as every mode reuses the eager side."""
-
-    replay: Comparison  # graph output vs eager
-    attn_replay: HeadComparison
-    finite: Comparison  # of the graph output
-    padded: Comparison | None  # the FULL graph's padded rows, when it had some
-    padded_detail: str
-    detail: str  # "FULL graph of 8 tokens for 7"
-    used: int  # the graph's size (0: eager)
-    replay_s: "_Span"
-    kv_ok: bool
-    kv_detail: str
-
-
-def _add_step(acc: dict[str, CheckAccumulator], step: int, eager: _EagerStep, g: _GraphStep) -> None:
-    """One step's outcomes into the checks' accumulators."""
-    acc[CHECK_REFERENCE].add_comparison(step, eager.reference)
-    acc[CHECK_REPLAY].add_comparison(step, g.replay, record_bitwise=True, detail=g.detail)
-    _add_heads(acc[CHECK_ATTN_REFERENCE], step, eager.attn_reference)
-    _add_heads(acc[CHECK_ATTN_REPLAY], step, g.attn_replay, record_bitwise=True, detail=g.detail)
-    fe, fg = eager.finite, g.finite
-    bad = fe if not fe.ok else fg
-    acc[CHECK_FINITE].add(step, fe.ok and fg.ok, mismatch=max(fe.mismatch_frac, fg.mismatch_frac),
-                          first_bad=bad.first_bad, detail="eager" if not fe.ok else "graph")
-    if g.padded is not None:
-        acc[CHECK_PADDED_FINITE].add(step, g.padded.ok, mismatch=g.padded.mismatch_frac,
-                                     first_bad=g.padded.first_bad, detail=g.padded_detail)
-    acc[CHECK_KV_INTEGRITY].add(step, g.kv_ok, detail=g.kv_detail)
-    acc[CHECK_DETERMINISM].add(step, eager.deterministic, max_abs=eager.jitter,
-                               detail=f"two eager runs differ (max_abs {eager.jitter:.3g}"
-                                      f"{', and their KV writes' if eager.kv_jitter else ''})")
-
-
-# Reference outputs of recent steps, per process. The reference is the unsharded fp32 model on the
-# step's inputs: it depends on the shape, kv dtype (how new K/V are rounded), batch, seed and step,
-# not on the backend, mode or tp rank, so every backend's eager output of a step is checked
-# against one computation of it (~0.3 s per step of a 200-request decode batch on the H200).
-# Bounded by bytes (an entry is the step's output and attention outputs: KBs on the CPU shape, up
-# to ~13 MB at the GPU's): at 64 entries the 290-case tp 1 GPU slice, whose providers run their
-# batches interleaved, evicted most of them before the next provider came back to the same step
-# (aiter-triton-pa recomputed 1.9 s of references, #13).
-REFERENCES_BYTES = 2 * 2**30
-_REFERENCES = LRU(REFERENCES_BYTES, size=lambda ref: sum(t.numel() * t.element_size() for t in ref))
-
-
-# The step's cache snapshot is scratch (restored from by the eager side, consumed by kv_integrity,
-# discarded after the step): one set of per-layer buffers per process, refilled in place each step
-# instead of a fresh clone (half the cost on the CPU, where a fresh allocation of this size is
-# page-faulted in every time; no allocator churn of GBs per step on a GPU). Keyed by the caches'
-# shapes, dtypes and device: a session of another shape or kv dtype replaces it.
-_SCRATCH: dict[tuple, list[torch.Tensor]] = {}
-# The session whose caches the scratch equals byte for byte (a weak reference), or None. A step
-# that passes kv_integrity's "nothing changed outside the real slots" leaves the scratch equal to
-# the caches (kv_integrity copies the real slots into it and compares the rest), so the next
-# step's snapshot only needs the slots its context fill wrote, not a whole-cache copy (#13: 4.3 GB
-# a step at full.yaml's GPU shape). Anything else that may write the caches (a capture, a step
-# that wrote outside its slots, an exception, another session on the same buffers) leaves None.
-_SCRATCH_OWNER: list = [None]
-# Above this fraction of the cache's slots, one contiguous copy is cheaper than gather + scatter.
-_PARTIAL_SNAPSHOT_MAX = 0.25
-
-
-def _scratch_in_sync(session: Session) -> bool:
-    owner = _SCRATCH_OWNER[0]
-    return owner is not None and owner() is session
-
-
-def _mark_scratch(session: Session | None) -> None:
-    _SCRATCH_OWNER[0] = weakref.ref(session) if session is not None else None
-
-
-def _snapshot(caches: list[torch.Tensor], session: Session | None = None,
-              written: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """The caches' state now, in the scratch buffers. With `session` whose caches the scratch
-    still equals but for the slots `written` (int64, on the caches' device), only those are copied."""
-    key = tuple((tuple(c.shape), c.dtype, str(c.device)) for c in caches)
-    bufs = _SCRATCH.get(key)
-    in_sync = session is not None and written is not None and _scratch_in_sync(session) and bufs is not None
-    _mark_scratch(None)  # until the step that uses it has verified it again
-    if bufs is None:
-        _SCRATCH.clear()  # before allocating: one copy of the caches at a time
-        bufs = _SCRATCH[key] = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in caches]
-    partial = False
-    if in_sync and all(c.is_contiguous() for c in caches):
-        num_slots = session.family.slot_rows(caches[0]).shape[1]
-        partial = written.numel() <= _PARTIAL_SNAPSHOT_MAX * num_slots
-    for b, c in zip(bufs, caches):
-        if partial:
-            if written.numel():  # [planes, num_slots, row] views of both (contiguous)
-                rows = session.family.slot_rows(b)
-                rows[:, written] = session.family.slot_rows(c)[:, written]
-        else:
-            b.copy_(c)
-    return bufs
-
-
-# Step inputs of recent steps, per process. They are a function of (step plan, model shape, seed,
-# device) only, so the five cudagraph modes, both kv dtypes and every backend of one (batch, seed)
-# draw the same ones: drawn once (the context K/V draw was a fifth of a rank's case time on the
-# 2-core machine, #13). Read-only for every user (the KV write, the runs and the reference copy
-# out of them). Bounded by bytes, by device: on the CPU 256 MB (entries up to 32 MB, so the small
-# batches share theirs); on a GPU a fifth of the device's memory, entries up to a quarter of that
-# (full.yaml's GPU shape draws 32 GB of context over its 45 distinct steps, 6.4 GB for one
-# decode_200 step: at 256 MB every GPU case drew its own, 11 s of the 290-case tp 1 run's 40 s).
-_INPUTS_BYTES = 256 * 2**20
-GPU_INPUTS_FRACTION = 5  # of the device's total memory
-
-
-def new_inputs_cache(budget: int = _INPUTS_BYTES, max_entry: int | None = None) -> LRU:
-    """Step inputs by (plan, shape, seed, device), at most `budget` bytes; an entry above
-    `max_entry` (default budget / 8) is not kept (it would evict the small batches that share theirs)."""
-    return LRU(budget, size=lambda inputs: inputs.nbytes,
-               max_item=budget // 8 if max_entry is None else max_entry)
-
-
-_INPUTS = new_inputs_cache()
-_INPUTS_SIZED_FOR_GPU = False
-
-
-def _inputs_cache_for(device: torch.device) -> LRU:
-    """The process's step-inputs cache, sized for `device` the first time a GPU uses it (a worker
-    has one device; CPU workers keep the default)."""
-    global _INPUTS, _INPUTS_SIZED_FOR_GPU
-    if device.type == "cuda" and not _INPUTS_SIZED_FOR_GPU:
-        budget = torch.cuda.get_device_properties(device).total_memory // GPU_INPUTS_FRACTION
-        _INPUTS = new_inputs_cache(budget, max_entry=budget // 4)
-        _INPUTS_SIZED_FOR_GPU = True
-    return _INPUTS
-
-
-def _step_inputs(plan, shape, seed: int, device: torch.device) -> StepInputs:
-    cache = _inputs_cache_for(device)
-    key = (plan, shape, seed, str(device))
-    inputs = cache.get(key)
-    if inputs is None:
-        inputs = make_step_inputs(plan, shape, seed, device)
-        cache.put(key, inputs)  # not kept when above the cache's max_item
-    return inputs
-
-
-def _query_scale(session: Session) -> float | None:
-    """The static scale with which the backend rounds its query to the cache's fp8 before
-    attention (`query_fp8_scale()` on its Impl: vLLM's layer quantises the query for an Impl that
-    declares supports_quant_query_input), or None: the query stays in the model dtype."""
-    fn = getattr(session.impl, "query_fp8_scale", None)
-    return fn() if callable(fn) else None
-
-
-def _reference_key(case: Case, session: Session, step: int) -> tuple:
-    return (case.model, case.kv_cache_dtype, case.batch, case.spec_tokens, case.seed, case.steps,
-            session.capture_sizes, step,  # the step plan depends on the (resolved) sizes
-            str(session.device), session.kv_caches[0].dtype, _query_scale(session))
-
-
-def _eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[torch.Tensor], context,
-                clock: "_Clock", phases: dict[str, list], ref_key: tuple) -> _EagerStep:
-    """Eager twice from the caches' state `snapshot` (determinism), the reference, and what eager
-    wrote; leaves the caches as `snapshot` again."""
-    caches = session.kv_caches
-    on_device = inputs.on(session.device)
-    x = on_device.x
-    real_slots = [on_device.group_of(layer).real_slots for layer in range(len(caches))]
-    t1 = clock.now()
-    first = session.run_eager_step(x, inputs.batches)
-    out_e = first.out
-    t2 = clock.now()
-    real_kv = [real_slot_values(session.family.slot_rows(c), s) for c, s in zip(caches, real_slots)]
-    for c, s in zip(caches, snapshot):
-        c.copy_(s)
-    second = session.run_eager_step(x, inputs.batches)
-    same_out = torch.equal(raw(out_e), raw(second.out)) and torch.equal(raw(first.attention), raw(second.attention))
-    kv_jitter = not all(torch.equal(raw(real_slot_values(session.family.slot_rows(c), s)), raw(r))
-                        for c, s, r in zip(caches, real_slots, real_kv))
-    jitter, attn_jitter = (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out),
-                                                      max_abs_diff(first.attention, second.attention))
-    deterministic = same_out and not kv_jitter
-    for c, s in zip(caches, snapshot):
-        c.copy_(s)
-    t3 = clock.now()
-    ref = _REFERENCES.get(ref_key)
-    if ref is None:
-        ref = _reference(case, session, inputs, context)
-        _REFERENCES.put(ref_key, ref)
-    ref_out, ref_attn = ref
-    reference = compare(out_e, ref_out, case.tolerance, case.model.head_size, row_scaled_atol=True)
-    heads = session.layout.q_heads
-    attn_reference = compare_heads(first.attention, ref_attn[:, :, heads.start:heads.stop], case.tolerance,
-                                   head_offset=heads.start)
-    t4 = clock.now()
-    phases["eager_s"].append(_Span(t1, t3))
-    phases["reference_s"].append(_Span(t3, t4))
-    return _EagerStep(out_e, first.attention, reference, attn_reference, all_finite(out_e, case.model.head_size),
-                      deterministic, jitter, attn_jitter, kv_jitter, real_kv, _Span(t1, t2))
-
-
-def _graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInputs, snapshot: list[torch.Tensor],
-                eager: _EagerStep, clock: "_Clock", phases: dict[str, list]) -> _GraphStep:
-    """Run the step as the mode dispatches it (eager for NONE, else replay `graph_key`) from the
-    caches' state `snapshot` and check it against the eager side."""
-    shape, tol = case.model, case.tolerance
-    caches = session.kv_caches
-    on_device = inputs.on(session.device)
-    x = on_device.x
-    t1 = clock.now()
-    padded = None
-    if d.runtime_mode == "NONE":
-        graph_side = session.run_eager_step(x, inputs.batches)
-        used = 0
-    else:
-        graph_side = session.run_graph_step(graph_key, x, inputs.batches, pad_seed=_pad_seed(case, plan.index, session))
-        used = d.padded_tokens
-        padded = _padded_rows(session, graph_key, x.shape[0])
-    t2 = clock.now()
-    out_g = graph_side.out
-    replay = compare(out_g, eager.out, tol, shape.head_size, row_scaled_atol=True)
-    attn_replay = compare_heads(graph_side.attention, eager.attention, tol, head_offset=session.layout.q_heads.start)
-    finite = all_finite(out_g, shape.head_size)
-    fp = all_finite(padded, shape.head_size) if padded is not None and padded.shape[0] else None
-    kv_ok, kv_detail, outside_ok = True, "", True
-    for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
-        real_slots = on_device.group_of(layer).real_slots
-        family = session.family
-        k = kv_integrity(family.slot_rows(after), family.slot_rows(before), eager_real, real_slots,
-                         family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer]), tol)
-        outside_ok = outside_ok and not k.outside_changed
-        if not k.ok and kv_ok:
-            kv_ok = False
-            kv_detail = (f"layer {layer}: {k.outside_changed} slots written outside the step's "
-                         f"{real_slots.numel()} real slots (first slot {k.first_outside})"
-                         if k.outside_changed else
-                         f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
-    if outside_ok:  # kv_integrity left the scratch equal to the caches (_SCRATCH_OWNER)
-        _mark_scratch(session)
-    if kv_ok and graph_key in session.capture_writes:  # the graph wrote the cache while it was made
-        kv_ok, kv_detail = False, f"{d.runtime_mode} graph of {d.padded_tokens} tokens: {session.capture_writes[graph_key]}"
-    phases["checks_s"].append(_Span(t2, clock.now()))
-    return _GraphStep(
-        replay=replay, attn_replay=attn_replay, finite=finite, padded=fp,
-        padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
-                      if fp is not None and fp.first_bad else "",
-        detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}",
-        used=used, replay_s=_Span(t1, t2), kv_ok=kv_ok, kv_detail=kv_detail)
-
-
 def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[int, ...], base: CaseResult,
                t_start: float, phases: dict[str, list]) -> CaseResult:
     """`sizes`: the capture sizes after resolution (resolve_capture_sizes), not case.capture_sizes."""
-    clock = _Clock(session.device)
+    clock = Clock(session.device)
     shape = case.model
     plans, dispatches, graph_keys = _dispatch_plan(case, mode, sizes)
-    capture_s = _capture(session, {k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
-    _set_scales(case, session)
+    capture_s = capture_checked(session, {k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
+    set_scales(case, session)
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
     eager_s, replay_s, used, shared, shared_graph = [], [], [], 0, 0
     again = case.case_id in session.cases_run  # a case run again reuses no graph side
@@ -720,36 +299,36 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
             # eager for NONE) from the same inputs in this session: its outcome is this step's.
             shared, shared_graph = shared + 1, shared_graph + 1
         else:
-            ref_key = _reference_key(case, session, plan.index)
-            inputs = _step_inputs(plan, shape, case.seed, session.device)
-            context, ctx_slots = _fill_context(session, inputs, reference=eager is None and ref_key not in _REFERENCES)
+            ref_key = reference_key(case, session, plan.index)
+            inputs = step_inputs(plan, shape, case.seed, session.device)
+            context, ctx_slots = fill_context(session, inputs, reference=eager is None and ref_key not in step_data.REFERENCES)
             t1 = clock.now()
-            phases["inputs_s"].append(_Span(t0, t1))
-            snapshot = _snapshot(session.kv_caches, session, ctx_slots)  # eager and the graph run both start from it
+            phases["inputs_s"].append(Span(t0, t1))
+            snapshot = take_snapshot(session.kv_caches, session, ctx_slots)  # eager and the graph run both start from it
             t0 = clock.now()
-            phases["snapshot_s"].append(_Span(t1, t0))
+            phases["snapshot_s"].append(Span(t1, t0))
             if eager is None:
-                eager = _eager_side(case, session, inputs, snapshot, context, clock, phases, ref_key)
+                eager = eager_side(case, session, inputs, snapshot, context, clock, phases, ref_key)
                 session.eager_memo.put(memo_key, eager)
             else:
                 shared += 1
             del context
-            seen = _graph_side(case, session, plan, d, graph_key, inputs, snapshot, eager, clock, phases)
+            seen = graph_side(case, session, plan, d, graph_key, inputs, snapshot, eager, clock, phases)
             eager.graph_sides[dispatched] = seen
             del snapshot
         eager_s.append(eager.eager_s)
         replay_s.append(seen.replay_s)
         used.append(seen.used)
-        _add_step(acc, plan.index, eager, seen)
+        add_step(acc, plan.index, eager, seen)
         kv_jitter = kv_jitter or eager.kv_jitter
         attn_jitter = max(attn_jitter, eager.attn_jitter)
 
     checks = tuple(acc[name].outcome() for name in CHECK_NAMES)
-    spent = {k: round(_seconds(v), 6) for k, v in phases.items()}  # resolves the spans first
+    spent = {k: round(seconds(v), 6) for k, v in phases.items()}  # resolves the spans first
     timings = {
         "capture_s": capture_s,
-        "eager_step_s": _seconds(eager_s) / len(eager_s),
-        "replay_step_s": _seconds(replay_s) / len(replay_s),
+        "eager_step_s": seconds(eager_s) / len(eager_s),
+        "replay_step_s": seconds(replay_s) / len(replay_s),
         "total_s": time.perf_counter() - t_start,
         **spent,
         "eager_shared_steps": float(shared),
@@ -761,41 +340,13 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
         return base.replace(status=Status.PASS, reason="", **common)
     det = next((c for c in failed if c.name == CHECK_DETERMINISM), None)
     real = [c for c in failed if c.name != CHECK_DETERMINISM
-            and not (det and _explained_by_jitter(c, det, kv_jitter, attn_jitter))]
+            and not (det and explained_by_jitter(c, det, kv_jitter, attn_jitter))]
     if real:
         note = f" (eager also not deterministic, max_abs {det.max_abs_err:.3g})" if det else ""
         return base.replace(status=Status.FAIL, reason=failure_reason(real[0]) + note, **common)
     others = [c.name for c in failed if c.name != CHECK_DETERMINISM]
     note = f" (also failed: {', '.join(others)})" if others else ""
     return base.replace(status=Status.FLAKY, reason=f"eager not deterministic at step {det.step}{note}", **common)
-
-
-# A check failure counts as eager jitter only when its error is within this factor of the jitter
-# measured between two eager runs: a wrong kernel that also jitters by an ulp must stay FAIL.
-JITTER_FACTOR = 4.0
-
-
-def _explained_by_jitter(check, det, kv_jitter: bool, attn_jitter: float = 0.0) -> bool:
-    """Whether a failed check could be the nondeterminism `det` measured rather than a bug
-    (`attn_jitter`: the same measure on the attention outputs, for the per-head checks)."""
-    if check.name in (CHECK_FINITE, CHECK_PADDED_FINITE):
-        return False  # NaN/Inf is never rounding jitter
-    if check.name == CHECK_KV_INTEGRITY:
-        return kv_jitter and "outside" not in check.detail  # writes outside the real slots are a bug
-    if check.max_abs_err is None or det.max_abs_err is None:
-        return False
-    jitter = attn_jitter if check.name in (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY) else det.max_abs_err
-    return check.max_abs_err <= JITTER_FACTOR * jitter
-
-
-def _add_heads(acc: CheckAccumulator, step: int, h: HeadComparison, *, record_bitwise: bool = False,
-               detail: str = "") -> None:
-    """A per-head attention comparison into its accumulator; the failing layer and the worst head
-    go in the detail."""
-    where = f"layer {h.layer}, worst head {h.worst_head}" if h.layer is not None else ""
-    acc.add_comparison(step, h.comparison, record_bitwise=record_bitwise,
-                       detail=", ".join(p for p in (where, detail) if p))
-
 
 
 def _gang_rank(rank: int, world_size: int, case_dict: dict, device_type: str) -> dict:

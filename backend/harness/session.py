@@ -184,17 +184,17 @@ class Session:
         self._runner_factory = runner_factory
         self._runner = None
         self.graphs: dict[GraphKey, _Full | _Piecewise] = {}
-        # The eager side of recent steps (checker._EagerStep), shared by the cudagraph modes of one
+        # The eager side of recent steps (sides.EagerStep), shared by the cudagraph modes of one
         # (batch, seed): keyed by (batch spec, seed, steps, tolerance, step index, gang), LRU-bounded;
-        # each carries the graph sides of the modes that replayed the step (checker._GraphStep).
+        # each carries the graph sides of the modes that replayed the step (sides.GraphStep).
         self.eager_memo = LRU(EAGER_MEMO_STEPS)
         # Cases this session ran: one that comes again (the executor's retry on a one-worker
         # machine, a repeated repro) runs its graph side again instead of reusing one (a retry
         # exists to see a different outcome).
         self.cases_run: set[str] = set()
-        # What making a graph wrote to the KV cache (checker._capture), by key: steps replaying it fail.
+        # What making a graph wrote to the KV cache (scratch.capture_checked), by key: steps replaying it fail.
         self.capture_writes: dict[GraphKey, str] = {}
-        self.replays = 0  # graph replays so far: each gets fresh padded input rows (checker._pad_seed)
+        self.replays = 0  # graph replays so far: each gets fresh padded input rows (sides.pad_seed)
 
     @property
     def runner(self):

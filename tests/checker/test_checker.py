@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from backend.case import BatchSpec
+from backend.harness import checker, step_data  # noqa: F401  (functions patch their internals)
 from backend.harness.checker import PHASES, SessionCache, run_case
 from backend.result import CHECK_NAMES, Status
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
@@ -90,9 +91,10 @@ def test_modes_share_one_session_and_its_graphs():
 
 
 def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run(monkeypatch):
-    from backend.harness import checker
+    from backend.harness import step_data
+    from backend.harness.session import LRU
 
-    monkeypatch.setattr(checker, "_REFERENCES", checker.LRU(64))
+    monkeypatch.setattr(step_data, "REFERENCES", LRU(64))
     cache = SessionCache(capacity=1)
     first = run_case(make_case("torch", "FULL", "auto", MIXED, seed=3), sessions=cache)
     shared = run_case(make_case("torch", "PIECEWISE", "auto", MIXED, seed=3), sessions=cache)
@@ -126,9 +128,10 @@ GRAPH_SHARING = [
 
 @pytest.mark.parametrize("backend, batch, first_mode, mode, status", GRAPH_SHARING)
 def test_modes_that_dispatch_a_step_alike_share_its_graph_side(monkeypatch, backend, batch, first_mode, mode, status):
-    from backend.harness import checker
+    from backend.harness import step_data
+    from backend.harness.session import LRU
 
-    monkeypatch.setattr(checker, "_REFERENCES", checker.LRU(64))
+    monkeypatch.setattr(step_data, "REFERENCES", LRU(64))
     cache = SessionCache(capacity=1)
     first = run_case(make_case(backend, first_mode, "auto", batch, seed=3), sessions=cache)
     shared = run_case(make_case(backend, mode, "auto", batch, seed=3), sessions=cache)
@@ -165,7 +168,8 @@ def test_a_case_run_again_runs_its_graph_side_again():
 def test_nothing_memoised_in_one_gang_is_reused_in_another(monkeypatch):
     """A reuse skips the step's collectives, so every rank of a gang must reuse alike: what a rank
     memoised counts only in the gang (backend.harness.distributed.gang_id) it memoised it in."""
-    from backend.harness import checker
+    from backend.harness import step_data
+    from backend.harness.session import LRU
 
     cache = SessionCache(capacity=1)
     monkeypatch.setattr(checker, "gang_id", lambda: "127.0.0.1:1111")
@@ -178,12 +182,13 @@ def test_nothing_memoised_in_one_gang_is_reused_in_another(monkeypatch):
 
 
 def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
-    from backend.harness import checker
+    from backend.harness import step_data
+    from backend.harness.session import LRU
 
-    monkeypatch.setattr(checker, "_REFERENCES", checker.LRU(64))
+    monkeypatch.setattr(step_data, "REFERENCES", LRU(64))
     calls = []
-    real = checker._reference
-    monkeypatch.setattr(checker, "_reference", lambda *a: calls.append(a[0].backend) or real(*a))
+    real = step_data.compute_reference
+    monkeypatch.setattr(step_data, "compute_reference", lambda *a: calls.append(a[0].backend) or real(*a))
     cache = SessionCache(capacity=2)
     torch_r = run_case(make_case("torch", "FULL", "fp8", MIXED, seed=8), sessions=cache)
     emu = run_case(make_case("aiter-emulated", "FULL", "fp8", MIXED, seed=8), sessions=cache)
@@ -198,12 +203,13 @@ def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
 def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeypatch):
     """Inputs depend on (plan, shape, seed, device) only: every mode, kv dtype and backend of a
     batch reads one draw per step (#13), equal to a fresh draw after the cases used it."""
-    from backend.harness import checker
+    from backend.harness import step_data
+    from backend.harness.session import LRU
     from backend.harness.steps import make_step_inputs
 
-    monkeypatch.setattr(checker, "_INPUTS", checker.new_inputs_cache())
+    monkeypatch.setattr(step_data, "INPUTS", step_data.new_inputs_cache())
     drawn = []
-    monkeypatch.setattr(checker, "make_step_inputs", lambda p, *a: drawn.append(p.index) or make_step_inputs(p, *a))
+    monkeypatch.setattr(step_data, "make_step_inputs", lambda p, *a: drawn.append(p.index) or make_step_inputs(p, *a))
     cache = SessionCache(capacity=2)
     results = [run_case(make_case(b, m, kv, MIXED, seed=5), sessions=cache)
                for b, m, kv in (("torch", "FULL", "auto"), ("torch", "NONE", "fp8"), ("aiter-emulated", "PIECEWISE", "auto"))]
@@ -213,7 +219,7 @@ def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeyp
     other = run_case(make_case("torch", "FULL", "auto", MIXED, seed=6), sessions=cache)
     assert sorted(drawn) == sorted(list(range(steps)) * 2) and other.status == Status.PASS
     assert all(r.status == Status.PASS for r in results)
-    for key, cached in checker._INPUTS.items():
+    for key, cached in step_data.INPUTS.items():
         plan, shape, seed, device = key
         fresh = make_step_inputs(plan, shape, seed, device)
         assert torch.equal(cached.x, fresh.x) and torch.equal(cached.batch.slot_mapping, fresh.batch.slot_mapping)
@@ -221,17 +227,18 @@ def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeyp
 
 
 def test_step_inputs_cache_is_bounded_by_bytes(monkeypatch):
-    from backend.harness import checker
+    from backend.harness import step_data
+    from backend.harness.session import LRU
     from backend.harness.steps import plan_steps
 
     keys = [(p, seed) for seed in range(4) for p in plan_steps(MIXED, TINY, (1, 2, 4, 8, 16, 32), 6, seed)]
-    biggest = max(checker.make_step_inputs(p, TINY, seed, "cpu").nbytes for p, seed in keys)
-    monkeypatch.setattr(checker, "_INPUTS", checker.new_inputs_cache(8 * biggest))  # every entry fits; 24 do not
+    biggest = max(step_data.make_step_inputs(p, TINY, seed, "cpu").nbytes for p, seed in keys)
+    monkeypatch.setattr(step_data, "INPUTS", step_data.new_inputs_cache(8 * biggest))  # every entry fits; 24 do not
     for p, seed in keys:
-        checker._step_inputs(p, TINY, seed, torch.device("cpu"))
-    assert sum(v.nbytes for v in checker._INPUTS.values()) <= 8 * biggest
-    assert 0 < len(checker._INPUTS) < len(keys)
-    assert list(checker._INPUTS)[-1][:3] == (keys[-1][0], TINY, keys[-1][1])  # the newest is kept, the oldest went
+        step_data.step_inputs(p, TINY, seed, torch.device("cpu"))
+    assert sum(v.nbytes for v in step_data.INPUTS.values()) <= 8 * biggest
+    assert 0 < len(step_data.INPUTS) < len(keys)
+    assert list(step_data.INPUTS)[-1][:3] == (keys[-1][0], TINY, keys[-1][1])  # the newest is kept, the oldest went
 
 
 def test_a_capture_error_keeps_the_session():

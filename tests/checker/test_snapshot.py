@@ -1,5 +1,5 @@
 """The step snapshot after a verified step copies only the slots the context fill wrote
-(checker._snapshot, #13). Whatever the path, the snapshot must equal the caches byte for byte when
+(scratch.take_snapshot, #13). Whatever the path, the snapshot must equal the caches byte for byte when
 it is taken: checked on every step of a sequence of cases that shares one session, with graphs
 captured in between, a backend that writes outside its slots, and another session on the same
 scratch buffers; and the verdicts must be those of the whole-cache copy."""
@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from backend.harness import checker
+from backend.harness import checker, scratch, sides
 from backend.harness.checker import SessionCache, run_case
 from backend.harness.checks import raw
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
@@ -29,7 +29,7 @@ SEQUENCE = [  # (backend, mode, kv, batch): the worker's order, modes of a batch
 def _run(sequence, monkeypatch, *, partial: bool):
     calls = {"partial": 0, "full": 0}
     problems: list[str] = []
-    real = checker._snapshot
+    real = scratch.take_snapshot
 
     def checked(caches, session=None, written=None):
         # Which path ran is observed, not re-derived from the threshold: the whole-cache path
@@ -57,9 +57,9 @@ def _run(sequence, monkeypatch, *, partial: bool):
         calls["full" if all(whole) else "partial"] += 1
         return bufs
 
-    monkeypatch.setattr(checker, "_snapshot", checked)
-    monkeypatch.setattr(checker, "_PARTIAL_SNAPSHOT_MAX", 0.25 if partial else -1.0)
-    checker._SCRATCH.clear()
+    monkeypatch.setattr(checker, "take_snapshot", checked)  # the step loop's
+    monkeypatch.setattr(scratch, "PARTIAL_SNAPSHOT_MAX", 0.25 if partial else -1.0)
+    scratch.SCRATCH.clear()
     sessions = SessionCache(capacity=8)
     results = [run_case(make_case(b, m, kv, batch, model=BIG), sessions=sessions) for b, m, kv, batch in sequence]
     assert not problems, problems
@@ -83,20 +83,20 @@ def test_snapshot_equals_the_caches_on_every_step_and_verdicts_do_not_change(mon
 @pytest.mark.parametrize("event", ["capture", "outside_write", "exception"])
 def test_what_may_write_the_caches_unmarks_the_scratch(monkeypatch, event):
     sessions = SessionCache(capacity=8)
-    checker._SCRATCH.clear()
+    scratch.SCRATCH.clear()
     case = make_case("torch", "FULL", "auto", MIXED, model=BIG)
     assert run_case(case, sessions=sessions).status.value == "pass"
     session = next(iter(sessions._sessions.values()))
-    assert checker._scratch_in_sync(session)  # a verified step
+    assert scratch.scratch_in_sync(session)  # a verified step
     if event == "capture":
         seen = []
-        real = checker._snapshot
+        real = scratch.take_snapshot
 
         def record(caches, session=None, written=None):
-            seen.append(checker._scratch_in_sync(session))
+            seen.append(scratch.scratch_in_sync(session))
             return real(caches, session, written)
 
-        monkeypatch.setattr(checker, "_snapshot", record)
+        monkeypatch.setattr(checker, "take_snapshot", record)
         r = run_case(dataclasses.replace(case, mode="FULL_AND_PIECEWISE", batch=DECODE), sessions=sessions)
         assert r.status.value == "pass" and r.timings["capture_s"] > 0  # this case captured new graphs
         assert seen[0] is False and any(seen[1:])  # the capture unmarked it; verified steps marked it again
@@ -104,11 +104,11 @@ def test_what_may_write_the_caches_unmarks_the_scratch(monkeypatch, event):
         r = run_case(make_case("tests.mutants.padded_slot_write:Backend", "FULL", "auto", DECODE, model=BIG),
                      sessions=sessions)
         assert r.status.value == "fail"
-        assert checker._SCRATCH_OWNER[0] is None  # the last step wrote outside its slots
+        assert scratch.SCRATCH_OWNER[0] is None  # the last step wrote outside its slots
     else:
         def boom(*a, **k):
             raise RuntimeError("boom")
 
-        monkeypatch.setattr(checker, "kv_integrity", boom)
+        monkeypatch.setattr(sides, "kv_integrity", boom)
         assert run_case(case, sessions=sessions).status.value == "error"
-        assert not checker._scratch_in_sync(session)
+        assert not scratch.scratch_in_sync(session)

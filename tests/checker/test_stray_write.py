@@ -4,13 +4,13 @@ The padded_slot_write mutant writes a padded token's K/V through slot -1 (the ca
 It was green in one mode and FLAKY in another: the capture's warm-up ran it on the same padded
 input rows a later step used, so the step rewrote bytes that were already there, and nothing
 checked what making a graph wrote. Now making a graph is checked and every replay's padded rows
-are new (checker._capture, _pad_seed)."""
+are new (scratch.capture_checked, sides.pad_seed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from backend.harness import checker
+from backend.harness import checker, sides
 from backend.harness.checker import SessionCache, run_case
 from backend.result import Status
 from tests.checker.conftest import BatchSpec, make_case
@@ -50,8 +50,8 @@ def test_unpadded_modes_stay_green():
 def test_without_the_checks_the_stray_write_can_pass(monkeypatch):
     """Break the fix on purpose (the old pad seed and no check of what capture writes): some
     attempt passes again, so the test above can fail."""
-    monkeypatch.setattr(checker, "_pad_seed", lambda case, step, session: checker.hash_seed(case.seed, step, 31))
-    monkeypatch.setattr(checker, "_capture", lambda session, keys: session.ensure_graphs(keys))
+    monkeypatch.setattr(sides, "pad_seed", lambda case, step, session: checker.hash_seed(case.seed, step, 31))
+    monkeypatch.setattr(checker, "capture_checked", lambda session, keys: session.ensure_graphs(keys))
     shared = SessionCache(capacity=8)
     statuses = [r.status for mode in PADDING_MODES for seed in (0, 1, 2) for r in attempts(mode, seed, shared)]
     assert Status.PASS in statuses and Status.FAIL in statuses, statuses

@@ -83,7 +83,7 @@ def test_broken_shared_fp8_quantiser_fails_the_reference(name, monkeypatch):
     attr, broken, modules = SHARED_QUANTISER_BREAKS[name]
     for module in modules:
         monkeypatch.setattr(f"{module}.{attr}", broken, raising=False)
-    monkeypatch.setattr("backend.harness.checker._REFERENCES", LRU(64))  # no reference from an unbroken run
+    monkeypatch.setattr("backend.harness.step_data.REFERENCES", LRU(64))  # no reference from an unbroken run
     r = run_case(make_case("torch", "NONE", "fp8", DECODE, seed=913))
     assert r.status == Status.FAIL and r.reason.startswith("reference check failed"), r.reason
     ref = next(c for c in r.checks if c.name == "reference")
@@ -103,6 +103,6 @@ def test_context_goes_through_the_providers_kv_write(monkeypatch):
 
     for module in ("backend.attention.kv_cache", "backend.providers.torch_backend", "backend.families.gqa"):
         monkeypatch.setattr(f"{module}.write_kv", drops_last, raising=False)
-    monkeypatch.setattr("backend.harness.checker._REFERENCES", LRU(64))
+    monkeypatch.setattr("backend.harness.step_data.REFERENCES", LRU(64))
     r = run_case(make_case("torch", "NONE", "auto", BIG_CONTEXT, seed=914))
     assert r.status == Status.FAIL and r.reason.startswith("reference check failed"), r.reason

@@ -5,7 +5,7 @@ row, which a later request on a real block would not touch in orch, but which vL
 overwrote in a live block).
 
 Steps are right (a step's build writes its real slots over the persistent buffer): only the
-check of what making a graph wrote (checker._capture) sees it, on every case that replays a
+check of what making a graph wrote (scratch.capture_checked) sees it, on every case that replays a
 FULL decode graph.
 """
 

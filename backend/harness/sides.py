@@ -1,0 +1,199 @@
+"""One step's two sides: the eager side (twice, for determinism; the reference check), shared by
+every cudagraph mode of a (batch, seed), and the graph side as a mode dispatches it (replay vs
+eager, finite and padded rows, the KV cache's integrity), with what each step adds to the checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from backend.case import Case
+from backend.harness import step_data
+from backend.harness.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
+                                    kv_integrity, max_abs_diff, raw, real_slot_values)
+from backend.harness.scratch import mark_scratch
+from backend.harness.session import GraphKey, Session
+from backend.harness.steps import StepInputs, hash_seed
+from backend.harness.timing import Clock, Span
+from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_DETERMINISM, CHECK_FINITE,
+                            CHECK_KV_INTEGRITY, CHECK_PADDED_FINITE, CHECK_REFERENCE, CHECK_REPLAY)
+
+@dataclass
+class EagerStep:
+    """One step's eager side, shared by every cudagraph mode of a (batch, seed): modes share a
+    session, and the eager output, the reference check and determinism do not depend on the mode
+    (dispatch only decides how the graph side runs). Kept in Session.eager_memo."""
+
+    out: torch.Tensor  # eager output [T, hidden]
+    attention: torch.Tensor  # eager attention outputs [layers, T, Hl, D]
+    reference: Comparison  # eager vs the fp32 reference
+    attn_reference: HeadComparison  # eager attention vs the reference's, per head
+    finite: Comparison
+    deterministic: bool
+    jitter: float  # max |eager - eager again| on the output (0 when bitwise equal; inf for NaN)
+    attn_jitter: float  # the same on the attention outputs
+    kv_jitter: bool  # the two eager runs left different real-slot bytes
+    real_kv: list[torch.Tensor]  # per layer: the cache at the step's real slots after eager
+    eager_s: Span  # the first eager run (float() gives seconds)
+    # The graph sides compared with this eager side, by (runtime mode, graph key): they go when it
+    # goes (an eager side evicted and computed again starts with none).
+    graph_sides: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GraphStep:
+    """One step's graph side as the checks saw it (outcomes only, no tensors), shared by the
+    cudagraph modes that dispatch the step to the same runtime path: FULL, FULL_DECODE_ONLY and
+    FULL_AND_PIECEWISE replay one FULL graph for a uniform decode step; FULL_DECODE_ONLY runs a
+    mixed step eagerly as NONE does, FULL_AND_PIECEWISE through the piecewise graphs as PIECEWISE
+    does. Same session (caches, builder, graphs), same inputs, same path: the same outcome, so a
+    later mode reuses it (kept on the step's EagerStep) as every mode reuses the eager side."""
+
+    replay: Comparison  # graph output vs eager
+    attn_replay: HeadComparison
+    finite: Comparison  # of the graph output
+    padded: Comparison | None  # the FULL graph's padded rows, when it had some
+    padded_detail: str
+    detail: str  # "FULL graph of 8 tokens for 7"
+    used: int  # the graph's size (0: eager)
+    replay_s: Span
+    kv_ok: bool
+    kv_detail: str
+
+
+def eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[torch.Tensor], context,
+                clock: Clock, phases: dict[str, list], ref_key: tuple) -> EagerStep:
+    """Eager twice from the caches' state `snapshot` (determinism), the reference, and what eager
+    wrote; leaves the caches as `snapshot` again."""
+    caches = session.kv_caches
+    on_device = inputs.on(session.device)
+    x = on_device.x
+    real_slots = [on_device.group_of(layer).real_slots for layer in range(len(caches))]
+    t1 = clock.now()
+    first = session.run_eager_step(x, inputs.batches)
+    out_e = first.out
+    t2 = clock.now()
+    real_kv = [real_slot_values(session.family.slot_rows(c), s) for c, s in zip(caches, real_slots)]
+    for c, s in zip(caches, snapshot):
+        c.copy_(s)
+    second = session.run_eager_step(x, inputs.batches)
+    same_out = torch.equal(raw(out_e), raw(second.out)) and torch.equal(raw(first.attention), raw(second.attention))
+    kv_jitter = not all(torch.equal(raw(real_slot_values(session.family.slot_rows(c), s)), raw(r))
+                        for c, s, r in zip(caches, real_slots, real_kv))
+    jitter, attn_jitter = (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out),
+                                                      max_abs_diff(first.attention, second.attention))
+    deterministic = same_out and not kv_jitter
+    for c, s in zip(caches, snapshot):
+        c.copy_(s)
+    t3 = clock.now()
+    ref = step_data.REFERENCES.get(ref_key)
+    if ref is None:
+        ref = step_data.compute_reference(case, session, inputs, context)
+        step_data.REFERENCES.put(ref_key, ref)
+    ref_out, ref_attn = ref
+    reference = compare(out_e, ref_out, case.tolerance, case.model.head_size, row_scaled_atol=True)
+    heads = session.layout.q_heads
+    attn_reference = compare_heads(first.attention, ref_attn[:, :, heads.start:heads.stop], case.tolerance,
+                                   head_offset=heads.start)
+    t4 = clock.now()
+    phases["eager_s"].append(Span(t1, t3))
+    phases["reference_s"].append(Span(t3, t4))
+    return EagerStep(out_e, first.attention, reference, attn_reference, all_finite(out_e, case.model.head_size),
+                      deterministic, jitter, attn_jitter, kv_jitter, real_kv, Span(t1, t2))
+
+
+def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInputs, snapshot: list[torch.Tensor],
+                eager: EagerStep, clock: Clock, phases: dict[str, list]) -> GraphStep:
+    """Run the step as the mode dispatches it (eager for NONE, else replay `graph_key`) from the
+    caches' state `snapshot` and check it against the eager side."""
+    shape, tol = case.model, case.tolerance
+    caches = session.kv_caches
+    on_device = inputs.on(session.device)
+    x = on_device.x
+    t1 = clock.now()
+    padded = None
+    if d.runtime_mode == "NONE":
+        graph_side = session.run_eager_step(x, inputs.batches)
+        used = 0
+    else:
+        graph_side = session.run_graph_step(graph_key, x, inputs.batches, pad_seed=pad_seed(case, plan.index, session))
+        used = d.padded_tokens
+        padded = padded_rows(session, graph_key, x.shape[0])
+    t2 = clock.now()
+    out_g = graph_side.out
+    replay = compare(out_g, eager.out, tol, shape.head_size, row_scaled_atol=True)
+    attn_replay = compare_heads(graph_side.attention, eager.attention, tol, head_offset=session.layout.q_heads.start)
+    finite = all_finite(out_g, shape.head_size)
+    fp = all_finite(padded, shape.head_size) if padded is not None and padded.shape[0] else None
+    kv_ok, kv_detail, outside_ok = True, "", True
+    for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
+        real_slots = on_device.group_of(layer).real_slots
+        family = session.family
+        k = kv_integrity(family.slot_rows(after), family.slot_rows(before), eager_real, real_slots,
+                         family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer]), tol)
+        outside_ok = outside_ok and not k.outside_changed
+        if not k.ok and kv_ok:
+            kv_ok = False
+            kv_detail = (f"layer {layer}: {k.outside_changed} slots written outside the step's "
+                         f"{real_slots.numel()} real slots (first slot {k.first_outside})"
+                         if k.outside_changed else
+                         f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
+    if outside_ok:  # kv_integrity left the scratch equal to the caches (SCRATCH_OWNER)
+        mark_scratch(session)
+    if kv_ok and graph_key in session.capture_writes:  # the graph wrote the cache while it was made
+        kv_ok, kv_detail = False, f"{d.runtime_mode} graph of {d.padded_tokens} tokens: {session.capture_writes[graph_key]}"
+    phases["checks_s"].append(Span(t2, clock.now()))
+    return GraphStep(
+        replay=replay, attn_replay=attn_replay, finite=finite, padded=fp,
+        padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
+                      if fp is not None and fp.first_bad else "",
+        detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}",
+        used=used, replay_s=Span(t1, t2), kv_ok=kv_ok, kv_detail=kv_detail)
+
+
+def pad_seed(case: Case, step: int, session: Session) -> int:
+    """The seed of a replay's padded input rows: new for every replay of the session, so a padded
+    token's stray KV write changes bytes every time, whatever an earlier case or warm-up left in
+    the slot it hits (#32: the same pad values wrote the same bytes, and a deterministic stray
+    write passed on one attempt and failed on another, FLAKY)."""
+    session.replays += 1
+    return hash_seed(case.seed, step, 31, session.replays)
+
+
+def padded_rows(session: Session, key: GraphKey, n: int) -> torch.Tensor | None:
+    """The padded output rows [size - n, hidden] of the FULL graph just replayed (its static
+    output, valid until the next replay), or None. Piecewise graphs run attention on real rows
+    only, so their padded rows are not the backend's output and are not checked."""
+    graph = getattr(session.graphs.get(key), "graph", None)
+    out = getattr(graph, "outputs", None)
+    return out[n:key.size] if isinstance(out, torch.Tensor) else None
+
+
+def add_step(acc: dict[str, CheckAccumulator], step: int, eager: EagerStep, g: GraphStep) -> None:
+    """One step's outcomes into the checks' accumulators."""
+    acc[CHECK_REFERENCE].add_comparison(step, eager.reference)
+    acc[CHECK_REPLAY].add_comparison(step, g.replay, record_bitwise=True, detail=g.detail)
+    add_heads(acc[CHECK_ATTN_REFERENCE], step, eager.attn_reference)
+    add_heads(acc[CHECK_ATTN_REPLAY], step, g.attn_replay, record_bitwise=True, detail=g.detail)
+    fe, fg = eager.finite, g.finite
+    bad = fe if not fe.ok else fg
+    acc[CHECK_FINITE].add(step, fe.ok and fg.ok, mismatch=max(fe.mismatch_frac, fg.mismatch_frac),
+                          first_bad=bad.first_bad, detail="eager" if not fe.ok else "graph")
+    if g.padded is not None:
+        acc[CHECK_PADDED_FINITE].add(step, g.padded.ok, mismatch=g.padded.mismatch_frac,
+                                     first_bad=g.padded.first_bad, detail=g.padded_detail)
+    acc[CHECK_KV_INTEGRITY].add(step, g.kv_ok, detail=g.kv_detail)
+    acc[CHECK_DETERMINISM].add(step, eager.deterministic, max_abs=eager.jitter,
+                               detail=f"two eager runs differ (max_abs {eager.jitter:.3g}"
+                                      f"{', and their KV writes' if eager.kv_jitter else ''})")
+
+
+def add_heads(acc: CheckAccumulator, step: int, h: HeadComparison, *, record_bitwise: bool = False,
+               detail: str = "") -> None:
+    """A per-head attention comparison into its accumulator; the failing layer and the worst head
+    go in the detail."""
+    where = f"layer {h.layer}, worst head {h.worst_head}" if h.layer is not None else ""
+    acc.add_comparison(step, h.comparison, record_bitwise=record_bitwise,
+                       detail=", ".join(p for p in (where, detail) if p))

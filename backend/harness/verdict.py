@@ -1,0 +1,24 @@
+"""From the checks' outcomes to a status: a failed check is FAIL unless eager's own jitter
+explains it (then FLAKY); NaN and writes outside the real slots never are jitter."""
+
+from __future__ import annotations
+
+from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY,
+                            CHECK_PADDED_FINITE)
+
+# A check failure counts as eager jitter only when its error is within this factor of the jitter
+# measured between two eager runs: a wrong kernel that also jitters by an ulp must stay FAIL.
+JITTER_FACTOR = 4.0
+
+
+def explained_by_jitter(check, det, kv_jitter: bool, attn_jitter: float = 0.0) -> bool:
+    """Whether a failed check could be the nondeterminism `det` measured rather than a bug
+    (`attn_jitter`: the same measure on the attention outputs, for the per-head checks)."""
+    if check.name in (CHECK_FINITE, CHECK_PADDED_FINITE):
+        return False  # NaN/Inf is never rounding jitter
+    if check.name == CHECK_KV_INTEGRITY:
+        return kv_jitter and "outside" not in check.detail  # writes outside the real slots are a bug
+    if check.max_abs_err is None or det.max_abs_err is None:
+        return False
+    jitter = attn_jitter if check.name in (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY) else det.max_abs_err
+    return check.max_abs_err <= JITTER_FACTOR * jitter
