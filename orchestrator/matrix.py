@@ -170,9 +170,11 @@ class _Loader:
         """The backend's Capabilities (declared for builtins: no torch import; a plugin's class is
         imported and read)."""
         if name not in self._backends:
-            from backend.attention.registry import BackendLoadError, get_capabilities
+            from backend.attention.registry import BackendLoadError, check_explicit, get_capabilities
 
             try:
+                if loc is None:  # --backend: what is a skip in a matrix may be bad input here
+                    check_explicit(name)
                 self._backends[name] = get_capabilities(name)
             except BackendLoadError as e:
                 if loc is None:
