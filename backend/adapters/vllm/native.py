@@ -24,12 +24,14 @@ NATIVE = {"FLASH_ATTN": ("vllm.vllm_flash_attn._vllm_fa2_C", "vllm.vllm_flash_at
           "FLASHINFER": ("flashinfer",)}
 
 # Compiled modules vLLM's platform classes import at module level, stubbed where a Python-only
-# install lacks them: vllm/platforms/cuda.py (0.33/0.34) runs `import vllm._C_stable_libtorch` at
-# import (its import_kernels() treats the same module as optional), so without a stub no backend
-# that reads current_platform (TRITON_ATTN does at import) loads on a CUDA machine. The stub
-# registers no op: a backend that needs one of its ops fails on that op, by name. The same
+# install lacks them: vllm/platforms/cuda.py runs `import vllm._C_stable_libtorch` (0.33/0.34; its
+# import_kernels() treats the same module as optional) or `import vllm._C` (0.10.2/0.11.0, line
+# 18) at import, so without a stub no backend that reads current_platform (TRITON_ATTN does at
+# import; every backend of the old interface does through vllm.config) loads on a CUDA machine.
+# The stub registers no op: a backend that needs one of its ops fails on that op, by name. The same
 # applies to the full wheel's module when it cannot load (built for vLLM's pinned torch).
 PLATFORM_NATIVE = ("vllm._C_stable_libtorch",)
+PLATFORM_NATIVE_OLD = ("vllm._C",)
 
 
 def note(what: str) -> None:
@@ -47,12 +49,12 @@ def native_missing_module(name: str) -> bool:
     return False
 
 
-def stub_platform_native(force: bool = False) -> tuple[str, ...]:
-    """Empty modules for the absent PLATFORM_NATIVE (on a CUDA machine, or `force`); the names."""
+def stub_platform_native(force: bool = False, names: tuple[str, ...] = PLATFORM_NATIVE) -> tuple[str, ...]:
+    """Empty modules for the absent `names` (on a CUDA machine, or `force`); the names stubbed."""
     if not (force or torch.cuda.is_available()):
         return ()
     stubbed = []
-    for name in PLATFORM_NATIVE:
+    for name in names:
         if name in sys.modules:
             continue
         if native_missing_module(name):

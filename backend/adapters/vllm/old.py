@@ -85,7 +85,7 @@ def _base_name(name: str) -> str:
 def load(name: str) -> tuple[Any, str | None]:
     """(vLLM's backend class, None), or (None, why it cannot be used here)."""
     try:
-        native.stub_platform_native()
+        native.stub_platform_native(names=native.PLATFORM_NATIVE_OLD)  # before current_platform resolves
         with errors.quiet_vllm_import():
             from vllm.platforms import current_platform
     except Exception as exc:  # noqa: BLE001 - an import that fails for any reason is "unavailable"
