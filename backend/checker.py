@@ -28,7 +28,7 @@ from backend.attention.registry import BackendLoadError, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
 from backend.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
-                            failure_reason, kv_integrity, max_abs_diff, raw, real_slot_values)
+                            failure_reason, kv_integrity, max_abs_diff, raw, real_slot_values, rows_by_request)
 from backend.distributed import gang_id
 from backend.host_copy import copy_into
 from backend.model import layout_reasons, reference_forward
@@ -638,7 +638,8 @@ def _graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepIn
         replay=replay, attn_replay=attn_replay, finite=finite, padded=fp,
         padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
                       if fp is not None and fp.first_bad else "",
-        detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}",
+        detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}"
+               + (f"; {rows_by_request(replay.bad_rows, plan.query_lens)}" if not replay.ok else ""),
         used=used, replay_s=_Span(t1, t2), kv_ok=kv_ok, kv_detail=kv_detail)
 
 
