@@ -105,6 +105,22 @@ def test_a_matrix_naming_the_backend_without_vllm_skips_with_the_reason(fresh_re
         adapter._make_backend.cache_clear()
 
 
+def test_a_repro_line_names_the_release_it_ran(monkeypatch):
+    from backend.case import BatchSpec, Case, ModelShape
+
+    def case(backend):
+        return Case(backend, 1, "FULL", "auto", BatchSpec("d", (1,), (9,)), matrix="matrices/seed.yaml",
+                    model=ModelShape(num_heads=8, num_kv_heads=2, head_size=64, num_layers=1, max_model_len=64,
+                                     max_num_seqs=4, num_blocks=32), capture_sizes=(1, 2, 4))
+
+    monkeypatch.setenv("ORCH_VLLM", "0.10.2")
+    assert case("vllm:ROCM_AITER_FA").repro_command().startswith(
+        "ORCH_VLLM=0.10.2 orch repro tp1-FULL-auto-d-ROCM_AITER_FA-s0 --matrix matrices/seed.yaml --backend vllm:ROCM_AITER_FA")
+    assert case("torch").repro_command().startswith("orch repro ")  # a builtin imports no vllm
+    monkeypatch.delenv("ORCH_VLLM")
+    assert case("vllm:ROCM_AITER_FA").repro_command().startswith("orch repro ")
+
+
 # ---- the emulated Triton gather (vllm_layout_trans): no vllm needed -----------------------------
 def _paged(seq_lens, block_size=16, hkv=2, d=8, dtype=torch.bfloat16, seed=0):
     g = torch.Generator().manual_seed(seed)
