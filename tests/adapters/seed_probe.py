@@ -65,6 +65,9 @@ def main() -> None:
     cap = builder.build_for_capture(8, 0, "v1")
     facts["capture"] = {"num_actual_tokens": cap.vllm.num_actual_tokens, "max_query_len": cap.vllm.max_query_len,
                         "num_actual_kv_tokens": cap.vllm.num_actual_kv_tokens}
+    flex = get_backend("vllm:FLEX_ATTENTION")  # the old interface beyond the seed: pure torch, runs here
+    facts["flex"] = {"support": flex.cudagraph_support.name, "kv_dtypes": list(flex.supported_kv_cache_dtypes),
+                     "unavailable_cpu": flex.unavailable_reason(CPU)}
     facts["names"] = {name: get_backend(f"vllm:{name}").unavailable_reason(CPU)
                       for name in ("TRITON_ATTN", "TRITON_ATTN_VLLM_V1", "NOPE", "TRITON_MLA")}
     print(json.dumps(facts))

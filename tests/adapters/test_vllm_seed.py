@@ -232,6 +232,9 @@ def test_the_old_interface_reads_the_release(release_name, support, fp8):
     assert facts["metadata"] == {"type": "AiterFlashAttentionMetadata", "num_actual_tokens": 4,
                                  "cu_seq_lens": [0, 5, 8], "max_query_len": 3}
     assert facts["capture"] == {"num_actual_tokens": 8, "max_query_len": 8, "num_actual_kv_tokens": 8 * 128}
+    # FLEX_ATTENTION under the old interface: its builder inherits NEVER from vLLM's base class (so
+    # vLLM refuses FULL for it: a skip with vLLM's reason), its Impl refuses a quantized cache.
+    assert facts["flex"] == {"support": "NEVER", "kv_dtypes": ["auto"], "unavailable_cpu": None}
     names = facts["names"]
     assert "needs a GPU" in names["TRITON_ATTN"] and names["TRITON_ATTN_VLLM_V1"] == names["TRITON_ATTN"]
     assert names["NOPE"] == f"unavailable: vLLM {release_name} has no attention backend 'NOPE'"

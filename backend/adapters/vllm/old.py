@@ -15,6 +15,8 @@ released wheels. What differs from the current interface (current.py), and how i
   tensor for both sides (cache.py). An fp8 cache holds the format the Impl reads (FP8_READ_AS).
 - **Metadata.** CommonAttentionMetadata needs `seq_lens_cpu` and `num_computed_tokens_cpu`, and is
   handed over with the V1 runner's real counts (metadata.v1_counts).
+- **Cache dtypes.** Not declared: an Impl refuses a cache dtype it does not take when it is built
+  (0.10.2's FLEX: quantized caches), so impl_kv_dtypes asks it (a skip with the reason, not an ERROR).
 - **Impl call.** The KV write is inside `forward` (reshape_and_cache_flash, emulated where vllm._C
   is absent: native.py); the layer hands the padded rows and the Impl slices its real tokens by
   num_actual_tokens, as the V1 model runner runs it. 0.10.2's layer quantises no query; 0.11.0's
@@ -35,7 +37,7 @@ from typing import Any, ClassVar
 import torch
 
 from backend.adapters.vllm import cache as caches
-from backend.adapters.vllm import errors, native, rocm_ops
+from backend.adapters.vllm import errors, fixups, native, rocm_ops
 from backend.adapters.vllm import metadata as meta
 from backend.adapters.vllm.config import build_vllm_config
 from backend.adapters.vllm.query import quantize_query
@@ -53,8 +55,9 @@ CLASS_PATHS = {
     "FLASHINFER": "vllm.v1.attention.backends.flashinfer:FlashInferBackend",  # cuda.py
     "TREE_ATTN": "vllm.v1.attention.backends.tree_attn:TreeAttentionBackend",  # cuda.py
 }
-# Backends whose kernels run here without a GPU: ROCM_AITER_FA's, emulated (rocm_ops.py).
-CPU_BACKENDS = ("ROCM_AITER_FA",)
+# Backends whose kernels run here without a GPU: ROCM_AITER_FA's, emulated (rocm_ops.py), and
+# FLEX_ATTENTION's (pure torch; eager on CPU as for the current interface, fixups.py).
+CPU_BACKENDS = ("ROCM_AITER_FA", "FLEX_ATTENTION")
 # How an fp8 cache is read, where the Impl does not read what the platform writes: 0.10.2's
 # AiterFlashAttentionImpl.forward views it as float8_e4m3fnuz on every platform (the gfx942
 # format); 0.11.0 as current_platform.fp8_dtype() (e4m3fn off ROCm, as the platform writes it).
@@ -109,6 +112,9 @@ def load(name: str) -> tuple[Any, str | None]:
         return None, errors.backend_import_failed(base, exc)
     if base == "ROCM_AITER_FA" and not current_platform.is_rocm():
         rocm_ops.ensure_rocm_aiter_fa_ops()
+    eager = fixups.cpu_flex_eager(module) if base == "FLEX_ATTENTION" else None
+    if eager:
+        native.note(eager)
     native.ensure_cache_ops()  # here, so that emulated() is final once the class is loaded
     return cls, None
 
@@ -130,6 +136,28 @@ def fp8_read_as(name: str) -> torch.dtype | None:
 
         return current_platform.fp8_dtype()
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def impl_kv_dtypes(cls) -> tuple[str, ...]:
+    """The old interface declares no cache dtypes; an Impl refuses the ones it does not take when
+    it is built (0.10.2's FlexAttentionImpl: NotImplementedError "does not support quantized
+    kv-cache"). Asked of vLLM's own Impl, built small for each dtype: a refusal makes that kv dtype
+    a skip with the reason, not an ERROR in every case. Anything else it raises here is not an
+    answer about the dtype (the real build, with the case's shape, will say)."""
+    from backend.adapters.vllm.config import KV_DTYPES
+
+    taken = []
+    for theirs in KV_DTYPES.values():
+        try:
+            cls.get_impl_cls()(num_heads=2, head_size=64, scale=0.125, num_kv_heads=1, alibi_slopes=None,
+                               sliding_window=None, kv_cache_dtype=theirs, logits_soft_cap=None)
+        except NotImplementedError:
+            continue
+        except Exception:  # noqa: BLE001 - not a refusal of the dtype
+            pass
+        taken.append(theirs)
+    return tuple(taken)
 
 
 @functools.lru_cache(maxsize=8)
@@ -192,7 +220,7 @@ class OldInterface(Interface):
         return output
 
     def kv_dtypes(self, cls):
-        return None  # the old interface declares none: every kv dtype the Impl's forward takes
+        return impl_kv_dtypes(cls)
 
     def dtypes(self, cls):
         if hasattr(cls, "get_supported_dtypes"):
