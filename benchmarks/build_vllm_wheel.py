@@ -5,7 +5,8 @@ for the full wheel (CI). See docs/VLLM.md.
     python benchmarks/build_vllm_wheel.py                      # vllm 0.34.0 + extras + orch's deps, Python 3.12
     python benchmarks/build_vllm_wheel.py --wheel /tmp/vllm-0.34.0-...whl --python-version 3.11
     python benchmarks/build_vllm_wheel.py --no-extras --out /tmp/w
-    python benchmarks/build_vllm_wheel.py --seed --site        # .vllm-0.10.2/ and .vllm-0.11.0/ here (issue 34)
+    python benchmarks/build_vllm_wheel.py --seed --site        # .vllm-0.10.2/ and .vllm-0.11.0/ here (issue 34;
+                                                               #   its wheels in a temporary folder)
     python benchmarks/build_vllm_wheel.py --seed               # .whl-seed/: both releases for the GPU machine
 
 The seed's releases (vllm 0.10.2 and 0.11.0, `--seed`; docs/VLLM.md "The seed, replayed") each get
@@ -38,6 +39,7 @@ import csv
 import hashlib
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -236,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
                     "target dir, for ORCH_VLLM=RELEASE)")
     a = ap.parse_args(argv)
     versions = tuple((a.version or (",".join(SEED_RELEASES) if a.seed else "0.34.0")).split(","))
-    out = a.out or (".whl-seed" if a.seed else ".whl-vllm")
+    # --site installs at once: its wheels (this Python's) go to a temporary folder unless --out names
+    # one, so they never mix with a GPU folder's (cp312) in .whl-seed/.
+    scratch = tempfile.mkdtemp(prefix="orch-vllm-site-") if a.site and a.out is None else None
+    out = a.out or scratch or (".whl-seed" if a.seed else ".whl-vllm")
     python_version = a.python_version if a.python_version is not None else ("" if a.site else "3.12")
     no_orch_deps = a.no_orch_deps if a.no_orch_deps is not None else a.site
     try:
@@ -291,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, StopIteration, OSError) as e:
         print(f"build_vllm_wheel: {e or 'no wheel downloaded'}", file=sys.stderr)
         return 3
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 
