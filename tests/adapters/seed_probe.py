@@ -13,8 +13,8 @@ from backend.adapters import vllm as adapter
 from backend.adapters.vllm import current, old
 from backend.attention.registry import get_backend
 from backend.case import ModelShape
-from backend.model import TPLayout
-from backend.session import attention_config
+from backend.harness.model import TPLayout
+from backend.harness.session import attention_config
 
 CPU = torch.device("cpu")
 

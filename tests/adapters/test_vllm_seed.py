@@ -182,7 +182,7 @@ def test_layout_trans_dequantises_fp8_with_the_scale():
 def test_varlen_impl_matches_the_reference_on_prefill_rows_and_skips_decode_rows():
     """flash_attn_varlen_func_impl (the module's op body, over the stand-ins): prefill rows are
     causal attention over each request's paged K/V; decode rows are left to paged_attention_v1."""
-    from backend.reference import reference_attention
+    from backend.harness.reference import reference_attention
 
     qlens, seqs = [1, 5, 3], [20, 37, 9]
     k_cache, v_cache, table = _paged(seqs, dtype=torch.float32)

@@ -13,7 +13,7 @@ from typing import Callable
 
 import pytest
 
-from backend.checker import run_case, run_case_local
+from backend.harness.checker import run_case, run_case_local
 from backend.result import Status
 from tests.checker.conftest import DECODE, MIXED, make_case
 
@@ -152,7 +152,7 @@ def test_reasons_point_at_the_bad_rows(sessions):
 def test_replay_reason_names_the_requests_of_the_bad_rows(sessions):
     """The seed replays stale prefill metadata: the reason names the one prefill request (row 1,
     query len 4), not the decode rows around it, which the decode kernel wrote from live buffers."""
-    from backend.checks import rows_by_request
+    from backend.harness.checks import rows_by_request
 
     r = run_case(make_case("tests.mutants.seed_aiter_fa:Backend", "FULL", "auto", MIXED), sessions=sessions)
     assert r.status == Status.FAIL and r.reason.startswith("replay check failed")
@@ -172,7 +172,7 @@ def test_customop_seed_needs_the_body_recorded(monkeypatch):
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from backend.checker import SessionCache
+    from backend.harness.checker import SessionCache
     from backend.graphs import emulated
 
     case = make_case("tests.mutants.customop_seed:Backend", "FULL", "auto", MIXED)

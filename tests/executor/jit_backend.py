@@ -1,7 +1,7 @@
 """A backend that declares `jit_kernels` (as the AITER Triton providers do) but runs the torch
 provider's ops, so the Triton warm-up's helpers can be run on the CPU (tests/executor/test_precompile.py)."""
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 
 class JitTorchBackend(TorchBackend):

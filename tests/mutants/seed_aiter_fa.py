@@ -35,7 +35,7 @@ import torch
 
 from backend.attention.builder import PersistentMetadataBuilder
 from backend.attention.interface import AttentionCGSupport, AttentionMetadata
-from backend.attention.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
+from backend.providers.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
 from tests.mutants._common import token_query_len
 
 

@@ -1,6 +1,6 @@
 """The ops vLLM 0.10.2/0.11.0's ROCM_AITER_FA (vllm/v1/attention/backends/rocm_aiter_fa.py) defines
 only under `if current_platform.is_rocm()`, registered off ROCm over orch's AITER emulation
-(backend/attention/aiter_ops_emulated.py: the documented semantics of AITER's two native ops, host
+(backend/providers/aiter_ops_emulated.py: the documented semantics of AITER's two native ops, host
 ints honoured as a graph freezes them). Off ROCm the module imports, but its Impl calls ops that
 do not exist:
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from backend.adapters.vllm.native import note
-from backend.attention import aiter_ops_emulated
+from backend.providers import aiter_ops_emulated
 
 _LIBRARIES: dict[str, torch.library.Library] = {}
 
