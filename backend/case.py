@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,7 +229,10 @@ class Case:
     def repro_command(self) -> str:
         src = self.matrix or "MATRIX"
         backend = f" --backend {self.backend}" if ":" in self.backend else ""
-        return f"orch repro {self.case_id} --matrix {src}{backend}"
+        # A vllm: backend (or a plugin over one) runs the vLLM release ORCH_VLLM names: the repro too.
+        release = os.environ.get("ORCH_VLLM", "") if ":" in self.backend else ""
+        prefix = f"ORCH_VLLM={shlex.quote(release)} " if release else ""
+        return f"{prefix}orch repro {self.case_id} --matrix {src}{backend}"
 
     def to_dict(self) -> dict[str, Any]:
         """dataclasses.asdict(self), without its recursive deep copy (every field is an immutable

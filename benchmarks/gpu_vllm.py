@@ -40,7 +40,7 @@ def mutant_expected(case) -> str:
 def _row(case, r) -> dict:
     t = r.timings
     return {"case_id": case.case_id, "mode": case.mode, "resolved": r.resolved_mode or "", "downgraded": r.downgraded,
-            "kv": case.kv_cache_dtype, "batch": case.batch.name, "k": case.spec_tokens, "status": r.status.value,
+            "kv": case.kv_cache_dtype, "batch": case.batch.name, "kind": case.batch.kind, "k": case.spec_tokens, "status": r.status.value,
             "graph": r.graph_kind or "", "capture_s": t.get("capture_s", 0.0), "eager_ms": t.get("eager_step_s", 0.0) * 1e3,
             "replay_ms": t.get("replay_step_s", 0.0) * 1e3, "total_s": t.get("total_s", 0.0), "reason": r.reason}
 

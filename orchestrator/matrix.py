@@ -206,12 +206,14 @@ class _Loader:
         family (its cases are skipped with family_reason's words)."""
         key = (name, family)
         if key not in self._backends:
-            from backend.attention.registry import BackendLoadError, family_reason, get_capabilities
+            from backend.attention.registry import BackendLoadError, check_explicit, family_reason, get_capabilities
 
             if family_reason(name, family):
                 self._backends[key] = None
                 return None
             try:
+                if loc is None:  # --backend: what is a skip in a matrix may be bad input here
+                    check_explicit(name)
                 self._backends[key] = get_capabilities(name, family)
             except BackendLoadError as e:
                 if loc is None:

@@ -38,7 +38,7 @@ _BUILTIN_PATHS: dict[tuple[str, str], str] = {
     ("aiter-triton", "swa_sinks"): "backend.providers.aiter_triton_swa:AiterTritonSWABackend",
 }
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUILTIN_PATHS))
-# "vllm:NAME" is vLLM's own backend NAME run in place (backend/adapters/vllm.py); reserved, so it
+# "vllm:NAME" is vLLM's own backend NAME run in place (backend/adapters/vllm/); reserved, so it
 # is never read as the import path "module vllm, attribute NAME". Doctor lists these.
 VLLM_PREFIX = "vllm:"
 VLLM_BACKENDS: tuple[str, ...] = ("vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN",
@@ -135,6 +135,19 @@ def get_capabilities(name: str, family: str = "gqa") -> Capabilities:
     if key in BUILTIN_CAPABILITIES:
         return BUILTIN_CAPABILITIES[key]
     return of_class(get_backend(name, family), name.strip() if isinstance(name, str) else name)
+
+
+def check_explicit(name: str) -> None:
+    """A backend named on the command line (`--backend`): BackendLoadError where naming it is bad
+    input rather than a skip. For `vllm:NAME`, a vllm release outside every range the adapter
+    bridges (or an ORCH_VLLM that cannot be applied): one line naming the release and the ranges.
+    No vllm at all stays a skip with the reason, as for a matrix that lists vllm: backends."""
+    if isinstance(name, str) and name.strip().startswith(VLLM_PREFIX):
+        from backend.adapters.vllm import release  # torch-free
+
+        line = release.bad_input_line()
+        if line:
+            raise BackendLoadError(line)
 
 
 @dataclass(frozen=True)

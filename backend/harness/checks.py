@@ -33,6 +33,7 @@ class Comparison:
     mismatch_frac: float
     first_bad: tuple[int, int] | None
     bitwise: bool
+    bad_rows: tuple[int, ...] = ()  # every row with a bad element (read only when there is one)
 
 
 def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_size: int,
@@ -56,12 +57,35 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_s
     bad = ~close
     max_abs, max_rel, frac, any_bad = torch.stack([diff.max(), rel.max(), bad.float().mean(),
                                                    bad.any().float()]).tolist()
-    first_bad = None
+    first_bad, bad_rows = None, ()
     if any_bad:
         flat = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
         row, col = divmod(flat, a.shape[1])
         first_bad = (row, col // head_size)
-    return Comparison(not any_bad, max_abs, max_rel, frac, first_bad, bitwise)
+        bad_rows = tuple(bad.any(dim=1).nonzero().flatten().tolist())
+    return Comparison(not any_bad, max_abs, max_rel, frac, first_bad, bitwise, bad_rows)
+
+
+def rows_by_request(rows: tuple[int, ...], query_lens) -> str:
+    """Which requests the bad `rows` (token rows of a step, packed by `query_lens`) belong to:
+    "bad rows 14/17 in requests 3 (q 5), 4 (q 9)", or "8 (21 of q 24)" where only some of a
+    request's rows are bad. A bug that keeps to one kind of row (prefill, decode, padded) names it.
+    "" without rows."""
+    if not rows:
+        return ""
+    per: dict[int | None, int] = {}
+    bounds, start = [], 0
+    for q in query_lens:
+        bounds.append((start, start + q))
+        start += q
+    for row in rows:
+        req = next((i for i, (lo, hi) in enumerate(bounds) if lo <= row < hi), None)
+        per[req] = per.get(req, 0) + 1
+    parts = [f"{i} (q {query_lens[i]})" if n == query_lens[i] else f"{i} ({n} of q {query_lens[i]})"
+             for i, n in sorted((i, n) for i, n in per.items() if i is not None)]
+    shown = parts[:6] + ([f"... {len(parts) - 6} more"] if len(parts) > 6 else [])
+    text = f"bad rows {len(rows)}/{start} in request{'s' if len(parts) > 1 else ''} " + ", ".join(shown)
+    return text + (f", {per[None]} past the last request" if None in per else "")
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ class Session:
         self.builder = self.family.make_builder(backend_cls, self.config, shape)
         self.impl = backend_cls.impl_cls(self.config)
         own = getattr(backend_cls, "allocate_kv_cache", None)
-        if own is not None:  # a backend with its own layout (backend/adapters/vllm.py), seen as ours
+        if own is not None:  # a backend with its own layout (backend/adapters/vllm/), seen as ours
             caches = [own(self.config) for _ in range(shape.num_layers)]
         else:
             cache_shape = backend_cls.kv_cache_shape(self.config.num_blocks, shape.block_size,

@@ -12,7 +12,7 @@ import torch
 from backend.case import Case
 from backend.harness import step_data
 from backend.harness.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
-                                    kv_integrity, max_abs_diff, raw, real_slot_values)
+                                    kv_integrity, max_abs_diff, raw, real_slot_values, rows_by_request)
 from backend.harness.scratch import mark_scratch
 from backend.harness.session import GraphKey, Session
 from backend.harness.steps import StepInputs, hash_seed
@@ -149,7 +149,8 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
         replay=replay, attn_replay=attn_replay, finite=finite, padded=fp,
         padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
                       if fp is not None and fp.first_bad else "",
-        detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}",
+        detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}"
+               + (f"; {rows_by_request(replay.bad_rows, plan.query_lens)}" if not replay.ok else ""),
         used=used, replay_s=Span(t1, t2), kv_ok=kv_ok, kv_detail=kv_detail)
 
 

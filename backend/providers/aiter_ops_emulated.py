@@ -4,7 +4,8 @@ flash_attn_varlen_func and paged_attention_v1 (gqa), mla_decode_fwd (mla).
 
 What matters is what a graph freezes, so host ints are honoured exactly as the kernels use them:
 - flash_attn_varlen_func: the launch grid covers max_seqlen_q query rows and max_seqlen_k key
-  positions per request (host ints); rows/positions beyond them are not computed. Rows of requests
+  positions per request (host ints); rows/positions beyond them are not computed, and K/V outside a
+  row's window are never read (uninitialised memory there stays out of the result). Rows of requests
   with seqlen_q <= min_seqlen_q are skipped (left unwritten). Causal is bottom-right aligned.
 - paged_attention_v1: with cu_query_lens it returns early (writes nothing) for requests whose
   query len > 1; context_lens, block_tables, cu_query_lens and the scales are read live from device
@@ -53,7 +54,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         visible = keys[None, :] < klen[chunk, None]
         if causal:
             visible &= keys[None, :] <= (klen - qlen + row)[chunk, None]
-        res = masked_attention(q[chunk], k[index].float(), v[index].float(), visible, scale)
+        # Keys outside a row's window are never read by the kernel: zeroed here, so uninitialised
+        # memory there (vLLM's torch.empty gather buffers) cannot reach the row through 0 * NaN.
+        kk = torch.where(visible[:, :, None, None], k[index].float(), 0.0)
+        vv = torch.where(visible[:, :, None, None], v[index].float(), 0.0)
+        res = masked_attention(q[chunk], kk, vv, visible, scale)
         out[chunk] = torch.where(written[chunk, None, None], res.to(out.dtype), out[chunk])
     return out
 

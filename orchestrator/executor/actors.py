@@ -35,7 +35,8 @@ WORKER_PRELOAD = ("torch",)
 # are its nodes' processes, with the nodes' environment, so without this a run into a head kept
 # running compiled every Triton kernel again in the head's default cache, not in the warm cache
 # the driver named (H100: 69.5 s for that first run, 39.6 s once warm; #13).
-FORWARDED_ENV = ("TRITON_CACHE_DIR", "TRITON_HOME")
+# ORCH_VLLM: the vLLM release the driver imports (backend/adapters/vllm/release.py), the workers' too.
+FORWARDED_ENV = ("TRITON_CACHE_DIR", "TRITON_HOME", "ORCH_VLLM")
 
 
 @dataclass(frozen=True)

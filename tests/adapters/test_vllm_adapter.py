@@ -1,4 +1,4 @@
-"""`vllm:NAME`: vLLM's own attention backends behind our interface (backend/adapters/vllm.py).
+"""`vllm:NAME`: vLLM's own attention backends behind our interface (backend/adapters/vllm/).
 
 The first group needs no vllm (version range, names, skips with reasons). The `vllm` group runs
 vLLM's real FLEX_ATTENTION code and is skipped with the reason when vllm is not importable

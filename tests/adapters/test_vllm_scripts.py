@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -79,6 +80,10 @@ def test_the_device_folder_holds_orchs_own_deps_and_not_ray():
     # 0.33's own pins (transformers <5.21, llguidance <1.8, xgrammar 0.2.8) and the server modules its config imports
     ("0.33.0", {"transformers==5.20.2", "llguidance==1.7.6", "xgrammar==0.2.8", "oss-harmony==0.0.11",
                 "fastapi==0.136.3", "openai==3.60.0"}, {"transformers==5.22.2", "xgrammar==0.2.9"}),
+    # The seed's releases: transformers 4.x (>=4.55.2) and what their old config imports (issue 34)
+    ("0.10.2", {"transformers==4.57.6", "tokenizers==0.22.2", "huggingface_hub==0.36.2", "pybase64==1.5.1",
+                "blake3==1.0.11"}, {"transformers==5.22.2", "xgrammar==0.2.9", "aiohttp==3.14.5"}),
+    ("0.11.0", {"transformers==4.57.6", "aiohttp==3.14.5", "msgspec==0.23.0"}, {"pybase64==1.5.1", "llguidance==1.9.1"}),
 ])
 def test_extras_follow_the_vllm_version(version, has, lacks):
     build = _load("build_vllm_wheel")
@@ -91,8 +96,31 @@ def test_a_version_without_an_extras_list_is_bad_input(tmp_path, capsys):
     build = _load("build_vllm_wheel")
     assert build.main(["--version", "0.32.0", "--out", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["build_vllm_wheel: --version 0.32.0: no extras list for it (known: 0.33.x, 0.34.x; or --no-extras)"]
+    assert err == ["build_vllm_wheel: --version 0.32.0: no extras list for it (known: 0.10.x, 0.11.x, 0.33.x, "
+                   "0.34.x; or --no-extras)"]
     assert not (tmp_path / "w").exists()  # refused before any download
+
+
+def test_install_site_puts_a_release_and_its_pinned_extras_in_their_own_target_dir(tmp_path):
+    """--site / gpu_seed --install: from a folder holding several releases' wheels, pip takes the
+    release asked for and its extras by their pins, --no-deps, into the target dir alone."""
+    build = _load("build_vllm_wheel")
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    for name, version in (("vllm", "0.10.2"), ("vllm", "0.11.0"), ("fakeextra", "1.0"), ("fakeextra", "2.0")):
+        with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
+            z.writestr(f"{name}/__init__.py", f"VERSION = {version!r}\n")
+            z.writestr(f"{name}-{version}.dist-info/METADATA",
+                       f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+            z.writestr(f"{name}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+            z.writestr(f"{name}-{version}.dist-info/RECORD", "")
+    build.EXTRAS_010 = ("fakeextra==2.0",)
+    build.install_site(str(folder), "0.10.2", str(tmp_path / "site"))
+    assert (tmp_path / "site" / "vllm" / "__init__.py").read_text() == "VERSION = '0.10.2'\n"
+    assert (tmp_path / "site" / "fakeextra" / "__init__.py").read_text() == "VERSION = '2.0'\n"
+    assert build.site_dir("0.10.2").endswith(f"{os.sep}.vllm-0.10.2") and _ROOT == Path(build.site_dir("0.10.2")).parent
+    with pytest.raises(RuntimeError, match="pip install into"):
+        build.install_site(str(folder), "0.10.3", str(tmp_path / "site2"))
 
 
 # ---- gpu_vllm ------------------------------------------------------------------------------------

@@ -50,6 +50,19 @@ def test_varlen_frozen_max_seqlen_q_truncates_rows():
     assert (out[2:5] == SENTINEL).all(), "rows past the frozen max_seqlen_q are not computed"
 
 
+def test_varlen_never_reads_keys_outside_a_rows_window():
+    """K/V rows no request's window covers may hold anything (vLLM 0.10.2 gathers into torch.empty
+    buffers and leaves the decode requests' rows unwritten): NaN there must not reach a prefill row
+    through 0 * NaN in P @ V. Broken on purpose (without the zeroing) the prefill rows turn NaN."""
+    qlens, klens = [3, 1], [4, 6]  # the launch covers max_seqlen_k = 6 keys of the 4-key prefill
+    q, k, v, cu_q, cu_k = _packed(qlens, klens, seed=3)
+    k[4:], v[4:] = float("nan"), float("nan")  # the decode request's K/V: never written, never read
+    out = torch.full_like(q, SENTINEL)
+    ops.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 3, 6, min_seqlen_q=1, softmax_scale=0.3, causal=True, out=out)
+    torch.testing.assert_close(out[:3], _ref(q, k, v, qlens, klens, 0.3)[:3], atol=1e-5, rtol=1e-5)
+    assert (out[3] == SENTINEL).all()
+
+
 def test_varlen_causal_is_bottom_right():
     qlens, klens = [2], [5]
     q, k, v, cu_q, cu_k = _packed(qlens, klens, seed=2)

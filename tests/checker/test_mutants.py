@@ -40,10 +40,12 @@ MUTANTS = {
         "tests.mutants.frozen_branch:Backend",
         lambda mode, kv, kind: False, Status.PASS, ""),
     # The seed as it was (#22721 in 0.10.2): prefill branch captured, its per-step metadata stale
-    # in every FULL mixed graph; FULL has no decode graphs, so decode batches replay one too.
+    # in every FULL mixed graph: the prefill rows are wrong. FULL has no decode graphs, so decode
+    # batches replay a mixed graph too, but their rows take the decode kernel (live buffers): right,
+    # as in vLLM 0.10.2 itself (docs/VLLM.md "The seed, replayed").
     "seed ROCM_AITER_FA 0.10.2: ALWAYS + fresh prefill metadata (#22721)": Expect(
         "tests.mutants.seed_aiter_fa:Backend",
-        lambda mode, kv, kind: mode == "FULL", Status.FAIL, "replay"),
+        lambda mode, kv, kind: mode == "FULL" and kind == "mixed", Status.FAIL, "replay"),
     "seed lowered to UNIFORM_SINGLE_TOKEN_DECODE (#25104)": Expect(
         "tests.mutants.seed_aiter_fa:FixedBackend",
         lambda mode, kv, kind: False, Status.PASS, "", resolved={"FULL": "FULL_AND_PIECEWISE"}),
@@ -80,7 +82,7 @@ MUTANTS = {
     # unified_attention form): red exactly where the plain seed is, once the op body is recorded.
     "seed inside a custom op reading the forward context": Expect(
         "tests.mutants.customop_seed:Backend",
-        lambda mode, kv, kind: mode == "FULL", Status.FAIL, "replay"),
+        lambda mode, kv, kind: mode == "FULL" and kind == "mixed", Status.FAIL, "replay"),
     "control: the torch impl through the same custom op and forward context": Expect(
         "tests.mutants.customop_seed:ControlBackend",
         lambda mode, kv, kind: False, Status.PASS, ""),
@@ -145,6 +147,20 @@ def test_reasons_point_at_the_bad_rows(sessions):
     replay = next(c for c in r.checks if c.name == "replay")
     assert replay.step == 0 and replay.first_bad[0] in (1, 2, 3, 4)
     assert "first bad row" in r.reason and "max_abs" in r.reason and "mismatched" in r.reason
+
+
+def test_replay_reason_names_the_requests_of_the_bad_rows(sessions):
+    """The seed replays stale prefill metadata: the reason names the one prefill request (row 1,
+    query len 4), not the decode rows around it, which the decode kernel wrote from live buffers."""
+    from backend.harness.checks import rows_by_request
+
+    r = run_case(make_case("tests.mutants.seed_aiter_fa:Backend", "FULL", "auto", MIXED), sessions=sessions)
+    assert r.status == Status.FAIL and r.reason.startswith("replay check failed")
+    assert "bad rows 4/6 in request 1 (q 4)" in r.reason, r.reason
+    # The naming itself: whole requests, part of one, and rows past the last request (padding).
+    assert rows_by_request((1, 2, 3, 4), (1, 4, 1)) == "bad rows 4/6 in request 1 (q 4)"
+    assert rows_by_request((0, 2, 7), (1, 4, 1)) == "bad rows 3/6 in requests 0 (q 1), 1 (1 of q 4), 1 past the last request"
+    assert rows_by_request((), (1,)) == ""
 
 
 def test_customop_seed_needs_the_body_recorded(monkeypatch):

@@ -1,4 +1,5 @@
-"""#13: the actors take the driver's Triton cache settings (actors.FORWARDED_ENV).
+"""#13: the actors take the driver's Triton cache settings (actors.FORWARDED_ENV); issue 34: and the
+vLLM release it names (ORCH_VLLM), so workers import the release the driver planned with.
 
 The workers of a joined cluster are its nodes' processes, started with the nodes' environment; a
 run into a head kept running compiled every kernel again in the head's default cache while the
@@ -30,7 +31,7 @@ def _worker_sees(name: str) -> str:
     return result.reason.split("=", 1)[1]
 
 
-@pytest.mark.parametrize("name", ["TRITON_CACHE_DIR", "TRITON_HOME"])
+@pytest.mark.parametrize("name", ["TRITON_CACHE_DIR", "TRITON_HOME", "ORCH_VLLM"])
 def test_an_actor_uses_the_triton_cache_the_driver_names(ray_cluster, monkeypatch, tmp_path, name):
     monkeypatch.delenv(name, raising=False)
     unset = _worker_sees(name)  # the contrast: what the cluster's own workers have

@@ -9,9 +9,9 @@ forward on it: a Python branch on host `max_query_len > 1`, and on the prefill b
 per-step `cu_seq_lens` tensor.
 
 A real graph runs the body once, at capture: every FULL mixed graph (N > 1 tokens, captured with
-host max_query_len = N) holds the capture-time `cu_seq_lens`, so its replays are wrong: red in
-FULL (decode batches too: FULL replays them through mixed graphs), exactly where the plain seed
-is; green in NONE/PIECEWISE (attention eager) and in the split modes (decode graphs take the
+host max_query_len = N) holds the capture-time `cu_seq_lens`, so its replays get the prefill rows
+wrong: red in FULL on mixed batches, exactly where the plain seed is (decode batches replayed
+through a mixed graph take the decode kernel and are right); green in NONE/PIECEWISE (attention eager) and in the split modes (decode graphs take the
 decode branch on persistent buffers, mixed batches run attention eagerly). An emulation that
 recorded the op as one opaque call would re-run the body at replay with the live forward context,
 read the step's fresh `cu_seq_lens`, and pass it: a silent green (tests/checker/test_mutants.py

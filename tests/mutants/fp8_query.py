@@ -1,5 +1,5 @@
 """An fp8 query (vLLM's layer quantises the query for an Impl that declares
-supports_quant_query_input; backend/adapters/vllm.py does what the layer does): the `torch`
+supports_quant_query_input; backend/adapters/vllm/ does what the layer does): the `torch`
 provider with its query rounded to the cache's fp8 (static scale QUERY_SCALE) on fp8 caches.
 
   QueryFp8Declared    says so (`query_fp8_scale()` on its Impl): the checker's reference rounds its

@@ -1,4 +1,4 @@
-"""Broken on purpose: vLLM's own backends (`vllm:NAME`, backend/adapters/vllm.py) with one thing
+"""Broken on purpose: vLLM's own backends (`vllm:NAME`, backend/adapters/vllm/) with one thing
 off after vLLM's forward. They are `module:Class` plugins that subclass the adapter's class, so
 vLLM's builder, Impl, support level and KV cache all run unchanged and only the bug is ours:
 

@@ -1,0 +1,102 @@
+"""`vllm:NAME`: one of vLLM's own attention backends run in place behind our interface (issues 15,
+34). The checker, modes, reference and reports stay ours; only the unit under test is vLLM's: its
+metadata builder, its Impl (with a layer object), its support level and its KV cache layout.
+
+One concern per module:
+    release.py    which vLLM this process imports (or ORCH_VLLM names), which interface serves it
+    current.py    the current interface, >=0.33,<0.35 (AttentionBackendEnum, KVCacheLayout, V2 runner)
+    old.py        the old interface, >=0.10.2,<0.12 (the seed's releases: `_Backend`, cudagraph_support,
+                  orch's own cache layout, V1 runner)
+    roles.py      our builder, Impl and backend class around any vLLM backend (the same for both)
+    config.py     the VllmConfig, built offline (a config.json for our heads, a test architecture)
+    metadata.py   our metadata as vLLM's CommonAttentionMetadata (V1 and V2 runner counts), the layer
+    cache.py      the KV cache in vLLM's layout, seen as ours without a copy
+    query.py      the fp8 query vLLM's layer hands the Impl
+    native.py     vLLM's compiled KV write and platform modules, where this install lacks them
+    rocm_ops.py   ROCM_AITER_FA's ROCm-only ops, off ROCm, over orch's AITER emulation
+    fixups.py     what runs differently on CPU (pinned memory, eager flex)
+    errors.py     every "cannot be used here" as one `unavailable:` line
+
+Families: every backend bridged so far is a GQA one (FullAttentionSpec; K and V per kv head; the
+Impl takes query, key, value). An MLA backend (vllm:TRITON_MLA, FLASHMLA, ...) needs its own spec
+(MLAAttentionSpec), Impl keywords (kv_lora_rank, qk_rope_head_dim, ...), latent cache view and
+forward arguments: that is a family module, mla.py, beside the interfaces, chosen by
+`family_reason` below (today it names MLA backends as not bridged yet); the interfaces, roles,
+config, metadata and native parts stay shared.
+
+Whatever cannot run here is a skip with the reason, never a traceback: vllm not installed, a
+release outside both ranges, a backend that does not import, a platform or a kv dtype it lacks.
+On the command line (`--backend vllm:NAME`), a release outside both ranges is bad input instead
+(registry.check_explicit, exit 2).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from backend.adapters.vllm import release
+from backend.adapters.vllm.cache import allocate_in_layout as allocate_vllm_kv_cache  # noqa: F401
+from backend.adapters.vllm.cache import as_vllm_view  # noqa: F401
+from backend.adapters.vllm.native import ensure_cache_ops, stub_platform_native  # noqa: F401
+from backend.adapters.vllm.native import native_missing_module as _native_missing_module  # noqa: F401
+from backend.adapters.vllm.query import query_quantizer, quantize_query  # noqa: F401
+from backend.adapters.vllm.release import SUPPORTED_RANGE, OLD_RANGE, version_reason  # noqa: F401
+from backend.adapters.vllm.roles import VllmBuilder, VllmImpl  # noqa: F401
+
+# MLA backends (a family of their own, not bridged yet: see the module docstring).
+MLA_BACKENDS = ("TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "ROCM_AITER_MLA",
+                "FLASHMLA_SPARSE")
+
+
+def family_reason(name: str) -> str | None:
+    """Why `name`'s attention family is not bridged (None for the GQA backends it is)."""
+    if name.removesuffix("_VLLM_V1") in MLA_BACKENDS:
+        return (f"unavailable: vllm:{name} is an MLA backend; the adapter bridges GQA backends so far "
+                "(an MLA family module would sit beside backend/adapters/vllm/old.py and current.py)")
+    return None
+
+
+def installed_version() -> str | None:
+    """The vllm release this process imports (ORCH_VLLM applied); tests replace this name."""
+    return release.installed_version()
+
+
+def current_interface():
+    """(the interface serving the release here, None), or (None, why none does)."""
+    err = release.site_error()
+    if err:
+        return None, f"unavailable: {err}"
+    name, why = release.interface_for(installed_version())
+    if name is None:
+        return None, why
+    if name == "old":
+        from backend.adapters.vllm.old import OLD
+
+        return OLD, None
+    from backend.adapters.vllm.current import CURRENT
+
+    return CURRENT, None
+
+
+@functools.lru_cache(maxsize=None)
+def load_vllm_backend(name: str):
+    """(vLLM's backend class, None), or (None, why it cannot be used here)."""
+    iface, why = current_interface()
+    if iface is None:
+        return None, why
+    return iface.load(name)
+
+
+def make_backend(name: str):
+    """Our backend class for vLLM's backend `name` (e.g. FLEX_ATTENTION, ROCM_AITER_FA). Always a
+    class: when vLLM or the backend cannot be used here, unavailable_reason says why."""
+    return _make_backend(name.strip().upper())
+
+
+@functools.lru_cache(maxsize=None)
+def _make_backend(name: str):
+    from backend.adapters.vllm.roles import make_backend_class
+
+    iface, why = current_interface()
+    why = why or family_reason(name)
+    return make_backend_class(name, iface if why is None else None, why)

@@ -1,0 +1,107 @@
+"""vLLM's compiled code where this install lacks it, shared by both interfaces: the KV write
+(`torch.ops._C_cache_ops.reshape_and_cache_flash`, in vllm._C, which the Python-only wheel does not
+ship and the full wheel builds for another torch), and empty stubs for the compiled modules
+vLLM's platform classes import at module level. Everything that runs in place of vLLM's own code
+is listed in EMULATED, which every result carries (versions["emulated"])."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+
+import torch
+
+from backend.attention.kv_cache import write_slots
+
+# What runs in place of vLLM's own code in this process, in the order it was put in place.
+EMULATED: list[str] = []
+
+# Compiled modules a backend's kernels live in, beyond vLLM's Python: absent from the trimmed
+# Python-only wheel (benchmarks/build_vllm_wheel.py).
+NATIVE = {"FLASH_ATTN": ("vllm.vllm_flash_attn._vllm_fa2_C", "vllm.vllm_flash_attn._vllm_fa3_C"),
+          "FLASHINFER": ("flashinfer",)}
+
+# Compiled modules vLLM's platform classes import at module level, stubbed where a Python-only
+# install lacks them: vllm/platforms/cuda.py runs `import vllm._C_stable_libtorch` (0.33/0.34; its
+# import_kernels() treats the same module as optional) or `import vllm._C` (0.10.2/0.11.0, line
+# 18) at import, so without a stub no backend that reads current_platform (TRITON_ATTN does at
+# import; every backend of the old interface does through vllm.config) loads on a CUDA machine.
+# The stub registers no op: a backend that needs one of its ops fails on that op, by name. The same
+# applies to the full wheel's module when it cannot load (built for vLLM's pinned torch).
+PLATFORM_NATIVE = ("vllm._C_stable_libtorch",)
+PLATFORM_NATIVE_OLD = ("vllm._C",)
+
+
+def note(what: str) -> None:
+    if what not in EMULATED:
+        EMULATED.append(what)
+
+
+def native_missing_module(name: str) -> bool:
+    """The compiled module does not load here: absent (Python-only wheel) or built for another
+    torch / a CUDA driver this machine lacks (what vLLM's own import would hit)."""
+    try:
+        importlib.import_module(name)
+    except (ImportError, OSError):
+        return True
+    return False
+
+
+def stub_platform_native(force: bool = False, names: tuple[str, ...] = PLATFORM_NATIVE) -> tuple[str, ...]:
+    """Empty modules for the absent `names` (on a CUDA machine, or `force`); the names stubbed."""
+    if not (force or torch.cuda.is_available()):
+        return ()
+    stubbed = []
+    for name in names:
+        if name in sys.modules:
+            continue
+        if native_missing_module(name):
+            sys.modules[name] = types.ModuleType(name, "stub: absent from a Python-only vllm (backend/adapters/vllm/native.py)")
+            stubbed.append(name)
+            note(f"{name} (empty stub)")
+    return tuple(stubbed)
+
+
+def native_missing(name: str) -> str | None:
+    """The compiled module backend `name` needs when none of its candidates is importable, else None."""
+    candidates = NATIVE.get(name, ())
+    for module in candidates:
+        try:
+            if importlib.util.find_spec(module) is not None:
+                return None
+        except (ImportError, ValueError):
+            continue
+    return " or ".join(candidates) or None
+
+
+_LIBRARY = None
+
+
+def _reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+    """vLLM's reshape_and_cache_flash semantics: token i's K/V go to slot slot_mapping[i] of the
+    caches [num_blocks, block_size, Hkv, D] (strided views allowed); slot -1 writes nothing; the
+    number of tokens written is slot_mapping's length (the old interface hands the padded key with
+    the real tokens' slots). fp8 is written in the cache tensor's own fp8 format."""
+    write_slots(key_cache, key, slot_mapping, k_scale)
+    write_slots(value_cache, value, slot_mapping, v_scale)
+
+
+def ensure_cache_ops() -> tuple[str, ...]:
+    """Register the emulated KV write when vLLM's compiled one is not loaded; what is emulated in
+    this process."""
+    global _LIBRARY
+    try:
+        torch.ops._C_cache_ops.reshape_and_cache_flash  # noqa: B018 - present when vllm._C loaded
+    except (AttributeError, RuntimeError):
+        if _LIBRARY is None:
+            lib = torch.library.Library("_C_cache_ops", "FRAGMENT")
+            lib.define("reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, "
+                       "Tensor(b!) value_cache, Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, "
+                       "Tensor v_scale) -> ()")
+            # Composite: it decomposes into aten ops, which the CPU graph emulation records.
+            lib.impl("reshape_and_cache_flash", _reshape_and_cache_flash, "CompositeImplicitAutograd")
+            _LIBRARY = lib
+            note("reshape_and_cache_flash")
+    return tuple(EMULATED)
