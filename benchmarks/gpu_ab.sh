@@ -14,7 +14,7 @@ NEW=$PWD; OLD=$PWD/${BASE:-.base}
 [ -d "$OLD/orchestrator" ] || { echo "no old tree at $OLD (git archive <commit> | tar -x -C $OLD)" >&2; exit 2; }
 . benchmarks/gpu_env.sh
 L=$OUT/all.log; R=/tmp/orch-ab; mkdir -p "$R"
-F=${FILTER:-tp=1 backend=torch,aiter-triton,aiter-triton-pa}
+F=${FILTER:-attention=gqa tp=1 backend=torch,aiter-triton,aiter-triton-pa}
 T0=$(date +%s)
 step() { echo "== $* (+$(( $(date +%s) - T0 ))s)" >> "$L"; }
 gpu_header "$L"

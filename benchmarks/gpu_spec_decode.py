@@ -55,7 +55,7 @@ def slice_matrix(full: Path, out_dir: Path, batches, kvs, ks) -> Path:
         return "[" + ", ".join(str(v) for v in values) + "]"
 
     text = (f"extends: {json.dumps(str(full.resolve()))}\nname: spec-decode-bench\n"
-            f"axes:\n  tp: [1]\n  cudagraph_mode: {flow(MODES)}\n  kv_cache_dtype: {flow(kvs)}\n"
+            f"axes:\n  attention: [gqa]\n  tp: [1]\n  cudagraph_mode: {flow(MODES)}\n  kv_cache_dtype: {flow(kvs)}\n"
             f"  batch: {flow(batches)}\n  backend: {flow(PROVIDERS)}\n  seed: [0]\n  spec_tokens: {flow(ks)}\n"
             "exclude: []\ninclude: []\nconstraints: []\n")
     path = out_dir / "spec_decode_matrix.yaml"

@@ -229,7 +229,8 @@ class _Loader:
         runnable = []
         for i, family in enumerate(self.families):
             names = [override] if override is not None else self.family_axes(family)["backend"]
-            ok = [n for n in names if not family_reason(n, family) and self._implements(n, family)]
+            ok = [n for n in names if not family_reason(n, family)
+                  and self._implements(n, family, None if override is not None else self._backend_loc(n, family))]
             runnable.append(bool(ok))
             if not ok and override is None:
                 where = (("families", family, "axes", "backend") if family in self.doc.families
@@ -248,7 +249,7 @@ class _Loader:
             if not needs:
                 continue
             for name in [override] if override is not None else self.family_axes(family)["backend"]:
-                caps = self.backend_class(name, family, self._backend_loc(name, family))
+                caps = self.backend_class(name, family, None if override is not None else self._backend_loc(name, family))
                 if caps is None or getattr(caps, "family", "gqa") != family:
                     continue  # does not implement the family: its cases are skips, with that reason
                 missing = sorted(needs - set(getattr(caps, "features", ()) or ()))
@@ -259,9 +260,9 @@ class _Loader:
                         raise InputError(msg, source="--backend")
                     raise self.err(self._backend_loc(name, family), msg)
 
-    def _implements(self, name: str, family: str) -> bool:
-        caps = self.backend_class(name, family, None if name not in self.doc.axes.backend else
-                                  ("axes", "backend", self.doc.axes.backend.index(name)))
+    def _implements(self, name: str, family: str, loc: tuple | None) -> bool:
+        """Whether `name` implements `family` (loc None: named by --backend, checked as bad input)."""
+        caps = self.backend_class(name, family, loc)
         return caps is not None and getattr(caps, "family", "gqa") == family
 
     def build(self, backend_override: str | None, *, backend_checks: bool = True) -> Matrix:

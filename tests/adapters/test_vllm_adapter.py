@@ -245,7 +245,7 @@ def _mutant(**roles):
 @needs_vllm
 def test_dropped_kv_write_fails_the_reference_check(monkeypatch):
     mutant = _mutant(impl_cls=_NoKVWriteImpl)
-    monkeypatch.setattr("backend.harness.checker.get_backend", lambda name: mutant)
+    monkeypatch.setattr("backend.harness.checker.get_backend", lambda name, family="gqa": mutant)
     result = run_case(_case("NONE", MIXED), device=torch.device("cpu"))
     assert result.status == Status.FAIL and "reference" in result.reason
 
@@ -253,7 +253,7 @@ def test_dropped_kv_write_fails_the_reference_check(monkeypatch):
 @needs_vllm
 def test_stale_metadata_under_full_fails_replay_only(monkeypatch):
     mutant = _mutant(builder_cls=_StaleMetadataBuilder)
-    monkeypatch.setattr("backend.harness.checker.get_backend", lambda name: mutant)
+    monkeypatch.setattr("backend.harness.checker.get_backend", lambda name, family="gqa": mutant)
     full = run_case(_case("FULL", DECODE_5), device=torch.device("cpu"))
     assert full.status == Status.FAIL and "replay" in full.reason
     piecewise = run_case(_case("PIECEWISE", DECODE_5), device=torch.device("cpu"))

@@ -107,7 +107,7 @@ def _orch(*args, env=None):
 
 def _matrix(tmp_path, backends, name="m.yaml"):
     path = tmp_path / name
-    path.write_text(f"extends: {FULL}\nname: doctor\naxes:\n  tp: [1]\n  cudagraph_mode: [FULL]\n"
+    path.write_text(f"extends: {FULL}\nname: doctor\naxes:\n  attention: [gqa]\n  tp: [1]\n  cudagraph_mode: [FULL]\n"
                     f"  kv_cache_dtype: [auto]\n  batch: [decode_7]\n  backend: [{', '.join(backends)}]\ninclude: []\n")
     return str(path)
 
