@@ -230,7 +230,8 @@ class _Recorder(TorchDispatchMode):
     def _record_opaque(self, call: Callable[[], Any], tensors: list[torch.Tensor]) -> None:
         """A ctypes launch on device memory (backend/graphs/opaque.py): restored like any write."""
         self._snapshot(tensors)
-        self._append(_Op(call, (), {}, None, "opaque"), tensors)
+        # The op holds the tensors (their memory must outlive the graph: the call's pointers are raw)
+        self._append(_Op(call, (), {}, tuple(tensors), "opaque"), tensors)
 
     def _custom_op(self, func, args, kwargs):
         # A custom op is one opaque op to the dispatcher: recorded as such, its Python body would
