@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
-from backend.checker import PHASES
+from backend.harness.checker import PHASES
 from backend.result import Status
 from orchestrator.store import ResultStore
 

@@ -11,7 +11,7 @@ Each variant runs in a fresh interpreter (imports are part of the cost) and repo
                 worker, Ray's registration
   torch         `import torch` inside that actor
   device        the first tensor on the actor's device (CUDA context creation on a GPU)
-  checker       `import backend.checker` (the attention providers, Triton where they import it)
+  checker       `import backend.harness.checker` (the attention providers, Triton where they import it)
   shutdown      ray.shutdown()
 and the number of Ray worker processes alive right after init (Ray prestarts about num_cpus of
 them, each importing Ray, while the actor starts).
@@ -57,7 +57,7 @@ PROBE = textwrap.dedent("""
             b = time.perf_counter()
             torch.zeros(1, device=device).add_(1).cpu()
             c = time.perf_counter()
-            import backend.checker  # noqa: F401
+            import backend.harness.checker  # noqa: F401
             d = time.perf_counter()
             return b - a, c - b, d - c
 

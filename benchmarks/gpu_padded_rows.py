@@ -61,7 +61,7 @@ def probe(provider: str, kv: str, q: int, n: int, p: int, device: torch.device, 
     r = {"status": "ok", "eager_nonfinite_padded": nonfinite_rows(eager[t:]),
          "eager_nonfinite_real": nonfinite_rows(eager[:t])}
     if provider == "aiter-triton" and device.type == "cuda":  # the kernel alone, without our mask
-        from backend.attention.aiter_loader import load_aiter_triton
+        from backend.providers.aiter_loader import load_aiter_triton
         raw_out = torch.full_like(out, float("nan"))
         load_aiter_triton().unified_attention(
             q=qq, k=step.kv_cache[0], v=step.kv_cache[1], out=raw_out, cu_seqlens_q=md.query_start_loc,

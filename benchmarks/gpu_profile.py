@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.checker import PHASES, SessionCache, run_case  # noqa: E402
+from backend.harness.checker import PHASES, SessionCache, run_case  # noqa: E402
 from orchestrator.filters import select  # noqa: E402
 from orchestrator.matrix import load_matrix  # noqa: E402
 
@@ -125,7 +125,7 @@ def bare_pass(cases, solo_rank: bool) -> None:
     are cleared so that what follows starts as fresh as this did."""
     import torch
 
-    from backend.checker import clear_process_caches
+    from backend.harness.checker import clear_process_caches
 
     sessions = SessionCache()
     cuda = torch.cuda.is_available()

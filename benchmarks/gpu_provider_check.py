@@ -1,4 +1,4 @@
-"""Check the GPU kernel providers against backend/reference.py, eager and under a CUDA graph.
+"""Check the GPU kernel providers against backend/harness/reference.py, eager and under a CUDA graph.
 
     PYTHONPATH=$PWD python benchmarks/gpu_provider_check.py [--out provider_check.json]
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from backend.attention.interface import AttentionCGSupport  # noqa: E402
 from backend.attention.registry import get_backend  # noqa: E402
-from backend.reference import reference_from_cache  # noqa: E402
+from backend.harness.reference import reference_from_cache  # noqa: E402
 from tests.backend.attn_batches import make_config, make_step  # noqa: E402
 
 PROVIDERS = ("torch", "aiter-triton", "aiter-triton-pa")

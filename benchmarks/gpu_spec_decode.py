@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     out_dir = Path(os.environ.get("OUT", "spec-decode-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    from backend.checker import SessionCache, run_case
+    from backend.harness.checker import SessionCache, run_case
     from orchestrator.errors import InputError
     from orchestrator.matrix import load_matrix
 

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     out_dir = os.environ.get("OUT", "/tmp/gpu_tolerances")
     os.makedirs(out_dir, exist_ok=True)
 
-    from backend.checker import SessionCache, run_case
+    from backend.harness.checker import SessionCache, run_case
     from orchestrator.matrix import load_matrix
 
     matrix = load_matrix(args.matrix)

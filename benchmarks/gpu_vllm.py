@@ -46,7 +46,7 @@ def _row(case, r) -> dict:
 
 
 def _run(label: str, cases, device, sessions, deadline: float, clock=time.perf_counter):
-    from backend.checker import run_case
+    from backend.harness.checker import run_case
 
     results, rows, not_run = [], [], []
     for case in cases:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from backend.checker import SessionCache, default_device, versions
+    from backend.harness.checker import SessionCache, default_device, versions
     from orchestrator.errors import ExitCode
     from orchestrator.gate import evaluate
 

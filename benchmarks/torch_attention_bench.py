@@ -2,11 +2,11 @@
 
     PYTHONPATH=$PWD python benchmarks/torch_attention_bench.py [--against OLD_torch_ops.py]
 
-Runs backend/attention/torch_ops.py's gather_paged + masked_attention over random paged caches,
+Runs backend/providers/torch_ops.py's gather_paged + masked_attention over random paged caches,
 chunked as the provider chunks them, at the GPU shapes of full.yaml (mixed_large_chunked: 404
 tokens over 4096 positions; decode_200 at 4096 positions, what a FULL replay gathers, and at 2048)
 on a GPU, or the CPU shapes on the CPU. `--against` loads another version of torch_ops.py (e.g.
-`git show REV:backend/attention/torch_ops.py > old.py`) and prints its time and the largest
+`git show REV:backend/providers/torch_ops.py > old.py`) and prints its time and the largest
 difference of its output from this one's.
 """
 
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from backend.attention import torch_ops  # noqa: E402
+from backend.providers import torch_ops  # noqa: E402
 
 GPU_SHAPES = [(404, 32, 8, 128, 4096, torch.bfloat16), (404, 32, 8, 128, 4096, torch.float8_e4m3fn),
               (200, 32, 8, 128, 4096, torch.bfloat16), (200, 32, 8, 128, 2048, torch.bfloat16)]

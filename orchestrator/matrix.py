@@ -152,7 +152,7 @@ class _Loader:
         vLLM does it (modes.resolve_capture_sizes): that needs the backend's support level."""
         m = self.model
         if self.doc.capture_sizes == "default":
-            from backend.modes import vllm_capture_sizes  # torch-free
+            from backend.harness.modes import vllm_capture_sizes  # torch-free
 
             return vllm_capture_sizes(m.max_num_seqs, m.batched_tokens_limit, spec_tokens, limit=MAX_DEFAULT_CAPTURE)
         sizes = list(self.doc.capture_sizes)

@@ -4,7 +4,7 @@
 
 Registers its machinery only when --orch-matrix is given. One item per case, node id = case id
 (the same ids `orch run` stores); cases the matrix skips become pytest skips with the reason.
-Each item runs `backend.checker.run_case_local` in the worker process and fails with the check
+Each item runs `backend.harness.checker.run_case_local` in the worker process and fails with the check
 numbers. Under xdist, worker gwN sees one GPU (N modulo the GPUs here) through
 CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES, set in pytest_configure before torch touches CUDA.
 `--orch-results PATH` writes {case_id: status} as JSON, from the controller only.
@@ -76,7 +76,7 @@ class CaseItem(pytest.Item):
         self.skip_reason = skip_reason
 
     def runtest(self) -> None:
-        from backend.checker import run_case, run_case_local
+        from backend.harness.checker import run_case, run_case_local
         from backend.result import Status
 
         if self.skip_reason is not None:
@@ -126,7 +126,7 @@ class OrchMatrixPlugin:
         if self._sessions is None:
             import torch
 
-            from backend.checker import SessionCache
+            from backend.harness.checker import SessionCache
 
             if not torch.cuda.is_available():
                 torch.set_num_threads(1)  # one xdist worker per core; no oversubscription

@@ -151,7 +151,7 @@ class AttentionBackend:
     # for a backend that brings its own (a custom all-reduce, or a mutant); None = torch.distributed.
     tp_all_reduce: ClassVar[Callable[[torch.Tensor], torch.Tensor] | None] = None
     # True: the backend JIT-compiles kernels (Triton) on first use, so `orch run` warms its disk
-    # cache in helper processes at the start of a GPU run (backend/precompile.py).
+    # cache in helper processes at the start of a GPU run (backend/harness/precompile.py).
     jit_kernels: ClassVar[bool] = False
 
     @classmethod

@@ -24,11 +24,11 @@ class BackendLoadError(Exception):
 
 # name -> "module:Class"; imported only when asked for.
 _BUILTIN_PATHS: dict[str, str] = {
-    "torch": "backend.attention.torch_backend:TorchBackend",
-    "aiter": "backend.attention.aiter_backend:AiterBackend",
-    "aiter-emulated": "backend.attention.aiter_backend:AiterEmulatedBackend",
-    "aiter-triton": "backend.attention.aiter_triton_backend:AiterTritonBackend",
-    "aiter-triton-pa": "backend.attention.aiter_triton_backend:AiterTritonPABackend",
+    "torch": "backend.providers.torch_backend:TorchBackend",
+    "aiter": "backend.providers.aiter_backend:AiterBackend",
+    "aiter-emulated": "backend.providers.aiter_backend:AiterEmulatedBackend",
+    "aiter-triton": "backend.providers.aiter_triton_backend:AiterTritonBackend",
+    "aiter-triton-pa": "backend.providers.aiter_triton_backend:AiterTritonPABackend",
 }
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(_BUILTIN_PATHS)
 # "vllm:NAME" is vLLM's own backend NAME run in place (backend/adapters/vllm.py); reserved, so it

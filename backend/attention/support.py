@@ -1,5 +1,5 @@
 """The cudagraph support level a backend declares (vLLM's AttentionCGSupport). Torch-free, so the
-matrix, the planner and backend.modes can reason about support without importing torch."""
+matrix, the planner and backend.harness.modes can reason about support without importing torch."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A runner captures a zero-argument callable that reads and writes static tensors 
 buffers) and returns its output tensor(s). Replay re-executes the captured work on the current
 contents of those same tensors and refreshes the same output objects: callers copy outputs out
 before the next replay. Every host value seen at capture (python ints/floats, shapes, branches
-taken) is frozen. Capture sizes are the caller's business (largest first, see backend.modes).
+taken) is frozen. Capture sizes are the caller's business (largest first, see backend.harness.modes).
 """
 
 from __future__ import annotations

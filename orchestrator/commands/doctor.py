@@ -173,7 +173,7 @@ def _gpus(torch) -> tuple[Gpu, ...]:
 def _aiter_findings(try_load: bool) -> tuple[str | None, tuple[str, ...]]:
     """Version, patch checks, native registration; with try_load (aiter-triton available here)
     also the real Triton kernel load, so a broken install shows here, not in every case."""
-    from backend.attention import aiter_loader as L
+    from backend.providers import aiter_loader as L
 
     pkg = L.aiter_package_dir()
     if pkg is None:
@@ -213,7 +213,7 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
 
     from backend.attention.kv_cache import fp8_dtype
     from backend.attention.registry import BUILTIN_BACKENDS, VLLM_BACKENDS, availability
-    from backend.distributed import _NCCL_ENV
+    from backend.harness.distributed import _NCCL_ENV
     from backend.graphs.cuda import graph_kind
 
     env = dict(os.environ if env is None else env)

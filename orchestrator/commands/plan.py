@@ -24,12 +24,12 @@ AXIS_NAMES = ("tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "see
 
 
 def resolved_mode(case: Case) -> tuple[str, str, list[int]]:
-    """(resolved mode, note, capture sizes) as the worker will settle them: backend/modes.py against
+    """(resolved mode, note, capture sizes) as the worker will settle them: backend/harness/modes.py against
     the backend's declared support, with the case's k (resolve_mode, then resolve_capture_sizes).
     The note is the downgrade warning and/or the spec-decode rounding of the sizes; "" when the
     request stands as written."""
     from backend.attention.registry import get_capabilities
-    from backend.modes import UnsupportedModeError, resolve_capture_sizes, resolve_mode
+    from backend.harness.modes import UnsupportedModeError, resolve_capture_sizes, resolve_mode
 
     cls = get_capabilities(case.backend)
     try:

@@ -68,7 +68,7 @@ def main(case_id: str, matrix: str | None = None, backend: str | None = None, db
          devices: str = "auto", as_json: bool = False) -> int:
     import torch
 
-    from backend.checker import run_case_local
+    from backend.harness.checker import run_case_local
 
     found = _from_matrix(case_id, matrix, devices, backend) if matrix else _from_store(case_id, db)
     if isinstance(found, CaseResult):

@@ -18,7 +18,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-DEFAULT_RUNNER = "backend.checker:run_case"
+DEFAULT_RUNNER = "backend.harness.checker:run_case"
 # Multicast paths have broken NCCL on the lent machines; every actor runs without them.
 ACTOR_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 CPU_ACTOR_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -139,7 +139,7 @@ class CaseWorker:
 
     def setup_gang(self, rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float) -> int:
         """Join the tp process group (gloo on CPU, NCCL on GPU). Returns rank (for the driver's check)."""
-        from backend.distributed import init_gang
+        from backend.harness.distributed import init_gang
 
         self._gang = (rank, world_size)
         init_gang(rank, world_size, master_addr, master_port, device=self.device, timeout_s=timeout_s)
@@ -150,13 +150,13 @@ class CaseWorker:
         """Leave the tp process group (all ranks of the gang are called together) so the driver
         can re-form this actor into a gang of another size; returns info() with a fresh port.
         The session cache is dropped: its sessions were built for the old tp's shapes."""
-        from backend.distributed import destroy_gang
+        from backend.harness.distributed import destroy_gang
 
         destroy_gang(together=True)
         print(f"[orch] rank {self._gang[0]}/{self._gang[1]} left its gang", flush=True)
         self._gang = (0, 1)
         if self._sessions is not None:
-            from backend.checker import SessionCache
+            from backend.harness.checker import SessionCache
 
             self._sessions = SessionCache()
         return self.info()
@@ -164,8 +164,8 @@ class CaseWorker:
     def _load(self) -> Callable[..., Any]:
         if self._runner is None:
             self._runner = resolve(self.runner_path)
-            if self.runner_path.startswith("backend.checker:"):
-                from backend.checker import SessionCache
+            if self.runner_path.startswith("backend.harness.checker:"):
+                from backend.harness.checker import SessionCache
 
                 self._sessions = SessionCache()
             if self.device_kind == "cpu" and "torch" in sys.modules:
@@ -174,7 +174,7 @@ class CaseWorker:
 
     def _barrier(self, case_id: str, ok: bool) -> str:
         """'' when the gang left the case in step, else why not (the batch stops on this gang)."""
-        from backend.distributed import case_barrier
+        from backend.harness.distributed import case_barrier
 
         try:
             case_barrier(case_id, ok)

@@ -1,7 +1,7 @@
-"""Start and stop the kernel-cache warm-up of a local GPU run (backend/precompile.py, #13).
+"""Start and stop the kernel-cache warm-up of a local GPU run (backend/harness/precompile.py, #13).
 
 The driver imports no torch: it writes the run's tp 1 cases (longest expected first, the order the
-dispatcher hands them out) to a JSON file and starts `python -m backend.precompile` in its own
+dispatcher hands them out) to a JSON file and starts `python -m backend.harness.precompile` in its own
 process group, before Ray's cluster starts, so that the helpers' imports and compiles overlap the
 cluster's and the workers' start-up. `stop()` ends the group when the run is over (the helpers
 also stop by themselves at their deadline or when the driver is gone).
@@ -121,7 +121,7 @@ def start(cases: Sequence[Case], *, jobs: int, log_dir: str, history: dict[str, 
     env = dict(os.environ)
     root = os.getcwd()  # import-path backends resolve as in the workers (actors.actor_env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    argv = [sys.executable, "-m", "backend.precompile", "--cases", cases_path, "--jobs", str(jobs),
+    argv = [sys.executable, "-m", "backend.harness.precompile", "--cases", cases_path, "--jobs", str(jobs),
             "--parent", str(os.getpid()), "--device", device]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

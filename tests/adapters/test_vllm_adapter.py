@@ -13,7 +13,7 @@ import torch
 from backend.adapters import vllm as adapter
 from backend.attention.registry import BackendLoadError, availability, get_backend
 from backend.case import BatchSpec, Case, ModelShape, Tolerance
-from backend.checker import run_case
+from backend.harness.checker import run_case
 from backend.result import Status
 
 _VLLM_WHY = adapter.version_reason(adapter.installed_version())
@@ -131,8 +131,8 @@ def test_cache_view_is_vllms_storage_in_our_layout():
     K of (block b, offset n, head h) is vLLM's [b, h, n, :D], V its [b, h, n, D:]."""
     from vllm.v1.kv_cache_layout import KVCacheLayout
 
-    from backend.session import attention_config
-    from backend.model import TPLayout
+    from backend.harness.session import attention_config
+    from backend.harness.model import TPLayout
 
     config = attention_config(SHAPE, TPLayout(1, 0, 8, 2, 16), "auto", SIZES, "cpu")
     ours = adapter.allocate_vllm_kv_cache(config, KVCacheLayout.LBNHC)
@@ -191,7 +191,7 @@ def test_spec_tokens_reach_vllms_speculative_config(k, want):
     scratch, spec-as-decode reorder thresholds), and k > 0 gets a session of its own."""
     from vllm.v1.attention.backend import max_decode_query_len
 
-    from backend.checker import SessionCache
+    from backend.harness.checker import SessionCache
 
     sessions = SessionCache(capacity=4)
     result = run_case(_case("FULL_DECODE_ONLY", DECODE_5, k=k), device=torch.device("cpu"), sessions=sessions)
@@ -245,7 +245,7 @@ def _mutant(**roles):
 @needs_vllm
 def test_dropped_kv_write_fails_the_reference_check(monkeypatch):
     mutant = _mutant(impl_cls=_NoKVWriteImpl)
-    monkeypatch.setattr("backend.checker.get_backend", lambda name: mutant)
+    monkeypatch.setattr("backend.harness.checker.get_backend", lambda name: mutant)
     result = run_case(_case("NONE", MIXED), device=torch.device("cpu"))
     assert result.status == Status.FAIL and "reference" in result.reason
 
@@ -253,7 +253,7 @@ def test_dropped_kv_write_fails_the_reference_check(monkeypatch):
 @needs_vllm
 def test_stale_metadata_under_full_fails_replay_only(monkeypatch):
     mutant = _mutant(builder_cls=_StaleMetadataBuilder)
-    monkeypatch.setattr("backend.checker.get_backend", lambda name: mutant)
+    monkeypatch.setattr("backend.harness.checker.get_backend", lambda name: mutant)
     full = run_case(_case("FULL", DECODE_5), device=torch.device("cpu"))
     assert full.status == Status.FAIL and "replay" in full.reason
     piecewise = run_case(_case("PIECEWISE", DECODE_5), device=torch.device("cpu"))
@@ -302,8 +302,8 @@ def test_triton_attn_constructs_on_cpu_and_says_it_needs_a_gpu():
     assert "needs a GPU" in cls.unavailable_reason(torch.device("cpu"))
     # Everything up to the kernel launch builds here: vLLM's builder, Impl, cache and metadata.
     from backend.attention.interface import BatchDescription
-    from backend.model import TPLayout
-    from backend.session import attention_config
+    from backend.harness.model import TPLayout
+    from backend.harness.session import attention_config
 
     shape = ModelShape(num_heads=8, num_kv_heads=2, head_size=64, num_layers=1, max_model_len=128,
                        max_num_seqs=8, num_blocks=32)
@@ -324,8 +324,8 @@ def _triton_impl(kv: str):
     cls = get_backend("vllm:TRITON_ATTN")
     if cls.vllm_backend is None:
         pytest.skip(cls.unavailable_reason(torch.device("cpu")))
-    from backend.model import TPLayout
-    from backend.session import attention_config
+    from backend.harness.model import TPLayout
+    from backend.harness.session import attention_config
 
     shape = ModelShape(num_heads=8, num_kv_heads=2, head_size=64, num_layers=1, max_model_len=128,
                        max_num_seqs=8, num_blocks=32)
@@ -348,8 +348,8 @@ def test_query_quantizer_follows_the_impls_declaration_and_the_kv_dtype(backend,
 
     if backend == "FLEX_ATTENTION":
         cls = get_backend("vllm:FLEX_ATTENTION")
-        from backend.model import TPLayout
-        from backend.session import attention_config
+        from backend.harness.model import TPLayout
+        from backend.harness.session import attention_config
 
         impl = cls.impl_cls(attention_config(SHAPE, TPLayout(1, 0, 8, 2, 16), kv, SIZES, "cpu"))
     else:
@@ -404,7 +404,7 @@ def test_triton_fp8_impl_receives_the_layers_fp8_query(q_scale):
     """On CUDA vLLM's layer hands TRITON_ATTN an e4m3 query, x / _q_scale clamped to +-448, and the
     Impl then passes layer._q_scale as q_descale (FP8_PER_TENSOR and an fp8 query). K/V stay in the
     model dtype (the cache write quantises them). A value past e4m3's range saturates, not NaN."""
-    from backend.reference import fp8_round
+    from backend.harness.reference import fp8_round
 
     torch.manual_seed(0)
     query = torch.randn(4, 8, 64, dtype=torch.bfloat16) * 3

@@ -13,9 +13,9 @@ from typing import ClassVar
 
 import torch
 
-from backend.attention import aiter_ops_emulated
+from backend.providers import aiter_ops_emulated
 from backend.attention.interface import AttentionCGSupport
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 
 class FrozenBranchImpl(TorchImpl):

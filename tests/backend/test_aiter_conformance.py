@@ -20,8 +20,8 @@ from typing import Optional
 import pytest
 import torch
 
-from backend.attention import aiter_loader as L
-from backend.attention import aiter_ops_emulated
+from backend.providers import aiter_loader as L
+from backend.providers import aiter_ops_emulated
 from backend.attention.registry import get_backend
 from tests.backend.attn_batches import make_config, make_step, run_backend
 
@@ -115,7 +115,7 @@ def record_native(scenario: str) -> list[Call]:
 
 
 def record_triton(scenario: str, provider: str, monkeypatch) -> list[Call]:
-    from backend.attention import aiter_triton_backend
+    from backend.providers import aiter_triton_backend
 
     if importlib.util.find_spec("triton") is None:
         # Fake, labelled: only the dtype names AiterTritonPAImpl reads from triton.language.

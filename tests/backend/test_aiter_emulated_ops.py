@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from backend.attention import aiter_ops_emulated as ops
-from backend.reference import reference_attention
+from backend.providers import aiter_ops_emulated as ops
+from backend.harness.reference import reference_attention
 
 SENTINEL = 7.0
 

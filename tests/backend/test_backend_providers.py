@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from backend.attention.registry import get_backend
-from backend.reference import reference_from_cache
+from backend.harness.reference import reference_from_cache
 from tests.backend.attn_batches import make_config, make_step, run_backend
 
 # name -> (query_lens, seq_lens, config overrides, k_scale, v_scale)
@@ -130,7 +130,7 @@ def test_aiter_emulated_refuses_gpu_shapes_it_cannot_hold():
 
 def test_padded_rows_are_zeroed_on_the_device_and_real_rows_kept():
     """aiter-triton's guard for unified_attention's 3D path (NaN in tokens of no request)."""
-    from backend.attention.aiter_triton_backend import keep_padded_rows_finite
+    from backend.providers.aiter_triton_backend import keep_padded_rows_finite
 
     out = torch.randn(8, 2, 4, dtype=torch.bfloat16)
     out[3, 1, 2] = float("nan")  # a real row's NaN is the kernel's bug to report, not to hide

@@ -7,7 +7,7 @@ import torch
 
 from backend.attention.interface import AttentionBackend
 from backend.attention.registry import BUILTIN_BACKENDS, BackendLoadError, get_backend
-from backend.reference import reference_from_cache
+from backend.harness.reference import reference_from_cache
 from tests.backend.attn_batches import make_config, make_step, run_backend
 
 

@@ -8,7 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from backend.modes import vllm_capture_sizes
+from backend.harness.modes import vllm_capture_sizes
 
 _ROOT = Path(__file__).resolve().parents[2]
 _SCRIPT = _ROOT / "benchmarks" / "gpu_spec_decode.py"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from backend.attention.builder import PersistentMetadataBuilder
-from backend.attention.torch_backend import gather_length, paged_causal_attention
+from backend.providers.torch_backend import gather_length, paged_causal_attention
 from tests.backend.attn_batches import make_config, make_step
 
 CONFIG = make_config(max_model_len=64, block_size=4)  # 16 blocks a request

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from backend.case import BatchSpec, Case, ModelShape, Tolerance
-from backend.checker import SessionCache
+from backend.harness.checker import SessionCache
 
 TINY = ModelShape(num_heads=4, num_kv_heads=2, head_size=16, block_size=16, dtype="bfloat16",
                   num_layers=2, max_model_len=128, max_num_seqs=8)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.distributed import all_reduce_, world
+from backend.harness.distributed import all_reduce_, world
 
 
 def reduce_rank(rank: int, world_size: int, scale: float) -> tuple[int, int, float]:

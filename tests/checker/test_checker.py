@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backend.case import BatchSpec
-from backend.checker import PHASES, SessionCache, run_case
+from backend.harness.checker import PHASES, SessionCache, run_case
 from backend.result import CHECK_NAMES, Status
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
 
@@ -90,7 +90,7 @@ def test_modes_share_one_session_and_its_graphs():
 
 
 def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run(monkeypatch):
-    from backend import checker
+    from backend.harness import checker
 
     monkeypatch.setattr(checker, "_REFERENCES", checker.LRU(64))
     cache = SessionCache(capacity=1)
@@ -126,7 +126,7 @@ GRAPH_SHARING = [
 
 @pytest.mark.parametrize("backend, batch, first_mode, mode, status", GRAPH_SHARING)
 def test_modes_that_dispatch_a_step_alike_share_its_graph_side(monkeypatch, backend, batch, first_mode, mode, status):
-    from backend import checker
+    from backend.harness import checker
 
     monkeypatch.setattr(checker, "_REFERENCES", checker.LRU(64))
     cache = SessionCache(capacity=1)
@@ -164,8 +164,8 @@ def test_a_case_run_again_runs_its_graph_side_again():
 
 def test_nothing_memoised_in_one_gang_is_reused_in_another(monkeypatch):
     """A reuse skips the step's collectives, so every rank of a gang must reuse alike: what a rank
-    memoised counts only in the gang (backend.distributed.gang_id) it memoised it in."""
-    from backend import checker
+    memoised counts only in the gang (backend.harness.distributed.gang_id) it memoised it in."""
+    from backend.harness import checker
 
     cache = SessionCache(capacity=1)
     monkeypatch.setattr(checker, "gang_id", lambda: "127.0.0.1:1111")
@@ -178,7 +178,7 @@ def test_nothing_memoised_in_one_gang_is_reused_in_another(monkeypatch):
 
 
 def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
-    from backend import checker
+    from backend.harness import checker
 
     monkeypatch.setattr(checker, "_REFERENCES", checker.LRU(64))
     calls = []
@@ -198,8 +198,8 @@ def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
 def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeypatch):
     """Inputs depend on (plan, shape, seed, device) only: every mode, kv dtype and backend of a
     batch reads one draw per step (#13), equal to a fresh draw after the cases used it."""
-    from backend import checker
-    from backend.steps import make_step_inputs
+    from backend.harness import checker
+    from backend.harness.steps import make_step_inputs
 
     monkeypatch.setattr(checker, "_INPUTS", checker.new_inputs_cache())
     drawn = []
@@ -221,8 +221,8 @@ def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeyp
 
 
 def test_step_inputs_cache_is_bounded_by_bytes(monkeypatch):
-    from backend import checker
-    from backend.steps import plan_steps
+    from backend.harness import checker
+    from backend.harness.steps import plan_steps
 
     keys = [(p, seed) for seed in range(4) for p in plan_steps(MIXED, TINY, (1, 2, 4, 8, 16, 32), 6, seed)]
     biggest = max(checker.make_step_inputs(p, TINY, seed, "cpu").nbytes for p, seed in keys)
@@ -260,7 +260,7 @@ VERDICT_SCENARIOS = {
 
 
 from backend.attention.interface import AttentionCGSupport  # noqa: E402
-from backend.attention.torch_backend import TorchBackend  # noqa: E402
+from backend.providers.torch_backend import TorchBackend  # noqa: E402
 
 
 class NoFp8Backend(TorchBackend):
@@ -298,7 +298,7 @@ LAYOUT_SCENARIOS = {
 
 @pytest.mark.parametrize("key", LAYOUT_SCENARIOS)
 def test_tp_layout(key):
-    from backend.model import TPLayout, layout_reasons
+    from backend.harness.model import TPLayout, layout_reasons
 
     heads, kv, tp, rank = key
     shape = dataclasses.replace(TINY, num_heads=heads, num_kv_heads=kv)
@@ -326,7 +326,7 @@ def test_spec_decode_graph_above_the_largest_capture_size_runs(mode):
 def test_our_providers_share_sessions_across_spec_tokens():
     """Only a backend that sizes by k (`sizes_by_spec_tokens`, vLLM's) gets k in its config and
     a session per k; ours share the session (its KV cache is GBs on a GPU)."""
-    from backend.checker import SessionCache
+    from backend.harness.checker import SessionCache
 
     sessions = SessionCache(capacity=4)
     for k in (0, 2):

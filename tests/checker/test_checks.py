@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from backend.case import Tolerance
-from backend.checker import merge_rank_results
-from backend.checks import CheckAccumulator, compare, compare_heads, failure_reason, kv_integrity, quant_steps, raw, real_slot_values
+from backend.harness.checker import merge_rank_results
+from backend.harness.checks import CheckAccumulator, compare, compare_heads, failure_reason, kv_integrity, quant_steps, raw, real_slot_values
 from backend.result import CaseResult, Status
 
 TOL = Tolerance(0.1, 0.1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.distributed import GangError, free_port, run_local_gang, world
+from backend.harness.distributed import GangError, free_port, run_local_gang, world
 from tests.checker.gang_fns import fail_on_rank_1, reduce_rank
 
 

@@ -12,8 +12,8 @@ import dataclasses
 
 import pytest
 
-from backend.checker import run_case
-from backend.checks import CheckAccumulator
+from backend.harness.checker import run_case
+from backend.harness.checks import CheckAccumulator
 from backend.result import CHECK_NAMES, Status
 from tests.checker.conftest import DECODE, TINY, make_case
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 import pytest
 
-from backend.checker import run_case, run_case_local
+from backend.harness.checker import run_case, run_case_local
 from backend.result import Status
 from tests.checker.conftest import DECODE, MIXED, make_case
 
@@ -156,7 +156,7 @@ def test_customop_seed_needs_the_body_recorded(monkeypatch):
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from backend.checker import SessionCache
+    from backend.harness.checker import SessionCache
     from backend.graphs import emulated
 
     case = make_case("tests.mutants.customop_seed:Backend", "FULL", "auto", MIXED)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from backend.checker import run_case_local
+from backend.harness.checker import run_case_local
 from backend.result import CHECK_NAMES
 from orchestrator.cli import main
 from orchestrator.matrix import load_matrix

@@ -11,9 +11,9 @@ import dataclasses
 import pytest
 import torch
 
-from backend import checker
-from backend.checker import SessionCache, run_case
-from backend.checks import raw
+from backend.harness import checker
+from backend.harness.checker import SessionCache, run_case
+from backend.harness.checks import raw
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
 
 BIG = dataclasses.replace(TINY, num_blocks=256)  # contexts well under a quarter of the cache: partial copies

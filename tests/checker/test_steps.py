@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.steps import make_step_inputs, plan_steps
+from backend.harness.steps import make_step_inputs, plan_steps
 from tests.checker.conftest import CAPTURE_SIZES, DECODE, MIXED, TINY
 from backend.case import BatchSpec
 

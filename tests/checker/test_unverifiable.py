@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.checker import run_case
+from backend.harness.checker import run_case
 from backend.result import UNVERIFIABLE_PREFIX, Status
 from orchestrator.gate import GATING, evaluate
 from tests.checker.conftest import DECODE, make_case

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from backend.case import BatchSpec
-from backend.checker import run_case
+from backend.harness.checker import run_case
 from backend.result import Status
-from backend.session import LRU
+from backend.harness.session import LRU
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
 
 BIG_CONTEXT = BatchSpec("decode1", (1,), (40,))
@@ -71,10 +71,10 @@ def _scaled_dequantize(factor):
 # is imported under is patched, the checker's included, so the reference cannot borrow it.
 SHARED_QUANTISER_BREAKS = {
     "quantize stores V and K 1.25x too small": ("quantize_fp8", _scaled_quantize(1.25),
-                                                 ("backend.attention.kv_cache", "backend.checker")),
+                                                 ("backend.attention.kv_cache", "backend.harness.checker")),
     "dequantize reads 1.25x too large": ("dequantize", _scaled_dequantize(1.25),
-                                         ("backend.attention.kv_cache", "backend.attention.torch_ops",
-                                          "backend.checker", "backend.checks")),
+                                         ("backend.attention.kv_cache", "backend.providers.torch_ops",
+                                          "backend.harness.checker", "backend.harness.checks")),
 }
 
 
@@ -83,7 +83,7 @@ def test_broken_shared_fp8_quantiser_fails_the_reference(name, monkeypatch):
     attr, broken, modules = SHARED_QUANTISER_BREAKS[name]
     for module in modules:
         monkeypatch.setattr(f"{module}.{attr}", broken, raising=False)
-    monkeypatch.setattr("backend.checker._REFERENCES", LRU(64))  # no reference from an unbroken run
+    monkeypatch.setattr("backend.harness.checker._REFERENCES", LRU(64))  # no reference from an unbroken run
     r = run_case(make_case("torch", "NONE", "fp8", DECODE, seed=913))
     assert r.status == Status.FAIL and r.reason.startswith("reference check failed"), r.reason
     ref = next(c for c in r.checks if c.name == "reference")
@@ -101,8 +101,8 @@ def test_context_goes_through_the_providers_kv_write(monkeypatch):
         n = slot_mapping.shape[0] - (slot_mapping.shape[0] > TINY.max_num_seqs)
         real(kv, key[:n], value[:n], slot_mapping[:n], k_scale, v_scale)
 
-    for module in ("backend.attention.kv_cache", "backend.attention.torch_backend", "backend.checker"):
+    for module in ("backend.attention.kv_cache", "backend.providers.torch_backend", "backend.harness.checker"):
         monkeypatch.setattr(f"{module}.write_kv", drops_last, raising=False)
-    monkeypatch.setattr("backend.checker._REFERENCES", LRU(64))
+    monkeypatch.setattr("backend.harness.checker._REFERENCES", LRU(64))
     r = run_case(make_case("torch", "NONE", "auto", BIG_CONTEXT, seed=914))
     assert r.status == Status.FAIL and r.reason.startswith("reference check failed"), r.reason

@@ -115,7 +115,7 @@ def held_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, 
 
 # --- backend-level faults: the torch provider with a forward that breaks (via --backend) -------
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl  # noqa: E402
+from backend.providers.torch_backend import TorchBackend, TorchImpl  # noqa: E402
 
 
 class _CrashImpl(TorchImpl):

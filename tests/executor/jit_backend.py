@@ -4,7 +4,7 @@ provider's ops, so the Triton warm-up's helpers can be run on the CPU (tests/exe
 import os
 import time
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 HOLD_ENV = "ORCH_TEST_JIT_HOLD"  # a file: HeldJitBackend's forward waits while it exists
 

@@ -2,7 +2,7 @@
 plugin_v2.py is the same class name "after the change" (the PR #22721 bug as it was), so both produce the
 same case ids and a baseline comparison can tell what the change broke."""
 
-from backend.attention.torch_backend import TorchBackend
+from backend.providers.torch_backend import TorchBackend
 
 
 class MyBackend(TorchBackend):

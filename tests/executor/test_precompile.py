@@ -1,4 +1,4 @@
-"""The Triton warm-up at the start of a local GPU run (backend/precompile.py,
+"""The Triton warm-up at the start of a local GPU run (backend/harness/precompile.py,
 orchestrator/executor/precompile.py): which cases its helpers run, that they run them and stop,
 and that the driver ends them. On the CPU the helpers run a torch backend that declares
 jit_kernels (tests/executor/jit_backend.py); on the GPU the same code warms AITER's Triton cache."""
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from backend.precompile import WARM_MODES, group_of, representatives, split
+from backend.harness.precompile import WARM_MODES, group_of, representatives, split
 from orchestrator.executor import precompile as launcher
 from orchestrator.matrix import load_matrix
 
@@ -71,7 +71,7 @@ def _helper(tmp_path, cases, *args, timeout=120):
     path = tmp_path / "cases.json"
     path.write_text(json.dumps([c.to_dict() for c in cases]))
     env = {**os.environ, "PYTHONPATH": ROOT, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
-    return subprocess.run([sys.executable, "-m", "backend.precompile", "--cases", str(path), "--device", "cpu", *args],
+    return subprocess.run([sys.executable, "-m", "backend.harness.precompile", "--cases", str(path), "--device", "cpu", *args],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
@@ -116,7 +116,7 @@ def test_helpers_stop_when_the_driver_is_gone(tmp_path, full_cases):
 def test_unreadable_case_file_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "cases.json"
     bad.write_text("{not json")
-    out = subprocess.run([sys.executable, "-m", "backend.precompile", "--cases", str(bad)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "backend.harness.precompile", "--cases", str(bad)], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2
     assert out.stdout.strip().startswith("precompile: cannot read") and len(out.stdout.strip().splitlines()) == 1
@@ -241,7 +241,7 @@ def test_warm_kernels_runs_a_cases_steps_and_graphs_without_checks(full_cases):
     kernels), the graphs the case dispatches to captured, no context written."""
     import torch
 
-    from backend.checker import SessionCache, _dispatch_plan, _session_plan, warm_kernels
+    from backend.harness.checker import SessionCache, _dispatch_plan, _session_plan, warm_kernels
     from backend.attention.registry import get_backend
     from tests.executor.jit_backend import CountingJitBackend
 
@@ -263,7 +263,7 @@ def test_warm_kernels_does_not_run_what_the_worker_would_not(full_cases, change)
     import torch
 
     from backend.attention.registry import BackendLoadError
-    from backend.checker import SessionCache, warm_kernels
+    from backend.harness.checker import SessionCache, warm_kernels
 
     case = dataclasses.replace(_tiny_cases(full_cases, JIT, 1)[0], **change)
     if "backend" in change:

@@ -27,7 +27,7 @@ from orchestrator.executor import gangs
 from orchestrator.executor.cluster import connect, disconnect, embedded_init_kwargs
 
 def one_actor(node_id):
-    spec = gangs.GangSpec(tp=1, device_kind="cpu", runner="backend.checker:run_case", log_dir=tempfile.mkdtemp())
+    spec = gangs.GangSpec(tp=1, device_kind="cpu", runner="backend.harness.checker:run_case", log_dir=tempfile.mkdtemp())
     gang, ready = gangs.place(spec, 0, node_id)
     ray.get(ready, timeout=60)
     info = ray.get(gangs.start_actors(gang)[0], timeout=120)

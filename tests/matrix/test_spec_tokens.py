@@ -143,7 +143,7 @@ def test_plan_shows_k_and_the_resolved_mode(tmp_path, capsys):
                          "tp1-FULL-fp8-dec-torch-s0", "tp1-FULL-fp8-k2-dec-torch-s0"}
     assert rows["tp1-FULL-auto-dec-torch-s0"]["resolved_mode"] == "FULL"
     assert rows["tp1-FULL-auto-k2-dec-torch-s0"]["spec_tokens"] == 2
-    assert rows["tp1-FULL-auto-k2-dec-torch-s0"]["resolved_mode"]  # from backend/modes.py, given k
+    assert rows["tp1-FULL-auto-k2-dec-torch-s0"]["resolved_mode"]  # from backend/harness/modes.py, given k
     assert plan["counts"]["spec_tokens"] == {"0": 2, "2": 2}
     assert main(["plan", path, "--devices", "cpu", "--filter", "k=2 tp=1 mode=FULL batch=dec"]) == 0
     text = capsys.readouterr().out
@@ -186,14 +186,14 @@ def test_k_that_fits_only_one_device_class_is_an_error_on_both(tmp_path):
 
 
 # Capture sizes per case k (issue #12): `default` is vLLM's grid for that k, computed torch-free at
-# expansion; a written list is kept; both are rounded only at resolution (backend/modes.py).
+# expansion; a written list is kept; both are rounded only at resolution (backend/harness/modes.py).
 DEFAULT_K = replace("capture_sizes: [1, 2, 4, 8, 16, 32]", "capture_sizes: default",
                     replace("max_num_seqs: 16}", "max_num_seqs: 4}", K_AXIS))
 
 
 @pytest.mark.parametrize("backend_checks", [True, False])
 def test_default_capture_sizes_follow_each_case_k(tmp_path, backend_checks):
-    from backend.modes import vllm_capture_sizes
+    from backend.harness.modes import vllm_capture_sizes
 
     m = load_matrix(write(tmp_path, DEFAULT_K), devices="cpu", backend_checks=backend_checks)
     by_k = {c.spec_tokens: c.capture_sizes for c in m.cases}
@@ -223,7 +223,7 @@ def _plan(capsys, *args) -> dict:
 
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 # (backend, requested) -> resolved for full.yaml's k = 2 cases on CPU (vLLM's rules in
-# backend/modes.py): torch ALWAYS keeps every mode; aiter-emulated UNIFORM_BATCH keeps its FULL
+# backend/harness/modes.py): torch ALWAYS keeps every mode; aiter-emulated UNIFORM_BATCH keeps its FULL
 # decode graphs for the verify batches, only mixed FULL drops to FULL_AND_PIECEWISE.
 PLAN_K2 = {("torch", m): m for m in MODES} | {("aiter-emulated", m): m for m in MODES}
 PLAN_K2[("aiter-emulated", "FULL")] = "FULL_AND_PIECEWISE"

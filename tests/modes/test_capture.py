@@ -20,10 +20,10 @@ import torch
 
 from backend.attention.builder import PersistentMetadataBuilder
 from backend.attention.interface import AttentionConfig
-from backend.checker import SessionCache, run_case
-from backend.modes import vllm_capture_sizes
+from backend.harness.checker import SessionCache, run_case
+from backend.harness.modes import vllm_capture_sizes
 from backend.result import Status
-from backend.session import GraphKey, Session
+from backend.harness.session import GraphKey, Session
 from backend.attention.registry import get_backend
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
 

@@ -13,12 +13,12 @@ import pytest
 
 from backend.attention.interface import AttentionCGSupport as S
 from backend.case import BatchSpec
-from backend.checker import SessionCache, run_case
-from backend.modes import (CUDAGraphMode as M, Dispatch, UnsupportedModeError, capture_plan, decode_capture_sizes,
+from backend.harness.checker import SessionCache, run_case
+from backend.harness.modes import (CUDAGraphMode as M, Dispatch, UnsupportedModeError, capture_plan, decode_capture_sizes,
                            dispatch, is_uniform_decode, resolve_capture_sizes, resolve_mode,
                            spec_decode_capture_sizes, uniform_decode_query_len, vllm_capture_sizes)
 from backend.result import Status
-from backend.steps import plan_steps, verify_rows
+from backend.harness.steps import plan_steps, verify_rows
 from tests.checker.conftest import CAPTURE_SIZES, DECODE, MIXED, TINY, make_case
 
 # (requested, support) -> resolved, for k > 0 with piecewise available. Differs from k = 0 only

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.attention.torch_ops import token_to_request
+from backend.providers.torch_ops import token_to_request
 
 
 def token_query_len(metadata, num_tokens: int) -> torch.Tensor:

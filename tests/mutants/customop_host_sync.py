@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 
 @torch.library.custom_op("orch_mutant::longest_seq", mutates_args=())

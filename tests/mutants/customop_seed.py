@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 from tests.mutants.seed_aiter_fa import Backend as SeedBackend
 from tests.mutants.seed_aiter_fa import SeedBuilder, SeedImpl
 

@@ -11,7 +11,7 @@ decode graphs with q = 1 (the capture bug this pins), or lets a q = 1 graph repl
 from __future__ import annotations
 
 from backend.attention.interface import AttentionCGSupport
-from backend.attention.torch_backend import TorchBackend
+from backend.providers.torch_backend import TorchBackend
 from tests.mutants.one_query_token import OneQueryTokenImpl
 
 

@@ -8,7 +8,7 @@ lens, block tables and slots). PIECEWISE runs attention eagerly on the fresh ten
 from __future__ import annotations
 
 from backend.attention.builder import PersistentMetadataBuilder
-from backend.attention.torch_backend import TorchBackend
+from backend.providers.torch_backend import TorchBackend
 
 
 class FreshMetadataBuilder(PersistentMetadataBuilder):

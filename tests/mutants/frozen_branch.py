@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from backend.attention.interface import AttentionCGSupport
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 from tests.mutants._common import token_query_len
 
 

@@ -7,7 +7,7 @@ which the checker reports as ERROR with error_kind "capture", not a crash.
 
 from __future__ import annotations
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 
 class HostSyncImpl(TorchImpl):

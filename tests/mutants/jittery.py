@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 from tests.mutants.wrong_prefill import WrongPrefillImpl
 
 

@@ -6,7 +6,7 @@ finite check alone catches it.
 
 from __future__ import annotations
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 
 class NaNOutputImpl(TorchImpl):

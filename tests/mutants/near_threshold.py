@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
+from backend.providers.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
 from backend.graphs import is_capturing
 
 

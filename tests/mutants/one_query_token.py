@@ -15,8 +15,8 @@ from dataclasses import replace
 import torch
 
 from backend.attention.interface import AttentionCGSupport
-from backend.attention.torch_backend import TorchBackend, TorchImpl
-from backend.attention.torch_ops import token_to_request
+from backend.providers.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_ops import token_to_request
 
 
 class OneQueryTokenImpl(TorchImpl):

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 
 from backend.attention.interface import AttentionCGSupport
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 
 class UniformDecodeFastPathImpl(TorchImpl):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from backend.attention.kv_cache import quantize_fp8
-from backend.checks import raw
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.harness.checks import raw
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 

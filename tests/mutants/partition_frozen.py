@@ -19,7 +19,7 @@ import torch
 
 from backend.attention.builder import PersistentMetadataBuilder
 from backend.attention.interface import AttentionCGSupport
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 PARTITION = 16  # keys per partition (tiny shapes: one KV block)
 

@@ -13,7 +13,7 @@ import ctypes
 import numpy as np
 import torch
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 _MEMCPY = ctypes.CDLL(None).memcpy
 _MEMCPY.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]

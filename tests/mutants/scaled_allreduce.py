@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from backend.attention.torch_backend import TorchBackend
-from backend.distributed import all_reduce_
+from backend.providers.torch_backend import TorchBackend
+from backend.harness.distributed import all_reduce_
 from backend.graphs import is_capturing
 
 

@@ -25,7 +25,7 @@ import torch
 
 from backend.attention.builder import PersistentMetadataBuilder
 from backend.attention.interface import AttentionCGSupport, AttentionMetadata
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 
 class TPHeadShardImpl(TorchImpl):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.attention.torch_backend import TorchBackend, TorchImpl
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 from tests.mutants._common import token_last_index, token_query_len
 
 

@@ -3,7 +3,7 @@ captured so far, reused by every case with the same key (cases differ in batch a
 
 Capture follows vLLM: for each needed (runtime mode, size, uniform decode) key, warm up eagerly,
 then capture; the keys one call needs are captured largest-first into the runner's one pool,
-mixed graphs before decode graphs (backend.modes.capture_plan order). Only the sizes a case's steps
+mixed graphs before decode graphs (backend.harness.modes.capture_plan order). Only the sizes a case's steps
 dispatch to are captured, and they stay in the session for later cases; so a later case may add a
 smaller or a larger size to the pool (vLLM captures all sizes up front; the frozen host values of
 each graph are the same either way, since each is captured with the same dummy batch).
@@ -30,7 +30,7 @@ from backend.case import ModelShape
 from backend.graphs.base import GraphCaptureError
 from backend.graphs.provenance import host_scope
 from backend.host_copy import copy_into
-from backend.model import TPLayout, TPModel, make_weights
+from backend.harness.model import TPLayout, TPModel, make_weights
 
 WARMUP_ITERS = 1
 # Steps whose eager side a session keeps (a few MB each at GPU shapes): enough for every step of

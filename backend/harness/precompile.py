@@ -32,7 +32,7 @@ a warm run then started the helpers again, 3 processes and sessions beside the w
 driver then sends SIGUSR1 instead of stopping them: every tp 1 case ran in the worker, so the
 cache holds what the representatives need, and the helpers end and write the marker.
 
-    python -m backend.precompile --cases CASES.json [--jobs 3] [--parent PID] [--deadline-s 300]
+    python -m backend.harness.precompile --cases CASES.json [--jobs 3] [--parent PID] [--deadline-s 300]
                                  [--device cuda|cpu]
 
 CASES.json: a list of Case.to_dict(), in the order the workers are expected to reach them.
@@ -148,7 +148,7 @@ def warm(case_dicts: list[dict], device: str, helper: str, parent: int | None, d
     Returns how many were run (a case that raises counts: it launched what it could)."""
     import torch
 
-    from backend import checker
+    from backend.harness import checker
 
     dev = torch.device(device)
     if dev.type == "cuda":  # the worker keeps the device: a helper holds one session at most
@@ -192,7 +192,7 @@ def _devices(kind: str, jobs: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m backend.precompile", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m backend.harness.precompile", description=__doc__.splitlines()[0])
     p.add_argument("--cases", required=True, help="JSON list of Case.to_dict()")
     p.add_argument("--jobs", type=int, default=3)
     p.add_argument("--parent", type=int, default=None, help="stop when this pid is gone")

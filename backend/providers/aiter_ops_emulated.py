@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.attention.torch_ops import gather_paged, masked_attention, token_chunks, token_to_request
+from backend.providers.torch_ops import gather_paged, masked_attention, token_chunks, token_to_request
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,

@@ -27,22 +27,22 @@ from backend.attention.kv_cache import fp8_dtype, write_kv
 from backend.attention.registry import BackendLoadError, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
-from backend.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
+from backend.harness.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
                             failure_reason, kv_integrity, max_abs_diff, raw, real_slot_values)
-from backend.distributed import gang_id
+from backend.harness.distributed import gang_id
 from backend.host_copy import copy_into
-from backend.model import layout_reasons, reference_forward
+from backend.harness.model import layout_reasons, reference_forward
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
 from backend.rank_merge import merge_rank_results  # noqa: F401
-from backend.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
+from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
                            resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
-from backend.reference import fp8_round
+from backend.harness.reference import fp8_round
 from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_DETERMINISM, CHECK_FINITE,
                             CHECK_KV_INTEGRITY, CHECK_NAMES, CHECK_PADDED_FINITE, CHECK_REFERENCE, CHECK_REPLAY,
                             UNVERIFIABLE_PREFIX, CaseResult, Status)
-from backend.session import LRU, CaptureFailed, GraphKey, Session, SessionCache, attention_config
-from backend.steps import StepInputs, batch_reasons, hash_seed, make_step_inputs, plan_steps
+from backend.harness.session import LRU, CaptureFailed, GraphKey, Session, SessionCache, attention_config
+from backend.harness.steps import StepInputs, batch_reasons, hash_seed, make_step_inputs, plan_steps
 
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
 
@@ -202,7 +202,7 @@ def _dispatch_plan(case: Case, mode: CUDAGraphMode, sizes: tuple[int, ...]):
 
 
 def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) -> bool:
-    """Run a tp 1 case's steps for the kernels they launch and nothing else (backend/precompile.py
+    """Run a tp 1 case's steps for the kernels they launch and nothing else (backend/harness/precompile.py
     warms Triton's cache with it): its session, the graphs its steps dispatch to, and each step's
     eager and graph run, on the session's seeded-garbage caches. No context is drawn or written, no
     snapshot, reference or check: it needs one session's memory. Which kernel specialisations run
@@ -212,7 +212,7 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
     if case.tp != 1 or backend_cls.unavailable_reason(device) or layout_reasons(case.model, 1) \
             or batch_reasons(case.batch, case.model):
         return False
-    from backend.model import TPLayout
+    from backend.harness.model import TPLayout
 
     layout = TPLayout(1, 0, case.model.num_heads, case.model.num_kv_heads, case.model.head_size)
     if backend_cls.unsupported_reasons(attention_config(case.model, layout, case.kv_cache_dtype,
@@ -268,7 +268,7 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         reasons = batch_reasons(case.batch, case.model)
         if reasons:
             return base.replace(reason="invalid case: " + "; ".join(reasons), error_kind="exception")
-        from backend.model import TPLayout
+        from backend.harness.model import TPLayout
 
         layout = TPLayout(case.tp, rank, case.model.num_heads, case.model.num_kv_heads, case.model.head_size)
         config = attention_config(case.model, layout, case.kv_cache_dtype, case.capture_sizes, device)
@@ -773,7 +773,7 @@ def run_case_local(case: Case, *, device: torch.device | None = None) -> CaseRes
     device = torch.device(device) if device is not None else default_device()
     if case.tp <= 1:
         return run_case(case, device=device)
-    from backend.distributed import GangError, run_local_gang
+    from backend.harness.distributed import GangError, run_local_gang
 
     try:
         if device.type == "cuda" and torch.cuda.device_count() < case.tp:

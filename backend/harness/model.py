@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from backend.case import ModelShape
-from backend.distributed import all_reduce_
-from backend.reference import reference_attention
+from backend.harness.distributed import all_reduce_
+from backend.harness.reference import reference_attention
 
 MODEL_SEED = 1234  # weights do not depend on the case seed: sessions are shared across seeds
 MLP_MULT = 2
@@ -233,7 +233,7 @@ def reference_forward(weights: list[LayerWeights], shape: ModelShape, x: torch.T
                       ctx_k: Sequence[Sequence[torch.Tensor]], ctx_v: Sequence[Sequence[torch.Tensor]],
                       query_lens: Sequence[int], kv_round, attn_out: list | None = None,
                       q_round=None) -> torch.Tensor:
-    """The unsharded model in fp32 with backend.reference attention.
+    """The unsharded model in fp32 with backend.harness.reference attention.
 
     x [T, hidden] (the model-dtype input). ctx_k[layer][req] [ctx_len, Hkv, D] fp32: the
     dequantised context already in the cache. kv_round(layer, "k"|"v", t) -> t rounds this step's
@@ -246,7 +246,7 @@ def reference_forward(weights: list[LayerWeights], shape: ModelShape, x: torch.T
 
     Activations are rounded to the model dtype wherever the model stores them (a bf16 residual
     stream alone drifts by ~1e-2 over two layers, as much as the tolerance); every product,
-    softmax and sum is fp32, and the attention math is backend.reference's own.
+    softmax and sum is fp32, and the attention math is backend.harness.reference's own.
     """
     d, hq, hkv = shape.head_size, shape.num_heads, shape.num_kv_heads
     dtype = getattr(torch, shape.dtype)

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import torch
 
-from backend.attention import aiter_ops_emulated
+from backend.providers import aiter_ops_emulated
 from backend.attention.builder import PersistentMetadataBuilder
 from backend.attention.interface import (
     AttentionBackend,

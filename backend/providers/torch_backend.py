@@ -24,7 +24,7 @@ from backend.attention.interface import (
     AttentionMetadata,
 )
 from backend.attention.kv_cache import write_kv
-from backend.attention.torch_ops import gather_paged, masked_attention, token_chunks, token_to_request
+from backend.providers.torch_ops import gather_paged, masked_attention, token_chunks, token_to_request
 
 
 def gather_length(metadata: AttentionMetadata, block_size: int) -> int:

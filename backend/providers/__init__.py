@@ -1,0 +1,1 @@
+"""Kernel providers: implementations of the attention families behind the backend interface."""
