@@ -30,6 +30,11 @@ class Status(str, enum.Enum):
         return self.value
 
 
+# A case whose graphs the CPU emulation could not fully follow (backend/graphs/opaque.py), which
+# passed or failed only graph-side checks: status PASS, its reason starts with this, its checks
+# keep what failed; the gate counts it apart from pass ("unverifiable", listed, not gating).
+UNVERIFIABLE_PREFIX = "emulation: unverifiable — "
+
 # Names of the checks (DESIGN.md §5), in the order they are reported.
 CHECK_REFERENCE = "reference"  # eager vs an independent fp32 reference
 CHECK_REPLAY = "replay"  # graph replay vs eager
@@ -97,6 +102,12 @@ class CaseResult:
     attempts: int = 1
     worker: str = ""  # actor / gpu that produced the last attempt
     axes: dict[str, Any] = field(default_factory=dict)  # Case.axes, for reports that only have results
+
+    @property
+    def unverifiable(self) -> bool:
+        """A case the emulation cannot vouch for (UNVERIFIABLE_PREFIX): it passed, or only its graph
+        side failed, on graphs the emulation could not fully follow."""
+        return self.status == Status.PASS and self.reason.startswith(UNVERIFIABLE_PREFIX)
 
     @property
     def failed_checks(self) -> tuple[CheckOutcome, ...]:

@@ -13,6 +13,9 @@ Semantics ("no new breakage"):
 - a required case that was runnable but never ran (placement timed out, gang never came up) is
   `not-run`: it fails the gate as an infrastructure error (exit 3) unless a real failure is also
   present (then exit 1: the code is broken whatever the machines did); it never counts as a pass;
+- unverifiable (a pass on the CPU emulation whose graphs it could not fully follow, e.g. a kernel a
+  C extension launched behind the dispatcher: its reason starts "emulation: unverifiable — ") does
+  not fail the gate but is counted apart from pass and listed: run it on a GPU;
 - flaky (one attempt passed, one did not) does not fail the gate but is listed; skip (cannot run
   here: unsupported, excluded by the matrix, tp larger than any node) never fails; a downgraded mode
   is a warning.
@@ -33,7 +36,7 @@ FAILING = frozenset({Status.FAIL, Status.ERROR, Status.TIMEOUT})
 # Classifications, in the order reports list them (worst first).
 CLASSIFICATIONS = (
     "regression", "new", "fail", "error", "timeout", "not-run", "missing",
-    "old-failure", "flaky", "known-fail", "fixed", "skip", "pass",
+    "old-failure", "flaky", "unverifiable", "known-fail", "fixed", "skip", "pass",
 )  # fmt: skip
 GATING = frozenset({"regression", "new", "fail", "error", "timeout", "not-run", "missing"})
 INFRA = frozenset({"not-run"})  # gating, but the machinery's fault: exit 3 when nothing else gates
@@ -49,6 +52,7 @@ class GateOutcome:
     known_failures: tuple[str, ...] = ()  # failing and matched by a known-failures entry
     fixed: tuple[str, ...] = ()  # matched by a known-failures entry but passing: remove the entry
     flaky: tuple[str, ...] = ()
+    unverifiable: tuple[str, ...] = ()  # passed on the CPU emulation, which says it cannot vouch for it
     downgraded: tuple[str, ...] = ()  # resolved mode != requested mode (warning)
     missing: tuple[str, ...] = ()  # planned, no result
     not_run: tuple[str, ...] = ()  # required, runnable, never ran (infrastructure)
@@ -77,6 +81,8 @@ class GateOutcome:
                 extra.append(f"{len(self.known_failures)} known failures")
             if self.flaky:
                 extra.append(f"{len(self.flaky)} flaky")
+            if self.unverifiable:
+                extra.append(f"{len(self.unverifiable)} unverifiable on the emulation")
             tail = f" ({', '.join(extra)} not gating)" if extra else ""
             return f"gate PASSED: {total} cases, no new failures{tail}"
         parts = []
@@ -99,6 +105,7 @@ class GateOutcome:
             "known_failures": list(self.known_failures),
             "fixed": list(self.fixed),
             "flaky": list(self.flaky),
+            "unverifiable": list(self.unverifiable),
             "downgraded": list(self.downgraded),
             "missing": list(self.missing),
             "not_run": list(self.not_run),
@@ -115,7 +122,9 @@ def classify(
     if r.status == Status.FLAKY:
         return "flaky"
     if r.status == Status.PASS:
-        return "fixed" if known is not None else "pass"
+        if known is not None:
+            return "fixed"
+        return "unverifiable" if r.unverifiable else "pass"
     # failing from here on
     if known is not None:
         return "known-fail"
@@ -166,6 +175,7 @@ def evaluate(
         known_failures=ids("known-fail"),
         fixed=ids("fixed"),
         flaky=ids("flaky"),
+        unverifiable=ids("unverifiable"),
         downgraded=tuple(sorted(r.case_id for r in results if r.downgraded)),
         missing=ids("missing"),
         not_run=ids("not-run"),

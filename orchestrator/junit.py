@@ -9,7 +9,8 @@ Mapping (last attempt only):
 - not-run (required, never ran: placement, tp gang) -> <error type="not-run">, never <skipped>;
 - skip and known-fail -> <skipped> (message: reason, known-failure link); old failures keep their
   <failure>/<error> element so CI shows them, the gate verdict is in the suite properties;
-- flaky -> a passing testcase with property flaky=true and a <system-out> note.
+- flaky -> a passing testcase with property flaky=true and a <system-out> note; unverifiable (a
+  pass the CPU emulation cannot vouch for) -> the same with unverifiable=true.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
         props.add_property(Property("downgraded", f"{r.requested_mode} -> {r.resolved_mode}"))
     if r.status == Status.FLAKY:
         props.add_property(Property("flaky", "true"))
+    if cls == "unverifiable":
+        props.add_property(Property("unverifiable", "true"))
     tc.append(props)
 
     reason = _clean(r.reason or r.status.value)
@@ -94,6 +97,8 @@ def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
         tc.result = [el]
     elif r.status == Status.FLAKY:
         tc.system_out = _clean(f"flaky (not gating): {r.reason}\n{failure_text(r)}")
+    elif cls == "unverifiable":
+        tc.system_out = _clean(f"unverifiable (not gating): {r.reason}")
     if cls == "fixed":
         tc.system_out = "known failure now passes: remove its entry from the known-failures file"
     return tc

@@ -19,7 +19,7 @@ from orchestrator.store import RunInfo
 
 SYMBOL = {
     "pass": "✅", "regression": "🔻", "new": "❌", "fail": "❌", "error": "💥", "timeout": "⏱️",
-    "missing": "❔", "old-failure": "🟥", "flaky": "🎲", "known-fail": "🟨", "fixed": "🟢", "skip": "⬜",
+    "missing": "❔", "old-failure": "🟥", "flaky": "🎲", "unverifiable": "❓", "known-fail": "🟨", "fixed": "🟢", "skip": "⬜",
     "not-run": "🚧",
 }  # fmt: skip
 MAX_PER_SECTION = 25
@@ -146,6 +146,8 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
     out += _section("Missing results", gate.missing, by_id, gate, "Planned but never finished: `orch run --resume`.")
     out += _section("Old failures (not gating)", gate.old_failures, by_id, gate, "Also failing in the baseline.")
     out += _section("Flaky (not gating)", gate.flaky, by_id, gate)
+    out += _section("Unverifiable on the CPU emulation (not gating)", gate.unverifiable, by_id, gate,
+                    "Passed, but the emulation says what it could not follow: run these on a GPU.")
     out += _section("Fixed known failures", gate.fixed, by_id, gate, "These pass now: remove their known-failures entries.")
     out += _section("Known failures (xfail)", gate.known_failures, by_id, gate)
     if gate.downgraded:

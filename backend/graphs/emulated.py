@@ -17,20 +17,27 @@ live at replay. Replay rules per recorded op:
 Random ops draw new numbers at each replay, like a graph-safe generator advancing its offset.
 
 Capture on a GPU records without executing. To match, state the capture wrote into tensors that
-existed before it (persistent buffers, KV cache, a collective's tensor) is restored afterwards;
-tensors created during capture keep their values. The flex_attention higher-order op is recorded
-through torch's dense implementation (_register_hop_rules). Host syncs raise GraphCaptureError as they
-fail a real capture: `.item()`/`bool()`/`int()` (`_local_scalar_dense`, `is_nonzero`),
-`nonzero`, boolean-mask indexing, `masked_select`, `unique*`, `equal`, `repeat_interleave`
-without output_size, `tolist()`/`numpy()`, and device->host copies (`.cpu()`, `.to("cpu")` in any
-of its forms, `.to(host_tensor)`, `copy_` into host memory). Host memory is what
-backend/graphs/host.py marks (every view of a marked storage); everything else on CPU counts as
-device memory, so a same-device `.to(x.device)` is refused like `.to("cpu")` (both name cpu here).
+existed before it (persistent buffers, KV cache, a collective's tensor) is restored afterwards,
+also when an op resized them (`out=`); memory allocated during the capture comes from the runner's
+one pool (pool.py: blocks freed by one capture are reused by the next, so graphs of a pool share
+memory, as vLLM's do) and holds 0xFF bytes after the capture (nothing computed until a replay).
+The flex_attention higher-order op is recorded through torch's dense implementation
+(_register_hop_rules). Host syncs raise GraphCaptureError as they fail a real capture (syncs.py:
+`.item()`/`bool()`/`int()`, `nonzero`, boolean-mask indexing, `masked_select`, `unique*`, `equal`,
+`repeat_interleave` without output_size, torch.linalg's error checks; host_reads.py: `tolist()`/
+`numpy()` and device->host copies: `.cpu()`, `.to("cpu")` in any of its forms, `.to(host_tensor)`,
+`copy_` into host memory, a blocking host->device copy). `x[mask] = scalar` is recorded as the
+`masked_fill_` a GPU runs (syncs.masked_fill_form). Host memory is what backend/graphs/host.py marks
+(every view of a marked storage), found without marks by how it is made (provenance.py, active in
+warm-up and capture); everything else on CPU counts as device memory, so a same-device
+`.to(x.device)` is refused like `.to("cpu")` (both name cpu here). Host work runs once, at capture.
+A ctypes call on a device tensor's raw pointer is recorded and replayed like the kernel a graph
+captures; a pointer that leaves the dispatcher otherwise makes the graph `unverifiable` (opaque.py).
 """
 
 from __future__ import annotations
 
-import contextlib
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -40,20 +47,17 @@ from torch._library.custom_ops import _maybe_get_opdef
 from torch.utils._pytree import tree_flatten, tree_map
 
 from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner, capturing
-from backend.graphs.host import is_host, is_pinned_host, mark_host
+from backend.graphs.host import is_host, mark_host
+from backend.graphs.host_reads import no_host_reads
+from backend.graphs.opaque import OpaqueCalls, watching
+from backend.graphs.pool import MemoryPool
+from backend.graphs.provenance import host_scope, making_host
+from backend.graphs.syncs import host_sync_reason, masked_fill_form
 
-# Ops whose result depends on tensor data on the host (a device->host sync on a GPU).
-_HOST_SYNC_OPS = frozenset({
-    "aten::_local_scalar_dense", "aten::is_nonzero", "aten::nonzero", "aten::masked_select",
-    "aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
-    "aten::unique_dim_consecutive", "aten::equal", "aten::bincount", "aten::argwhere",
-    "aten::allclose", "aten::item",  # aten::item is seen when dispatched inside an op's body
-})
-# Namespaces of ops with a kernel in torch; any other namespace is a custom op (torch.library).
-_BUILTIN_NAMESPACES = frozenset({"aten", "prims", "c10d", "_c10d_functional", "rngprims", "profiler"})
-_BOOL_INDEX_OPS = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})
 _EMPTY_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
                         "aten::new_empty_strided"})
+# Namespaces of ops with a kernel in torch; any other namespace is a custom op (torch.library).
+_BUILTIN_NAMESPACES = frozenset({"aten", "prims", "c10d", "_c10d_functional", "rngprims", "profiler"})
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -67,27 +71,13 @@ def _storage_ptr(t: torch.Tensor) -> int:
         return 0
 
 
-def _host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict, flat: list | None = None) -> str | None:
-    name = func._schema.name
-    if name in _HOST_SYNC_OPS:
-        return f"{func} (reads tensor data on the host)"
-    if name == "aten::histc":
-        lo = args[2] if len(args) > 2 else kwargs.get("min", 0)
-        hi = args[3] if len(args) > 3 else kwargs.get("max", 0)
-        if lo == hi:
-            return f"{func} with min == max (the range is read from the data on the host)"
-    if any(isinstance(x, torch.Generator) for x in (tree_flatten((args, kwargs))[0] if flat is None else flat)):
-        return (f"{func} with an explicit torch.Generator (a CUDA graph refuses a generator it was "
-                "not given through register_generator_state)")
-    if name == "aten::repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor") \
-            and kwargs.get("output_size") is None:
-        return f"{func} without output_size (output shape depends on tensor data)"
-    if name in _BOOL_INDEX_OPS:
-        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        for ix in indices or ():
-            if isinstance(ix, torch.Tensor) and ix.dtype in (torch.bool, torch.uint8):
-                return f"{func} with a boolean mask (output shape depends on tensor data)"
-    return None
+def _storage_key(t: torch.Tensor) -> int:
+    """The storage itself (its StorageImpl), also when it holds no bytes (data_ptr 0) or was
+    reallocated by a resize."""
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 def _written_args(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
@@ -108,7 +98,8 @@ class _Op:
     args: tuple
     kwargs: dict
     out: Any
-    kind: str  # "run" | "skip" | "c10d" | "functional"
+    kind: str  # "run" | "skip" | "c10d" | "functional" | "opaque"
+    writes: tuple[int, ...] = ()  # the pool storages it writes (pool.propagate at replay)
 
 
 def _wait_all(tree: Any) -> None:
@@ -126,6 +117,32 @@ def _copy_leaves(recorded: list, fresh: list) -> None:
             rec.copy_(new)
 
 
+@dataclass
+class _Snapshot:
+    """A tensor's bytes before the capture first wrote it, and where they were: restored into that
+    storage region also when the op resized the tensor (an `out=` argument)."""
+    tensor: torch.Tensor
+    saved: torch.Tensor
+    key: int
+    nbytes: int
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    def restore(self) -> None:
+        t = self.tensor
+        storage = t.untyped_storage()
+        if storage._cdata != self.key:
+            return  # set_ to other memory during the capture: the old storage was not written
+        need = (self.offset + sum((s - 1) * st for s, st in zip(self.size, self.stride)) + 1) * t.element_size()
+        if self.saved.numel() and storage.nbytes() >= need:
+            torch.empty(0, dtype=t.dtype).set_(storage, self.offset, self.size, self.stride).copy_(self.saved)
+        if storage.nbytes() > self.nbytes:
+            # grown by a resize: on a GPU new memory from the graph's pool, the old bytes copied
+            # into it and nothing computed after them
+            torch.empty(0, dtype=torch.uint8).set_(storage)[self.nbytes:].fill_(0xFF)
+
+
 class _Recorder(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -135,17 +152,30 @@ class _Recorder(TorchDispatchMode):
         # op. Nothing here runs under torch.compile, so there is no Dynamo to keep out (#13).
         return False
 
-    def __init__(self) -> None:
+    def __init__(self, pool: MemoryPool) -> None:
         super().__init__()
+        self.pool = pool
         self.ops: list[_Op] = []
-        self.fresh_storages: set[int] = set()  # storages allocated during capture
-        self.snapshots: list[tuple[torch.Tensor, torch.Tensor]] = []  # pre-capture contents
+        self.fresh_storages: set[int] = set()  # storages allocated during capture (_storage_key)
+        self.snapshots: list[_Snapshot] = []  # pre-capture contents
         self._snapshotted: set[int] = set()
+        self._aliases: dict[int, tuple[Any, torch.Tensor]] = {}  # id(tensor) -> (weakref, the pool's alias)
+        self.opaque = OpaqueCalls(self._record_opaque)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace not in _BUILTIN_NAMESPACES:
             return self._custom_op(func, args, kwargs)
+        if making_host() or func._schema.name == "aten::lift_fresh":
+            # Host work a GPU runs once, at capture: a host factory (backend/graphs/provenance.py),
+            # or python data lifted into a tensor, which is host memory on a GPU.
+            out = func(*args, **kwargs)
+            for t in _tensors(out):
+                mark_host(t)
+            return out
+        rewritten = masked_fill_form(func, args, kwargs)
+        if rewritten is not None:
+            func, args, kwargs = rewritten
         # The arguments flattened once per op (capture's cost is this Python per op, #13).
         flat = tree_flatten((args, kwargs))[0]
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
@@ -156,17 +186,52 @@ class _Recorder(TorchDispatchMode):
                 return out
             flat = tree_flatten((args, kwargs))[0]  # host scalars may have been swapped for frozen copies
             tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-        reason = _host_sync_reason(func, args, kwargs, flat)
+        reason = host_sync_reason(func, args, kwargs, flat)
         if reason is not None:
             raise GraphCaptureError(f"host sync during graph capture: {reason}")
-        for t in _written_args(func, args, kwargs, tensors):
-            # Snapshot tensors that outlive the capture before their first write (see module doc).
-            if id(t) not in self._snapshotted and _storage_ptr(t) not in self.fresh_storages:
-                self._snapshotted.add(id(t))
-                self.snapshots.append((t, t.detach().clone()))
+        written = _written_args(func, args, kwargs, tensors)
+        sizes = [t.untyped_storage().nbytes() for t in written]
+        self._snapshot(written)
         out = func(*args, **kwargs)
-        self.ops.append(_Op(func, args, kwargs, out, self._classify(func, args, kwargs, out, tensors)))
+        for t, before in zip(written, sizes):
+            if t.untyped_storage().nbytes() > before:
+                self.pool.resized(t)  # an out= argument grew: a new block of the pool
+        kind = self._classify(func, args, kwargs, out, tensors)
+        self._append(_Op(func, args, kwargs, out, kind), written + (_tensors(out) if kind != "skip" else []))
         return out
+
+    def _snapshot(self, written: list[torch.Tensor]) -> None:
+        for t in written:
+            # Snapshot tensors that outlive the capture before their first write (see module doc).
+            if id(t) not in self._snapshotted and _storage_key(t) not in self.fresh_storages:
+                self._snapshotted.add(id(t))
+                self.snapshots.append(_Snapshot(t, t.detach().clone(), _storage_key(t), t.untyped_storage().nbytes(),
+                                                t.storage_offset(), tuple(t.shape), tuple(t.stride())))
+
+    def _alias(self, x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        hit = self._aliases.get(id(x))
+        if hit is not None and hit[0]() is x:
+            return hit[1]
+        a = self.pool.alias(x)
+        if a is not x:
+            self._aliases[id(x)] = (weakref.ref(x), a)
+        return a
+
+    def _append(self, op: _Op, writes: list[torch.Tensor]) -> None:
+        """Record an op on the recorder's own aliases of pool memory (pool.py: holding the
+        caller's tensor objects would keep their blocks from ever being freed)."""
+        op.args, op.kwargs, op.out = tree_map(self._alias, op.args), tree_map(self._alias, op.kwargs), \
+            tree_map(self._alias, op.out)
+        op.writes = self.pool.keys_of(writes)
+        self.ops.append(op)
+
+    def _record_opaque(self, call: Callable[[], Any], tensors: list[torch.Tensor]) -> None:
+        """A ctypes launch on device memory (backend/graphs/opaque.py): restored like any write."""
+        self._snapshot(tensors)
+        # The op holds the tensors (their memory must outlive the graph: the call's pointers are raw)
+        self._append(_Op(call, (), {}, tuple(tensors), "opaque"), tensors)
 
     def _custom_op(self, func, args, kwargs):
         # A custom op is one opaque op to the dispatcher: recorded as such, its Python body would
@@ -193,11 +258,14 @@ class _Recorder(TorchDispatchMode):
             if is_host(dst) and not is_host(src):
                 raise GraphCaptureError(f"host sync during graph capture: {func} device->host copy")
             if not is_host(dst):
-                if not (non_blocking and is_pinned_host(src)):
+                if not non_blocking:
                     raise GraphCaptureError(
-                        f"host sync during graph capture: {func} host->device copy that is blocking "
-                        "or from pageable memory (a graph copies only from pinned memory, non_blocking)")
-                return args, kwargs, False, None  # replay re-reads the pinned buffer, as a graph does
+                        f"host sync during graph capture: {func} blocking host->device copy (the copy waits "
+                        "for the stream; a graph captures only non_blocking host->device copies)")
+                # non_blocking, pinned or pageable: the graph's copy node reads the host buffer at
+                # replay (pageable too: pytorch/pytorch#166765, `y.to("cuda", non_blocking=True)`
+                # captured from pageable memory replays y's current values)
+                return args, kwargs, False, None
         if len(host) == len(_tensors((args, kwargs))):
             out = func(*args, **kwargs)
             for t in _tensors(out):
@@ -237,13 +305,19 @@ class _Recorder(TorchDispatchMode):
         return "run"
 
     def _note_fresh(self, out: Any) -> None:
-        self.fresh_storages.update(p for p in map(_storage_ptr, _tensors(out)) if p)
+        results = _tensors(out)
+        keys = [_storage_key(t) for t in results]
+        for t, key in zip(results, keys):
+            if key and key not in self.fresh_storages:
+                self.fresh_storages.add(key)
+                self.pool.allocate(t, holders=keys.count(key))
 
     def restore(self) -> None:
+        """Undo the capture's writes to memory that existed before it."""
         # Reverse order: the oldest snapshot of overlapping views wins.
         with torch.no_grad():
-            for t, saved in reversed(self.snapshots):
-                t.copy_(saved)
+            for snap in reversed(self.snapshots):
+                snap.restore()
         self.snapshots.clear()
 
 
@@ -266,78 +340,22 @@ def _register_hop_rules() -> None:
 _register_hop_rules()
 
 
-def _refuse_host_read(what: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    def refuse(self: torch.Tensor, *a: Any, **k: Any) -> Any:
-        if is_host(self):
-            return original(self, *a, **k)
-        if what == "cpu":
-            raise GraphCaptureError("host sync during graph capture: Tensor.cpu() copies device->host")
-        raise GraphCaptureError(f"host sync during graph capture: Tensor.{what}() reads tensor data on the host")
-    return refuse
-
-
-def _to_host_target(a: tuple, k: dict) -> str | None:
-    """What a Tensor.to(...) call names as host memory: "cpu" (a cpu device given as a string,
-    a torch.device or device=), "a host tensor" (to(other) with other host memory), else None."""
-    other = a[0] if a and isinstance(a[0], torch.Tensor) else k.get("other")
-    if isinstance(other, torch.Tensor):
-        return "a host tensor" if is_host(other) else None
-    # torch's own parser of to()'s overloads (Module.to uses it); it takes no `copy`, which does
-    # not change the target: drop it (a kwarg, or the bool after non_blocking).
-    k = {n: v for n, v in k.items() if n != "copy"}
-    if len(a) >= 2 and isinstance(a[-1], bool) and isinstance(a[-2], bool):
-        a = a[:-1]
-    device = torch._C._nn._parse_to(*a, **k)[0]
-    return "cpu" if device is not None and device.type == "cpu" else None
-
-
-def _refuse_to_host(original: Callable[..., Any]) -> Callable[..., Any]:
-    # On a GPU, x.to("cpu") of a device tensor is a device->host copy (a capture error); on CPU it
-    # returns x without dispatching. Under the emulation a same-device x.to(x.device) names the cpu
-    # device as well and cannot be told apart: it is refused too (conservative, never a silent pass).
-    def to(self: torch.Tensor, *a: Any, **k: Any) -> Any:
-        target = None if is_host(self) else _to_host_target(a, k)
-        if target == "cpu":
-            raise GraphCaptureError(
-                "host sync during graph capture: Tensor.to(cpu) copies device->host (under the emulation "
-                "a same-device .to(x.device) names cpu too and is refused with it; drop it, on a GPU it "
-                "is a no-op)")
-        if target is not None:
-            raise GraphCaptureError(f"host sync during graph capture: Tensor.to({target}) copies device->host")
-        return original(self, *a, **k)
-    return to
-
-
-@contextlib.contextmanager
-def _no_host_reads() -> Iterator[None]:
-    # tolist()/numpy() read memory directly, below the dispatcher, so the mode cannot see them;
-    # cpu() and to("cpu") of a CPU tensor return it without dispatching, so the mode cannot see
-    # a D2H copy.
-    patched = {name: torch.Tensor.__dict__.get(name) for name in ("tolist", "numpy", "cpu", "to")}
-    for name, original in patched.items():
-        original = original or getattr(torch.Tensor, name)
-        wrapper = _refuse_to_host(original) if name == "to" else _refuse_host_read(name, original)
-        setattr(torch.Tensor, name, wrapper)
-    try:
-        yield
-    finally:
-        for name, original in patched.items():
-            if original is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, original)
-
-
 class EmulatedCapturedGraph(CapturedGraph):
-    def __init__(self, ops: list[_Op], outputs: object):
+    def __init__(self, ops: list[_Op], outputs: object, pool: MemoryPool | None = None,
+                 unverifiable: tuple[str, ...] = ()):
         self._ops = ops
         self.outputs = outputs
+        self._pool = pool or MemoryPool()
+        # What the emulation could not follow in this capture (opaque.py): the case's verdict then
+        # says `emulation: unverifiable — ...` instead of a pass.
+        self.unverifiable = unverifiable
         # What replay needs per op, worked out once (the recorded objects never change): the
         # callable, and the recorded output's leaves, or None for ops whose result is not copied.
         # A replay of the small CPU model is ~100 ops; flattening the recorded output of every op
         # on every replay was a third of the replay's Python time (#13).
         self._plan = [(getattr(op.func, "_op", op.func), op.args, op.kwargs, op.kind,
-                       None if op.kind in ("skip", "c10d") else tree_flatten(op.out)[0]) for op in ops]
+                       None if op.kind in ("skip", "c10d", "opaque") else tree_flatten(op.out)[0], op.writes)
+                      for op in ops]
 
     @property
     def num_ops(self) -> int:
@@ -347,32 +365,40 @@ class EmulatedCapturedGraph(CapturedGraph):
         return [str(op.func) for op in self._ops]
 
     def replay(self) -> object:
+        propagate = self._pool.propagate
         with torch.no_grad():
-            for call, args, kwargs, kind, recorded in self._plan:
+            for call, args, kwargs, kind, recorded, writes in self._plan:
                 if kind == "skip":
                     continue
                 result = call(*args, **kwargs)
                 if kind == "c10d":
                     _wait_all(result)  # else the next op reads the unreduced tensor
-                    continue
-                if kind == "functional":
-                    for t in _tensors(result):
-                        torch.ops._c10d_functional.wait_tensor(t)
-                _copy_leaves(recorded, [result] if isinstance(result, torch.Tensor) else tree_flatten(result)[0])
+                elif kind != "opaque":
+                    if kind == "functional":
+                        for t in _tensors(result):
+                            torch.ops._c10d_functional.wait_tensor(t)
+                    _copy_leaves(recorded, [result] if isinstance(result, torch.Tensor) else tree_flatten(result)[0])
+                for key in writes:  # memory another graph of the pool may hold now (pool.py)
+                    propagate(key)
         return self.outputs
 
 
 class EmulatedGraphRunner(GraphRunner):
     kind = "emulated"
 
+    def __init__(self) -> None:
+        self.pool = MemoryPool()  # every capture of this runner shares it, as a CUDA graph pool
+
     def warmup(self, fn: Callable[[], object], iters: int = 2) -> None:
-        for _ in range(iters):
-            fn()
+        with host_scope():
+            for _ in range(iters):
+                fn()
 
     def capture(self, fn: Callable[[], object]) -> EmulatedCapturedGraph:
-        recorder = _Recorder()
+        recorder = _Recorder(self.pool)
+        self.pool.begin_capture()
         try:
-            with capturing(), _no_host_reads(), recorder:
+            with capturing(), no_host_reads(), host_scope(), watching(recorder.opaque), recorder:
                 outputs = fn()
         except GraphCaptureError:
             raise
@@ -383,4 +409,5 @@ class EmulatedGraphRunner(GraphRunner):
             raise GraphCaptureError(f"graph capture failed: {type(e).__name__}: {e}".splitlines()[0]) from e
         finally:
             recorder.restore()
-        return EmulatedCapturedGraph(recorder.ops, outputs)
+            self.pool.end_capture()
+        return EmulatedCapturedGraph(recorder.ops, outputs, self.pool, tuple(recorder.opaque.notes()))

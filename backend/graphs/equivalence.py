@@ -2,12 +2,16 @@
 
 - "fresh": replay after changing inputs equals an eager run on the new inputs;
 - "stale": replay shows the capture-time world (a frozen host value, an old buffer);
-- "capture-error": capture itself failed (a host sync).
+- "capture-error": capture itself failed (a host sync);
+- "unverifiable": the emulation captured it but says it cannot vouch for the replay (the graph's
+  `unverifiable` notes, backend/graphs/opaque.py); a real graph never gives it.
 
 The emulated runner must give exactly EXPECTED on CPU; benchmarks/gpu_equivalence.py runs the same
 table through real CUDA/HIP graphs, so the two runners are shown to freeze the same things.
 Each program: build static state, warm up, capture, change the inputs the way a later step
-would, compute the eager reference on the changed state, replay, compare.
+would, compute the eager reference on the changed state, replay, compare. The state is built under
+host_scope, as the session builds its builder and capture metadata: a host tensor is host memory
+by how it is made (backend/graphs/provenance.py), unmarked.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from typing import Callable
 import torch
 
 from backend.graphs.base import GraphCaptureError, GraphRunner
+from backend.graphs.provenance import host_scope
 
-Verdict = str  # "fresh" | "stale" | "capture-error"
+Verdict = str  # "fresh" | "stale" | "capture-error" | "unverifiable"
 
 
 @dataclass
@@ -29,6 +34,17 @@ class Instance:
     # eager result on the changed state, no side effects; None: no reference exists (random
     # numbers), and the verdict is "fresh" when two replays give different values, else "stale"
     reference: Callable[[], torch.Tensor] | None
+    # Graphs captured before fn into the same pool, replayed after fn's replay and before its
+    # output is read (vLLM captures every size into one pool): a later read sees what they wrote
+    # where they share memory with fn's output.
+    peers: tuple[Callable[[], object], ...] = ()
+    # What is compared with the reference instead of fn's replayed output; it runs after step
+    # (and, unless `replay` is False, after the replays): e.g. a tensor stashed during capture.
+    observe: Callable[[], torch.Tensor] | None = None
+    replay: bool = True  # False: observe reads before any replay
+    copy_first: bool = False  # copy fn's output before the peers replay (the safe way to read it)
+    own_pool: bool = False  # captured on a fresh runner (a fresh pool), not the corpus's shared one
+    reset: Callable[[], None] | None = None  # between warm-up and capture (what the warm-up changed)
 
 
 @dataclass(frozen=True)
@@ -149,19 +165,40 @@ EXPECTED: dict[str, Verdict] = {
 
 
 def run_program(program: Program, runner: GraphRunner, device: torch.device | str) -> Verdict:
-    inst = program.build(torch.device(device))
-    runner.warmup(inst.fn, iters=1)
+    with host_scope(device):
+        inst = program.build(torch.device(device))
+    if inst.own_pool:
+        from backend.graphs.select import make_graph_runner
+
+        runner = make_graph_runner(device)
     try:
+        peers = []
+        for peer in inst.peers:
+            runner.warmup(peer, iters=1)
+            peers.append(runner.capture(peer))
+        runner.warmup(inst.fn, iters=1)
+        if inst.reset is not None:
+            inst.reset()
         graph = runner.capture(inst.fn)
     except GraphCaptureError:
         return "capture-error"
+    if any(getattr(g, "unverifiable", ()) for g in (*peers, graph)):
+        return "unverifiable"
     inst.step()
     if inst.reference is None:
         first = _first(graph.replay()).clone()
         second = _first(graph.replay())
         return "stale" if torch.equal(first.cpu(), second.cpu()) else "fresh"
     expected = inst.reference().clone()
-    got = _first(graph.replay())
+    got = None
+    if inst.replay:
+        got = _first(graph.replay())
+        if inst.copy_first:
+            got = got.clone()
+        for peer in peers:
+            peer.replay()
+    if inst.observe is not None:
+        got = inst.observe()
     fresh = got.shape == expected.shape and torch.allclose(got.float().cpu(), expected.float().cpu())
     return "fresh" if fresh else "stale"
 

@@ -15,6 +15,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 # storage data_ptr -> (weak ref to the marked storage, pinned)
 _HOST: dict[int, tuple[StorageWeakRef, bool]] = {}
+# Entries of freed storages go when looked up, and all at once when the registry doubles
+# (backend/graphs/provenance.py marks every host tensor a session's set-up and captures make).
+_PRUNE_AT = [1024]
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -30,6 +33,10 @@ def mark_host(t: torch.Tensor, pinned: bool = False) -> torch.Tensor:
     ptr = _ptr(t)
     if ptr:
         _HOST[ptr] = (StorageWeakRef(t.untyped_storage()), pinned)
+        if len(_HOST) >= _PRUNE_AT[0]:
+            for key in [k for k, (ref, _) in _HOST.items() if ref.expired()]:
+                del _HOST[key]
+            _PRUNE_AT[0] = max(1024, 2 * len(_HOST))
     return t
 
 

@@ -30,6 +30,7 @@ from backend.case import ModelShape
 from backend.families import family as family_of
 from backend.families.base import layer_metadata
 from backend.graphs.base import GraphCaptureError
+from backend.graphs.provenance import host_scope
 from backend.host_copy import copy_into
 from backend.harness.model import TPLayout, TPModel, make_weights
 
@@ -162,8 +163,9 @@ class Session:
         self.family = family_of(shape.attention)
         self.layout = TPLayout(tp, rank, shape.num_heads, shape.num_kv_heads, shape.head_size)
         self.config = attention_config(shape, self.layout, kv_cache_dtype, capture_sizes, self.device, spec_tokens)
-        self.builder = self.family.make_builder(backend_cls, self.config, shape)
-        self.impl = backend_cls.impl_cls(self.config)
+        with host_scope(self.device):  # the CPU emulation: their host tensors are host memory (#32)
+            self.builder = self.family.make_builder(backend_cls, self.config, shape)
+            self.impl = backend_cls.impl_cls(self.config)
         own = getattr(backend_cls, "allocate_kv_cache", None)
         if own is not None:  # a backend with its own layout (backend/adapters/vllm/), seen as ours
             caches = [own(self.config) for _ in range(shape.num_layers)]
@@ -236,7 +238,8 @@ class Session:
         # request, mixed graphs with host max_query_len = n; seq_lens per the model's capture_style.
         q = key.query_len if key.uniform_decode else 0
         style = self.shape.capture_style
-        md = self.builder.build_for_capture(n, q, style)
+        with host_scope(self.device):
+            md = self.builder.build_for_capture(n, q, style)
         x, attn = self.static_in[:n], self.static_attn[:, :n]
         results: list[torch.Tensor] = []
 
@@ -247,7 +250,8 @@ class Session:
         # One eager warm-up on the same dummy batch (vLLM: cudagraph_num_of_warmups = 1 in V1,
         # one NONE-mode forward before each capture in V2 CudaGraphManager.capture_graph).
         self.runner.warmup(fn, WARMUP_ITERS)
-        self.builder.build_for_capture(n, q, style)  # the warm-up may not leave the buffers as captured
+        with host_scope(self.device):
+            self.builder.build_for_capture(n, q, style)  # the warm-up may not leave the buffers as captured
         return _Full(self.runner.capture(fn), md.num_padded_reqs, results, capture_metadata=md)
 
     def _capture_piecewise(self, key: GraphKey) -> _Piecewise:
@@ -266,6 +270,17 @@ class Session:
             if i < self.shape.num_layers:
                 prev_x = graph.outputs[-1]  # (*attention inputs, x)
         return entry
+
+    def unverifiable(self, keys) -> tuple[str, ...]:
+        """What the CPU emulation could not follow in these keys' graphs (a kernel launched behind
+        the dispatcher: backend/graphs/opaque.py); empty for real graphs."""
+        notes: list[str] = []
+        for key in keys:
+            entry = self.graphs.get(key)
+            graphs = [entry.graph] if isinstance(entry, _Full) else getattr(entry, "graphs", [])
+            for graph in graphs:
+                notes += [n for n in getattr(graph, "unverifiable", ()) if n not in notes]
+        return tuple(notes)
 
     # ---- runs ---------------------------------------------------------------------------------
     def run_eager(self, x: torch.Tensor, batch: BatchDescription) -> torch.Tensor:

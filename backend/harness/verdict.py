@@ -4,7 +4,7 @@ explains it (then FLAKY); NaN and writes outside the real slots never are jitter
 from __future__ import annotations
 
 from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY,
-                            CHECK_PADDED_FINITE)
+                            CHECK_PADDED_FINITE, CHECK_REPLAY)
 
 # A check failure counts as eager jitter only when its error is within this factor of the jitter
 # measured between two eager runs: a wrong kernel that also jitters by an ulp must stay FAIL.
@@ -22,3 +22,11 @@ def explained_by_jitter(check, det, kv_jitter: bool, attn_jitter: float = 0.0) -
         return False
     jitter = attn_jitter if check.name in (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY) else det.max_abs_err
     return check.max_abs_err <= JITTER_FACTOR * jitter
+
+
+def graph_only(check) -> bool:
+    """A failure of the graph run's values alone (eager and the reference agree); a write outside
+    the real slots is never one of these."""
+    return check.name in (CHECK_REPLAY, CHECK_ATTN_REPLAY, CHECK_PADDED_FINITE) or \
+        (check.name == CHECK_FINITE and check.detail == "graph") or \
+        (check.name == CHECK_KV_INTEGRITY and "outside" not in check.detail)

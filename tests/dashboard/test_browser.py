@@ -161,3 +161,29 @@ def test_server_errors_are_plain_responses(server):
         assert ei.value.code == code
     with urllib.request.urlopen(srv.url + "api/version?run=2", timeout=10) as r:
         assert r.headers["Content-Type"] == "application/json" and b"2:32:finished" in r.read()
+
+
+LINKS = ["javascript:alert(3)", " JaVaScRiPt:alert(4)", "data:text/html,<script>alert(5)</script>",
+         "vbscript:msgbox(6)", "//evil.invalid/x"]
+
+
+@pytest.mark.parametrize("link", LINKS)
+def test_a_known_failure_link_that_is_not_http_stays_text(page, sample_db, tmp_path, link):
+    """dashboard.js makes an anchor only of an http(s) link: a known-failures file is a YAML file
+    anyone can edit, and a `javascript:` href runs in the dashboard's origin when clicked. The
+    reason next to it is text too."""
+    db, _ = sample_db
+    kf = tmp_path / "known.yaml"
+    kf.write_text(f'- case: "{samples.KNOWN_FAIL}"\n  reason: "{samples.XSS}"\n  link: "{link}"\n')
+    with ResultStore(db) as s:
+        write_outputs(s, 2, out_dir=str(tmp_path / "out"), baseline="1", known_failures=str(kf))
+    page.goto((tmp_path / "out" / "dashboard" / "index.html").as_uri())
+    page.wait_for_selector(".chip[data-case-id]")
+    chip(page, samples.KNOWN_FAIL).click()
+    known = page.locator("#d-known")
+    assert link.strip() in known.inner_text() and samples.XSS in known.inner_text()
+    assert page.locator("#details a, #details img, #details script").count() == 0
+    known.click()
+    page.wait_for_timeout(200)
+    assert page.dialogs == [] and page.errors == []
+    assert page.url.startswith("file:") and page.url.endswith("index.html")

@@ -81,6 +81,38 @@ def slow_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, 
                       axes=case.axes, timings={"total_s": 0.25})  # fmt: skip
 
 
+def hold_path(gcs_address: str) -> str:
+    """Where a test asks the held_runner of its own Ray cluster to stop making progress."""
+    import hashlib
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"orch-test-hold-{hashlib.sha1(gcs_address.encode()).hexdigest()[:12]}")
+
+
+def held_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
+    """slow_runner that holds (sleeps) once the run's store has `after` results, for as long as the
+    hold file of its cluster exists ({"db": path, "after": n}): a run that is certainly in the
+    middle when the test kills it, however fast or slow the machine is."""
+    import json
+    import sqlite3
+
+    import ray
+
+    path = hold_path(ray.get_runtime_context().gcs_address)
+    while os.path.exists(path):
+        try:
+            with open(path) as f:
+                hold = json.load(f)
+            with sqlite3.connect(f"file:{hold['db']}?mode=ro", uri=True) as con:
+                stored = con.execute("SELECT count(*) FROM results").fetchone()[0]
+        except (OSError, ValueError, KeyError, sqlite3.Error):
+            stored, hold = 0, {}
+        if stored < hold.get("after", 5):
+            break  # not there yet: run
+        time.sleep(0.2)
+    return slow_runner(case, rank=rank, world_size=world_size, device=device, sessions=sessions)
+
+
 # --- backend-level faults: the torch provider with a forward that breaks (via --backend) -------
 
 from backend.providers.torch_backend import TorchBackend, TorchImpl  # noqa: E402

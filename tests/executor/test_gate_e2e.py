@@ -60,24 +60,68 @@ def test_junit_has_exactly_the_broken_case_with_numbers_and_repro(runs):
     assert "orch repro tp1-FULL-auto-mixed_small-MyBackend-s0" in text
 
 
+def _section(md: str, title: str) -> str:
+    """The body of one `### title (n)` section of the summary ('' when absent)."""
+    m = re.search(rf"^### {re.escape(title)} \((\d+)\)\n(.*?)(?=^### |\Z)", md, re.S | re.M)
+    return m.group(2) if m else ""
+
+
+def _cases_in(section: str) -> set[str]:
+    return set(re.findall(r"^- \*\*`([^`]+)`\*\*", section, re.M))
+
+
 def test_summary_lists_the_regression_first_with_its_repro(runs):
+    # Every page and summary carries the words "regression" and "old failure" (the legend lists
+    # every classification): the asserts read the sections and grid cells of the broken cases.
     _, _, (_, out), (_, out_again) = runs
     md = open(f"{out}/summary.md").read()
-    first_case = re.search(r"tp1-[A-Z_]+-auto-\w+-MyBackend-s0", md).group(0)
-    assert first_case in BROKEN
-    assert "regression" in md.lower() and "orch repro tp1-FULL-auto-mixed_small-MyBackend-s0" in md
-    md_again = open(f"{out_again}/summary.md").read().lower()
-    assert "old failure" in md_again or "old-failure" in md_again
+    regressions = _section(md, "Regressions")
+    assert _cases_in(regressions) == BROKEN
+    assert md.index("### Regressions") < md.index("### Grid")  # listed first, before the grid
+    for cid in BROKEN:  # each with its failing check's numbers and its repro
+        block = regressions[regressions.index(f"`{cid}`"):]
+        block = block[:block.index("\n- **") if "\n- **" in block else len(block)]
+        assert "replay: FAILED" in block and "max_abs=" in block and f"orch repro {cid}" in block, block
+    grid = _grid_cells(md)
+    assert {row for row, sym in grid.items() if sym == "🔻"} == {("tp1 FULL", "decode_7"), ("tp1 FULL", "mixed_small")}
+    assert all(sym == "✅" for (row, _), sym in grid.items() if row != "tp1 FULL"), grid
+    # Against a baseline that already failed the same way: old failures, no regression section.
+    md_again = open(f"{out_again}/summary.md").read()
+    assert _cases_in(_section(md_again, "Old failures (not gating)")) == BROKEN
+    assert not _section(md_again, "Regressions")
+    assert {row for row, sym in _grid_cells(md_again).items() if sym == "🟥"} == {
+        ("tp1 FULL", "decode_7"), ("tp1 FULL", "mixed_small")}
+
+
+def _grid_cells(md: str) -> dict[tuple[str, str], str]:
+    """(row label, batch) -> the grid's symbol, for the one backend of these runs."""
+    lines = [ln for ln in md[md.index("### Grid"):].splitlines() if ln.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    batches = [h.split("<br>")[-1] for h in head[1:]]
+    cells = {}
+    for ln in lines[2:]:
+        row = [c.strip() for c in ln.strip("|").split("|")]
+        for batch, sym in zip(batches, row[1:]):
+            cells[(row[0], batch)] = sym
+    return cells
 
 
 def test_dashboard_embeds_the_failing_cell_with_its_checks(runs):
     _, _, (_, out), _ = runs
     html = open(f"{out}/dashboard/index.html").read()
     blob = re.search(r'<script[^>]*type="application/json"[^>]*>(.*?)</script>', html, re.S).group(1)
-    assert "tp1-FULL-auto-mixed_small-MyBackend-s0" in blob
     data = json.loads(blob)
-    text = json.dumps(data)
-    assert "regression" in text and "max_abs" in text.replace("max_abs_err", "max_abs")
+    by_id = {c["id"]: c for c in data["cases"]}
+    assert len(by_id) == 6
+    assert {cid for cid, c in by_id.items() if c["cls"] == "regression"} == BROKEN
+    assert all(c["cls"] == "pass" and c["state"] == "pass" for cid, c in by_id.items() if cid not in BROKEN)
+    for cid in BROKEN:
+        cell = by_id[cid]
+        assert cell["state"] == "fail" and cell["change"] == "regression" and cell["baseline"] == "pass"
+        replay = next(c for c in cell["checks"] if c["name"] == "replay")
+        assert not replay["passed"] and replay["max_abs"] > 0 and "max_abs=" in replay["summary"]
+        assert cell["repro"].startswith(f"orch repro {cid}")
+    assert data["gate"]["regressions"] == sorted(BROKEN)
 
 
 def test_store_keeps_all_three_runs(runs):

@@ -154,12 +154,19 @@ def _wait_for(path, text: str, timeout_s: float = 90.0) -> None:
 def test_a_run_that_covered_the_warm_up_completes_it(tmp_path, full_cases, monkeypatch):
     """A run that ran every case before its helpers finished: stop(covered=True) asks them to end
     and leave their marker (the worker compiled what they had left), so the next run starts none;
-    a plain stop() leaves no marker."""
+    a plain stop() leaves no marker. The helpers run a backend held while a file exists, so they
+    are certainly not done when stopped (a helper that finished first left its marker on a fast
+    machine, and the `covered=False` half failed)."""
+    from tests.executor.jit_backend import HOLD_ENV
+
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    cases = _tiny_cases(full_cases, JIT, 5)
+    hold = tmp_path / "hold"
+    hold.touch()
+    monkeypatch.setenv(HOLD_ENV, str(hold))
+    cases = _tiny_cases(full_cases, "tests.executor.jit_backend:HeldJitBackend", 5)
     for covered in (False, True):
         warm = launcher.start(cases, jobs=1, log_dir=str(tmp_path / f"run-{covered}"), device="cpu")
-        _wait_for(warm.log_path, "over 1 helper(s)")  # the helpers are starting, far from done
+        _wait_for(warm.log_path, "over 1 helper(s)")  # started; held in its first case until stopped
         warm.stop(covered=covered)
         assert not warm.running()
         assert bool(list((tmp_path / "triton").glob("orch-precompile-*.done"))) == covered

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ import pytest
 
 from orchestrator.commands import run as run_cmd
 from orchestrator.store import ResultStore
+from tests.executor.faulty_backends import hold_path
 
 pytestmark = pytest.mark.xdist_group("ray")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,22 +48,28 @@ def test_resume_after_sigkill_runs_only_the_missing_cases(ray_cluster, tmp_path)
     db = str(tmp_path / "r.db")
     args = ["run", "matrices/smoke.yaml", "--db", db, "--out", str(tmp_path / "out"), "--devices", "cpu",
             "--address", address, "--no-progress", "--workers", "2"]  # fmt: skip
-    env = {"ORCH_RUNNER": "tests.executor.faulty_backends:slow_runner"}
-    child = _orch(*args, env=env)
-    deadline = time.monotonic() + 120
-    done = 0
-    while time.monotonic() < deadline and child.poll() is None:
-        time.sleep(0.3)
-        try:
-            with sqlite3.connect(db) as con:
-                done = con.execute("SELECT count(*) FROM results").fetchone()[0]
-        except sqlite3.Error:
-            continue
-        if done >= 5:
-            break
-    assert child.poll() is None, child.communicate()
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    env = {"ORCH_RUNNER": "tests.executor.faulty_backends:held_runner"}
+    # The workers stop making progress once 5 results are stored, until the hold file goes: the
+    # kill lands in the middle of the run on a fast machine as on a loaded one (no race with a poll).
+    hold = hold_path(address)
+    with open(hold, "w") as f:
+        json.dump({"db": db, "after": 5}, f)
+    try:
+        child = _orch(*args, env=env)
+        deadline = time.monotonic() + 180  # a safety net only: the hold, not the clock, stops the run
+        done = 0
+        while time.monotonic() < deadline and child.poll() is None and done < 5:
+            time.sleep(0.3)
+            try:
+                with sqlite3.connect(db) as con:
+                    done = con.execute("SELECT count(*) FROM results").fetchone()[0]
+            except sqlite3.Error:
+                continue
+        assert done >= 5 and child.poll() is None, (done, child.poll())
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        os.unlink(hold)
     with ResultStore(db) as store:
         rid = store.latest_run_id()
         planned = {c.case_id for c in store.planned_cases(rid)}

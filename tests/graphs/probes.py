@@ -3,12 +3,16 @@
 Every program runs on both runners through backend.graphs.equivalence.run_program: under
 torch.cuda.CUDAGraph on a GPU (benchmarks/gpu_equivalence.py writes tests/graphs/golden_cuda.json)
 and under the CPU emulation (tests/graphs/test_probes.py asserts it gives the golden verdict, or
-the conservative one in CONSERVATIVE). Host memory is made with host_tensor(): a (pinned) CPU
-tensor on a GPU, a marked CPU tensor under the emulation (backend/graphs/host.py).
+the conservative one in CONSERVATIVE, or the `unverifiable` one in UNVERIFIABLE). Host memory is
+made with host_tensor() (a (pinned) CPU tensor on a GPU, a marked CPU tensor under the emulation,
+backend/graphs/host.py) by the older probes, and unmarked, the way GPU code makes it (no device,
+`pin_memory=True`), by the issue-#32 probes (ROUND_TWO): the emulation finds those by how they were
+made (backend/graphs/provenance.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import Callable
 
 import torch
@@ -388,12 +392,204 @@ NEW_PROGRAMS: tuple[Program, ...] = (
     Program("pinned_view_h2d", "non_blocking H2D from a slice of a pinned buffer refilled before replay", _pinned_view_h2d),
 )
 
-# Probes added after the last recording: their CUDA verdicts in golden_cuda.json are reasoned from
-# CUDA semantics ("predicted" there) until benchmarks/gpu_equivalence.py records them on a GPU.
 
-PROGRAMS: tuple[Program, ...] = BASE_PROGRAMS + NEW_PROGRAMS
+
+# ---- issue #32: the four silent greens and the four false reds of round two --------------------
+# Host memory below is made as GPU code makes it: no device, pin_memory=True; nothing is marked.
+
+def _host_compute_h2d(device) -> Instance:
+    lens = torch.tensor([1, 1, 1], dtype=torch.int32)  # host: made without a device
+    staging = torch.zeros(3, dtype=torch.int32, pin_memory=True)
+    start = torch.zeros(3, dtype=torch.int32, device=device)
+
+    def fn():
+        torch.cumsum(lens, 0, out=staging)  # host work: a GPU runs it once, at capture
+        start.copy_(staging, non_blocking=True)  # and the graph copies that one result each replay
+        return start * 1
+
+    def step():
+        lens.copy_(torch.tensor([1, 5, 2], dtype=torch.int32))
+
+    return Instance(fn, step, lambda: lens.cumsum(0).to(device))
+
+
+def _pageable_h2d_nonblocking(device) -> Instance:
+    host = torch.ones(4)  # pageable host memory: made without a device, not pinned
+    dev = torch.zeros(4, device=device)
+
+    def fn():
+        dev.copy_(host, non_blocking=True)
+        return dev * 2
+
+    return Instance(fn, lambda: host.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0])), lambda: host.to(device) * 2)
+
+
+def _python_data_to_device(device) -> Instance:
+    x = _arange(4, device)
+    # python data to a device: put in host memory, then a blocking copy
+    return Instance(lambda: x * torch.tensor([2.0], device=device), lambda: x.add_(1), lambda: x * 2)
+
+
+def _pool_shared(copy_first: bool) -> Callable[[torch.device], Instance]:
+    def build(device) -> Instance:
+        x = _arange(4, device, 1.0)
+
+        def peer():  # captured first into the same pool
+            t = x * 3  # a temporary: its block goes back to the pool when the capture ends
+            return t.sum().reshape(1)
+
+        # fn's output is given the peer's freed block; the peer's replay writes 3x there
+        return Instance(lambda: x * 2, lambda: x.add_(1), lambda: x * 2, peers=(peer,), copy_first=copy_first,
+                        own_pool=True)
+    return build
+
+
+def _stash(replay: bool) -> Callable[[torch.device], Instance]:
+    def build(device) -> Instance:
+        x = _arange(4, device, 0.5)
+        stash = {}
+
+        def fn():
+            y = x * 7.25
+            stash["y"] = y  # kept for the host to read later (an attention output, a debug tensor)
+            return y + 1
+
+        return Instance(fn, lambda: None, lambda: x * 7.25, observe=lambda: stash["y"], replay=replay, own_pool=True)
+    return build
+
+
+def _linalg(checked: bool) -> Callable[[torch.device], Instance]:
+    def build(device) -> Instance:
+        a = torch.eye(3, device=device) * 4
+        if checked:
+            run = lambda: torch.linalg.cholesky(a)  # noqa: E731  its error check reads `info` on the host
+        else:
+            run = lambda: torch.linalg.cholesky_ex(a).L  # noqa: E731  `info` stays on the device
+        return Instance(run, lambda: a.mul_(4), lambda: torch.linalg.cholesky(a))
+    return build
+
+
+def _memcpy_launcher(device) -> Callable[[int, int, int], None]:
+    """A kernel launch on raw pointers behind PyTorch's dispatcher: the driver's device-to-device
+    copy on the current (capturing) stream on a GPU; libc's memcpy through ctypes on the CPU."""
+    if torch.device(device).type == "cuda":
+        fn = ctypes.CDLL("libcuda.so.1").cuMemcpyDtoDAsync_v2
+        fn.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+
+        def launch(dst: int, src: int, n: int) -> None:
+            rc = fn(dst, src, n, torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise RuntimeError(f"cuMemcpyDtoDAsync_v2: CUresult {rc}")
+        return launch
+    fn = ctypes.CDLL(None).memcpy
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_void_p
+    return lambda dst, src, n: fn(dst, src, n) and None
+
+
+class _Raw:
+    """Raw float32 memory at an address, as a C extension sees a tensor it was handed a pointer to."""
+
+    def __init__(self, ptr: int, n: int):
+        self.__array_interface__ = {"data": (ptr, False), "shape": (n,), "typestr": "<f4", "version": 3}
+
+
+def _raw_launcher(device) -> Callable[[int, int, int], None]:
+    """The same launch from a C extension the emulation cannot see into (no ctypes call): numpy's
+    C code copying between raw addresses on the CPU; on a GPU the same driver launch as above."""
+    if torch.device(device).type == "cuda":
+        return _memcpy_launcher(device)
+    import numpy as np
+
+    return lambda dst, src, n: np.copyto(np.asarray(_Raw(dst, n // 4)), np.asarray(_Raw(src, n // 4)))
+
+
+def _launch_behind_dispatcher(launcher) -> Callable[[torch.device], Instance]:
+    def build(device) -> Instance:
+        x, out = _arange(4, device, 1.0), torch.zeros(4, device=device)
+        launch = launcher(device)
+
+        def fn():
+            launch(out.data_ptr(), x.data_ptr(), 4 * x.element_size())
+            return out * 1
+
+        return Instance(fn, lambda: x.add_(1), lambda: x * 1)
+    return build
+
+
+def _out_resized(in_capture: bool) -> Callable[[torch.device], Instance]:
+    def build(device) -> Instance:
+        x = _arange(4, device, 1.0)
+        buf = torch.empty(0, device=device)
+
+        def fn():
+            out = torch.empty(0, device=device) if in_capture else buf
+            torch.mul(x, 3, out=out)  # resized from 0 to 4 elements inside the capture
+            return out
+
+        # the warm-up resized buf already: back to no memory, so the capture resizes it
+        return Instance(fn, lambda: x.add_(1), lambda: x * 3, reset=lambda: buf.set_())
+    return build
+
+
+def _bool_mask_setitem(scalar: bool) -> Callable[[torch.device], Instance]:
+    def build(device) -> Instance:
+        x = _arange(4, device)
+        mask = torch.tensor([True, False, True, False], device=device)
+        value = torch.full((1,), 9.0, device=device)
+        out = torch.zeros(4, device=device)
+
+        def fn():
+            out.copy_(x)
+            out[mask] = 9.0 if scalar else value  # scalar: masked_fill_ on a GPU; a device value: nonzero
+            return out
+
+        def step():
+            x.add_(1)
+            mask.copy_(torch.tensor([False, True, False, True]))
+
+        return Instance(fn, step, lambda: torch.where(mask, torch.full_like(x, 9.0), x))
+    return build
+
+
+ROUND_TWO: tuple[Program, ...] = (
+    Program("host_compute_h2d", "host cumsum of unmarked host lens into a pinned buffer, then non_blocking H2D",
+            _host_compute_h2d),
+    Program("pageable_h2d_nonblocking", "non_blocking H2D from pageable host memory refilled before replay",
+            _pageable_h2d_nonblocking),
+    Program("python_data_to_device", "torch.tensor(python data, device=...) inside the capture", _python_data_to_device),
+    Program("pool_shared_output", "a graph's output read after another graph of its pool replayed", _pool_shared(False)),
+    Program("pool_output_copied", "the same, the output copied before the other graph replays", _pool_shared(True)),
+    Program("stash_read_before_replay", "a tensor stashed during capture, read on the host before any replay",
+            _stash(False)),
+    Program("stash_read_after_replay", "the same tensor read after a replay", _stash(True)),
+    Program("linalg_info_check", "torch.linalg.cholesky (its error check reads info on the host)", _linalg(True)),
+    Program("linalg_ex_no_check", "torch.linalg.cholesky_ex (info stays on the device)", _linalg(False)),
+    Program("ctypes_launch", "a ctypes call on raw device pointers (a kernel launch behind the dispatcher)",
+            _launch_behind_dispatcher(_memcpy_launcher)),
+    Program("c_extension_launch", "a C extension writing through raw device pointers, no ctypes call",
+            _launch_behind_dispatcher(_raw_launcher)),
+    Program("out_resized_preexisting", "torch.mul(..., out=buf) with buf resized from empty inside the capture",
+            _out_resized(False)),
+    Program("out_resized_in_capture", "torch.mul(..., out=t) with t = torch.empty(0) made inside the capture",
+            _out_resized(True)),
+    Program("bool_mask_setitem_scalar", "x[mask] = 9.0 with a device mask (masked_fill_ on a GPU)",
+            _bool_mask_setitem(True)),
+    Program("bool_mask_setitem_tensor", "x[mask] = v with a one-element device tensor v (nonzero)",
+            _bool_mask_setitem(False)),
+)
+
+# Probes added after the last recording: their CUDA verdicts in golden_cuda.json are derived from
+# CUDA semantics ("derived" there, with the reasoning) until benchmarks/gpu_probes.py records them.
+
+PROGRAMS: tuple[Program, ...] = BASE_PROGRAMS + NEW_PROGRAMS + ROUND_TWO
 
 # Where the emulation cannot be faithful: probe -> (its verdict, a phrase its error must contain).
 CONSERVATIVE: dict[str, tuple[str, str]] = {
     "library_impl_host_global": ("capture-error", "cannot emulate: custom op"),
+}
+# Where the emulation says it cannot know (the graph's `unverifiable` notes, never a pass):
+# probe -> a phrase its note must contain.
+UNVERIFIABLE: dict[str, str] = {
+    "c_extension_launch": "raw pointer left the dispatcher",
 }

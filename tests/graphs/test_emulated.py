@@ -43,7 +43,7 @@ class _PagedDecode:
         k = k.flatten(1, 2)  # [reqs, ctx, heads, dim]
         v = v.flatten(1, 2)
         scores = torch.einsum("rhd,rchd->rhc", self.q, k) / math.sqrt(self.dim)
-        pos = torch.arange(self.max_blocks * self.block_size)
+        pos = torch.arange(self.max_blocks * self.block_size, device=self.q.device)
         mask = pos[None, :] < self.seq_lens[:, None].long()  # [reqs, ctx]
         scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
         self.out.copy_(torch.einsum("rhc,rchd->rhd", scores.softmax(-1), v))
@@ -128,7 +128,7 @@ def test_fp8_conversion_and_random_ops_replay(runner):
 
     def fn():
         q = x.to(torch.float8_e4m3fn)
-        noise_src["n"] = torch.randn(4)
+        noise_src["n"] = torch.randn(4, device=x.device)  # device memory: a torch.device names it
         return q.float(), noise_src["n"]
 
     graph = runner.capture(fn)
@@ -146,11 +146,11 @@ HOST_SYNCS = {
     "python_if": lambda x: x * 2 if x.sum() > 0 else x,
     "nonzero": lambda x: torch.nonzero(x),
     "bool_mask_index": lambda x: x[x > 0],
-    "bool_mask_assign": lambda x: x.__setitem__(x > 0, 0.0),
+    "bool_mask_assign_tensor": lambda x: x.__setitem__(x > 0, x[:1]),  # a device value: index_put_, nonzero
     "masked_select": lambda x: torch.masked_select(x, x > 0),
     "unique": lambda x: torch.unique(x),
     "tolist": lambda x: x.tolist(),
-    "repeat_interleave": lambda x: torch.repeat_interleave(torch.tensor([1, 2])),
+    "repeat_interleave": lambda x: torch.repeat_interleave(x.long()),
     "repeat_interleave_self": lambda x: x.repeat_interleave(x.long()),
 }
 
@@ -168,9 +168,16 @@ def test_host_sync_in_capture_raises_and_runner_stays_usable(runner, name):
 
 def test_graph_safe_alternatives_capture(runner):
     x = torch.arange(4.0)
-    graph = runner.capture(lambda: torch.where(x > 1, x, torch.zeros_like(x)) + x.masked_fill(x < 1, 5.0))
+    y = torch.zeros(4)
+
+    def fn():
+        y.copy_(x)
+        y[x > 2] = 7.0  # a boolean mask with a scalar: masked_fill_ on a GPU, no sync (#32)
+        return torch.where(x > 1, x, torch.zeros_like(x)) + x.masked_fill(x < 1, 5.0) + y
+
+    graph = runner.capture(fn)
     x.copy_(torch.tensor([3.0, 0.0, 2.0, 1.0]))
-    assert torch.equal(graph.replay(), torch.tensor([6.0, 5.0, 4.0, 1.0]))
+    assert torch.equal(graph.replay(), torch.tensor([13.0, 5.0, 6.0, 2.0]))
 
 
 def test_other_capture_failure_is_wrapped(runner):

@@ -113,3 +113,19 @@ def test_evaluate_is_pure():
     a = evaluate(results, baseline=samples.make_baseline(CASES))
     b = evaluate(results, baseline=samples.make_baseline(CASES))
     assert a == b and [r.to_dict() for r in results] == before
+
+
+def test_unverifiable_on_the_emulation_is_counted_apart_from_pass_and_listed():
+    """Issue #32: a pass the CPU emulation cannot vouch for is neither pass nor a gate failure;
+    the summary lists it and JUnit flags it."""
+    from backend.result import UNVERIFIABLE_PREFIX
+    from orchestrator.summary import _section
+
+    r = samples.result_for(C, Status.PASS, reason=UNVERIFIABLE_PREFIX + "a raw pointer left the dispatcher")
+    out = evaluate([r], baseline=[samples.result_for(C, Status.PASS)])
+    assert out.classification == {C.case_id: "unverifiable"} and out.exit_code == ExitCode.OK
+    assert out.counts["pass"] == 0 and out.counts["unverifiable"] == 1 and out.unverifiable == (C.case_id,)
+    assert "1 unverifiable on the emulation" in out.verdict()
+    assert C.case_id in "\n".join(_section("Unverifiable", out.unverifiable, {C.case_id: r}, out))
+    # Known failure entries still say "fixed": the case passed.
+    assert evaluate([r], known=KNOWN).classification == {C.case_id: "fixed"}

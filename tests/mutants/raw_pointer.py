@@ -1,0 +1,59 @@
+"""A correct backend whose Impl finishes its output with a copy on raw pointers, behind PyTorch's
+dispatcher (issue #32): the output goes to a scratch buffer by address and is copied back. On a
+GPU a kernel launched this way (a C extension, Triton, ctypes) is captured like any other. Under
+the CPU emulation: the ctypes form is recorded and replayed (PASS, as on a GPU); the numpy form
+(numpy's C code copying between addresses: a C extension the emulation cannot see into) is
+`emulation: unverifiable`. CPU only: neither copies device memory on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from backend.providers.torch_backend import TorchBackend, TorchImpl
+
+_MEMCPY = ctypes.CDLL(None).memcpy
+_MEMCPY.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+_MEMCPY.restype = ctypes.c_void_p
+
+
+class _Raw:
+    def __init__(self, ptr: int, nbytes: int):
+        self.__array_interface__ = {"data": (ptr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
+
+
+def _ctypes_copy(dst: int, src: int, nbytes: int) -> None:
+    _MEMCPY(dst, src, nbytes)
+
+
+def _numpy_copy(dst: int, src: int, nbytes: int) -> None:
+    np.copyto(np.asarray(_Raw(dst, nbytes)), np.asarray(_Raw(src, nbytes)))
+
+
+class _RawCopyImpl(TorchImpl):
+    copy = staticmethod(_ctypes_copy)
+
+    def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
+        out = super().forward(query, key, value, kv_cache, metadata, k_scale, v_scale, output)
+        assert out.is_contiguous()
+        scratch = torch.empty_like(out)
+        self.copy(scratch.data_ptr(), out.data_ptr(), out.numel() * out.element_size())
+        out.copy_(scratch)
+        return out
+
+
+class _NumpyCopyImpl(_RawCopyImpl):
+    copy = staticmethod(_numpy_copy)
+
+
+class CtypesBackend(TorchBackend):
+    name = "mutant-raw-pointer-ctypes"
+    impl_cls = _RawCopyImpl
+
+
+class CExtensionBackend(TorchBackend):
+    name = "mutant-raw-pointer-c-extension"
+    impl_cls = _NumpyCopyImpl
