@@ -55,6 +55,10 @@ class AttentionConfig:
     # Impl per call (swa_sinks): a backend that reads it from here instead is wrong for every full
     # layer of a merged group (vLLM #51756).
     sliding_window: int | None = None
+    # The kind of that group spec: "sliding_window" (vLLM's SlidingWindowSpec: blocks wholly
+    # outside the window are freed) or "full" (FullAttentionSpec, which records the window of a
+    # merged group's first layer when the hybrid manager is off).
+    kv_spec: str = "full"
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -42,7 +42,7 @@ BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUI
 # is never read as the import path "module vllm, attribute NAME". Doctor lists these.
 VLLM_PREFIX = "vllm:"
 VLLM_BACKENDS: tuple[str, ...] = ("vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN",
-                                  "vllm:ROCM_AITER_FA")
+                                  "vllm:ROCM_AITER_FA", "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN")
 
 # What a duck-typed plugin must provide (checked when it does not subclass AttentionBackend).
 _REQUIRED_ATTRS = ("name", "cudagraph_support", "builder_cls", "impl_cls", "supported_kv_cache_dtypes")
@@ -103,7 +103,7 @@ def get_backend(name: str, family: str = "gqa") -> type[AttentionBackend]:
             raise BackendLoadError(f"empty vLLM backend name in {name!r}: expected e.g. vllm:FLEX_ATTENTION")
         from backend.adapters.vllm import make_backend  # imports vllm only when the class is used
 
-        return make_backend(vllm_name)
+        return make_backend(vllm_name, family)
     if name in BUILTIN_BACKENDS:
         path = _BUILTIN_PATHS.get((name, family))
         if path is None:

@@ -93,7 +93,9 @@ class SWASinks(GQA):
 
     def make_builder(self, backend_cls, config, shape):
         return GroupedMetadataBuilder(backend_cls, config, self.groups(shape), shape.num_layers,
-                                      group_config=lambda c, g: dataclasses.replace(c, sliding_window=g.sliding_window))
+                                      group_config=lambda c, g: dataclasses.replace(
+                                          c, sliding_window=g.sliding_window,
+                                          kv_spec="sliding_window" if g.frees_outside_window else "full"))
 
 
 def reference_window_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,

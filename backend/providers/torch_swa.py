@@ -49,7 +49,7 @@ def combine(scores: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, s
     sinks [Hkv, 1, G, 1] or None -> [Hkv, C, G, D]. segments 1: the 2-D path; > 1: the 3-D path
     (per-segment max and sum, merged by log-sum-exp; the sink in segment 0 only, or in every
     segment for the mutation suite's broken kernel). A row with no key and no sink is 0."""
-    neg = torch.tensor(float("-inf"), device=scores.device)
+    neg = scores.new_full((), float("-inf"))  # a device fill (torch.tensor(x, device=...) is a blocking copy)
     if segments <= 1:
         m = scores.amax(dim=-1, keepdim=True)
         if sinks is not None:

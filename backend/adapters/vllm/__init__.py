@@ -17,12 +17,11 @@ One concern per module:
     fixups.py     what runs differently on CPU (pinned memory, eager flex)
     errors.py     every "cannot be used here" as one `unavailable:` line
 
-Families: every backend bridged so far is a GQA one (FullAttentionSpec; K and V per kv head; the
-Impl takes query, key, value). An MLA backend (vllm:TRITON_MLA, FLASHMLA, ...) needs its own spec
-(MLAAttentionSpec), Impl keywords (kv_lora_rank, qk_rope_head_dim, ...), latent cache view and
-forward arguments: that is a family module, mla.py, beside the interfaces, chosen by
-`family_reason` below (today it names MLA backends as not bridged yet); the interfaces, roles,
-config, metadata and native parts stay shared.
+Families (make_backend's `family`): gqa, every backend of both interfaces (FullAttentionSpec; K
+and V per kv head); mla, mla.py (vllm:TRITON_MLA's decode in place, the rest orch's and
+labelled); swa_sinks, swa.py (TRITON_ATTN, ROCM_AITER_UNIFIED_ATTN with per-layer windows and
+sinks, their builders per KV-cache group). An MLA backend named for gqa skips with
+`family_reason`'s words.
 
 Whatever cannot run here is a skip with the reason, never a traceback: vllm not installed, a
 release outside both ranges, a backend that does not import, a platform or a kv dtype it lacks.
@@ -49,10 +48,10 @@ MLA_BACKENDS = ("TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "FLAS
 
 
 def family_reason(name: str) -> str | None:
-    """Why `name`'s attention family is not bridged (None for the GQA backends it is)."""
+    """Why `name` cannot serve the gqa family (None for the GQA backends it can)."""
     if name.removesuffix("_VLLM_V1") in MLA_BACKENDS:
-        return (f"unavailable: vllm:{name} is an MLA backend; the adapter bridges GQA backends so far "
-                "(an MLA family module would sit beside backend/adapters/vllm/old.py and current.py)")
+        return (f"unavailable: vllm:{name} is an MLA backend: run it with attention: [mla] "
+                "(bridged: TRITON_MLA)")
     return None
 
 
@@ -87,10 +86,38 @@ def load_vllm_backend(name: str):
     return iface.load(name)
 
 
-def make_backend(name: str):
-    """Our backend class for vLLM's backend `name` (e.g. FLEX_ATTENTION, ROCM_AITER_FA). Always a
-    class: when vLLM or the backend cannot be used here, unavailable_reason says why."""
-    return _make_backend(name.strip().upper())
+def make_backend(name: str, family: str = "gqa"):
+    """Our backend class for vLLM's backend `name` (e.g. FLEX_ATTENTION, ROCM_AITER_FA) for attention
+    `family`. Always a class: when vLLM or the backend cannot be used here, unavailable_reason says
+    why. Families: gqa (every GQA backend, both interfaces), mla (TRITON_MLA: mla.py), swa_sinks
+    (TRITON_ATTN, ROCM_AITER_UNIFIED_ATTN: swa.py)."""
+    name = name.strip().upper()
+    if family == "mla":
+        if name.removesuffix("_VLLM_V1") == "TRITON_MLA":
+            from backend.adapters.vllm.mla import make_triton_mla_backend
+
+            return make_triton_mla_backend()
+        return _unbridged(name, family)
+    if family == "swa_sinks":
+        if name in MLA_BACKENDS:
+            return _unbridged(name, family)
+        from backend.adapters.vllm.swa import make_swa_backend
+
+        return make_swa_backend(name)
+    return _make_backend(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _unbridged(name: str, family: str):
+    """A class for a (vLLM backend, family) pair the adapter does not bridge: its cases skip."""
+    import types
+
+    from backend.attention.interface import AttentionBackend
+
+    why = f"unavailable: vllm:{name} is not bridged for the {family} family (backend/adapters/vllm/)"
+    attrs = {"name": f"vllm:{name}", "family": family,
+             "unavailable_reason": classmethod(lambda klass, device: why)}
+    return types.new_class(f"Vllm_{name}_{family}", (AttentionBackend,), {}, lambda ns: ns.update(attrs))
 
 
 @functools.lru_cache(maxsize=None)
