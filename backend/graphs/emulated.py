@@ -47,7 +47,7 @@ from torch._library.custom_ops import _maybe_get_opdef
 from torch.utils._pytree import tree_flatten, tree_map
 
 from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner, capturing
-from backend.graphs.host import is_host, mark_host
+from backend.graphs.host import is_host, is_pinned_host, mark_host
 from backend.graphs.host_reads import no_host_reads
 from backend.graphs.opaque import OpaqueCalls, watching
 from backend.graphs.pool import MemoryPool
@@ -262,9 +262,14 @@ class _Recorder(TorchDispatchMode):
                     raise GraphCaptureError(
                         f"host sync during graph capture: {func} blocking host->device copy (the copy waits "
                         "for the stream; a graph captures only non_blocking host->device copies)")
-                # non_blocking, pinned or pageable: the graph's copy node reads the host buffer at
-                # replay (pageable too: pytorch/pytorch#166765, `y.to("cuda", non_blocking=True)`
-                # captured from pageable memory replays y's current values)
+                if not is_pinned_host(src):
+                    # Recorded on an H100 (torch 2.11, tests/graphs/golden_cuda.json): capture
+                    # fails. pytorch/pytorch#166765 had it captured and replaying the buffer's
+                    # current values on older releases; the recording is what we hold to.
+                    raise GraphCaptureError(
+                        f"graph capture failed: {func} non_blocking host->device copy from pageable "
+                        "(unpinned) host memory")
+                # non_blocking from pinned memory: the graph's copy node reads the buffer at replay
                 return args, kwargs, False, None
         if len(host) == len(_tensors((args, kwargs))):
             out = func(*args, **kwargs)

@@ -216,8 +216,9 @@ def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_real: torch.Te
     """One layer's cache as [planes, num_slots, row] (AttentionFamily.slot_rows: GQA K and V, MLA
     the latent row), `scales` the scale tensor of each plane: bytes outside real_slots unchanged
     from `before`; the real slots equal the eager run's `eager_real` (real_slot_values of the
-    cache eager left; bitwise, else within tol after dequantising: padded graph sizes may round
-    K/V differently by an ulp).
+    cache eager left; bitwise, else within tol after dequantising, atol scaled per slot row as the
+    replay check scales it: padded graph sizes may round K/V differently by an ulp, and later
+    layers' K/V inherit the earlier layers' graph-vs-eager difference).
 
     `before` is scratch (the step's snapshot, discarded after this): its real slots are
     overwritten with `after`'s, so that one whole-cache equality answers "nothing changed outside
@@ -244,7 +245,12 @@ def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_real: torch.Te
         # Within tolerance, or one rounding step of the cache dtype apart: a padded GEMM (another
         # M) may round a K/V element an ulp differently before it is stored, and one fp8 e4m3 step
         # is up to 1/8 of the value, above any tolerance that is sharp for attention outputs.
-        close = diff <= tol.atol + tol.rtol * de.abs()
+        # atol scaled by the slot's largest value, as the replay check scales it per row: in the
+        # layers after the first, K/V are projections of hidden states that already carry the
+        # graph-vs-eager difference the replay check tolerates (swa_sinks on an H100: layer 3 of
+        # a FULL decode 0.031 apart from eager in bf16, its outputs within the replay tolerance).
+        row_max = de.abs().amax(dim=-1, keepdim=True).clamp_min(1.0)
+        close = diff <= tol.atol * row_max + tol.rtol * de.abs()
         real_ok = bool((close | (quant_steps(fa, eager_real) <= 1)).all())
     return KVComparison(n_out == 0 and real_ok, n_out, first, real_ok, real_bitwise, worst)
 

@@ -448,12 +448,29 @@ def load_aiter_triton() -> types.SimpleNamespace:
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise AiterLoadError(f"loading aiter's Triton kernels failed: {type(exc).__name__}: {first}") from exc
+    mha = modules["aiter.ops.triton.mha"]
     return types.SimpleNamespace(
         unified_attention=modules["aiter.ops.triton.unified_attention"].unified_attention,
         paged_attention_decode=modules["aiter.ops.triton.pa_decode"].paged_attention_decode,
-        flash_attn_varlen_func=modules["aiter.ops.triton.mha"].flash_attn_varlen_func,
+        flash_attn_varlen_func=(mha.flash_attn_varlen_func if torch.version.hip is not None
+                                else _mha_within_cuda_smem(mha.flash_attn_varlen_func, mha._get_config)),
         decode_attention_fwd_grouped_rope=modules["aiter.ops.triton.mla_decode_rope"].decode_attention_fwd_grouped_rope,
     )
+
+
+def _mha_within_cuda_smem(varlen, get_config):
+    """The Triton MHA with q wider than v (MLA's prefill: nope + rope against v) picks the json's
+    "pe" tiles, tuned for gfx950's LDS: 256 query rows and 5 stages, 296 KiB of shared memory where
+    an H100 has 227 KiB (OutOfResources, seen on an H100). On NVIDIA such calls get the json's own
+    non-pe tiles instead (128 x 64, one stage); a caller's explicit config= is left alone."""
+
+    @functools.wraps(varlen)
+    def launch(q, k, v, *args, **kwargs):
+        if kwargs.get("config") is None and q.shape[-1] != v.shape[-1]:
+            kwargs["config"] = get_config(kwargs.get("dropout_p", 0.0) > 0.0, q.dtype, has_pe=False)
+        return varlen(q, k, v, *args, **kwargs)
+
+    return launch
 
 
 def triton_unavailable_reason(device: torch.device) -> str | None:

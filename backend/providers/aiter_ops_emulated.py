@@ -112,6 +112,18 @@ def paged_attention_v1(out, workspace_buffer, query, key_cache, value_cache, sca
     return out
 
 
+def _segment_sum(values: torch.Tensor, row: torch.Tensor, rows: int) -> torch.Tensor:
+    """Sums of `values` [P, ...] per row id, `row` [P] sorted ascending -> [rows, ...]. Prefix sums
+    in fp64 differenced at each row's bounds: deterministic on a GPU, where index_add_ of floats
+    is atomic (an H200 saw the eager side differ between two runs of the same step), and graph-safe
+    (static shapes, no host read)."""
+    ids = torch.arange(rows, device=row.device)
+    lo, hi = torch.searchsorted(row, ids), torch.searchsorted(row, ids, right=True)
+    prefix = torch.cat([values.new_zeros((1, *values.shape[1:]), dtype=torch.float64),
+                        values.double().cumsum(0)])
+    return (prefix[hi] - prefix[lo]).to(values.dtype)
+
+
 def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
                    sm_scale=None, logit_cap=0.0, num_kv_splits=None, num_kv_splits_indptr=None, work_meta_data=None,
                    work_indptr=None, work_info_set=None, reduce_indptr=None, reduce_final_map=None,
@@ -139,7 +151,7 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     m = torch.full((rows, h), float("-inf"), dtype=torch.float32, device=q.device)
     den = torch.zeros(rows, h, dtype=torch.float32, device=q.device)
     num = torch.zeros(rows, h, dv, dtype=torch.float32, device=q.device)
-    per_pos = flat.shape[1] * 4 * 2 + h * (dv + 4) * 4
+    per_pos = flat.shape[1] * 4 * 2 + h * (dv + 4) * 4 * 3  # K, scores, and the fp64 prefix sums
     for chunk in token_chunks(kv_indices.shape[0], per_pos, budget=32 * 1024**2):  # online softmax
         p = torch.arange(chunk.start, chunk.stop, device=q.device)
         row = torch.searchsorted(ends, p, right=True)
@@ -153,8 +165,8 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
         keep = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), torch.exp(m - m_new))  # rows still empty: 0
         den, num, m = den * keep, num * keep[..., None], m_new
         e = torch.where(valid[:, None], torch.exp(s - m[row]), torch.zeros_like(s))
-        den.index_add_(0, row, e)
-        num.index_add_(0, row, e[..., None] * k[:, None, :dv])
+        den += _segment_sum(e, row, rows)
+        num += _segment_sum(e[..., None] * k[:, None, :dv], row, rows)
     has_keys = den > 0
     res = num / torch.where(has_keys, den, torch.ones_like(den))[..., None]
     target = qo_indptr[:rows].to(torch.int64).clamp(max=max(o.shape[0] - 1, 0))

@@ -245,3 +245,24 @@ def test_compare_heads(name):
         assert h.worst_head == first_bad[1]
         # the same error in the residual-style comparison of all 32 heads would be 1 of 32 heads
         assert h.comparison.mismatch_frac == pytest.approx(1 / (2 * 3 * 32))
+
+
+@pytest.mark.parametrize("offset, ok", [
+    (0.3, True),   # within atol x the slot row's largest value (0.02 x 40 = 0.8)
+    (1.5, False),  # beyond it: a wrong K element, not an inherited difference
+])
+def test_kv_integrity_real_slots_scale_atol_by_the_slot_row(offset, ok):
+    """Later layers' K/V inherit the graph-vs-eager difference of the layers before them; the
+    real-slot check holds them to the replay check's row-scaled tolerance, no sharper."""
+    real = torch.tensor([5])
+    scales = (torch.ones(1), torch.ones(1))
+    before = _cache(torch.float32)
+    eager_cache = before.clone()
+    eager_cache[0, 1, 1] = 0.5
+    eager_cache[0, 1, 1, 0, 0] = 40.0  # slot 5's K row: one large value
+    eager = real_slot_values(_rows(eager_cache), real)
+    after = eager_cache.clone()
+    after[0, 1, 1, 0, 1] += offset  # the small element of the same row
+    k = kv_integrity(_rows(after), _rows(before), eager, real, scales, Tolerance(atol=0.02, rtol=0.02))
+    assert (k.ok, k.real_ok) == (ok, ok)
+    assert k.real_max_abs == pytest.approx(offset, rel=1e-4)

@@ -45,12 +45,20 @@ def test_host_work_on_unmarked_host_tensors_runs_once_at_capture():
         out = torch.zeros(3, dtype=torch.int64, device=torch.device("cpu"))
 
     def fn():
-        out.copy_(lens.cumsum(0), non_blocking=True)  # host work, then the graph's H2D copy
+        out.copy_(lens.cumsum(0).pin_memory(), non_blocking=True)  # host work, then the graph's H2D copy
         return out
 
     graph = runner.capture(fn)
     lens.fill_(10)
     assert graph.replay().tolist() == [1, 3, 6]  # the capture's one result, copied again
+
+
+def test_a_non_blocking_h2d_copy_of_pageable_host_memory_fails_capture():
+    # as recorded on an H100 with torch 2.11 (golden_cuda.json: pageable_h2d_nonblocking)
+    with host_scope("cpu"):
+        host, dev = torch.ones(3), torch.zeros(3, device=torch.device("cpu"))
+    with pytest.raises(GraphCaptureError, match="pageable"):
+        make_graph_runner("cpu").capture(lambda: dev.copy_(host, non_blocking=True))
 
 
 def test_a_blocking_h2d_copy_of_unmarked_host_memory_fails_capture():
