@@ -109,7 +109,9 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
 def embedded_init_kwargs(num_gpus: int, *, preload: bool = True) -> dict:
     """ray.init's keywords for the embedded cluster (connect's `local`; benchmarks/cluster_bench.py
     times this same start, and with preload=False the start before the worker preload)."""
-    kw: dict = dict(num_cpus=os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
+    # address="local": a new cluster even where another Ray runs on this machine (a `ray start`
+    # head, another user's run); without it ray.init joins that one and rejects num_cpus.
+    kw: dict = dict(address="local", num_cpus=os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
                     object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, configure_logging=False)
     if preload:
         kw["_system_config"] = {"preload_python_modules": list(WORKER_PRELOAD)}
