@@ -9,9 +9,10 @@ adds every case id with k, resolved mode and estimate, and every skipped case wi
    skipped: [{id, reason}], skipped_by_reason: [{reason, count, backends}], downgrades: [line],
    counts: {axis: {value: n}}, total_est_s, est_s_by_tp,
    wall: {est_s, workers, parallel, device_kind, history}}
-(counts are over the runnable, selected cases; est_s are the estimates the executor orders by,
-calibrated by the past durations in --db when it exists; wall.est_s is null when no worker would
-run here, e.g. --devices gpu on a machine without one).
+(counts are over the runnable, selected cases; est_s is each case's expected seconds in a run:
+the cost model calibrated by the past durations in --db when it exists, a gang's start-up counted
+once per tp (scheduling/wall.py); wall.est_s is null when no worker would run here, e.g.
+--devices gpu on a machine without one).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _wall(cases: Sequence[Case], est: dict[str, float], device_class: str, worke
 
 def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str | None = None,
                workers: int | None = None, db: str | None = None) -> dict:  # fmt: skip
-    from orchestrator.scheduling.cost import estimate_all
+    from orchestrator.scheduling.wall import case_durations
 
     if workers is not None and workers < 1:
         from orchestrator.errors import InputError
@@ -92,7 +93,7 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
     cases = select(m.cases, filter_expr)
     skipped: list[SkippedCase] = select(m.skipped, filter_expr)
     history = _history(db)
-    est = {cid: round(float(v), 3) for cid, v in estimate_all(cases, history).items()}
+    est = {cid: round(float(v), 3) for cid, v in case_durations(cases, history).items()}
     modes = {c.case_id: resolved_mode(c) for c in cases}
     by_tp: Counter = Counter()
     for c in cases:
