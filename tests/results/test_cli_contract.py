@@ -132,10 +132,13 @@ def test_a_finished_run_of_only_passes_says_nothing_of_interruption(tmp_path, ca
     assert code == 0 and md.startswith("## ✅ orch run 1 — `m.yaml`\n") and "INTERRUPTED" not in md
 
 
-def test_plan_output_is_not_padded_when_redirected(capsys):
-    assert main(["plan", "matrices/full.yaml", "--devices", "cpu"]) == 0
+@pytest.mark.parametrize("argv", [["plan", "matrices/full.yaml", "--devices", "cpu"],
+                                  ["simulate", "--gpus", "8", "--nodes", "1", "--cases", "50"]])
+def test_rich_output_is_not_padded_when_redirected(capsys, argv):
+    # (doctor: tests/backend/test_doctor.py) rich filled lines to the console width in a pipe.
+    assert main(argv) == 0
     out = capsys.readouterr().out
-    assert out.count("\n") > 10 and not [ln for ln in out.splitlines() if ln != ln.rstrip()]
+    assert out.count("\n") > 5 and not [ln for ln in out.splitlines() if ln != ln.rstrip()]
 
 
 def test_plan_estimates_the_wall_time_on_the_workers_apart_from_the_sum(capsys):
