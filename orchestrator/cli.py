@@ -19,6 +19,12 @@ from orchestrator import __version__
 from orchestrator.errors import ExitCode, OrchError
 
 _MATRIX = click.Path(dir_okay=False)
+# Options several commands share, with one wording (every option has help text, #33).
+_DB_HELP = "Results store (SQLite) to read."
+_RUN_HELP = "Run id in --db (default: the latest run)."
+_BASELINE_HELP = "Gate against a baseline: a run id in --db, or another results DB (its latest run)."
+_KNOWN_HELP = "YAML of known failures (case-id glob, reason, link): matching failures do not gate."
+_VERBOSE_HELP = "Every case on its own line (default: one line per kind, with a count and a few ids)."
 
 
 def _dispatch(command: str, **kwargs) -> None:
@@ -35,7 +41,8 @@ def cli() -> None:
     and eager against an independent reference.
 
     \b
-    Exit codes: 0 gate passed, 1 gate failed, 2 bad input or usage, 3 infrastructure error.
+    Exit codes: 0 gate passed (or nothing to judge), 1 gate failed, 2 bad input or usage,
+    3 infrastructure error, 130 interrupted (SIGINT), 143 terminated (SIGTERM).
     """
 
 
@@ -45,44 +52,54 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="Device class whose model shape to use.")
 @click.option("--backend", default=None, help="Override the backend axis, as `orch run --backend` does.")
-def plan(matrix, filter_expr, as_json, devices, backend):
-    """Expand MATRIX: runnable cases, skipped ones with reasons, counts per axis, estimated cost.
+@click.option("--workers", type=int, default=None, help="Workers to estimate the wall time for (default: what `orch run` would start here).")
+@click.option("--db", default="orch-results.db", show_default=True, help="Results store whose past durations calibrate the estimate (read only; skipped if absent).")
+@click.option("-v", "--verbose", is_flag=True, help="List every case (id, k, resolved mode, estimate) and every skipped case with its reason.")
+def plan(**kwargs):
+    """Expand MATRIX: how many cases run and which skip (grouped by reason), counts per axis, mode
+    downgrades, and the expected wall time on the workers `orch run` would start here.
 
     \b
     Examples:
       orch plan matrices/smoke.yaml
-      orch plan matrices/full.yaml --filter 'tp=2 cudagraph_mode=FULL' --json
+      orch plan matrices/full.yaml --filter 'tp=2 cudagraph_mode=FULL' -v
+      orch plan matrices/full.yaml --json
     """
-    _dispatch("plan", matrix=matrix, filter_expr=filter_expr, as_json=as_json, devices=devices, backend=backend)
+    _dispatch("plan", **kwargs)
 
 
 @cli.command()
-@click.argument("matrix", type=_MATRIX)
+@click.argument("matrix", type=_MATRIX, required=False)
 @click.option("--backend", default=None, help="Override the backend axis: a provider name or package.module:Class.")
 @click.option("--filter", "filter_expr", default=None, help="Select cases (see `orch plan --help`).")
 @click.option("--db", default="orch-results.db", show_default=True, help="Results store (SQLite).")
 @click.option("--out", "out_dir", default="orch-out", show_default=True, help="Directory for JUnit, summary and dashboard.")
 @click.option("--address", default="local", show_default=True, help="local (embedded Ray), auto (RAY_ADDRESS / running cluster) or HOST:PORT.")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: GPUs if any, else CPU workers with emulated graphs.")
-@click.option("--workers", type=int, default=None, help="Number of workers (default: one per GPU, or per CPU core).")
+@click.option("--workers", type=int, default=None,
+              help="Worker processes (default: one per GPU; without GPUs one per CPU core but at least the "
+                   "largest tp of the matrix, with no more ranks running at once than cores).")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Per-case deadline in seconds (overrides the matrix).")
 @click.option("--junit", "junit_path", default=None, help="Write JUnit XML here (default OUT/junit.xml).")
 @click.option("--summary", "summary_path", default=None, help="Write a markdown summary here (default OUT/summary.md; also $GITHUB_STEP_SUMMARY).")
 @click.option("--baseline", default=None, help="A previous run id in --db, or another results DB (its last run).")
-@click.option("--known-failures", "known_failures", default=None, help="YAML of known failures (case-id pattern, reason, link).")
-@click.option("--resume", "resume_run", default=None, help="Finish run RUN_ID: run only the cases it has no result for.")
+@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("--resume", "resume_run", default=None, metavar="RUN_ID",
+              help="Finish run RUN_ID from its own plan: only the cases without a verdict. MATRIX may be left out; given, it must be the run's.")
 @click.option("--no-progress", is_flag=True, help="No live progress bar.")
+@click.option("-v", "--verbose", is_flag=True, help="Every failing case with its repro at the end, and Ray's own log lines.")
 @click.option("--precompile-jobs", "precompile_jobs", type=int, default=None,
               help="Helper processes that warm Triton's kernel cache at the start of a local GPU run (0: off; default ORCH_PRECOMPILE_JOBS, else 1 when the run has cases of other backends to run meanwhile, up to 3 when not).")
 def run(**kwargs):
-    """Run MATRIX on Ray and gate on the results.
+    """Run MATRIX on Ray and gate on the results. Exit 0 passed, 1 failed; Ctrl-C or SIGTERM
+    writes the outputs marked INTERRUPTED and exits 130 / 143.
 
     \b
     Examples:
       orch run matrices/smoke.yaml
       orch run matrices/full.yaml --address auto --junit junit.xml
       orch run matrices/full.yaml --backend mypkg.attn:MyBackend --filter 'cudagraph_mode=FULL'
-      orch run matrices/full.yaml --resume 3
+      orch run --resume 3
     """
     _dispatch("run", **kwargs)
 
@@ -91,9 +108,9 @@ def run(**kwargs):
 @click.argument("case_id")
 @click.option("--matrix", type=_MATRIX, default=None, help="Matrix the case comes from (default: looked up in --db).")
 @click.option("--backend", default=None, help="Override the backend: a provider name or package.module:Class.")
-@click.option("--db", default="orch-results.db", show_default=True)
-@click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--db", default="orch-results.db", show_default=True, help="Results store to look the case up in when --matrix is not given.")
+@click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: the first GPU if any, else CPU with emulated graphs.")
+@click.option("--json", "as_json", is_flag=True, help="The CaseResult as JSON.")
 def repro(**kwargs):
     """Re-run one case in this process (tp > 1: a local gang of processes) and print its verdict.
 
@@ -105,14 +122,16 @@ def repro(**kwargs):
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True)
-@click.option("--run", "run_id", default=None, help="Run id (default: the latest).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "junit"]), default="text", show_default=True)
-@click.option("--baseline", default=None)
-@click.option("--known-failures", "known_failures", default=None)
+@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@click.option("--run", "run_id", default=None, help=_RUN_HELP)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "junit"]), default="text", show_default=True,
+              help="text: for a terminal or CI log; json: everything; md: the CI summary; junit: JUnit XML.")
+@click.option("--baseline", default=None, help=_BASELINE_HELP)
+@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
 @click.option("--output", "-o", default=None, help="Write to a file instead of stdout.")
+@click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def report(**kwargs):
-    """Report a run from the store.
+    """Report a run from the store; exit by its gate (0 passed, 1 failed).
 
     \b
     Example:
@@ -122,10 +141,11 @@ def report(**kwargs):
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True)
-@click.option("--run", "run_id", default=None, help="Run id (default: the latest).")
-@click.option("--baseline", default=None)
-@click.option("--known-failures", "known_failures", default=None)
+@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@click.option("--run", "run_id", default=None, help=_RUN_HELP)
+@click.option("--baseline", default=None, help=_BASELINE_HELP)
+@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def gate(**kwargs):
     """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed).
 
@@ -137,13 +157,14 @@ def gate(**kwargs):
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True)
-@click.option("--run", "run_id", default=None)
-@click.option("--baseline", default=None)
-@click.option("--known-failures", "known_failures", default=None)
-@click.option("--out", "out_dir", default="orch-out/dashboard", show_default=True)
+@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@click.option("--run", "run_id", default=None, help=_RUN_HELP)
+@click.option("--baseline", default=None, help=_BASELINE_HELP)
+@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("--out", "out_dir", default="orch-out/dashboard", show_default=True, help="Directory to write index.html into.")
 def dashboard(**kwargs):
-    """Write the self-contained static dashboard (opens from disk; a CI artifact).
+    """Write the self-contained static dashboard (opens from disk; a CI artifact). Exit 0 when
+    written, whatever the run's verdict (the page shows it; `orch gate` exits by it).
 
     \b
     Example:
@@ -153,11 +174,11 @@ def dashboard(**kwargs):
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=8265 + 1000, show_default=True)
-@click.option("--baseline", default=None)
-@click.option("--known-failures", "known_failures", default=None)
+@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback: this machine only).")
+@click.option("--port", type=int, default=8265 + 1000, show_default=True, help="Port to listen on.")
+@click.option("--baseline", default=None, help=_BASELINE_HELP)
+@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
 def serve(**kwargs):
     """Serve the dashboard from the store, refreshing live during a run.
 
@@ -170,12 +191,13 @@ def serve(**kwargs):
 
 @cli.command()
 @click.option("--gpus", type=int, default=512, show_default=True, help="GPUs in all.")
-@click.option("--nodes", type=int, default=64, show_default=True)
-@click.option("--cases", type=int, default=20000, show_default=True)
-@click.option("--policy", type=click.Choice(["ours", "hash", "static-duration", "all"]), default="all", show_default=True)
+@click.option("--nodes", type=int, default=64, show_default=True, help="Nodes the GPUs are spread over (evenly).")
+@click.option("--cases", type=int, default=20000, show_default=True, help="Cases in the synthetic matrix.")
+@click.option("--policy", type=click.Choice(["ours", "hash", "static-duration", "all"]), default="all", show_default=True,
+              help="Dispatch policy to simulate (all: each, side by side).")
 @click.option("--sigma", type=float, default=0.5, show_default=True, help="lognormal sigma of true/estimated duration.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic workload.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def simulate(**kwargs):
     """Discrete-event simulation of the scheduling policy against hash and static-duration sharding.
 
@@ -187,7 +209,8 @@ def simulate(**kwargs):
 
 
 @cli.command()
-@click.option("--matrix", type=_MATRIX, default=None, help="Exit 1 unless every provider MATRIX needs can run here.")
+@click.option("--matrix", type=_MATRIX, default=None,
+              help="Which providers of MATRIX run here and which are skipped (why); exit 0 when what runs here can run, as `orch run` would.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="Device class to check the matrix for.")
 def doctor(**kwargs):
@@ -202,12 +225,22 @@ def doctor(**kwargs):
     _dispatch("doctor", **kwargs)
 
 
+def _interrupted(e: KeyboardInterrupt) -> int:
+    """Ctrl-C, or SIGTERM where a command traps it (orchestrator/interrupts.py): 130 / 143."""
+    from orchestrator.interrupts import exit_code, signame
+
+    click.echo(f"orch: interrupted ({signame(e)})", err=True)
+    return exit_code(e)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="orch", standalone_mode=False)
     except SystemExit as e:
         return int(e.code or 0) if not isinstance(e.code, str) else ExitCode.INPUT_ERROR
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
+        if isinstance(e.__cause__, KeyboardInterrupt):  # click turns Ctrl-C inside a command into Abort
+            return _interrupted(e.__cause__)
         click.echo("orch: aborted", err=True)
         return ExitCode.INFRA_ERROR
     except click.ClickException as e:  # usage errors: bad option, missing argument, bad choice
@@ -216,9 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     except OrchError as e:
         click.echo(f"orch: {e.one_line()}", err=True)
         return e.exit_code
-    except KeyboardInterrupt:
-        click.echo("orch: interrupted", err=True)
-        return ExitCode.INFRA_ERROR
+    except KeyboardInterrupt as e:
+        return _interrupted(e)
     except Exception as e:  # a bug in orch: one line unless asked for more
         if os.environ.get("ORCH_DEBUG"):
             traceback.print_exc()

@@ -15,6 +15,9 @@ class ExitCode(enum.IntEnum):
     GATE_FAILED = 1  # a required case failed or regressed
     INPUT_ERROR = 2  # bad input or usage
     INFRA_ERROR = 3  # cluster unreachable, placement impossible, store unwritable
+    # 128 + the signal number, as shells and CI runners report a process a signal ended.
+    INTERRUPTED = 130  # SIGINT (Ctrl-C)
+    TERMINATED = 143  # SIGTERM (a CI runner cancelling the job)
 
 
 class OrchError(Exception):

@@ -10,12 +10,16 @@ Mapping (last attempt only):
 - skip and known-fail -> <skipped> (message: reason, known-failure link); old failures keep their
   <failure>/<error> element so CI shows them, the gate verdict is in the suite properties;
 - flaky -> a passing testcase with property flaky=true and a <system-out> note; unverifiable (a
-  pass the CPU emulation cannot vouch for) -> the same with unverifiable=true.
+  pass the CPU emulation cannot vouch for) -> the same with unverifiable=true;
+- missing (planned, no result: the run was interrupted) -> <error type="missing">, so a CI never
+  counts an interrupted run's JUnit as a shorter green one; the suite's `run_status` property
+  says `interrupted` (#33).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 
@@ -104,24 +108,42 @@ def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
     return tc
 
 
-def build(results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, run_id: int | None = None) -> JUnitXml:
+def _missing_testcase(case_id: str, axes: dict) -> TestCase:
+    k = int(axes.get("spec_tokens", 0) or 0)
+    tc = TestCase(case_id, f"orch.tp{axes.get('tp', '?')}.{axes.get('cudagraph_mode', '?')}" + (f".k{k}" if k else ""), 0.0)
+    el = Error("[missing] no result: the run stopped before this case finished", "missing")
+    el.text = "planned but never finished: `orch run --resume RUN_ID` runs it"
+    tc.result = [el]
+    return tc
+
+
+def build(results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, run_id: int | None = None,
+          run_status: str | None = None, planned: Sequence[dict] = ()) -> JUnitXml:
+    """`planned`: the run's planned cases without a result (RunView.planned: case_id + axes);
+    those the gate counts as missing become <error type="missing"> testcases."""
     suite = TestSuite(suite_name or "orch")
     if run_id is not None:
         suite.add_property("run_id", str(run_id))
+    if run_status is not None:
+        suite.add_property("run_status", run_status)
     suite.add_property("gate", gate.verdict())
+    missing = set(gate.missing)
     # One add_testcases call: junitparser's add_testcase recounts the whole suite on every call
     # (quadratic: 9-20 s of `orch run`'s outputs phase for full.yaml's 1,730 cases, #13).
-    suite.add_testcases([_testcase(r, gate.classification.get(r.case_id, r.status.value), gate) for r in results])
+    suite.add_testcases([_testcase(r, gate.classification.get(r.case_id, r.status.value), gate) for r in results]
+                        + [_missing_testcase(p["case_id"], p) for p in planned if p["case_id"] in missing])
     xml = JUnitXml()
     xml.add_testsuite(suite)
     xml.update_statistics()
     return xml
 
 
-def write(path: str, results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, run_id: int | None = None) -> None:
-    build(results, gate, suite_name=suite_name, run_id=run_id).write(path, pretty=True)
+def write(path: str, results: Sequence[CaseResult], gate: GateOutcome, **kw) -> None:
+    """Whole or not at all (a CI uploading it after a cancel must not read half a file); `kw` as build."""
+    build(results, gate, **kw).write(path + ".tmp", pretty=True)
+    os.replace(path + ".tmp", path)
 
 
-def to_string(results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, run_id: int | None = None) -> str:
-    out = build(results, gate, suite_name=suite_name, run_id=run_id).tostring()
+def to_string(results: Sequence[CaseResult], gate: GateOutcome, **kw) -> str:
+    out = build(results, gate, **kw).tostring()
     return out.decode("utf-8") if isinstance(out, bytes) else out

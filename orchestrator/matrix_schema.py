@@ -8,6 +8,8 @@ ModelShape field gets one line in ModelBlock). Syntax reference: docs/MATRIX.md.
 
 from __future__ import annotations
 
+import difflib
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -238,7 +240,9 @@ def validate_doc(tree: Node) -> MatrixDoc:
         return MatrixDoc.model_validate(to_plain(tree))
     except ValidationError as e:
         errors = e.errors(include_url=False)
-        first = errors[0]
+        # An unknown key first: a misspelt `axis:` also makes `axes` missing, and the line the
+        # user wrote (with its "did you mean") is the one to show.
+        first = next((x for x in errors if x.get("type") == "extra_forbidden"), errors[0])
         loc = tuple(first.get("loc", ()))
         kind = first.get("type")
         msg = first.get("msg", "invalid").removeprefix("Value error, ")
@@ -247,10 +251,34 @@ def validate_doc(tree: Node) -> MatrixDoc:
             # The key is the error, not a field to prefix: name it, point at it (or its parent).
             what = "unknown key" if kind == "extra_forbidden" else "missing required key"
             msg, field = f"{what} {loc[-1]!r}", field_path(tree, loc[:-1])
+            if kind == "extra_forbidden":
+                close = difflib.get_close_matches(str(loc[-1]), _keys_at(loc[:-1]), n=1, cutoff=0.6)
+                msg += f" (did you mean {close[0]!r}?)" if close else ""
         elif "input" in first and kind not in ("model_type", "value_error", "model_attributes_type"):
             msg += f" (got {_short(first['input'])})"
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
         raise error_at(tree, loc, f"{field + ': ' if field else ''}{msg}{more}") from None
+
+
+def _keys_at(loc: tuple) -> tuple[str, ...]:
+    """The keys the schema allows at `loc` (model fields, through lists and dicts): what an
+    unknown key is compared with for a "did you mean"; () where the walk cannot tell."""
+    t: Any = MatrixDoc
+    for part in (*loc, None):
+        while typing.get_origin(t) is Annotated or typing.get_origin(t) in (typing.Union, type(int | None)):
+            args = typing.get_args(t)
+            t = args[0] if typing.get_origin(t) is Annotated else next(
+                (a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), args[0])
+        if part is None:
+            break
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            field = t.model_fields.get(str(part))
+            t = field.annotation if field is not None else None
+        elif typing.get_origin(t) in (list, dict):
+            t = typing.get_args(t)[-1]  # list[X] -> X; dict[K, V] -> V
+        else:
+            return ()
+    return tuple(t.model_fields) if isinstance(t, type) and issubclass(t, BaseModel) else ()
 
 
 def _short(value: Any) -> str:

@@ -8,9 +8,10 @@ start there, so they can never disagree about a verdict. Imports run one way: th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from backend.result import CaseResult
+from backend.result import CaseResult, Status
 from orchestrator.errors import InputError
 from orchestrator.gate import GateOutcome, evaluate
 from orchestrator.known_failures import KnownFailures, load
@@ -25,6 +26,46 @@ class RunView:
     planned: tuple[dict, ...]  # Case.axes + case_id of planned cases without a result
     baseline_given: bool
     known: KnownFailures | None
+
+    @property
+    def state(self) -> str:
+        return run_state(self.run)
+
+    def headline(self) -> str:
+        return headline(self.run, self.gate)
+
+    def ran(self) -> tuple[CaseResult, ...]:
+        return tuple(r for r in self.results if r.status != Status.SKIP)
+
+
+# runs.status -> the word outputs show; "finished" shows none.
+RUN_STATES = {"interrupted": "INTERRUPTED", "failed": "FAILED", "running": "RUNNING"}
+
+
+def run_state(run: RunInfo) -> str:
+    """"" for a finished run, else what every output must call it: INTERRUPTED (Ctrl-C, SIGTERM),
+    FAILED (the driver stopped on an error), RUNNING (results still arriving)."""
+    return RUN_STATES.get(run.status, "")
+
+
+def headline(run: RunInfo, gate: GateOutcome) -> str:
+    """The line each output leads with: which run, its state unless finished, the verdict. An
+    interrupted run's outputs must never read as a finished run's (#33)."""
+    state = run_state(run)
+    if not state:
+        return f"run {run.id}: {gate.verdict()}"
+    return f"run {run.id} {state} ({run.num_results} of {run.num_cases} cases recorded): {gate.verdict()}"
+
+
+def skips(results: Sequence[CaseResult]) -> list[tuple[str, str]]:
+    """(reason, backend) per skipped case, for digest.skip_groups."""
+    return [(r.reason or "skipped", str(r.axes.get("backend", "?"))) for r in results if r.status == Status.SKIP]
+
+
+def downgrades(results: Sequence[CaseResult]) -> list[tuple[str, str, str, str]]:
+    """(requested, resolved, backend, attention family) per downgraded case, for digest.downgrade_groups."""
+    return [(r.requested_mode, r.resolved_mode, str(r.axes.get("backend", "?")), str(r.axes.get("attention") or "gqa"))
+            for r in results if r.downgraded]
 
 
 def pick_run(store: ResultStore, run_id: int | str | None) -> int:

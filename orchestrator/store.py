@@ -54,7 +54,7 @@ class RunInfo:
         return dataclasses.asdict(self)
 
 
-def _file_sha(path: str) -> str:
+def file_sha(path: str) -> str:
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError:
@@ -211,6 +211,10 @@ class ResultStore:
             if self._con.in_transaction:
                 self._con.execute("ROLLBACK")
             raise self._domain_error(e) from None
+        except BaseException:  # Ctrl-C/SIGTERM mid-transaction: the driver still closes the run
+            if self._con.in_transaction:
+                self._con.execute("ROLLBACK")
+            raise
         return cur
 
     # -- writing (the driver) ----------------------------------------------------------------
@@ -232,7 +236,7 @@ class ResultStore:
             cur = self._con.execute(
                 "INSERT INTO runs(matrix, matrix_sha, git_sha, started_at, status, cluster, devices, versions, argv, baseline)"
                 " VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
-                (matrix, _file_sha(matrix), _git_sha(), time.time(), cluster, devices,
+                (matrix, file_sha(matrix), _git_sha(), time.time(), cluster, devices,
                  json.dumps(versions or {}, sort_keys=True), json.dumps(list(argv or [])), baseline),
             )  # fmt: skip
             run_id = int(cur.lastrowid)

@@ -1,8 +1,10 @@
 """Markdown summary for CI annotations ($GITHUB_STEP_SUMMARY, `buildkite-agent annotate`).
 
-Order is by what a reviewer must act on: verdict, regressions, new failures, then what does not
-gate (old failures, flaky, fixed known failures, downgrades), then a compact grid per backend.
-Sections are capped so a broken run of thousands of cases stays under CI size limits (GitHub: 1 MiB).
+Order is by what a reviewer must act on: which run and its state (INTERRUPTED when it did not
+finish), the verdict, what ran, regressions, new failures, then what does not gate (old failures,
+flaky, fixed known failures, downgrades folded by kind, skips grouped by reason), then a compact
+grid per backend that ran. Sections are capped so a broken run of thousands of cases stays under
+CI size limits (GitHub: 1 MiB), and every capped list says how many it left out.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from __future__ import annotations
 import html
 import os
 import re
+from collections import Counter
 from collections.abc import Sequence
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES
 from backend.result import CaseResult
+from orchestrator import digest
 from orchestrator.gate import CLASSIFICATIONS, GateOutcome
+from orchestrator.outputs import downgrades, headline, run_state, skips
 from orchestrator.store import RunInfo
 
 SYMBOL = {
@@ -85,14 +90,18 @@ def _k(r: CaseResult) -> int:
 
 def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
     """Rows tp × mode (× k when the run has spec-decode cases), columns kv dtype × batch; one
-    symbol per cell (worst case in the cell)."""
+    symbol per cell (worst case in the cell). Backends that ran most come first; one whose every
+    case was skipped gets no grid (the Skipped section names it and why)."""
     out: list[str] = []
     worst = {c: i for i, c in enumerate(CLASSIFICATIONS)}
-    # One grid per (attention family, backend): gqa's first, each family's backends in run order.
-    groups = _order(((r.axes.get("attention") or "gqa", r.axes.get("backend", "?")) for r in results), ())
-    groups = sorted(groups, key=lambda g: g[0] != "gqa")
-    for family, backend in groups:
-        rs = [r for r in results if (r.axes.get("attention") or "gqa", r.axes.get("backend", "?")) == (family, backend)]
+    # One grid per (attention family, backend): gqa's first, then by cases run (most first); a
+    # group whose every case was skipped gets none.
+    def group(r: CaseResult) -> tuple[str, str]:
+        return (r.axes.get("attention") or "gqa", r.axes.get("backend", "?"))
+
+    ran = Counter(group(r) for r in results if r.status.value != "skip")
+    for family, backend in sorted(ran, key=lambda g: (g[0] != "gqa", -ran[g], str(g))):
+        rs = [r for r in results if group(r) == (family, backend)]
         rows = _order(((r.axes.get("tp"), r.axes.get("cudagraph_mode"), _k(r)) for r in rs), ())
         rows = sorted(rows, key=lambda t: (t[0] or 0, CUDAGRAPH_MODES.index(t[1]) if t[1] in CUDAGRAPH_MODES else 99, t[2]))
         with_k = any(k for _, _, k in rows)
@@ -124,10 +133,43 @@ def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
     return out + [f"<sub>{legend}</sub>", ""]
 
 
+def _skipped(results: Sequence[CaseResult]) -> list[str]:
+    groups = digest.skip_groups(skips(results))
+    if not groups:
+        return []
+    out = [f"### Skipped ({sum(g.count for g in groups)})", "", "Cannot run here; not gating.", "",
+           "| cases | reason | backends |", "|---:|---|---|"]
+    for g in groups[:MAX_PER_SECTION]:
+        out.append(f"| {g.count} | {_text(g.what).replace('|', '&#124;')} | {', '.join(g.backends)} |")
+    if len(groups) > MAX_PER_SECTION:
+        left = groups[MAX_PER_SECTION:]
+        out.append(f"| {sum(g.count for g in left)} | … and {len(left)} more reasons (see `orch report`) | |")
+    return out + [""]
+
+
+def _downgraded(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
+    if not gate.downgraded:
+        return []
+    out = [f"### Downgraded modes ({len(gate.downgraded)})", "",
+           "Resolved against the backend's declared support, as vLLM does; not gating.", ""]
+    out += [f"- {_text(line)}" for line in digest.downgrade_lines(downgrades(results))]
+    return out + [""]
+
+
 def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> str:
     by_id = {r.case_id: r for r in results}
-    icon = "✅" if gate.passed else "❌"
-    out = [f"## {icon} orch run {run.id} — `{run.matrix}`", "", f"**{gate.verdict()}**", ""]
+    state = run_state(run)
+    icon = "⛔" if state else "✅" if gate.passed else "❌"
+    out = [f"## {icon} orch run {run.id} — `{run.matrix}`" + (f" — {state}" if state else ""), ""]
+    if state:
+        out += [f"> **{state}**: {run.num_results} of {run.num_cases} planned cases have a result; the rest are "
+                f"listed as missing. Finish the run with `orch run --resume {run.id}`.", ""]
+    out += [f"**{_text(headline(run, gate))}**", ""]
+    ran = [r for r in results if r.status.value != "skip"]
+    by_status = Counter(r.status.value for r in ran)
+    what_ran = f"**{len(ran)} ran**" + (f" ({', '.join(f'{n} {k}' for k, n in sorted(by_status.items()))})" if ran else "")
+    what_ran += f" · {len(results) - len(ran)} skipped" + (f" · {len(gate.missing)} missing" if gate.missing else "")
+    out += [what_ran, ""]
     counts = [(c, n) for c, n in gate.counts.items() if n]
     if counts:
         out += ["| " + " | ".join(f"{SYMBOL[c]} {c}" for c, _ in counts) + " |", "|" + "---|" * len(counts)]
@@ -150,22 +192,19 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
                     "Passed, but the emulation says what it could not follow: run these on a GPU.")
     out += _section("Fixed known failures", gate.fixed, by_id, gate, "These pass now: remove their known-failures entries.")
     out += _section("Known failures (xfail)", gate.known_failures, by_id, gate)
-    if gate.downgraded:
-        out += [f"### Downgraded modes ({len(gate.downgraded)})", ""]
-        for cid in gate.downgraded[:MAX_PER_SECTION]:
-            r = by_id[cid]
-            out.append(f"- `{cid}`: {_text(r.requested_mode)} → {_text(r.resolved_mode)}")
-        out.append("")
+    out += _downgraded(results, gate)
+    out += _skipped(results)
     out += ["### Grid", ""] + grid(results, gate)
     return "\n".join(out)
 
 
 def write(path: str | None, text: str) -> None:
-    """Write to PATH and append to $GITHUB_STEP_SUMMARY when CI sets it."""
+    """Write to PATH (whole or not at all) and append to $GITHUB_STEP_SUMMARY when CI sets it."""
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
             f.write(text + "\n")
+        os.replace(path + ".tmp", path)
     step = os.environ.get("GITHUB_STEP_SUMMARY")
     if step:
         with open(step, "a", encoding="utf-8") as f:

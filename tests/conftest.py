@@ -16,6 +16,7 @@ def ray_cluster():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # our own, even where another Ray runs on the machine
             num_cpus=4,
             num_gpus=0,
             include_dashboard=False,

@@ -1,4 +1,5 @@
-"""`orch dashboard`: write the static dashboard for a run (OUT/index.html)."""
+"""`orch dashboard`: write the static dashboard for a run (OUT/index.html). Exit 0 when written:
+it prints no verdict (the page shows it); `orch gate` is the command that exits by one."""
 
 from __future__ import annotations
 
@@ -18,5 +19,5 @@ def main(db: str, run_id: str | None = None, baseline: str | None = None, known_
             path = write_dashboard(store, view, out_dir)
         except OSError as e:
             raise InfraError(f"cannot write dashboard: {e.strerror}", source=e.filename or out_dir) from None
-    click.echo(f"dashboard: {path}")
+    click.echo(f"dashboard: {path} (run {view.run.id}{' ' + view.state if view.state else ''})")
     return 0

@@ -3,9 +3,12 @@ will get: platform and GPUs, visible-device variables as Ray will set them, the 
 provider's availability (the providers' own checks, through the registry), graph kind, Ray and
 token auth, NCCL/RCCL switches, Triton cache, and the installed amd-aiter against what we rely on.
 
-With --matrix: exit 0 if every provider the matrix names can run here, else 1 naming each one
-that cannot and why; a matrix that does not load is bad input (2). Nothing here starts Ray or
-touches a GPU beyond reading its properties.
+With --matrix: which providers the matrix can use here (its cases expanded exactly as `orch run`
+expands them) and which are skipped, with the reason. The exit code is the one `orch run` would
+get for the reasons doctor can see: 0 when the runnable part can run (a provider that cannot run
+here is skipped by the run too, #33: doctor said 1 where the run passed), 3 for `--devices gpu`
+without a GPU, 1 when a provider the run uses fails to load its kernels; a matrix that does not
+load is bad input (2). Nothing here starts Ray or touches a GPU beyond reading its properties.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import dataclasses
 import importlib.metadata
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from orchestrator.console import echo
 from orchestrator.errors import ExitCode
 
 # Variables that pick visible GPUs, and Ray's switches that stop it from setting them.
@@ -47,11 +52,24 @@ class ProviderLine:
 
 
 @dataclass(frozen=True)
+class ProviderUse:
+    provider: str
+    runs: int  # cases of this provider `orch run` runs here
+    skipped: int  # its cases skipped here
+    reason: str  # why none of its cases run here ("" when some do)
+
+
+@dataclass(frozen=True)
 class MatrixCheck:
     path: str
     device_class: str
-    providers: tuple[str, ...]
-    missing: tuple[ProviderLine, ...]
+    providers: tuple[str, ...]  # every provider the matrix names
+    usable: tuple[ProviderUse, ...]  # providers with cases that run here
+    unusable: tuple[ProviderUse, ...]  # providers whose every case is skipped here, with the reason
+    runnable: int
+    skipped: int
+    problems: tuple[str, ...] = ()  # what would make `orch run MATRIX` fail here
+    exit_code: int = 0  # what `orch run MATRIX` would exit with, as far as doctor can tell
 
 
 @dataclass(frozen=True)
@@ -195,17 +213,29 @@ def _aiter_findings(try_load: bool) -> tuple[str | None, tuple[str, ...]]:
     return L.installed_aiter_version(pkg), tuple(out)
 
 
-def check_matrix(path: str, devices: str) -> MatrixCheck:
-    """The providers MATRIX names (runnable and skipped cases alike) that cannot run here."""
+def check_matrix(path: str, devices: str, *, gpu_here: bool = True, kernel_load_failed: bool = False) -> MatrixCheck:
+    """What `orch run MATRIX` would use here: providers with runnable cases, providers whose every
+    case is skipped (and why), and the problems that would fail the run (with its exit code)."""
     from backend.attention.registry import availability
     from orchestrator.matrix import load_matrix
 
     matrix = load_matrix(path, devices=devices)  # InputError (exit 2) on a bad matrix
     device = "cuda" if matrix.device_class == "gpu" else "cpu"
-    names = sorted({c.backend for c in matrix.cases} | {s.case.backend for s in matrix.skipped})
-    lines = [availability(name, device) for name in names]
-    missing = tuple(ProviderLine(a.provider, a.available, a.reason) for a in lines if not a.available)
-    return MatrixCheck(path, matrix.device_class, tuple(names), missing)
+    runs = Counter(c.backend for c in matrix.cases)
+    skips = Counter(s.case.backend for s in matrix.skipped)
+    names = sorted(set(runs) | set(skips))
+    usable = tuple(ProviderUse(n, runs[n], skips[n], "") for n in names if runs[n])
+    unusable = tuple(ProviderUse(n, 0, skips[n], availability(n, device).reason or next(
+        s.reason for s in matrix.skipped if s.case.backend == n)) for n in names if not runs[n])
+    problems: list[tuple[str, int]] = []
+    if devices == "gpu" and not gpu_here:
+        problems.append(("--devices gpu but there is no GPU here: `orch run` exits 3", ExitCode.INFRA_ERROR))
+    triton = sorted({"aiter-triton", "aiter-triton-pa"} & set(runs))
+    if triton and kernel_load_failed:
+        problems.append((f"{', '.join(triton)} cannot load AITER's Triton kernels (see triton / aiter above): "
+                         f"their {sum(runs[t] for t in triton)} cases would fail", ExitCode.GATE_FAILED))
+    return MatrixCheck(path, matrix.device_class, tuple(names), usable, unusable, len(matrix.cases),
+                       len(matrix.skipped), tuple(p for p, _ in problems), max((int(c) for _, c in problems), default=0))
 
 
 def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, devices: str = "auto") -> DoctorReport:
@@ -246,10 +276,12 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
         triton_version=_version("triton") or _version("pytorch-triton-rocm"),
         triton_cache_dir=cache + ("" if Path(cache).is_dir() else " (not created yet)"),
         aiter_version=aiter_version, aiter_findings=aiter_findings,
-        matrix=check_matrix(matrix, devices) if matrix else None, warnings=tuple(warnings))
+        matrix=check_matrix(matrix, devices, gpu_here=gpu,
+                            kernel_load_failed=any(f.startswith("triton kernels: FAILED") for f in aiter_findings))
+        if matrix else None, warnings=tuple(warnings))
 
 
-def render(report: DoctorReport, console) -> None:
+def render(report: DoctorReport) -> None:
     from rich.table import Table
 
     t = Table(title="orch doctor", show_header=False, box=None, pad_edge=False, title_justify="left")
@@ -292,28 +324,29 @@ def render(report: DoctorReport, console) -> None:
     if report.matrix:
         m = report.matrix
         section("matrix")
-        t.add_row("file", f"{m.path} ({m.device_class})")
-        t.add_row("needs", ", ".join(m.providers))
-        for p in m.missing:
-            t.add_row("[red]missing[/]", f"{p.provider}: {p.reason}")
-        if not m.missing:
-            t.add_row("", "[green]every provider can run here[/]")
-    console.print(t)
+        t.add_row("file", f"{m.path} ({m.device_class}): {m.runnable} cases run here, {m.skipped} skipped")
+        for p in m.usable:
+            t.add_row(p.provider, f"[green]runs {p.runs} case(s) here[/]" + (f" ({p.skipped} skipped)" if p.skipped else ""))
+        for p in m.unusable:
+            t.add_row(p.provider, f"[yellow]skipped here ({p.skipped} case(s)): {p.reason}[/]")
+        for line in m.problems:
+            t.add_row("[red]problem[/]", line)
+        if not m.problems:
+            t.add_row("verdict", "[green]`orch run` can run this matrix here[/]" if m.runnable
+                      else "[yellow]nothing in this matrix runs here: `orch run` would skip every case[/]")
+    echo(t)
 
 
 def main(matrix: str | None = None, as_json: bool = False, devices: str = "auto") -> int:
-    from rich.console import Console
+    import sys
 
     report = collect(matrix=matrix, devices=devices)
     if as_json:
         print(json.dumps(dataclasses.asdict(report), indent=2))
     else:
-        render(report, Console(width=max(Console().width, 100)))
-    if report.matrix and report.matrix.missing:
-        import sys
-
-        m = report.matrix
-        for p in m.missing:
-            print(f"orch doctor: {m.path} needs {p.provider}: {p.reason}", file=sys.stderr)
-        return ExitCode.GATE_FAILED
-    return ExitCode.OK
+        render(report)
+    if report.matrix is None:
+        return ExitCode.OK
+    for line in report.matrix.problems:
+        print(f"orch doctor: {report.matrix.path}: {line}", file=sys.stderr)
+    return report.matrix.exit_code

@@ -1,21 +1,31 @@
 """`orch plan MATRIX`: what a run would do, without running anything.
 
-Text: runnable case ids with k and the resolved mode, skipped ones with reasons, counts per axis
-value and the estimated cost (total and per tp). `--json`: one document
+Text, sized for a CI log: how many cases run and how many are skipped, the skips grouped by
+reason, the mode downgrades folded by kind, counts per axis value, and the expected wall time on
+the workers `orch run` would start here (the sum of the case estimates shown apart, per tp). -v
+adds every case id with k, resolved mode and estimate, and every skipped case with its reason.
+`--json`: one document
   {matrix, device_class, cases: [{id, <axes>, resolved_mode, mode_note, capture_sizes, est_s}],
-   skipped: [{id, reason}],
-   counts: {axis: {value: n}}, total_est_s, est_s_by_tp}
-(counts are over the runnable, selected cases; est_s is null when no cost model is installed).
+   skipped: [{id, reason}], skipped_by_reason: [{reason, count, backends}], downgrades: [line],
+   counts: {axis: {value: n}}, total_est_s, est_s_by_tp,
+   wall: {est_s, workers, parallel, device_kind, history}}
+(counts are over the runnable, selected cases; est_s is each case's expected seconds in a run:
+the cost model calibrated by the past durations in --db when it exists, a gang's start-up counted
+once per tp (scheduling/wall.py); wall.est_s is null when no worker would run here, e.g.
+--devices gpu on a machine without one).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from backend.case import Case
+from orchestrator import digest
+from orchestrator.console import echo
 from orchestrator.errors import ExitCode
 from orchestrator.filters import select
 from orchestrator.matrix import SkippedCase, load_matrix
@@ -41,14 +51,6 @@ def resolved_mode(case: Case) -> tuple[str, str, list[int]]:
     return res.resolved.name, "; ".join(n for n in (res.message, sizes.note) if n), list(sizes.sizes)
 
 
-def _cost_model() -> Callable[[Case], float] | None:
-    try:
-        from orchestrator.scheduling.cost import estimate_seconds
-    except ImportError:
-        return None
-    return estimate_seconds
-
-
 def counts_per_axis(cases: Sequence[Case]) -> dict[str, dict[str, int]]:
     counts: dict[str, Counter] = {axis: Counter() for axis in AXIS_NAMES}
     for case in cases:
@@ -57,16 +59,46 @@ def counts_per_axis(cases: Sequence[Case]) -> dict[str, dict[str, int]]:
     return {axis: dict(c) for axis, c in counts.items()}
 
 
-def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str | None = None) -> dict:
+def _history(db: str | None) -> dict[str, float]:
+    """Past durations from --db (read only), as `orch run` hands them to the executor."""
+    if not db or not os.path.isfile(db):
+        return {}
+    from orchestrator.store import ResultStore
+
+    with ResultStore(db, readonly=True) as store:
+        return store.durations()
+
+
+def _wall(cases: Sequence[Case], est: dict[str, float], device_class: str, workers: int | None, history: int) -> dict:
+    from backend.attention.capabilities import local_gpu_count
+    from orchestrator.executor.cluster import local_layout
+    from orchestrator.scheduling.wall import expected_wall
+
+    gpus = local_gpu_count() if device_class == "gpu" else 0
+    layout = local_layout(device_class, workers, max((c.tp for c in cases), default=1), cpus=os.cpu_count() or 1, gpus=gpus)
+    wall = expected_wall(cases, est, layout.parallel, layout.workers)
+    return {"est_s": None if wall is None else round(wall, 3), "workers": layout.workers, "parallel": layout.parallel,
+            "device_kind": layout.device_kind, "describe": layout.describe(), "history": history}
+
+
+def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str | None = None,
+               workers: int | None = None, db: str | None = None) -> dict:  # fmt: skip
+    from orchestrator.scheduling.wall import case_durations
+
+    if workers is not None and workers < 1:
+        from orchestrator.errors import InputError
+
+        raise InputError(f"--workers must be >= 1, got {workers}")
     m = load_matrix(matrix, devices=devices, backend_override=backend)
     cases = select(m.cases, filter_expr)
     skipped: list[SkippedCase] = select(m.skipped, filter_expr)
-    estimate = _cost_model()
-    est = {c.case_id: (round(float(estimate(c)), 3) if estimate else None) for c in cases}
+    history = _history(db)
+    est = {cid: round(float(v), 3) for cid, v in case_durations(cases, history).items()}
     modes = {c.case_id: resolved_mode(c) for c in cases}
     by_tp: Counter = Counter()
     for c in cases:
-        by_tp[str(c.tp)] += est[c.case_id] or 0.0
+        by_tp[str(c.tp)] += est[c.case_id]
+    downgrades = [(c.mode, modes[c.case_id][0], c.backend, c.axes.get("attention") or "gqa") for c in cases if modes[c.case_id][0] not in (c.mode, "ERROR")]
     return {
         "matrix": m.path,
         "name": m.name,
@@ -74,9 +106,13 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
         "cases": [{"id": c.case_id, **c.axes, "resolved_mode": modes[c.case_id][0], "mode_note": modes[c.case_id][1],
                    "capture_sizes": modes[c.case_id][2], "est_s": est[c.case_id]} for c in cases],
         "skipped": [{"id": s.case.case_id, "reason": s.reason} for s in skipped],
+        "skipped_by_reason": [{"reason": g.what, "count": g.count, "backends": list(g.backends)}
+                              for g in digest.skip_groups((s.reason, s.case.backend) for s in skipped)],
+        "downgrades": digest.downgrade_lines(downgrades),
         "counts": counts_per_axis(cases),
-        "total_est_s": round(sum(by_tp.values()), 3) if estimate else None,
-        "est_s_by_tp": {tp: round(v, 3) for tp, v in sorted(by_tp.items(), key=lambda kv: int(kv[0]))} if estimate else None,
+        "total_est_s": round(sum(by_tp.values()), 3),
+        "est_s_by_tp": {tp: round(v, 3) for tp, v in sorted(by_tp.items(), key=lambda kv: int(kv[0]))},
+        "wall": _wall(cases, est, m.device_class, workers, len(history)),
     }
 
 
@@ -85,61 +121,74 @@ def _write(lines: list[str]) -> None:
     sys.stdout.flush()
 
 
-def _print_text(plan: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    # markup off: reasons and ids come from the matrix file and may contain [brackets].
-    console = Console(width=max(100, Console().width), highlight=False, markup=False)
-    console.print(f"{plan['matrix']} ({plan['name']}, {plan['device_class']}): "
-                  f"{len(plan['cases'])} runnable cases, {len(plan['skipped'])} skipped")
-    # The case lists are plain aligned lines: a rich Table renders ~2 ms a row, seconds for
-    # full.yaml's 1,700 rows, longer than loading the matrix.
+def _case_lines(plan: dict) -> list[str]:
+    # Plain aligned lines: a rich Table renders ~2 ms a row, seconds for full.yaml's 1,700 rows.
+    lines: list[str] = []
     if plan["cases"]:
         width = max(len(c["id"]) for c in plan["cases"])
-        mw = max(len(c["resolved_mode"]) + bool(c["mode_note"]) for c in plan["cases"])
-        lines = [f"{'case id':<{width}}  {'k':>2}  {'resolved mode':<{max(mw, 13)}}  est s"]
+        mw = max(13, max(len(c["resolved_mode"]) + bool(c["mode_note"]) for c in plan["cases"]))
+        lines.append(f"{'case id':<{width}}  {'k':>2}  {'resolved mode':<{mw}}  est s")
         for c in plan["cases"]:
             mode = c["resolved_mode"] + ("*" if c["mode_note"] else "")
             est = "-" if c["est_s"] is None else f"{c['est_s']:.2f}"
-            lines.append(f"{c['id']:<{width}}  {c['spec_tokens']:>2}  {mode:<{max(mw, 13)}}  {est:>5}")
-        _write(lines)
+            lines.append(f"{c['id']:<{width}}  {c['spec_tokens']:>2}  {mode:<{mw}}  {est:>5}")
         if any(c["mode_note"] for c in plan["cases"]):
-            console.print("* downgraded, unresolved, or capture sizes rounded for spec decode: "
-                          "`orch plan --json` gives each case's mode_note and capture_sizes")
-
+            lines.append("* downgraded, unresolved, or capture sizes rounded for spec decode: "
+                         "`orch plan --json` gives each case's mode_note and capture_sizes")
     if plan["skipped"]:
-        console.print(f"skipped: {len(plan['skipped'])}")
         width = max(len(s["id"]) for s in plan["skipped"])
-        _write([f"{'case id':<{width}}  reason"] + [f"{s['id']:<{width}}  {s['reason']}" for s in plan["skipped"]])
+        lines += [f"skipped: {len(plan['skipped'])}", f"{'case id':<{width}}  reason"]
+        lines += [f"{s['id']:<{width}}  {s['reason']}" for s in plan["skipped"]]
+    return lines
 
+
+def _print_text(plan: dict, verbose: bool = False) -> None:
+    from rich.table import Table
+
+    lines = [f"{plan['matrix']} ({plan['name']}, {plan['device_class']}): "
+             f"{len(plan['cases'])} runnable cases, {len(plan['skipped'])} skipped"]
+    if verbose:
+        lines += _case_lines(plan)
+    if plan["skipped_by_reason"]:
+        lines.append(f"skipped {len(plan['skipped'])} by reason:")
+        lines += [f"  {g['count']} {g['reason']} ({', '.join(g['backends'])})" for g in plan["skipped_by_reason"]]
+    lines += [f"warning: {line}" for line in plan["downgrades"]]
+    _write(lines)
     if plan["cases"]:
-        console.print("runnable cases per axis value")
-        counts = Table()
+        # markup off: values come from the matrix file and may contain [brackets].
+        counts = Table(title="runnable cases per axis value", title_justify="left")
         counts.add_column("axis")
         counts.add_column("value = cases")
         for axis, values in plan["counts"].items():
             counts.add_row(axis, "  ".join(f"{v}={n}" for v, n in values.items()))
-        console.print(counts)
-
-    if plan["total_est_s"] is None:
-        console.print("estimated cost: unknown (no cost model: orchestrator.scheduling.cost missing)")
-        return
-    console.print(f"estimated cost: {plan['total_est_s']:.1f} s (sum of case estimates; per tp below)")
+        echo(counts, markup=False)
+    wall = plan["wall"]
+    calibrated = (f"estimates calibrated by {wall['history']} past durations in --db" if wall["history"]
+                  else "estimates from the cost model alone (no past durations in --db yet)")
+    if wall["est_s"] is None:
+        lines = [f"expected wall time: unknown here (no {wall['device_kind']} worker on this machine; "
+                 f"a cluster run is as long as its workers make it)"]
+    else:
+        lines = [f"expected wall time: {wall['est_s']:.1f} s for the cases on {wall['describe']}; {calibrated}; "
+                 f"worker start-up not included"]
+    lines.append(f"sum of case estimates: {plan['total_est_s']:.1f} s of worker time (per tp below)")
+    _write(lines)
     if plan["cases"]:
         cost = Table()
         cost.add_column("tp", justify="right")
         cost.add_column("est s", justify="right")
         for tp, sec in plan["est_s_by_tp"].items():
             cost.add_row(tp, f"{sec:.1f}")
-        console.print(cost)
+        echo(cost, markup=False)
+    if not verbose and (plan["cases"] or plan["skipped"]):
+        _write(["-v lists every case (id, k, resolved mode, estimate) and every skipped case with its reason"])
 
 
 def main(matrix: str, filter_expr: str | None = None, as_json: bool = False, devices: str = "auto",
-         backend: str | None = None) -> int:
-    plan = build_plan(matrix, filter_expr, devices, backend)
+         backend: str | None = None, workers: int | None = None, db: str | None = None, verbose: bool = False) -> int:
+    plan = build_plan(matrix, filter_expr, devices, backend, workers=workers, db=db)
     if as_json:
         print(json.dumps(plan, indent=1))
     else:
-        _print_text(plan)
+        _print_text(plan, verbose)
     return ExitCode.OK

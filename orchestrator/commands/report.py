@@ -1,43 +1,55 @@
-"""`orch report`: a run from the store as text (rich), json, md or junit."""
+"""`orch report`: a run from the store as text, json, md or junit; exits by the run's gate."""
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 
-from orchestrator import junit, summary
+from orchestrator import digest, junit, summary
 from orchestrator.errors import InfraError
-from orchestrator.outputs import RunView, gather
+from orchestrator.outputs import RunView, downgrades, gather, skips
 from orchestrator.store import ResultStore
 
+# Classes the text report lists (worst first), as `orch report` always has.
+_LISTED = ("regression", "new", "fail", "error", "timeout", "not-run", "missing", "old-failure", "flaky",
+           "known-fail", "fixed")
 
-def _text(view: RunView) -> str:
-    from rich.console import Console
-    from rich.table import Table
 
-    console = Console(record=True, width=140, file=io.StringIO(), force_terminal=False, markup=False, highlight=False)
+def _text(view: RunView, verbose: bool = False) -> str:
+    """Plain lines (no padding, nothing wider than its content): a terminal and a CI log alike.
+    Per-case lines only with -v; otherwise one line per class, skip reason and downgrade kind."""
     run, gate = view.run, view.gate
-    console.print(f"orch run {run.id}  {run.matrix}  [{run.status}]  devices={run.devices or '?'}  git={run.git_sha[:12] or '?'}")
-    console.print(", ".join(f"{k}: {v}" for k, v in gate.counts.items() if v))
+    out = [f"orch run {run.id}  {run.matrix}  [{run.status}]  devices={run.devices or '?'}  git={run.git_sha[:12] or '?'}"]
+    if view.state:
+        out.append(f"{view.state}: {run.num_results} of {run.num_cases} planned cases have a result; "
+                   f"`orch run --resume {run.id}` finishes it")
+    ran = view.ran()
+    out.append(f"{len(ran)} ran, {len(view.results) - len(ran)} skipped, {len(gate.missing)} missing")
+    out.append(", ".join(f"{k}: {v}" for k, v in gate.counts.items() if v))
     by_id = {r.case_id: r for r in view.results}
-    order = {c: i for i, c in enumerate(("regression", "new", "fail", "error", "timeout", "missing", "old-failure",
-                                         "flaky", "known-fail", "fixed"))}  # fmt: skip
-    rows = sorted((cid for cid, c in gate.classification.items() if c in order), key=lambda c: (order[gate.classification[c]], c))
-    if rows:
-        table = Table("class", "case", "reason", "repro", show_lines=False, expand=False)
+    if verbose:
+        order = {c: i for i, c in enumerate(_LISTED)}
+        rows = sorted((cid for cid, c in gate.classification.items() if c in order),
+                      key=lambda c: (order[gate.classification[c]], c))  # fmt: skip
         for cid in rows:
             r = by_id.get(cid)
-            table.add_row(gate.classification[cid], cid, (r.reason if r else "no result")[:80], r.repro if r else "")
-        console.print(table)
-    for cid in gate.downgraded:
-        r = by_id[cid]
-        console.print(f"warning: {cid}: mode downgraded {r.requested_mode} -> {r.resolved_mode}")
-    console.print(gate.verdict())
-    return console.export_text()
+            out.append(f"{gate.classification[cid]:<12} {cid}  {' '.join((r.reason if r else 'no result').split())[:80]}")
+            if r is not None and r.repro:
+                out.append(f"{'':<12} repro: {r.repro}")
+    else:
+        out += digest.gate_lines(gate.classification, _LISTED)
+        if any(c in _LISTED for c in gate.classification.values()):
+            out.append("(-v lists every case with its reason and repro)")
+    groups = digest.skip_lines(skips(view.results))
+    if groups:
+        out.append(f"skipped {len(view.results) - len(ran)} by reason:")
+        out += [f"  {g}" for g in groups]
+    out += [f"warning: {line}" for line in digest.downgrade_lines(downgrades(view.results))]
+    out.append(view.headline())
+    return "\n".join(out) + "\n"
 
 
-def render(view: RunView, fmt: str) -> str:
+def render(view: RunView, fmt: str, verbose: bool = False) -> str:
     if fmt == "json":
         return json.dumps(
             {"run": view.run.to_dict(), "gate": view.gate.to_dict(), "results": [r.to_dict() for r in view.results]},
@@ -46,15 +58,18 @@ def render(view: RunView, fmt: str) -> str:
     if fmt == "md":
         return summary.render(view.run, view.results, view.gate)
     if fmt == "junit":
-        return junit.to_string(view.results, view.gate, suite_name=view.run.matrix, run_id=view.run.id)
-    return _text(view)
+        return junit.to_string(view.results, view.gate, suite_name=view.run.matrix, run_id=view.run.id,
+                               run_status=view.run.status, planned=view.planned)
+    return _text(view, verbose)
 
 
 def main(db: str, run_id: str | None = None, fmt: str = "text", baseline: str | None = None,
-         known_failures: str | None = None, output: str | None = None) -> int:  # fmt: skip
+         known_failures: str | None = None, output: str | None = None, verbose: bool = False) -> int:  # fmt: skip
+    """Every format carries the verdict, so every format exits by it (0 passed, 1 failed, 3 only
+    not-run), as the README promises of every command that prints one (#33: it exited 0)."""
     with ResultStore(db, readonly=True) as store:
         view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
-    text = render(view, fmt)
+    text = render(view, fmt, verbose)
     if output:
         try:
             with open(output, "w", encoding="utf-8") as f:
@@ -63,4 +78,4 @@ def main(db: str, run_id: str | None = None, fmt: str = "text", baseline: str | 
             raise InfraError(f"cannot write report: {e.strerror}", source=output) from None
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    return 0
+    return int(view.gate.exit_code)

@@ -37,13 +37,14 @@ def main(gpus: int, nodes: int, cases: int, policy: str, sigma: float, seed: int
     if as_json:
         print(json.dumps({name: r.to_dict() for name, r in results.items()}, indent=2))
         return ExitCode.OK
-    from rich.console import Console
     from rich.table import Table
+
+    from orchestrator.console import echo
 
     table = Table(title=f"{cases} cases on {gpus} GPUs ({nodes} nodes x {gpus // nodes}), sigma {sigma}, seed {seed}")
     for col in ("policy", "makespan s", "lower bound s", "ratio", "GPU utilisation"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for name, r in results.items():
         table.add_row(name, f"{r.makespan:,.1f}", f"{r.lower_bound:,.1f}", f"{r.ratio:.3f}", f"{r.gpu_utilisation:.1%}")
-    Console().print(table)
+    echo(table, min_width=0)  # unpadded in a pipe or a CI log
     return ExitCode.OK

@@ -132,6 +132,9 @@ def page_data(view: RunView, hist: dict[str, list[tuple[int, str]]], runs: list[
             "num_results": run.num_results,
         },  # fmt: skip
         "gate": {**view.gate.to_dict(), "baseline": view.baseline_given},
+        # Which run and, unless it finished, its state (INTERRUPTED...): the page's first line.
+        "headline": view.headline(),
+        "state": view.state,
         "cases": cases,
         "states": list(STATES),
         "classifications": list(CLASSIFICATIONS),  # json.dumps sorts keys: this keeps worst-first order
@@ -150,10 +153,10 @@ def render_html(data: dict[str, Any], *, live: bool = False) -> str:
     css = (_HERE / "static" / "dashboard.css").read_text(encoding="utf-8")
     js = (_HERE / "static" / "dashboard.js").read_text(encoding="utf-8")
     return _ENV.get_template("index.html.j2").render(
-        title=f"orch run {data['run']['id']} — {data['run']['matrix']}",
+        title=f"orch run {data['run']['id']}" + (f" {data['state']}" if data["state"] else "") + f" — {data['run']['matrix']}",
         run=data["run"],
-        verdict=data["gate"]["verdict"],
-        passed=data["gate"]["passed"],
+        verdict=data["headline"],
+        verdict_class="state" if data["state"] else "ok" if data["gate"]["passed"] else "bad",
         data_json=Markup(json_for_script(data)),
         css=Markup(css),
         js=Markup(js),

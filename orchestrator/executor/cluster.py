@@ -86,7 +86,7 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
                 out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k))
         return tuple(out)
     total_cpu = sum(n["Resources"].get("CPU", 0) for n in alive)
-    want = workers if workers is not None else max(int(total_cpu) or 1, min_slots)
+    want = workers if workers is not None else default_cpu_workers(int(total_cpu), min_slots)
     caps = [int(n["Resources"].get("CPU", 0) / cpu_per_worker) for n in alive]
     # Largest gang first on one node, then round robin, so every node gets work.
     counts = [0] * len(alive)
@@ -106,10 +106,49 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
     return tuple(out)
 
 
+def default_cpu_workers(cores: int, min_slots: int) -> int:
+    """CPU workers without --workers: one per core, but at least the largest tp of the run (a
+    gang's ranks are workers: full.yaml's tp 8 starts 8 on 2 cores, no more than 2 ranks running
+    at once; NodeSlots.cores)."""
+    return max(cores or 1, min_slots)
+
+
+@dataclass(frozen=True)
+class LocalLayout:
+    """The workers an embedded `orch run` starts on this machine, worked out without Ray (for
+    `orch plan`; node_slots gives the same on the embedded cluster)."""
+
+    device_kind: str  # "gpu" | "cpu"
+    workers: int
+    cores: int  # CPU without --workers: ranks running at once; 0: no cap
+
+    @property
+    def parallel(self) -> int:
+        """Ranks that run at once."""
+        return min(self.workers, self.cores) if self.cores else self.workers
+
+    def describe(self) -> str:
+        if self.device_kind == "gpu":
+            return f"{self.workers} GPU worker(s)"
+        capped = f", at most {self.parallel} running at once ({self.cores} cores)" if self.parallel < self.workers else ""
+        return f"{self.workers} CPU worker(s){capped}"
+
+
+def local_layout(device_kind: str, workers: int | None, min_slots: int, *, cpus: int, gpus: int) -> LocalLayout:
+    if device_kind == "gpu":
+        return LocalLayout("gpu", min(gpus, workers) if workers is not None else gpus, 0)
+    cap = int(cpus / CPU_PER_WORKER)  # node_slots: a node holds at most this many CPU workers
+    if workers is not None:
+        return LocalLayout("cpu", min(workers, cap), 0)
+    return LocalLayout("cpu", min(default_cpu_workers(cpus, min_slots), cap), cpus)
+
+
 def embedded_init_kwargs(num_gpus: int, *, preload: bool = True) -> dict:
     """ray.init's keywords for the embedded cluster (connect's `local`; benchmarks/cluster_bench.py
     times this same start, and with preload=False the start before the worker preload)."""
-    kw: dict = dict(num_cpus=os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
+    # address="local": a new cluster even where another Ray runs on this machine (a `ray start`
+    # head, another user's run); without it ray.init joins that one and rejects num_cpus.
+    kw: dict = dict(address="local", num_cpus=os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
                     object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, configure_logging=False)
     if preload:
         kw["_system_config"] = {"preload_python_modules": list(WORKER_PRELOAD)}

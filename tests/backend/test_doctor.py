@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,20 +143,47 @@ def test_doctor_screen_fits_one_screen():
 
 
 @pytest.mark.skipif(torch.version.hip is not None, reason="the aiter provider can run on ROCm")
-def test_doctor_matrix_needing_aiter_exits_1_with_the_reason(tmp_path):
-    proc = _orch("doctor", "--matrix", _matrix(tmp_path, ["torch", "aiter"]), "--json")
-    assert proc.returncode == 1
-    report = json.loads(proc.stdout)
-    assert [p["provider"] for p in report["matrix"]["missing"]] == ["aiter"]
-    reason = availability("aiter", report["device"]).reason
-    assert "ROCm" in reason  # the reason itself, not only the command agreeing with its own function
-    assert proc.stderr.strip().splitlines() == [f"orch doctor: {tmp_path / 'm.yaml'} needs aiter: {reason}"]
+def test_doctor_matrix_with_a_provider_skipped_here_exits_0_and_names_it(tmp_path):
+    # `orch run` skips aiter's cases here and runs torch's: doctor says the same and exits 0
+    # (#33: it exited 1 on the box where the run passed). tests/executor/test_newcomer.py runs both.
+    from orchestrator.matrix import load_matrix
+
+    path = _matrix(tmp_path, ["torch", "aiter"])
+    proc = _orch("doctor", "--matrix", path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads(proc.stdout)["matrix"]
+    planned = load_matrix(path, devices="cpu")  # the expansion `orch run` runs
+    assert {c.backend for c in planned.cases} == {"torch"} and {s.case.backend for s in planned.skipped} == {"aiter"}
+    assert [(p["provider"], p["runs"]) for p in m["usable"]] == [("torch", len(planned.cases))]
+    assert [(p["provider"], p["skipped"]) for p in m["unusable"]] == [("aiter", len(planned.skipped))]
+    reason = availability("aiter", "cpu").reason
+    assert "ROCm" in reason and m["unusable"][0]["reason"] == reason  # the provider's own words
+    assert (m["runnable"], m["skipped"], m["problems"], m["exit_code"]) == (len(planned.cases), len(planned.skipped), [], 0)
+    assert proc.stderr == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_doctor_matrix_for_gpu_on_a_cpu_box_exits_3_as_orch_run_would(tmp_path):
+    proc = _orch("doctor", "--matrix", _matrix(tmp_path, ["torch"]), "--devices", "gpu")
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert proc.stderr.strip().splitlines() == [
+        f"orch doctor: {tmp_path / 'm.yaml'}: --devices gpu but there is no GPU here: `orch run` exits 3"]
 
 
 def test_doctor_matrix_of_runnable_providers_exits_0(tmp_path):
     proc = _orch("doctor", "--matrix", _matrix(tmp_path, ["torch", "aiter-emulated"]))
     assert proc.returncode == 0, proc.stderr
-    assert "every provider can run here" in proc.stdout
+    assert "`orch run` can run this matrix here" in proc.stdout
+    assert re.search(r"^torch +runs \d+ case\(s\) here$", proc.stdout, re.M), proc.stdout
+
+
+def test_doctor_output_is_not_padded_when_redirected():
+    # rich filled every line to 100 columns when stdout was a file or a pipe (#33).
+    proc = _orch("doctor")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) > 10 and not [line for line in lines if line != line.rstrip()]
+    assert "\x1b[" not in proc.stdout
 
 
 @pytest.mark.parametrize("scenario,content", [

@@ -66,6 +66,22 @@ def fault_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None,
                       axes=case.axes, timings={"total_s": 0.001})  # fmt: skip
 
 
+def fail_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
+    """Fails every case at once: a run whose gate fails, in seconds."""
+    return CaseResult(case.case_id, Status.FAIL, reason=f"fail pid={os.getpid()}", requested_mode=case.mode,
+                      axes=case.axes, timings={"total_s": 0.001})  # fmt: skip
+
+
+def hold_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
+    """Passes the tp > 1 cases and holds every tp 1 case until its worker is killed: a run that
+    cannot finish by itself, whose gang cases (dispatched first: longest expected first) are
+    recorded, so a test can signal its driver midway however fast the machine is."""
+    while case.tp == 1:
+        time.sleep(1)
+    return CaseResult(case.case_id, Status.PASS, reason="held runner", requested_mode=case.mode, axes=case.axes,
+                      timings={"total_s": 0.001})  # fmt: skip
+
+
 def env_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
     """Passes, saying in its reason what the worker's environment has for the variable named by
     batch.description (the actors' env forwarding)."""

@@ -76,6 +76,29 @@ def test_broken_matrix_exits_2_with_file_and_line(tmp_path, capsys, doc, needle)
     assert "Traceback" not in err
 
 
+# An unknown key near a real one gets difflib's suggestion from the keys allowed where it stands
+# (#33: a misspelt axis was "unknown key" alone); a key near none gets no guess.
+SUGGESTIONS = {
+    "misspelt axis": (replace("  kv_cache_dtype: [auto, fp8]", "  kv_cache_dtypes: [auto, fp8]  #!"),
+                      "axes: unknown key 'kv_cache_dtypes' (did you mean 'kv_cache_dtype'?)"),
+    "misspelt model field": (replace("num_layers: 1,", "num_layer: 1,  #!"),
+                             "model: unknown key 'num_layer' (did you mean 'num_layers'?)"),
+    "misspelt top-level key": (BASE.replace("axes:", "axis:  #!"), "unknown key 'axis' (did you mean 'axes'?) (+1 more)"),
+    "misspelt key in an exclude entry": (BASE + "exclude:\n  - {bacend: torch}  #!\n",
+                                         "exclude[0]: unknown key 'bacend' (did you mean 'backend'?)"),
+    "nothing close": (BASE + "colour: red  #!\n", "unknown key 'colour'"),
+}
+
+
+@pytest.mark.parametrize("scenario", SUGGESTIONS)
+def test_an_unknown_key_names_the_closest_allowed_one(tmp_path, capsys, scenario):
+    doc, message = SUGGESTIONS[scenario]
+    path = write(tmp_path, doc)
+    assert main(["plan", path, "--devices", "cpu"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line == f"orch: {path}:{marked_line(doc)}: {message}", line
+
+
 def test_oversized_product(tmp_path, capsys):
     seeds = ", ".join(str(i) for i in range(10000))
     doc = replace("  backend: [torch]", f"  backend: [torch]\n  seed: [{seeds}]")

@@ -121,14 +121,22 @@ def test_ids_stable_unique_and_safe(tiers):
 
 
 def test_plan_text_output(capsys):
-    assert main(["plan", "matrices/smoke.yaml", "--devices", "cpu", "--filter", "tp=2"]) == 0
+    assert main(["plan", "matrices/smoke.yaml", "--devices", "cpu", "--filter", "tp=2", "-v"]) == 0
     out = capsys.readouterr().out
     assert "tp2-FULL-auto-mixed_small-torch-s0" in out
     assert "tp1-" not in out
-    assert "estimated cost:" in out and "cudagraph_mode" in out
+    assert "expected wall time:" in out and "sum of case estimates:" in out and "cudagraph_mode" in out
+    # Without -v no case has a line of its own (#33: full.yaml printed 1,730 of them).
+    assert main(["plan", "matrices/smoke.yaml", "--devices", "cpu", "--filter", "tp=2"]) == 0
+    out = capsys.readouterr().out
+    assert "tp2-FULL-auto-mixed_small-torch-s0" not in out and "5 runnable cases" in out
 
 
 def test_plan_text_lists_skips_with_reasons(capsys):
     assert main(["plan", "matrices/full.yaml", "--devices", "cpu", "--filter", "backend=aiter tp=1 decode_1"]) == 0
     out = capsys.readouterr().out
-    assert "0 runnable cases" in out and "unavailable:" in out and "tp1-NONE-auto-decode_1-aiter-s0" in out
+    assert "0 runnable cases" in out and "tp1-NONE-auto-decode_1-aiter-s0" not in out
+    assert re.search(r"^  \d+ unavailable: needs a ROCm GPU \(aiter\)$", out, re.M), out
+    assert main(["plan", "matrices/full.yaml", "--devices", "cpu", "--filter", "backend=aiter tp=1 decode_1", "-v"]) == 0
+    out = capsys.readouterr().out
+    assert "unavailable:" in out and "tp1-NONE-auto-decode_1-aiter-s0" in out

@@ -145,7 +145,7 @@ def test_plan_shows_k_and_the_resolved_mode(tmp_path, capsys):
     assert rows["tp1-FULL-auto-k2-dec-torch-s0"]["spec_tokens"] == 2
     assert rows["tp1-FULL-auto-k2-dec-torch-s0"]["resolved_mode"]  # from backend/harness/modes.py, given k
     assert plan["counts"]["spec_tokens"] == {"0": 2, "2": 2}
-    assert main(["plan", path, "--devices", "cpu", "--filter", "k=2 tp=1 mode=FULL batch=dec"]) == 0
+    assert main(["plan", path, "--devices", "cpu", "--filter", "k=2 tp=1 mode=FULL batch=dec", "-v"]) == 0
     text = capsys.readouterr().out
     assert "tp1-FULL-auto-k2-dec-torch-s0" in text and "resolved mode" in text
 

@@ -98,7 +98,7 @@ def test_store_commands_and_cli_start_without_torch(tmp_path):
         OUT = codes
     """)
     assert got["heavy"] == [], got
-    assert got["out"] == [0, 1, 0, 0, 0]  # the sample run fails its gate
+    assert got["out"] == [0, 1, 1, 1, 0]  # the sample run fails its gate; report exits by it, dashboard 0
 
 
 def test_outputs_and_the_writers_import_one_way():

@@ -28,7 +28,7 @@ def _run(capsys, *argv):
 
 def test_markdown_lists_regressions_first_with_repro(db, tmp_path, capsys):
     code, md, _ = _run(capsys, "report", "--db", db, "--format", "md", "--baseline", "1", "--known-failures", str(tmp_path / "kf.yaml"))
-    assert code == 0
+    assert code == 1  # the report exits by the verdict it prints
     heads = re.findall(r"^### (.+?) \(\d+\)", md, re.M)
     assert heads[:2] == ["Regressions", "New failures"]
     assert heads.index("Old failures (not gating)") < heads.index("Flaky (not gating)") < heads.index("Fixed known failures")
@@ -47,15 +47,15 @@ def test_markdown_lists_regressions_first_with_repro(db, tmp_path, capsys):
 def test_report_json_and_text(db, capsys):
     code, out, _ = _run(capsys, "report", "--db", db, "--format", "json", "--baseline", "1")
     doc = json.loads(out)
-    assert code == 0 and doc["run"]["id"] == 2 and len(doc["results"]) == 32
+    assert code == 1 and doc["run"]["id"] == 2 and len(doc["results"]) == 32
     assert doc["gate"]["regressions"] == sorted([samples.REGRESSION, samples.TIMEOUT])
     code, out, _ = _run(capsys, "report", "--db", db, "--run", "1")
-    assert code == 0 and "orch run 1" in out and "gate FAILED" in out
+    assert code == 1 and "orch run 1" in out and "gate FAILED" in out
 
 
 def test_report_to_file_junit(db, tmp_path, capsys):
     out = tmp_path / "j.xml"
-    assert _run(capsys, "report", "--db", db, "--format", "junit", "-o", str(out))[0] == 0
+    assert _run(capsys, "report", "--db", db, "--format", "junit", "-o", str(out))[0] == 1
     [suite] = list(JUnitXml.fromfile(str(out)))
     assert suite.tests == 32
 
@@ -91,7 +91,9 @@ def test_gate_passes_when_only_old_known_and_flaky_remain(tmp_path, capsys):
         s.finish_run(rid, "finished")
     (tmp_path / "kf.yaml").write_text(samples.KNOWN_YAML)
     rc, out, _ = _run(capsys, "gate", "--db", path, "--baseline", "1", "--known-failures", str(tmp_path / "kf.yaml"))
-    assert rc == 0 and "gate PASSED" in out and f"remove its known-failures entry): {samples.FIXED}" in out
+    assert rc == 0 and "gate PASSED" in out and f"fixed 1 (remove their known-failures entries): {samples.FIXED}" in out
+    rc, out, _ = _run(capsys, "gate", "--db", path, "--baseline", "1", "--known-failures", str(tmp_path / "kf.yaml"), "-v")
+    assert rc == 0 and f"remove its known-failures entry): {samples.FIXED}" in out
 
 
 def test_interrupted_run_is_missing_results_and_fails(tmp_path, capsys):

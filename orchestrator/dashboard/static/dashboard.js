@@ -98,7 +98,9 @@
 
   function renderHeader() {
     var g = DATA.gate, r = DATA.run;
-    var v = $("verdict"); v.textContent = g.verdict; v.className = "verdict " + (g.passed ? "ok" : "bad");
+    // The headline names the run and, unless it finished, its state (INTERRUPTED, RUNNING).
+    var v = $("verdict"); v.textContent = DATA.headline || g.verdict;
+    v.className = "verdict " + (DATA.state ? "state" : g.passed ? "ok" : "bad");
     $("run-id").textContent = String(r.id); $("run-matrix").textContent = r.matrix;
     var meta = ["status: " + r.status, "devices: " + (r.devices || "?"), "git: " + (r.git_sha || "?").slice(0, 12),
       "results: " + r.num_results + "/" + r.num_cases];
