@@ -42,6 +42,7 @@ def load_triton_mla():
         return None, "unavailable: vllm:TRITON_MLA is bridged for vLLM's current interface (0.33/0.34) only"
     try:
         native.stub_platform_native()
+        native.stub_flash_attn_extension()
         with errors.quiet_vllm_import():
             from vllm.v1.attention.backends.mla.triton_mla import TritonMLAImpl, TritonMLAMetadataBuilder
     except Exception as exc:  # noqa: BLE001 - an import that fails for any reason is "unavailable"

@@ -6,8 +6,10 @@ is listed in EMULATED, which every result carries (versions["emulated"])."""
 
 from __future__ import annotations
 
+import glob
 import importlib
 import importlib.util
+import os
 import sys
 import types
 
@@ -62,6 +64,36 @@ def stub_platform_native(force: bool = False, names: tuple[str, ...] = PLATFORM_
             stubbed.append(name)
             note(f"{name} (empty stub)")
     return tuple(stubbed)
+
+
+# vLLM's MLA common module imports vllm.vllm_flash_attn on CUDA (for forward_mha, the prefill),
+# whose package init raises without a compiled FlashAttention. vllm:TRITON_MLA's decode needs none
+# of it and its prefill is orch's (adapters/vllm/mla.py), so where the wheel has neither extension
+# file, an empty FA2 module lets the import through; a call into it fails on the op, by name.
+FLASH_ATTN_EXTENSIONS = ("_vllm_fa2_C", "_vllm_fa3_C")
+
+
+def stub_flash_attn_extension(force: bool = False) -> tuple[str, ...]:
+    """An empty vllm.vllm_flash_attn._vllm_fa2_C where the installed vllm ships neither FlashAttention
+    extension (a Python-only wheel), on a CUDA machine or `force`; the names stubbed. Decided by the
+    files, not by importing: a failed import of the package would leave its interface module cached
+    with FA2_AVAILABLE False."""
+    if not (force or torch.cuda.is_available()):
+        return ()
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return ()
+    package = os.path.join(os.path.dirname(spec.origin), "vllm_flash_attn")
+    if not os.path.isdir(package) or any(glob.glob(os.path.join(package, f"{ext}*")) for ext in FLASH_ATTN_EXTENSIONS):
+        return ()
+    name = f"vllm.vllm_flash_attn.{FLASH_ATTN_EXTENSIONS[0]}"
+    if name in sys.modules:
+        return ()
+    if "vllm.vllm_flash_attn" not in sys.modules:  # a failed import before: its half-made interface goes too
+        sys.modules.pop("vllm.vllm_flash_attn.flash_attn_interface", None)
+    sys.modules[name] = types.ModuleType(name, "stub: absent from a Python-only vllm (backend/adapters/vllm/native.py)")
+    note(f"{name} (empty stub: import only, the prefill is orch's)")
+    return (name,)
 
 
 def native_missing(name: str) -> str | None:
