@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SMOKE = "matrices/smoke.yaml"
 PASS_RUNNER = "tests.executor.faulty_backends:fault_runner"  # passes every smoke case at once
 FAIL_RUNNER = "tests.executor.faulty_backends:fail_runner"
-SMALL = "tp=1 cudagraph_mode=NONE kv_cache_dtype=auto"
+SMALL = "attention=gqa tp=1 cudagraph_mode=NONE kv_cache_dtype=auto"
 
 
 def _cli(capsys, *argv):
@@ -233,7 +233,7 @@ def test_every_subcommand_exits_by_the_verdict_it_prints(ray_cluster, tmp_path, 
 # --- 4/5. the run's last lines: one line per kind, skips by reason --------------------------------
 
 
-FULL_SLICE = "tp=1 cudagraph_mode=FULL kv_cache_dtype=auto batch=decode_7"
+FULL_SLICE = "attention=gqa tp=1 cudagraph_mode=FULL kv_cache_dtype=auto batch=decode_7"
 
 
 def test_a_failing_runs_last_lines_fold_its_cases_and_group_its_skips(ray_cluster, tmp_path, capsys, monkeypatch):

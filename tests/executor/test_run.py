@@ -119,7 +119,7 @@ def test_orch_run_with_a_broken_backend_fails_the_gate(ray_cluster, tmp_path, sc
     cls, status, text, timeout_s = BROKEN_BACKENDS[scenario]
     db = str(tmp_path / "r.db")
     code = run_cmd.main("matrices/smoke.yaml", backend=f"tests.executor.faulty_backends:{cls}",
-                        filter_expr="tp=1 cudagraph_mode=NONE kv_cache_dtype=auto batch=decode_7",
+                        filter_expr="attention=gqa tp=1 cudagraph_mode=NONE kv_cache_dtype=auto batch=decode_7",
                         db=db, out_dir=str(tmp_path / "out"), devices="cpu", timeout_s=timeout_s, no_progress=True)  # fmt: skip
     assert code == 1
     with ResultStore(db) as store:
@@ -138,7 +138,7 @@ DEVICE_ERROR_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND
 def test_a_device_error_recycles_the_worker_in_every_mode(ray_cluster, tmp_path, mode):
     db = str(tmp_path / "r.db")
     code = run_cmd.main("matrices/smoke.yaml", backend="tests.executor.faulty_backends:DeviceErrorBackend",
-                        filter_expr=f"tp=1 cudagraph_mode={mode} kv_cache_dtype=auto batch=decode_7",
+                        filter_expr=f"attention=gqa tp=1 cudagraph_mode={mode} kv_cache_dtype=auto batch=decode_7",
                         db=db, out_dir=str(tmp_path / "out"), devices="cpu", no_progress=True)  # fmt: skip
     assert code == 1
     with ResultStore(db) as store:
@@ -155,7 +155,7 @@ def test_a_capture_error_is_reported_once_and_keeps_the_worker(ray_cluster, tmp_
     worker: the mixed cases after it run on the same actor (same pid) and pass."""
     db = str(tmp_path / "r.db")
     code = run_cmd.main("matrices/smoke.yaml", backend="tests.executor.faulty_backends:CaptureErrorBackend",
-                        filter_expr="tp=1 cudagraph_mode=FULL,PIECEWISE kv_cache_dtype=auto batch=decode_7,mixed_small",
+                        filter_expr="attention=gqa tp=1 cudagraph_mode=FULL,PIECEWISE kv_cache_dtype=auto batch=decode_7,mixed_small",
                         db=db, out_dir=str(tmp_path / "out"), devices="cpu", workers=1, no_progress=True)  # fmt: skip
     assert code == 1
     with ResultStore(db) as store:

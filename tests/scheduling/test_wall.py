@@ -16,15 +16,15 @@ def full_cpu():
 
 
 def test_a_gangs_start_up_is_charged_once_per_tp(full_cpu):
-    # The model charges it to every gang case: 700 of full.yaml's 815 model seconds on a CPU,
-    # whose cases phase took 87.5 s (#33).
+    # The model charges it to every gang case: 700 of full.yaml's 815 model seconds on a CPU
+    # before the MLA and swa_sinks blocks (#33), 790 of 927 with them.
     got = case_durations(full_cpu)
     for tp in (1, 2, 4, 8):
         cases = [c for c in full_cpu if c.tp == tp]
         model = sum(model_seconds(c) for c in cases)
         charged_once = model - (len(cases) - 1) * GANG_STARTUP_S * (tp - 1) if tp > 1 else model
         assert sum(got[c.case_id] for c in cases) == pytest.approx(charged_once, rel=1e-9), tp
-    assert sum(got.values()) < 0.15 * sum(model_seconds(c) for c in full_cpu)
+    assert sum(got.values()) < 0.2 * sum(model_seconds(c) for c in full_cpu)
 
 
 def test_recorded_durations_stand_as_recorded(full_cpu):
