@@ -49,6 +49,19 @@ class _NumpyCopyImpl(_RawCopyImpl):
     copy = staticmethod(_numpy_copy)
 
 
+class _PoisonedScratchImpl(_NumpyCopyImpl):
+    """The numpy copy into a scratch the graph's own ops fill with NaN first: what a replay reads
+    when the copy it cannot see leaves the pool's uninitialised bytes (pool.py poisons them, which
+    depends on how the model's blocks are shared; this makes it certain)."""
+
+    def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
+        out = TorchImpl.forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output)
+        scratch = torch.full_like(out, float("nan"))
+        self.copy(scratch.data_ptr(), out.data_ptr(), out.numel() * out.element_size())
+        out.copy_(scratch)
+        return out
+
+
 class CtypesBackend(TorchBackend):
     name = "mutant-raw-pointer-ctypes"
     impl_cls = _RawCopyImpl
@@ -57,3 +70,8 @@ class CtypesBackend(TorchBackend):
 class CExtensionBackend(TorchBackend):
     name = "mutant-raw-pointer-c-extension"
     impl_cls = _NumpyCopyImpl
+
+
+class PoisonedCExtensionBackend(TorchBackend):
+    name = "mutant-raw-pointer-c-extension-nan"
+    impl_cls = _PoisonedScratchImpl
