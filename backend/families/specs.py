@@ -146,8 +146,12 @@ MLA = FamilySpec(
         "gpu": {"num_heads": 16, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
                 "v_head_dim": 128},
         # Small enough for the 2-core CI box; 8 heads keep tp 8 valid (one head a rank).
+        # max_model_len 128 and max_num_seqs 64 (the MLA batches: at most 64 requests, sequences
+        # of 100): AITER's page-size-1 kv_indices hold max_num_seqs x (1 + k) x max_model_len
+        # slots, and the emulated mla_decode_fwd scores every one of them each call (at
+        # full.yaml's 256 x 512, 10 s a case on the 2-core box).
         "cpu": {"num_heads": 8, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
-                "v_head_dim": 16},
+                "v_head_dim": 16, "max_model_len": 128, "max_num_seqs": 64},
     },
     layout_reasons=_heads_only_layout,
 )
@@ -190,7 +194,10 @@ SWA_SINKS = FamilySpec(
     defaults={
         # gpt-oss: 64 q heads, 8 kv heads, head dim 64, window 128.
         "gpu": {"num_heads": 64, "num_kv_heads": 8, "head_size": 64, "num_layers": 4, "sliding_window": 128},
-        "cpu": {"num_heads": 8, "num_kv_heads": 2, "head_size": 16, "num_layers": 4, "sliding_window": 32},
+        # max_model_len 320: the swa batches' longest CPU sequence is 300; the torch provider
+        # gathers max_model_len keys a token (a static shape, as a graph needs).
+        "cpu": {"num_heads": 8, "num_kv_heads": 2, "head_size": 16, "num_layers": 4, "sliding_window": 32,
+                "max_model_len": 320},
     },
     layout_reasons=_gqa_layout,
     shape_reasons=_swa_shape,

@@ -41,11 +41,15 @@ def mark_scratch(session: Session | None) -> None:
     SCRATCH_OWNER[0] = weakref.ref(session) if session is not None else None
 
 
+def _key(caches: list[torch.Tensor]) -> tuple:
+    return tuple((tuple(c.shape), c.dtype, str(c.device)) for c in caches)
+
+
 def take_snapshot(caches: list[torch.Tensor], session: Session | None = None,
               written: torch.Tensor | None = None) -> list[torch.Tensor]:
     """The caches' state now, in the scratch buffers. With `session` whose caches the scratch
     still equals but for the slots `written` (int64, on the caches' device), only those are copied."""
-    key = tuple((tuple(c.shape), c.dtype, str(c.device)) for c in caches)
+    key = _key(caches)
     bufs = SCRATCH.get(key)
     in_sync = session is not None and written is not None and scratch_in_sync(session) and bufs is not None
     mark_scratch(None)  # until the step that uses it has verified it again
@@ -77,19 +81,28 @@ def capture_checked(session: Session, keys: set[GraphKey]) -> float:
     if not missing:
         return 0.0
     family = session.family
-    before = [family.slot_rows(b) for b in take_snapshot(session.kv_caches)]  # views of the scratch
-    spent = 0.0
+    # The scratch as "before": already equal to the caches when the last step left it so (no copy),
+    # else refilled whole.
+    bufs = SCRATCH.get(_key(session.kv_caches)) if scratch_in_sync(session) else None
+    if bufs is None:
+        bufs = take_snapshot(session.kv_caches)
+    mark_scratch(None)  # until every capture below has been compared
+    before = [family.slot_rows(b) for b in bufs]  # views of the scratch (contiguous caches)
+    spent, wrote = 0.0, False
     for key in sorted(missing, key=lambda k: (k.uniform_decode, -k.size, k.runtime_mode)):  # capture_plan order
         spent += session.ensure_graphs({key})
         for layer, (cache, was) in enumerate(zip(session.kv_caches, before)):
             now = family.slot_rows(cache)
             if torch.equal(raw(now), raw(was)):
                 continue
+            wrote = True
             changed = (raw(now) != raw(was)).reshape(now.shape[0], now.shape[1], -1).any(dim=-1).any(dim=0)
             n = int(changed.sum())
             session.capture_writes.setdefault(
                 key, f"layer {layer}: {n} slot{'s' if n != 1 else ''} written during its warm-up and capture "
                      f"(first slot {int(torch.argmax(changed.to(torch.uint8)))}); capture runs on slots of -1")
             was.copy_(now)
-    mark_scratch(None)  # capture ran the model on the caches
+    # Nothing written: the scratch still equals the caches byte for byte, so the next step's
+    # snapshot copies only the slots it fills (as after a step that passed kv_integrity).
+    mark_scratch(session if not wrote else None)
     return spent

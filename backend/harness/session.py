@@ -409,18 +409,20 @@ class SessionCache:
 
     def clear(self) -> None:
         self._sessions.clear()
-        _release(None)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            _release(torch.device("cuda"))
 
 
 def _release(device: torch.device | None) -> None:
-    """Free what dropped sessions held. A session is a reference cycle (its graphs' captured
+    """Free the device memory dropped sessions held (`device` a CUDA device; None: nothing to do). A session is a reference cycle (its graphs' captured
     callables close over it), so dropping the last reference frees nothing until the cyclic
     collector runs, and with many long-lived objects CPython runs its oldest generation rarely:
     on an H100 the full.yaml tp 1 slice (three families, 13 sessions through a cache of 8) had
     65.9 GiB reserved by unreachable sessions when cases started failing out of memory."""
+    if device is None:  # host memory: the collector's own pace is enough (a full collection per
+        return          # eviction is paid by every CPU case that builds a session)
     gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
 
 
 def _reclaimable(device: torch.device) -> int:

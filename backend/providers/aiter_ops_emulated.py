@@ -113,10 +113,12 @@ def paged_attention_v1(out, workspace_buffer, query, key_cache, value_cache, sca
 
 
 def _segment_sum(values: torch.Tensor, row: torch.Tensor, rows: int) -> torch.Tensor:
-    """Sums of `values` [P, ...] per row id, `row` [P] sorted ascending -> [rows, ...]. Prefix sums
-    in fp64 differenced at each row's bounds: deterministic on a GPU, where index_add_ of floats
+    """Sums of `values` [P, ...] per row id, `row` [P] sorted ascending -> [rows, ...]. On a GPU,
+    prefix sums in fp64 differenced at each row's bounds: deterministic where index_add_ of floats
     is atomic (an H200 saw the eager side differ between two runs of the same step), and graph-safe
-    (static shapes, no host read)."""
+    (static shapes, no host read). On the host, index_add_ (sequential there)."""
+    if not values.is_cuda:  # index_add_ is sequential, hence deterministic, on the host, and cheaper
+        return values.new_zeros((rows, *values.shape[1:])).index_add_(0, row, values)
     ids = torch.arange(rows, device=row.device)
     lo, hi = torch.searchsorted(row, ids), torch.searchsorted(row, ids, right=True)
     prefix = torch.cat([values.new_zeros((1, *values.shape[1:]), dtype=torch.float64),

@@ -15,6 +15,7 @@ from backend.harness import checker, scratch, sides
 from backend.harness.checker import SessionCache, run_case
 from backend.harness.checks import raw
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
+from tests.families.conftest import DECODE as MLA_DECODE, make_case as make_mla_case
 
 BIG = dataclasses.replace(TINY, num_blocks=256)  # contexts well under a quarter of the cache: partial copies
 SEQUENCE = [  # (backend, mode, kv, batch): the worker's order, modes of a batch in a row
@@ -80,7 +81,7 @@ def test_snapshot_equals_the_caches_on_every_step_and_verdicts_do_not_change(mon
     assert all(r.status.value == "pass" for i, r in enumerate(fast) if i != 4), [r.reason for r in fast]
 
 
-@pytest.mark.parametrize("event", ["capture", "outside_write", "exception"])
+@pytest.mark.parametrize("event", ["capture", "capture_write", "outside_write", "exception"])
 def test_what_may_write_the_caches_unmarks_the_scratch(monkeypatch, event):
     sessions = SessionCache(capacity=8)
     scratch.SCRATCH.clear()
@@ -99,7 +100,22 @@ def test_what_may_write_the_caches_unmarks_the_scratch(monkeypatch, event):
         monkeypatch.setattr(checker, "take_snapshot", record)
         r = run_case(dataclasses.replace(case, mode="FULL_AND_PIECEWISE", batch=DECODE), sessions=sessions)
         assert r.status.value == "pass" and r.timings["capture_s"] > 0  # this case captured new graphs
-        assert seen[0] is False and any(seen[1:])  # the capture unmarked it; verified steps marked it again
+        # capture_checked compared the caches after every capture: nothing written, so the scratch
+        # still equals them and the first step's snapshot is a partial one.
+        assert seen and all(seen), seen
+    elif event == "capture_write":  # a graph whose warm-up writes slot 0 (vLLM #39444)
+        seen = []
+        real = scratch.take_snapshot
+
+        def record(caches, session=None, written=None):
+            seen.append(scratch.scratch_in_sync(session) if session is not None else None)
+            return real(caches, session, written)
+
+        monkeypatch.setattr(checker, "take_snapshot", record)
+        mla = make_mla_case("tests.mutants.mla_warmup_slot0:Backend", "FULL_AND_PIECEWISE", batch=MLA_DECODE)
+        r = run_case(mla, sessions=sessions)
+        assert r.status.value == "fail" and "written during its warm-up and capture" in r.reason, r.reason
+        assert seen and seen[0] is False, seen  # the capture wrote: the first step copied the caches whole
     elif event == "outside_write":
         r = run_case(make_case("tests.mutants.padded_slot_write:Backend", "FULL", "auto", DECODE, model=BIG),
                      sessions=sessions)
