@@ -180,14 +180,29 @@ def _printed_verdict(text: str) -> int | None:
     return None
 
 
-def _serve(db: str) -> tuple[int, str]:
-    """`orch serve` until Ctrl-C (its way to stop): exit code and what it printed."""
-    p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve", "--db", db, "--port", "0"], cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+def _serve(db: str, sig: int = signal.SIGINT, ignore_sigint: bool = False) -> tuple[int, str]:
+    """`orch serve` until Ctrl-C (its way to stop): exit code and what it printed. ignore_sigint:
+    started as a script's background job is, SIGINT ignored from the start."""
+    cmd = [sys.executable, "-m", "orchestrator.cli", "serve", "--db", db, "--port", "0"]
+    if ignore_sigint:
+        cmd = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *cmd]
+    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = p.stdout.readline()  # printed once it listens
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    p.send_signal(sig)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        return -1, first + out + err
     return p.returncode, first + out + err
+
+
+@pytest.mark.parametrize("sig,ignored", [(signal.SIGINT, True), (signal.SIGTERM, False)])
+def test_serve_stops_on_ctrl_c_or_sigterm_whatever_it_inherited(tmp_path, sig, ignored):
+    db = _passing_store(tmp_path)
+    code, printed = _serve(db, sig, ignore_sigint=ignored)
+    assert code == 0 and printed.startswith("orch dashboard on http://127.0.0.1:"), (code, printed)
 
 
 def test_every_subcommand_exits_by_the_verdict_it_prints(ray_cluster, tmp_path, capsys, monkeypatch):
