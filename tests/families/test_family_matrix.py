@@ -82,7 +82,11 @@ def test_a_familys_model_is_its_defaults_over_the_generic_fields(tmp_path):
     assert mla.num_heads == 4 and mla.dim("v_head_dim") == 8  # the block
     assert mla.dim("kv_lora_rank") == 32 and mla.dim("qk_rope_head_dim") == 16  # the CPU defaults
     assert (mla.num_kv_heads, mla.head_size) == (1, 48)  # derived: one latent row of L + R
-    assert (mla.max_model_len, mla.block_size) == (gqa.max_model_len, gqa.block_size)  # generic: inherited
+    assert mla.block_size == gqa.block_size  # generic: inherited
+    assert (mla.max_model_len, gqa.max_model_len) == (128, 256)  # the family's CPU default over the generic
+    narrowed = load_matrix(write(tmp_path, MLA + "families:\n  mla:\n    model: {max_model_len: 96}\n", "n.yaml"),
+                           devices="cpu")
+    assert next(c.model for c in narrowed.cases if c.attention == "mla").max_model_len == 96  # the block over both
     gpu = load_matrix(write(tmp_path, MLA, "g.yaml"), devices="gpu")  # no GPU here: skipped, still built
     cases = [*gpu.cases, *(s.case for s in gpu.skipped)]
     assert next(c.model for c in cases if c.attention == "mla").dims == (
