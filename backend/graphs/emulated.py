@@ -39,16 +39,16 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch._library.custom_ops import _maybe_get_opdef
-from torch.utils._pytree import tree_flatten, tree_map
 
 from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner, capturing
 from backend.graphs.host import is_host, is_pinned_host, mark_host
 from backend.graphs.host_reads import no_host_reads
+from backend.graphs.leaves import leaves, map_leaves
 from backend.graphs.opaque import OpaqueCalls, watching
 from backend.graphs.pool import MemoryPool
 from backend.graphs.provenance import host_scope, making_host
@@ -61,7 +61,7 @@ _BUILTIN_NAMESPACES = frozenset({"aten", "prims", "c10d", "_c10d_functional", "r
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+    return [x for x in leaves(tree) if isinstance(x, torch.Tensor)]
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
@@ -103,7 +103,7 @@ class _Op:
 
 
 def _wait_all(tree: Any) -> None:
-    for x in tree_flatten(tree)[0]:
+    for x in leaves(tree):
         if not isinstance(x, torch.Tensor) and hasattr(x, "wait"):
             x.wait()
 
@@ -177,14 +177,14 @@ class _Recorder(TorchDispatchMode):
         if rewritten is not None:
             func, args, kwargs = rewritten
         # The arguments flattened once per op (capture's cost is this Python per op, #13).
-        flat = tree_flatten((args, kwargs))[0]
+        flat = leaves((args, kwargs))
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         host = [t for t in tensors if is_host(t)]
         if host:
             args, kwargs, done, out = self._host_tensors(func, args, kwargs, host)
             if done:
                 return out
-            flat = tree_flatten((args, kwargs))[0]  # host scalars may have been swapped for frozen copies
+            flat = leaves((args, kwargs))  # host scalars may have been swapped for frozen copies
             tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         reason = host_sync_reason(func, args, kwargs, flat)
         if reason is not None:
@@ -222,8 +222,8 @@ class _Recorder(TorchDispatchMode):
     def _append(self, op: _Op, writes: list[torch.Tensor]) -> None:
         """Record an op on the recorder's own aliases of pool memory (pool.py: holding the
         caller's tensor objects would keep their blocks from ever being freed)."""
-        op.args, op.kwargs, op.out = tree_map(self._alias, op.args), tree_map(self._alias, op.kwargs), \
-            tree_map(self._alias, op.out)
+        op.args, op.kwargs, op.out = map_leaves(self._alias, op.args), map_leaves(self._alias, op.kwargs), \
+            map_leaves(self._alias, op.out)
         op.writes = self.pool.keys_of(writes)
         self.ops.append(op)
 
@@ -281,7 +281,7 @@ class _Recorder(TorchDispatchMode):
             # A CPU scalar tensor in a device op is passed by value: frozen at capture.
             frozen = {id(t): t.clone() for t in host}
             swap = lambda x: frozen.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
-            return tree_map(swap, args), tree_map(swap, kwargs), False, None
+            return map_leaves(swap, args), map_leaves(swap, kwargs), False, None
         raise GraphCaptureError(
             f"graph capture failed: {func} mixes host tensors with device tensors "
             f"(host shape {tuple(host[0].shape)}; a GPU op refuses CPU tensors)")
@@ -359,7 +359,7 @@ class EmulatedCapturedGraph(CapturedGraph):
         # A replay of the small CPU model is ~100 ops; flattening the recorded output of every op
         # on every replay was a third of the replay's Python time (#13).
         self._plan = [(getattr(op.func, "_op", op.func), op.args, op.kwargs, op.kind,
-                       None if op.kind in ("skip", "c10d", "opaque") else tree_flatten(op.out)[0], op.writes)
+                       None if op.kind in ("skip", "c10d", "opaque") else leaves(op.out), op.writes)
                       for op in ops]
 
     @property
@@ -382,7 +382,7 @@ class EmulatedCapturedGraph(CapturedGraph):
                     if kind == "functional":
                         for t in _tensors(result):
                             torch.ops._c10d_functional.wait_tensor(t)
-                    _copy_leaves(recorded, [result] if isinstance(result, torch.Tensor) else tree_flatten(result)[0])
+                    _copy_leaves(recorded, [result] if isinstance(result, torch.Tensor) else leaves(result))
                 for key in writes:  # memory another graph of the pool may hold now (pool.py)
                     propagate(key)
         return self.outputs

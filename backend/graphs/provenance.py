@@ -31,10 +31,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
 from backend.graphs.base import GraphCaptureError, is_capturing
 from backend.graphs.host import is_host, mark_host
+from backend.graphs.leaves import leaves
 
 _state = threading.local()
 
@@ -67,7 +67,7 @@ def _names_host(device: Any) -> bool | None:
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+    return [x for x in leaves(tree) if isinstance(x, torch.Tensor)]
 
 
 def _storage(t: torch.Tensor) -> int:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from backend.graphs.host import is_host
+from backend.graphs.leaves import leaves
 
 # Ops whose result depends on tensor data on the host (a device->host sync on a GPU).
 HOST_SYNC_OPS = frozenset({
@@ -40,7 +40,7 @@ def host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict, fla
         hi = args[3] if len(args) > 3 else kwargs.get("max", 0)
         if lo == hi:
             return f"{func} with min == max (the range is read from the data on the host)"
-    if any(isinstance(x, torch.Generator) for x in (tree_flatten((args, kwargs))[0] if flat is None else flat)):
+    if any(isinstance(x, torch.Generator) for x in (leaves((args, kwargs)) if flat is None else flat)):
         return (f"{func} with an explicit torch.Generator (a CUDA graph refuses a generator it was "
                 "not given through register_generator_state)")
     if name == "aten::repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor") \
