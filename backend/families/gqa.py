@@ -75,6 +75,15 @@ class GQA(AttentionFamily):
         return impl.forward(q, k, v, cache, metadata, k_scale, v_scale, out)
 
     def reference(self, weights, h, context, query_lens, round_new, round_query, shape, rnd):
+        q, k, v = self.reference_qkv(weights, h, round_new, round_query, shape, rnd)
+        ks = _with_new(context[0], k, query_lens)
+        vs = _with_new(context[1], v, query_lens)
+        return reference_attention(q, ks, vs, query_lens, self.scale(shape))
+
+    @staticmethod
+    def reference_qkv(weights, h, round_new, round_query, shape, rnd):
+        """The reference's q [T, H, D] (rounded as the backend's query is) and this step's new K/V
+        rows [T, Hkv, D] (rounded as the cache stores them)."""
         d, hq, hkv = shape.head_size, shape.num_heads, shape.num_kv_heads
         t = h.shape[0]
         q = rnd(h @ weights["wq"].t()).view(t, hq, d)
@@ -82,9 +91,7 @@ class GQA(AttentionFamily):
             q = round_query(q)
         k = round_new(0, rnd(h @ weights["wk"].t()).view(t, hkv, d))
         v = round_new(1, rnd(h @ weights["wv"].t()).view(t, hkv, d))
-        ks = _with_new(context[0], k, query_lens)
-        vs = _with_new(context[1], v, query_lens)
-        return reference_attention(q, ks, vs, query_lens, self.scale(shape))
+        return q, k, v
 
 
 def _with_new(context: Sequence[torch.Tensor], new: torch.Tensor, query_lens: Sequence[int]) -> list[torch.Tensor]:

@@ -62,20 +62,14 @@ class SWASinks(GQA):
                             sinks=lw.get("sinks"))
 
     def reference(self, weights, h, context, query_lens, round_new, round_query, shape, rnd):
-        d, hq, hkv = shape.head_size, shape.num_heads, shape.num_kv_heads
-        t = h.shape[0]
-        q = rnd(h @ weights["wq"].t()).view(t, hq, d)
-        if round_query is not None:
-            q = round_query(q)
-        k = round_new(0, rnd(h @ weights["wk"].t()).view(t, hkv, d))
-        v = round_new(1, rnd(h @ weights["wv"].t()).view(t, hkv, d))
+        q, k, v = self.reference_qkv(weights, h, round_new, round_query, shape, rnd)
         sinks = weights.get("sinks")
         outs, start = [], 0
         for ks, vs, ql in zip(_with_new(context[0], k, query_lens), _with_new(context[1], v, query_lens), query_lens):
             outs.append(reference_window_sinks(q[start:start + ql], ks, vs, self.scale(shape), weights["window"],
                                                sinks))
             start += ql
-        return torch.cat(outs) if outs else q.new_zeros(0, hq, d)
+        return torch.cat(outs) if outs else q.new_zeros(0, *q.shape[1:])
 
     def groups(self, shape):
         dims = dict(shape.dims)

@@ -139,16 +139,24 @@ class AiterBackend(AttentionBackend):
         return _probe_native() if why == ASK_CLASS else why
 
 
+# aiter-emulated's torch stand-ins beyond this working set are unsupported on a GPU (where
+# aiter-triton runs AITER's own kernels); CPU shapes are tiny.
+EMULATED_GPU_WORKSET_LIMIT_BYTES = 1 << 30
+
+
+def emulated_workset_reason(config: AttentionConfig, nbytes: int, what: str, shape: str = "") -> str | None:
+    """Why aiter-emulated does not run this shape on a GPU (its stand-ins' fp32 working set over
+    the limit), or None."""
+    if torch.device(config.device).type == "cpu" or nbytes <= EMULATED_GPU_WORKSET_LIMIT_BYTES:
+        return None
+    return (f"aiter-emulated's {what} ~{nbytes / 2**30:.1f} GiB at this shape{' ' + shape if shape else ''}, "
+            f"over its {EMULATED_GPU_WORKSET_LIMIT_BYTES >> 30} GiB limit on a GPU: use aiter-triton there")
+
+
 class AiterEmulatedBackend(AiterBackend):
     name: ClassVar[str] = "aiter-emulated"
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
     impl_cls = AiterEmulatedImpl
-
-    # Its torch stand-ins gather every request's K/V densely up to the host max_seqlen (the whole
-    # max_model_len in a captured graph), in fp32: at full.yaml's GPU shape one case asked the H200
-    # for 132 GiB, and the OOMs that followed failed innocent cases. Beyond this estimate it is
-    # unsupported on a GPU (where aiter-triton runs AITER's own kernels); CPU shapes are tiny.
-    GPU_WORKSET_LIMIT_BYTES: ClassVar[int] = 1 << 30
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -156,10 +164,9 @@ class AiterEmulatedBackend(AiterBackend):
 
     @classmethod
     def unsupported_reasons(cls, config: AttentionConfig) -> list[str]:
-        reasons = super().unsupported_reasons(config)
+        # Its torch stand-ins gather every request's K/V densely up to the host max_seqlen (the
+        # whole max_model_len in a captured graph), in fp32: at full.yaml's GPU shape one case asked
+        # the H200 for 132 GiB, and the OOMs that followed failed innocent cases.
         dense = config.max_num_seqs * config.max_model_len * config.num_kv_heads * config.head_size * 4 * 2
-        if torch.device(config.device).type != "cpu" and dense > cls.GPU_WORKSET_LIMIT_BYTES:
-            reasons.append(f"aiter-emulated's dense K/V gathers need ~{dense / 2**30:.1f} GiB at this shape "
-                           f"(max_num_seqs x max_model_len), over its {cls.GPU_WORKSET_LIMIT_BYTES >> 30} GiB "
-                           "limit on a GPU: use aiter-triton there")
-        return reasons
+        why = emulated_workset_reason(config, dense, "dense K/V gathers need", "(max_num_seqs x max_model_len)")
+        return super().unsupported_reasons(config) + ([why] if why else [])

@@ -166,10 +166,6 @@ class AiterEmulatedMLABackend(AiterMLABackend):
     name: ClassVar[str] = "aiter-emulated"
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
     impl_cls = AiterEmulatedMLAImpl
-    # Its torch mla_decode_fwd scores every slot of kv_indices' capacity (max_num_seqs x (1 + k)
-    # rows of max_model_len keys) in fp32 each call: fine at CPU shapes, GBs at GPU ones, where
-    # aiter-triton runs AITER's own kernels (as for the gqa class, AiterEmulatedBackend).
-    GPU_WORKSET_LIMIT_BYTES: ClassVar[int] = 1 << 30
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -177,10 +173,10 @@ class AiterEmulatedMLABackend(AiterMLABackend):
 
     @classmethod
     def unsupported_reasons(cls, config: AttentionConfig) -> list[str]:
-        reasons = super().unsupported_reasons(config)
-        rows = config.max_num_seqs * (1 + config.spec_tokens)
-        dense = rows * config.max_model_len * config.head_size * 4
-        if torch.device(config.device).type != "cpu" and dense > cls.GPU_WORKSET_LIMIT_BYTES:
-            reasons.append(f"aiter-emulated's mla_decode_fwd scores ~{dense / 2**30:.1f} GiB of keys at this shape, "
-                           f"over its {cls.GPU_WORKSET_LIMIT_BYTES >> 30} GiB limit on a GPU: use aiter-triton there")
-        return reasons
+        # Its torch mla_decode_fwd scores every slot of kv_indices' capacity (max_num_seqs x (1 + k)
+        # rows of max_model_len keys) in fp32 each call: fine at CPU shapes, GBs at GPU ones.
+        from backend.providers.aiter_backend import emulated_workset_reason
+
+        dense = config.max_num_seqs * (1 + config.spec_tokens) * config.max_model_len * config.head_size * 4
+        why = emulated_workset_reason(config, dense, "mla_decode_fwd scores")
+        return super().unsupported_reasons(config) + ([why] if why else [])

@@ -19,11 +19,16 @@ MIXED = BatchSpec("mixed6", (1, 4, 1), (40, 20, 70))  # reordered decodes first:
 TOL = {"auto": Tolerance(2e-2, 2e-2), "fp8": Tolerance(2e-2, 5e-2)}
 
 
+def _tiny_case(model: ModelShape, matrix: str, backend: str, mode: str, kv: str, batch: BatchSpec, tp: int,
+               seed: int, changes: dict) -> Case:
+    case = Case(backend=backend, tp=tp, mode=mode, kv_cache_dtype=kv, batch=batch, seed=seed, model=model,
+                capture_sizes=CAPTURE_SIZES, steps=3, tolerance=TOL[kv], matrix=matrix)
+    return dataclasses.replace(case, **changes) if changes else case
+
+
 def make_case(backend: str = "torch", mode: str = "FULL", kv: str = "auto", batch: BatchSpec = MIXED,
               tp: int = 1, seed: int = 0, **changes) -> Case:
-    case = Case(backend=backend, tp=tp, mode=mode, kv_cache_dtype=kv, batch=batch, seed=seed, model=TINY_MLA,
-                capture_sizes=CAPTURE_SIZES, steps=3, tolerance=TOL[kv], matrix="tests/tiny-mla.yaml")
-    return dataclasses.replace(case, **changes) if changes else case
+    return _tiny_case(TINY_MLA, "tests/tiny-mla.yaml", backend, mode, kv, batch, tp, seed, changes)
 
 
 @pytest.fixture(scope="session")
@@ -45,9 +50,7 @@ SWA_PREFILL = BatchSpec("prefill2", (12, 12), (12, 50))
 
 def make_swa_case(backend: str = "torch", mode: str = "FULL", kv: str = "auto", batch: BatchSpec = SWA_MIXED,
                   tp: int = 1, seed: int = 0, **changes) -> Case:
-    case = Case(backend=backend, tp=tp, mode=mode, kv_cache_dtype=kv, batch=batch, seed=seed, model=TINY_SWA,
-                capture_sizes=CAPTURE_SIZES, steps=3, tolerance=TOL[kv], matrix="tests/tiny-swa.yaml")
-    return dataclasses.replace(case, **changes) if changes else case
+    return _tiny_case(TINY_SWA, "tests/tiny-swa.yaml", backend, mode, kv, batch, tp, seed, changes)
 
 
 def swa_model(**dims) -> ModelShape:

@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.matrix import load_matrix
-from tests.matrix.helpers import BASE, marked_line, replace, write
+from tests.matrix.helpers import BASE, assert_plan_names_the_marked_line, replace, write
 
 MLA = replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, mla]")
 SWA = replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, swa_sinks]")
@@ -46,14 +46,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("doc,needle", [pytest.param(d, n, id=s) for s, d, n in BROKEN])
 def test_broken_family_matrix_exits_2_with_file_and_line(tmp_path, capsys, doc, needle):
-    path = write(tmp_path, doc)
-    code = main(["plan", path, "--devices", "cpu"])
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(f"orch: {path}:{marked_line(doc)}: "), lines[0]
-    assert needle in lines[0], lines[0]
+    assert_plan_names_the_marked_line(tmp_path, capsys, doc, needle)
 
 
 def test_backend_override_that_implements_no_family_of_the_matrix(tmp_path, capsys):

@@ -9,7 +9,6 @@ import sys
 import types
 
 import pytest
-import torch
 
 from backend.providers import aiter_ops_emulated
 from backend.providers import aiter_loader as L

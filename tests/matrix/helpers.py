@@ -51,3 +51,19 @@ def replace(old: str, new: str, base: str = BASE) -> str:
         eol = len(text) if eol < 0 else eol
         text = text[:eol] + "  #!" + text[eol:]
     return text
+
+
+def assert_plan_names_the_marked_line(tmp_path: Path, capsys, doc: str, needle: str) -> None:
+    """`orch plan` on `doc` exits 2 with one line on stderr, no traceback and nothing on stdout,
+    naming the file and the `#!` line, and containing `needle`."""
+    from orchestrator.cli import main
+
+    path = write(tmp_path, doc)
+    code = main(["plan", path, "--devices", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert out == "", out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"orch: {path}:{marked_line(doc)}: "), lines[0]
+    assert needle in lines[0], lines[0]

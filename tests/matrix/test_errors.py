@@ -7,7 +7,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.errors import InputError
 from orchestrator.matrix import load_matrix
-from tests.matrix.helpers import BASE, marked_line, replace, write
+from tests.matrix.helpers import BASE, assert_plan_names_the_marked_line, marked_line, replace, write
 
 # (scenario, document with the offending line marked `#!`, words the message must contain)
 BROKEN = [
@@ -64,16 +64,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("doc,needle", [pytest.param(d, n, id=s) for s, d, n in BROKEN])
 def test_broken_matrix_exits_2_with_file_and_line(tmp_path, capsys, doc, needle):
-    path = write(tmp_path, doc)
-    code = main(["plan", path, "--devices", "cpu"])
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    assert out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"orch: {path}:{marked_line(doc)}: "), lines[0]
-    assert needle in lines[0], lines[0]
-    assert "Traceback" not in err
+    assert_plan_names_the_marked_line(tmp_path, capsys, doc, needle)
 
 
 # An unknown key near a real one gets difflib's suggestion from the keys allowed where it stands

@@ -12,7 +12,7 @@ from orchestrator.cli import main
 from orchestrator.errors import InputError
 from orchestrator.filters import select
 from orchestrator.matrix import load_matrix, spec_reason
-from tests.matrix.helpers import BASE, marked_line, replace, write
+from tests.matrix.helpers import BASE, assert_plan_names_the_marked_line, marked_line, replace, write
 
 K_AXIS = replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [0, 2]")
 
@@ -108,14 +108,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("doc,needle", [pytest.param(d, n, id=s) for s, d, n in BROKEN])
 def test_bad_k_exits_2_with_file_and_line(tmp_path, capsys, doc, needle):
-    path = write(tmp_path, doc)
-    code = main(["plan", path, "--devices", "cpu"])
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(f"orch: {path}:{marked_line(doc)}: "), lines[0]
-    assert needle in lines[0], lines[0]
+    assert_plan_names_the_marked_line(tmp_path, capsys, doc, needle)
 
 
 def test_token_budget_uses_the_verify_query_lens():

@@ -41,6 +41,12 @@ def note(what: str) -> None:
         EMULATED.append(what)
 
 
+def _install_stub(name: str, label: str) -> None:
+    """An empty module for `name`, labelled in results (versions['emulated'])."""
+    sys.modules[name] = types.ModuleType(name, "stub: absent from a Python-only vllm (backend/adapters/vllm/native.py)")
+    note(f"{name} ({label})")
+
+
 def native_missing_module(name: str) -> bool:
     """The compiled module does not load here: absent (Python-only wheel) or built for another
     torch / a CUDA driver this machine lacks (what vLLM's own import would hit)."""
@@ -60,9 +66,8 @@ def stub_platform_native(force: bool = False, names: tuple[str, ...] = PLATFORM_
         if name in sys.modules:
             continue
         if native_missing_module(name):
-            sys.modules[name] = types.ModuleType(name, "stub: absent from a Python-only vllm (backend/adapters/vllm/native.py)")
+            _install_stub(name, "empty stub")
             stubbed.append(name)
-            note(f"{name} (empty stub)")
     return tuple(stubbed)
 
 
@@ -91,8 +96,7 @@ def stub_flash_attn_extension(force: bool = False) -> tuple[str, ...]:
         return ()
     if "vllm.vllm_flash_attn" not in sys.modules:  # a failed import before: its half-made interface goes too
         sys.modules.pop("vllm.vllm_flash_attn.flash_attn_interface", None)
-    sys.modules[name] = types.ModuleType(name, "stub: absent from a Python-only vllm (backend/adapters/vllm/native.py)")
-    note(f"{name} (empty stub: import only, the prefill is orch's)")
+    _install_stub(name, "empty stub: import only, the prefill is orch's")
     return (name,)
 
 
