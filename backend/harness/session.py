@@ -414,9 +414,10 @@ class SessionCache:
 
 
 def _release(device: torch.device | None) -> None:
-    """Free the device memory dropped sessions held (`device` a CUDA device; None: nothing to do). A session is a reference cycle (its graphs' captured
-    callables close over it), so dropping the last reference frees nothing until the cyclic
-    collector runs, and with many long-lived objects CPython runs its oldest generation rarely:
+    """Free the device memory dropped sessions held (`device` a CUDA device; None: nothing to do).
+    A session is a reference cycle (its graphs' captured callables close over it), so dropping the
+    last reference frees nothing until the cyclic collector runs, and with many long-lived objects
+    CPython runs its oldest generation rarely:
     on an H100 the full.yaml tp 1 slice (three families, 13 sessions through a cache of 8) had
     65.9 GiB reserved by unreachable sessions when cases started failing out of memory."""
     if device is None:  # host memory: the collector's own pace is enough (a full collection per
