@@ -102,6 +102,10 @@ class CaseResult:
     attempts: int = 1
     worker: str = ""  # actor / gpu that produced the last attempt
     axes: dict[str, Any] = field(default_factory=dict)  # Case.axes, for reports that only have results
+    # Device memory of the case in bytes (docs/EXECUTION.md "GPU memory"): peak_allocated,
+    # peak_reserved (during the case), session (KV caches, snapshots, graph pool of the session it
+    # ran in), worker_reserved_at_start, budget; empty where nothing was measured (CPU, a skip).
+    memory: dict[str, int] = field(default_factory=dict)
 
     @property
     def unverifiable(self) -> bool:
@@ -121,6 +125,7 @@ class CaseResult:
         d["status"] = self.status.value
         d["checks"] = tuple({name: getattr(c, name) for name in field_names(type(c))} for c in self.checks)
         d["timings"], d["versions"], d["axes"] = dict(self.timings), dict(self.versions), dict(self.axes)
+        d["memory"] = dict(self.memory)
         return d
 
     @classmethod

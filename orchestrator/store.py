@@ -94,6 +94,7 @@ def _result_from_row(row: sqlite3.Row) -> CaseResult:
         attempts=row["attempts"],
         worker=row["worker"],
         axes=json.loads(row["axes"]),
+        memory=json.loads(row["memory"]),
     )
 
 
@@ -289,6 +290,7 @@ class ResultStore:
             json.dumps(list(result.capture_sizes_used)), result.error_kind, json.dumps(result.timings),
             result.device, json.dumps(result.versions, sort_keys=True), result.log_tail, result.repro,
             result.attempts, result.worker, json.dumps(result.axes, sort_keys=True, default=str), now, int(final),
+            json.dumps(result.memory, sort_keys=True),
         )  # fmt: skip
         placeholders = ", ".join("?" * len(_RESULT_COLS))
         return [

@@ -89,11 +89,15 @@ MIGRATIONS: list[str] = [
         argv       TEXT NOT NULL
     );
     """,
+    # --- version 4: a case's device memory (CaseResult.memory, bytes; '{}' where not measured) ---
+    """
+    ALTER TABLE results ADD COLUMN memory TEXT NOT NULL DEFAULT '{}';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _RESULT_COLS = (
     "run_id", "case_id", "status", "reason", "checks", "requested_mode", "resolved_mode", "downgraded",
     "graph_kind", "provider", "capture_sizes", "error_kind", "timings", "device", "versions", "log_tail",
-    "repro", "attempts", "worker", "axes", "finished_at", "final",
+    "repro", "attempts", "worker", "axes", "finished_at", "final", "memory",
 )  # fmt: skip
