@@ -13,6 +13,10 @@ Semantics ("no new breakage"):
 - a required case that was runnable but never ran (placement timed out, gang never came up) is
   `not-run`: it fails the gate as an infrastructure error (exit 3) unless a real failure is also
   present (then exit 1: the code is broken whatever the machines did); it never counts as a pass;
+- out of memory (`oom`): an ERROR of error_kind `oom`, a case that ran out of device memory again
+  when rerun alone on a cleared worker (backend/harness/memory.py): the harness's memory, not the
+  backend's verdict. It gates like not-run, as infrastructure (exit 3 when nothing else gates), is
+  listed apart from the backend's failures, and is never compared with a baseline or a known failure;
 - unverifiable (a pass on the CPU emulation whose graphs it could not fully follow, e.g. a kernel a
   C extension launched behind the dispatcher: its reason starts "emulation: unverifiable — ") does
   not fail the gate but is counted apart from pass and listed: run it on a GPU;
@@ -35,11 +39,12 @@ FAILING = frozenset({Status.FAIL, Status.ERROR, Status.TIMEOUT})
 
 # Classifications, in the order reports list them (worst first).
 CLASSIFICATIONS = (
-    "regression", "new", "fail", "error", "timeout", "not-run", "missing",
+    "regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing",
     "old-failure", "flaky", "unverifiable", "known-fail", "fixed", "skip", "pass",
 )  # fmt: skip
-GATING = frozenset({"regression", "new", "fail", "error", "timeout", "not-run", "missing"})
-INFRA = frozenset({"not-run"})  # gating, but the machinery's fault: exit 3 when nothing else gates
+GATING = frozenset({"regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing"})
+INFRA = frozenset({"not-run", "oom"})  # gating, but the machinery's fault: exit 3 when nothing else gates
+OOM_KIND = "oom"  # CaseResult.error_kind (backend/harness/memory.py; torch-free here)
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class GateOutcome:
     downgraded: tuple[str, ...] = ()  # resolved mode != requested mode (warning)
     missing: tuple[str, ...] = ()  # planned, no result
     not_run: tuple[str, ...] = ()  # required, runnable, never ran (infrastructure)
+    oom: tuple[str, ...] = ()  # ran out of device memory when alone (infrastructure)
     counts: dict[str, int] = field(default_factory=dict)  # per classification, all keys present
     known_reasons: dict[str, KnownFailure] = field(default_factory=dict)  # case_id -> entry that matched
     baseline_status: dict[str, str] = field(default_factory=dict)  # case_id -> its status in the baseline
@@ -87,7 +93,8 @@ class GateOutcome:
             return f"gate PASSED: {total} cases, no new failures{tail}"
         parts = []
         for name, ids in (("regressions", self.regressions), ("new failures", self.new_failures),
-                          ("missing", self.missing), ("not run (infrastructure)", self.not_run)):  # fmt: skip
+                          ("missing", self.missing), ("not run (infrastructure)", self.not_run),
+                          ("out of memory (infrastructure)", self.oom)):  # fmt: skip
             if ids:
                 parts.append(f"{len(ids)} {name}")
         return f"gate FAILED: {', '.join(parts)} of {total} cases"
@@ -109,6 +116,7 @@ class GateOutcome:
             "downgraded": list(self.downgraded),
             "missing": list(self.missing),
             "not_run": list(self.not_run),
+            "oom": list(self.oom),
         }
 
 
@@ -119,6 +127,8 @@ def classify(
         return "skip"
     if r.status == Status.NOT_RUN:
         return "not-run"  # not comparable with a baseline or a known failure: nothing was observed
+    if r.status == Status.ERROR and r.error_kind == OOM_KIND:
+        return "oom"  # the harness's memory: nothing was observed of the backend either
     if r.status == Status.FLAKY:
         return "flaky"
     if r.status == Status.PASS:
@@ -179,6 +189,7 @@ def evaluate(
         downgraded=tuple(sorted(r.case_id for r in results if r.downgraded)),
         missing=ids("missing"),
         not_run=ids("not-run"),
+        oom=ids("oom"),
         counts={c: counts.get(c, 0) for c in CLASSIFICATIONS},
         known_reasons=known_reasons,
         baseline_status={cid: b.status.value for cid, b in base.items()},

@@ -100,3 +100,18 @@ def gather(
     # A running run's unfinished cases are pending, not missing: only a closed run can miss results.
     gate = evaluate(results, baseline=base, known=known, missing=missing if run.status != "running" else ())
     return RunView(run, tuple(results), gate, tuple(planned_missing), base is not None, known)
+
+
+def memory_line(results: Sequence[CaseResult]) -> str:
+    """One line on the run's device memory (CaseResult.memory, issue 37), '' where none was measured
+    (a CPU run records sessions only): the largest peak and the largest need, with their cases."""
+    measured = [r for r in results if "peak_allocated" in r.memory]
+    if not measured:
+        return ""
+    gib = 1024**3
+    peak = max(measured, key=lambda r: r.memory.get("peak_reserved", 0))
+    need = max(measured, key=lambda r: r.memory.get("needs", 0))
+    budget = max((r.memory.get("budget", 0) for r in measured), default=0)
+    text = (f"device memory: peak reserved {peak.memory.get('peak_reserved', 0) / gib:.2f} GiB ({peak.case_id}), "
+            f"largest need {need.memory.get('needs', 0) / gib:.2f} GiB ({need.case_id})")
+    return text + (f", worker budget {budget / gib:.2f} GiB" if budget else "")

@@ -385,6 +385,15 @@ class ResultStore:
         )
         return {r["case_id"]: float(r["t"]) for r in rows}  # later rows overwrite earlier ones
 
+    def memory_needs(self) -> dict[str, int]:
+        """case_id -> the device bytes its most recent GPU result needed alone (CaseResult.memory
+        "needs"): what `orch plan` and `--workers-per-gpu auto` size a worker by."""
+        rows = self._sql(
+            "SELECT case_id, json_extract(memory, '$.needs') AS n FROM results"
+            " WHERE json_extract(memory, '$.needs') IS NOT NULL ORDER BY finished_at"
+        )
+        return {r["case_id"]: int(r["n"]) for r in rows}
+
     def close(self) -> None:
         self._con.close()
 

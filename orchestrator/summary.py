@@ -19,13 +19,13 @@ from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES
 from backend.result import CaseResult
 from orchestrator import digest
 from orchestrator.gate import CLASSIFICATIONS, GateOutcome
-from orchestrator.outputs import downgrades, headline, run_state, skips
+from orchestrator.outputs import downgrades, headline, memory_line, run_state, skips
 from orchestrator.store import RunInfo
 
 SYMBOL = {
     "pass": "✅", "regression": "🔻", "new": "❌", "fail": "❌", "error": "💥", "timeout": "⏱️",
     "missing": "❔", "old-failure": "🟥", "flaky": "🎲", "unverifiable": "❓", "known-fail": "🟨", "fixed": "🟢", "skip": "⬜",
-    "not-run": "🚧",
+    "not-run": "🚧", "oom": "🧱",
 }  # fmt: skip
 MAX_PER_SECTION = 25
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -178,6 +178,8 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
     if run.baseline:
         meta.append(f"baseline: `{run.baseline}`")
     out += [" · ".join(meta), ""]
+    if memory_line(results):
+        out += [memory_line(results), ""]
     plain_failed = tuple(c for c in gate.new_failures if gate.classification[c] != "new")
     out += _section("Regressions", gate.regressions, by_id, gate, "Passed in the baseline, fail now.")
     out += _section("New failures", tuple(c for c in gate.new_failures if c not in plain_failed), by_id, gate,
@@ -185,6 +187,9 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
     out += _section("Failures", plain_failed, by_id, gate)
     out += _section("Not run (infrastructure)", gate.not_run, by_id, gate,
                     "Required cases that never ran (placement, tp gang): the machines, not the code; exit 3.")
+    out += _section("Out of memory (infrastructure)", gate.oom, by_id, gate,
+                    "Ran out of device memory again when rerun alone on a cleared worker: the harness's memory, "
+                    "not the backend; exit 3 (docs/EXECUTION.md, GPU memory).")
     out += _section("Missing results", gate.missing, by_id, gate, "Planned but never finished: `orch run --resume`.")
     out += _section("Old failures (not gating)", gate.old_failures, by_id, gate, "Also failing in the baseline.")
     out += _section("Flaky (not gating)", gate.flaky, by_id, gate)

@@ -56,6 +56,7 @@ class CudaGraphRunner(GraphRunner):
         with torch.cuda.device(self.device):
             self.pool = torch.cuda.graph_pool_handle()
             self.stream = torch.cuda.Stream(self.device)
+        self.pools = [self.pool]  # every pool this runner captured into: a session's graph bytes
         # Every graph captured into self.pool, failed ones included, stays referenced for the
         # runner's lifetime: when the last graph of a pool is freed the caching allocator releases
         # the pool, and the next capture_begin on the same handle trips an internal assert
@@ -94,6 +95,7 @@ class CudaGraphRunner(GraphRunner):
                 # to" (torch 2.11: the next capture_begin raises "beginAllocateToPool: already
                 # recording to mempool_id"): later captures get a fresh pool and stream.
                 self.pool = torch.cuda.graph_pool_handle()
+                self.pools.append(self.pool)
                 self._abandon_stream()
                 self._clear_error_state()
                 raise GraphCaptureError(_describe(error)) from error

@@ -31,11 +31,13 @@ from backend.case import Case
 from backend.harness import step_data
 from backend.harness.checks import CheckAccumulator, failure_reason
 from backend.harness.distributed import gang_id
+from backend.harness.memory import OOM_KIND, CaseMemory, gib, is_oom
 from backend.harness.model import TPLayout, layout_reasons
 from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
                                    resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
 from backend.harness.scratch import SCRATCH, capture_checked, mark_scratch, take_snapshot
-from backend.harness.session import CaptureFailed, GraphKey, Session, SessionCache, attention_config
+from backend.harness.session import (CaptureFailed, GraphKey, Session, SessionCache, SessionTooLarge, attention_config,
+                                     estimate_bytes)
 from backend.harness.sides import add_step, eager_side, graph_side
 from backend.harness.step_data import fill_context, reference_key, set_scales, step_inputs
 from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, plan_steps
@@ -49,6 +51,7 @@ from backend.result import CHECK_DETERMINISM, CHECK_NAMES, UNVERIFIABLE_PREFIX, 
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
 
 LOG_TAIL_CHARS = 4000
+BUDGET_PREFIX = "out of memory budget"  # SessionTooLarge's reason: refused before anything was built
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,22 +83,35 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
              sessions: SessionCache | None = None) -> CaseResult:
     """Run one case on one rank of its tp gang (the gang must already be initialised for tp > 1).
 
-    Device memory is the worker's, not the case's: when a case runs out of it, the cached sessions
-    of earlier cases (GBs of KV cache each at production shapes) are dropped and, on a single rank,
-    the case runs once more, so one large case cannot fail the innocent cases after it. A case that
-    does not fit an empty device stays an ERROR naming the allocation."""
+    Device memory is the worker's, not the case's (backend/harness/memory.py): a case that runs
+    out of it (eager, capture or replay) is no verdict on the backend. The worker's cached
+    sessions and process caches are dropped and, on a single rank, the case runs once more on
+    that clean state; only a case that runs out again when alone is ERROR kind `oom`, with its
+    measured needs. A gang's ranks cannot rerun alone (their collectives would pair up wrongly):
+    their `oom` goes back to the executor, which reruns the case on a fresh gang
+    (orchestrator/executor/verdicts.py)."""
     device = torch.device(device) if device is not None else default_device(rank)
     sessions = sessions if sessions is not None else SessionCache(capacity=1)
     result = _run_case(case, rank, world_size, device, sessions)
-    if result.status == Status.ERROR and _out_of_memory(result) and device.type == "cuda":
-        sessions.clear()
-        clear_process_caches()
+    if result.error_kind != OOM_KIND or result.reason.startswith(BUDGET_PREFIX):
+        return result  # a session over the budget alone is refused before it is built: no rerun
+    held = len(sessions)
+    sessions.clear()
+    clear_process_caches()
+    if device.type == "cuda":
         torch.cuda.empty_cache()
-        if world_size == 1:  # a gang's ranks cannot re-run alone: their collectives would pair up wrongly
-            again = _run_case(case, rank, world_size, device, sessions)
-            note = "out of device memory with cached sessions; re-run on a cleared device"
-            return again.replace(log_tail=(note + "\n" + again.log_tail).strip())
-    return result
+    if world_size != 1:
+        return result
+    again = _run_case(case, rank, world_size, device, sessions)
+    note = (f"out of device memory with {held} cached session(s) ({result.reason}); "
+            f"rerun once on a cleared worker")
+    if again.error_kind == OOM_KIND:
+        needs = again.memory.get("needs") or again.memory.get("peak_allocated")
+        budget = again.memory.get("budget")
+        why = f"out of memory when alone: needs at least {gib(needs)}" if needs else "out of memory when alone"
+        why += f" of a {gib(budget)} budget" if budget else ""
+        return again.replace(reason=f"{why} ({again.reason})", log_tail=(note + "\n" + again.log_tail).strip())
+    return again.replace(log_tail=(note + "\n" + again.log_tail).strip())
 
 
 def clear_process_caches() -> None:
@@ -115,6 +131,7 @@ class _SessionPlan:
     downgraded: bool
     key: tuple  # the SessionCache key
     factory: Callable[[], Session]
+    estimate: int = 0  # its bytes before it is built (session.estimate_bytes)
 
 
 def _session_plan(case: Case, backend_cls, rank: int, device: torch.device) -> _SessionPlan:
@@ -141,8 +158,10 @@ def _session_plan(case: Case, backend_cls, rank: int, device: torch.device) -> _
         return Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype, sizes, device,
                        max_tokens=max_tokens, spec_tokens=k)
 
+    layout = TPLayout(case.tp, rank, case.model.num_heads, case.model.num_kv_heads, case.model.head_size)
+    config = attention_config(case.model, layout, case.kv_cache_dtype, sizes, device)
     return _SessionPlan(mode, sizes, "; ".join(n for n in (res.message, capture.note) if n), res.downgraded, key,
-                        factory)
+                        factory, estimate_bytes(backend_cls, config, case.model.num_layers))
 
 
 def _dispatch_plan(case: Case, mode: CUDAGraphMode, sizes: tuple[int, ...]):
@@ -179,7 +198,7 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
         plan = _session_plan(case, backend_cls, 0, device)
     except UnsupportedModeError:
         return False
-    session = sessions.get(plan.key, plan.factory, device=device)
+    session = sessions.get(plan.key, plan.factory, device=device, estimate=plan.estimate)
     plans, _, keys = _dispatch_plan(case, plan.mode, plan.sizes)
     session.ensure_graphs({k for k in keys if k is not None})
     set_scales(case, session)
@@ -194,16 +213,14 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
     return True
 
 
-def _out_of_memory(result: CaseResult) -> bool:
-    return "OutOfMemoryError" in result.reason or "out of memory" in result.reason
-
-
 def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sessions: SessionCache) -> CaseResult:
     base = CaseResult(case_id=case.case_id, status=Status.ERROR, requested_mode=case.mode,
                       repro=case.repro_command(), axes=case.axes, device=_safe(device_label, device),
                       versions=versions(), provider=case.backend_label, worker=f"rank{rank}")
     t_start = time.perf_counter()
     key = None
+    memory = CaseMemory(device, sessions.budget)
+    session, built = None, False
     try:
         if world_size != case.tp:
             return base.replace(reason=f"invalid case: tp {case.tp} but the gang has {world_size} ranks",
@@ -245,7 +262,8 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         mode, sizes, notes, key = plan.mode, plan.sizes, plan.notes, plan.key
         base = base.replace(resolved_mode=mode.name, downgraded=plan.downgraded)
         t0 = time.perf_counter()
-        session = sessions.get(key, plan.factory, device=device)
+        built = key not in sessions
+        session = sessions.get(key, plan.factory, device=device, estimate=plan.estimate)
         phases: dict[str, list] = {name: [] for name in PHASES}  # spans (Clock), summed at the end
         phases["session_s"].append(Span(t0, time.perf_counter()))
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind
@@ -253,9 +271,15 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         result = _run_steps(case, session, mode, sizes, base, t_start, phases)
         if result.status == Status.ERROR:
             sessions.drop(key)
-        return result.replace(log_tail=(notes + "\n" + result.log_tail).strip() if notes else result.log_tail)
+        return result.replace(log_tail=(notes + "\n" + result.log_tail).strip() if notes else result.log_tail,
+                              memory=memory.figures(session.memory_bytes(), built))
+    except SessionTooLarge as e:
+        return base.replace(status=Status.ERROR, reason=f"{e}", error_kind=OOM_KIND,
+                            memory={**memory.figures(None, False), "needs": e.need},
+                            timings={"total_s": time.perf_counter() - t_start})
     except Exception as e:  # noqa: BLE001 - the verdict must come back, whatever the case did
-        capture = isinstance(e, CaptureFailed) or type(e).__name__ == "GraphCaptureError"
+        oom = is_oom(e)  # the harness's memory, wherever it ran out: never the backend's verdict
+        capture = not oom and (isinstance(e, CaptureFailed) or type(e).__name__ == "GraphCaptureError")
         # A failed capture leaves the session sound (ensure_graphs raises before any step ran; the
         # runner gives the next capture a fresh pool and stream), so later cases keep its caches
         # and graphs. Anything else may have left state half-written: rebuild.
@@ -264,8 +288,10 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         tail = traceback.format_exc()[-LOG_TAIL_CHARS:]
         line = f"{e}".strip().splitlines()[0] if str(e).strip() else type(e).__name__
         reason = f"capture error: {line}" if capture else f"{type(e).__name__}: {line}"
-        return base.replace(status=Status.ERROR, reason=reason, error_kind="capture" if capture else "exception",
-                            log_tail=tail, timings={"total_s": time.perf_counter() - t_start})
+        kind = OOM_KIND if oom else "capture" if capture else "exception"
+        held = session.memory_bytes() if session is not None else None
+        return base.replace(status=Status.ERROR, reason=reason, error_kind=kind, log_tail=tail,
+                            timings={"total_s": time.perf_counter() - t_start}, memory=memory.figures(held, built))
 
 
 def _safe(fn, *args) -> str:

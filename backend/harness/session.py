@@ -34,6 +34,7 @@ from backend.families.base import layer_metadata
 from backend.graphs.base import GraphCaptureError
 from backend.graphs.provenance import host_scope
 from backend.host_copy import copy_into
+from backend.harness.memory import gib, pool_bytes, tensors_bytes
 from backend.harness.model import TPLayout, TPModel, make_weights
 
 WARMUP_ITERS = 1
@@ -199,6 +200,10 @@ class Session:
         # What making a graph wrote to the KV cache (scratch.capture_checked), by key: steps replaying it fail.
         self.capture_writes: dict[GraphKey, str] = {}
         self.replays = 0  # graph replays so far: each gets fresh padded input rows (sides.pad_seed)
+        # Device bytes (backend/harness/memory.py): what building the session allocated (set by
+        # SessionCache on a GPU) and what its graph pool holds (after each capture).
+        self.built_bytes = 0
+        self.graph_bytes = 0
 
     @property
     def runner(self):
@@ -226,13 +231,39 @@ class Session:
         if not missing:
             return 0.0
         t0 = time.perf_counter()
+        reserved = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
         for key in missing:
             try:
                 self.graphs[key] = self._capture_full(key) if key.runtime_mode == "FULL" else self._capture_piecewise(key)
             except GraphCaptureError as e:
                 raise CaptureFailed(f"{key.runtime_mode} size {key.size}: {type(e).__name__}: {e}") from e
         self._sync()
+        self._measure_graphs(reserved)
         return time.perf_counter() - t0
+
+    def _measure_graphs(self, reserved_before: int) -> None:
+        """The graph pool's bytes: its segments in the allocator's snapshot, and at least what the
+        captures grew the reserved memory by (a torch whose snapshot names no pool)."""
+        if self.device.type != "cuda":
+            return
+        grown = max(0, torch.cuda.memory_reserved(self.device) - reserved_before)
+        measured = pool_bytes(getattr(self._runner, "pools", ()), self.device)
+        self.graph_bytes = max(measured or 0, self.graph_bytes + grown)
+
+    def memory_bytes(self) -> dict[str, int]:
+        """What this session holds: its KV caches, the rest of what building it allocated (static
+        buffers, the builder's persistent buffers, weights), its graph pool. On a CPU device the
+        KV caches and static buffers by their sizes."""
+        kv = tensors_bytes(self.kv_caches)
+        if self.device.type == "cuda" and self.built_bytes:
+            return {"kv": kv, "other": max(0, self.built_bytes - kv), "graphs": self.graph_bytes}
+        return {"kv": kv, "other": tensors_bytes([self.static_in, self.static_attn]), "graphs": self.graph_bytes}
+
+    def memory_total(self) -> int:
+        """The bytes a budget counts for this session while it is kept (the step's snapshot of its
+        caches is one scratch copy per process: counted in the estimate of the session that needs
+        it, estimate_bytes)."""
+        return sum(self.memory_bytes().values())
 
     def _capture_full(self, key: GraphKey) -> _Full:
         n = key.size
@@ -353,55 +384,117 @@ def _fill_garbage(caches: list[torch.Tensor], family, dtype: torch.dtype) -> Non
                 part.copy_(torch.randn(part.shape, generator=gen, device=cache.device, dtype=dtype).to(cache.dtype))
 
 
+def estimate_bytes(backend_cls, config: AttentionConfig, num_layers: int) -> int:
+    """A session's device bytes before it is built: its KV caches, and one snapshot copy of them
+    (the step's scratch, backend/harness/scratch.py). Graph pools and builder buffers come on top
+    and are measured once built (Session.memory_bytes). 0 where the backend's layout is its own."""
+    shape_of = getattr(backend_cls, "kv_cache_shape", None)
+    if getattr(backend_cls, "allocate_kv_cache", None) is not None or shape_of is None:
+        return 0
+    try:
+        shape = shape_of(config.num_blocks, config.block_size, config.num_kv_heads, config.head_size)
+    except Exception:  # noqa: BLE001 - a plugin's shape function: the measurement will tell
+        return 0
+    elems = 1
+    for n in shape:
+        elems *= int(n)
+    itemsize = 1 if config.kv_cache_dtype == "fp8" else torch.empty((), dtype=config.dtype).element_size()
+    return 2 * num_layers * elems * itemsize
+
+
+class SessionTooLarge(Exception):
+    """A session that cannot fit the worker's memory budget even alone: refused before it is built
+    (the case is ERROR kind `oom`, naming both figures)."""
+
+    def __init__(self, need: int, budget: int):
+        super().__init__(f"out of memory budget: the session needs {gib(need)} (KV caches and their snapshot), "
+                         f"the worker's budget is {gib(budget)} (--gpu-memory-utilization x its share of the device)")
+        self.need, self.budget = need, budget
+
+
 class SessionCache:
     """Per process: sessions keyed by (backend, model shape, tp, rank, kv dtype, capture sizes,
-    device), least recently used evicted beyond `capacity`, and, on a GPU, before a new session
-    would not fit in free device memory (judged by the size of the last one built).
+    device), least recently used first out, kept by their measured bytes against the worker's
+    memory `budget` (bytes; None: no budget, e.g. host memory) and at most `capacity` of them.
 
     The capacity should cover the groups a worker alternates between (backends x kv dtypes of a
-    matrix: 6 in full.yaml at tp 1): at 3, the H200 run rebuilt a session 70 times in 240 cases."""
+    matrix: 6 in full.yaml at tp 1): at 3, the H200 run rebuilt a session 70 times in 240 cases.
+    The budget is what keeps a worker inside its share of the device: on an H100, eight cached
+    sessions of the families' GPU shapes (KV caches plus graph pools) passed 80 GiB and the slice
+    failed with ~170 out-of-memory errors (issue 37). Evicting frees a session's graph pool and the
+    allocator's cached blocks at once (_release), checked with torch.cuda.memory_reserved."""
 
-    def __init__(self, capacity: int = 8):
+    def __init__(self, capacity: int = 8, budget: int | None = None):
         self.capacity = capacity
+        self.budget = budget
         self._sessions: OrderedDict[Hashable, Session] = OrderedDict()
         self.hits = 0
         self.misses = 0
-        self._largest_bytes = 0
+        self.evictions = 0
+        self.last_release: tuple[int, int] | None = None  # (bytes expected freed, bytes memory_reserved fell)
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def get(self, key: Hashable, factory, device: torch.device | None = None) -> Session:
-        """The session for `key`, built by factory() on a miss; `device` (a CUDA device) enables
-        the memory check before building."""
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._sessions
+
+    def held_bytes(self) -> int:
+        return sum(s.memory_total() for s in self._sessions.values())
+
+    def get(self, key: Hashable, factory, device: torch.device | None = None, estimate: int = 0) -> Session:
+        """The session for `key`, built by factory() on a miss, after making room for `estimate`
+        bytes (estimate_bytes) within the budget; raises SessionTooLarge when that alone is over
+        the budget. `device`: the session's device (a CUDA one also checks free device memory,
+        which other processes on the device share)."""
         if key in self._sessions:
             self._sessions.move_to_end(key)
             self.hits += 1
             return self._sessions[key]
         self.misses += 1
-        device = device if device is not None and torch.device(device).type == "cuda" else None
-        self._make_room(device)
-        before = torch.cuda.memory_allocated(device) if device is not None else 0
+        if self.budget is not None and estimate > self.budget:
+            raise SessionTooLarge(estimate, self.budget)
+        cuda = device if device is not None and torch.device(device).type == "cuda" else None
+        self._make_room(estimate, cuda)
+        before = torch.cuda.memory_allocated(cuda) if cuda is not None else 0
         session = factory()
-        if device is not None:
-            self._largest_bytes = max(self._largest_bytes, torch.cuda.memory_allocated(device) - before)
+        if cuda is not None:
+            session.built_bytes = torch.cuda.memory_allocated(cuda) - before
         self._sessions[key] = session
         if len(self._sessions) > self.capacity:
             while len(self._sessions) > self.capacity:
-                self._sessions.popitem(last=False)
-            _release(device)
+                self._evict()
+            self._release(cuda)
         return session
 
-    def _make_room(self, device: torch.device | None) -> None:
-        if device is None or not self._largest_bytes:
+    def _over(self, need: int, device: torch.device | None) -> bool:
+        if self.budget is not None and self.held_bytes() + need > self.budget:
+            return True
+        # Free memory of the device: on a shared device (several workers per GPU, another job) the
+        # budget alone does not say that the bytes are there.
+        return device is not None and need > 0 and torch.cuda.mem_get_info(device)[0] + _reclaimable(device) < need
+
+    def _make_room(self, need: int, device: torch.device | None) -> None:
+        evicted = False
+        while self._sessions and self._over(need, device):
+            self._evict()
+            evicted = True
+        if evicted:
+            self._release(device)
+
+    def _evict(self) -> None:
+        self._sessions.popitem(last=False)
+        self.evictions += 1
+
+    def _release(self, device: torch.device | None) -> None:
+        if device is None:
             return
-        # Room for the new session and its snapshots (two cache copies per step) with a margin,
-        # judged by the largest session built so far: families differ by GBs (an MLA session at
-        # full.yaml's GPU shape is a fraction of a gqa one), so the last one built can mislead.
-        need = 3 * self._largest_bytes
-        while self._sessions and torch.cuda.mem_get_info(device)[0] + _reclaimable(device) < need:
-            self._sessions.popitem(last=False)
-            _release(device)
+        reserved = torch.cuda.memory_reserved(device)
+        _release(device)
+        self.last_release = (reserved, reserved - torch.cuda.memory_reserved(device))
+        # The worker's log (its stdout): what eviction gave back, against what the cache still holds.
+        print(f"[orch] sessions evicted ({self.evictions} so far): memory_reserved {gib(reserved)} -> "
+              f"{gib(reserved - self.last_release[1])}, {len(self)} kept holding {gib(self.held_bytes())}", flush=True)
 
     def drop(self, key: Hashable) -> None:
         """Forget a session whose state is suspect (an error mid-case)."""

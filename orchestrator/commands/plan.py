@@ -8,7 +8,8 @@ adds every case id with k, resolved mode and estimate, and every skipped case wi
   {matrix, device_class, cases: [{id, <axes>, resolved_mode, mode_note, capture_sizes, est_s}],
    skipped: [{id, reason}], skipped_by_reason: [{reason, count, backends}], downgrades: [line],
    counts: {axis: {value: n}}, total_est_s, est_s_by_tp,
-   wall: {est_s, workers, parallel, device_kind, history}}
+   wall: {est_s, workers, parallel, device_kind, history},
+   memory: {needs_bytes, largest_case, recorded, per_worker_bytes, describe, auto_workers_per_gpu, auto_why}}
 (counts are over the runnable, selected cases; est_s is each case's expected seconds in a run:
 the cost model calibrated by the past durations in --db when it exists, a gang's start-up counted
 once per tp (scheduling/wall.py); wall.est_s is null when no worker would run here, e.g.
@@ -59,14 +60,29 @@ def counts_per_axis(cases: Sequence[Case]) -> dict[str, dict[str, int]]:
     return {axis: dict(c) for axis, c in counts.items()}
 
 
-def _history(db: str | None) -> dict[str, float]:
-    """Past durations from --db (read only), as `orch run` hands them to the executor."""
+def _history(db: str | None) -> tuple[dict[str, float], dict[str, int]]:
+    """Past durations and device-memory needs from --db (read only), as `orch run` uses them."""
     if not db or not os.path.isfile(db):
-        return {}
+        return {}, {}
     from orchestrator.store import ResultStore
 
     with ResultStore(db, readonly=True) as store:
-        return store.durations()
+        return store.durations(), store.memory_needs()
+
+
+def _memory(cases: Sequence[Case], needs: dict[str, int]) -> dict:
+    """What one worker needs for these cases, from their recorded device memory (issue 37), and
+    how many workers `--workers-per-gpu auto` would put on each of this machine's GPUs."""
+    from backend.attention.capabilities import driver_gpu_memory, local_gpu_count
+    from orchestrator.executor.packing import DEFAULT_UTILIZATION, auto_per_gpu, worker_need
+
+    need = worker_need((c.case_id for c in cases), needs)
+    gpus = local_gpu_count()
+    device = driver_gpu_memory() if gpus else None
+    packing = auto_per_gpu(need, device, DEFAULT_UTILIZATION, os.cpu_count() or 1, gpus) if gpus else None
+    return {"needs_bytes": need.bytes, "largest_case": need.case_id, "recorded": need.recorded,
+            "per_worker_bytes": need.per_worker(), "describe": need.describe(),
+            "auto_workers_per_gpu": packing.per_gpu if packing else None, "auto_why": packing.why if packing else ""}
 
 
 def _wall(cases: Sequence[Case], est: dict[str, float], device_class: str, workers: int | None, history: int) -> dict:
@@ -92,7 +108,7 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
     m = load_matrix(matrix, devices=devices, backend_override=backend)
     cases = select(m.cases, filter_expr)
     skipped: list[SkippedCase] = select(m.skipped, filter_expr)
-    history = _history(db)
+    history, needs = _history(db)
     est = {cid: round(float(v), 3) for cid, v in case_durations(cases, history).items()}
     modes = {c.case_id: resolved_mode(c) for c in cases}
     by_tp: Counter = Counter()
@@ -113,6 +129,7 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
         "total_est_s": round(sum(by_tp.values()), 3),
         "est_s_by_tp": {tp: round(v, 3) for tp, v in sorted(by_tp.items(), key=lambda kv: int(kv[0]))},
         "wall": _wall(cases, est, m.device_class, workers, len(history)),
+        "memory": _memory(cases, needs),
     }
 
 
@@ -172,6 +189,9 @@ def _print_text(plan: dict, verbose: bool = False) -> None:
         lines = [f"expected wall time: {wall['est_s']:.1f} s for the cases on {wall['describe']}; {calibrated}; "
                  f"worker start-up not included"]
     lines.append(f"sum of case estimates: {plan['total_est_s']:.1f} s of worker time (per tp below)")
+    memory = plan["memory"]
+    lines.append(f"device memory per worker: {memory['describe']}" + (
+        f"; --workers-per-gpu auto: {memory['auto_why']}" if memory["auto_why"] else ""))
     _write(lines)
     if plan["cases"]:
         cost = Table()

@@ -7,11 +7,11 @@ import sys
 
 from orchestrator import digest, junit, summary
 from orchestrator.errors import InfraError
-from orchestrator.outputs import RunView, downgrades, gather, skips
+from orchestrator.outputs import RunView, downgrades, gather, memory_line, skips
 from orchestrator.store import ResultStore
 
 # Classes the text report lists (worst first), as `orch report` always has.
-_LISTED = ("regression", "new", "fail", "error", "timeout", "not-run", "missing", "old-failure", "flaky",
+_LISTED = ("regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing", "old-failure", "flaky",
            "known-fail", "fixed")
 
 
@@ -26,6 +26,8 @@ def _text(view: RunView, verbose: bool = False) -> str:
     ran = view.ran()
     out.append(f"{len(ran)} ran, {len(view.results) - len(ran)} skipped, {len(gate.missing)} missing")
     out.append(", ".join(f"{k}: {v}" for k, v in gate.counts.items() if v))
+    if memory_line(view.results):
+        out.append(memory_line(view.results))
     by_id = {r.case_id: r for r in view.results}
     if verbose:
         order = {c: i for i, c in enumerate(_LISTED)}

@@ -103,6 +103,7 @@ def case_entry(r: CaseResult, view: RunView, hist: dict) -> dict[str, Any]:
         ],
         "timings": {k: _num(v) for k, v in t.items()},
         "speedup": round(eager / replay, 2) if eager and replay else None,
+        "memory": {k: int(v) for k, v in r.memory.items()},
         "device": r.device,
         "versions": dict(r.versions),
         "log_tail": r.log_tail,

@@ -33,6 +33,10 @@ RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
 # the same on every attempt: it is reported once, not retried. (Crashes, hangs and numeric
 # failures are retried: those can come from the machine.)
 NO_RETRY_KINDS = ("capture",)
+# A case that ran out of device memory (backend/harness/memory.py). A tp 1 worker already reran it
+# alone on a cleared state before reporting it: final. A gang's ranks cannot rerun alone: the
+# executor reruns the case once on a fresh gang.
+OOM_KIND = "oom"
 NODE_DEATH = re.compile(r"its node has died|NodeDiedError|node was terminated", re.IGNORECASE)
 
 
@@ -65,12 +69,24 @@ def poisons_worker(res: CaseResult) -> bool:
     return bool(STICKY_FAULT.search(text) if res.error_kind == "capture" else DEVICE_POISON.search(text))
 
 
+def retried(res: CaseResult, tp: int) -> bool:
+    """Whether a first attempt runs once more on another worker."""
+    if res.status not in RETRY_STATUSES or res.error_kind in NO_RETRY_KINDS:
+        return False
+    return res.error_kind != OOM_KIND or tp > 1
+
+
 def two_attempts(first: CaseResult, res: CaseResult) -> CaseResult:
     """The final verdict of a case that ran twice. FLAKY means one attempt passed and one did not;
     two different non-pass verdicts (FAIL then ERROR) stay a failure (the retry's status, if it
-    failed), both named in the reason."""
+    failed), both named in the reason. An attempt that ran out of memory observed nothing of the
+    backend: the other attempt's verdict is the case's (never FLAKY for the harness's memory)."""
     both = (f"{first.status} on {first.worker} ({first.reason}), "
             f"then {res.status} on {res.worker}" + (f" ({res.reason})" if res.reason else ""))
+    if (first.error_kind == OOM_KIND) != (res.error_kind == OOM_KIND):
+        seen = res if first.error_kind == OOM_KIND else first
+        note = f"the other attempt ran out of device memory: {both}"
+        return seen.replace(attempts=2, log_tail=(note + "\n" + seen.log_tail).strip())
     if first.status == res.status:
         return res.replace(attempts=2)
     if Status.PASS in (first.status, res.status):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from backend.result import CaseResult, Status
-from orchestrator.executor.verdicts import first_line, poisons_worker, two_attempts
+from orchestrator.executor.verdicts import first_line, poisons_worker, retried, two_attempts
 
 P, F, E, T = Status.PASS, Status.FAIL, Status.ERROR, Status.TIMEOUT
 
@@ -37,6 +37,34 @@ def test_two_attempts(first, retry, want, reason_starts):
     got = two_attempts(_r(first, "a", "w1"), _r(retry, "b", "w2"))
     assert got.status == want and got.attempts == 2
     assert got.reason.startswith(reason_starts) if reason_starts else got.reason == "b"
+
+
+OOM = "oom"
+
+
+@pytest.mark.parametrize("first, retry, want, want_kind", [
+    # An attempt that ran out of device memory observed nothing of the backend (issue 37): the
+    # other attempt's verdict is the case's, never FLAKY.
+    ((E, OOM), (P, ""), P, ""),
+    ((E, OOM), (F, ""), F, ""),
+    ((F, ""), (E, OOM), F, ""),
+    ((E, OOM), (E, OOM), E, OOM),
+])
+def test_two_attempts_with_an_out_of_memory(first, retry, want, want_kind):
+    got = two_attempts(_r(first[0], "a", "w1", kind=first[1]), _r(retry[0], "b", "w2", kind=retry[1]))
+    assert got.status == want and got.error_kind == want_kind and got.attempts == 2
+    assert got.status != Status.FLAKY
+
+
+@pytest.mark.parametrize("res, tp, want", [
+    (_r(F), 1, True),
+    (_r(E, kind="capture"), 1, False),  # deterministic: reported once
+    (_r(E, kind=OOM), 1, False),  # the worker already reran it alone
+    (_r(E, kind=OOM), 2, True),  # a gang's ranks could not: a fresh gang reruns it
+    (_r(P), 1, False),
+])
+def test_which_first_attempts_are_retried(res, tp, want):
+    assert retried(res, tp) is want
 
 
 @pytest.mark.parametrize("res, poisons", [

@@ -226,6 +226,13 @@
       if (c.speedup) kv(tt, "replay speedup", c.speedup + "× vs eager");
       body.appendChild(tt);
     }
+    if (c.memory && Object.keys(c.memory).length) {
+      // Device memory of the case (bytes; issue 37): peaks over the case, what its session holds.
+      body.appendChild(el("h3", null, "device memory"));
+      var mt = el("table", { id: "d-memory" });
+      Object.keys(c.memory).forEach(function (k) { kv(mt, k.replace(/_/g, " "), (c.memory[k] / 1073741824).toFixed(2) + " GiB"); });
+      body.appendChild(mt);
+    }
     if (c.versions && Object.keys(c.versions).length) {
       body.appendChild(el("h3", null, "versions"));
       body.appendChild(el("p", { id: "d-versions" }, Object.keys(c.versions).map(function (k) { return k + " " + c.versions[k]; }).join(" · ")));
