@@ -88,6 +88,13 @@ def plan(**kwargs):
               help="Finish run RUN_ID from its own plan: only the cases without a verdict. MATRIX may be left out; given, it must be the run's.")
 @click.option("--no-progress", is_flag=True, help="No live progress bar.")
 @click.option("-v", "--verbose", is_flag=True, help="Every failing case with its repro at the end, and Ray's own log lines.")
+@click.option("--workers-per-gpu", "workers_per_gpu", default="1", show_default=True, metavar="N|auto",
+              help="Workers sharing each GPU (Ray fractional GPUs, each within its memory budget); auto: as many as "
+                   "the cases' recorded memory needs and the host's cores allow (docs/EXECUTION.md, GPU memory).")
+@click.option("--gpu-memory-utilization", "gpu_memory_utilization", type=float, default=0.9, show_default=True,
+              help="Fraction of its share of the GPU a worker may use, as vLLM's option of that name.")
+@click.option("--gpu-memory", "gpu_memory", default=None, metavar="GIB",
+              help="Treat each GPU as having this much memory (e.g. 24, to behave like a 24 GiB card); default: its real size.")
 @click.option("--precompile-jobs", "precompile_jobs", type=int, default=None,
               help="Helper processes that warm Triton's kernel cache at the start of a local GPU run (0: off; default ORCH_PRECOMPILE_JOBS, else 1 when the run has cases of other backends to run meanwhile, up to 3 when not).")
 def run(**kwargs):

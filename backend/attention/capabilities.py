@@ -56,6 +56,23 @@ def driver_gpu_count(kfd_topology: str = "/sys/class/kfd/kfd/topology/nodes") ->
     return None
 
 
+def driver_gpu_memory() -> int | None:
+    """Bytes of memory of the first GPU the driver offers this process, asked as driver_gpu_count
+    asks (libcuda: cuDeviceTotalMem_v2, no torch import); None where it cannot tell."""
+    if not (os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")):
+        return None
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        if cuda.cuInit(0) != 0:
+            return None
+        dev, size = ctypes.c_int(0), ctypes.c_size_t(0)
+        if cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0 or cuda.cuDeviceTotalMem_v2(ctypes.byref(size), dev) != 0:
+            return None
+        return int(size.value)
+    except (OSError, AttributeError):
+        return None
+
+
 def kfd_gpu_count(topology: str) -> int | None:
     """GPU nodes in a KFD topology directory (ROCm's sysfs view; CPU nodes have gfx_target_version
     0). None when the directory cannot be read."""

@@ -72,19 +72,23 @@ def _ray_logging(verbose: bool):
 
 def main(matrix=None, backend=None, filter_expr=None, db="orch-results.db", out_dir="orch-out", address="local",
          devices="auto", workers=None, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
-         known_failures=None, resume_run=None, no_progress=False, precompile_jobs=None, verbose=False) -> int:  # fmt: skip
+         known_failures=None, resume_run=None, no_progress=False, precompile_jobs=None, verbose=False,
+         workers_per_gpu="1", gpu_memory_utilization=0.9, gpu_memory=None) -> int:  # fmt: skip
+    from orchestrator.executor.packing import MemoryOptions
     from orchestrator.interrupts import trapped
+
+    memory = MemoryOptions.parse(workers_per_gpu, gpu_memory_utilization, gpu_memory)
 
     with trapped():
         return _main(matrix, backend=backend, filter_expr=filter_expr, db=db, out_dir=out_dir, address=address,
                      devices=devices, workers=workers, timeout_s=timeout_s, junit_path=junit_path,
                      summary_path=summary_path, baseline=baseline, known_failures=known_failures,
                      resume_run=resume_run, no_progress=no_progress, precompile_jobs=precompile_jobs,
-                     verbose=verbose)  # fmt: skip
+                     verbose=verbose, memory=memory)  # fmt: skip
 
 
 def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, workers, timeout_s, junit_path, summary_path,
-          baseline, known_failures, resume_run, no_progress, precompile_jobs, verbose) -> int:  # fmt: skip
+          baseline, known_failures, resume_run, no_progress, precompile_jobs, verbose, memory) -> int:  # fmt: skip
     from orchestrator import artifacts, known_failures as kf
     from orchestrator.filters import select
     from orchestrator.interrupts import exit_code, signame
@@ -135,7 +139,7 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
         try:
             _execute(store, run_id, cases, address=address, devices=devices, workers=workers, timeout_s=timeout_s,
                      no_progress=no_progress, phases=phases, precompile_jobs=precompile_jobs,
-                     verbose=verbose)  # fmt: skip
+                     verbose=verbose, memory=memory)  # fmt: skip
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (orchestrator/interrupts.py)
             interrupted = e
         except BaseException:
@@ -260,7 +264,7 @@ def final_line(view, *, elapsed: float, out_dir: str, signal_name: str | None) -
 
 def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress,
              phases: dict[str, float] | None = None, precompile_jobs: int | None = None,
-             verbose: bool = False) -> dict[str, CaseResult]:
+             verbose: bool = False, memory=None) -> dict[str, CaseResult]:
     """Run the cases on Ray. `phases` receives where the wall time went: cluster (connect),
     first_result (from connect to the first result: worker start-up, imports, the first session),
     cases (from then to the last result), shutdown. On this machine's GPUs, Triton's kernel cache is
@@ -275,15 +279,34 @@ def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_p
                                history=history, jit=jit)  # before the cluster: its start-up overlaps ours
     results: dict[str, CaseResult] = {}
     try:
+        per_gpu = _per_gpu(memory, cases, store, devices) if memory is not None else 1
         results = _run_on_cluster(store, run_id, cases, address=address, devices=devices, workers=workers,
                                   timeout_s=timeout_s, no_progress=no_progress, phases=phases, log_dir=log_dir,
-                                  history=history, deferral=_deferral(jit, warmup), verbose=verbose)
+                                  history=history, deferral=_deferral(jit, warmup), verbose=verbose,
+                                  memory=memory, per_gpu=per_gpu)
         return results
     finally:
         if warmup is not None:
             from orchestrator.executor.precompile import covered
 
             warmup.stop(covered=covered(cases, results))
+
+
+def _per_gpu(memory, cases, store, devices) -> int:
+    """--workers-per-gpu resolved (auto: orchestrator/executor/packing.py, on this machine's cores,
+    GPUs and device memory, by the cases' needs recorded in the store)."""
+    if memory.workers_per_gpu != "auto":
+        return memory.workers_per_gpu
+    from backend.attention.capabilities import driver_gpu_memory, local_gpu_count
+    from orchestrator.executor.packing import auto_per_gpu, worker_need
+
+    gpus = 0 if devices == "cpu" else local_gpu_count()
+    device_bytes = memory.gpu_memory or driver_gpu_memory()
+    packing = auto_per_gpu(worker_need((c.case_id for c in cases), store.memory_needs()), device_bytes,
+                           memory.utilization, os.cpu_count() or 1, gpus)
+    if gpus:
+        _err(f"workers per GPU: {packing.why}")
+    return packing.per_gpu
 
 
 def _start_precompile(cases, *, address, devices, jobs, log_dir, history, jit: frozenset[str]):
@@ -323,28 +346,32 @@ def _jit_backends(cases) -> frozenset[str]:
 
 
 def _run_on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress, phases, log_dir,
-                    history, deferral=None, verbose: bool = False) -> dict[str, CaseResult]:
+                    history, deferral=None, verbose: bool = False, memory=None, per_gpu: int = 1) -> dict[str, CaseResult]:
     with _ray_logging(verbose):
         return _on_cluster(store, run_id, cases, address=address, devices=devices, workers=workers,
                            timeout_s=timeout_s, no_progress=no_progress, phases=phases, log_dir=log_dir,
-                           history=history, deferral=deferral)  # fmt: skip
+                           history=history, deferral=deferral, memory=memory, per_gpu=per_gpu)  # fmt: skip
 
 
 def _on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress, phases, log_dir,
-                history, deferral) -> dict[str, CaseResult]:
+                history, deferral, memory=None, per_gpu: int = 1) -> dict[str, CaseResult]:
     from orchestrator.executor.cluster import connect, disconnect
     from orchestrator.executor.executor import ExecConfig, Executor
     from orchestrator.executor.progress import Progress
     from orchestrator.interrupts import rearm
 
     t0 = time.monotonic()
-    cluster = connect(address, devices=devices, workers=workers, min_slots=max(c.tp for c in cases))
+    cluster = connect(address, devices=devices, workers=workers, min_slots=max(c.tp for c in cases),
+                      workers_per_gpu=per_gpu)
     rearm()  # ray.init installed its own SIGTERM handler (sys.exit): ours closes the run first
     t_up = time.monotonic()
     phases["cluster"] = t_up - t0
     marks: list[float] = []
     _err(cluster.banner)
     config = ExecConfig(timeout_s=timeout_s, log_dir=log_dir)
+    if memory is not None:
+        config = dataclasses.replace(config, gpu_memory_utilization=memory.utilization,
+                                     gpu_memory_bytes=memory.gpu_memory)
     if os.environ.get(RUNNER_ENV):
         config = dataclasses.replace(config, runner=os.environ[RUNNER_ENV])
     progress = Progress(len(cases), live=(not no_progress and sys.stderr.isatty()))

@@ -104,7 +104,8 @@ def _free_port() -> int:
 class CaseWorker:
     """Ray actor class (wrapped with ray.remote by gangs.py, with num_gpus/num_cpus/placement)."""
 
-    def __init__(self, *, runner: str, device_kind: str, log_dir: str, label: str, env: dict[str, str] | None = None):
+    def __init__(self, *, runner: str, device_kind: str, log_dir: str, label: str, env: dict[str, str] | None = None,
+                 memory: dict[str, Any] | None = None):
         preloaded = tuple(m for m in WORKER_PRELOAD if m in sys.modules)
         apply_env(env if env is not None else actor_env(device_kind))
         import ray
@@ -129,6 +130,8 @@ class CaseWorker:
         self.runner_path = runner
         self._runner: Callable[..., Any] | None = None
         self._sessions: Any = None
+        self._memory = dict(memory or {})  # backend.harness.memory.MemoryBudget's fields
+        self._budget: int | None = None  # bytes, once applied to the device (_load)
         self._gang: tuple[int, int] = (0, 1)
         print(f"[orch] worker {where} pid {os.getpid()} device {self.device} runner {runner} "
               f"preloaded {','.join(preloaded) or '-'}", flush=True)
@@ -159,7 +162,7 @@ class CaseWorker:
         if self._sessions is not None:
             from backend.harness.checker import SessionCache
 
-            self._sessions = SessionCache()
+            self._sessions = SessionCache(budget=self._budget)
         return self.info()
 
     def _load(self) -> Callable[..., Any]:
@@ -167,8 +170,13 @@ class CaseWorker:
             self._runner = resolve(self.runner_path)
             if self.runner_path.startswith("backend.harness.checker:"):
                 from backend.harness.checker import SessionCache
+                from backend.harness.memory import MemoryBudget, apply_budget, gib
 
-                self._sessions = SessionCache()
+                # The worker's memory budget, enforced by its own allocator (None on CPU).
+                self._budget = apply_budget(MemoryBudget.from_dict(self._memory), self.device)
+                if self._budget is not None:
+                    print(f"[orch] memory budget {gib(self._budget)} ({self._memory})", flush=True)
+                self._sessions = SessionCache(budget=self._budget)
             if self.device_kind == "cpu" and "torch" in sys.modules:
                 sys.modules["torch"].set_num_threads(1)
         return self._runner

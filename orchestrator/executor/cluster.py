@@ -41,6 +41,7 @@ class ClusterInfo:
     nodes: tuple[NodeSlots, ...]
     cpu_per_worker: float = CPU_PER_WORKER
     owned: bool = False  # we started it, so we shut it down
+    workers_per_gpu: int = 1  # GPU slots per device (--workers-per-gpu): a slot is 1 / N of a GPU
 
     @property
     def total_slots(self) -> int:
@@ -50,9 +51,12 @@ class ClusterInfo:
     def banner(self) -> str:
         if self.device_kind == "cpu":
             return f"no GPU: CPU workers, graphs emulated ({self.total_slots} workers on {len(self.nodes)} node(s))"
-        return f"{self.total_slots} GPU worker(s) on {len(self.nodes)} node(s)"
+        per = f", {self.workers_per_gpu} per GPU" if self.workers_per_gpu > 1 else ""
+        return f"{self.total_slots} GPU worker(s){per} on {len(self.nodes)} node(s)"
 
     def describe_devices(self) -> str:
+        if self.device_kind == "gpu" and self.workers_per_gpu > 1:
+            return f"{self.total_slots // self.workers_per_gpu}x gpu ({self.workers_per_gpu} workers each)"
         return f"{self.total_slots}x {self.device_kind}"
 
 
@@ -69,9 +73,11 @@ def _check_reachable(address: str) -> None:
         raise InfraError(f"Ray cluster unreachable at {address}: {e.strerror or e}") from None
 
 
-def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min_slots: int = 1) -> tuple[NodeSlots, ...]:
-    """Slots per alive node. GPU: one per GPU. CPU: `workers` (default max(cores, min_slots), so the
-    largest gang of the matrix fits) spread over nodes as far as their CPUs allow."""
+def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min_slots: int = 1,
+               per_gpu: int = 1) -> tuple[NodeSlots, ...]:
+    """Slots per alive node. GPU: `per_gpu` per GPU (--workers-per-gpu), `workers` in all at most.
+    CPU: `workers` (default max(cores, min_slots), so the largest gang of the matrix fits) spread
+    over nodes as far as their CPUs allow."""
     import ray
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
@@ -80,7 +86,7 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
     if device_kind == "gpu":
         left = workers if workers is not None else 10**9
         for n in alive:
-            k = min(int(n["Resources"].get("GPU", 0)), left)
+            k = min(int(n["Resources"].get("GPU", 0)) * per_gpu, left)
             left -= k
             if k > 0:
                 out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k))
@@ -155,7 +161,8 @@ def embedded_init_kwargs(num_gpus: int, *, preload: bool = True) -> dict:
     return kw
 
 
-def connect(address: str = "local", *, devices: str = "auto", workers: int | None = None, min_slots: int = 1) -> ClusterInfo:
+def connect(address: str = "local", *, devices: str = "auto", workers: int | None = None, min_slots: int = 1,
+            workers_per_gpu: int = 1) -> ClusterInfo:
     """Start embedded Ray (`local`) or join (`auto`, HOST:PORT, or RAY_ADDRESS) and count slots.
 
     Reuses an already-initialised Ray in this process (tests share one session cluster).
@@ -164,6 +171,8 @@ def connect(address: str = "local", *, devices: str = "auto", workers: int | Non
 
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}")
+    if workers_per_gpu < 1:
+        raise InputError(f"--workers-per-gpu must be >= 1 or auto, got {workers_per_gpu}")
     owned = False
     if not ray.is_initialized():
         if address == "local" and not os.environ.get("RAY_ADDRESS"):
@@ -184,12 +193,13 @@ def connect(address: str = "local", *, devices: str = "auto", workers: int | Non
             ray.shutdown()
         raise InfraError("--devices gpu but the Ray cluster has no GPU")
     kind = "gpu" if has_gpu and devices != "cpu" else "cpu"
-    nodes = node_slots(kind, workers, CPU_PER_WORKER, min_slots)
+    per_gpu = workers_per_gpu if kind == "gpu" else 1
+    nodes = node_slots(kind, workers, CPU_PER_WORKER, min_slots, per_gpu=per_gpu)
     if not nodes:
         if owned:
             ray.shutdown()
         raise InfraError(f"the Ray cluster offers no {kind} worker slots")
-    return ClusterInfo(address=address, device_kind=kind, nodes=nodes, owned=owned)
+    return ClusterInfo(address=address, device_kind=kind, nodes=nodes, owned=owned, workers_per_gpu=per_gpu)
 
 
 def disconnect(info: ClusterInfo) -> None:

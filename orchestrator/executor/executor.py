@@ -36,8 +36,7 @@ from backend.result import CaseResult, Status
 from orchestrator.executor import gangs
 from orchestrator.executor.actors import DEFAULT_RUNNER, read_tail
 from orchestrator.executor.cluster import ClusterInfo
-from orchestrator.executor.verdicts import (NO_RETRY_KINDS, NODE_DEATH, RETRY_STATUSES, first_line,
-                                            poisons_worker, two_attempts)
+from orchestrator.executor.verdicts import NODE_DEATH, first_line, poisons_worker, retried, two_attempts
 from orchestrator.executor.gangs import Gang, GangSpec, GangState
 from orchestrator.scheduling.cost import estimate_all
 from orchestrator.scheduling.policy import Dispatcher, Task
@@ -54,6 +53,10 @@ class ExecConfig:
     log_dir: str = ""  # per-actor logs; default a fresh temp dir
     reuse_gangs: bool = True  # split an idle larger gang's actors into the tp needed (no new processes)
     poll_s: float = 0.5
+    # What each worker may use of its device (backend/harness/memory.py MemoryBudget's utilization
+    # and device_bytes; its share comes from the cluster's workers per GPU): handed to the actors.
+    gpu_memory_utilization: float = 0.9
+    gpu_memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,12 @@ class Executor:
         self._nodes_checked = 0.0
         self._no_place_tp: int | None = None  # smallest tp whose placement timed out
         self._unit = "GPU" if cluster.device_kind == "gpu" else "CPU worker"
+        # Several workers per GPU (--workers-per-gpu): a slot is a share of a GPU. A tp 1 worker
+        # takes one share; a gang's rank takes a whole device (NCCL refuses two ranks of one
+        # communicator on one GPU, and Ray cannot place fractional bundles on distinct GPUs), so a
+        # tp t case is t x N slots wide for the dispatcher. Gangs are not split into tp 1 workers
+        # then: the split workers would hold whole devices.
+        self._per_gpu = cluster.workers_per_gpu if cluster.device_kind == "gpu" else 1
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -132,11 +141,12 @@ class Executor:
         slots = [n.slots for n in self.cluster.nodes]
         tasks = []
         for c in cases:
-            if c.tp > max(slots):
-                self._skip_placement(c, f"needs {c.tp} {self._unit}s on one node; the largest has {max(slots)}")
+            if self._width(c.tp) > max(slots):
+                self._skip_placement(c, f"needs {c.tp} {self._unit}s on one node; the largest has "
+                                        f"{max(slots) // self._per_gpu}")
             else:
                 later = self.deferral is not None and c.backend in self.deferral.backends
-                tasks.append(Task(c.case_id, c.tp, est[c.case_id], group_key(c), tier=int(later)))
+                tasks.append(Task(c.case_id, self._width(c.tp), est[c.case_id], group_key(c), tier=int(later)))
         self.dispatcher = Dispatcher(tasks, slots)
         self._queued = {t.id: t for t in tasks}
         deferring = self.deferral is not None and any(t.tier for t in tasks)
@@ -151,7 +161,7 @@ class Executor:
                     if self._queued:  # nothing runs and nothing fits anywhere: will never run
                         for t in list(self._queued.values()):
                             self._queued.pop(t.id)
-                            self._not_run(self._cases[t.id], f"needs {t.tp} {self._unit}s on one node; none left")
+                            self._not_run(self._cases[t.id], f"needs {self._tp(t)} {self._unit}s on one node; none left")
                     break
                 self._wait_once()
                 self._flush()
@@ -185,9 +195,23 @@ class Executor:
 
     # -- dispatch -------------------------------------------------------------------------------
 
+    def _width(self, tp: int) -> int:
+        """Slots a gang of `tp` takes (a share of a GPU each for tp 1, whole devices for a gang)."""
+        return tp if tp == 1 else tp * self._per_gpu
+
+    def _tp(self, task: Task) -> int:
+        return self._cases[task.id].tp
+
+    def _memory(self, tp: int) -> tuple[tuple[str, object], ...]:
+        """The actors' MemoryBudget (backend/harness/memory.py), as hashable items."""
+        share = 1.0 / self._per_gpu if tp == 1 else 1.0
+        return (("utilization", self.config.gpu_memory_utilization), ("share", share),
+                ("device_bytes", self.config.gpu_memory_bytes))
+
     def _held(self, node: int) -> int:
-        """Bundles reserved on the node: a pg's every bundle while any gang over it lives."""
-        pgs = {id(g.pg): g.pg_size for g in self.gangs if g.node == node and g.state != GangState.DEAD}
+        """Slots reserved on the node: a pg's every bundle while any gang over it lives."""
+        pgs = {id(g.pg): g.pg_size * self._width(g.spec.tp) // g.spec.tp
+               for g in self.gangs if g.node == node and g.state != GangState.DEAD}
         return sum(pgs.values())
 
     def _teardown(self, g: Gang) -> None:
@@ -197,7 +221,8 @@ class Executor:
 
     def _free(self, node: int) -> int:
         """Slots the dispatcher may fill: not held by a gang that is busy or coming up."""
-        busy = sum(g.tp for g in self.gangs if g.node == node and g.state not in (GangState.DEAD, GangState.IDLE))
+        busy = sum(self._width(g.tp) for g in self.gangs
+                   if g.node == node and g.state not in (GangState.DEAD, GangState.IDLE))
         if not self._alive[node]:
             return 0
         free = self.cluster.nodes[node].slots - busy
@@ -219,9 +244,9 @@ class Executor:
                     break
                 self._queued.pop(task.id, None)
                 case = self._cases[task.id]
-                if self._no_place_tp is not None and task.tp >= self._no_place_tp:
+                if self._no_place_tp is not None and case.tp >= self._no_place_tp:
                     self.dispatcher.done(task, 0.0)
-                    self._not_run(case, f"needs {task.tp} {self._unit}s on one node (an earlier placement timed out)")
+                    self._not_run(case, f"needs {case.tp} {self._unit}s on one node (an earlier placement timed out)")
                     continue
                 gang = self._gang_for(node, task, idle)
                 if gang is None:  # a retry that must avoid the only idle worker: ask again later
@@ -239,24 +264,26 @@ class Executor:
 
     def _gang_for(self, node: int, task: Task, idle: list[Gang]) -> Gang | None:
         avoid = self._first[task.id].worker if task.id in self._first else None
-        same = [g for g in idle if g.tp == task.tp and not (avoid and g.label == avoid)]
+        tp, width = self._tp(task), task.tp
+        same = [g for g in idle if g.tp == tp and not (avoid and g.label == avoid)]
         same.sort(key=lambda g: g.last_group != task.group)
         if same:
             return same[0]
-        if avoid and any(g.tp == task.tp and g.label == avoid for g in idle) and self.cluster.total_slots < 2 * task.tp:
-            return next(g for g in idle if g.tp == task.tp)  # nowhere else to go
-        if self.config.reuse_gangs:
+        if avoid and any(g.tp == tp and g.label == avoid for g in idle) and self.cluster.total_slots < 2 * width:
+            return next(g for g in idle if g.tp == tp)  # nowhere else to go
+        if self.config.reuse_gangs and self._per_gpu == 1:
             parts = self._reform(task, idle, avoid)
             if parts is not None:
                 return parts
         # New gang: tear idle gangs down until its slots are unheld (counted free by _free).
-        for g in sorted(idle, key=lambda g: g.tp == task.tp):  # other sizes go first
-            if self.cluster.nodes[node].slots - self._held(node) >= task.tp:
+        for g in sorted(idle, key=lambda g: g.tp == tp):  # other sizes go first
+            if self.cluster.nodes[node].slots - self._held(node) >= width:
                 break
             self._teardown(g)
-        if self.cluster.nodes[node].slots - self._held(node) < task.tp:
+        if self.cluster.nodes[node].slots - self._held(node) < width:
             return None
-        spec = GangSpec(task.tp, self.cluster.device_kind, self.config.runner, self.log_dir, self.cluster.cpu_per_worker)
+        spec = GangSpec(tp, self.cluster.device_kind, self.config.runner, self.log_dir, self.cluster.cpu_per_worker,
+                        gpu_share=1.0 / self._per_gpu if tp == 1 else 1.0, memory=self._memory(tp))
         gang, ready = gangs.place(spec, node, self.cluster.nodes[node].node_id)
         self.gangs.append(gang)
         self.jobs.append(_Job("place", gang, [ready], time.monotonic() + self.config.placement_timeout_s, []))
@@ -281,10 +308,10 @@ class Executor:
         if first.id in self._singles or first.est_s >= self.config.batch_target_s:
             return batch
         while len(batch) < self.config.max_batch:
-            t = self.dispatcher.next_for(node, gang.tp, first.group)
+            t = self.dispatcher.next_for(node, self._width(gang.tp), first.group)
             if t is None:
                 break
-            ok = (t.tp == gang.tp and t.id not in self._singles and total + t.est_s < self.config.batch_target_s
+            ok = (t.tp == self._width(gang.tp) and t.id not in self._singles and total + t.est_s < self.config.batch_target_s
                   and not (t.id in self._first and self._first[t.id].worker == gang.label))  # fmt: skip
             if not ok:
                 self.dispatcher.requeue(t)
@@ -516,8 +543,7 @@ class Executor:
 
     def _attempt(self, task: Task, res: CaseResult, duration_s: float) -> None:
         first = self._first.pop(task.id, None)
-        if first is None and res.status in RETRY_STATUSES and res.error_kind not in NO_RETRY_KINDS \
-                and self.config.retries > 0:
+        if first is None and retried(res, self._tp(task)) and self.config.retries > 0:
             self._first[task.id] = res
             self._emit(res, False)
             self._requeue(task)

@@ -48,9 +48,11 @@ class GangSpec:
     runner: str
     log_dir: str
     cpu_per_worker: float = 0.25
+    gpu_share: float = 1.0  # of one GPU per rank (--workers-per-gpu N: 1 / N for a tp 1 worker)
+    memory: tuple[tuple[str, object], ...] = ()  # the actors' MemoryBudget items (executor._memory)
 
     def bundle(self) -> dict[str, float]:
-        return {"GPU": 1.0} if self.device_kind == "gpu" else {"CPU": self.cpu_per_worker}
+        return {"GPU": self.gpu_share} if self.device_kind == "gpu" else {"CPU": self.cpu_per_worker}
 
 
 @dataclass
@@ -98,7 +100,7 @@ def start_actors(gang: Gang) -> list[Any]:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     spec = gang.spec
-    resources = {"num_gpus": 1, "num_cpus": 0} if spec.device_kind == "gpu" else {"num_cpus": spec.cpu_per_worker}
+    resources = {"num_gpus": spec.gpu_share, "num_cpus": 0} if spec.device_kind == "gpu" else {"num_cpus": spec.cpu_per_worker}
     cls = ray.remote(CaseWorker)
     env = actor_env(spec.device_kind)  # applied by the actor itself: no runtime_env (start-up)
     for rank in range(spec.tp):
@@ -110,7 +112,8 @@ def start_actors(gang: Gang) -> list[Any]:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=gang.pg, placement_group_bundle_index=rank
             ),
-        ).remote(runner=spec.runner, device_kind=spec.device_kind, log_dir=spec.log_dir, label=label, env=env)
+        ).remote(runner=spec.runner, device_kind=spec.device_kind, log_dir=spec.log_dir, label=label, env=env,
+                 memory=dict(spec.memory))
         gang.actors.append(actor)
     gang.state = GangState.STARTING
     return [a.info.remote() for a in gang.actors]

@@ -1,0 +1,122 @@
+"""How many workers share one GPU (`--workers-per-gpu N|auto`), worked out without Ray or torch.
+
+A passing case is ~0.15 s of host work with the GPU mostly idle (issue 37: eager 39 ms, reference
+24, inputs 20, session 17, checks 13, replay 9.5 on an H100), so one worker per GPU leaves the
+device and most of the host's cores idle. Several workers per GPU are Ray fractional GPUs
+(`num_gpus = 1 / N`, every actor still on one device); each keeps to its memory budget itself
+(backend/harness/memory.py), since Ray enforces nothing about memory.
+
+`auto` packs by what the matrix's cases were measured to need (CaseResult.memory "needs", from
+the store) and by the host's cores; a matrix with no recorded needs gets one worker per GPU (the
+run records them, so the next run packs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from orchestrator.errors import InputError
+
+GiB = 1024**3
+MAX_PER_GPU = 8
+DEFAULT_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default (backend/harness/memory.py)
+# What a worker holds beyond its largest case's needs: its CUDA context and kernels (~0.5 GiB),
+# the allocator's fragmentation and a second session while the first is evicted.
+WORKER_OVERHEAD = 0.75 * GiB
+NEED_MARGIN = 1.25
+
+
+def parse_workers_per_gpu(value: str | int | None) -> int | str:
+    """`--workers-per-gpu`: a positive integer or "auto" (exit 2 otherwise)."""
+    if value is None:
+        return 1
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    if not text.isdigit() or int(text) < 1:
+        raise InputError(f"--workers-per-gpu must be a positive integer or auto, got {value!r}")
+    return int(text)
+
+
+def parse_gib(value: str | float | None, option: str) -> int | None:
+    """A size in GiB (`24`, `24GiB`, `24G`) -> bytes; None stays None."""
+    if value is None:
+        return None
+    text = str(value).strip().lower().removesuffix("ib").removesuffix("b").removesuffix("g")
+    try:
+        gib = float(text)
+    except ValueError:
+        raise InputError(f"{option} takes a size in GiB (e.g. 24), got {value!r}") from None
+    if gib <= 0:
+        raise InputError(f"{option} must be > 0 GiB, got {value!r}")
+    return int(gib * GiB)
+
+
+def check_utilization(value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class WorkerNeed:
+    """What one worker of a matrix needs: the largest recorded need of its cases."""
+
+    bytes: int  # 0: nothing recorded
+    case_id: str  # the case that needs it ("" when nothing was recorded)
+    recorded: int  # cases with a recorded need
+    cases: int
+
+    def per_worker(self) -> int:
+        return int(self.bytes * NEED_MARGIN + WORKER_OVERHEAD) if self.bytes else 0
+
+    def describe(self) -> str:
+        if not self.bytes:
+            return f"no recorded device memory for these {self.cases} case(s) (a GPU run records it)"
+        part = f" ({self.recorded} of {self.cases} cases recorded)" if self.recorded < self.cases else ""
+        return (f"largest case needs {self.bytes / GiB:.2f} GiB ({self.case_id}); a worker "
+                f"{self.per_worker() / GiB:.2f} GiB with its context and margin{part}")
+
+
+def worker_need(case_ids: Iterable[str], needs: Mapping[str, int]) -> WorkerNeed:
+    ids = list(case_ids)
+    recorded = [(needs[c], c) for c in ids if c in needs]
+    top = max(recorded, default=(0, ""))
+    return WorkerNeed(top[0], top[1], len(recorded), len(ids))
+
+
+@dataclass(frozen=True)
+class Packing:
+    per_gpu: int
+    why: str
+
+
+def auto_per_gpu(need: WorkerNeed, device_bytes: int | None, utilization: float, cores: int, gpus: int) -> Packing:
+    """Workers per GPU for `auto`: as many as the device's budget holds at the recorded need, no
+    more than the host's cores allow (one per worker, one left for the driver and Ray), at most
+    MAX_PER_GPU."""
+    if gpus < 1:
+        return Packing(1, "no GPU")
+    if not need.bytes or not device_bytes:
+        why = need.describe() if not need.bytes else "the device's memory is unknown here"
+        return Packing(1, f"1 per GPU: {why}")
+    by_memory = int(device_bytes * utilization // need.per_worker())
+    by_cores = max(1, (cores - 1) // gpus)
+    n = max(1, min(by_memory, by_cores, MAX_PER_GPU))
+    return Packing(n, f"{n} per GPU: memory allows {by_memory} ({need.describe()}; "
+                      f"{device_bytes / GiB:.0f} GiB x {utilization:g}), cores {by_cores}, cap {MAX_PER_GPU}")
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """`orch run`'s memory options, validated once at the edge."""
+
+    workers_per_gpu: int | str = 1  # N or "auto"
+    utilization: float = 0.9
+    gpu_memory: int | None = None  # bytes each GPU is taken to have (None: its real size)
+
+    @classmethod
+    def parse(cls, workers_per_gpu, utilization, gpu_memory) -> "MemoryOptions":
+        return cls(parse_workers_per_gpu(workers_per_gpu), check_utilization(float(utilization)),
+                   parse_gib(gpu_memory, "--gpu-memory"))

@@ -1,0 +1,58 @@
+"""Several workers per GPU on a Ray cluster of fake GPUs (`num_gpus=2` on a CPU box), in a process of
+its own (the test session's cluster has no GPUs). Prints one JSON object: what the executor asked
+Ray for per gang, and what each case's worker got (tests/executor/test_memory_packing.py).
+
+    python tests/executor/packing_script.py PER_GPU LOG
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    per_gpu, log = int(sys.argv[1]), sys.argv[2]
+    os.environ["ORCH_PACKING_LOG"] = log  # before ray.init: the workers inherit the raylet's env
+    import ray
+
+    from orchestrator.executor import gangs
+    from orchestrator.executor.cluster import connect
+    from orchestrator.executor.executor import ExecConfig, Executor
+    from orchestrator.matrix import load_matrix
+
+    ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, object_store_memory=256 * 1024**2,
+             log_to_driver=False)
+    specs = []
+    real_start = gangs.start_actors
+
+    def recording(gang):
+        specs.append({"tp": gang.spec.tp, "gpu_share": gang.spec.gpu_share, "bundle": gang.spec.bundle(),
+                      "memory": dict(gang.spec.memory)})
+        return real_start(gang)
+
+    gangs.start_actors = recording
+
+    def no_process_group(gang, infos, timeout_s):
+        # Fake GPUs cannot host NCCL: the gang's ranks run the runner without a process group
+        # (it uses no collective); what this test checks is where Ray put them.
+        gang.infos = list(infos)
+        gang.state = gangs.GangState.IDLE
+        return []
+
+    gangs.join = no_process_group
+    m = load_matrix("matrices/smoke.yaml", devices="cpu")
+    tp1 = [c for c in m.cases if c.tp == 1][:16]
+    tp2 = [c for c in m.cases if c.tp == 2][:2]
+    cluster = connect("local", devices="gpu", workers_per_gpu=per_gpu)
+    config = ExecConfig(runner="tests.executor.packing_runner:run", gpu_memory_utilization=0.8,
+                        batch_target_s=0.0, retries=0)
+    final = Executor(cluster, config).run([*tp1, *tp2])
+    print(json.dumps({"slots": cluster.total_slots, "banner": cluster.banner, "specs": specs,
+                      "statuses": sorted({r.status.value for r in final.values()}), "results": len(final)}))
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
