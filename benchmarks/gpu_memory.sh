@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 37 on the lent GPU machine (an H100 80GB: the H200 hides the problem), in steps that fit
+# one device call each on a warm machine:
+#   carry .whl (../shared/tools/device-wheels), then: STEPS="runs packed" bash benchmarks/gpu_memory.sh
+#                                               then: STEPS="small alone" bash benchmarks/gpu_memory.sh
+# runs    the families' tp 1 slice (FAMILY_FILTER, as gpu_families.sh) cold then warm, one worker
+#         per GPU (the default): no out-of-memory anywhere, gate passed
+# packed  the same slice warm with --workers-per-gpu auto (WPG to force a number) into a copy of the
+#         warm store (auto packs by the needs the warm run recorded): the same verdicts, and the
+#         `time:` lines of both runs give the cases phase side by side
+# small   the slice under --gpu-memory 24 (a 24 GiB card): the same verdicts as the warm run
+# alone   each family of the slice in a run of its own: the same verdicts as the combined run
+# Writes $OUT/memory.log (a line per step, each run's last lines, benchmarks/memory_report.py) and
+# $OUT/memory.tgz (the stores and logs). Per-step timeouts.
+set -u
+. benchmarks/gpu_env.sh
+R=/tmp/orch-memory; mkdir -p "$R"
+log=$OUT/memory.log
+touch "$log"; gpu_header "$log"
+step() { echo "== $* ($(date -u +%T))" >> "$log"; }
+pack() { tar czf "$OUT/memory.tgz" -C "$R" . 2>/dev/null; cp "$log" "$R/" 2>/dev/null; }
+FILTER=${FAMILY_FILTER:-tp=1 backend=torch,aiter-triton,aiter-triton-pa}
+STEPS=${STEPS:-runs packed small alone}
+orch_run() {  # NAME DB FILTER [ARGS...]: one run, its last lines and time: line into the log
+  local name=$1 db=$2 filter=$3; shift 3
+  step "orch run full.yaml --filter '$filter' $* ($name)"
+  /usr/bin/time -f "wall %e s, max rss %M KB" timeout "${RUN_TIMEOUT:-240}" python3 -m orchestrator.cli run \
+      matrices/full.yaml --filter "$filter" --devices gpu --db "$db" --known-failures matrices/known-failures.yaml \
+      --no-progress --out "$R/$name-out" "$@" > "$R/$name.log" 2>&1
+  echo "rc=$?" >> "$R/$name.log"; grep -v "^    repro:" "$R/$name.log" | grep -E "time:|run [0-9]+|workers per GPU|worker|rc=|wall" | tail -6 >> "$log"
+  single_file_db "$db"
+}
+
+for s in $STEPS; do
+  case $s in
+    runs)
+      orch_run cold "$R/cold.db" "$FILTER"
+      orch_run warm "$R/warm.db" "$FILTER"
+      python3 benchmarks/memory_report.py "$R/warm.db" "$R/cold.db" >> "$log" 2>&1; pack ;;
+    packed)
+      cp "$R/warm.db" "$R/packed.db"
+      orch_run packed "$R/packed.db" "$FILTER" --workers-per-gpu "${WPG:-auto}"
+      python3 benchmarks/memory_report.py "$R/warm.db" "$R/packed.db" >> "$log" 2>&1; pack ;;
+    small)
+      orch_run small "$R/small.db" "$FILTER" --gpu-memory 24
+      python3 benchmarks/memory_report.py "$R/warm.db" "$R/small.db" >> "$log" 2>&1; pack ;;
+    alone)
+      for fam in gqa mla swa_sinks; do orch_run "alone-$fam" "$R/alone.db" "$FILTER attention=$fam"; done
+      python3 benchmarks/memory_report.py "$R/warm.db" "$R/alone.db" >> "$log" 2>&1; pack ;;
+  esac
+done
+step done
+pack
