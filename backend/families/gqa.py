@@ -94,6 +94,7 @@ class GQA(AttentionFamily):
         return q, k, v
 
 
-def _with_new(context: Sequence[torch.Tensor], new: torch.Tensor, query_lens: Sequence[int]) -> list[torch.Tensor]:
-    """Each request's whole sequence: its context rows, then this step's new rows."""
-    return [torch.cat([c, n]) for c, n in zip(context, split_by(new, query_lens))]
+def _with_new(context: Sequence[torch.Tensor], new: torch.Tensor, query_lens: Sequence[int]):
+    """Each request's whole sequence: its context rows, then this step's new rows, one request at a
+    time (an iterator: the whole batch's sequences at once are GBs at GPU shapes)."""
+    return (torch.cat([c, n]) for c, n in zip(context, split_by(new, query_lens)))

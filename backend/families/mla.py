@@ -98,7 +98,7 @@ class MLA(AttentionFamily):
         ckv = rnd(h @ weights["w_kv_a"].t())
         kv_c = rnd(rmsnorm(ckv[:, :d.kv_lora_rank], weights["kv_norm"]))
         new = round_new(0, torch.cat([kv_c, ckv[:, d.kv_lora_rank:]], dim=-1))
-        rows = [torch.cat([c, n]) for c, n in zip(context[0], split_by(new, query_lens))]
+        rows = (torch.cat([c, n]) for c, n in zip(context[0], split_by(new, query_lens)))  # one at a time
         w_uk, w_uv = split_kv_b(weights["w_kv_b"], nh, d)
         scale = self.scale(shape)
         outs = [reference_absorbed(qr, r, w_uk, w_uv, d, scale) if ql == 1

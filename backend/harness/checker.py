@@ -220,6 +220,8 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
     t_start = time.perf_counter()
     key = None
     memory = CaseMemory(device, sessions.budget)
+    sessions.others = (step_data.cached_bytes, step_data.clear_caches)  # beside the sessions, in the budget
+    step_data.set_budget(sessions.budget)
     session, built = None, False
     try:
         if world_size != case.tp:
@@ -271,8 +273,11 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         result = _run_steps(case, session, mode, sizes, base, t_start, phases)
         if result.status == Status.ERROR:
             sessions.drop(key)
+        figures = memory.figures(session.memory_bytes(), built)
+        if "needs" in figures:
+            sessions.note_transient(figures["needs"] - figures.get("session", 0))
         return result.replace(log_tail=(notes + "\n" + result.log_tail).strip() if notes else result.log_tail,
-                              memory=memory.figures(session.memory_bytes(), built))
+                              memory=figures)
     except SessionTooLarge as e:
         return base.replace(status=Status.ERROR, reason=f"{e}", error_kind=OOM_KIND,
                             memory={**memory.figures(None, False), "needs": e.need},

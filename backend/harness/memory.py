@@ -70,6 +70,28 @@ def apply_budget(budget: MemoryBudget, device: torch.device) -> int | None:
     return limit
 
 
+def expandable_segments() -> str:
+    """Turn on the caching allocator's expandable segments for this process (before its first CUDA
+    allocation), unless PYTORCH_CUDA_ALLOC_CONF says otherwise; returns what was done.
+
+    A worker's sessions come and go (KV caches of GBs, graph pools), and a freed block of the
+    classic allocator is split for later small tensors that then pin the whole segment: on an H100
+    the families' tp 1 slice ran out of memory with 58 GiB "reserved but unallocated" and 13 GiB in
+    use, which no empty_cache could give back (issue 37). Expandable segments map and unmap by
+    pages. Set through the API, not the environment: torch, which Ray's workers preload, has read
+    PYTORCH_CUDA_ALLOC_CONF before an actor can set it."""
+    import os
+
+    if "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
+        return f"PYTORCH_CUDA_ALLOC_CONF={os.environ['PYTORCH_CUDA_ALLOC_CONF']} (as given)"
+    setter = (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+              or getattr(torch._C, "_cuda_cudaCachingAllocator_set_allocator_settings", None))
+    if setter is None:
+        return "expandable segments unavailable in this torch"
+    setter("expandable_segments:True")
+    return "expandable_segments:True"
+
+
 def is_oom(e: BaseException | None) -> bool:
     """An out-of-memory error anywhere in the chain (a capture error wraps the allocator's)."""
     seen = 0

@@ -67,6 +67,11 @@ class LRU:
     def items(self):
         return self._items.items()
 
+    @property
+    def total(self) -> int:
+        """The values' summed `size` (bytes, for a cache sized by bytes)."""
+        return self._total
+
     def values(self):
         return self._items.values()
 
@@ -432,6 +437,13 @@ class SessionCache:
         self.misses = 0
         self.evictions = 0
         self.last_release: tuple[int, int] | None = None  # (bytes expected freed, bytes memory_reserved fell)
+        # The most one case allocated above what the worker held when it started (its transient:
+        # step inputs, the snapshot, the reference, a provider's temporaries), learned case by case:
+        # the budget keeps that much free beside the sessions (note_transient).
+        self.transient = 0
+        # The process's other caches (step inputs, references): their bytes, and how to drop them
+        # when nothing else is left to evict (set by the checker: session.py cannot import them).
+        self.others: tuple[Callable[[], int], Callable[[], None]] = (lambda: 0, lambda: None)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -447,14 +459,15 @@ class SessionCache:
         bytes (estimate_bytes) within the budget; raises SessionTooLarge when that alone is over
         the budget. `device`: the session's device (a CUDA one also checks free device memory,
         which other processes on the device share)."""
+        cuda = device if device is not None and torch.device(device).type == "cuda" else None
         if key in self._sessions:
             self._sessions.move_to_end(key)
             self.hits += 1
+            self._make_room(0, cuda, keep=key)  # room for the case's transient beside the others
             return self._sessions[key]
         self.misses += 1
         if self.budget is not None and estimate > self.budget:
             raise SessionTooLarge(estimate, self.budget)
-        cuda = device if device is not None and torch.device(device).type == "cuda" else None
         self._make_room(estimate, cuda)
         before = torch.cuda.memory_allocated(cuda) if cuda is not None else 0
         session = factory()
@@ -467,23 +480,32 @@ class SessionCache:
             self._release(cuda)
         return session
 
+    def note_transient(self, nbytes: int) -> None:
+        self.transient = max(self.transient, int(nbytes))
+
     def _over(self, need: int, device: torch.device | None) -> bool:
-        if self.budget is not None and self.held_bytes() + need > self.budget:
+        if self.budget is not None and self.held_bytes() + self.others[0]() + need + self.transient > self.budget:
             return True
         # Free memory of the device: on a shared device (several workers per GPU, another job) the
         # budget alone does not say that the bytes are there.
         return device is not None and need > 0 and torch.cuda.mem_get_info(device)[0] + _reclaimable(device) < need
 
-    def _make_room(self, need: int, device: torch.device | None) -> None:
+    def _make_room(self, need: int, device: torch.device | None, keep: Hashable | None = None) -> None:
+        """Evict least recently used sessions (never `keep`) until `need` bytes and the learned
+        transient fit beside what is kept; then, if still over, drop the process's other caches."""
         evicted = False
-        while self._sessions and self._over(need, device):
-            self._evict()
+        while any(k != keep for k in self._sessions) and self._over(need, device):
+            self._evict(keep)
+            evicted = True
+        if self.budget is not None and self._over(need, device) and self.others[0]():
+            self.others[1]()
             evicted = True
         if evicted:
             self._release(device)
 
-    def _evict(self) -> None:
-        self._sessions.popitem(last=False)
+    def _evict(self, keep: Hashable | None = None) -> None:
+        oldest = next(k for k in self._sessions if k != keep)
+        del self._sessions[oldest]
         self.evictions += 1
 
     def _release(self, device: torch.device | None) -> None:

@@ -4,6 +4,8 @@ KV write, the per-case fp8 scales, and the fp32 reference forward."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from backend.attention.kv_cache import fp8_dtype
@@ -59,15 +61,35 @@ INPUTS = new_inputs_cache()
 INPUTS_SIZED_FOR_GPU = False
 
 
+# The worker's device-memory budget (bytes) once its SessionCache has one (set_budget): a GPU
+# worker's caches are sized by it, not by the device, since several workers share one device.
+BUDGET: list[int | None] = [None]
+
+
+def set_budget(budget: int | None) -> None:
+    BUDGET[0] = budget
+
+
 def inputs_cache_for(device: torch.device) -> LRU:
     """The process's step-inputs cache, sized for `device` the first time a GPU uses it (a worker
-    has one device; CPU workers keep the default)."""
+    has one device; CPU workers keep the default): a fifth of the worker's memory budget (or of
+    the device's memory, without one)."""
     global INPUTS, INPUTS_SIZED_FOR_GPU
     if device.type == "cuda" and not INPUTS_SIZED_FOR_GPU:
-        budget = torch.cuda.get_device_properties(device).total_memory // GPU_INPUTS_FRACTION
+        budget = (BUDGET[0] or torch.cuda.get_device_properties(device).total_memory) // GPU_INPUTS_FRACTION
         INPUTS = new_inputs_cache(budget, max_entry=budget // 4)
         INPUTS_SIZED_FOR_GPU = True
     return INPUTS
+
+
+def cached_bytes() -> int:
+    """Device and host bytes the process's step caches hold now (what a budget must leave them)."""
+    return INPUTS._total + REFERENCES._total
+
+
+def clear_caches() -> None:
+    INPUTS.clear()
+    REFERENCES.clear()
 
 
 def step_inputs(plan, shape, seed: int, device: torch.device) -> StepInputs:
@@ -125,9 +147,28 @@ def fill_context(session: Session, inputs: StepInputs, reference: bool = True
             held = values if group.ctx_rows is None else [v.index_select(0, group.ctx_rows) for v in values]
             family.write(cache, family.rank_context(held, session.layout), slots, k_scale, v_scale)
         scales = family.plane_scales(k_scale, v_scale)
-        context.append([list(torch.split(fp8_round(v, scale, cache.dtype), inputs.ctx_lens)) if reference else []
+        context.append([RoundedContext(v, scale, cache.dtype, inputs.ctx_lens) if reference else []
                         for v, scale in zip(values, scales)])
     return context, on_device.all_ctx_slots
+
+
+class RoundedContext(Sequence):
+    """One layer plane's context as the reference reads it: request i's rows rounded the way the
+    cache stores them (fp8_round), made when asked for, one request at a time. The whole batch
+    rounded at once was an fp32 copy of every context row: 6.7 GB of a decode_200 step at
+    full.yaml's GPU shape, which alone put the case over a 24 GiB card (issue 37)."""
+
+    def __init__(self, values: torch.Tensor, scale, dtype: torch.dtype, lens: list[int]):
+        self._parts = torch.split(values, lens)  # views of the step's draw: no copy
+        self._scale, self._dtype = scale, dtype
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return fp8_round(self._parts[i], self._scale, self._dtype)
 
 
 def compute_reference(case: Case, session: Session, inputs: StepInputs, context) -> tuple[torch.Tensor, torch.Tensor]:

@@ -170,8 +170,10 @@ class CaseWorker:
             self._runner = resolve(self.runner_path)
             if self.runner_path.startswith("backend.harness.checker:"):
                 from backend.harness.checker import SessionCache
-                from backend.harness.memory import MemoryBudget, apply_budget, gib
+                from backend.harness.memory import MemoryBudget, apply_budget, expandable_segments, gib
 
+                if self.device != "cpu":
+                    print(f"[orch] allocator: {expandable_segments()}", flush=True)
                 # The worker's memory budget, enforced by its own allocator (None on CPU).
                 self._budget = apply_budget(MemoryBudget.from_dict(self._memory), self.device)
                 if self._budget is not None:

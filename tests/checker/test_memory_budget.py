@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.harness import checker
+from backend.harness import checker, step_data
 from backend.harness.checker import SessionCache, run_case
 from backend.harness.memory import GiB, MemoryBudget, OOM_KIND, is_oom
 from backend.harness.session import SessionTooLarge
@@ -37,19 +37,24 @@ def test_a_budget_outside_its_range_is_refused(util, share):
         MemoryBudget(util, share)
 
 
+CPU = "cpu"  # the arithmetic on sizes the test controls (a GPU's allocator figures are the benchmark's)
+
+
 def _session_bytes(kv: str = "auto") -> int:
     cache = SessionCache()
-    run_case(make_case(mode="NONE", kv=kv, batch=DECODE), sessions=cache)
+    run_case(make_case(mode="NONE", kv=kv, batch=DECODE), sessions=cache, device=CPU)
     (session,) = cache._sessions.values()
     return session.memory_total()
 
 
-def test_sessions_are_evicted_by_their_bytes_against_the_budget():
+def test_sessions_are_evicted_by_their_bytes_against_the_budget(monkeypatch):
     one = _session_bytes()
-    # Room for two sessions of this size and the third's snapshot estimate: the oldest goes.
+    others = [0]  # the process's other caches, as the budget sees them: fixed here
+    monkeypatch.setattr(step_data, "cached_bytes", lambda: others[0])
+    # Room for two sessions of this size and the third's estimate: the oldest goes.
     cache = SessionCache(capacity=64, budget=int(2.5 * one))
     for backend, kv in (("torch", "auto"), ("torch", "fp8"), ("aiter-emulated", "auto")):
-        res = run_case(make_case(backend=backend, mode="NONE", kv=kv, batch=DECODE), sessions=cache)
+        res = run_case(make_case(backend=backend, mode="NONE", kv=kv, batch=DECODE), sessions=cache, device=CPU)
         assert res.status == Status.PASS, res.reason
         assert cache.held_bytes() <= cache.budget
     assert len(cache) == 2 and cache.evictions >= 1
@@ -60,8 +65,28 @@ def test_sessions_are_evicted_by_their_bytes_against_the_budget():
 def test_without_a_budget_only_the_count_bounds_the_cache():
     cache = SessionCache(capacity=64)
     for kv in ("auto", "fp8"):
-        run_case(make_case(mode="NONE", kv=kv, batch=DECODE), sessions=cache)
+        run_case(make_case(mode="NONE", kv=kv, batch=DECODE), sessions=cache, device=CPU)
     assert len(cache) == 2 and cache.evictions == 0
+
+
+def test_the_budget_keeps_room_for_the_largest_transient_and_the_other_caches(monkeypatch):
+    one = _session_bytes()
+    others, cleared = [0], []
+    monkeypatch.setattr(step_data, "cached_bytes", lambda: others[0])
+    monkeypatch.setattr(step_data, "clear_caches", lambda: (cleared.append(1), others.__setitem__(0, 0)))
+    cache = SessionCache(capacity=64, budget=int(3.5 * one))
+    run_case(make_case(mode="NONE", kv="auto", batch=DECODE), sessions=cache, device=CPU)
+    run_case(make_case(mode="NONE", kv="fp8", batch=DECODE), sessions=cache, device=CPU)
+    assert len(cache) == 2 and cache.evictions == 0
+    # A case was seen to need a session's worth above what was held: the older session goes even
+    # when the next case's own session is cached (a hit).
+    cache.note_transient(2 * one)  # the two held sessions together are under 2 x one (fp8 is smaller)
+    run_case(make_case(mode="NONE", kv="fp8", batch=DECODE), sessions=cache, device=CPU)
+    assert len(cache) == 1 and cache.evictions == 1 and cleared == []
+    # The step caches are dropped only when no session is left to evict.
+    others[0] = 2 * one
+    run_case(make_case(mode="NONE", kv="fp8", batch=DECODE), sessions=cache, device=CPU)
+    assert len(cache) == 1 and cleared == [1]
 
 
 def test_a_session_over_the_budget_alone_is_refused_before_it_is_built():
@@ -71,7 +96,7 @@ def test_a_session_over_the_budget_alone_is_refused_before_it_is_built():
         cache.get("k", lambda: built.append(1), estimate=4096)
     assert built == [] and e.value.need == 4096 and e.value.budget == 1024
     # Through the checker: ERROR kind oom naming both figures, no rerun, nothing cached.
-    res = run_case(make_case(mode="FULL", batch=DECODE), sessions=SessionCache(budget=1024))
+    res = run_case(make_case(mode="FULL", batch=DECODE), device=CPU, sessions=SessionCache(budget=1024))
     assert res.status == Status.ERROR and res.error_kind == OOM_KIND
     assert "out of memory budget" in res.reason and "the worker's budget is 0.00 GiB" in res.reason
     assert res.memory["needs"] > 1024
@@ -80,8 +105,8 @@ def test_a_session_over_the_budget_alone_is_refused_before_it_is_built():
 def test_out_of_memory_once_is_rerun_on_a_cleared_worker_and_passes(monkeypatch):
     monkeypatch.setitem(out_of_memory._RAISED, "done", False)
     cache = SessionCache(capacity=8)
-    run_case(make_case(mode="NONE", batch=DECODE), sessions=cache)  # another session, cached
-    res = run_case(make_case(backend="tests.mutants.out_of_memory:OnceBackend", batch=DECODE), sessions=cache)
+    run_case(make_case(mode="NONE", batch=DECODE), device=CPU, sessions=cache)  # another session, cached
+    res = run_case(make_case(backend="tests.mutants.out_of_memory:OnceBackend", batch=DECODE), device=CPU, sessions=cache)
     assert res.status == Status.PASS, res.reason
     assert "rerun once on a cleared worker" in res.log_tail and "1 cached session" in res.log_tail
     assert len(cache) == 1  # the earlier session was dropped; the rerun's is kept
@@ -89,7 +114,7 @@ def test_out_of_memory_once_is_rerun_on_a_cleared_worker_and_passes(monkeypatch)
 
 def test_out_of_memory_again_when_alone_is_error_oom_never_fail_or_flaky():
     res = run_case(make_case(backend="tests.mutants.out_of_memory:AlwaysBackend", batch=DECODE),
-                   sessions=SessionCache())
+                   sessions=SessionCache(), device=CPU)
     assert res.status == Status.ERROR and res.error_kind == OOM_KIND
     assert res.reason.startswith("out of memory when alone")
     assert "rerun once on a cleared worker" in res.log_tail
