@@ -31,6 +31,7 @@ from backend.case import Case
 from backend.harness import step_data
 from backend.harness.checks import CheckAccumulator, failure_reason
 from backend.harness.distributed import gang_id
+from backend.harness import memory
 from backend.harness.memory import OOM_KIND, CaseMemory, gib, is_oom
 from backend.harness.model import TPLayout, layout_reasons
 from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
@@ -100,6 +101,12 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
     clear_process_caches()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    left = memory.unreleased(device)
+    if left > memory.UNRELEASED_LIMIT:
+        # Nothing of this process is clean any more: the executor recycles the worker and reruns
+        # the case on a fresh one (orchestrator/executor/verdicts.py).
+        return result.replace(reason=f"{result.reason}; the worker could not give back {gib(left)} after dropping "
+                                     f"its sessions: recycled", memory={**result.memory, "unreleased": int(left)})
     if world_size != 1:
         return result
     again = _run_case(case, rank, world_size, device, sessions)

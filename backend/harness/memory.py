@@ -92,6 +92,18 @@ def expandable_segments() -> str:
     return "expandable_segments:True"
 
 
+# What a worker may still hold once it has dropped every session and cache (weights cached per
+# shape, cuBLAS workspaces): more than this after an out-of-memory means the process cannot give
+# its memory back (a leaked graph pool, pinned segments), and only a fresh process is clean.
+UNRELEASED_LIMIT = 2 * GiB
+
+
+def unreleased(device: torch.device) -> int:
+    """Bytes the allocator still holds on `device` (call after dropping everything; 0 off a GPU)."""
+    device = torch.device(device)
+    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
+
+
 def is_oom(e: BaseException | None) -> bool:
     """An out-of-memory error anywhere in the chain (a capture error wraps the allocator's)."""
     seen = 0

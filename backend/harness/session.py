@@ -236,7 +236,12 @@ class Session:
         if not missing:
             return 0.0
         t0 = time.perf_counter()
-        reserved = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
+        reserved = 0
+        if self.device.type == "cuda":
+            # From an emptied cache: the growth is then the graph pool's new segments, not cached
+            # blocks of the general pool the allocator happened to have (captures are rare).
+            torch.cuda.empty_cache()
+            reserved = torch.cuda.memory_reserved(self.device)
         for key in missing:
             try:
                 self.graphs[key] = self._capture_full(key) if key.runtime_mode == "FULL" else self._capture_piecewise(key)

@@ -36,7 +36,7 @@ from backend.result import CaseResult, Status
 from orchestrator.executor import gangs
 from orchestrator.executor.actors import DEFAULT_RUNNER, read_tail
 from orchestrator.executor.cluster import ClusterInfo
-from orchestrator.executor.verdicts import NODE_DEATH, first_line, poisons_worker, retried, two_attempts
+from orchestrator.executor.verdicts import NODE_DEATH, OOM_KIND, first_line, poisons_worker, retried, two_attempts
 from orchestrator.executor.gangs import Gang, GangSpec, GangState
 from orchestrator.scheduling.cost import estimate_all
 from orchestrator.scheduling.policy import Dispatcher, Task
@@ -409,8 +409,9 @@ class Executor:
                 res = merge_rank_results(ranks).replace(worker=g.label)
                 if poisons_worker(res):  # verdicts.py: device errors, sticky faults in a capture
                     poisoned = True
-                    # A sticky fault seen inside a capture is the machine's, not the code's: retried.
-                    res = res.replace(reason=f"{res.reason} (device error: worker recycled)", error_kind="exception")
+                    if res.error_kind != OOM_KIND:  # an oom stays one (retried: verdicts.retried)
+                        # A sticky fault seen inside a capture is the machine's, not the code's: retried.
+                        res = res.replace(reason=f"{res.reason} (device error: worker recycled)", error_kind="exception")
                 self._attempt(task, res, elapsed / len(job.tasks))
             if poisoned:
                 self._teardown(g)

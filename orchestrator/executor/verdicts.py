@@ -34,8 +34,9 @@ RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
 # failures are retried: those can come from the machine.)
 NO_RETRY_KINDS = ("capture",)
 # A case that ran out of device memory (backend/harness/memory.py). A tp 1 worker already reran it
-# alone on a cleared state before reporting it: final. A gang's ranks cannot rerun alone: the
-# executor reruns the case once on a fresh gang.
+# alone on a cleared state before reporting it: final. A gang's ranks cannot rerun alone, and a
+# worker that could not give its memory back (memory["unreleased"]) is no clean state: the executor
+# recycles it and reruns the case once on a fresh worker or gang.
 OOM_KIND = "oom"
 NODE_DEATH = re.compile(r"its node has died|NodeDiedError|node was terminated", re.IGNORECASE)
 
@@ -65,6 +66,8 @@ def poisons_worker(res: CaseResult) -> bool:
     fault (STICKY_FAULT)."""
     if res.status != Status.ERROR:
         return False
+    if res.error_kind == OOM_KIND:  # only a worker that could not give its memory back
+        return bool(res.memory.get("unreleased"))
     text = _TORCH_HINTS.sub("", f"{res.reason}\n{res.log_tail}")
     return bool(STICKY_FAULT.search(text) if res.error_kind == "capture" else DEVICE_POISON.search(text))
 
@@ -73,7 +76,7 @@ def retried(res: CaseResult, tp: int) -> bool:
     """Whether a first attempt runs once more on another worker."""
     if res.status not in RETRY_STATUSES or res.error_kind in NO_RETRY_KINDS:
         return False
-    return res.error_kind != OOM_KIND or tp > 1
+    return res.error_kind != OOM_KIND or tp > 1 or bool(res.memory.get("unreleased"))
 
 
 def two_attempts(first: CaseResult, res: CaseResult) -> CaseResult:

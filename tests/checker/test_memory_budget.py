@@ -147,3 +147,19 @@ def test_out_of_memory_is_recognised_by_type_text_and_cause(exc, expected):
     wrapped = RuntimeError("CUDA graph capture failed")
     wrapped.__cause__ = exc
     assert is_oom(wrapped) is expected
+
+
+def test_a_worker_that_cannot_give_its_memory_back_is_not_reused_for_the_rerun(monkeypatch):
+    # What a CUDA allocator holds after the worker dropped everything cannot exist on this CPU: the
+    # figure is set here. Past UNRELEASED_LIMIT the worker is no clean state: no in-process rerun;
+    # the result says so and the executor recycles the worker (tests/executor/test_verdicts.py).
+    from backend.harness import memory
+
+    calls = []
+    real = checker._run_case
+    monkeypatch.setattr(checker, "_run_case", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    monkeypatch.setattr(memory, "unreleased", lambda device: 9 * GiB)
+    res = run_case(make_case(backend="tests.mutants.out_of_memory:AlwaysBackend", batch=DECODE),
+                   sessions=SessionCache(), device=CPU)
+    assert len(calls) == 1 and res.error_kind == OOM_KIND and res.memory["unreleased"] == 9 * GiB
+    assert "could not give back 9.00 GiB" in res.reason

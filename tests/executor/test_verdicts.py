@@ -61,6 +61,7 @@ def test_two_attempts_with_an_out_of_memory(first, retry, want, want_kind):
     (_r(E, kind="capture"), 1, False),  # deterministic: reported once
     (_r(E, kind=OOM), 1, False),  # the worker already reran it alone
     (_r(E, kind=OOM), 2, True),  # a gang's ranks could not: a fresh gang reruns it
+    (_r(E, kind=OOM).replace(memory={"unreleased": 9 << 30}), 1, True),  # the worker kept its memory: a fresh one
     (_r(P), 1, False),
 ])
 def test_which_first_attempts_are_retried(res, tp, want):
@@ -68,6 +69,8 @@ def test_which_first_attempts_are_retried(res, tp, want):
 
 
 @pytest.mark.parametrize("res, poisons", [
+    (_r(E, "OutOfMemoryError: CUDA out of memory", kind=OOM), False),  # rerun in the worker, which stays
+    (_r(E, "OutOfMemoryError: CUDA out of memory", kind=OOM).replace(memory={"unreleased": 9 << 30}), True),
     (_r(E, "RuntimeError: CUDA error: an illegal memory access"), True),
     (_r(E, "capture failed: cudaErrorStreamCaptureInvalidated", kind="capture"), False),  # not sticky
     (_r(E, "capture failed: an illegal memory access was encountered", kind="capture"), True),
