@@ -15,6 +15,7 @@ Free of Ray: the same function runs in `orch repro`, under pytest and in a Ray a
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.metadata
 import platform
 import time
@@ -100,6 +101,7 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
     sessions.clear()
     clear_process_caches()
     if device.type == "cuda":
+        gc.collect()  # what the process caches held in reference cycles (sessions.clear collected before them)
         torch.cuda.empty_cache()
     left = memory.unreleased(device)
     if left > memory.UNRELEASED_LIMIT:
