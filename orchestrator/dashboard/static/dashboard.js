@@ -187,7 +187,7 @@
     if (c.change) body.appendChild(el("span", { id: "d-change" }, "  " + (c.change === "regression" ? "▼ regression vs baseline (" + c.baseline + ")" : c.change === "fixed" ? "▲ fixed vs baseline" : "● new: not in baseline")));
     if (c.reason) body.appendChild(el("p", { id: "d-reason", "class": c.state === "pass" ? "" : "bad" }, c.reason));
     if (c.known) {
-      var p = el("p", { id: "d-known" }, "Known failure: " + c.known.reason + " ");
+      var p = el("p", { id: "d-known" }, (c.known.mute ? "Muted (runs and reports, does not gate) until " + c.known.until + ": " : "Known failure: ") + c.known.reason + " ");
       // Only http(s) links become anchors: a javascript: URL from a YAML file must stay text.
       if (/^https?:\/\//i.test(c.known.link || "")) { var a = el("a", { href: c.known.link, rel: "noopener noreferrer" }, c.known.link); p.appendChild(a); }
       else if (c.known.link) p.appendChild(document.createTextNode(c.known.link));
@@ -241,10 +241,23 @@
     }
     var hst = c.history || { runs: [] };
     body.appendChild(el("h3", null, "history"));
+    // Each run of the (possibly shared) store with its label; streaks per device model below.
     var hp = el("p", { id: "d-history" }, hst.runs.length ?
-      hst.runs.map(function (x) { return "run " + x[0] + ": " + x[1]; }).join(" · ") : "no earlier results");
+      hst.runs.map(function (x) { return "run " + x[0] + (x[3] ? " [" + x[3] + "]" : "") + ": " + x[1]; }).join(" · ") : "no earlier results");
     body.appendChild(hp);
-    if (hst.runs.length) body.appendChild(el("p", { id: "d-streak" }, hst.streak_status + " for " + hst.streak + " run(s); last pass: " + (hst.last_pass === null ? "never" : "run " + hst.last_pass)));
+    var streak = function (h) { return h.streak_status + " for " + h.streak + " run(s); last pass: " + (h.last_pass === null ? "never" : "run " + h.last_pass); };
+    if (hst.runs.length) body.appendChild(el("p", { id: "d-streak" }, streak(hst)));
+    if (hst.by_device && hst.by_device.length > 1) {
+      var dt = el("table", { id: "d-by-device" });
+      hst.by_device.forEach(function (d) { kv(dt, d.device, streak(d) + " (" + d.runs.map(function (x) { return "run " + x[0] + ": " + x[1]; }).join(" · ") + ")"); });
+      body.appendChild(dt);
+    }
+    if (c.flakiness) {
+      var f = c.flakiness;
+      body.appendChild(el("p", { id: "d-flaky", "class": f.score > 0 ? "bad" : "" }, "flakiness " + f.score.toFixed(2) +
+        " over " + f.runs + " of the last " + f.window + " run(s)" + (f.label ? " labelled " + f.label : "") + ": " +
+        f.flips + " pass/fail flip(s), " + f.retried + " flaky on retry"));
+    }
   }
 
   function renderLegend() {
