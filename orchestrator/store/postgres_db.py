@@ -61,6 +61,8 @@ class PostgresDB:
         except psycopg.ProgrammingError as e:
             raise InputError(f"not a valid PostgreSQL URL: {self._clean(e)}", source=self.display) from None
         self._secret = str(params.get("password") or "")
+        if not all(p.strip().isdigit() for p in str(params.get("port") or "5432").split(",")):
+            raise InputError(f"not a valid PostgreSQL URL: port {params.get('port')!r}", source=self.display)
         self.identity = (str(params.get("host") or ""), str(params.get("port") or ""), str(params.get("dbname") or ""))
         kw: dict[str, Any] = {"autocommit": True, "row_factory": dict_row, "application_name": "orch"}
         if "connect_timeout" not in params:
