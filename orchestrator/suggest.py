@@ -6,8 +6,9 @@ case-id glob built from the axes (`tp*-FULL-fp8-*-mybackend-s*`): from the first
 covered, with every axis spelled out, each axis is widened to `*` in turn while the glob still
 matches no case of P; the glob then covers every failure it matches, and the next uncovered one
 starts the next glob. What stays spelled out is what separates the failures from the passes:
-`tp*-FULL-fp8-*` says "every tp, every batch, FULL with fp8", which one case id cannot. Skipped
-cases are neither: a glob may cover a tp this machine could not run.
+`tp*-FULL-fp8-*` says "every tp, every batch, FULL with fp8", which one case id cannot. An axis
+with one value in the run stays spelled out (a run filtered to FULL says nothing of PIECEWISE).
+Skipped cases are neither: a glob may cover a tp this machine could not run.
 
 Widening order: seed, batch, tp, spec tokens, kv dtype, mode (the axes least likely to be the cause
 go first, so the cause stays spelled out). Backend and family are never widened.
@@ -72,8 +73,10 @@ def glob_for(axes: dict, wild: frozenset[str]) -> str:
 def cover(failing: Sequence[CaseResult], passing: Sequence[CaseResult]) -> list[tuple[str, list[CaseResult]]]:
     """Greedy: the first failure not yet covered, all its axes spelled out, then each axis in
     WIDEN_ORDER widened to * while the glob matches no pass; the glob covers what it matches."""
-    has_k = any(int(r.axes.get("spec_tokens") or 0) for r in (*failing, *passing))
-    order = [a for a in WIDEN_ORDER if has_k or a != "spec_tokens"]
+    # Only an axis the run has several values of can be widened: a run filtered to FULL cannot
+    # say whether PIECEWISE fails too.
+    seen = (*failing, *passing)
+    order = [a for a in WIDEN_ORDER if len({str(r.axes.get(a)) for r in seen}) > 1]
     left, out = list(failing), []
     while left:
         axes = left[0].axes
