@@ -20,6 +20,12 @@ retry's status, both named in the reason). A retry that cannot be placed keeps t
 failing verdict ("retry not run" in the reason): an observed failure is not downgraded to NOT_RUN.
 SKIP is only for what cannot run here at all (tp larger than any node); a required case that was
 runnable but never ran is NOT_RUN, which the gate fails as an infrastructure error.
+
+Other drivers may share the cluster (`--address auto`): each counts every GPU as a slot, and Ray
+grants a gang's placement group when its bundles are free (atomically: no driver ever holds part
+of a gang). A placement Ray reports as NO_RESOURCES while other jobs hold GPUs is waited for, not
+timed out, and said so (`on_notice`); while it waits this driver gives back its idle gangs, so two
+drivers can never each sit on GPUs the other's gang needs (sharing.py).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from backend.result import CaseResult, Status
 from orchestrator.executor import gangs
 from orchestrator.executor.actors import DEFAULT_RUNNER, read_tail
 from orchestrator.executor.cluster import ClusterInfo
+from orchestrator.executor.sharing import SharedCluster
 from orchestrator.executor.verdicts import (NO_RETRY_KINDS, NODE_DEATH, RETRY_STATUSES, first_line,
                                             poisons_worker, two_attempts)
 from orchestrator.executor.gangs import Gang, GangSpec, GangState
@@ -54,6 +61,8 @@ class ExecConfig:
     log_dir: str = ""  # per-actor logs; default a fresh temp dir
     reuse_gangs: bool = True  # split an idle larger gang's actors into the tp needed (no new processes)
     poll_s: float = 0.5
+    wait_notice_s: float = 5.0  # a placement pending this long is checked for other drivers' GPUs
+    wait_repeat_s: float = 60.0  # how often a run that keeps waiting says so again (sharing.py)
 
 
 @dataclass(frozen=True)
@@ -98,8 +107,11 @@ class Executor:
         on_results: Callable[[list[tuple[CaseResult, bool]]], None] | None = None,
         history: dict[str, float] | None = None,
         deferral: Deferral | None = None,
+        on_notice: Callable[[str], None] | None = None,
     ):
         self.cluster = cluster
+        self._unit = "GPU" if cluster.device_kind == "gpu" else "CPU worker"
+        self._sharing = SharedCluster(cluster, config, on_notice or (lambda msg: None), self._unit)
         self.deferral = deferral
         self.config = config
         self.on_result = on_result or (lambda r, final: None)
@@ -121,7 +133,6 @@ class Executor:
         self._alive = [True] * len(cluster.nodes)
         self._nodes_checked = 0.0
         self._no_place_tp: int | None = None  # smallest tp whose placement timed out
-        self._unit = "GPU" if cluster.device_kind == "gpu" else "CPU worker"
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -310,9 +321,22 @@ class Executor:
 
     # -- waiting --------------------------------------------------------------------------------
 
+    def _ours(self) -> float:
+        """What our placed gangs reserve, in the resource other drivers compete for."""
+        per = 1.0 if self.cluster.device_kind == "gpu" else self.cluster.cpu_per_worker
+        pgs = {id(g.pg): g.pg_size for g in self.gangs if g.state not in (GangState.DEAD, GangState.PLACING)}
+        return per * sum(pgs.values())
+
+    def _watch_placements(self) -> None:
+        placing = [(j.gang.tp, j.started, j.gang.pg) for j in self.jobs if j.kind == "place"]
+        if self._sharing.tick(placing, self._ours):
+            for g in [g for g in self.gangs if g.state == GangState.IDLE]:
+                self._teardown(g)  # never sit on GPUs another driver's gang may be waiting for
+
     def _wait_once(self) -> None:
         import ray
 
+        self._watch_placements()
         now = time.monotonic()
         refs = [r for j in self.jobs for r in j.pending]
         timeout = max(0.0, min([j.deadline for j in self.jobs] + [now + self.config.poll_s]) - now)
@@ -408,6 +432,10 @@ class Executor:
 
     def _job_expired(self, job: _Job) -> None:
         g = job.gang
+        if job.kind == "place" and self._sharing.keep_waiting(g.pg, self._ours()):  # held by someone: wait on
+            job.deadline = time.monotonic() + self.config.placement_timeout_s
+            self.jobs.append(job)
+            return
         self._teardown(g)
         if job.kind == "place":
             tp = g.tp
