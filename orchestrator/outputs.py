@@ -31,6 +31,7 @@ class RunView:
     baseline: Baseline = Baseline(None)  # which run it was, or why a label found none
     flakiness: dict = field(default_factory=dict)  # case_id -> flakiness.Flakiness over the window
     window: tuple[int, ...] = ()  # the run ids the flakiness window covers, latest first
+    window_label: str = ""  # the label of those runs
 
     @property
     def state(self) -> str:
@@ -103,7 +104,8 @@ def gather(
     known = known_failures if isinstance(known_failures, KnownFailures) else load(known_failures)
     found = find_baseline(baseline or None, store, rid)
     base = list(found.results) if found.results is not None else None
-    window = history_runs(store, run, label_of(baseline) or run.label, flaky_window) if flaky_window > 0 else []
+    window_label = label_of(baseline) or run.label
+    window = history_runs(store, run, window_label, flaky_window) if flaky_window > 0 else []
     scores = flakiness.scores(store.status_history(run_ids=[r.id for r in window]))
     missing = store.missing_case_ids(rid)
     planned_missing: list[dict] = []
@@ -114,4 +116,4 @@ def gather(
     gate = evaluate(results, baseline=base, known=known, missing=missing if run.status != "running" else (),
                     flaky_history=flakiness.over_threshold(scores, flaky_threshold))  # fmt: skip
     return RunView(run, tuple(results), gate, tuple(planned_missing), base is not None, known, found, scores,
-                   tuple(r.id for r in window))  # fmt: skip
+                   tuple(r.id for r in window), window_label)  # fmt: skip

@@ -77,7 +77,10 @@ def main(run_a: str, run_b: str, db: str = "orch-results.db", checks: bool = Fal
         if verbose:
             ids = [c.case_id for c in changes]
             out += [f"    {cid}" for cid in ids[:SHOWN]] + ([f"    ... and {len(ids) - SHOWN} more"] if len(ids) > SHOWN else [])
-    if diff.regressions:
-        out.append(f"{len(diff.regressions)} case(s) regressed from run {a.id} to run {b.id}: {digest.sample(diff.regressions)}")
+    if diff.regressions:  # the verdict, worded as the gate words its own
+        out.append(f"diff FAILED: {len(diff.regressions)} case(s) regressed from run {a.id} to run {b.id}: "
+                   f"{digest.sample(diff.regressions)}")  # fmt: skip
+    else:
+        out.append(f"diff PASSED: no case regressed from run {a.id} to run {b.id}")
     click.echo("\n".join(out))
     return ExitCode.GATE_FAILED if diff.regressions else ExitCode.OK

@@ -136,7 +136,7 @@ def _flakiness(case_id: str, view: RunView) -> dict[str, Any] | None:
     f = view.flakiness.get(case_id)
     if f is None or not view.window:
         return None
-    return {**f.to_dict(), "window": len(view.window), "label": view.run.label}
+    return {**f.to_dict(), "window": len(view.window), "label": view.window_label}
 
 
 def page_data(view: RunView, hist: dict[str, list[tuple[int, str, str]]], runs: list[dict] | None = None,
