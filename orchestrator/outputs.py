@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backend.result import CaseResult, Status
-from orchestrator.errors import InputError
 from orchestrator import flakiness
+from orchestrator.errors import InputError
 from orchestrator.gate import GateOutcome, evaluate
 from orchestrator.known_failures import KnownFailures, load
 from orchestrator.store import ResultStore, RunInfo

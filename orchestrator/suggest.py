@@ -26,7 +26,7 @@ from backend.result import CaseResult, Status
 
 WIDEN_ORDER = ("seed", "batch", "tp", "spec_tokens", "kv_cache_dtype", "cudagraph_mode")
 DEFAULT_DAYS = 30  # `until` of a suggested entry: a month to fix it, then it gates again
-MAX_ENTRIES = 20
+MAX_ENTRIES = 20  # per run: past that, the failures are not one cause to mute
 _FAILING = frozenset({Status.FAIL, Status.ERROR, Status.TIMEOUT})
 _OK = frozenset({Status.PASS, Status.FLAKY})
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")  # what Case.case_id replaces by "_"
@@ -40,7 +40,9 @@ class Suggestion:
     until: dt.date
 
     def to_yaml(self) -> str:
-        reason = " ".join(self.reason.split())[:120].replace('"', "'")
+        reason = " ".join(self.reason.split()).replace('"', "'")
+        if len(reason) > 100:  # a start for the author, cut at a word
+            reason = reason[:100].rsplit(" ", 1)[0] + " ..."
         return (f'- case: "{self.pattern}"   # {len(self.cases)} failing case(s)\n'
                 f'  reason: "TODO: why ({reason})"\n'
                 f'  link: "TODO: the ticket"\n'
@@ -70,15 +72,17 @@ def glob_for(axes: dict, wild: frozenset[str]) -> str:
     return f"{head}tp{v('tp')}-{v('cudagraph_mode')}-{kv}-{v('batch')}-{_seg(label)}-s{v('seed')}"
 
 
-def cover(failing: Sequence[CaseResult], passing: Sequence[CaseResult]) -> list[tuple[str, list[CaseResult]]]:
+def cover(failing: Sequence[CaseResult], passing: Sequence[CaseResult],
+          limit: int | None = None) -> list[tuple[str, list[CaseResult]]]:  # fmt: skip
     """Greedy: the first failure not yet covered, all its axes spelled out, then each axis in
-    WIDEN_ORDER widened to * while the glob matches no pass; the glob covers what it matches."""
+    WIDEN_ORDER widened to * while the glob matches no pass; the glob covers what it matches.
+    At most `limit` globs (each costs a pass over the run's passes per axis)."""
     # Only an axis the run has several values of can be widened: a run filtered to FULL cannot
     # say whether PIECEWISE fails too.
     seen = (*failing, *passing)
     order = [a for a in WIDEN_ORDER if len({str(r.axes.get(a)) for r in seen}) > 1]
     left, out = list(failing), []
-    while left:
+    while left and (limit is None or len(out) < limit):
         axes = left[0].axes
         wild: frozenset[str] = frozenset()
         for a in order:
@@ -113,9 +117,12 @@ def suggest(results: Sequence[CaseResult], new_failures: Sequence[str], *,
             continue
         # Every pass of the run counts, not only this backend's: a glob must not cover another's.
         others = [p for k, (_, ps) in groups.items() for p in ps if k != key]
-        for pattern, covered in cover(sorted(failing, key=lambda r: r.case_id), passing + others):
+        left = MAX_ENTRIES - len(out)
+        if left <= 0:
+            break
+        for pattern, covered in cover(sorted(failing, key=lambda r: r.case_id), passing + others, left):
             out.append(Suggestion(pattern, tuple(r.case_id for r in covered), covered[0].reason or covered[0].status.value, until))
-    return out[:MAX_ENTRIES]
+    return out
 
 
 def render(suggestions: Sequence[Suggestion]) -> str:

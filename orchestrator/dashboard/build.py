@@ -159,6 +159,8 @@ def page_data(view: RunView, hist: dict[str, list[tuple[int, str, str]]], runs: 
             "num_results": run.num_results, "label": run.label, "device_model": run.device_model,
         },  # fmt: skip
         "gate": {**view.gate.to_dict(), "baseline": view.baseline_given},
+        "baseline_where": view.baseline.where,  # "run 3 (latest labelled 'main')"
+        "baseline_note": view.baseline.note,  # why a label found no baseline
         # Which run and, unless it finished, its state (INTERRUPTED...): the page's first line.
         "headline": view.headline(),
         "state": view.state,

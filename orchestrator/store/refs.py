@@ -103,8 +103,8 @@ def find_baseline(spec: str | None, store: ResultStore, current_run: int) -> Bas
     if ref.store is None and ref.run_id is not None:
         if ref.run_id == current_run:
             raise InputError(f"--baseline {ref.run_id} is the run being gated; give an earlier run")
-        store.run(ref.run_id)  # raises InputError if absent
-        return Baseline(tuple(store.results(ref.run_id)), store.run(ref.run_id), f"run {ref.run_id}")
+        run = store.run(ref.run_id)  # raises InputError if absent
+        return Baseline(tuple(store.results(run.id)), run, f"run {run.id}")
     with open_store(ref, store) as other:
         if other is not store and other.same_database(store) and ref.selector == "latest":
             raise InputError("--baseline is the same database as --db; give a run id or a label instead",

@@ -33,6 +33,8 @@ def test_history_by_device_flakiness_and_mute_in_the_detail(page, tmp_path):
         write_outputs(s, rid, out_dir=str(tmp_path / "out"), baseline="main", known_failures=str(kf))
     page.goto((tmp_path / "out" / "dashboard" / "index.html").as_uri())
     page.locator(f'.chip[data-case-id="{C}"]').click()
+    meta = page.locator("#run-meta").inner_text()
+    assert "label: pr-7" in meta and "device: cpu" in meta and "baseline: run 4 (latest labelled 'main')" in meta
     assert page.locator("#d-state").inner_text() == "muted"
     assert page.locator("#d-known").inner_text().startswith("Muted (runs and reports, does not gate) until 2999-01-01")
     history = page.locator("#d-history").inner_text()

@@ -105,7 +105,10 @@
     var meta = ["status: " + r.status, "devices: " + (r.devices || "?"), "git: " + (r.git_sha || "?").slice(0, 12),
       "results: " + r.num_results + "/" + r.num_cases];
     if (r.started_at) meta.push("started: " + new Date(r.started_at * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z");
-    if (g.baseline) meta.push("with baseline");
+    if (r.label) meta.splice(1, 0, "label: " + r.label);
+    if (r.device_model) meta.splice(2, 0, "device: " + r.device_model);
+    if (g.baseline) meta.push(DATA.baseline_where ? "baseline: " + DATA.baseline_where : "with baseline");
+    else if (DATA.baseline_note) meta.push(DATA.baseline_note);
     $("run-meta").textContent = meta.join(" · ");
     var counts = $("counts"); while (counts.firstChild) counts.removeChild(counts.firstChild);
     (DATA.classifications || Object.keys(g.counts)).forEach(function (k) { if (g.counts[k]) counts.appendChild(el("span", { "class": "count-" + k }, k + ": " + g.counts[k])); });
