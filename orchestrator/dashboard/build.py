@@ -196,8 +196,7 @@ def render_html(data: dict[str, Any], *, live: bool = False) -> str:
 def store_history(store: ResultStore) -> tuple[dict, dict[int, str]]:
     """(status_history, run id -> label of the runs in it): what page_data's history needs."""
     hist = store.status_history()
-    ids = {rid for rows in hist.values() for rid, *_ in rows}
-    return hist, {r.id: r.label for r in store.runs() if r.id in ids}
+    return hist, store.labels([rid for rows in hist.values() for rid, *_ in rows])
 
 
 def build_page(store: ResultStore, view: RunView, *, live: bool = False) -> str:

@@ -398,6 +398,14 @@ class ResultStore:
         params.append(int(limit))
         return [self._run_from_row(r) for r in self._sql(sql, params)]
 
+    def labels(self, run_ids: Sequence[int]) -> dict[int, str]:
+        """run id -> label, for these runs (a shared store may hold thousands: not all of them)."""
+        ids = sorted({int(i) for i in run_ids})
+        if not ids:
+            return {}
+        rows = self._sql(f"SELECT id, label FROM runs WHERE id IN ({', '.join('?' * len(ids))})", ids)
+        return {int(r["id"]): r["label"] for r in rows}
+
     def planned_cases(self, run_id: int) -> list[Case]:
         rows = self._sql('SELECT "case" FROM cases WHERE run_id = ? ORDER BY pos', (run_id,))
         return [Case.from_dict(json.loads(r["case"])) for r in rows]
