@@ -28,6 +28,7 @@ _KNOWN_HELP = ("YAML of known failures (case-id glob, reason, link, until, optio
                "not gate.")
 _WINDOW_HELP = "Runs of history (the baseline's label, else the run's) that score each case's flakiness [default: 20]."
 _THRESHOLD_HELP = "A failing case whose flakiness score (0-1) over the window is above this is flaky, not gating."
+_VERBOSE_HELP = "Every case on its own line (default: one line per kind, with a count and a few ids)."
 DB_ENV = "ORCH_DB"  # --db of every command when not given: a CI job points every step at one store
 
 
@@ -38,7 +39,6 @@ def _db_option(help_text: str):
 def _flaky_options(f):
     f = click.option("--flaky-threshold", "flaky_threshold", type=float, default=None, help=_THRESHOLD_HELP)(f)
     return click.option("--flaky-window", "flaky_window", type=int, default=None, help=_WINDOW_HELP)(f)
-_VERBOSE_HELP = "Every case on its own line (default: one line per kind, with a count and a few ids)."
 
 
 def _dispatch(command: str, **kwargs) -> None:
