@@ -1,5 +1,9 @@
 """Compare the verdicts of two runs, case by case (#13: a speed-up must not change any verdict).
 
+A thin wrapper over `orch diff`'s comparison (orchestrator/diff.py), kept for the benchmark
+scripts and docs that call it; `orch diff A B` groups the same changes by transition and axis
+and also reads PostgreSQL stores.
+
     python benchmarks/diff_verdicts.py BEFORE.db AFTER.db [--runs A B] [--checks] [--json]
 
 Each side is a results database (`orch run --db`); its latest run unless --runs gives the run ids.
@@ -18,11 +22,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from orchestrator.diff import compare  # noqa: E402
 from orchestrator.errors import OrchError  # noqa: E402
 from orchestrator.store import ResultStore  # noqa: E402
 
 
-def verdicts(path: str, run_id: int | None, checks: bool) -> dict[str, tuple]:
+def _results(path: str, run_id: int | None):
     if not os.path.isfile(path):
         raise OrchError(f"{path}: no such results database")
     with ResultStore(path, readonly=True) as store:
@@ -30,21 +35,7 @@ def verdicts(path: str, run_id: int | None, checks: bool) -> dict[str, tuple]:
         if rid is None:
             raise OrchError(f"{path}: no runs")
         store.run(rid)  # InputError for an unknown id
-        out = {}
-        for r in store.results(rid):
-            key: tuple = (r.status.value,)
-            if checks:
-                key += (tuple((c.name, c.passed) for c in r.checks),)
-            out[r.case_id] = key
-        return out
-
-
-def diff(a: dict[str, tuple], b: dict[str, tuple]) -> list[dict]:
-    rows = []
-    for cid in sorted(set(a) | set(b)):
-        if a.get(cid) != b.get(cid):
-            rows.append({"case": cid, "before": a.get(cid), "after": b.get(cid)})
-    return rows
+        return store.results(rid)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,19 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     runs = args.runs or (None, None)
     try:
-        a = verdicts(args.before, runs[0], args.checks)
-        b = verdicts(args.after, runs[1], args.checks)
+        result = compare(_results(args.before, runs[0]), _results(args.after, runs[1]), checks=args.checks)
     except OrchError as e:
         print(f"diff_verdicts: {e}", file=sys.stderr)
         return 2
-    rows = diff(a, b)
+    rows = [{"case": c.case_id, "before": c.before, "after": c.after} for c in result.changes]
     if args.json:
-        print(json.dumps({"cases_before": len(a), "cases_after": len(b), "differences": rows}, indent=1))
+        print(json.dumps({"cases_before": result.cases_before, "cases_after": result.cases_after, "differences": rows}, indent=1))
     else:
         for r in rows:
             print(f"{r['case']}: {r['before'] or 'absent'} -> {r['after'] or 'absent'}")
-        same = len(set(a) & set(b)) - sum(1 for r in rows if r["before"] and r["after"])
-        print(f"{len(a)} cases before, {len(b)} after, {same} with the same verdict, {len(rows)} different")
+        print(f"{result.cases_before} cases before, {result.cases_after} after, {result.same} with the same verdict, "
+              f"{len(rows)} different")
     return 1 if rows else 0
 
 

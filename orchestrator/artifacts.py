@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from orchestrator import junit, summary
+from orchestrator import gate_notes, junit, summary
 from orchestrator.dashboard.build import write_dashboard
 from orchestrator.errors import InfraError
 from orchestrator.gate import GateOutcome
@@ -60,7 +60,7 @@ def write_view(store: ResultStore, view: RunView, paths: OutputPaths) -> None:
             os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
         junit.write(paths.junit, view.results, view.gate, suite_name=view.run.matrix, run_id=view.run.id,
                     run_status=view.run.status, planned=view.planned)  # fmt: skip
-        summary.write(paths.summary, summary.render(view.run, view.results, view.gate))
+        summary.write(paths.summary, summary.render(view.run, view.results, view.gate) + gate_notes.markdown(view))
         write_dashboard(store, view, paths.dashboard_dir)
     except OSError as e:
         raise InfraError(f"cannot write outputs: {e.strerror}", source=e.filename or paths.out_dir) from None

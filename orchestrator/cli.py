@@ -20,11 +20,25 @@ from orchestrator.errors import ExitCode, OrchError
 
 _MATRIX = click.Path(dir_okay=False)
 # Options several commands share, with one wording (every option has help text, #33).
-_DB_HELP = "Results store (SQLite) to read."
+_DB_HELP = "Results store to read: a SQLite file or a postgresql:// URL (default $ORCH_DB, else orch-results.db)."
 _RUN_HELP = "Run id in --db (default: the latest run)."
-_BASELINE_HELP = "Gate against a baseline: a run id in --db, or another results DB (its latest run)."
-_KNOWN_HELP = "YAML of known failures (case-id glob, reason, link): matching failures do not gate."
+_BASELINE_HELP = ("Gate against a baseline: a run id in --db, a label (the latest finished run so labelled, same "
+                  "matrix), another store (its latest run), or STORE#RUN / STORE#LABEL.")
+_KNOWN_HELP = ("YAML of known failures (case-id glob, reason, link, until, optional mute): matching failures do "
+               "not gate.")
+_WINDOW_HELP = "Runs of history (the baseline's label, else the run's) that score each case's flakiness [default: 20]."
+_THRESHOLD_HELP = "A failing case whose flakiness score (0-1) over the window is above this is flaky, not gating."
 _VERBOSE_HELP = "Every case on its own line (default: one line per kind, with a count and a few ids)."
+DB_ENV = "ORCH_DB"  # --db of every command when not given: a CI job points every step at one store
+
+
+def _db_option(help_text: str):
+    return click.option("--db", default="orch-results.db", envvar=DB_ENV, show_default=True, help=help_text)
+
+
+def _flaky_options(f):
+    f = click.option("--flaky-threshold", "flaky_threshold", type=float, default=None, help=_THRESHOLD_HELP)(f)
+    return click.option("--flaky-window", "flaky_window", type=int, default=None, help=_WINDOW_HELP)(f)
 
 
 def _dispatch(command: str, **kwargs) -> None:
@@ -53,7 +67,7 @@ def cli() -> None:
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="Device class whose model shape to use.")
 @click.option("--backend", default=None, help="Override the backend axis, as `orch run --backend` does.")
 @click.option("--workers", type=int, default=None, help="Workers to estimate the wall time for (default: what `orch run` would start here).")
-@click.option("--db", default="orch-results.db", show_default=True, help="Results store whose past durations calibrate the estimate (read only; skipped if absent).")
+@_db_option("Results store whose past durations calibrate the estimate (read only; skipped if absent; default $ORCH_DB, else orch-results.db).")
 @click.option("-v", "--verbose", is_flag=True, help="List every case (id, k, resolved mode, estimate) and every skipped case with its reason.")
 def plan(**kwargs):
     """Expand MATRIX: how many cases run and which skip (grouped by reason), counts per axis, mode
@@ -72,7 +86,9 @@ def plan(**kwargs):
 @click.argument("matrix", type=_MATRIX, required=False)
 @click.option("--backend", default=None, help="Override the backend axis: a provider name or package.module:Class.")
 @click.option("--filter", "filter_expr", default=None, help="Select cases (see `orch plan --help`).")
-@click.option("--db", default="orch-results.db", show_default=True, help="Results store (SQLite).")
+@_db_option("Results store: a SQLite file, or a postgresql://USER:PASSWORD@HOST/DB URL shared by many drivers "
+            "(default $ORCH_DB, else orch-results.db).")
+@click.option("--label", default=None, help="Name this run's line of history (e.g. the branch): `--baseline LABEL` and the flakiness window find runs by it.")
 @click.option("--out", "out_dir", default="orch-out", show_default=True, help="Directory for JUnit, summary and dashboard.")
 @click.option("--address", default="local", show_default=True, help="local (embedded Ray), auto (RAY_ADDRESS / running cluster) or HOST:PORT.")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: GPUs if any, else CPU workers with emulated graphs.")
@@ -82,8 +98,11 @@ def plan(**kwargs):
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Per-case deadline in seconds (overrides the matrix).")
 @click.option("--junit", "junit_path", default=None, help="Write JUnit XML here (default OUT/junit.xml).")
 @click.option("--summary", "summary_path", default=None, help="Write a markdown summary here (default OUT/summary.md; also $GITHUB_STEP_SUMMARY).")
-@click.option("--baseline", default=None, help="A previous run id in --db, or another results DB (its last run).")
+@click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@_flaky_options
+@click.option("--max-gpus", "max_gpus", type=int, default=None,
+              help="At most this many GPUs for this run on a cluster other drivers share (workers where it has no GPU); tp larger than it is skipped.")
 @click.option("--resume", "resume_run", default=None, metavar="RUN_ID",
               help="Finish run RUN_ID from its own plan: only the cases without a verdict. MATRIX may be left out; given, it must be the run's.")
 @click.option("--no-progress", is_flag=True, help="No live progress bar.")
@@ -106,6 +125,7 @@ def run(**kwargs):
       orch run matrices/smoke.yaml
       orch run matrices/full.yaml --address auto --junit junit.xml
       orch run matrices/full.yaml --backend mypkg.attn:MyBackend --filter 'cudagraph_mode=FULL'
+      orch run matrices/full.yaml --db postgresql://ci@db/orch --label pr-123 --baseline main
       orch run --resume 3
     """
     _dispatch("run", **kwargs)
@@ -115,7 +135,7 @@ def run(**kwargs):
 @click.argument("case_id")
 @click.option("--matrix", type=_MATRIX, default=None, help="Matrix the case comes from (default: looked up in --db).")
 @click.option("--backend", default=None, help="Override the backend: a provider name or package.module:Class.")
-@click.option("--db", default="orch-results.db", show_default=True, help="Results store to look the case up in when --matrix is not given.")
+@_db_option("Results store to look the case up in when --matrix is not given (default $ORCH_DB, else orch-results.db).")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: the first GPU if any, else CPU with emulated graphs.")
 @click.option("--json", "as_json", is_flag=True, help="The CaseResult as JSON.")
 def repro(**kwargs):
@@ -129,12 +149,13 @@ def repro(**kwargs):
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@_db_option(_DB_HELP)
 @click.option("--run", "run_id", default=None, help=_RUN_HELP)
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "junit"]), default="text", show_default=True,
               help="text: for a terminal or CI log; json: everything; md: the CI summary; junit: JUnit XML.")
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@_flaky_options
 @click.option("--output", "-o", default=None, help="Write to a file instead of stdout.")
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def report(**kwargs):
@@ -148,23 +169,26 @@ def report(**kwargs):
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@_db_option(_DB_HELP)
 @click.option("--run", "run_id", default=None, help=_RUN_HELP)
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@_flaky_options
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def gate(**kwargs):
-    """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed).
+    """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed). New failures
+    come with paste-ready known-failures entries, narrowed to the axes that failed.
 
     \b
-    Example:
+    Examples:
       orch gate --run 4 --baseline 3 --known-failures known-failures.yaml
+      orch gate --baseline main --flaky-window 20 --flaky-threshold 0.3
     """
     _dispatch("gate", **kwargs)
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@_db_option(_DB_HELP)
 @click.option("--run", "run_id", default=None, help=_RUN_HELP)
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
@@ -181,7 +205,7 @@ def dashboard(**kwargs):
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@_db_option(_DB_HELP)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback: this machine only).")
 @click.option("--port", type=int, default=8265 + 1000, show_default=True, help="Port to listen on.")
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
@@ -194,6 +218,29 @@ def serve(**kwargs):
       orch serve --port 9265
     """
     _dispatch("serve", **kwargs)
+
+
+@cli.command()
+@click.argument("run_a")
+@click.argument("run_b")
+@_db_option("Store the runs are in unless named (STORE#RUN) (default $ORCH_DB, else orch-results.db).")
+@click.option("--checks", is_flag=True, help="Also compare each check's pass/fail (not its numbers).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("-v", "--verbose", is_flag=True, help="Every changed case on its own line.")
+def diff(**kwargs):
+    """Which verdicts changed from RUN_A to RUN_B, grouped by transition (pass -> fail, ...) and by
+    axis, with both runs' versions side by side. Exit 1 when a case regressed (passed in RUN_A,
+    fails in RUN_B), else 0.
+
+    \b
+    A run is: an id (in --db), a label (its latest finished run), a store (its latest run),
+    or STORE#ID / STORE#LABEL, where STORE is a SQLite file or a postgresql:// URL.
+    Examples:
+      orch diff 3 4
+      orch diff main pr-123 --db postgresql://ci@db/orch
+      orch diff old.db new.db#7 --checks
+    """
+    _dispatch("diff", **kwargs)
 
 
 @cli.command()

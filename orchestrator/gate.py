@@ -20,6 +20,11 @@ Semantics ("no new breakage"):
 - unverifiable (a pass on the CPU emulation whose graphs it could not fully follow, e.g. a kernel a
   C extension launched behind the dispatcher: its reason starts "emulation: unverifiable — ") does
   not fail the gate but is counted apart from pass and listed: run it on a GPU;
+- muted (a known-failures entry with `mute: true`): ran and reported with its real status, never
+  gates, never "fixed"; an expired entry no longer applies: its cases gate and
+  `GateOutcome.expired` names the entry beside each;
+- a failing case whose history over the last runs of its label scores as flaky (flakiness.py;
+  `--flaky-threshold`) is `flaky` too: reported with its score, not gating;
 - flaky (one attempt passed, one did not) does not fail the gate but is listed; skip (cannot run
   here: unsupported, excluded by the matrix, tp larger than any node) never fails; a downgraded mode
   is a warning.
@@ -28,7 +33,7 @@ Semantics ("no new breakage"):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from backend.result import CaseResult, Status
@@ -40,7 +45,7 @@ FAILING = frozenset({Status.FAIL, Status.ERROR, Status.TIMEOUT})
 # Classifications, in the order reports list them (worst first).
 CLASSIFICATIONS = (
     "regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing",
-    "old-failure", "flaky", "unverifiable", "known-fail", "fixed", "skip", "pass",
+    "old-failure", "flaky", "unverifiable", "known-fail", "muted", "fixed", "skip", "pass",
 )  # fmt: skip
 GATING = frozenset({"regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing"})
 INFRA = frozenset({"not-run", "oom"})  # gating, but the machinery's fault: exit 3 when nothing else gates
@@ -65,6 +70,9 @@ class GateOutcome:
     counts: dict[str, int] = field(default_factory=dict)  # per classification, all keys present
     known_reasons: dict[str, KnownFailure] = field(default_factory=dict)  # case_id -> entry that matched
     baseline_status: dict[str, str] = field(default_factory=dict)  # case_id -> its status in the baseline
+    muted: tuple[str, ...] = ()  # matched by a `mute: true` entry: reported with its real status
+    expired: dict[str, KnownFailure] = field(default_factory=dict)  # case_id -> expired entry it matches (gates again)
+    flaky_history: dict[str, str] = field(default_factory=dict)  # case_id -> why its history says flaky (not gating)
 
     @property
     def passed(self) -> bool:
@@ -89,6 +97,8 @@ class GateOutcome:
                 extra.append(f"{len(self.flaky)} flaky")
             if self.unverifiable:
                 extra.append(f"{len(self.unverifiable)} unverifiable on the emulation")
+            if self.muted:
+                extra.append(f"{len(self.muted)} muted")
             tail = f" ({', '.join(extra)} not gating)" if extra else ""
             return f"gate PASSED: {total} cases, no new failures{tail}"
         parts = []
@@ -117,11 +127,15 @@ class GateOutcome:
             "missing": list(self.missing),
             "not_run": list(self.not_run),
             "oom": list(self.oom),
+            "muted": list(self.muted),
+            "expired": {cid: e.where for cid, e in self.expired.items()},
+            "flaky_history": dict(self.flaky_history),
         }
 
 
 def classify(
-    r: CaseResult, base: CaseResult | None, have_baseline: bool, known: KnownFailure | None
+    r: CaseResult, base: CaseResult | None, have_baseline: bool, known: KnownFailure | None,
+    history_flaky: bool = False,
 ) -> str:
     if r.status == Status.SKIP:
         return "skip"
@@ -129,6 +143,8 @@ def classify(
         return "not-run"  # not comparable with a baseline or a known failure: nothing was observed
     if r.status == Status.ERROR and r.error_kind == OOM_KIND:
         return "oom"  # the harness's memory: nothing was observed of the backend either
+    if known is not None and known.mute:
+        return "muted"
     if r.status == Status.FLAKY:
         return "flaky"
     if r.status == Status.PASS:
@@ -138,6 +154,8 @@ def classify(
     # failing from here on
     if known is not None:
         return "known-fail"
+    if history_flaky:
+        return "flaky"
     if not have_baseline:
         return r.status.value
     if base is None or base.status == Status.SKIP:
@@ -153,15 +171,25 @@ def evaluate(
     baseline: Sequence[CaseResult] | None = None,
     known: KnownFailures | None = None,
     missing: Sequence[str] = (),
+    flaky_history: Mapping[str, str] | None = None,
 ) -> GateOutcome:
+    """flaky_history: case_id -> reason, for the cases whose recent history scores them flaky
+    (flakiness.py): failing, they are `flaky` rather than gating."""
     base = {b.case_id: b for b in baseline} if baseline is not None else {}
+    flaky_history = flaky_history or {}
     classification: dict[str, str] = {}
     known_reasons: dict[str, KnownFailure] = {}
+    expired: dict[str, KnownFailure] = {}
     for r in results:
         entry = known.match(r.case_id) if known is not None else None
-        if entry is not None and r.status in (FAILING | {Status.PASS}):
+        if entry is not None and (r.status in (FAILING | {Status.PASS}) or entry.mute and r.status == Status.FLAKY):
             known_reasons[r.case_id] = entry
-        classification[r.case_id] = classify(r, base.get(r.case_id), baseline is not None, entry)
+        if entry is None and known is not None and r.status in FAILING:
+            old = known.expired_match(r.case_id)
+            if old is not None:
+                expired[r.case_id] = old
+        classification[r.case_id] = classify(r, base.get(r.case_id), baseline is not None, entry,
+                                             history_flaky=r.status in FAILING and r.case_id in flaky_history)
     for cid in missing:
         classification.setdefault(cid, "missing")
 
@@ -193,4 +221,7 @@ def evaluate(
         counts={c: counts.get(c, 0) for c in CLASSIFICATIONS},
         known_reasons=known_reasons,
         baseline_status={cid: b.status.value for cid, b in base.items()},
+        muted=ids("muted"),
+        expired=expired,
+        flaky_history={cid: why for cid, why in flaky_history.items() if classification.get(cid) == "flaky"},
     )

@@ -9,13 +9,15 @@ start there, so they can never disagree about a verdict. Imports run one way: th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backend.result import CaseResult, Status
+from orchestrator import flakiness
 from orchestrator.errors import InputError
 from orchestrator.gate import GateOutcome, evaluate
 from orchestrator.known_failures import KnownFailures, load
-from orchestrator.store import ResultStore, RunInfo, resolve_baseline
+from orchestrator.store import ResultStore, RunInfo
+from orchestrator.store.refs import Baseline, find_baseline, history_runs, label_of
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,10 @@ class RunView:
     planned: tuple[dict, ...]  # Case.axes + case_id of planned cases without a result
     baseline_given: bool
     known: KnownFailures | None
+    baseline: Baseline = Baseline(None)  # which run it was, or why a label found none
+    flakiness: dict = field(default_factory=dict)  # case_id -> flakiness.Flakiness over the window
+    window: tuple[int, ...] = ()  # the run ids the flakiness window covers, latest first
+    window_label: str = ""  # the label of those runs
 
     @property
     def state(self) -> str:
@@ -86,20 +92,31 @@ def gather(
     *,
     baseline: str | None = None,
     known_failures: str | KnownFailures | None = None,
+    flaky_window: int = flakiness.DEFAULT_WINDOW,
+    flaky_threshold: float | None = None,
 ) -> RunView:
+    """flaky_window: runs of the history (the baseline's label when `--baseline LABEL`, else the
+    run's own) whose verdicts score each case's flakiness; flaky_threshold: a failing case scoring
+    over it is `flaky` rather than gating (None: scores are shown, never used)."""
     rid = pick_run(store, run_id)
     run = store.run(rid)
     results = store.results(rid)
     known = known_failures if isinstance(known_failures, KnownFailures) else load(known_failures)
-    base = resolve_baseline(baseline or None, store, rid)
+    found = find_baseline(baseline or None, store, rid)
+    base = list(found.results) if found.results is not None else None
+    window_label = label_of(baseline) or run.label
+    window = history_runs(store, run, window_label, flaky_window) if flaky_window > 0 else []
+    scores = flakiness.scores(store.status_history(run_ids=[r.id for r in window]))
     missing = store.missing_case_ids(rid)
     planned_missing: list[dict] = []
     if missing:
         wanted = set(missing)
         planned_missing = [{"case_id": c.case_id, **c.axes} for c in store.planned_cases(rid) if c.case_id in wanted]
     # A running run's unfinished cases are pending, not missing: only a closed run can miss results.
-    gate = evaluate(results, baseline=base, known=known, missing=missing if run.status != "running" else ())
-    return RunView(run, tuple(results), gate, tuple(planned_missing), base is not None, known)
+    gate = evaluate(results, baseline=base, known=known, missing=missing if run.status != "running" else (),
+                    flaky_history=flakiness.over_threshold(scores, flaky_threshold))  # fmt: skip
+    return RunView(run, tuple(results), gate, tuple(planned_missing), base is not None, known, found, scores,
+                   tuple(r.id for r in window), window_label)  # fmt: skip
 
 
 def memory_line(results: Sequence[CaseResult]) -> str:

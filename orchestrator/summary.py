@@ -25,7 +25,7 @@ from orchestrator.store import RunInfo
 SYMBOL = {
     "pass": "✅", "regression": "🔻", "new": "❌", "fail": "❌", "error": "💥", "timeout": "⏱️",
     "missing": "❔", "old-failure": "🟥", "flaky": "🎲", "unverifiable": "❓", "known-fail": "🟨", "fixed": "🟢", "skip": "⬜",
-    "not-run": "🚧", "oom": "🧱",
+    "not-run": "🚧", "oom": "🧱", "muted": "🔇",
 }  # fmt: skip
 MAX_PER_SECTION = 25
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -47,3 +47,33 @@ def ray_cluster():
         )
     yield ray
     ray.shutdown()
+
+
+def in_ci() -> bool:
+    """CI sets CI (GitHub, GitLab, Buildkite do; .ci/run exports it)."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A real PostgreSQL server for this session (per xdist worker): tests/pgserver.py. Skipped
+    with the reason where none can start; in CI that is a failure (.ci/run installs one)."""
+    from tests import pgserver
+
+    try:
+        server = pgserver.start()
+    except pgserver.Unavailable as e:
+        if in_ci():
+            pytest.fail(f"no PostgreSQL server: {e}; in CI that is a failure, not a skip", pytrace=False)
+        pytest.skip(f"no PostgreSQL server: {e}")
+    yield server
+    server.stop()
+
+
+_pg_databases = iter(range(10**6))
+
+
+@pytest.fixture
+def pg_url(pg_server) -> str:
+    """A fresh, empty database on the session's server: its URL, password included."""
+    return pg_server.create_database(f"t{os.getpid()}_{next(_pg_databases)}")

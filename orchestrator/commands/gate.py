@@ -2,23 +2,25 @@
 
 Sized for a CI log: one line per class that gates (a count and a few ids), the fixed known
 failures, then the headline (run id, INTERRUPTED when it did not finish, the verdict). -v lists
-every case instead (`orch gate --run 2` once printed 702 lines of missing cases, #33).
+every case instead (`orch gate --run 2` once printed 702 lines of missing cases, #33). Then the
+history notes (gate_notes.py): the baseline used, expired known failures, paste-ready entries.
 """
 
 from __future__ import annotations
 
 import click
 
-from orchestrator import digest
+from orchestrator import digest, flakiness, gate_notes
 from orchestrator.gate import CLASSIFICATIONS, GATING
 from orchestrator.outputs import gather
 from orchestrator.store import ResultStore
 
 
 def main(db: str, run_id: str | None = None, baseline: str | None = None, known_failures: str | None = None,
-         verbose: bool = False) -> int:  # fmt: skip
+         verbose: bool = False, flaky_window: int | None = None, flaky_threshold: float | None = None) -> int:  # fmt: skip
+    flaky = flakiness.options(flaky_window, flaky_threshold)
     with ResultStore(db, readonly=True) as store:
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures, **flaky)
     gate = view.gate
     if verbose:
         for cid in gate.gating:
@@ -32,5 +34,7 @@ def main(db: str, run_id: str | None = None, baseline: str | None = None, known_
             click.echo(f"fixed {len(gate.fixed)} (remove their known-failures entries): {digest.sample(gate.fixed)}")
         if gate.gating or gate.fixed:
             click.echo("(-v lists every case)")
+    for line in gate_notes.lines(view):
+        click.echo(line)
     click.echo(view.headline())
     return int(gate.exit_code)

@@ -62,9 +62,11 @@ def counts_per_axis(cases: Sequence[Case]) -> dict[str, dict[str, int]]:
 
 def _history(db: str | None) -> tuple[dict[str, float], dict[str, int]]:
     """Past durations and device-memory needs from --db (read only), as `orch run` uses them."""
-    if not db or not os.path.isfile(db):
-        return {}, {}
     from orchestrator.store import ResultStore
+    from orchestrator.store.location import is_postgres_url
+
+    if not db or not (is_postgres_url(db) or os.path.isfile(db)):
+        return {}, {}
 
     with ResultStore(db, readonly=True) as store:
         return store.durations(), store.memory_needs()

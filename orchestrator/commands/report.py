@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from orchestrator import digest, junit, summary
+from orchestrator import digest, flakiness, gate_notes, junit, summary
 from orchestrator.errors import InfraError
 from orchestrator.outputs import RunView, downgrades, gather, memory_line, skips
 from orchestrator.store import ResultStore
@@ -47,6 +47,7 @@ def _text(view: RunView, verbose: bool = False) -> str:
         out.append(f"skipped {len(view.results) - len(ran)} by reason:")
         out += [f"  {g}" for g in groups]
     out += [f"warning: {line}" for line in digest.downgrade_lines(downgrades(view.results))]
+    out += gate_notes.lines(view)
     out.append(view.headline())
     return "\n".join(out) + "\n"
 
@@ -54,11 +55,15 @@ def _text(view: RunView, verbose: bool = False) -> str:
 def render(view: RunView, fmt: str, verbose: bool = False) -> str:
     if fmt == "json":
         return json.dumps(
-            {"run": view.run.to_dict(), "gate": view.gate.to_dict(), "results": [r.to_dict() for r in view.results]},
+            {"run": view.run.to_dict(), "gate": view.gate.to_dict(), "results": [r.to_dict() for r in view.results],
+             "baseline": {"run": view.baseline.run.id if view.baseline.run else None, "where": view.baseline.where,
+                          "note": view.baseline.note},
+             "flakiness": {cid: f.to_dict() for cid, f in view.flakiness.items()},
+             "suggested_known_failures": [e.to_yaml() for e in gate_notes.suggestions(view)]},
             indent=2, sort_keys=True, default=str,
         )  # fmt: skip
     if fmt == "md":
-        return summary.render(view.run, view.results, view.gate)
+        return summary.render(view.run, view.results, view.gate) + gate_notes.markdown(view)
     if fmt == "junit":
         return junit.to_string(view.results, view.gate, suite_name=view.run.matrix, run_id=view.run.id,
                                run_status=view.run.status, planned=view.planned)
@@ -66,11 +71,13 @@ def render(view: RunView, fmt: str, verbose: bool = False) -> str:
 
 
 def main(db: str, run_id: str | None = None, fmt: str = "text", baseline: str | None = None,
-         known_failures: str | None = None, output: str | None = None, verbose: bool = False) -> int:  # fmt: skip
+         known_failures: str | None = None, output: str | None = None, verbose: bool = False,
+         flaky_window: int | None = None, flaky_threshold: float | None = None) -> int:  # fmt: skip
     """Every format carries the verdict, so every format exits by it (0 passed, 1 failed, 3 only
     not-run), as the README promises of every command that prints one (#33: it exited 0)."""
+    flaky = flakiness.options(flaky_window, flaky_threshold)
     with ResultStore(db, readonly=True) as store:
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures, **flaky)
     text = render(view, fmt, verbose)
     if output:
         try:

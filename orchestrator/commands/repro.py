@@ -49,11 +49,13 @@ def _from_matrix(case_id: str, matrix: str, devices: str, backend: str | None) -
 
 
 def _from_store(case_id: str, db: str) -> Case:
-    if not os.path.exists(db):
-        raise InputError(f"give --matrix (no results database at {db} to look the case up in)")
     from orchestrator.store import ResultStore
+    from orchestrator.store.location import is_postgres_url
 
+    if not is_postgres_url(db) and not os.path.exists(db):
+        raise InputError(f"give --matrix (no results database at {db} to look the case up in)")
     with ResultStore(db, readonly=True) as store:
+        where = store.path  # a URL without its password
         known: list[str] = []
         for run in reversed(store.runs()):
             planned = store.planned_cases(run.id)
@@ -61,7 +63,7 @@ def _from_store(case_id: str, db: str) -> Case:
                 if c.case_id == case_id:
                     return c
             known += [c.case_id for c in planned]
-    raise InputError(f"no case {case_id!r} in {db}{_suggest(case_id, sorted(set(known)))}; give --matrix")
+    raise InputError(f"no case {case_id!r} in {where}{_suggest(case_id, sorted(set(known)))}; give --matrix")
 
 
 def main(case_id: str, matrix: str | None = None, backend: str | None = None, db: str = "orch-results.db",

@@ -7,10 +7,12 @@ before any case runs; an unreachable cluster is exit 3 after the run row exists 
 cases fail the gate) and exits 130 / 143. The outputs an earlier run left in OUT are removed
 before any case runs, so no way of stopping a run leaves them looking current.
 `--resume RUN_ID` finishes a run from its stored plan; a MATRIX that is not the run's is exit 2.
-The driver holds the store's writer lock for the whole run: a second `orch run` (or a `--resume`
-beside a live driver) on the same --db is exit 3 in one line; a killed driver's lock is taken over.
-Results are committed in groups (one transaction per loop turn of the executor) and reported only
-after their commit.
+Many drivers may write one --db (a SQLite file on one machine, a PostgreSQL database from many):
+each holds its own run's writer lock for the whole run, so a `--resume` beside the run's live
+driver is exit 3 in one line, and a killed driver's lock is taken over. Results are committed in
+groups (one transaction per loop turn of the executor) and reported only after their commit.
+`--label` names the run's line of history (the branch), which `--baseline LABEL` and the
+flakiness window read; `--max-gpus` caps the GPUs this run holds on a shared cluster.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import click
 
 from backend.result import CaseResult, Status
 from orchestrator.commands.repro import verdict_line
-from orchestrator.errors import InputError
+from orchestrator.errors import InputError, OrchError
 
 # Test/benchmark hook: the per-case function the actors call (default: the checker).
 RUNNER_ENV = "ORCH_RUNNER"
@@ -48,6 +50,12 @@ def _versions() -> dict[str, str]:
     except importlib.metadata.PackageNotFoundError:
         torch_version = "not installed"
     return {"orch": __version__, "python": platform.python_version(), "ray": ray.__version__, "torch": torch_version}
+
+
+def _flaky_options(window, threshold) -> dict:
+    from orchestrator.flakiness import options
+
+    return options(window, threshold)
 
 
 def _err(msg: str) -> None:
@@ -73,6 +81,7 @@ def _ray_logging(verbose: bool):
 def main(matrix=None, backend=None, filter_expr=None, db="orch-results.db", out_dir="orch-out", address="local",
          devices="auto", workers=None, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
          known_failures=None, resume_run=None, no_progress=False, precompile_jobs=None, verbose=False,
+         label=None, max_gpus=None, flaky_window=None, flaky_threshold=None,
          workers_per_gpu="1", gpu_memory_utilization=0.9, gpu_memory=None) -> int:  # fmt: skip
     from orchestrator.executor.packing import MemoryOptions
     from orchestrator.interrupts import trapped
@@ -84,21 +93,26 @@ def main(matrix=None, backend=None, filter_expr=None, db="orch-results.db", out_
                      devices=devices, workers=workers, timeout_s=timeout_s, junit_path=junit_path,
                      summary_path=summary_path, baseline=baseline, known_failures=known_failures,
                      resume_run=resume_run, no_progress=no_progress, precompile_jobs=precompile_jobs,
-                     verbose=verbose, memory=memory)  # fmt: skip
+                     verbose=verbose, label=label, max_gpus=max_gpus,
+                     flaky=_flaky_options(flaky_window, flaky_threshold), memory=memory)  # fmt: skip
 
 
 def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, workers, timeout_s, junit_path, summary_path,
-          baseline, known_failures, resume_run, no_progress, precompile_jobs, verbose, memory) -> int:  # fmt: skip
+          baseline, known_failures, resume_run, no_progress, precompile_jobs, verbose, label=None, max_gpus=None,
+          flaky=None, memory=None) -> int:  # fmt: skip
     from orchestrator import artifacts, known_failures as kf
     from orchestrator.filters import select
     from orchestrator.interrupts import exit_code, signame
     from orchestrator.matrix import load_matrix
     from orchestrator.outputs import gather
-    from orchestrator.store import ResultStore, resolve_baseline
+    from orchestrator.store import ResultStore, find_baseline
 
     t0 = time.monotonic()
+    flaky = flaky or _flaky_options(None, None)
     if timeout_s is not None and timeout_s <= 0:
         raise InputError(f"--timeout must be > 0, got {timeout_s}")
+    if max_gpus is not None and max_gpus < 1:
+        raise InputError(f"--max-gpus must be >= 1, got {max_gpus}")
     if precompile_jobs is not None and precompile_jobs < 0:
         raise InputError(f"--precompile-jobs must be >= 0, got {precompile_jobs}")
     resume_id = _resume_id(resume_run)
@@ -114,22 +128,26 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
             raise InputError(f"no case matches --filter {filter_expr!r}", source=matrix)
     phases = {"matrix": time.monotonic() - t0}
     store = ResultStore(db)
-    locked = False
+    run_id = None  # set once this driver holds the run's writer lock
     try:
-        note = store.acquire_writer(sys.argv)
-        locked = True
-        if note:
-            _err(note)
         if resume_id is not None:
-            run_id, cases, skipped = _resume(store, resume_id, matrix, devices=devices, backend=backend,
-                                             filter_expr=filter_expr)  # fmt: skip
-        resolve_baseline(baseline, store, resume_id if resume_id is not None else -1)  # bad: exit 2 now
+            resumed = store.run(resume_id)  # exit 2 if absent, before any lock
+            if label is not None and label != resumed.label:
+                raise InputError(f"--resume {resume_id}: run {resume_id} is labelled {resumed.label!r}, "
+                                 f"not {label!r} (a run keeps its label)")  # fmt: skip
+            note = store.acquire_writer(resume_id, sys.argv)
+            run_id = resume_id
+            if note:
+                _err(note)
+            _, cases, skipped = _resume(store, resume_id, matrix, devices=devices, backend=backend,
+                                        filter_expr=filter_expr)  # fmt: skip
+        find_baseline(baseline, store, resume_id if resume_id is not None else -1)  # bad: exit 2 now
         paths = artifacts.output_paths(out_dir, junit_path, summary_path)
         artifacts.clear(paths)  # an earlier run's outputs never outlive the start of this one
         if resume_id is None:
             run_id = store.create_run(
                 matrix=matrix, cases=[*cases, *(s.case for s in skipped)], argv=sys.argv, cluster=address,
-                devices=devices, versions=_versions(), baseline=baseline,
+                devices=devices, versions=_versions(), baseline=baseline, label=label or "", lock_writer=True,
             )  # fmt: skip
         store.record_many(run_id, [(CaseResult(
             case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,
@@ -139,7 +157,7 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
         try:
             _execute(store, run_id, cases, address=address, devices=devices, workers=workers, timeout_s=timeout_s,
                      no_progress=no_progress, phases=phases, precompile_jobs=precompile_jobs,
-                     verbose=verbose, memory=memory)  # fmt: skip
+                     verbose=verbose, max_gpus=max_gpus, memory=memory)  # fmt: skip
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (orchestrator/interrupts.py)
             interrupted = e
         except BaseException:
@@ -149,7 +167,7 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
         # Interrupted or not, the outputs say what was recorded: an interrupted run's are marked
         # INTERRUPTED and count its unfinished cases as missing (the gate fails).
         t_out = time.monotonic()
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures, **flaky)
         artifacts.write_view(store, view, paths)
         phases["outputs"] = time.monotonic() - t_out
         for line in last_lines(view, verbose=verbose):
@@ -161,8 +179,11 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
         return exit_code(interrupted) if interrupted is not None else int(view.gate.exit_code)
     finally:
         try:
-            if locked:
-                store.release_writer()
+            if run_id is not None:
+                # Best effort: a lock left behind dies with this process (SQLite: a dead pid is
+                # stale; PostgreSQL: the session lock goes with the connection).
+                with contextlib.suppress(OrchError):
+                    store.release_writer(run_id)
         finally:
             store.close()
 
@@ -219,7 +240,7 @@ def last_lines(view, *, verbose: bool) -> list[str]:
     """What the run ends with before its time and verdict lines, sized for a CI log: one line per
     gating class (a sample of ids), the first failure's repro, skips by reason, downgrades by
     kind. -v: every non-passing case with its reason and repro instead of the class lines."""
-    from orchestrator import digest
+    from orchestrator import digest, gate_notes
     from orchestrator.gate import CLASSIFICATIONS, GATING
     from orchestrator.outputs import downgrades, skips
 
@@ -238,6 +259,7 @@ def last_lines(view, *, verbose: bool) -> list[str]:
             out.append(f"repro {first.case_id}: {first.repro}")
         if out:
             out.append("-v lists every case with its reason and repro; so does the summary")
+    out += gate_notes.lines(view)
     groups = digest.skip_lines(skips(view.results))
     if groups:
         out.append(f"skipped {sum(1 for r in view.results if r.status == Status.SKIP)} by reason:\n    "
@@ -264,7 +286,7 @@ def final_line(view, *, elapsed: float, out_dir: str, signal_name: str | None) -
 
 def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress,
              phases: dict[str, float] | None = None, precompile_jobs: int | None = None,
-             verbose: bool = False, memory=None) -> dict[str, CaseResult]:
+             verbose: bool = False, max_gpus: int | None = None, memory=None) -> dict[str, CaseResult]:
     """Run the cases on Ray. `phases` receives where the wall time went: cluster (connect),
     first_result (from connect to the first result: worker start-up, imports, the first session),
     cases (from then to the last result), shutdown. On this machine's GPUs, Triton's kernel cache is
@@ -283,7 +305,7 @@ def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_p
         results = _run_on_cluster(store, run_id, cases, address=address, devices=devices, workers=workers,
                                   timeout_s=timeout_s, no_progress=no_progress, phases=phases, log_dir=log_dir,
                                   history=history, deferral=_deferral(jit, warmup), verbose=verbose,
-                                  memory=memory, per_gpu=per_gpu)
+                                  max_gpus=max_gpus, memory=memory, per_gpu=per_gpu)
         return results
     finally:
         if warmup is not None:
@@ -346,15 +368,17 @@ def _jit_backends(cases) -> frozenset[str]:
 
 
 def _run_on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress, phases, log_dir,
-                    history, deferral=None, verbose: bool = False, memory=None, per_gpu: int = 1) -> dict[str, CaseResult]:
+                    history, deferral=None, verbose: bool = False, max_gpus: int | None = None, memory=None,
+                    per_gpu: int = 1) -> dict[str, CaseResult]:
     with _ray_logging(verbose):
         return _on_cluster(store, run_id, cases, address=address, devices=devices, workers=workers,
                            timeout_s=timeout_s, no_progress=no_progress, phases=phases, log_dir=log_dir,
-                           history=history, deferral=deferral, memory=memory, per_gpu=per_gpu)  # fmt: skip
+                           history=history, deferral=deferral, max_gpus=max_gpus, memory=memory,
+                           per_gpu=per_gpu)  # fmt: skip
 
 
 def _on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress, phases, log_dir,
-                history, deferral, memory=None, per_gpu: int = 1) -> dict[str, CaseResult]:
+                history, deferral, max_gpus=None, memory=None, per_gpu: int = 1) -> dict[str, CaseResult]:
     from orchestrator.executor.cluster import connect, disconnect
     from orchestrator.executor.executor import ExecConfig, Executor
     from orchestrator.executor.progress import Progress
@@ -362,7 +386,7 @@ def _on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, n
 
     t0 = time.monotonic()
     cluster = connect(address, devices=devices, workers=workers, min_slots=max(c.tp for c in cases),
-                      workers_per_gpu=per_gpu)
+                      workers_per_gpu=per_gpu, max_gpus=max_gpus)
     rearm()  # ray.init installed its own SIGTERM handler (sys.exit): ours closes the run first
     t_up = time.monotonic()
     phases["cluster"] = t_up - t0
@@ -385,7 +409,8 @@ def _on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, n
                 progress.update(result)
 
     try:
-        return Executor(cluster, config, on_results=on_results, history=history, deferral=deferral).run(cases)
+        return Executor(cluster, config, on_results=on_results, history=history, deferral=deferral,
+                        on_notice=_err).run(cases)  # fmt: skip
     finally:
         progress.close()
         t_end = time.monotonic()

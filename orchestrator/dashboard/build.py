@@ -46,15 +46,31 @@ def _num(x: float | None) -> float | None:
     return x if x == x and abs(x) != float("inf") else None
 
 
-def _history(case_id: str, current: int, hist: dict) -> dict[str, Any]:
-    runs = [(rid, st) for rid, st in hist.get(case_id, []) if rid <= current]  # newest first
+def _streak(runs: list) -> dict[str, Any]:
+    """Streak and last pass of (run id, status, ...) rows, newest first."""
     streak_status, streak = (runs[0][1], 0) if runs else ("", 0)
-    for _, st in runs:
-        if st != streak_status:
+    for row in runs:
+        if row[1] != streak_status:
             break
         streak += 1
-    last_pass = next((rid for rid, st in runs if st == Status.PASS.value), None)
-    return {"runs": [[rid, st] for rid, st in runs], "streak": streak, "streak_status": streak_status, "last_pass": last_pass}
+    last_pass = next((row[0] for row in runs if row[1] == Status.PASS.value), None)
+    return {"streak": streak, "streak_status": streak_status, "last_pass": last_pass}
+
+
+def _history(case_id: str, current: int, hist: dict, labels: dict[int, str] | None = None) -> dict[str, Any]:
+    """The case's results in earlier runs of the store (any driver, any label: each row names its
+    label), newest first, with streaks overall and per device model (an H100's history is not an
+    MI300X's)."""
+    labels = labels or {}
+    runs = [(rid, st, model) for rid, st, model in hist.get(case_id, []) if rid <= current]  # newest first
+    by_device: dict[str, list] = {}
+    for rid, st, model in runs:
+        by_device.setdefault(model or "?", []).append((rid, st))
+    return {
+        "runs": [[rid, st, model, labels.get(rid, "")] for rid, st, model in runs],
+        **_streak(runs),
+        "by_device": [{"device": m, "runs": [list(x) for x in rows], **_streak(rows)} for m, rows in by_device.items()],
+    }
 
 
 def with_k(axes: dict) -> dict[str, Any]:
@@ -63,7 +79,7 @@ def with_k(axes: dict) -> dict[str, Any]:
     return {**axes, "spec_tokens": axes.get("spec_tokens", 0) or 0, "attention": axes.get("attention") or "gqa"}
 
 
-def case_entry(r: CaseResult, view: RunView, hist: dict) -> dict[str, Any]:
+def case_entry(r: CaseResult, view: RunView, hist: dict, labels: dict[int, str] | None = None) -> dict[str, Any]:
     gate = view.gate
     cls = gate.classification.get(r.case_id, r.status.value)
     state = cls if cls in ("known-fail", "unverifiable") else r.status.value
@@ -110,29 +126,42 @@ def case_entry(r: CaseResult, view: RunView, hist: dict) -> dict[str, Any]:
         "repro": r.repro,
         "attempts": r.attempts,
         "worker": r.worker,
-        "known": {"reason": kf.reason, "link": kf.link} if kf else None,
-        "history": _history(r.case_id, view.run.id, hist),
+        "known": {"reason": kf.reason, "link": kf.link, "mute": kf.mute, "until": str(kf.until or "")} if kf else None,
+        "history": _history(r.case_id, view.run.id, hist, labels),
+        "flakiness": _flakiness(r.case_id, view),
     }
 
 
-def page_data(view: RunView, hist: dict[str, list[tuple[int, str]]], runs: list[dict] | None = None) -> dict[str, Any]:
-    """Everything the page shows, JSON-able. `hist`: store.status_history()."""
+def _flakiness(case_id: str, view: RunView) -> dict[str, Any] | None:
+    """Its score over the window of runs the gate reads (outputs.gather), None with no window."""
+    f = view.flakiness.get(case_id)
+    if f is None or not view.window:
+        return None
+    return {**f.to_dict(), "window": len(view.window), "label": view.window_label}
+
+
+def page_data(view: RunView, hist: dict[str, list[tuple[int, str, str]]], runs: list[dict] | None = None,
+              labels: dict[int, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Everything the page shows, JSON-able. `hist`: store.status_history(); `labels`: run id ->
+    label of the runs in it."""
     pending_state = "pending" if view.run.status == "running" else "missing"
-    cases = [case_entry(r, view, hist) for r in view.results]
+    cases = [case_entry(r, view, hist, labels) for r in view.results]
     for p in view.planned:
         axes = with_k({k: v for k, v in p.items() if k != "case_id"})
         cases.append({"id": p["case_id"], "axes": axes, "state": pending_state, "cls": pending_state, "change": "",
                       "reason": "no result yet" if pending_state == "pending" else "planned, never finished",
-                      "downgraded": False, "checks": [], "history": _history(p["case_id"], view.run.id, hist)})  # fmt: skip
+                      "downgraded": False, "checks": [], "history": _history(p["case_id"], view.run.id, hist, labels)})  # fmt: skip
     run = view.run
     return {
         "run": {
             "id": run.id, "matrix": run.matrix, "status": run.status, "git_sha": run.git_sha,
             "devices": run.devices, "cluster": run.cluster, "started_at": run.started_at,
             "finished_at": run.finished_at, "versions": run.versions, "num_cases": run.num_cases,
-            "num_results": run.num_results,
+            "num_results": run.num_results, "label": run.label, "device_model": run.device_model,
         },  # fmt: skip
         "gate": {**view.gate.to_dict(), "baseline": view.baseline_given},
+        "baseline_where": view.baseline.where,  # "run 3 (latest labelled 'main')"
+        "baseline_note": view.baseline.note,  # why a label found no baseline
         # Which run and, unless it finished, its state (INTERRUPTED...): the page's first line.
         "headline": view.headline(),
         "state": view.state,
@@ -165,8 +194,15 @@ def render_html(data: dict[str, Any], *, live: bool = False) -> str:
     )
 
 
+def store_history(store: ResultStore) -> tuple[dict, dict[int, str]]:
+    """(status_history, run id -> label of the runs in it): what page_data's history needs."""
+    hist = store.status_history()
+    return hist, store.labels([rid for rows in hist.values() for rid, *_ in rows])
+
+
 def build_page(store: ResultStore, view: RunView, *, live: bool = False) -> str:
-    data = page_data(view, store.status_history(), live_extras(store, view.run.id) if live else None)
+    hist, labels = store_history(store)
+    data = page_data(view, hist, live_extras(store, view.run.id) if live else None, labels)
     if live:
         data["version"] = data_version(store, view.run.id)
     return render_html(data, live=live)

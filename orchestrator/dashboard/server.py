@@ -2,7 +2,8 @@
 
 Routes: `/` (page, `?run=N` for another run), `/api/version?run=N` (a token the page polls every
 two seconds), `/api/data?run=N` (the page's JSON). Each request opens the store read-only: SQLite
-WAL lets it read while the driver commits, and no connection is shared between handler threads.
+WAL lets it read while the driver commits (PostgreSQL: a read-only session), and no connection is
+shared between handler threads.
 Bound to 127.0.0.1 by default: results include log tails and paths, not for the open network.
 """
 
@@ -13,7 +14,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from orchestrator.dashboard.build import build_page, data_version, live_extras, page_data
+from orchestrator.dashboard.build import build_page, data_version, live_extras, page_data, store_history
 from orchestrator.errors import InfraError, OrchError
 from orchestrator.known_failures import KnownFailures, load
 from orchestrator.outputs import gather, pick_run
@@ -60,7 +61,8 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 view = gather(store, rid, baseline=srv.baseline, known_failures=srv.known)
                 if url.path == "/api/data":
-                    data = page_data(view, store.status_history(), live_extras(store, rid))
+                    hist, labels = store_history(store)
+                    data = page_data(view, hist, live_extras(store, rid), labels)
                     data["version"] = data_version(store, rid)
                     self._send(200, json.dumps(data, default=str), "application/json")
                 else:

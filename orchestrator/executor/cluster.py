@@ -74,17 +74,20 @@ def _check_reachable(address: str) -> None:
 
 
 def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min_slots: int = 1,
-               per_gpu: int = 1) -> tuple[NodeSlots, ...]:
+               per_gpu: int = 1, max_gpus: int | None = None) -> tuple[NodeSlots, ...]:  # fmt: skip
     """Slots per alive node. GPU: `per_gpu` per GPU (--workers-per-gpu), `workers` in all at most.
     CPU: `workers` (default max(cores, min_slots), so the largest gang of the matrix fits) spread
-    over nodes as far as their CPUs allow."""
+    over nodes as far as their CPUs allow. `max_gpus` (`orch run --max-gpus`): this run's share of
+    a cluster other drivers use too, in GPUs (in workers on a cluster without GPUs); the slots are
+    counted from the first nodes, and Ray places each gang wherever its bundles are free."""
     import ray
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
     alive.sort(key=lambda n: n["NodeID"])
     out: list[NodeSlots] = []
+    cap = max_gpus * (per_gpu if device_kind == "gpu" else 1) if max_gpus is not None else 10**9
     if device_kind == "gpu":
-        left = workers if workers is not None else 10**9
+        left = min(workers if workers is not None else 10**9, cap)
         for n in alive:
             k = min(int(n["Resources"].get("GPU", 0)) * per_gpu, left)
             left -= k
@@ -92,7 +95,7 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
                 out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k))
         return tuple(out)
     total_cpu = sum(n["Resources"].get("CPU", 0) for n in alive)
-    want = workers if workers is not None else default_cpu_workers(int(total_cpu), min_slots)
+    want = min(workers if workers is not None else default_cpu_workers(int(total_cpu), min_slots), cap)
     caps = [int(n["Resources"].get("CPU", 0) / cpu_per_worker) for n in alive]
     # Largest gang first on one node, then round robin, so every node gets work.
     counts = [0] * len(alive)
@@ -162,7 +165,7 @@ def embedded_init_kwargs(num_gpus: int, *, preload: bool = True) -> dict:
 
 
 def connect(address: str = "local", *, devices: str = "auto", workers: int | None = None, min_slots: int = 1,
-            workers_per_gpu: int = 1) -> ClusterInfo:
+            workers_per_gpu: int = 1, max_gpus: int | None = None) -> ClusterInfo:  # fmt: skip
     """Start embedded Ray (`local`) or join (`auto`, HOST:PORT, or RAY_ADDRESS) and count slots.
 
     Reuses an already-initialised Ray in this process (tests share one session cluster).
@@ -194,12 +197,23 @@ def connect(address: str = "local", *, devices: str = "auto", workers: int | Non
         raise InfraError("--devices gpu but the Ray cluster has no GPU")
     kind = "gpu" if has_gpu and devices != "cpu" else "cpu"
     per_gpu = workers_per_gpu if kind == "gpu" else 1
-    nodes = node_slots(kind, workers, CPU_PER_WORKER, min_slots, per_gpu=per_gpu)
+    nodes = node_slots(kind, workers, CPU_PER_WORKER, min_slots, per_gpu=per_gpu, max_gpus=max_gpus)
     if not nodes:
         if owned:
             ray.shutdown()
         raise InfraError(f"the Ray cluster offers no {kind} worker slots")
     return ClusterInfo(address=address, device_kind=kind, nodes=nodes, owned=owned, workers_per_gpu=per_gpu)
+
+
+def held_by_others(info: ClusterInfo, ours: float) -> tuple[float, float]:
+    """(held by other jobs, total) of the resource our workers take (GPU, or CPU for CPU
+    workers): what other drivers on this cluster hold now. `ours`: what our placed gangs reserve."""
+    import ray
+
+    key = "GPU" if info.device_kind == "gpu" else "CPU"
+    total = float(ray.cluster_resources().get(key, 0.0))
+    free = float(ray.available_resources().get(key, 0.0))
+    return max(0.0, total - free - ours), total
 
 
 def disconnect(info: ClusterInfo) -> None:

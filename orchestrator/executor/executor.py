@@ -20,6 +20,12 @@ retry's status, both named in the reason). A retry that cannot be placed keeps t
 failing verdict ("retry not run" in the reason): an observed failure is not downgraded to NOT_RUN.
 SKIP is only for what cannot run here at all (tp larger than any node); a required case that was
 runnable but never ran is NOT_RUN, which the gate fails as an infrastructure error.
+
+Other drivers may share the cluster (`--address auto`): each counts every GPU as a slot, and Ray
+grants a gang's placement group when its bundles are free (atomically: no driver ever holds part
+of a gang). A placement Ray reports as NO_RESOURCES while other jobs hold GPUs is waited for, not
+timed out, and said so (`on_notice`); while it waits this driver gives back its idle gangs, so two
+drivers can never each sit on GPUs the other's gang needs (sharing.py).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from backend.result import CaseResult, Status
 from orchestrator.executor import gangs
 from orchestrator.executor.actors import DEFAULT_RUNNER, read_tail
 from orchestrator.executor.cluster import ClusterInfo
+from orchestrator.executor.sharing import SharedCluster
 from orchestrator.executor.verdicts import NODE_DEATH, OOM_KIND, first_line, poisons_worker, retried, two_attempts
 from orchestrator.executor.gangs import Gang, GangSpec, GangState
 from orchestrator.scheduling.cost import estimate_all
@@ -57,6 +64,8 @@ class ExecConfig:
     # and device_bytes; its share comes from the cluster's workers per GPU): handed to the actors.
     gpu_memory_utilization: float = 0.9
     gpu_memory_bytes: int | None = None
+    wait_notice_s: float = 5.0  # a placement pending this long is checked for other drivers' GPUs
+    wait_repeat_s: float = 60.0  # how often a run that keeps waiting says so again (sharing.py)
 
 
 @dataclass(frozen=True)
@@ -101,8 +110,11 @@ class Executor:
         on_results: Callable[[list[tuple[CaseResult, bool]]], None] | None = None,
         history: dict[str, float] | None = None,
         deferral: Deferral | None = None,
+        on_notice: Callable[[str], None] | None = None,
     ):
         self.cluster = cluster
+        self._unit = "GPU" if cluster.device_kind == "gpu" else "CPU worker"
+        self._sharing = SharedCluster(cluster, config, on_notice or (lambda msg: None), self._unit)
         self.deferral = deferral
         self.config = config
         self.on_result = on_result or (lambda r, final: None)
@@ -124,7 +136,6 @@ class Executor:
         self._alive = [True] * len(cluster.nodes)
         self._nodes_checked = 0.0
         self._no_place_tp: int | None = None  # smallest tp whose placement timed out
-        self._unit = "GPU" if cluster.device_kind == "gpu" else "CPU worker"
         # Several workers per GPU (--workers-per-gpu): a slot is a share of a GPU. A tp 1 worker
         # takes one share; a gang's rank takes a whole device (NCCL refuses two ranks of one
         # communicator on one GPU, and Ray cannot place fractional bundles on distinct GPUs), so a
@@ -337,9 +348,23 @@ class Executor:
 
     # -- waiting --------------------------------------------------------------------------------
 
+    def _ours(self) -> float:
+        """What our placed gangs reserve, in the resource other drivers compete for."""
+        gpu = self.cluster.device_kind == "gpu"
+        pgs = {id(g.pg): g.pg_size * (g.spec.gpu_share if gpu else self.cluster.cpu_per_worker)
+               for g in self.gangs if g.state not in (GangState.DEAD, GangState.PLACING)}  # a share of a GPU each
+        return sum(pgs.values())
+
+    def _watch_placements(self) -> None:
+        placing = [(j.gang.tp, j.started, j.gang.pg) for j in self.jobs if j.kind == "place"]
+        if self._sharing.tick(placing, self._ours):
+            for g in [g for g in self.gangs if g.state == GangState.IDLE]:
+                self._teardown(g)  # never sit on GPUs another driver's gang may be waiting for
+
     def _wait_once(self) -> None:
         import ray
 
+        self._watch_placements()
         now = time.monotonic()
         refs = [r for j in self.jobs for r in j.pending]
         timeout = max(0.0, min([j.deadline for j in self.jobs] + [now + self.config.poll_s]) - now)
@@ -436,6 +461,10 @@ class Executor:
 
     def _job_expired(self, job: _Job) -> None:
         g = job.gang
+        if job.kind == "place" and self._sharing.keep_waiting(g.pg, self._ours()):  # held by someone: wait on
+            job.deadline = time.monotonic() + self.config.placement_timeout_s
+            self.jobs.append(job)
+            return
         self._teardown(g)
         if job.kind == "place":
             tp = g.tp

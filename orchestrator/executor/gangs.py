@@ -94,6 +94,17 @@ def place(spec: GangSpec, node: int, node_id: str) -> tuple[Gang, Any]:
     return Gang(spec=spec, node=node, node_id=node_id, pg=pg), pg.ready()
 
 
+def placement_state(pg: Any) -> str:
+    """Ray's scheduling state of a placement group: NO_RESOURCES (its bundles exist but are in
+    use: wait), INFEASIBLE (no node can ever hold it), FINISHED (placed), QUEUED, ... ('' if unknown)."""
+    from ray.util.placement_group import placement_group_table
+
+    try:
+        return str(placement_group_table(pg).get("stats", {}).get("scheduling_state", ""))
+    except Exception:  # the GCS is unreachable: treat as unknown (the deadline decides)
+        return ""
+
+
 def start_actors(gang: Gang) -> list[Any]:
     """Create one actor per bundle; returns their info() refs."""
     import ray

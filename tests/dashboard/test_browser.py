@@ -174,7 +174,7 @@ def test_a_known_failure_link_that_is_not_http_stays_text(page, sample_db, tmp_p
     reason next to it is text too."""
     db, _ = sample_db
     kf = tmp_path / "known.yaml"
-    kf.write_text(f'- case: "{samples.KNOWN_FAIL}"\n  reason: "{samples.XSS}"\n  link: "{link}"\n')
+    kf.write_text(f'- case: "{samples.KNOWN_FAIL}"\n  reason: "{samples.XSS}"\n  link: "{link}"\n  until: 2999-01-01\n')
     with ResultStore(db) as s:
         write_outputs(s, 2, out_dir=str(tmp_path / "out"), baseline="1", known_failures=str(kf))
     page.goto((tmp_path / "out" / "dashboard" / "index.html").as_uri())

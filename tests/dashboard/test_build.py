@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from orchestrator.dashboard.build import build_page, json_for_script, page_data
+from orchestrator.dashboard.build import build_page, json_for_script, page_data, store_history
 from orchestrator.outputs import gather
 from orchestrator.store import ResultStore
 from tests.results import samples
@@ -39,7 +39,7 @@ def test_view_model_marks_changes_and_history(sample_db):
     db, kf = sample_db
     with ResultStore(db, readonly=True) as store:
         view = gather(store, None, baseline="1", known_failures=kf)
-        data = page_data(view, store.status_history())
+        data = page_data(view, *store_history(store)[:1])
     by_id = {c["id"]: c for c in data["cases"]}
     assert by_id[samples.REGRESSION]["change"] == "regression"
     assert by_id[samples.FIXED]["change"] == "fixed" and by_id[samples.FIXED]["cls"] == "fixed"
@@ -48,5 +48,5 @@ def test_view_model_marks_changes_and_history(sample_db):
     assert by_id[samples.DOWNGRADED]["downgraded"] is True
     assert by_id[samples.REGRESSION]["speedup"] == 4.0
     h = by_id[samples.OLD_FAILURE]["history"]
-    assert h["runs"] == [[2, "fail"], [1, "fail"]] and h["streak"] == 2 and h["last_pass"] is None
+    assert h["runs"] == [[2, "fail", "cpu", ""], [1, "fail", "cpu", ""]] and h["streak"] == 2 and h["last_pass"] is None
     assert by_id[samples.REGRESSION]["history"]["last_pass"] == 1

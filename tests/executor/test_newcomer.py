@@ -172,10 +172,10 @@ def _passing_store(tmp_path) -> str:
 
 
 def _printed_verdict(text: str) -> int | None:
-    """The exit code the printed verdict calls for: a gate's, or `orch repro`'s case verdict."""
-    if "gate FAILED" in text or re.search(r"^(FAIL|ERROR|TIMEOUT|FLAKY) ", text, re.M):
+    """The exit code the printed verdict calls for: a gate's or a diff's, or `orch repro`'s case verdict."""
+    if re.search(r"(gate|diff) FAILED", text) or re.search(r"^(FAIL|ERROR|TIMEOUT|FLAKY) ", text, re.M):
         return 1
-    if "gate PASSED" in text or re.search(r"^(PASS|SKIP) ", text, re.M):
+    if re.search(r"(gate|diff) PASSED", text) or re.search(r"^(PASS|SKIP) ", text, re.M):
         return 0
     return None
 
@@ -223,6 +223,8 @@ def test_every_subcommand_exits_by_the_verdict_it_prints(ray_cluster, tmp_path, 
             ("report", ["report", "--db", db, "--format", "md"], {}),
             ("report", ["report", "--db", db, "--format", "junit"], {}),
             ("gate", ["gate", "--db", db], {}),
+            # The failing store's run 2 regressed from its run 1; the passing store's never did.
+            ("diff", ["diff", "--db", db, "1", "2" if expected else "latest"], {}),
             ("dashboard", ["dashboard", "--db", db, "--out", out + "/site"], {}),
             ("simulate", ["simulate", "--gpus", "8", "--nodes", "1", "--cases", "50"], {}),
             ("doctor", ["doctor"], {}),
@@ -235,7 +237,7 @@ def test_every_subcommand_exits_by_the_verdict_it_prints(ray_cluster, tmp_path, 
                 monkeypatch.delenv(k)
             verdict = _printed_verdict(stdout + stderr)
             walked.add(command)
-            if command in ("run", "repro", "report", "gate"):
+            if command in ("run", "repro", "report", "gate", "diff"):
                 assert (verdict, code) == (expected, expected), (label, argv, code, stdout[-500:], stderr[-500:])
             else:  # prints no verdict, so it says only whether it did its job
                 assert (verdict, code) == (None, 0), (label, argv, code, stdout[-500:], stderr[-500:])

@@ -200,7 +200,7 @@ def test_resume_reruns_a_case_whose_retry_never_ran(ray_cluster, tmp_path, monke
         assert [a["status"] for a in store.attempt_log(rid, half.case_id)] == ["fail", "pass"]
         assert [a["status"] for a in store.attempt_log(rid, absent.case_id)] == ["pass"]
         assert all(len(store.attempt_log(rid, c.case_id)) == 1 for c in cases[2:])  # not re-run
-        assert store._sql("SELECT count(*) FROM writer").fetchone()[0] == 0  # lock released
+        assert store.writer_of(rid) is None  # lock released
 
 
 @pytest.mark.slow

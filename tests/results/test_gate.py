@@ -14,7 +14,7 @@ from tests.results import samples
 
 CASES = samples.make_cases()
 C = CASES[0]
-KNOWN = parse(f'- case: "{C.case_id}"\n  reason: tracked upstream\n  link: https://example.invalid/1\n')
+KNOWN = parse(f'- case: "{C.case_id}"\n  reason: tracked upstream\n  link: https://example.invalid/1\n  until: 2999-01-01\n')
 NO_BASE = "no-baseline"
 ABSENT = "absent"
 
@@ -98,10 +98,11 @@ def test_missing_results_fail_the_gate():
 
 
 def test_expired_known_failure_gates_again():
-    kf = parse(f'- case: "{C.case_id}"\n  reason: r\n  until: 2020-01-01\n')
+    kf = parse(f'- case: "{C.case_id}"\n  reason: r\n  link: l\n  until: 2020-01-01\n', "kf.yaml")
     out = evaluate([samples.result_for(C, Status.FAIL)], known=kf)
     assert out.classification[C.case_id] == "fail" and kf.expired == kf.entries
-    live = parse(f'- case: "{C.case_id}"\n  reason: r\n  until: 2999-01-01\n')
+    assert out.expired == {C.case_id: kf.entries[0]} and kf.entries[0].where == "kf.yaml:1"  # said, not silent
+    live = parse(f'- case: "{C.case_id}"\n  reason: r\n  link: l\n  until: 2999-01-01\n')
     assert evaluate([samples.result_for(C, Status.FAIL)], known=live).passed
     fixed_today = type(kf)(kf.entries, kf.source, today=dt.date(2019, 12, 31))
     assert evaluate([samples.result_for(C, Status.FAIL)], known=fixed_today).passed

@@ -232,55 +232,63 @@ HOLDER = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {repo!r})
     from orchestrator.store import ResultStore
+    from tests.results import samples
     s = ResultStore({db!r})
-    s.acquire_writer(["holder"])
-    print("locked", flush=True)
+    rid = s.create_run(matrix="m.yaml", cases=samples.make_cases()[:2], argv=["holder"], lock_writer=True)
+    print("locked", rid, flush=True)
     time.sleep(600)
     """
 )
 
 
-def _holder(db: str) -> subprocess.Popen:
+def _holder(db: str) -> tuple[subprocess.Popen, int]:
+    """A driver in another process writing (holding the lock of) a new run of `db`."""
     p = subprocess.Popen([sys.executable, "-c", HOLDER.format(repo=REPO, db=db)], stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "locked"
-    return p
+    word, rid = p.stdout.readline().split()
+    assert word == "locked"
+    return p, int(rid)
 
 
-def test_writer_lock_refuses_a_second_driver_and_takes_over_a_killed_ones(tmp_path):
+def test_the_writer_lock_is_per_run_and_a_killed_drivers_is_taken_over(tmp_path, cases):
     db = str(tmp_path / "r.db")
-    holder = _holder(db)
+    holder, rid = _holder(db)
     try:
         with ResultStore(db) as store:
-            with pytest.raises(InfraError, match=f"another orch driver \\(pid {holder.pid} on "):
-                store.acquire_writer()
+            # Another driver of the same database writes a run of its own beside the holder...
+            mine = store.create_run(matrix="m.yaml", cases=cases[:2], lock_writer=True)
+            assert mine != rid and store.writer_of(mine)["pid"] == os.getpid()
+            # ...but the holder's run has one writer: a second one (a --resume beside it) is refused.
+            with pytest.raises(InfraError, match=f"another orch driver \\(pid {holder.pid} on .* is writing run {rid} "):
+                store.acquire_writer(rid)
     finally:
         holder.kill()
         holder.wait()
     with ResultStore(db) as store:  # the holder was SIGKILLed: its lock is stale
-        note = store.acquire_writer()
-        assert f"took over the writer lock of pid {holder.pid}" in note
-        assert store.acquire_writer() == ""  # re-entrant for the same driver
-        store.release_writer()
-        assert store._sql("SELECT count(*) FROM writer").fetchone()[0] == 0
+        note = store.acquire_writer(rid)
+        assert f"took over run {rid}'s writer lock of pid {holder.pid}" in note
+        assert store.acquire_writer(rid) == ""  # re-entrant for the same driver
+        store.release_writer(rid)
+        assert store.writer_of(rid) is None and store.writer_of(mine) is not None  # only run rid's lock went
 
 
-def test_a_reused_pid_does_not_keep_a_stale_lock(tmp_path):
+def test_a_reused_pid_does_not_keep_a_stale_lock(tmp_path, cases):
     db = str(tmp_path / "r.db")
     with ResultStore(db) as store:
-        store.acquire_writer()
+        rid = store.create_run(matrix="m.yaml", cases=cases[:1], lock_writer=True)
         # The recorded writer: a live process (pid 1) whose start time is not the recorded one.
-        store._sql("UPDATE writer SET pid = 1, pid_start = 'not-its-start'")
-        assert "took over the writer lock of pid 1" in store.acquire_writer()
+        store._sql("UPDATE run_writer SET pid = 1, pid_start = 'not-its-start'")
+    with ResultStore(db) as store:
+        assert f"took over run {rid}'s writer lock of pid 1" in store.acquire_writer(rid)
 
 
 def test_resume_beside_a_live_driver_is_exit_3_in_one_line(tmp_path, capsys):
     db = str(tmp_path / "r.db")
-    holder = _holder(db)
+    holder, rid = _holder(db)
     try:
         code, err = _cli(capsys, "run", "matrices/smoke.yaml", "--db", db, "--out", str(tmp_path / "o"),
-                         "--devices", "cpu", "--resume", "1")  # fmt: skip
+                         "--devices", "cpu", "--resume", str(rid))  # fmt: skip
     finally:
         holder.kill()
         holder.wait()
     assert code == 3 and len(err.splitlines()) == 1, err
-    assert f"pid {holder.pid}" in err and "is writing this database" in err and db in err
+    assert f"pid {holder.pid}" in err and f"is writing run {rid} of this database" in err and db in err

@@ -105,7 +105,10 @@
     var meta = ["status: " + r.status, "devices: " + (r.devices || "?"), "git: " + (r.git_sha || "?").slice(0, 12),
       "results: " + r.num_results + "/" + r.num_cases];
     if (r.started_at) meta.push("started: " + new Date(r.started_at * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z");
-    if (g.baseline) meta.push("with baseline");
+    if (r.label) meta.splice(1, 0, "label: " + r.label);
+    if (r.device_model) meta.splice(2, 0, "device: " + r.device_model);
+    if (g.baseline) meta.push(DATA.baseline_where ? "baseline: " + DATA.baseline_where : "with baseline");
+    else if (DATA.baseline_note) meta.push(DATA.baseline_note);
     $("run-meta").textContent = meta.join(" · ");
     var counts = $("counts"); while (counts.firstChild) counts.removeChild(counts.firstChild);
     (DATA.classifications || Object.keys(g.counts)).forEach(function (k) { if (g.counts[k]) counts.appendChild(el("span", { "class": "count-" + k }, k + ": " + g.counts[k])); });
@@ -187,7 +190,7 @@
     if (c.change) body.appendChild(el("span", { id: "d-change" }, "  " + (c.change === "regression" ? "▼ regression vs baseline (" + c.baseline + ")" : c.change === "fixed" ? "▲ fixed vs baseline" : "● new: not in baseline")));
     if (c.reason) body.appendChild(el("p", { id: "d-reason", "class": c.state === "pass" ? "" : "bad" }, c.reason));
     if (c.known) {
-      var p = el("p", { id: "d-known" }, "Known failure: " + c.known.reason + " ");
+      var p = el("p", { id: "d-known" }, (c.known.mute ? "Muted (runs and reports, does not gate) until " + c.known.until + ": " : "Known failure: ") + c.known.reason + " ");
       // Only http(s) links become anchors: a javascript: URL from a YAML file must stay text.
       if (/^https?:\/\//i.test(c.known.link || "")) { var a = el("a", { href: c.known.link, rel: "noopener noreferrer" }, c.known.link); p.appendChild(a); }
       else if (c.known.link) p.appendChild(document.createTextNode(c.known.link));
@@ -248,10 +251,23 @@
     }
     var hst = c.history || { runs: [] };
     body.appendChild(el("h3", null, "history"));
+    // Each run of the (possibly shared) store with its label; streaks per device model below.
     var hp = el("p", { id: "d-history" }, hst.runs.length ?
-      hst.runs.map(function (x) { return "run " + x[0] + ": " + x[1]; }).join(" · ") : "no earlier results");
+      hst.runs.map(function (x) { return "run " + x[0] + (x[3] ? " [" + x[3] + "]" : "") + ": " + x[1]; }).join(" · ") : "no earlier results");
     body.appendChild(hp);
-    if (hst.runs.length) body.appendChild(el("p", { id: "d-streak" }, hst.streak_status + " for " + hst.streak + " run(s); last pass: " + (hst.last_pass === null ? "never" : "run " + hst.last_pass)));
+    var streak = function (h) { return h.streak_status + " for " + h.streak + " run(s); last pass: " + (h.last_pass === null ? "never" : "run " + h.last_pass); };
+    if (hst.runs.length) body.appendChild(el("p", { id: "d-streak" }, streak(hst)));
+    if (hst.by_device && hst.by_device.length > 1) {
+      var dt = el("table", { id: "d-by-device" });
+      hst.by_device.forEach(function (d) { kv(dt, d.device, streak(d) + " (" + d.runs.map(function (x) { return "run " + x[0] + ": " + x[1]; }).join(" · ") + ")"); });
+      body.appendChild(dt);
+    }
+    if (c.flakiness) {
+      var f = c.flakiness;
+      body.appendChild(el("p", { id: "d-flaky", "class": f.score > 0 ? "bad" : "" }, "flakiness " + f.score.toFixed(2) +
+        " over " + f.runs + " of the last " + f.window + " run(s)" + (f.label ? " labelled " + f.label : "") + ": " +
+        f.flips + " pass/fail flip(s), " + f.retried + " flaky on retry"));
+    }
   }
 
   function renderLegend() {

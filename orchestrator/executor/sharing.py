@@ -1,0 +1,85 @@
+"""Sharing one Ray cluster with other drivers: tell waiting from impossible, say so, hold nothing idle.
+
+Every driver counts each GPU of the cluster as a slot (or `--max-gpus` of them) and asks Ray for a
+placement group per gang; Ray grants one when all its bundles are free, so no driver ever holds
+part of a gang. What this adds to the executor:
+
+- a placement Ray reports as NO_RESOURCES (its bundles exist, in use) while someone holds them,
+  another job or our own busy gangs, waits: its deadline is pushed back instead of timing out into
+  NOT_RUN. INFEASIBLE (no node can ever hold it) still times out, and so does NO_RESOURCES with
+  nothing held by anyone after one more deadline;
+- a run whose placement waits on other jobs says so, once after `wait_notice_s` and again every
+  `wait_repeat_s`, and says when it got them;
+- while a placement of ours waits, the executor gives back its idle gangs (`tick` returns True):
+  two drivers each keeping a tp 1 worker idle while waiting for a tp 2 gang would otherwise wait on
+  each other forever (DESIGN §12).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from orchestrator.executor import gangs
+from orchestrator.executor.cluster import ClusterInfo, held_by_others
+
+CHECK_EVERY_S = 2.0  # Ray state queries are GCS calls: not every loop turn
+
+
+class SharedCluster:
+    def __init__(self, cluster: ClusterInfo, config: Any, on_notice: Callable[[str], None], unit: str):
+        self.cluster = cluster
+        self.config = config  # ExecConfig: wait_notice_s, wait_repeat_s
+        self.on_notice = on_notice
+        self.unit = unit
+        self.waiting_since: float | None = None  # since when other jobs' resources held us up
+        self._said = 0.0
+        self._checked = 0.0
+        self._graced: set[int] = set()  # placements given one more deadline with nothing held
+
+    def waits(self, pg: Any, ours: float) -> tuple[float, float] | None:
+        """(held by other jobs, cluster total) when `pg` waits for resources in use (Ray says
+        NO_RESOURCES), None when it is placed or can never be (INFEASIBLE, or unknown)."""
+        if gangs.placement_state(pg) != "NO_RESOURCES":
+            return None
+        return held_by_others(self.cluster, ours)
+
+    def keep_waiting(self, pg: Any, ours: float) -> bool:
+        """At a placement deadline: wait on (True) or give up (NOT_RUN). Waiting is right while
+        someone holds what it needs, another job or our own busy gangs; with nothing held by
+        anyone it gets one more deadline (what was just freed may be granted in a moment)."""
+        held = self.waits(pg, ours)
+        if held is None:
+            return False
+        if held[0] > 0 or ours > 0:
+            return True
+        if id(pg) in self._graced:
+            return False
+        self._graced.add(id(pg))
+        return True
+
+    def tick(self, placing: Sequence[tuple[int, float, Any]], ours: Callable[[], float]) -> bool:
+        """`placing`: (tp, started, pg) of our pending placements. True: a placement waits for
+        resources in use, give back idle gangs (ours may be what it waits for)."""
+        now = time.monotonic()
+        if now - self._checked < CHECK_EVERY_S:
+            return False
+        self._checked = now
+        late = [(tp, pg) for tp, started, pg in placing if now - started >= self.config.wait_notice_s]
+        waiting = [(tp, held) for tp, held in ((tp, self.waits(pg, ours())) for tp, pg in late) if held is not None]
+        if not waiting:
+            if self.waiting_since is not None and not placing:
+                self.on_notice(f"placement: got the {self.unit}s after waiting {now - self.waiting_since:.0f}s")
+                self.waiting_since = None
+            return False
+        others = [(tp, held) for tp, held in waiting if held[0] > 0]
+        if others:
+            if self.waiting_since is None:
+                self.waiting_since = now
+            if now - self._said >= self.config.wait_repeat_s:
+                self._said = now
+                need, held = max(others, key=lambda x: x[0])
+                self.on_notice(f"waiting for {need} {self.unit}(s) on one node: {held[0]:g} of {held[1]:g} held by "
+                               f"other jobs on this cluster ({now - self.waiting_since:.0f}s so far)")  # fmt: skip
+        return True

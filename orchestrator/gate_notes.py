@@ -1,0 +1,57 @@
+"""What the gate knows from history and the known-failures file, as lines for every output.
+
+`orch run` (stderr), `orch gate`, `orch report` and the markdown summary all say the same: which
+baseline was used (or why a label found none), which expired known-failures entries no longer
+cover a failing case, which failures the flakiness window excused, and a paste-ready entry for
+the new failures, narrowed to the axes that failed (suggest.py).
+"""
+
+from __future__ import annotations
+
+from orchestrator import digest, suggest
+from orchestrator.outputs import RunView
+
+FAILED = ("regression", "new", "fail", "error", "timeout")  # what a suggested entry would cover
+
+
+def new_failures(view: RunView) -> list[str]:
+    return sorted(cid for cid, c in view.gate.classification.items() if c in FAILED)
+
+
+def suggestions(view: RunView) -> list[suggest.Suggestion]:
+    return suggest.suggest(view.results, new_failures(view))
+
+
+def lines(view: RunView, *, with_entries: bool = True) -> list[str]:
+    gate, out = view.gate, []
+    if view.baseline.note:
+        out.append(view.baseline.note)
+    elif view.baseline.where:
+        out.append(f"baseline: {view.baseline.where}")
+    by_entry: dict[str, list[str]] = {}
+    for cid, entry in sorted(gate.expired.items()):
+        by_entry.setdefault(f"{entry.where} (until {entry.until})", []).append(cid)
+    for where, ids in by_entry.items():
+        out.append(f"known failure {where} has expired: {len(ids)} failing case(s) gate again: {digest.sample(ids)}")
+    if gate.flaky_history:
+        ids = sorted(gate.flaky_history)
+        out.append(f"flaky by history (not gating) {len(ids)}: {digest.sample(ids)} ({gate.flaky_history[ids[0]]})")
+    if with_entries:
+        found = suggestions(view)
+        if found:
+            out.append(f"paste-ready known-failures entries for the {len(new_failures(view))} new failure(s):")
+            out += ["    " + line for e in found for line in e.to_yaml().splitlines()]
+    return out
+
+
+def markdown(view: RunView) -> str:
+    """The summary's section (appended after summary.render): baseline, expiries, entries."""
+    notes = lines(view, with_entries=False)
+    found = suggestions(view)
+    if not notes and not found:
+        return ""
+    md = ["", "### History and known failures", ""] + [f"- {n}" for n in notes]
+    if found:
+        md += ["", "Paste-ready known-failures entries (narrowed to the axes that failed; fill in reason and link):",
+               "", "```yaml", *suggest.render(found).splitlines(), "```"]  # fmt: skip
+    return "\n".join(md) + "\n"
