@@ -33,6 +33,32 @@ from orchestrator.store_schema import _RESULT_COLS, MIGRATIONS, SCHEMA_VERSION  
 
 APP_ID = "orch-results"  # meta.app: tells our databases from any other SQLite file
 
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How `orch run` was asked for a run (runs.options, schema 5): what its outputs name ("filter
+    `tp=1`, backend `x`: 6 of 90 cases"), where `--resume` writes, and the gate's empty-run rule
+    (orchestrator/empty_run.py), so `orch gate` and `orch report` judge the run as `orch run` did.
+    Runs stored before schema 5 read as the defaults."""
+
+    out: str = ""  # --out, absolute ("" unknown)
+    filter: str | None = None  # --filter as given
+    backend: str | None = None  # --backend as given
+    matrix_cases: int = 0  # cases of the matrix before --filter (runnable and skipped; 0 unknown)
+    allow_empty: bool = False  # --allow-empty: a run in which nothing ran may pass
+    require: tuple[str, ...] = ()  # --require FILTER...: slices that must have run
+
+    def to_json(self) -> str:
+        return json.dumps({**dataclasses.asdict(self), "require": list(self.require)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> "RunOptions":
+        d = json.loads(text or "{}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
+        return cls(**{**d, "require": tuple(d.get("require", ()))})
+
+
 @dataclass(frozen=True)
 class RunInfo:
     id: int
@@ -49,6 +75,7 @@ class RunInfo:
     baseline: str | None = None
     num_cases: int = 0  # planned
     num_results: int = 0  # final verdicts recorded so far
+    options: RunOptions = field(default_factory=RunOptions)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -230,15 +257,17 @@ class ResultStore:
         devices: str = "",
         versions: dict | None = None,
         baseline: str | None = None,
+        options: RunOptions | None = None,
     ) -> int:
         est = self.durations()
         try:
             self._con.execute("BEGIN IMMEDIATE")
             cur = self._con.execute(
-                "INSERT INTO runs(matrix, matrix_sha, git_sha, started_at, status, cluster, devices, versions, argv, baseline)"
-                " VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+                "INSERT INTO runs(matrix, matrix_sha, git_sha, started_at, status, cluster, devices, versions, argv,"
+                " baseline, options) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
                 (matrix, file_sha(matrix), _git_sha(), time.time(), cluster, devices,
-                 json.dumps(versions or {}, sort_keys=True), json.dumps(list(argv or [])), baseline),
+                 json.dumps(versions or {}, sort_keys=True), json.dumps(list(argv or [])), baseline,
+                 (options or RunOptions()).to_json()),
             )  # fmt: skip
             run_id = int(cur.lastrowid)
             self._con.executemany(
@@ -312,6 +341,7 @@ class ResultStore:
             started_at=r["started_at"], finished_at=r["finished_at"], status=r["status"], cluster=r["cluster"],
             devices=r["devices"], versions=json.loads(r["versions"]), argv=json.loads(r["argv"]),
             baseline=r["baseline"], num_cases=r["num_cases"], num_results=r["num_results"],
+            options=RunOptions.from_json(r["options"]),
         )  # fmt: skip
 
     _RUN_SELECT = (

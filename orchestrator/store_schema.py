@@ -93,6 +93,11 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE results ADD COLUMN memory TEXT NOT NULL DEFAULT '{}';
     """,
+    # --- version 5: how a run was asked for, what every output of it names and `--resume` reuses:
+    # json {out, filter, backend, matrix_cases, allow_empty, require} (RunOptions; '{}' before) ---
+    """
+    ALTER TABLE runs ADD COLUMN options TEXT NOT NULL DEFAULT '{}';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
