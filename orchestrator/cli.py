@@ -16,6 +16,7 @@ import traceback
 import click
 
 from orchestrator import __version__
+from orchestrator.defaults import DB_SHOWN, OUT_SHOWN
 from orchestrator.errors import ExitCode, OrchError
 
 _MATRIX = click.Path(dir_okay=False)
@@ -25,6 +26,9 @@ _RUN_HELP = "Run id in --db (default: the latest run)."
 _BASELINE_HELP = "Gate against a baseline: a run id in --db, or another results DB (its latest run)."
 _KNOWN_HELP = "YAML of known failures (case-id glob, reason, link): matching failures do not gate."
 _VERBOSE_HELP = "Every case on its own line (default: one line per kind, with a count and a few ids)."
+_REQUIRE_HELP = ("A slice that must have run (the --filter language; repeatable): the gate fails when no case of it "
+                 "ran, e.g. --require backend=aiter-triton on a GPU runner.")
+_ALLOW_EMPTY_HELP = "Let a run in which nothing ran pass (by default it fails: every case skipped is not a pass)."
 
 
 def _dispatch(command: str, **kwargs) -> None:
@@ -53,7 +57,7 @@ def cli() -> None:
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="Device class whose model shape to use.")
 @click.option("--backend", default=None, help="Override the backend axis, as `orch run --backend` does.")
 @click.option("--workers", type=int, default=None, help="Workers to estimate the wall time for (default: what `orch run` would start here).")
-@click.option("--db", default="orch-results.db", show_default=True, help="Results store whose past durations calibrate the estimate (read only; skipped if absent).")
+@click.option("--db", default=None, show_default=DB_SHOWN, help="Results store whose past durations calibrate the estimate (read only; skipped if absent).")
 @click.option("-v", "--verbose", is_flag=True, help="List every case (id, k, resolved mode, estimate) and every skipped case with its reason.")
 def plan(**kwargs):
     """Expand MATRIX: how many cases run and which skip (grouped by reason), counts per axis, mode
@@ -72,8 +76,9 @@ def plan(**kwargs):
 @click.argument("matrix", type=_MATRIX, required=False)
 @click.option("--backend", default=None, help="Override the backend axis: a provider name or package.module:Class.")
 @click.option("--filter", "filter_expr", default=None, help="Select cases (see `orch plan --help`).")
-@click.option("--db", default="orch-results.db", show_default=True, help="Results store (SQLite).")
-@click.option("--out", "out_dir", default="orch-out", show_default=True, help="Directory for JUnit, summary and dashboard.")
+@click.option("--db", default=None, show_default=DB_SHOWN, help="Results store (SQLite).")
+@click.option("--out", "out_dir", default=None, show_default=OUT_SHOWN,
+              help="Directory for JUnit, summary and dashboard (--resume: the run's own).")
 @click.option("--address", default="local", show_default=True, help="local (embedded Ray), auto (RAY_ADDRESS / running cluster) or HOST:PORT.")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: GPUs if any, else CPU workers with emulated graphs.")
 @click.option("--workers", type=int, default=None,
@@ -86,7 +91,9 @@ def plan(**kwargs):
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
 @click.option("--resume", "resume_run", default=None, metavar="RUN_ID",
               help="Finish run RUN_ID from its own plan: only the cases without a verdict. MATRIX may be left out; given, it must be the run's.")
-@click.option("--no-progress", is_flag=True, help="No live progress bar.")
+@click.option("--no-progress", is_flag=True, help="No progress lines (the bar on a terminal, a line per 10% elsewhere).")
+@click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP)
+@click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP)
 @click.option("-v", "--verbose", is_flag=True, help="Every failing case with its repro at the end, and Ray's own log lines.")
 @click.option("--precompile-jobs", "precompile_jobs", type=int, default=None,
               help="Helper processes that warm Triton's kernel cache at the start of a local GPU run (0: off; default ORCH_PRECOMPILE_JOBS, else 1 when the run has cases of other backends to run meanwhile, up to 3 when not).")
@@ -108,7 +115,7 @@ def run(**kwargs):
 @click.argument("case_id")
 @click.option("--matrix", type=_MATRIX, default=None, help="Matrix the case comes from (default: looked up in --db).")
 @click.option("--backend", default=None, help="Override the backend: a provider name or package.module:Class.")
-@click.option("--db", default="orch-results.db", show_default=True, help="Results store to look the case up in when --matrix is not given.")
+@click.option("--db", default=None, show_default=DB_SHOWN, help="Results store to look the case up in when --matrix is not given.")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: the first GPU if any, else CPU with emulated graphs.")
 @click.option("--json", "as_json", is_flag=True, help="The CaseResult as JSON.")
 def repro(**kwargs):
@@ -122,13 +129,15 @@ def repro(**kwargs):
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@click.option("--db", default=None, show_default=DB_SHOWN, help=_DB_HELP)
 @click.option("--run", "run_id", default=None, help=_RUN_HELP)
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "junit"]), default="text", show_default=True,
               help="text: for a terminal or CI log; json: everything; md: the CI summary; junit: JUnit XML.")
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
 @click.option("--output", "-o", default=None, help="Write to a file instead of stdout.")
+@click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
+@click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP + " The run's own is kept.")
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def report(**kwargs):
     """Report a run from the store; exit by its gate (0 passed, 1 failed).
@@ -141,10 +150,12 @@ def report(**kwargs):
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@click.option("--db", default=None, show_default=DB_SHOWN, help=_DB_HELP)
 @click.option("--run", "run_id", default=None, help=_RUN_HELP)
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
+@click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP + " The run's own is kept.")
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def gate(**kwargs):
     """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed).
@@ -157,11 +168,11 @@ def gate(**kwargs):
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@click.option("--db", default=None, show_default=DB_SHOWN, help=_DB_HELP)
 @click.option("--run", "run_id", default=None, help=_RUN_HELP)
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
-@click.option("--out", "out_dir", default="orch-out/dashboard", show_default=True, help="Directory to write index.html into.")
+@click.option("--out", "out_dir", default=None, show_default=f"{OUT_SHOWN}, /dashboard", help="Directory to write index.html into.")
 def dashboard(**kwargs):
     """Write the self-contained static dashboard (opens from disk; a CI artifact). Exit 0 when
     written, whatever the run's verdict (the page shows it; `orch gate` exits by it).
@@ -174,7 +185,7 @@ def dashboard(**kwargs):
 
 
 @cli.command()
-@click.option("--db", default="orch-results.db", show_default=True, help=_DB_HELP)
+@click.option("--db", default=None, show_default=DB_SHOWN, help=_DB_HELP)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback: this machine only).")
 @click.option("--port", type=int, default=8265 + 1000, show_default=True, help="Port to listen on.")
 @click.option("--baseline", default=None, help=_BASELINE_HELP)

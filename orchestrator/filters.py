@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, TP_SIZES, Case
+from backend.result import CaseResult
 from backend.families.specs import FAMILY_NAMES
 from orchestrator.errors import InputError
 
@@ -42,6 +43,8 @@ _KNOWN_VALUES = {
     "attention": FAMILY_NAMES,
 }
 _GLOB = set("*?[")
+# Axis values of results stored before their axis existed (CaseResult.axes lacks the key).
+_DEFAULTS = {"attention": "gqa", "spec_tokens": 0}
 
 T = TypeVar("T")
 
@@ -51,14 +54,16 @@ class Term:
     key: str | None  # canonical axis name; None = case-id pattern
     values: tuple[str, ...]  # lower-case patterns
 
-    def matches(self, case: Case) -> bool:
+    def matches(self, case: Case | CaseResult) -> bool:
+        """A Case, or a stored CaseResult (the gate's `--require` slices): both carry case_id and axes."""
         if self.key is None:
             cid = case.case_id.lower()
             pat = self.values[0]
             return fnmatch.fnmatchcase(cid, pat) if _GLOB & set(pat) else pat in cid
-        actual = [str(case.axes[self.key]).lower()]
-        if self.key == "backend":
-            actual.append(case.backend_label.lower())
+        value = case.axes.get(self.key, _DEFAULTS.get(self.key))
+        actual = [str(value).lower()]
+        if self.key == "backend":  # the class name of an import path, as ids show it
+            actual.append(str(value).rsplit(":", 1)[-1].lower())
         return any(fnmatch.fnmatchcase(a, v) for a in actual for v in self.values)
 
 
@@ -66,7 +71,7 @@ class Term:
 class Filter:
     terms: tuple[Term, ...]
 
-    def matches(self, case: Case) -> bool:
+    def matches(self, case: Case | CaseResult) -> bool:
         return all(t.matches(case) for t in self.terms)
 
 

@@ -18,7 +18,9 @@ Semantics ("no new breakage"):
   not fail the gate but is counted apart from pass and listed: run it on a GPU;
 - flaky (one attempt passed, one did not) does not fail the gate but is listed; skip (cannot run
   here: unsupported, excluded by the matrix, tp larger than any node) never fails; a downgraded mode
-  is a warning.
+  is a warning;
+- but a run in which nothing ran, or a `--require`d slice did not, does not pass (exit 1) unless
+  `--allow-empty` (the whole run only): orchestrator/empty_run.py.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backend.result import CaseResult, Status
+from orchestrator.digest import plural
+from orchestrator.empty_run import Unran, nothing_ran, unran
 from orchestrator.errors import ExitCode
 from orchestrator.known_failures import KnownFailure, KnownFailures
 
@@ -59,6 +63,8 @@ class GateOutcome:
     counts: dict[str, int] = field(default_factory=dict)  # per classification, all keys present
     known_reasons: dict[str, KnownFailure] = field(default_factory=dict)  # case_id -> entry that matched
     baseline_status: dict[str, str] = field(default_factory=dict)  # case_id -> its status in the baseline
+    unran: tuple[Unran, ...] = ()  # slices that should have run and did not (empty_run.py)
+    empty_allowed: bool = False  # nothing ran, and --allow-empty let it pass
 
     @property
     def passed(self) -> bool:
@@ -74,23 +80,27 @@ class GateOutcome:
     def verdict(self) -> str:
         total = len(self.classification)
         if self.passed:
+            if self.empty_allowed:
+                return f"gate PASSED (--allow-empty): nothing ran, {plural(total, 'case')} skipped"
             extra = []
             if self.old_failures:
-                extra.append(f"{len(self.old_failures)} old failures")
+                extra.append(plural(len(self.old_failures), "old failure"))
             if self.known_failures:
-                extra.append(f"{len(self.known_failures)} known failures")
+                extra.append(plural(len(self.known_failures), "known failure"))
             if self.flaky:
                 extra.append(f"{len(self.flaky)} flaky")
             if self.unverifiable:
                 extra.append(f"{len(self.unverifiable)} unverifiable on the emulation")
             tail = f" ({', '.join(extra)} not gating)" if extra else ""
-            return f"gate PASSED: {total} cases, no new failures{tail}"
+            return f"gate PASSED: {plural(total, 'case')}, no new failures{tail}"
         parts = []
-        for name, ids in (("regressions", self.regressions), ("new failures", self.new_failures),
-                          ("missing", self.missing), ("not run (infrastructure)", self.not_run)):  # fmt: skip
+        for name, many, ids in (("regression", None, self.regressions), ("new failure", None, self.new_failures),
+                                ("missing", "missing", self.missing),
+                                ("not run (infrastructure)", "not run (infrastructure)", self.not_run)):  # fmt: skip
             if ids:
-                parts.append(f"{len(ids)} {name}")
-        return f"gate FAILED: {', '.join(parts)} of {total} cases"
+                parts.append(plural(len(ids), name, many))
+        lines = [f"{', '.join(parts)} of {plural(total, 'case')}"] if parts else []
+        return "gate FAILED: " + "; ".join(lines + [u.line() for u in self.unran])
 
     def to_dict(self) -> dict:
         return {
@@ -109,6 +119,7 @@ class GateOutcome:
             "downgraded": list(self.downgraded),
             "missing": list(self.missing),
             "not_run": list(self.not_run),
+            "unran": [u.line() for u in self.unran],
         }
 
 
@@ -143,7 +154,12 @@ def evaluate(
     baseline: Sequence[CaseResult] | None = None,
     known: KnownFailures | None = None,
     missing: Sequence[str] = (),
+    require: Sequence[str] = (),
+    allow_empty: bool = False,
+    judge_empty: bool = True,
 ) -> GateOutcome:
+    """`require`, `allow_empty`: the empty-run rule (empty_run.py); `judge_empty` False for a run
+    still writing, whose cases may yet come."""
     base = {b.case_id: b for b in baseline} if baseline is not None else {}
     classification: dict[str, str] = {}
     known_reasons: dict[str, KnownFailure] = {}
@@ -166,6 +182,9 @@ def evaluate(
         code = ExitCode.INFRA_ERROR
     else:
         code = ExitCode.GATE_FAILED
+    empty = unran(results, require=require, allow_empty=allow_empty, whole_run=not gating) if judge_empty else ()
+    if empty and code == ExitCode.OK:
+        code = ExitCode.GATE_FAILED
     return GateOutcome(
         exit_code=code,
         classification=classification,
@@ -182,4 +201,6 @@ def evaluate(
         counts={c: counts.get(c, 0) for c in CLASSIFICATIONS},
         known_reasons=known_reasons,
         baseline_status={cid: b.status.value for cid, b in base.items()},
+        unran=empty,
+        empty_allowed=judge_empty and allow_empty and not gating and nothing_ran(results),
     )

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import click
 
-from orchestrator import digest
+from orchestrator import defaults, digest
 from orchestrator.gate import CLASSIFICATIONS, GATING
 from orchestrator.outputs import gather
 from orchestrator.store import ResultStore
 
 
-def main(db: str, run_id: str | None = None, baseline: str | None = None, known_failures: str | None = None,
-         verbose: bool = False) -> int:  # fmt: skip
-    with ResultStore(db, readonly=True) as store:
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+def main(db: str | None = None, run_id: str | None = None, baseline: str | None = None,
+         known_failures: str | None = None, verbose: bool = False, require=(), allow_empty: bool = False) -> int:
+    with ResultStore(db or defaults.db(), readonly=True) as store:
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures, require=tuple(require),
+                      allow_empty=allow_empty)
     gate = view.gate
     if verbose:
         for cid in gate.gating:
