@@ -6,7 +6,13 @@ before any case runs; an unreachable cluster is exit 3 after the run row exists 
 "interrupted", keeps every committed result, writes the outputs marked INTERRUPTED (the missing
 cases fail the gate) and exits 130 / 143. The outputs an earlier run left in OUT are removed
 before any case runs, so no way of stopping a run leaves them looking current.
-`--resume RUN_ID` finishes a run from its stored plan; a MATRIX that is not the run's is exit 2.
+`--resume RUN_ID` finishes a run from its stored plan, into its own --out; a MATRIX that is not the
+run's is exit 2. A run in which nothing ran (or a `--require`d slice did not) fails its gate unless
+`--allow-empty` (orchestrator/empty_run.py); the options are stored with the run (RunOptions), so
+`orch gate` and `orch report` judge it alike.
+Streams: what the run concluded (gate lines, skips by reason, repro, time, the verdict) goes to
+stdout, so `orch run ... | tee log` keeps it; progress, notes and warnings go to stderr, each line
+`orch: `; `--no-progress` prints no progress.
 The driver holds the store's writer lock for the whole run: a second `orch run` (or a `--resume`
 beside a live driver) on the same --db is exit 3 in one line; a killed driver's lock is taken over.
 Results are committed in groups (one transaction per loop turn of the executor) and reported only
@@ -51,7 +57,24 @@ def _versions() -> dict[str, str]:
 
 
 def _err(msg: str) -> None:
+    """Progress, notes and warnings: stderr."""
     click.echo(f"orch: {msg}", err=True)
+
+
+def _out(msg: str) -> None:
+    """What the run concluded (its summary lines and verdict): stdout."""
+    click.echo(msg)
+
+
+# The `time:` line's phases, labelled by what each measures (run._on_cluster sets them).
+PHASE_LABELS = {
+    "matrix": "load matrix", "cluster": "start cluster", "first_result": "start to first result",
+    "cases": "first to last result", "shutdown": "shutdown", "outputs": "write outputs",
+}  # fmt: skip
+
+
+def time_line(phases: dict[str, float]) -> str:
+    return "time: " + ", ".join(f"{PHASE_LABELS.get(k, k)} {v:.1f}s" for k, v in phases.items())
 
 
 @contextlib.contextmanager
@@ -70,9 +93,12 @@ def _ray_logging(verbose: bool):
         logger.setLevel(before)
 
 
-def main(matrix=None, backend=None, filter_expr=None, db="orch-results.db", out_dir="orch-out", address="local",
+def main(matrix=None, backend=None, filter_expr=None, db=None, out_dir=None, address="local",
          devices="auto", workers=None, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
-         known_failures=None, resume_run=None, no_progress=False, precompile_jobs=None, verbose=False) -> int:  # fmt: skip
+         known_failures=None, resume_run=None, no_progress=False, precompile_jobs=None, verbose=False,
+         allow_empty=False, require=()) -> int:  # fmt: skip
+    """db / out_dir None: the defaults (orchestrator/defaults.py: ORCH_DB / ORCH_OUT, else
+    orch-results.db / orch-out; `--resume` reuses the run's own --out)."""
     from orchestrator.interrupts import trapped
 
     with trapped():
@@ -80,19 +106,25 @@ def main(matrix=None, backend=None, filter_expr=None, db="orch-results.db", out_
                      devices=devices, workers=workers, timeout_s=timeout_s, junit_path=junit_path,
                      summary_path=summary_path, baseline=baseline, known_failures=known_failures,
                      resume_run=resume_run, no_progress=no_progress, precompile_jobs=precompile_jobs,
-                     verbose=verbose)  # fmt: skip
+                     verbose=verbose, allow_empty=allow_empty, require=tuple(require or ()))  # fmt: skip
 
 
 def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, workers, timeout_s, junit_path, summary_path,
-          baseline, known_failures, resume_run, no_progress, precompile_jobs, verbose) -> int:  # fmt: skip
-    from orchestrator import artifacts, known_failures as kf
-    from orchestrator.filters import select
+          baseline, known_failures, resume_run, no_progress, precompile_jobs, verbose, allow_empty, require) -> int:  # fmt: skip
+    from orchestrator import artifacts, defaults, known_failures as kf
+    from orchestrator.filters import parse_filter, select
     from orchestrator.interrupts import exit_code, signame
     from orchestrator.matrix import load_matrix
     from orchestrator.outputs import gather
-    from orchestrator.store import ResultStore, resolve_baseline
+    from orchestrator.store import ResultStore, RunOptions, resolve_baseline
 
     t0 = time.monotonic()
+    db = db or defaults.db()
+    for expr in require:  # a typo in a required slice is exit 2 now, not a red gate later
+        try:
+            parse_filter(expr)
+        except InputError as e:
+            raise InputError(e.message, source="--require") from None
     if timeout_s is not None and timeout_s <= 0:
         raise InputError(f"--timeout must be > 0, got {timeout_s}")
     if precompile_jobs is not None and precompile_jobs < 0:
@@ -102,12 +134,16 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
         raise InputError("give the MATRIX to run (or --resume RUN_ID to finish a run with its own matrix)")
     kf.load(known_failures)  # a bad file is exit 2 now, not after the run
     cases, skipped = [], []
+    options = None
     if resume_id is None:
         m = load_matrix(matrix, devices=devices, backend_override=backend)
         cases = select(m.cases, filter_expr)
         skipped = select(m.skipped, filter_expr)
         if not cases and not skipped:
             raise InputError(f"no case matches --filter {filter_expr!r}", source=matrix)
+        out_dir = out_dir or defaults.out()
+        options = RunOptions(out=os.path.abspath(out_dir), filter=filter_expr, backend=backend,
+                             matrix_cases=len(m.cases) + len(m.skipped), allow_empty=allow_empty, require=require)
     phases = {"matrix": time.monotonic() - t0}
     store = ResultStore(db)
     locked = False
@@ -119,13 +155,15 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
         if resume_id is not None:
             run_id, cases, skipped = _resume(store, resume_id, matrix, devices=devices, backend=backend,
                                              filter_expr=filter_expr)  # fmt: skip
+            # Its own outputs, where the interrupted run left them marked INTERRUPTED.
+            out_dir = out_dir or store.run(run_id).options.out or defaults.out()
         resolve_baseline(baseline, store, resume_id if resume_id is not None else -1)  # bad: exit 2 now
         paths = artifacts.output_paths(out_dir, junit_path, summary_path)
         artifacts.clear(paths)  # an earlier run's outputs never outlive the start of this one
         if resume_id is None:
             run_id = store.create_run(
                 matrix=matrix, cases=[*cases, *(s.case for s in skipped)], argv=sys.argv, cluster=address,
-                devices=devices, versions=_versions(), baseline=baseline,
+                devices=devices, versions=_versions(), baseline=baseline, options=options,
             )  # fmt: skip
         store.record_many(run_id, [(CaseResult(
             case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,
@@ -148,11 +186,14 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
         view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
         artifacts.write_view(store, view, paths)
         phases["outputs"] = time.monotonic() - t_out
-        for line in last_lines(view, verbose=verbose):
+        lines, warnings = last_lines(view, verbose=verbose)
+        for line in lines:
+            _out(line)
+        for line in warnings:
             _err(line)
         if "cluster" in phases:
-            _err("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in phases.items()))
-        _err(final_line(view, elapsed=time.monotonic() - t0, out_dir=out_dir,
+            _out(time_line(phases))
+        _out(final_line(view, elapsed=time.monotonic() - t0, out_dir=out_dir,
                         signal_name=signame(interrupted) if interrupted is not None else None))
         return exit_code(interrupted) if interrupted is not None else int(view.gate.exit_code)
     finally:
@@ -207,14 +248,17 @@ def _resume(store, run_id: int, matrix: str | None, *, devices, backend, filter_
     skip_by_id = {s.case.case_id: s for s in skipped}
     todo_skips = [skip_by_id[c.case_id] for c in planned if c.case_id in skip_by_id]
     cases = [c for c in planned if c.case_id not in skip_by_id]
-    _err(f"resuming run {run_id} ({run.matrix}): {len(missing)} case(s) without a final verdict")
+    from orchestrator.digest import plural
+
+    _err(f"resuming run {run_id} ({run.matrix}): {plural(len(missing), 'case')} without a final verdict")
     return run_id, cases, todo_skips
 
 
-def last_lines(view, *, verbose: bool) -> list[str]:
-    """What the run ends with before its time and verdict lines, sized for a CI log: one line per
-    gating class (a sample of ids), the first failure's repro, skips by reason, downgrades by
-    kind. -v: every non-passing case with its reason and repro instead of the class lines."""
+def last_lines(view, *, verbose: bool) -> tuple[list[str], list[str]]:
+    """(summary lines, warnings): what the run ends with before its time and verdict lines, sized
+    for a CI log: one line per gating class (a sample of ids), the first failure's repro, skips by
+    reason; and the downgrades by kind, as warnings. -v: every non-passing case with its reason and
+    repro instead of the class lines."""
     from orchestrator import digest
     from orchestrator.gate import CLASSIFICATIONS, GATING
     from orchestrator.outputs import downgrades, skips
@@ -240,20 +284,24 @@ def last_lines(view, *, verbose: bool) -> list[str]:
                    + "\n    ".join(groups[:MAX_REASONS]
                                    + ([f"... and {len(groups) - MAX_REASONS} more reasons (summary.md)"]
                                       if len(groups) > MAX_REASONS else [])))  # fmt: skip
-    out += [f"warning: {line}" for line in digest.downgrade_lines(downgrades(view.results))]
-    return out
+    return out, [f"warning: {line}" for line in digest.downgrade_lines(downgrades(view.results))]
 
 
 def final_line(view, *, elapsed: float, out_dir: str, signal_name: str | None) -> str:
+    """"run 3 (6 of 90 cases, --filter 'tp=1'): 4 ran (pass 4), 2 skipped, 12.3s -> gate PASSED: ..."."""
+    from orchestrator.outputs import selection
+
     ran = view.ran()
     counts: dict[str, int] = {}
     for r in ran:
         counts[r.status.value] = counts.get(r.status.value, 0) + 1
     shown = " ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     what = f"{len(ran)} ran" + (f" ({shown})" if shown else "") + f", {len(view.results) - len(ran)} skipped"
+    sel = selection(view.run)
+    run = f"run {view.run.id}" + (f" ({sel})" if sel else "")
     if signal_name is None:
-        return f"run {view.run.id}: {what}, {elapsed:.1f}s -> {view.gate.verdict()} (outputs in {out_dir})"
-    return (f"run {view.run.id} INTERRUPTED by {signal_name} after {elapsed:.1f}s: {what}, "
+        return f"{run}: {what}, {elapsed:.1f}s -> {view.gate.verdict()} (outputs in {out_dir})"
+    return (f"{run} INTERRUPTED by {signal_name} after {elapsed:.1f}s: {what}, "
             f"{len(view.gate.missing)} missing -> {view.gate.verdict()} (outputs in {out_dir}, marked INTERRUPTED); "
             f"finish it with `orch run --resume {view.run.id}`")
 
@@ -300,8 +348,10 @@ def _start_precompile(cases, *, address, devices, jobs, log_dir, history, jit: f
         return None
     warmup = precompile.start(cases, jobs=jobs, log_dir=log_dir, history=history)
     if warmup is not None:
-        _err(f"precompile: {jobs} helper process(es) warming Triton's kernel cache from the {warmup.count} "
-             f"tp 1 case(s) (log {warmup.log_path})")
+        from orchestrator.digest import plural
+
+        _err(f"precompile: {plural(jobs, 'helper process', 'helper processes')} warming Triton's kernel cache "
+             f"from {plural(warmup.count, 'tp 1 case')} (log {warmup.log_path})")
     return warmup
 
 
@@ -347,7 +397,7 @@ def _on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, n
     config = ExecConfig(timeout_s=timeout_s, log_dir=log_dir)
     if os.environ.get(RUNNER_ENV):
         config = dataclasses.replace(config, runner=os.environ[RUNNER_ENV])
-    progress = Progress(len(cases), live=(not no_progress and sys.stderr.isatty()))
+    progress = Progress(len(cases), live=sys.stderr.isatty(), quiet=no_progress)
 
     def on_results(items: list[tuple[CaseResult, bool]]) -> None:
         store.record_many(run_id, items)  # durable before anything below reports it
