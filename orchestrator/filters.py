@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, TP_SIZES, Case
 from backend.result import CaseResult
-from backend.families.specs import FAMILY_NAMES
+from backend.families.specs import FAMILY_NAMES, UnknownFamily, spec as family_spec
 from orchestrator.errors import InputError
 
 KEYS = {
@@ -40,7 +40,6 @@ _KNOWN_VALUES = {
     "tp": tuple(str(t) for t in TP_SIZES),
     "cudagraph_mode": tuple(m.lower() for m in CUDAGRAPH_MODES),
     "kv_cache_dtype": KV_CACHE_DTYPES,
-    "attention": FAMILY_NAMES,
 }
 _GLOB = set("*?[")
 # Axis values of results stored before their axis existed (CaseResult.axes lacks the key).
@@ -98,6 +97,13 @@ def parse_filter(expr: str | None) -> Filter:
 
 def _check_value(key: str, value: str, raw: str) -> None:
     if _GLOB & set(value):
+        return
+    if key == "attention":  # a builtin family or a plugin's (loaded by the matrix, or an entry point)
+        try:
+            family_spec(value)
+        except UnknownFamily:
+            raise InputError(f"{raw!r}: {value!r} is not an attention family ({', '.join(FAMILY_NAMES)}, "
+                             "or a plugin's)", source="--filter") from None
         return
     known = _KNOWN_VALUES.get(key)
     if known is not None and value not in known:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, MODEL_DTYPES, TP_SIZES
-from backend.families.specs import FAMILY_NAMES
+from backend.families.specs import UnknownFamily, spec as family_spec
 from orchestrator.matrix_tree import Node, error_at, field_path, to_plain
 
 # `attention` first: the product runs family by family (each with its own axes: FamilyBlock), and
@@ -35,7 +35,16 @@ def _one_of(allowed: tuple, what: str):
 
 
 TpValue = Annotated[int, _one_of(TP_SIZES, "tp")]
-FamilyValue = Annotated[str, _one_of(FAMILY_NAMES, "attention family")]
+def _family(v: str) -> str:
+    """A builtin family's name, or a plugin's (by name or "package.module:SPEC": the family's name
+    from then on; backend/families/plugins.py)."""
+    try:
+        return family_spec(v).name
+    except UnknownFamily as e:
+        raise ValueError(str(e)) from None
+
+
+FamilyValue = Annotated[str, AfterValidator(_family)]
 ModeValue = Annotated[str, _one_of(CUDAGRAPH_MODES, "cudagraph_mode")]
 KvValue = Annotated[str, _one_of(KV_CACHE_DTYPES, "kv_cache_dtype")]
 # Batch names end up in case ids: keep them id-safe so ids stay readable and distinct.
