@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from orchestrator.dashboard.build import build_page, data_version, live_extras, page_data
+from orchestrator.dashboard.pack import pack
 from orchestrator.errors import InfraError, OrchError
 from orchestrator.known_failures import KnownFailures, load
 from orchestrator.outputs import gather, pick_run
@@ -60,7 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 view = gather(store, rid, baseline=srv.baseline, known_failures=srv.known)
                 if url.path == "/api/data":
-                    data = page_data(view, store.status_history(), live_extras(store, rid))
+                    data = pack(page_data(view, store.status_history(), live_extras(store, rid)))
                     data["version"] = data_version(store, rid)
                     self._send(200, json.dumps(data, default=str), "application/json")
                 else:
