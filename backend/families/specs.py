@@ -225,8 +225,12 @@ def spec(name: str) -> FamilySpec:
     except plugins.PluginError as e:
         raise UnknownFamily(str(e)) from None
     if found is None:
-        known = ", ".join([*FAMILY_NAMES, *plugins.names()])
-        raise UnknownFamily(f"unknown attention family {name!r} (one of {known}, or a plugin's "
+        import difflib
+
+        known = [*FAMILY_NAMES, *plugins.names()]
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f": did you mean {close[0]!r}?" if close else ""
+        raise UnknownFamily(f"unknown attention family {name!r}{hint} (families: {', '.join(known)}, or a plugin's "
                             f"'package.module:SPEC')")
     return found
 

@@ -1,7 +1,8 @@
 """`orch gate`: recompute the verdict of a run from the store; exit 0 (passed) or 1 (failed).
 
 Sized for a CI log: one line per class that gates (a count and a few ids), the fixed known
-failures, then the headline (run id, INTERRUPTED when it did not finish, the verdict). -v lists
+failures, the run's selection when it is not its whole matrix, then the headline (run id,
+INTERRUPTED when it did not finish, the verdict). -v lists
 every case instead (`orch gate --run 2` once printed 702 lines of missing cases, #33).
 """
 
@@ -11,7 +12,7 @@ import click
 
 from orchestrator import defaults, digest
 from orchestrator.gate import CLASSIFICATIONS, GATING
-from orchestrator.outputs import gather
+from orchestrator.outputs import gather, selection
 from orchestrator.store import ResultStore
 
 
@@ -33,5 +34,8 @@ def main(db: str | None = None, run_id: str | None = None, baseline: str | None 
             click.echo(f"fixed {len(gate.fixed)} (remove their known-failures entries): {digest.sample(gate.fixed)}")
         if gate.gating or gate.fixed:
             click.echo("(-v lists every case)")
+    sel = selection(view.run)
+    if sel:  # a filtered or re-targeted run's verdict covers that slice only
+        click.echo(f"selection: {sel}")
     click.echo(view.headline())
     return int(gate.exit_code)

@@ -34,6 +34,7 @@ import click
 
 from backend.result import CaseResult, Status
 from orchestrator.commands.repro import verdict_line
+from orchestrator.digest import plural
 from orchestrator.errors import InputError
 
 # Test/benchmark hook: the per-case function the actors call (default: the checker).
@@ -120,11 +121,6 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
 
     t0 = time.monotonic()
     db = db or defaults.db()
-    for expr in require:  # a typo in a required slice is exit 2 now, not a red gate later
-        try:
-            parse_filter(expr)
-        except InputError as e:
-            raise InputError(e.message, source="--require") from None
     if timeout_s is not None and timeout_s <= 0:
         raise InputError(f"--timeout must be > 0, got {timeout_s}")
     if precompile_jobs is not None and precompile_jobs < 0:
@@ -141,6 +137,11 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
         skipped = select(m.skipped, filter_expr)
         if not cases and not skipped:
             raise InputError(f"no case matches --filter {filter_expr!r}", source=matrix)
+        for expr in require:  # a typo in a required slice is exit 2 now, not a red gate later
+            try:
+                parse_filter(expr)  # (after the matrix: a plugin family's name is known from it on)
+            except InputError as e:
+                raise InputError(e.message, source="--require") from None
         out_dir = out_dir or defaults.out()
         options = RunOptions(out=os.path.abspath(out_dir), filter=filter_expr, backend=backend,
                              matrix_cases=len(m.cases) + len(m.skipped), allow_empty=allow_empty, require=require)
@@ -248,8 +249,6 @@ def _resume(store, run_id: int, matrix: str | None, *, devices, backend, filter_
     skip_by_id = {s.case.case_id: s for s in skipped}
     todo_skips = [skip_by_id[c.case_id] for c in planned if c.case_id in skip_by_id]
     cases = [c for c in planned if c.case_id not in skip_by_id]
-    from orchestrator.digest import plural
-
     _err(f"resuming run {run_id} ({run.matrix}): {plural(len(missing), 'case')} without a final verdict")
     return run_id, cases, todo_skips
 
@@ -348,8 +347,6 @@ def _start_precompile(cases, *, address, devices, jobs, log_dir, history, jit: f
         return None
     warmup = precompile.start(cases, jobs=jobs, log_dir=log_dir, history=history)
     if warmup is not None:
-        from orchestrator.digest import plural
-
         _err(f"precompile: {plural(jobs, 'helper process', 'helper processes')} warming Triton's kernel cache "
              f"from {plural(warmup.count, 'tp 1 case')} (log {warmup.log_path})")
     return warmup

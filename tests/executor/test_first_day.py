@@ -97,6 +97,8 @@ def test_a_required_slice_must_have_run(ray_cluster, tmp_path, capsys, monkeypat
         assert re.search(rf"gate FAILED: required `{require}` did not run: \d+ skipped \({re.escape(GPU_SKIP)}: \d+\)", out)
     rc, out, _ = _cli(capsys, "gate", "--db", db)  # the run's --require is stored with it
     assert rc == code and ("did not run" in out) == bool(code)
+    assert re.search(r"^selection: \d+ of 2185 cases, --filter 'attention=gqa tp=1 mode=FULL kv=auto batch=decode_7'$",
+                     out, re.M), out
 
 
 def test_a_bad_require_is_bad_input_before_anything_runs(tmp_path, capsys):
