@@ -13,7 +13,8 @@ import itertools
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, MODEL_DTYPES, TP_SIZES
 from backend.families.specs import UnknownFamily, spec as family_spec
@@ -35,6 +36,8 @@ def _one_of(allowed: tuple, what: str):
 
 
 TpValue = Annotated[int, _one_of(TP_SIZES, "tp")]
+
+
 def _family(v: str) -> str:
     """A builtin family's name, or a plugin's (by name or "package.module:SPEC": the family's name
     from then on; backend/families/plugins.py)."""

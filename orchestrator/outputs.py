@@ -8,6 +8,7 @@ start there, so they can never disagree about a verdict. Imports run one way: th
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,9 +60,8 @@ def headline(run: RunInfo, gate: GateOutcome) -> str:
 
 def selection(run: RunInfo) -> str:
     """What of its matrix a run covers, when it is not all of it as written: "6 of 90 cases,
-    --filter 'tp=1', --backend vllm:FLEX_ATTENTION" ("" for a whole matrix; RunOptions)."""
-    import shlex
-
+    --filter 'tp=1', --backend vllm:FLEX_ATTENTION" ("" for a whole matrix; RunOptions). M counts
+    the matrix's cases before --filter, with --backend applied."""
     opts = run.options
     parts = []
     if opts.filter or opts.backend or (opts.matrix_cases and opts.matrix_cases != run.num_cases):

@@ -18,6 +18,7 @@ A family's model is the generic ModelShape (heads, block size, max_model_len, ..
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,8 +226,6 @@ def spec(name: str) -> FamilySpec:
     except plugins.PluginError as e:
         raise UnknownFamily(str(e)) from None
     if found is None:
-        import difflib
-
         known = [*FAMILY_NAMES, *plugins.names()]
         close = difflib.get_close_matches(name, known, n=1)
         hint = f": did you mean {close[0]!r}?" if close else ""
