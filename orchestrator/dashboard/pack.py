@@ -93,7 +93,8 @@ def pack(data: dict[str, Any]) -> dict[str, Any]:
             e["timings"] = row
         if e.get("versions"):  # 0: the run's common versions as they are
             e["versions"] = {k: v for k, v in e["versions"].items() if common.get(k) != v} or 0
-        if len((e.get("history") or {}).get("runs", ())) <= 1:  # this run alone: "no earlier results"
+        runs = (e.get("history") or {}).get("runs", [])
+        if not runs or (len(runs) == 1 and runs[0][0] == data["run"]["id"]):  # this run alone: nothing earlier
             e.pop("history", None)
         if e.get("attempts") == 1:
             e.pop("attempts")
