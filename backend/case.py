@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.families.specs import DEFAULT_FAMILY, FAMILY_NAMES
+from backend.families.specs import DEFAULT_FAMILY, UnknownFamily, spec
 
 # vLLM v1 cudagraph modes (DESIGN.md §4). Runtime modes are only NONE, PIECEWISE, FULL.
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
@@ -63,14 +63,21 @@ class ModelShape:
     # (max_num_seqs * max_model_len), so matrices written before the field keep their sizes.
     max_num_batched_tokens: int = 0
     capture_style: str = "v2"  # one of CAPTURE_STYLES; v2 = the current vLLM model runner
-    attention: str = DEFAULT_FAMILY  # one of backend.families.specs.FAMILY_NAMES
+    attention: str = DEFAULT_FAMILY  # a builtin family (specs.FAMILY_NAMES) or a plugin's name
     dims: tuple[tuple[str, Any], ...] = ()  # the family's own dimensions, sorted by name
+    # A plugin family named by import path: that path (backend/families/plugins.py), so a worker
+    # loads it before it looks the family up; "" for builtins and entry-point families.
+    family_source: str = ""
 
     def __post_init__(self):
         if self.capture_style not in CAPTURE_STYLES:
             raise ValueError(f"capture_style {self.capture_style!r} is not one of {', '.join(CAPTURE_STYLES)}")
-        if self.attention not in FAMILY_NAMES:
-            raise ValueError(f"attention {self.attention!r} is not one of {', '.join(FAMILY_NAMES)}")
+        try:
+            found = spec(self.family_source or self.attention)
+        except UnknownFamily as e:
+            raise ValueError(str(e)) from None
+        if found.name != self.attention:
+            raise ValueError(f"family_source {self.family_source!r} is the {found.name} family, not {self.attention}")
         # JSON gives lists back: normalise to sorted tuples (hashable; one order for equal shapes)
         object.__setattr__(self, "dims", tuple(sorted((str(k), v) for k, v in self.dims)))
 

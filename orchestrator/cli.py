@@ -16,11 +16,12 @@ import traceback
 import click
 
 from orchestrator import __version__
+from orchestrator.defaults import DB_SHOWN, OUT_SHOWN
 from orchestrator.errors import ExitCode, OrchError
 
 _MATRIX = click.Path(dir_okay=False)
 # Options several commands share, with one wording (every option has help text, #33).
-_DB_HELP = "Results store to read: a SQLite file or a postgresql:// URL (default $ORCH_DB, else orch-results.db)."
+_DB_HELP = "Results store to read: a SQLite file or a postgresql:// URL."
 _RUN_HELP = "Run id in --db (default: the latest run)."
 _BASELINE_HELP = ("Gate against a baseline: a run id in --db, a label (the latest finished run so labelled, same "
                   "matrix), another store (its latest run), or STORE#RUN / STORE#LABEL.")
@@ -29,11 +30,14 @@ _KNOWN_HELP = ("YAML of known failures (case-id glob, reason, link, until, optio
 _WINDOW_HELP = "Runs of history (the baseline's label, else the run's) that score each case's flakiness [default: 20]."
 _THRESHOLD_HELP = "A failing case whose flakiness score (0-1) over the window is above this is flaky, not gating."
 _VERBOSE_HELP = "Every case on its own line (default: one line per kind, with a count and a few ids)."
-DB_ENV = "ORCH_DB"  # --db of every command when not given: a CI job points every step at one store
+_REQUIRE_HELP = ("A slice that must have run (the --filter language; repeatable): the gate fails when no case of it "
+                 "ran, e.g. --require backend=aiter-triton on a GPU runner.")
+_ALLOW_EMPTY_HELP = "Let a run in which nothing ran pass (by default it fails: every case skipped is not a pass)."
 
 
 def _db_option(help_text: str):
-    return click.option("--db", default="orch-results.db", envvar=DB_ENV, show_default=True, help=help_text)
+    # default None: the command takes $ORCH_DB, else orch-results.db (orchestrator/defaults.py)
+    return click.option("--db", default=None, show_default=DB_SHOWN, help=help_text)
 
 
 def _flaky_options(f):
@@ -67,7 +71,7 @@ def cli() -> None:
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="Device class whose model shape to use.")
 @click.option("--backend", default=None, help="Override the backend axis, as `orch run --backend` does.")
 @click.option("--workers", type=int, default=None, help="Workers to estimate the wall time for (default: what `orch run` would start here).")
-@_db_option("Results store whose past durations calibrate the estimate (read only; skipped if absent; default $ORCH_DB, else orch-results.db).")
+@_db_option("Results store whose past durations calibrate the estimate (read only; skipped if absent).")
 @click.option("-v", "--verbose", is_flag=True, help="List every case (id, k, resolved mode, estimate) and every skipped case with its reason.")
 def plan(**kwargs):
     """Expand MATRIX: how many cases run and which skip (grouped by reason), counts per axis, mode
@@ -86,10 +90,10 @@ def plan(**kwargs):
 @click.argument("matrix", type=_MATRIX, required=False)
 @click.option("--backend", default=None, help="Override the backend axis: a provider name or package.module:Class.")
 @click.option("--filter", "filter_expr", default=None, help="Select cases (see `orch plan --help`).")
-@_db_option("Results store: a SQLite file, or a postgresql://USER:PASSWORD@HOST/DB URL shared by many drivers "
-            "(default $ORCH_DB, else orch-results.db).")
+@_db_option("Results store: a SQLite file, or a postgresql://USER:PASSWORD@HOST/DB URL shared by many drivers.")
 @click.option("--label", default=None, help="Name this run's line of history (e.g. the branch): `--baseline LABEL` and the flakiness window find runs by it.")
-@click.option("--out", "out_dir", default="orch-out", show_default=True, help="Directory for JUnit, summary and dashboard.")
+@click.option("--out", "out_dir", default=None, show_default=OUT_SHOWN,
+              help="Directory for JUnit, summary and dashboard (--resume: the run's own).")
 @click.option("--address", default="local", show_default=True, help="local (embedded Ray), auto (RAY_ADDRESS / running cluster) or HOST:PORT.")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: GPUs if any, else CPU workers with emulated graphs.")
 @click.option("--workers", type=int, default=None,
@@ -105,7 +109,9 @@ def plan(**kwargs):
               help="At most this many GPUs for this run on a cluster other drivers share (workers where it has no GPU); tp larger than it is skipped.")
 @click.option("--resume", "resume_run", default=None, metavar="RUN_ID",
               help="Finish run RUN_ID from its own plan: only the cases without a verdict. MATRIX may be left out; given, it must be the run's.")
-@click.option("--no-progress", is_flag=True, help="No live progress bar.")
+@click.option("--no-progress", is_flag=True, help="No progress lines (the bar on a terminal, a line per 10% elsewhere).")
+@click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP)
+@click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP)
 @click.option("-v", "--verbose", is_flag=True, help="Every failing case with its repro at the end, and Ray's own log lines.")
 @click.option("--workers-per-gpu", "workers_per_gpu", default="1", show_default=True, metavar="N|auto",
               help="Workers sharing each GPU (Ray fractional GPUs, each within its memory budget); auto: as many as "
@@ -135,7 +141,7 @@ def run(**kwargs):
 @click.argument("case_id")
 @click.option("--matrix", type=_MATRIX, default=None, help="Matrix the case comes from (default: looked up in --db).")
 @click.option("--backend", default=None, help="Override the backend: a provider name or package.module:Class.")
-@_db_option("Results store to look the case up in when --matrix is not given (default $ORCH_DB, else orch-results.db).")
+@_db_option("Results store to look the case up in when --matrix is not given.")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: the first GPU if any, else CPU with emulated graphs.")
 @click.option("--json", "as_json", is_flag=True, help="The CaseResult as JSON.")
 def repro(**kwargs):
@@ -157,6 +163,8 @@ def repro(**kwargs):
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
 @_flaky_options
 @click.option("--output", "-o", default=None, help="Write to a file instead of stdout.")
+@click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
+@click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP + " The run's own is kept.")
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def report(**kwargs):
     """Report a run from the store; exit by its gate (0 passed, 1 failed).
@@ -174,6 +182,8 @@ def report(**kwargs):
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
 @_flaky_options
+@click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
+@click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP + " The run's own is kept.")
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def gate(**kwargs):
     """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed). New failures
@@ -192,7 +202,7 @@ def gate(**kwargs):
 @click.option("--run", "run_id", default=None, help=_RUN_HELP)
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
-@click.option("--out", "out_dir", default="orch-out/dashboard", show_default=True, help="Directory to write index.html into.")
+@click.option("--out", "out_dir", default=None, show_default=f"{OUT_SHOWN}, /dashboard", help="Directory to write index.html into.")
 def dashboard(**kwargs):
     """Write the self-contained static dashboard (opens from disk; a CI artifact). Exit 0 when
     written, whatever the run's verdict (the page shows it; `orch gate` exits by it).
@@ -223,7 +233,7 @@ def serve(**kwargs):
 @cli.command()
 @click.argument("run_a")
 @click.argument("run_b")
-@_db_option("Store the runs are in unless named (STORE#RUN) (default $ORCH_DB, else orch-results.db).")
+@_db_option("Store the runs are in unless named (STORE#RUN).")
 @click.option("--checks", is_flag=True, help="Also compare each check's pass/fail (not its numbers).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-v", "--verbose", is_flag=True, help="Every changed case on its own line.")

@@ -30,6 +30,11 @@ class Group:
         return ", ".join(self.backends[:SAMPLE]) + (f" and {more} more" if more > 0 else "")
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """"1 case", "2 cases", "1 new failure", "0 flaky" (`many` where "s" is not the plural)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
 def _groups(pairs: Iterable[tuple[str, str]]) -> list[Group]:
     """(what, backend) pairs -> groups, most cases first, then by text (a stable order)."""
     counts: Counter[str] = Counter()
@@ -72,7 +77,7 @@ def downgrade_groups(downgrades: Iterable[tuple[str, ...]]) -> list[Group]:
 
 def downgrade_lines(downgrades: Iterable[tuple[str, ...]]) -> list[str]:
     """One warning line per group: "74 cases: FULL downgraded to ... (aiter-emulated)"."""
-    return [f"{g.count} case{'s' if g.count != 1 else ''}: {g.what} ({g.named()})" for g in downgrade_groups(downgrades)]
+    return [f"{plural(g.count, 'case')}: {g.what} ({g.named()})" for g in downgrade_groups(downgrades)]
 
 
 def sample(ids: Sequence[str], n: int = SAMPLE) -> str:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, TP_SIZES, Case
-from backend.families.specs import FAMILY_NAMES
+from backend.families.specs import FAMILY_NAMES, UnknownFamily, spec as family_spec
+from backend.result import CaseResult
 from orchestrator.errors import InputError
 
 KEYS = {
@@ -39,9 +40,10 @@ _KNOWN_VALUES = {
     "tp": tuple(str(t) for t in TP_SIZES),
     "cudagraph_mode": tuple(m.lower() for m in CUDAGRAPH_MODES),
     "kv_cache_dtype": KV_CACHE_DTYPES,
-    "attention": FAMILY_NAMES,
 }
 _GLOB = set("*?[")
+# Axis values of results stored before their axis existed (CaseResult.axes lacks the key).
+_DEFAULTS = {"attention": "gqa", "spec_tokens": 0}
 
 T = TypeVar("T")
 
@@ -51,14 +53,16 @@ class Term:
     key: str | None  # canonical axis name; None = case-id pattern
     values: tuple[str, ...]  # lower-case patterns
 
-    def matches(self, case: Case) -> bool:
+    def matches(self, case: Case | CaseResult) -> bool:
+        """A Case, or a stored CaseResult (the gate's `--require` slices): both carry case_id and axes."""
         if self.key is None:
             cid = case.case_id.lower()
             pat = self.values[0]
             return fnmatch.fnmatchcase(cid, pat) if _GLOB & set(pat) else pat in cid
-        actual = [str(case.axes[self.key]).lower()]
-        if self.key == "backend":
-            actual.append(case.backend_label.lower())
+        value = case.axes.get(self.key, _DEFAULTS.get(self.key))
+        actual = [str(value).lower()]
+        if self.key == "backend":  # the class name of an import path, as ids show it
+            actual.append(str(value).rsplit(":", 1)[-1].lower())
         return any(fnmatch.fnmatchcase(a, v) for a in actual for v in self.values)
 
 
@@ -66,7 +70,7 @@ class Term:
 class Filter:
     terms: tuple[Term, ...]
 
-    def matches(self, case: Case) -> bool:
+    def matches(self, case: Case | CaseResult) -> bool:
         return all(t.matches(case) for t in self.terms)
 
 
@@ -93,6 +97,13 @@ def parse_filter(expr: str | None) -> Filter:
 
 def _check_value(key: str, value: str, raw: str) -> None:
     if _GLOB & set(value):
+        return
+    if key == "attention":  # a builtin family or a plugin's (loaded by the matrix, or an entry point)
+        try:
+            family_spec(value)
+        except UnknownFamily:
+            raise InputError(f"{raw!r}: {value!r} is not an attention family ({', '.join(FAMILY_NAMES)}, "
+                             "or a plugin's)", source="--filter") from None
         return
     known = _KNOWN_VALUES.get(key)
     if known is not None and value not in known:

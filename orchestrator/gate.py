@@ -27,7 +27,9 @@ Semantics ("no new breakage"):
   `--flaky-threshold`) is `flaky` too: reported with its score, not gating;
 - flaky (one attempt passed, one did not) does not fail the gate but is listed; skip (cannot run
   here: unsupported, excluded by the matrix, tp larger than any node) never fails; a downgraded mode
-  is a warning.
+  is a warning;
+- but a run in which nothing ran, or a `--require`d slice did not, does not pass (exit 1) unless
+  `--allow-empty` (the whole run only): orchestrator/empty_run.py.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from backend.result import CaseResult, Status
+from orchestrator.digest import plural
+from orchestrator.empty_run import Unran, nothing_ran, unran
 from orchestrator.errors import ExitCode
 from orchestrator.known_failures import KnownFailure, KnownFailures
 
@@ -73,6 +77,8 @@ class GateOutcome:
     muted: tuple[str, ...] = ()  # matched by a `mute: true` entry: reported with its real status
     expired: dict[str, KnownFailure] = field(default_factory=dict)  # case_id -> expired entry it matches (gates again)
     flaky_history: dict[str, str] = field(default_factory=dict)  # case_id -> why its history says flaky (not gating)
+    unran: tuple[Unran, ...] = ()  # slices that should have run and did not (empty_run.py)
+    empty_allowed: bool = False  # nothing ran, and --allow-empty let it pass
 
     @property
     def passed(self) -> bool:
@@ -88,11 +94,13 @@ class GateOutcome:
     def verdict(self) -> str:
         total = len(self.classification)
         if self.passed:
+            if self.empty_allowed:
+                return f"gate PASSED (--allow-empty): nothing ran, {plural(total, 'case')} skipped"
             extra = []
             if self.old_failures:
-                extra.append(f"{len(self.old_failures)} old failures")
+                extra.append(plural(len(self.old_failures), "old failure"))
             if self.known_failures:
-                extra.append(f"{len(self.known_failures)} known failures")
+                extra.append(plural(len(self.known_failures), "known failure"))
             if self.flaky:
                 extra.append(f"{len(self.flaky)} flaky")
             if self.unverifiable:
@@ -100,14 +108,16 @@ class GateOutcome:
             if self.muted:
                 extra.append(f"{len(self.muted)} muted")
             tail = f" ({', '.join(extra)} not gating)" if extra else ""
-            return f"gate PASSED: {total} cases, no new failures{tail}"
+            return f"gate PASSED: {plural(total, 'case')}, no new failures{tail}"
         parts = []
-        for name, ids in (("regressions", self.regressions), ("new failures", self.new_failures),
-                          ("missing", self.missing), ("not run (infrastructure)", self.not_run),
-                          ("out of memory (infrastructure)", self.oom)):  # fmt: skip
+        for name, many, ids in (("regression", None, self.regressions), ("new failure", None, self.new_failures),
+                                ("missing", "missing", self.missing),
+                                ("not run (infrastructure)", "not run (infrastructure)", self.not_run),
+                                ("out of memory (infrastructure)", "out of memory (infrastructure)", self.oom)):  # fmt: skip
             if ids:
-                parts.append(f"{len(ids)} {name}")
-        return f"gate FAILED: {', '.join(parts)} of {total} cases"
+                parts.append(plural(len(ids), name, many))
+        lines = [f"{', '.join(parts)} of {plural(total, 'case')}"] if parts else []
+        return "gate FAILED: " + "; ".join(lines + [u.line() for u in self.unran])
 
     def to_dict(self) -> dict:
         return {
@@ -130,6 +140,7 @@ class GateOutcome:
             "muted": list(self.muted),
             "expired": {cid: e.where for cid, e in self.expired.items()},
             "flaky_history": dict(self.flaky_history),
+            "unran": [u.line() for u in self.unran],
         }
 
 
@@ -172,9 +183,14 @@ def evaluate(
     known: KnownFailures | None = None,
     missing: Sequence[str] = (),
     flaky_history: Mapping[str, str] | None = None,
+    require: Sequence[str] = (),
+    allow_empty: bool = False,
+    judge_empty: bool = True,
 ) -> GateOutcome:
     """flaky_history: case_id -> reason, for the cases whose recent history scores them flaky
-    (flakiness.py): failing, they are `flaky` rather than gating."""
+    (flakiness.py): failing, they are `flaky` rather than gating. `require`, `allow_empty`: the
+    empty-run rule (empty_run.py); `judge_empty` False for a run still writing, whose cases may
+    yet come."""
     base = {b.case_id: b for b in baseline} if baseline is not None else {}
     flaky_history = flaky_history or {}
     classification: dict[str, str] = {}
@@ -204,6 +220,9 @@ def evaluate(
         code = ExitCode.INFRA_ERROR
     else:
         code = ExitCode.GATE_FAILED
+    empty = unran(results, require=require, allow_empty=allow_empty, whole_run=not gating) if judge_empty else ()
+    if empty and code == ExitCode.OK:
+        code = ExitCode.GATE_FAILED
     return GateOutcome(
         exit_code=code,
         classification=classification,
@@ -224,4 +243,6 @@ def evaluate(
         muted=ids("muted"),
         expired=expired,
         flaky_history={cid: why for cid, why in flaky_history.items() if classification.get(cid) == "flaky"},
+        unran=empty,
+        empty_allowed=judge_empty and allow_empty and not gating and nothing_ran(results),
     )

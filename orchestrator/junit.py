@@ -13,7 +13,10 @@ Mapping (last attempt only):
   pass the CPU emulation cannot vouch for) -> the same with unverifiable=true;
 - missing (planned, no result: the run was interrupted) -> <error type="missing">, so a CI never
   counts an interrupted run's JUnit as a shorter green one; the suite's `run_status` property
-  says `interrupted` (#33).
+  says `interrupted` (#33);
+- a run in which nothing ran (or a --require'd slice did not: orchestrator/empty_run.py) ->
+  one more testcase, classname "orch.gate", with <error type="empty">: a suite of skips alone is
+  no pass to a CI reading the XML either (#41).
 """
 
 from __future__ import annotations
@@ -126,6 +129,12 @@ def _missing_testcase(case_id: str, axes: dict) -> TestCase:
     return tc
 
 
+def _unran_testcase(line: str, require: str) -> TestCase:
+    tc = TestCase(f"required {require}" if require else "nothing ran", "orch.gate", 0.0)
+    tc.result = [Error(_clean(line), "empty")]
+    return tc
+
+
 def build(results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, run_id: int | None = None,
           run_status: str | None = None, planned: Sequence[dict] = ()) -> JUnitXml:
     """`planned`: the run's planned cases without a result (RunView.planned: case_id + axes);
@@ -140,7 +149,8 @@ def build(results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, 
     # One add_testcases call: junitparser's add_testcase recounts the whole suite on every call
     # (quadratic: 9-20 s of `orch run`'s outputs phase for full.yaml's 1,730 cases, #13).
     suite.add_testcases([_testcase(r, gate.classification.get(r.case_id, r.status.value), gate) for r in results]
-                        + [_missing_testcase(p["case_id"], p) for p in planned if p["case_id"] in missing])
+                        + [_missing_testcase(p["case_id"], p) for p in planned if p["case_id"] in missing]
+                        + [_unran_testcase(u.line(), u.require) for u in gate.unran])
     xml = JUnitXml()
     xml.add_testsuite(suite)
     xml.update_statistics()

@@ -11,7 +11,6 @@ plan and the dashboard show it. Language reference: docs/MATRIX.md.
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from backend.families.specs import spec as family_spec
 from orchestrator import matrix_schema as S
 from orchestrator import matrix_tree as T
 from orchestrator.errors import InputError
+from orchestrator.matrix_expand import IncompleteInclude, axis_values, expand, fits, matches  # noqa: F401 (re-exported)
 from orchestrator.matrix_models import family_shape
 
 # Used when a matrix gives no `tolerances:` entry for the case's dtype key. bf16/fp16 follow
@@ -107,7 +107,7 @@ class _Loader:
     @property
     def families(self) -> list[str]:
         """The attention families the matrix runs (the axis, and any an include entry names)."""
-        extra = [e.attention for e in self.doc.include if e.attention is not None]
+        extra = [a for e in self.doc.include for a in e.values("attention")]
         return list(dict.fromkeys([*self.doc.axes.attention, *extra]))
 
     def model_of(self, family: str) -> ModelShape:
@@ -140,7 +140,7 @@ class _Loader:
         for family in self.families:
             self.capture_sizes(self.model_of(family))
         names = self.doc.batches
-        used = [e.batch for e in self.doc.include if e.batch]
+        used = [b for e in self.doc.include for b in e.values("batch")]
         for i, name in enumerate(self.doc.axes.batch):
             if name not in names:
                 raise self.err(("axes", "batch", i), f"no batch spec named {name!r} under batches: (have {', '.join(names)})")
@@ -150,12 +150,14 @@ class _Loader:
                     raise self.err(("families", family, "axes", "batch", i), f"no batch spec named {name!r} under batches:")
         for family in self.families:
             used += [(name, family) for name in self.family_axes(family)["batch"]]
-        for key in ("exclude", "include", "constraints"):
-            for i, entry in enumerate(getattr(self.doc, key)):
-                match = entry.when if key == "constraints" else entry
-                if match.batch is not None and match.batch not in names:
-                    loc = (key, i, "when", "batch") if key == "constraints" else (key, i, "batch")
-                    raise self.err(loc, f"no batch spec named {match.batch!r} under batches:")
+        entries = [((key, i), e.when if key == "constraints" else e) for key in ("exclude", "include", "constraints")
+                   for i, e in enumerate(getattr(self.doc, key))]
+        entries += [(("families", f, "exclude", i), e) for f, b in self.doc.families.items() for i, e in enumerate(b.exclude)]
+        for where, match in entries:
+            for j, name in enumerate(match.values("batch")):
+                if name not in names:
+                    loc = (*where, "when", "batch", j) if where[0] == "constraints" else (*where, "batch", j)
+                    raise self.err(loc, f"no batch spec named {name!r} under batches:")
         for item in dict.fromkeys(used):
             name, family = item if isinstance(item, tuple) else (item, self.families[0])
             self.batch(name, self.model_of(family))
@@ -206,7 +208,8 @@ class _Loader:
         family (its cases are skipped with family_reason's words)."""
         key = (name, family)
         if key not in self._backends:
-            from backend.attention.registry import BackendLoadError, check_explicit, family_reason, get_capabilities
+            from backend.attention.registry import (BackendLoadError, check_explicit, check_name, family_reason,
+                                                    get_capabilities)
 
             if family_reason(name, family):
                 self._backends[key] = None
@@ -214,6 +217,8 @@ class _Loader:
             try:
                 if loc is None:  # --backend: what is a skip in a matrix may be bad input here
                     check_explicit(name)
+                else:
+                    check_name(name)
                 self._backends[key] = get_capabilities(name, family)
             except BackendLoadError as e:
                 if loc is None:
@@ -223,42 +228,45 @@ class _Loader:
 
     def check_families_have_backends(self, override: str | None) -> None:
         """Each family of the matrix needs a backend that implements it (a whole family skipped for
-        want of one is a mistake in the file, or the wrong --backend)."""
+        want of one is a mistake in the file). `--backend` instead only has to load: a family it
+        does not implement is its cases' skip reason (backend_reasons), as a plugin's always was,
+        so `--filter` decides which families are in question (#41)."""
         from backend.attention.registry import family_reason
 
-        runnable = []
+        if override is not None:
+            for family in self.families:
+                if not family_reason(override, family):
+                    self.backend_class(override, family, None)  # a name that does not load: exit 2
+            return
         for i, family in enumerate(self.families):
-            names = [override] if override is not None else self.family_axes(family)["backend"]
-            ok = [n for n in names if not family_reason(n, family)
-                  and self._implements(n, family, None if override is not None else self._backend_loc(n, family))]
-            runnable.append(bool(ok))
-            if not ok and override is None:
+            names = self.family_axes(family)["backend"]
+            ok = [n for n in names if not family_reason(n, family) and self._implements(n, family, self._backend_loc(n, family))]
+            if not ok:
                 where = (("families", family, "axes", "backend") if family in self.doc.families
                          and self.doc.families[family].axes.backend else ("axes", "backend"))
                 raise self.err(where, f"no backend here implements the {family} attention family "
                                       f"({', '.join(names)}); axes.attention[{i}] names it")
-        if override is not None and not any(runnable):
-            raise InputError(f"{override} implements none of the matrix's attention families "
-                             f"({', '.join(self.families)})", source="--backend")
 
-    def check_features(self, override: str | None) -> None:
-        """A family's shape may need more than the family (swa_sinks with sinks: 1 needs backends
-        that honour sinks): a backend without it is a mistake in the file, one line at its entry."""
+    def feature_reason(self, name: str, family: str, caps: Any) -> str | None:
+        """Why backend `name` (which implements `family`) cannot run this matrix's shape of it: a
+        feature the shape needs that the backend lacks (swa_sinks with sinks: 1), or None."""
+        needs = set(family_spec(family).requires(self.model_of(family)))
+        missing = sorted(needs - set(getattr(caps, "features", ()) or ()))
+        if not missing:
+            return None
+        return f"{name} has no {', '.join(missing)}, which the {family} model asks for (its {'/'.join(missing)}: 1)"
+
+    def check_features(self) -> None:
+        """A backend of the file without a feature its family's shape needs is a mistake in the
+        file: one line at its entry. (A `--backend` without it skips those cases instead.)"""
         for family in self.families:
-            needs = set(family_spec(family).requires(self.model_of(family)))
-            if not needs:
-                continue
-            for name in [override] if override is not None else self.family_axes(family)["backend"]:
-                caps = self.backend_class(name, family, None if override is not None else self._backend_loc(name, family))
+            for name in self.family_axes(family)["backend"]:
+                caps = self.backend_class(name, family, self._backend_loc(name, family))
                 if caps is None or getattr(caps, "family", "gqa") != family:
                     continue  # does not implement the family: its cases are skips, with that reason
-                missing = sorted(needs - set(getattr(caps, "features", ()) or ()))
-                if missing:
-                    msg = (f"{name} has no {', '.join(missing)}, which the {family} model asks for "
-                           f"(its {'/'.join(missing)}: 1)")
-                    if override is not None:
-                        raise InputError(msg, source="--backend")
-                    raise self.err(self._backend_loc(name, family), msg)
+                why = self.feature_reason(name, family, caps)
+                if why:
+                    raise self.err(self._backend_loc(name, family), why)
 
     def _implements(self, name: str, family: str, loc: tuple | None) -> bool:
         """Whether `name` implements `family` (loc None: named by --backend, checked as bad input)."""
@@ -272,11 +280,10 @@ class _Loader:
         self.check()
         doc = self.doc
         per_family = [self.family_axes(f) for f in doc.axes.attention]
-        includes = [{**e.axes(), **e.extras()} for e in doc.include]
+        includes = self.includes(per_family)
         if backend_override is not None:
             if backend_checks:
                 self.check_families_have_backends(backend_override)
-                self.check_features(backend_override)
             for axes in per_family:
                 axes["backend"] = [backend_override]
             # A backend-specific include is kept, re-targeted at the override.
@@ -286,10 +293,11 @@ class _Loader:
                 for name in axes["backend"]:
                     self.backend_class(name, axes["attention"][0], self._backend_loc(name, axes["attention"][0]))
             for i, e in enumerate(doc.include):
-                if e.backend is not None:
-                    self.backend_class(e.backend, e.attention or doc.axes.attention[0], ("include", i, "backend"))
+                for j, name in enumerate(e.values("backend")):
+                    for family in e.values("attention") or doc.axes.attention[:1]:
+                        self.backend_class(name, family, ("include", i, "backend", j))
             self.check_families_have_backends(None)
-            self.check_features(None)
+            self.check_features()
         cases = self.expand_cases(per_family, includes)
         runnable: list[Case] = []
         skipped: list[SkippedCase] = []
@@ -320,6 +328,36 @@ class _Loader:
             return ("families", family, "axes", "backend", block.axes.backend.index(name))
         return ("axes", "backend", self.doc.axes.backend.index(name)) if name in self.doc.axes.backend else ("axes", "backend")
 
+    def inherited_include(self) -> T.Node | None:
+        """The include list's node when this file did not write it (an `extends:` parent did)."""
+        node = self.tree.value.get("include")
+        return node if node is not None and os.path.realpath(node.src) != os.path.realpath(self.path) else None
+
+    def includes(self, per_family: list[dict[str, list]]) -> list[dict]:
+        """The include entries for expand(): one per combination of an entry's lists, each with its
+        index. A parent's rows that name an axis value this file's axes no longer have (it narrowed
+        them) are dropped: they were written for the parent's axes (#41: narrowing `batch:` under
+        full.yaml failed inside full.yaml)."""
+        values = axis_values(per_family)
+        inherited = self.inherited_include() is not None
+        out = []
+        for i, e in enumerate(self.doc.include):
+            rows = [{**row, **e.extras(), "_include": i} for row in e.combinations()]
+            out += [row for row in rows if not inherited or fits(row, values)]
+        return out
+
+    def include_error(self, e: IncompleteInclude) -> InputError:
+        """An include row that cannot become a case: at its line, or, when a parent wrote it, at
+        this file's `extends:` (the user's file), saying how to drop the parent's rows."""
+        node = self.inherited_include()
+        if node is None:
+            return self.err(("include", e.index), str(e))
+        ext = self.tree.value.get("extends")
+        row = node.value[e.index] if isinstance(node.value, list) and e.index < len(node.value) else node
+        return InputError(f"include[{e.index}] (inherited from {row.src}:{row.line}) {e}; this file narrows the axes "
+                          f"it extends: `include: []` here drops the inherited include rows",
+                          source=self.path, line=ext.line if ext is not None else None)
+
     def expand_cases(self, per_family: list[dict[str, list]], includes: list[dict]) -> list[tuple[dict, Case]]:
         """Product (family by family), exclude, include -> (combination, Case), ids unique, k fitted
         to each batch."""
@@ -332,10 +370,12 @@ class _Loader:
             size += n
         if size > MAX_COMBINATIONS:
             raise self.err(("axes",), f"the product has {size} combinations (limit {MAX_COMBINATIONS})")
+        exclude = [e.axes() for e in doc.exclude]
+        exclude += [{**e.axes(), "attention": [family]} for family, block in doc.families.items() for e in block.exclude]
         try:
-            combos = expand(per_family, [e.axes() for e in doc.exclude], includes)
+            combos = expand(per_family, exclude, includes)
         except IncompleteInclude as e:
-            raise self.err(("include", e.index), str(e)) from None
+            raise self.include_error(e) from None
         if not combos:
             raise self.err(("exclude",) if doc.exclude else ("axes",), "the product is empty: exclude removes every combination")
 
@@ -403,7 +443,8 @@ class _Loader:
         label = case.backend_label
         if getattr(caps, "family", "gqa") != case.attention:
             return [f"unsupported: {label} implements the {caps.family} attention family, not {case.attention}"]
-        reasons = []
+        feature = self.feature_reason(case.backend, case.attention, caps)  # only a --backend gets here
+        reasons = [f"unsupported: {feature}"] if feature else []
         if case.kv_cache_dtype not in caps.kv_cache_dtypes:
             reasons.append(f"{label} does not support kv_cache_dtype {case.kv_cache_dtype}")
         if case.model.dtype not in caps.dtypes:
@@ -453,50 +494,3 @@ def spec_reason(batch: BatchSpec, k: int, model: ModelShape) -> str | None:
 def head_reasons(model: ModelShape, tp: int) -> list[str]:
     """Why `tp` cannot shard this model's heads (its family's rules, vLLM's), or []."""
     return family_spec(model.attention).layout_reasons(model, tp)
-
-
-def matches(combo: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
-    return all(k in combo and combo[k] == v for k, v in entry.items())
-
-
-class IncompleteInclude(ValueError):
-    def __init__(self, index: int, message: str):
-        super().__init__(message)
-        self.index = index
-
-
-def expand(axes: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Sequence[Any]]],
-           exclude: Sequence[Mapping[str, Any]], include: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Cartesian product of `axes` (in key order; a list of axes mappings: the concatenation of
-    their products, one per attention family), minus every combination an `exclude` entry
-    matches (all of its keys equal), then GitHub Actions `include`: an entry whose axis keys all
-    match an original combination merges its other keys into every such combination (never
-    overwriting an axis value; earlier merged extras may be overwritten); an entry that matches
-    none is added as a new combination. A new combination must name every axis that has more than
-    one value (over all the mappings); single-valued axes fill in. Added combinations carry
-    "_include": entry index."""
-    blocks = [axes] if isinstance(axes, Mapping) else list(axes)
-    keys = list(blocks[0])
-    combos = [dict(zip(keys, values)) for block in blocks for values in itertools.product(*(block[k] for k in keys))]
-    axes = {k: list(dict.fromkeys(v for block in blocks for v in block[k])) for k in keys}
-    combos = [c for c in combos if not any(matches(c, e) for e in exclude)]
-    original = list(combos)
-    for i, entry in enumerate(include):
-        axis_part = {k: v for k, v in entry.items() if k in axes}
-        extras = {k: v for k, v in entry.items() if k not in axes}
-        hit = [c for c in original if matches(c, axis_part)]
-        for c in hit:
-            c.update(extras)
-        if hit:
-            continue
-        new = dict(entry)
-        for k in keys:
-            if k in new:
-                continue
-            if len(axes[k]) != 1:
-                raise IncompleteInclude(i, f"adds a new combination but does not say which {k} "
-                                           f"(axis has {', '.join(map(str, axes[k]))})")
-            new[k] = axes[k][0]
-        new["_include"] = i
-        combos.append(new)
-    return combos

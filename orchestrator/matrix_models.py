@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from backend.case import ModelShape
-from backend.families.specs import FamilySpec, spec
+from backend.families.specs import FamilySpec, source, spec
 from orchestrator import matrix_schema as S
 from orchestrator import matrix_tree as T
 from orchestrator.errors import InputError
@@ -66,7 +66,7 @@ def family_shape(tree: T.Node, doc: S.MatrixDoc, family: str, device_class: str)
         loc = (*loc_own, key) if key in own else (loc_own if block is not None else ("model",))
         msg = first.get("msg", "invalid").removeprefix("Value error, ")
         raise _err(tree, loc, f"{family} model: {key + ': ' if key else ''}{msg}") from None
-    shape = ModelShape(**generic, attention=family, dims=tuple(dims.items()))
+    shape = ModelShape(**generic, attention=family, dims=tuple(dims.items()), family_source=source(family))
     reasons = fs.shape_reasons(shape)
     if reasons:
         raise _err(tree, loc_own if block is not None else ("model",), f"{family} model: {reasons[0]}")

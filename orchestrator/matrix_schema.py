@@ -9,13 +9,15 @@ ModelShape field gets one line in ModelBlock). Syntax reference: docs/MATRIX.md.
 from __future__ import annotations
 
 import difflib
+import itertools
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, MODEL_DTYPES, TP_SIZES
-from backend.families.specs import FAMILY_NAMES
+from backend.families.specs import UnknownFamily, spec as family_spec
 from orchestrator.matrix_tree import Node, error_at, field_path, to_plain
 
 # `attention` first: the product runs family by family (each with its own axes: FamilyBlock), and
@@ -34,7 +36,18 @@ def _one_of(allowed: tuple, what: str):
 
 
 TpValue = Annotated[int, _one_of(TP_SIZES, "tp")]
-FamilyValue = Annotated[str, _one_of(FAMILY_NAMES, "attention family")]
+
+
+def _family(v: str) -> str:
+    """A builtin family's name, or a plugin's (by name or "package.module:SPEC": the family's name
+    from then on; backend/families/plugins.py)."""
+    try:
+        return family_spec(v).name
+    except UnknownFamily as e:
+        raise ValueError(str(e)) from None
+
+
+FamilyValue = Annotated[str, AfterValidator(_family)]
 ModeValue = Annotated[str, _one_of(CUDAGRAPH_MODES, "cudagraph_mode")]
 KvValue = Annotated[str, _one_of(KV_CACHE_DTYPES, "kv_cache_dtype")]
 # Batch names end up in case ids: keep them id-safe so ids stay readable and distinct.
@@ -152,26 +165,55 @@ class Axes(_Model):
     _dups = field_validator("*")(_no_duplicates)
 
 
-class AxisMatch(_Model):
-    """A partial assignment of axes: matches a combination when every given key is equal."""
+def _any_of(t):
+    """A value, or a non-empty list of them meaning "any of" (exclude, include, constraints); held
+    as a list either way (a plain value is a list of one)."""
+    return Annotated[list[t], BeforeValidator(lambda v: v if isinstance(v, list) else [v]),
+                     Field(min_length=1, max_length=10_000), AfterValidator(_no_duplicates)]
 
-    attention: FamilyValue | None = None
-    tp: TpValue | None = None
-    cudagraph_mode: ModeValue | None = None
-    kv_cache_dtype: KvValue | None = None
-    batch: BatchName | None = None
-    backend: BackendName | None = None
-    seed: Seed | None = None
-    spec_tokens: SpecTokens | None = None
+
+class _Match(_Model):
+    """A partial assignment of the axes but `attention`: matches a combination when every given
+    key has one of its values (a plain value, or a list: "any of"). So one entry with lists stands
+    for one entry per combination of its lists."""
+
+    tp: _any_of(TpValue) = None
+    cudagraph_mode: _any_of(ModeValue) = None
+    kv_cache_dtype: _any_of(KvValue) = None
+    batch: _any_of(BatchName) = None
+    backend: _any_of(BackendName) = None
+    seed: _any_of(Seed) = None
+    spec_tokens: _any_of(SpecTokens) = None
 
     @model_validator(mode="after")
     def _not_empty(self):
-        if not self.model_dump(exclude_none=True):
-            raise ValueError(f"empty entry: give at least one axis ({', '.join(AXES)})")
+        if not self.axes():
+            keys = [k for k in AXES if k in type(self).model_fields]
+            raise ValueError(f"empty entry: give at least one axis ({', '.join(keys)})")
         return self
 
-    def axes(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in AXES if getattr(self, k) is not None}
+    def axes(self) -> dict[str, list]:
+        """The given axis keys, each with its values ("any of")."""
+        return {k: list(getattr(self, k)) for k in AXES if getattr(self, k, None) is not None}
+
+    def values(self, key: str) -> list:
+        """The values this entry names for `key` ([] when it names none)."""
+        return list(getattr(self, key, None) or ())
+
+    def combinations(self) -> list[dict[str, Any]]:
+        """One plain assignment per combination of the entry's lists (what a list stands for)."""
+        axes = self.axes()
+        return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+class FamilyMatch(_Match):
+    """An exclude entry of a family block: matches within that family only."""
+
+
+class AxisMatch(_Match):
+    """An exclude entry, a constraint's `when:`, or an include entry's axis part."""
+
+    attention: _any_of(FamilyValue) = None
 
 
 class IncludeEntry(AxisMatch):
@@ -208,11 +250,14 @@ class FamilyAxes(_Model):
 
 class FamilyBlock(_Model):
     """families.<name>: that attention family's model shape (its dims and any generic key, over
-    the family's defaults and the matrix's model), axis values and tolerances. Its model keys are
-    checked against the family's spec where the shape is built (orchestrator/matrix_models.py)."""
+    the family's defaults and the matrix's model), axis values, exclude entries and tolerances. Its
+    model keys are checked against the family's spec where the shape is built
+    (orchestrator/matrix_models.py). The block is self-contained: the family's slices are cut here,
+    so adding a family to a file touches nothing outside its block."""
 
     model: dict[str, Any] = Field(default_factory=dict)
     axes: FamilyAxes = Field(default_factory=FamilyAxes)
+    exclude: list[FamilyMatch] = Field(default_factory=list)  # as the matrix's, within this family
     tolerances: dict[ToleranceKey, TolBlock] = Field(default_factory=dict)
 
 

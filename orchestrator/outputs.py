@@ -8,6 +8,7 @@ start there, so they can never disagree about a verdict. Imports run one way: th
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -63,6 +64,21 @@ def headline(run: RunInfo, gate: GateOutcome) -> str:
     return f"run {run.id} {state} ({run.num_results} of {run.num_cases} cases recorded): {gate.verdict()}"
 
 
+def selection(run: RunInfo) -> str:
+    """What of its matrix a run covers, when it is not all of it as written: "6 of 90 cases,
+    --filter 'tp=1', --backend vllm:FLEX_ATTENTION" ("" for a whole matrix; RunOptions). M counts
+    the matrix's cases before --filter, with --backend applied."""
+    opts = run.options
+    parts = []
+    if opts.filter or opts.backend or (opts.matrix_cases and opts.matrix_cases != run.num_cases):
+        parts.append(f"{run.num_cases} of {opts.matrix_cases} cases" if opts.matrix_cases else f"{run.num_cases} cases")
+    if opts.filter:
+        parts.append(f"--filter {shlex.quote(opts.filter)}")
+    if opts.backend:
+        parts.append(f"--backend {shlex.quote(opts.backend)}")
+    return ", ".join(parts)
+
+
 def skips(results: Sequence[CaseResult]) -> list[tuple[str, str]]:
     """(reason, backend) per skipped case, for digest.skip_groups."""
     return [(r.reason or "skipped", str(r.axes.get("backend", "?"))) for r in results if r.status == Status.SKIP]
@@ -94,10 +110,14 @@ def gather(
     known_failures: str | KnownFailures | None = None,
     flaky_window: int = flakiness.DEFAULT_WINDOW,
     flaky_threshold: float | None = None,
+    require: Sequence[str] = (),
+    allow_empty: bool = False,
 ) -> RunView:
     """flaky_window: runs of the history (the baseline's label when `--baseline LABEL`, else the
     run's own) whose verdicts score each case's flakiness; flaky_threshold: a failing case scoring
-    over it is `flaky` rather than gating (None: scores are shown, never used)."""
+    over it is `flaky` rather than gating (None: scores are shown, never used). `require` /
+    `allow_empty` add to the run's own (RunOptions: what `orch run` was given), so `orch gate` and
+    `orch report` judge a run as `orch run` did, and may ask for more."""
     rid = pick_run(store, run_id)
     run = store.run(rid)
     results = store.results(rid)
@@ -113,8 +133,12 @@ def gather(
         wanted = set(missing)
         planned_missing = [{"case_id": c.case_id, **c.axes} for c in store.planned_cases(rid) if c.case_id in wanted]
     # A running run's unfinished cases are pending, not missing: only a closed run can miss results.
-    gate = evaluate(results, baseline=base, known=known, missing=missing if run.status != "running" else (),
-                    flaky_history=flakiness.over_threshold(scores, flaky_threshold))  # fmt: skip
+    # Nor can a running run be judged empty: its cases may still come.
+    closed = run.status != "running"
+    gate = evaluate(results, baseline=base, known=known, missing=missing if closed else (),
+                    flaky_history=flakiness.over_threshold(scores, flaky_threshold),
+                    require=tuple(dict.fromkeys([*run.options.require, *require])),
+                    allow_empty=run.options.allow_empty or allow_empty, judge_empty=closed)  # fmt: skip
     return RunView(run, tuple(results), gate, tuple(planned_missing), base is not None, known, found, scores,
                    tuple(r.id for r in window), window_label)  # fmt: skip
 

@@ -19,7 +19,7 @@ from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES
 from backend.result import CaseResult
 from orchestrator import digest
 from orchestrator.gate import CLASSIFICATIONS, GateOutcome
-from orchestrator.outputs import downgrades, headline, memory_line, run_state, skips
+from orchestrator.outputs import downgrades, headline, memory_line, run_state, selection, skips
 from orchestrator.store import RunInfo
 
 SYMBOL = {
@@ -170,6 +170,11 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
     what_ran = f"**{len(ran)} ran**" + (f" ({', '.join(f'{n} {k}' for k, n in sorted(by_status.items()))})" if ran else "")
     what_ran += f" · {len(results) - len(ran)} skipped" + (f" · {len(gate.missing)} missing" if gate.missing else "")
     out += [what_ran, ""]
+    sel = selection(run)
+    if sel:  # a filtered or re-targeted run says so: its green covers only this slice
+        out += [f"Selection: {_text(sel)}", ""]
+    if run.options.require:
+        out += ["Required to run: " + ", ".join(f"`{_code(r)}`" for r in run.options.require), ""]
     counts = [(c, n) for c, n in gate.counts.items() if n]
     if counts:
         out += ["| " + " | ".join(f"{SYMBOL[c]} {c}" for c, _ in counts) + " |", "|" + "---|" * len(counts)]

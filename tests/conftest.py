@@ -32,6 +32,19 @@ def _share_the_cores() -> None:
 _share_the_cores()
 
 
+@pytest.fixture(autouse=True)
+def own_store_and_outputs(tmp_path_factory, monkeypatch):
+    """Every command a test runs writes and reads its own store and outputs, never the checkout's:
+    `--db` and `--out` default to ORCH_DB / ORCH_OUT (orchestrator/defaults.py), set here to a
+    fresh folder per test (and inherited by the commands tests start as subprocesses). README's
+    main job leaves orch-results.db and orch-out/ in the checkout; a test that read them failed
+    when the README's two commands ran in order (#41)."""
+    own = tmp_path_factory.mktemp("orch-state")
+    monkeypatch.setenv("ORCH_DB", str(own / "orch-results.db"))
+    monkeypatch.setenv("ORCH_OUT", str(own / "orch-out"))
+    return own
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     import ray

@@ -137,17 +137,34 @@ def get_capabilities(name: str, family: str = "gqa") -> Capabilities:
     return of_class(get_backend(name, family), name.strip() if isinstance(name, str) else name)
 
 
+def check_name(name: str) -> None:
+    """BackendLoadError for a `vllm:NAME` that names no backend of the vLLM here (or, without one,
+    of the names orch knows), with the closest name (backend/adapters/vllm/names.py): a typo is bad
+    input, in a matrix as on the command line, never a run of skips. Other names load later."""
+    if isinstance(name, str) and name.strip().startswith(VLLM_PREFIX):
+        vllm_name = name.strip()[len(VLLM_PREFIX):].strip()
+        if not vllm_name:
+            raise BackendLoadError(f"empty vLLM backend name in {name!r}: expected e.g. vllm:FLEX_ATTENTION")
+        from backend.adapters.vllm.names import name_error
+
+        why = name_error(vllm_name)
+        if why:
+            raise BackendLoadError(why)
+
+
 def check_explicit(name: str) -> None:
     """A backend named on the command line (`--backend`): BackendLoadError where naming it is bad
     input rather than a skip. For `vllm:NAME`, a vllm release outside every range the adapter
-    bridges (or an ORCH_VLLM that cannot be applied): one line naming the release and the ranges.
-    No vllm at all stays a skip with the reason, as for a matrix that lists vllm: backends."""
+    bridges (or an ORCH_VLLM that cannot be applied): one line naming the release and the ranges;
+    and a NAME that is no backend of it (check_name). No vllm at all stays a skip with the reason,
+    as for a matrix that lists vllm: backends."""
     if isinstance(name, str) and name.strip().startswith(VLLM_PREFIX):
         from backend.adapters.vllm import release  # torch-free
 
         line = release.bad_input_line()
         if line:
             raise BackendLoadError(line)
+        check_name(name)
 
 
 @dataclass(frozen=True)

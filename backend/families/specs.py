@@ -18,6 +18,7 @@ A family's model is the generic ModelShape (heads, block size, max_model_len, ..
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -210,11 +211,34 @@ FAMILY_NAMES: tuple[str, ...] = tuple(SPECS)
 
 
 class UnknownFamily(ValueError):
-    """A family name that is not one of FAMILY_NAMES (one line)."""
+    """A family name that is neither a builtin (FAMILY_NAMES) nor a plugin's (one line)."""
 
 
 def spec(name: str) -> FamilySpec:
-    try:
+    """A builtin family's spec, or a plugin's (backend/families/plugins.py: by import path
+    "package.module:ATTR", or by the name of one loaded or of an `orch.families` entry point)."""
+    if name in SPECS:
         return SPECS[name]
-    except KeyError:
-        raise UnknownFamily(f"unknown attention family {name!r} (one of {', '.join(FAMILY_NAMES)})") from None
+    from backend.families import plugins
+
+    try:
+        found = plugins.find(name)
+    except plugins.PluginError as e:
+        raise UnknownFamily(str(e)) from None
+    if found is None:
+        known = [*FAMILY_NAMES, *plugins.names()]
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f": did you mean {close[0]!r}?" if close else ""
+        raise UnknownFamily(f"unknown attention family {name!r}{hint} (families: {', '.join(known)}, or a plugin's "
+                            f"'package.module:SPEC')")
+    return found
+
+
+def source(name: str) -> str:
+    """Where a plugin family loaded by import path came from ("" otherwise): what a worker needs
+    to find it again (ModelShape.family_source)."""
+    if name in SPECS:
+        return ""
+    from backend.families import plugins
+
+    return plugins.source(name)

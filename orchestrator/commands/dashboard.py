@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import click
 
+from orchestrator import defaults
 from orchestrator.dashboard.build import write_dashboard
 from orchestrator.errors import InfraError
 from orchestrator.outputs import gather
 from orchestrator.store import ResultStore
 
 
-def main(db: str, run_id: str | None = None, baseline: str | None = None, known_failures: str | None = None,
-         out_dir: str = "orch-out/dashboard") -> int:  # fmt: skip
-    with ResultStore(db, readonly=True) as store:
+def main(db: str | None = None, run_id: str | None = None, baseline: str | None = None,
+         known_failures: str | None = None, out_dir: str | None = None) -> int:
+    out_dir = out_dir or defaults.dashboard_out()
+    with ResultStore(db or defaults.db(), readonly=True) as store:
         view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
         try:
             path = write_dashboard(store, view, out_dir)

@@ -14,8 +14,8 @@ from collections import Counter
 
 import click
 
+from orchestrator import defaults, digest
 from orchestrator import diff as d
-from orchestrator import digest
 from orchestrator.errors import ExitCode
 from orchestrator.store import ResultStore, RunInfo
 from orchestrator.store.refs import open_store, parse_ref, select_run
@@ -38,8 +38,9 @@ def _head(tag: str, run: RunInfo, where: str) -> str:
             f"{run.device_model or run.devices or '?'}")  # fmt: skip
 
 
-def main(run_a: str, run_b: str, db: str = "orch-results.db", checks: bool = False, as_json: bool = False,
+def main(run_a: str, run_b: str, db: str | None = None, checks: bool = False, as_json: bool = False,
          verbose: bool = False) -> int:  # fmt: skip
+    db = db or defaults.db()
     refs = [parse_ref(run_a), parse_ref(run_b)]
     with contextlib.ExitStack() as stack:
         default = None

@@ -1,26 +1,29 @@
 """`orch gate`: recompute the verdict of a run from the store; exit 0 (passed) or 1 (failed).
 
 Sized for a CI log: one line per class that gates (a count and a few ids), the fixed known
-failures, then the headline (run id, INTERRUPTED when it did not finish, the verdict). -v lists
-every case instead (`orch gate --run 2` once printed 702 lines of missing cases, #33). Then the
-history notes (gate_notes.py): the baseline used, expired known failures, paste-ready entries.
+failures, the run's selection when it is not its whole matrix, then the headline (run id,
+INTERRUPTED when it did not finish, the verdict). -v lists every case instead (`orch gate --run
+2` once printed 702 lines of missing cases, #33). Then the history notes (gate_notes.py): the
+baseline used, expired known failures, paste-ready entries.
 """
 
 from __future__ import annotations
 
 import click
 
-from orchestrator import digest, flakiness, gate_notes
+from orchestrator import defaults, digest, flakiness, gate_notes
 from orchestrator.gate import CLASSIFICATIONS, GATING
-from orchestrator.outputs import gather
+from orchestrator.outputs import gather, selection
 from orchestrator.store import ResultStore
 
 
-def main(db: str, run_id: str | None = None, baseline: str | None = None, known_failures: str | None = None,
-         verbose: bool = False, flaky_window: int | None = None, flaky_threshold: float | None = None) -> int:  # fmt: skip
+def main(db: str | None = None, run_id: str | None = None, baseline: str | None = None,
+         known_failures: str | None = None, verbose: bool = False, flaky_window: int | None = None,
+         flaky_threshold: float | None = None, require=(), allow_empty: bool = False) -> int:  # fmt: skip
     flaky = flakiness.options(flaky_window, flaky_threshold)
-    with ResultStore(db, readonly=True) as store:
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures, **flaky)
+    with ResultStore(db or defaults.db(), readonly=True) as store:
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures, require=tuple(require),
+                      allow_empty=allow_empty, **flaky)
     gate = view.gate
     if verbose:
         for cid in gate.gating:
@@ -36,5 +39,8 @@ def main(db: str, run_id: str | None = None, baseline: str | None = None, known_
             click.echo("(-v lists every case)")
     for line in gate_notes.lines(view):
         click.echo(line)
+    sel = selection(view.run)
+    if sel:  # a filtered or re-targeted run's verdict covers that slice only
+        click.echo(f"selection: {sel}")
     click.echo(view.headline())
     return int(gate.exit_code)

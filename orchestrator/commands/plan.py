@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from backend.case import Case
-from orchestrator import digest
+from orchestrator import defaults, digest
 from orchestrator.console import echo
 from orchestrator.errors import ExitCode
 from orchestrator.filters import select
@@ -208,7 +208,7 @@ def _print_text(plan: dict, verbose: bool = False) -> None:
 
 def main(matrix: str, filter_expr: str | None = None, as_json: bool = False, devices: str = "auto",
          backend: str | None = None, workers: int | None = None, db: str | None = None, verbose: bool = False) -> int:
-    plan = build_plan(matrix, filter_expr, devices, backend, workers=workers, db=db)
+    plan = build_plan(matrix, filter_expr, devices, backend, workers=workers, db=db or defaults.db())
     if as_json:
         print(json.dumps(plan, indent=1))
     else:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from orchestrator import digest, flakiness, gate_notes, junit, summary
+from orchestrator import defaults, digest, flakiness, gate_notes, junit, summary
 from orchestrator.errors import InfraError
-from orchestrator.outputs import RunView, downgrades, gather, memory_line, skips
+from orchestrator.outputs import RunView, downgrades, gather, memory_line, selection, skips
 from orchestrator.store import ResultStore
 
 # Classes the text report lists (worst first), as `orch report` always has.
@@ -20,6 +20,9 @@ def _text(view: RunView, verbose: bool = False) -> str:
     Per-case lines only with -v; otherwise one line per class, skip reason and downgrade kind."""
     run, gate = view.run, view.gate
     out = [f"orch run {run.id}  {run.matrix}  [{run.status}]  devices={run.devices or '?'}  git={run.git_sha[:12] or '?'}"]
+    sel = selection(run)
+    if sel:
+        out.append(f"selection: {sel}")
     if view.state:
         out.append(f"{view.state}: {run.num_results} of {run.num_cases} planned cases have a result; "
                    f"`orch run --resume {run.id}` finishes it")
@@ -70,14 +73,16 @@ def render(view: RunView, fmt: str, verbose: bool = False) -> str:
     return _text(view, verbose)
 
 
-def main(db: str, run_id: str | None = None, fmt: str = "text", baseline: str | None = None,
+def main(db: str | None = None, run_id: str | None = None, fmt: str = "text", baseline: str | None = None,
          known_failures: str | None = None, output: str | None = None, verbose: bool = False,
-         flaky_window: int | None = None, flaky_threshold: float | None = None) -> int:  # fmt: skip
+         flaky_window: int | None = None, flaky_threshold: float | None = None, require=(),
+         allow_empty: bool = False) -> int:  # fmt: skip
     """Every format carries the verdict, so every format exits by it (0 passed, 1 failed, 3 only
     not-run), as the README promises of every command that prints one (#33: it exited 0)."""
     flaky = flakiness.options(flaky_window, flaky_threshold)
-    with ResultStore(db, readonly=True) as store:
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures, **flaky)
+    with ResultStore(db or defaults.db(), readonly=True) as store:
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures, require=tuple(require),
+                      allow_empty=allow_empty, **flaky)
     text = render(view, fmt, verbose)
     if output:
         try:

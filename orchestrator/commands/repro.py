@@ -19,6 +19,7 @@ import click
 
 from backend.case import Case
 from backend.result import CaseResult, Status
+from orchestrator import defaults
 from orchestrator.errors import ExitCode, InputError
 
 
@@ -66,13 +67,13 @@ def _from_store(case_id: str, db: str) -> Case:
     raise InputError(f"no case {case_id!r} in {where}{_suggest(case_id, sorted(set(known)))}; give --matrix")
 
 
-def main(case_id: str, matrix: str | None = None, backend: str | None = None, db: str = "orch-results.db",
+def main(case_id: str, matrix: str | None = None, backend: str | None = None, db: str | None = None,
          devices: str = "auto", as_json: bool = False) -> int:
     import torch
 
     from backend.harness.checker import run_case_local
 
-    found = _from_matrix(case_id, matrix, devices, backend) if matrix else _from_store(case_id, db)
+    found = _from_matrix(case_id, matrix, devices, backend) if matrix else _from_store(case_id, db or defaults.db())
     if isinstance(found, CaseResult):
         result = found
     else:

@@ -6,13 +6,21 @@ before any case runs; an unreachable cluster is exit 3 after the run row exists 
 "interrupted", keeps every committed result, writes the outputs marked INTERRUPTED (the missing
 cases fail the gate) and exits 130 / 143. The outputs an earlier run left in OUT are removed
 before any case runs, so no way of stopping a run leaves them looking current.
-`--resume RUN_ID` finishes a run from its stored plan; a MATRIX that is not the run's is exit 2.
+`--resume RUN_ID` finishes a run from its stored plan, into its own --out; a MATRIX that is not the
+run's is exit 2. A run in which nothing ran (or a `--require`d slice did not) fails its gate unless
+`--allow-empty` (orchestrator/empty_run.py); the options are stored with the run (RunOptions), so
+`orch gate` and `orch report` judge it alike.
+Streams: what the run concluded (gate lines, skips by reason, repro, time, the verdict) goes to
+stdout, so `orch run ... | tee log` keeps it; progress, notes and warnings go to stderr, each line
+`orch: `; `--no-progress` prints no progress.
 Many drivers may write one --db (a SQLite file on one machine, a PostgreSQL database from many):
 each holds its own run's writer lock for the whole run, so a `--resume` beside the run's live
 driver is exit 3 in one line, and a killed driver's lock is taken over. Results are committed in
 groups (one transaction per loop turn of the executor) and reported only after their commit.
 `--label` names the run's line of history (the branch), which `--baseline LABEL` and the
 flakiness window read; `--max-gpus` caps the GPUs this run holds on a shared cluster.
+Device memory (docs/EXECUTION.md "GPU memory"): `--workers-per-gpu`, `--gpu-memory-utilization`,
+`--gpu-memory`.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import click
 
 from backend.result import CaseResult, Status
 from orchestrator.commands.repro import verdict_line
+from orchestrator.digest import plural
 from orchestrator.errors import InputError, OrchError
 
 # Test/benchmark hook: the per-case function the actors call (default: the checker).
@@ -59,7 +68,24 @@ def _flaky_options(window, threshold) -> dict:
 
 
 def _err(msg: str) -> None:
+    """Progress, notes and warnings: stderr."""
     click.echo(f"orch: {msg}", err=True)
+
+
+def _out(msg: str) -> None:
+    """What the run concluded (its summary lines and verdict): stdout."""
+    click.echo(msg)
+
+
+# The `time:` line's phases, labelled by what each measures (run._on_cluster sets them).
+PHASE_LABELS = {
+    "matrix": "load matrix", "cluster": "start cluster", "first_result": "start to first result",
+    "cases": "first to last result", "shutdown": "shutdown", "outputs": "write outputs",
+}  # fmt: skip
+
+
+def time_line(phases: dict[str, float]) -> str:
+    return "time: " + ", ".join(f"{PHASE_LABELS.get(k, k)} {v:.1f}s" for k, v in phases.items())
 
 
 @contextlib.contextmanager
@@ -78,11 +104,14 @@ def _ray_logging(verbose: bool):
         logger.setLevel(before)
 
 
-def main(matrix=None, backend=None, filter_expr=None, db="orch-results.db", out_dir="orch-out", address="local",
+def main(matrix=None, backend=None, filter_expr=None, db=None, out_dir=None, address="local",
          devices="auto", workers=None, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
          known_failures=None, resume_run=None, no_progress=False, precompile_jobs=None, verbose=False,
          label=None, max_gpus=None, flaky_window=None, flaky_threshold=None,
-         workers_per_gpu="1", gpu_memory_utilization=0.9, gpu_memory=None) -> int:  # fmt: skip
+         workers_per_gpu="1", gpu_memory_utilization=0.9, gpu_memory=None, allow_empty=False,
+         require=()) -> int:  # fmt: skip
+    """db / out_dir None: the defaults (orchestrator/defaults.py: ORCH_DB / ORCH_OUT, else
+    orch-results.db / orch-out; `--resume` reuses the run's own --out)."""
     from orchestrator.executor.packing import MemoryOptions
     from orchestrator.interrupts import trapped
 
@@ -94,20 +123,22 @@ def main(matrix=None, backend=None, filter_expr=None, db="orch-results.db", out_
                      summary_path=summary_path, baseline=baseline, known_failures=known_failures,
                      resume_run=resume_run, no_progress=no_progress, precompile_jobs=precompile_jobs,
                      verbose=verbose, label=label, max_gpus=max_gpus,
-                     flaky=_flaky_options(flaky_window, flaky_threshold), memory=memory)  # fmt: skip
+                     flaky=_flaky_options(flaky_window, flaky_threshold), memory=memory,
+                     allow_empty=allow_empty, require=tuple(require or ()))  # fmt: skip
 
 
 def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, workers, timeout_s, junit_path, summary_path,
           baseline, known_failures, resume_run, no_progress, precompile_jobs, verbose, label=None, max_gpus=None,
-          flaky=None, memory=None) -> int:  # fmt: skip
-    from orchestrator import artifacts, known_failures as kf
-    from orchestrator.filters import select
+          flaky=None, memory=None, allow_empty=False, require=()) -> int:  # fmt: skip
+    from orchestrator import artifacts, defaults, known_failures as kf
+    from orchestrator.filters import parse_filter, select
     from orchestrator.interrupts import exit_code, signame
     from orchestrator.matrix import load_matrix
     from orchestrator.outputs import gather
-    from orchestrator.store import ResultStore, find_baseline
+    from orchestrator.store import ResultStore, RunOptions, find_baseline
 
     t0 = time.monotonic()
+    db = db or defaults.db()
     flaky = flaky or _flaky_options(None, None)
     if timeout_s is not None and timeout_s <= 0:
         raise InputError(f"--timeout must be > 0, got {timeout_s}")
@@ -120,12 +151,21 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
         raise InputError("give the MATRIX to run (or --resume RUN_ID to finish a run with its own matrix)")
     kf.load(known_failures)  # a bad file is exit 2 now, not after the run
     cases, skipped = [], []
+    options = None
     if resume_id is None:
         m = load_matrix(matrix, devices=devices, backend_override=backend)
         cases = select(m.cases, filter_expr)
         skipped = select(m.skipped, filter_expr)
         if not cases and not skipped:
             raise InputError(f"no case matches --filter {filter_expr!r}", source=matrix)
+        for expr in require:  # a typo in a required slice is exit 2 now, not a red gate later
+            try:
+                parse_filter(expr)  # (after the matrix: a plugin family's name is known from it on)
+            except InputError as e:
+                raise InputError(e.message, source="--require") from None
+        out_dir = out_dir or defaults.out()
+        options = RunOptions(out=os.path.abspath(out_dir), filter=filter_expr, backend=backend,
+                             matrix_cases=len(m.cases) + len(m.skipped), allow_empty=allow_empty, require=require)
     phases = {"matrix": time.monotonic() - t0}
     store = ResultStore(db)
     run_id = None  # set once this driver holds the run's writer lock
@@ -141,6 +181,8 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
                 _err(note)
             _, cases, skipped = _resume(store, resume_id, matrix, devices=devices, backend=backend,
                                         filter_expr=filter_expr)  # fmt: skip
+            # Its own outputs, where the interrupted run left them marked INTERRUPTED.
+            out_dir = out_dir or resumed.options.out or defaults.out()
         find_baseline(baseline, store, resume_id if resume_id is not None else -1)  # bad: exit 2 now
         paths = artifacts.output_paths(out_dir, junit_path, summary_path)
         artifacts.clear(paths)  # an earlier run's outputs never outlive the start of this one
@@ -148,6 +190,7 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
             run_id = store.create_run(
                 matrix=matrix, cases=[*cases, *(s.case for s in skipped)], argv=sys.argv, cluster=address,
                 devices=devices, versions=_versions(), baseline=baseline, label=label or "", lock_writer=True,
+                options=options,
             )  # fmt: skip
         store.record_many(run_id, [(CaseResult(
             case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,
@@ -170,11 +213,14 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
         view = gather(store, run_id, baseline=baseline, known_failures=known_failures, **flaky)
         artifacts.write_view(store, view, paths)
         phases["outputs"] = time.monotonic() - t_out
-        for line in last_lines(view, verbose=verbose):
+        lines, warnings = last_lines(view, verbose=verbose)
+        for line in lines:
+            _out(line)
+        for line in warnings:
             _err(line)
         if "cluster" in phases:
-            _err("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in phases.items()))
-        _err(final_line(view, elapsed=time.monotonic() - t0, out_dir=out_dir,
+            _out(time_line(phases))
+        _out(final_line(view, elapsed=time.monotonic() - t0, out_dir=out_dir,
                         signal_name=signame(interrupted) if interrupted is not None else None))
         return exit_code(interrupted) if interrupted is not None else int(view.gate.exit_code)
     finally:
@@ -232,14 +278,15 @@ def _resume(store, run_id: int, matrix: str | None, *, devices, backend, filter_
     skip_by_id = {s.case.case_id: s for s in skipped}
     todo_skips = [skip_by_id[c.case_id] for c in planned if c.case_id in skip_by_id]
     cases = [c for c in planned if c.case_id not in skip_by_id]
-    _err(f"resuming run {run_id} ({run.matrix}): {len(missing)} case(s) without a final verdict")
+    _err(f"resuming run {run_id} ({run.matrix}): {plural(len(missing), 'case')} without a final verdict")
     return run_id, cases, todo_skips
 
 
-def last_lines(view, *, verbose: bool) -> list[str]:
-    """What the run ends with before its time and verdict lines, sized for a CI log: one line per
-    gating class (a sample of ids), the first failure's repro, skips by reason, downgrades by
-    kind. -v: every non-passing case with its reason and repro instead of the class lines."""
+def last_lines(view, *, verbose: bool) -> tuple[list[str], list[str]]:
+    """(summary lines, warnings): what the run ends with before its time and verdict lines, sized
+    for a CI log: one line per gating class (a sample of ids), the first failure's repro, skips by
+    reason, the history notes (gate_notes.py); and the downgrades by kind, as warnings. -v: every
+    non-passing case with its reason and repro instead of the class lines."""
     from orchestrator import digest, gate_notes
     from orchestrator.gate import CLASSIFICATIONS, GATING
     from orchestrator.outputs import downgrades, skips
@@ -266,20 +313,24 @@ def last_lines(view, *, verbose: bool) -> list[str]:
                    + "\n    ".join(groups[:MAX_REASONS]
                                    + ([f"... and {len(groups) - MAX_REASONS} more reasons (summary.md)"]
                                       if len(groups) > MAX_REASONS else [])))  # fmt: skip
-    out += [f"warning: {line}" for line in digest.downgrade_lines(downgrades(view.results))]
-    return out
+    return out, [f"warning: {line}" for line in digest.downgrade_lines(downgrades(view.results))]
 
 
 def final_line(view, *, elapsed: float, out_dir: str, signal_name: str | None) -> str:
+    """"run 3 (6 of 90 cases, --filter 'tp=1'): 4 ran (pass 4), 2 skipped, 12.3s -> gate PASSED: ..."."""
+    from orchestrator.outputs import selection
+
     ran = view.ran()
     counts: dict[str, int] = {}
     for r in ran:
         counts[r.status.value] = counts.get(r.status.value, 0) + 1
     shown = " ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     what = f"{len(ran)} ran" + (f" ({shown})" if shown else "") + f", {len(view.results) - len(ran)} skipped"
+    sel = selection(view.run)
+    run = f"run {view.run.id}" + (f" ({sel})" if sel else "")
     if signal_name is None:
-        return f"run {view.run.id}: {what}, {elapsed:.1f}s -> {view.gate.verdict()} (outputs in {out_dir})"
-    return (f"run {view.run.id} INTERRUPTED by {signal_name} after {elapsed:.1f}s: {what}, "
+        return f"{run}: {what}, {elapsed:.1f}s -> {view.gate.verdict()} (outputs in {out_dir})"
+    return (f"{run} INTERRUPTED by {signal_name} after {elapsed:.1f}s: {what}, "
             f"{len(view.gate.missing)} missing -> {view.gate.verdict()} (outputs in {out_dir}, marked INTERRUPTED); "
             f"finish it with `orch run --resume {view.run.id}`")
 
@@ -345,8 +396,8 @@ def _start_precompile(cases, *, address, devices, jobs, log_dir, history, jit: f
         return None
     warmup = precompile.start(cases, jobs=jobs, log_dir=log_dir, history=history)
     if warmup is not None:
-        _err(f"precompile: {jobs} helper process(es) warming Triton's kernel cache from the {warmup.count} "
-             f"tp 1 case(s) (log {warmup.log_path})")
+        _err(f"precompile: {plural(jobs, 'helper process', 'helper processes')} warming Triton's kernel cache "
+             f"from {plural(warmup.count, 'tp 1 case')} (log {warmup.log_path})")
     return warmup
 
 
@@ -398,7 +449,7 @@ def _on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, n
                                      gpu_memory_bytes=memory.gpu_memory)
     if os.environ.get(RUNNER_ENV):
         config = dataclasses.replace(config, runner=os.environ[RUNNER_ENV])
-    progress = Progress(len(cases), live=(not no_progress and sys.stderr.isatty()))
+    progress = Progress(len(cases), live=sys.stderr.isatty(), quiet=no_progress)
 
     def on_results(items: list[tuple[CaseResult, bool]]) -> None:
         store.record_many(run_id, items)  # durable before anything below reports it

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from orchestrator.dashboard.build import build_page, data_version, live_extras, page_data, store_history
+from orchestrator.dashboard.pack import pack
 from orchestrator.errors import InfraError, OrchError
 from orchestrator.known_failures import KnownFailures, load
 from orchestrator.outputs import gather, pick_run
@@ -62,7 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
                 view = gather(store, rid, baseline=srv.baseline, known_failures=srv.known)
                 if url.path == "/api/data":
                     hist, labels = store_history(store)
-                    data = page_data(view, hist, live_extras(store, rid), labels)
+                    data = pack(page_data(view, hist, live_extras(store, rid), labels))
                     data["version"] = data_version(store, rid)
                     self._send(200, json.dumps(data, default=str), "application/json")
                 else:

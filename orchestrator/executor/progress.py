@@ -1,4 +1,5 @@
-"""Run progress on stderr: a live rich bar on a terminal, one plain line per 10% elsewhere (CI logs)."""
+"""Run progress on stderr: a live rich bar on a terminal, one plain line per 10% elsewhere (CI logs),
+nothing at all when `quiet` (`orch run --no-progress`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from backend.result import CaseResult
 
 
 class Progress:
-    def __init__(self, total: int, *, live: bool | None = None, stream: TextIO | None = None, label: str = "cases"):
+    def __init__(self, total: int, *, live: bool | None = None, stream: TextIO | None = None, label: str = "cases",
+                 quiet: bool = False):
         self.total = max(0, total)
+        self.quiet = quiet
         self.stream = stream or sys.stderr
         self.live = bool(live if live is not None else self.stream.isatty())
         self.counts: Counter[str] = Counter()
@@ -20,7 +23,7 @@ class Progress:
         self._t0 = time.monotonic()
         self._next_pct = 10
         self._bar = None
-        if self.live and self.total:
+        if self.live and self.total and not quiet:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
 
@@ -42,7 +45,7 @@ class Progress:
         if self._bar is not None:
             self._bar.update(self._task, advance=1, counts=self._counts_text())
             return
-        if not self.total:
+        if not self.total or self.quiet:
             return
         pct = 100 * self.done // self.total
         if pct >= self._next_pct or self.done == self.total:

@@ -29,6 +29,7 @@ from backend.result import CaseResult, CheckOutcome, Status
 from orchestrator.errors import InputError
 from orchestrator.store import lock
 from orchestrator.store.location import Location, mask, mask_argv, parse
+from orchestrator.store.options import RunOptions
 from orchestrator.store.schema import _RESULT_COLS, MIGRATIONS, SCHEMA_VERSION
 
 APP_ID = "orch-results"  # meta.app: tells our databases from any other
@@ -52,6 +53,7 @@ class RunInfo:
     num_results: int = 0  # final verdicts recorded so far
     label: str = ""  # `orch run --label` (e.g. the branch): `--baseline LABEL` finds runs by it
     device_model: str = ""  # the device most of its cases ran on ("NVIDIA H100 80GB HBM3", "cpu")
+    options: RunOptions = field(default_factory=RunOptions)  # how `orch run` was asked for it
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -231,6 +233,7 @@ class ResultStore:
         baseline: str | None = None,
         label: str = "",
         lock_writer: bool = False,
+        options: RunOptions | None = None,
     ) -> int:
         """A new run with its planned cases, in one transaction. lock_writer: this store becomes
         the run's writer in the same transaction (`orch run`; release_writer at its end)."""
@@ -241,10 +244,11 @@ class ResultStore:
             with self._db.transaction():
                 row = self._db.execute(
                     "INSERT INTO runs(matrix, matrix_sha, git_sha, started_at, status, cluster, devices, versions, argv,"
-                    " baseline, label) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?) RETURNING id",
+                    " baseline, label, options) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                     (matrix, file_sha(matrix), _git_sha(), time.time(), cluster, devices,
                      json.dumps(versions or {}, sort_keys=True), json.dumps(argv),
-                     mask(baseline) if baseline is not None else None, label or ""),
+                     mask(baseline) if baseline is not None else None, label or "",
+                     (options or RunOptions()).to_json()),
                 ).fetchone()  # fmt: skip
                 run_id = int(row["id"])
                 self._db.executemany(
@@ -361,7 +365,7 @@ class ResultStore:
             started_at=r["started_at"], finished_at=r["finished_at"], status=r["status"], cluster=r["cluster"],
             devices=r["devices"], versions=json.loads(r["versions"]), argv=json.loads(r["argv"]),
             baseline=r["baseline"], num_cases=r["num_cases"], num_results=r["num_results"],
-            label=r["label"], device_model=r["device_model"],
+            label=r["label"], device_model=r["device_model"], options=RunOptions.from_json(r["options"]),
         )  # fmt: skip
 
     _RUN_SELECT = (

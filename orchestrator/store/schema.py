@@ -124,6 +124,11 @@ MIGRATIONS: list[str] = [
         argv       TEXT NOT NULL           -- json, passwords masked
     );
     """,
+    # --- version 6: how a run was asked for, what every output of it names and `--resume` reuses:
+    # json {out, filter, backend, matrix_cases, allow_empty, require} (RunOptions; '{}' before) ---
+    """
+    ALTER TABLE runs ADD COLUMN options TEXT NOT NULL DEFAULT '{}';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -117,12 +117,14 @@ def test_flex_declares_vllms_own_support_and_kv_dtypes():
 
 
 @needs_vllm
-def test_unknown_vllm_name_skips_with_the_reason():
+def test_unknown_vllm_name_is_bad_input_with_the_closest_name():
+    # #41: it used to be 75 skips ("vLLM has no attention backend 'NOPE'") and a green gate.
+    from orchestrator.errors import InputError
     from orchestrator.matrix import load_matrix
 
-    matrix = load_matrix("matrices/vllm.yaml", devices="cpu", backend_override="vllm:NOPE")
-    assert not matrix.cases
-    assert {s.reason for s in matrix.skipped} == {"unavailable: vLLM has no attention backend 'NOPE'"}
+    with pytest.raises(InputError, match=r"vllm:FLEX_ATTENTIN is not an attention backend of vLLM .*did you mean "
+                                         r"vllm:FLEX_ATTENTION\?"):
+        load_matrix("matrices/vllm.yaml", devices="cpu", backend_override="vllm:FLEX_ATTENTIN")
 
 
 @needs_vllm

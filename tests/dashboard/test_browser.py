@@ -46,7 +46,10 @@ def static_page(page, sample_db, tmp_path):
 
 def test_grid_cells_states_and_colours(static_page):
     page = static_page
-    assert chips(page).count() == 32
+    assert chips(page).count() == 31  # the skipped case is hidden until asked for (#41)
+    assert page.locator('.chip[data-state="skip"]').count() == 0
+    page.locator("#f-skips").check()
+    assert chips(page).count() == 32 and page.locator("#skip-count").inner_text() == "(1)"
     for state, n in STATE_COUNTS.items():
         assert page.locator(f'.chip[data-state="{state}"]').count() == n, state
     for state, rgb in COLOURS.items():
@@ -83,10 +86,10 @@ def test_clicking_a_failing_cell_shows_numbers_and_repro(static_page):
 def test_filters_and_axes_hide_and_regroup_cells(static_page):
     page = static_page
     page.locator('#f-states input[data-state="pass"]').uncheck()
-    assert chips(page).count() == 32 - STATE_COUNTS["pass"]
+    assert chips(page).count() == 31 - STATE_COUNTS["pass"]  # the skip hidden, as by default
     page.locator('#f-states input[data-state="pass"]').check()
     page.locator("#f-text").fill("tp2-")
-    assert chips(page).count() == 16
+    assert chips(page).count() == 15
     page.locator("#f-text").fill("")
     page.locator("#f-changed").check()
     assert sorted(chips(page).evaluate_all("es => es.map(e => e.dataset.caseId)")) == sorted(
@@ -94,11 +97,13 @@ def test_filters_and_axes_hide_and_regroup_cells(static_page):
     )
     page.locator("#f-changed").uncheck()
     page.locator("#f-provider").select_option("torch")
-    assert chips(page).count() == 32
+    assert chips(page).count() == 31
     page.select_option("#rows", "batch")
     page.select_option("#cols", "tp")
+    # Regrouped: 2 x 2 cells of 8 cases, each one colour (its worst case) with its counts.
     assert page.locator("#grid tbody tr").count() == 2 and page.locator("#grid thead th").count() == 3
-    assert chips(page).count() == 32
+    cells = page.locator(".chip[data-count]")
+    assert cells.count() == 4 and sum(int(c) for c in cells.evaluate_all("es => es.map(e => e.dataset.count)")) == 31
 
 
 def test_xss_payload_is_inert_text_and_screenshot(static_page, tmp_path):
@@ -133,7 +138,7 @@ def test_served_page_matches_and_refreshes_live(page, server):
     assert srv.server_address[0] == "127.0.0.1"
     page.goto(srv.url + "?run=2")
     page.wait_for_selector(".chip[data-case-id]")
-    assert chips(page).count() == 32 and page.locator('.chip[data-state="known-fail"]').count() == 1
+    assert chips(page).count() == 31 and page.locator('.chip[data-state="known-fail"]').count() == 1
     chip(page, samples.NEW_FAILURE).click()
     assert samples.XSS in page.locator("#d-reason").inner_text()
     # A run in progress: the page shows pending cells, then picks up results as the driver commits.

@@ -78,7 +78,7 @@ def test_resume_finishes_a_run_with_its_own_matrix_then_says_it_is_finished(half
     monkeypatch.setenv("ORCH_RUNNER", PASS_RUNNER)
     code, _, err = _cli(capsys, "run", "--resume", "1", *_run_args(db, out))  # no MATRIX: the run's own
     assert code == 0, err
-    assert f"orch: resuming run 1 (matrices/smoke.yaml): {len(cases) - 1} case(s) without a final verdict" in err
+    assert f"orch: resuming run 1 (matrices/smoke.yaml): {len(cases) - 1} cases without a final verdict" in err
     with ResultStore(str(db)) as s:
         assert s.missing_case_ids(1) == [] and s.run(1).status == "finished" and len(s.runs()) == 1
     # The same file under another path is the run's matrix too.
@@ -131,20 +131,21 @@ def test_an_interrupted_run_writes_its_outputs_marked_interrupted(ray_cluster, t
         assert not os.path.exists(os.path.join(out, "summary.md"))
         assert not os.path.exists(os.path.join(out, "junit.xml"))
         child.send_signal(sig)
-        _, err = child.communicate(timeout=120)
+        stdout, err = child.communicate(timeout=120)
     finally:
         if child.poll() is None:
             child.kill()
             child.communicate()
     assert child.returncode == code, err
-    lines = err.splitlines()
-    # Ray's banners (token auth...) only with -v: every line is orch's (continuations indented).
-    assert all(ln.startswith(("orch: ", "    ")) for ln in lines), err
+    # Ray's banners (token auth...) only with -v: every stderr line is orch's (continuations
+    # indented); what the run concluded is on stdout (#41: `orch run | tee log` kept nothing).
+    assert all(ln.startswith(("orch: ", "    ")) for ln in err.splitlines()), err
+    lines = stdout.splitlines()
     with ResultStore(db) as s:
         run, missing = s.run(2), s.missing_case_ids(2)
     assert run.status == "interrupted" and missing and run.num_results == gangs
     name = signal.Signals(sig).name
-    assert lines[-1].startswith(f"orch: run 2 INTERRUPTED by {name} after ") and "--resume 2" in lines[-1], lines[-1]
+    assert lines[-1].startswith(f"run 2 INTERRUPTED by {name} after ") and "--resume 2" in lines[-1], lines[-1]
     assert f"{len(missing)} missing -> gate FAILED: {len(missing)} missing of {run.num_cases} cases" in lines[-1]
     md = open(os.path.join(out, "summary.md")).read()
     assert md.startswith(f"## ⛔ orch run 2 — `{SMOKE}` — INTERRUPTED\n") and "orch run 1" not in md
@@ -259,24 +260,24 @@ def test_a_failing_runs_last_lines_fold_its_cases_and_group_its_skips(ray_cluste
     assert len(cases) > 3 and {s.case.backend for s in skipped} == {"aiter", "aiter-triton", "aiter-triton-pa"}
     monkeypatch.setenv("ORCH_RUNNER", FAIL_RUNNER)
     db, out = tmp_path / "r.db", tmp_path / "out"
-    code, _, err = _cli(capsys, "run", "matrices/full.yaml", "--filter", FULL_SLICE, *_run_args(db, out))
+    code, out_text, _ = _cli(capsys, "run", "matrices/full.yaml", "--filter", FULL_SLICE, *_run_args(db, out))
     assert code == 1
     ids = sorted(c.case_id for c in cases)
-    assert f"orch: fail {len(cases)}: {', '.join(ids[:3])} and {len(ids) - 3} more" in err.splitlines()
-    assert not re.search(r"^orch: FAIL ", err, re.M)  # no line per case without -v
+    assert f"fail {len(cases)}: {', '.join(ids[:3])} and {len(ids) - 3} more" in out_text.splitlines()
+    assert not re.search(r"^FAIL ", out_text, re.M)  # no line per case without -v
     by_reason: dict[str, int] = {}
     for s in skipped:
         by_reason[s.reason] = by_reason.get(s.reason, 0) + 1
-    assert f"orch: skipped {len(skipped)} by reason:" in err
+    assert f"skipped {len(skipped)} by reason:" in out_text
     for reason, n in by_reason.items():
-        assert re.search(rf"^    {n} {re.escape(reason)} \(", err, re.M), err
+        assert re.search(rf"^    {n} {re.escape(reason)} \(", out_text, re.M), out_text
     md = (out / "summary.md").read_text()
     assert md.index(f"**{len(cases)} ran** ({len(cases)} fail) · {len(skipped)} skipped") < md.index("### Failures")
     for reason, n in by_reason.items():
         assert f"| {n} | {reason} |" in md
     assert "#### `aiter-triton`" not in md and "#### `torch`" in md  # grids only for what ran
-    code, _, err = _cli(capsys, "run", "matrices/full.yaml", "--filter", FULL_SLICE, *_run_args(db, out), "-v")
-    assert code == 1 and len(re.findall(r"^orch: FAIL tp1-", err, re.M)) == len(cases)
+    code, out_text, _ = _cli(capsys, "run", "matrices/full.yaml", "--filter", FULL_SLICE, *_run_args(db, out), "-v")
+    assert code == 1 and len(re.findall(r"^FAIL tp1-", out_text, re.M)) == len(cases)
 
 
 # --- 6. doctor --matrix agrees with orch run ------------------------------------------------------

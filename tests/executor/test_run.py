@@ -87,7 +87,9 @@ def test_resume_after_sigkill_runs_only_the_missing_cases(ray_cluster, tmp_path)
     assert {cid for cid, _ in rows} == planned and all(n == 1 for _, n in rows)
     assert all(n == 1 for n in attempts.values())  # nothing ran twice: the resume ran only the missing
     assert status == "finished"
-    assert f"resuming run {rid} (matrices/smoke.yaml): {len(missing_before)} case(s)" in err
+    assert f"resuming run {rid} (matrices/smoke.yaml): {len(missing_before)} cases without a final verdict" in err
+    # Into run 1's own --out (given again here): its summary is run 1's, finished (#41).
+    assert open(tmp_path / "out" / "summary.md").read().startswith(f"## ✅ orch run {rid} — `matrices/smoke.yaml`\n")
 
 
 def test_unreachable_cluster_is_exit_3_in_one_line(tmp_path):

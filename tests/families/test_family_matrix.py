@@ -15,9 +15,9 @@ SWA = replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, swa_
 # (scenario, document with the offending line marked `#!`, words the message must contain)
 BROKEN = [
     ("unknown family", replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, mlaa]  #!"),
-     "'mlaa' is not a valid attention family"),
+     "unknown attention family 'mlaa': did you mean 'mla'?"),
     ("family block for an unknown family", BASE + "families:\n  mlaa: {}  #!\n",
-     "'mlaa' is not a valid attention family"),
+     "unknown attention family 'mlaa': did you mean 'mla'?"),
     ("unknown key in a family's model", MLA + "families:\n  mla:\n    model: {kv_lora_rnak: 32}  #!\n",
      "unknown key 'kv_lora_rnak' for a mla model (did you mean 'kv_lora_rank'?)"),
     ("a derived field given", MLA + "families:\n  mla:\n    model: {head_size: 576}  #!\n",
@@ -50,10 +50,15 @@ def test_broken_family_matrix_exits_2_with_file_and_line(tmp_path, capsys, doc, 
 
 
 def test_backend_override_that_implements_no_family_of_the_matrix(tmp_path, capsys):
+    # #41: a --backend's missing family is its cases' skip reason, as a plugin's always was (it was
+    # exit 2 for a builtin); and a run of nothing but those skips fails its gate.
     path = write(tmp_path, replace("  backend: [torch]", "  backend: [torch]\n  attention: [mla]"))
-    assert main(["plan", path, "--devices", "cpu", "--backend", "aiter-triton-pa"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == "orch: --backend: aiter-triton-pa implements none of the matrix's attention families (mla)", err
+    m = load_matrix(path, devices="cpu", backend_override="aiter-triton-pa")
+    assert not m.cases and {s.reason for s in m.skipped} == {
+        "unsupported: aiter-triton-pa does not implement the mla attention family (it implements gqa)"}
+    assert main(["run", path, "--devices", "cpu", "--backend", "aiter-triton-pa", "--no-progress"]) == 1
+    assert "gate FAILED: nothing ran: 16 skipped (unsupported: aiter-triton-pa does not implement the mla" in \
+        capsys.readouterr().out
 
 
 def test_the_family_axis_keeps_every_gqa_id(tmp_path):

@@ -43,6 +43,15 @@ EXPANSION = [
      {(8, "FULL", 0): {"steps": 9}}),
     ("single-valued axes fill a new combination", [], [{"tp": 4, "cudagraph_mode": "NONE", "seed": 3}],
      [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0), (4, "NONE", 3)], {}),
+    # A list value means "any of" (#41): one entry stands for one per value.
+    ("exclude with a list drops a match of any of its values", [{"tp": [1, 2], "cudagraph_mode": "FULL"}], [],
+     [(1, "NONE", 0), (2, "NONE", 0)], {}),
+    ("exclude with two lists drops their product", [{"tp": [2], "cudagraph_mode": ["NONE", "FULL"]}], [],
+     [(1, "NONE", 0), (1, "FULL", 0)], {}),
+    ("include with a list merges into each value's matches", [], [{"tp": [1, 2], "cudagraph_mode": "FULL", "steps": 7}],
+     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)], {(1, "FULL", 0): {"steps": 7}, (2, "FULL", 0): {"steps": 7}}),
+    ("include with a list adds one combination per new value", [], [{"tp": [4, 8], "cudagraph_mode": "FULL"}],
+     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0), (4, "FULL", 0), (8, "FULL", 0)], {}),
 ]
 
 
@@ -181,3 +190,69 @@ def test_yaml_anchors_and_merge_keys(tmp_path):
     doc = doc.replace("batch: [dec, mix]", "batch: [base, more]")
     m = load_matrix(write(tmp_path, doc), devices="cpu")
     assert m.find("tp1-NONE-auto-more-torch-s0").batch.seq_lens == (11, 11)
+
+
+LISTS = """\
+exclude:
+  - {tp: [1, 2], cudagraph_mode: FULL, kv_cache_dtype: fp8}
+families:
+  gqa:
+    exclude:
+      - {batch: mix, tp: 2, cudagraph_mode: [NONE, FULL]}
+"""
+
+
+def test_list_excludes_and_a_family_blocks_own_excludes(tmp_path):
+    m = load_matrix(write(tmp_path, BASE + LISTS), devices="cpu")
+    ids = {c.case_id for c in m.cases}
+    assert not [i for i in ids if "-FULL-fp8-" in i]  # any of tp 1, 2
+    assert not [i for i in ids if i.startswith("tp2-") and "-mix-" in i]  # the family block's entry
+    assert len(ids) == 16 - 4 - 3  # FULL-fp8 at tp 1, 2 x 2 batches; then tp 2 mix but its FULL-fp8
+
+
+def test_a_family_blocks_exclude_cuts_only_its_family(tmp_path):
+    doc = BASE.replace("  backend: [torch]\n", "  backend: [torch]\n  attention: [gqa, mla]\n") + \
+        "families:\n  mla:\n    axes: {batch: [dec]}\n    exclude:\n      - {tp: [1, 2], cudagraph_mode: FULL}\n"
+    m = load_matrix(write(tmp_path, doc), devices="cpu")
+    assert {c.mode for c in m.cases if c.attention == "mla"} == {"NONE"}
+    assert {c.mode for c in m.cases if c.attention == "gqa"} == {"NONE", "FULL"}
+
+
+FULL_CHILD = """\
+extends: {full}
+name: mine
+axes:
+  batch: [decode_7]
+  backend: [torch]
+  attention: [gqa]
+"""
+
+
+def test_narrowing_an_axis_under_full_drops_its_include_rows_that_no_longer_fit(tmp_path):
+    # #41: this failed inside full.yaml ("full.yaml:215: include[0]: adds a new combination but does
+    # not say which cudagraph_mode"); the fix, `include: []`, was a comment in smoke.yaml.
+    import os
+
+    child = write(tmp_path, FULL_CHILD.format(full=os.path.abspath("matrices/full.yaml")))
+    m = load_matrix(child, devices="cpu")
+    assert {c.batch.name for c in m.cases} == {"decode_7"} and {c.steps for c in m.cases} == {3}
+    # A row that still fits keeps its meaning: decode_3 at tp 1 gets full.yaml's 6 steps.
+    child = write(tmp_path, FULL_CHILD.replace("[decode_7]", "[decode_7, decode_3]").format(
+        full=os.path.abspath("matrices/full.yaml")), "fits.yaml")
+    steps = {c.case_id: c.steps for c in load_matrix(child, devices="cpu").cases}
+    assert steps["tp1-FULL-auto-decode_3-torch-s0"] == 6 and steps["tp1-FULL-auto-decode_7-torch-s0"] == 3
+
+
+def test_an_inherited_include_row_that_cannot_become_a_case_is_the_users_files_error(tmp_path, capsys):
+    from orchestrator.cli import main
+
+    write(tmp_path, BASE + "include:\n  - {tp: 1, batch: dec, steps: 6}\n", "parent.yaml")
+    # Every tp 1 dec combination is cut here, so the parent's row would add one with no mode.
+    child = write(tmp_path, "name: child\nextends: parent.yaml\nexclude: [{tp: 1, batch: dec}]\n", "child.yaml")
+    assert main(["plan", child, "--devices", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"orch: {child}:2: include[0] (inherited from {tmp_path / 'parent.yaml'}:15) adds a new combination "
+                   "but does not say which cudagraph_mode (axis has NONE, FULL); this file narrows the axes it "
+                   "extends: `include: []` here drops the inherited include rows"), err
+    write(tmp_path, "name: child\nextends: parent.yaml\nexclude: [{tp: 1, batch: dec}]\ninclude: []\n", "child.yaml")
+    assert main(["plan", child, "--devices", "cpu"]) == 0

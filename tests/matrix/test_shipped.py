@@ -140,3 +140,31 @@ def test_plan_text_lists_skips_with_reasons(capsys):
     assert main(["plan", "matrices/full.yaml", "--devices", "cpu", "--filter", "backend=aiter tp=1 decode_1", "-v"]) == 0
     out = capsys.readouterr().out
     assert "unavailable:" in out and "tp1-NONE-auto-decode_1-aiter-s0" in out
+
+
+# --- what the files and docs say of themselves matches `orch plan` (#41) --------------------------
+
+
+def _counts(path: str) -> tuple[int, int]:
+    m = load_matrix(path, devices="cpu")
+    return len(m.cases) + len(m.skipped), len(m.cases)
+
+
+def test_headers_and_docs_state_what_the_plan_expands():
+    # full.yaml's header said "8 batch shapes x 4 backends" (there were 10 and 5) and MATRIX.md that
+    # smoke had ~50 cases (the plan: 90).
+    import os
+
+    full = open("matrices/full.yaml").read()
+    header = full[:full.index("\n#\n")]
+    doc = yaml.safe_load(full)
+    total, runnable = _counts("matrices/full.yaml")
+    assert f"{len(doc['batches'])} batch shapes" in header and f"x {len(doc['axes']['backend'])} backends" in header
+    assert f"{len(doc['axes']['batch'])} of the {len(doc['batches'])}" in header
+    assert f"{total} cases, {runnable} runnable on a CPU" in header, header
+    smoke_total, smoke_runnable = _counts("matrices/smoke.yaml")
+    assert open("matrices/smoke.yaml").readline().startswith(f"# smoke: {smoke_total} cases for every commit")
+    assert smoke_total == smoke_runnable
+    matrix_md = open(os.path.join("docs", "MATRIX.md")).read()
+    assert f"`smoke.yaml` (every commit, {smoke_total} cases" in matrix_md
+    assert f"`full.yaml` (the merge gate, {total} cases, {runnable} runnable on a CPU" in matrix_md

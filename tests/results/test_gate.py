@@ -24,7 +24,9 @@ SCENARIOS = {
     "fail without baseline": (Status.FAIL, NO_BASE, False, "fail", ExitCode.GATE_FAILED),
     "error without baseline": (Status.ERROR, NO_BASE, False, "error", ExitCode.GATE_FAILED),
     "timeout without baseline": (Status.TIMEOUT, NO_BASE, False, "timeout", ExitCode.GATE_FAILED),
-    "skip": (Status.SKIP, NO_BASE, False, "skip", ExitCode.OK),
+    # A run of nothing but skips is no pass (#41: a CI job whose GPU broke went green): the
+    # empty-run rule, tested on its own below.
+    "skip alone: nothing ran": (Status.SKIP, NO_BASE, False, "skip", ExitCode.GATE_FAILED),
     "flaky is listed, not gating": (Status.FLAKY, Status.PASS, False, "flaky", ExitCode.OK),
     "known failure is xfail": (Status.FAIL, NO_BASE, True, "known-fail", ExitCode.OK),
     "known error is xfail": (Status.ERROR, Status.PASS, True, "known-fail", ExitCode.OK),
@@ -61,12 +63,12 @@ def test_a_real_failure_beside_a_not_run_case_is_exit_1():
                     samples.result_for(d, Status.FAIL)])  # fmt: skip
     assert out.exit_code == ExitCode.GATE_FAILED
     assert out.not_run == (C.case_id,) and out.gating == (d.case_id, C.case_id)
-    assert "1 not run (infrastructure)" in out.verdict() and "1 new failures" in out.verdict()
+    assert "1 not run (infrastructure)" in out.verdict() and "1 new failure," in out.verdict()
 
 
 def test_not_run_alone_says_infrastructure():
     out = evaluate([samples.result_for(C, Status.NOT_RUN, reason="not run: placement")])
-    assert not out.passed and out.verdict() == "gate FAILED: 1 not run (infrastructure) of 1 cases"
+    assert not out.passed and out.verdict() == "gate FAILED: 1 not run (infrastructure) of 1 case"
     assert out.to_dict()["not_run"] == [C.case_id]
 
 
@@ -82,14 +84,14 @@ def test_full_sample_run_lists_every_class():
     assert out.downgraded == (samples.DOWNGRADED,)
     assert out.classification[samples.SKIPPED] == "skip"
     assert out.gating[:2] == out.regressions  # worst first
-    assert "2 regressions" in out.verdict() and "1 new failures" in out.verdict()
+    assert "2 regressions" in out.verdict() and "1 new failure of" in out.verdict()
 
 
 def test_only_old_and_known_failures_pass_the_gate():
     results = [r for r in samples.make_results(CASES) if r.case_id not in (samples.REGRESSION, samples.TIMEOUT, samples.NEW_FAILURE)]
     out = evaluate(results, baseline=samples.make_baseline(CASES), known=parse(samples.KNOWN_YAML))
     assert out.passed and out.exit_code == ExitCode.OK
-    assert "1 old failures" in out.verdict() and "1 known failures" in out.verdict()
+    assert "1 old failure," in out.verdict() and "1 known failure," in out.verdict()
 
 
 def test_missing_results_fail_the_gate():
@@ -130,3 +132,62 @@ def test_unverifiable_on_the_emulation_is_counted_apart_from_pass_and_listed():
     assert C.case_id in "\n".join(_section("Unverifiable", out.unverifiable, {C.case_id: r}, out))
     # Known failure entries still say "fixed": the case passed.
     assert evaluate([r], known=KNOWN).classification == {C.case_id: "fixed"}
+
+
+# --- the empty-run rule (orchestrator/empty_run.py, #41) ------------------------------------------
+
+GPU = "unavailable: needs a CUDA/ROCm GPU (Triton)"
+
+
+def _skip(case, reason=GPU):
+    return samples.result_for(case, Status.SKIP, reason=reason, checks=())
+
+
+# name: (results, require, allow_empty, exit code, the verdict's text)
+EMPTY_SCENARIOS = {
+    "every case skipped fails, naming the reason": (
+        lambda: [_skip(c) for c in CASES[:3]], (), False, ExitCode.GATE_FAILED,
+        "gate FAILED: nothing ran: 3 skipped (needs a CUDA/ROCm GPU (Triton): 3)"),
+    "the unavailable reason decides, dtype reasons aside": (
+        lambda: [_skip(CASES[0]), _skip(CASES[1], f"x does not support kv_cache_dtype fp8; {GPU}"),
+                 _skip(CASES[2], "unsupported: x implements the gqa attention family, not mla")],
+        (), False, ExitCode.GATE_FAILED,
+        "gate FAILED: nothing ran: 3 skipped (needs a CUDA/ROCm GPU (Triton): 2; unsupported: x implements the gqa "
+        "attention family, not mla: 1)"),
+    "--allow-empty lets it pass, saying so": (
+        lambda: [_skip(c) for c in CASES[:3]], (), True, ExitCode.OK,
+        "gate PASSED (--allow-empty): nothing ran, 3 cases skipped"),
+    "one case ran: the rest may skip": (
+        lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]], (), False, ExitCode.OK,
+        "gate PASSED: 3 cases, no new failures"),
+    "a required slice that did not run fails": (
+        lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]], ("batch=mixed",), False,
+        ExitCode.GATE_FAILED, "required `batch=mixed` did not run: 1 skipped (needs a CUDA/ROCm GPU (Triton): 1)"),
+    "a required slice that ran passes": (
+        lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]], ("batch=decode4",), False, ExitCode.OK,
+        "gate PASSED: 3 cases, no new failures"),
+    "--allow-empty does not waive --require": (
+        lambda: [_skip(c) for c in CASES[:3]], ("torch",), True, ExitCode.GATE_FAILED,
+        "required `torch` did not run: 3 skipped"),
+    "a required slice that matches nothing says so": (
+        lambda: [samples.result_for(CASES[0])], ("backend=aiter",), False, ExitCode.GATE_FAILED,
+        "required `backend=aiter` did not run: no case of this run matches it"),
+    "a failure is the verdict, not the emptiness": (
+        lambda: [samples.result_for(CASES[0], Status.NOT_RUN, reason="not run: placement"), _skip(CASES[1])],
+        (), False, ExitCode.INFRA_ERROR, "gate FAILED: 1 not run (infrastructure) of 2 cases"),
+}
+
+
+@pytest.mark.parametrize("name", list(EMPTY_SCENARIOS))
+def test_empty_run_scenario(name):
+    results, require, allow_empty, code, text = EMPTY_SCENARIOS[name]
+    out = evaluate(results(), require=require, allow_empty=allow_empty)
+    assert out.exit_code == code
+    assert text in out.verdict(), out.verdict()
+    assert (out.exit_code == ExitCode.OK) == out.passed and all(c in ("skip", "pass", "not-run") for c in out.classification.values())
+
+
+def test_a_run_still_writing_is_not_judged_empty():
+    # `orch serve` shows a running run whose skips were recorded before any case ran.
+    out = evaluate([_skip(c) for c in CASES[:3]], judge_empty=False)
+    assert out.passed and out.unran == () and "nothing ran" not in out.verdict()

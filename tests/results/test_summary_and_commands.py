@@ -36,7 +36,7 @@ def test_markdown_lists_regressions_first_with_repro(db, tmp_path, capsys):
     assert f"orch repro {samples.REGRESSION} --matrix matrices/sample.yaml" in reg and "(baseline: pass)" in reg
     assert re.search(r"[^ ] \(baseline: pass\)", reg), reg  # one space between the reason and the note
     assert "max_abs=0.812" in reg
-    assert "gate FAILED: 2 regressions, 1 new failures" in md
+    assert "gate FAILED: 2 regressions, 1 new failure of" in md
     # Case text outside code blocks is escaped (Buildkite annotations render HTML).
     new = md[md.index("### New failures"): md.index("### Old failures")]
     assert "&lt;script&gt;" in new.splitlines()[4] and "\x1b" not in md

@@ -65,6 +65,18 @@ def load(name: str) -> tuple[Any, str | None]:
     return cls, None
 
 
+@functools.lru_cache(maxsize=1)
+def registry_names() -> tuple[str, ...] | None:
+    """AttentionBackendEnum's members (None when vLLM's registry does not import here)."""
+    try:
+        native.stub_platform_native()
+        with errors.quiet_vllm_import():
+            from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    except Exception:  # noqa: BLE001 - the name check falls back to the names orch knows
+        return None
+    return tuple(AttentionBackendEnum.__members__)
+
+
 def support_level(cls, ctx: VllmContext | None) -> AttentionCGSupport:
     """vLLM's own support level (get_cudagraph_support, else _cudagraph_support), as ours."""
     builder = cls.get_builder_cls()
@@ -103,6 +115,9 @@ class CurrentInterface(Interface):
 
     def load(self, name):
         return load(name)
+
+    def names(self):
+        return registry_names()
 
     def support(self, name, cls):
         return support_level(cls, None), None

@@ -184,6 +184,15 @@ class OldInterface(Interface):
     def load(self, name):
         return load(_base_name(name))
 
+    def names(self):
+        try:
+            native.stub_platform_native(names=native.PLATFORM_NATIVE_OLD)
+            with errors.quiet_vllm_import():
+                from vllm.platforms.interface import _Backend
+        except Exception:  # noqa: BLE001 - the name check falls back to the names orch knows
+            return None
+        return tuple(dict.fromkeys(_base_name(n) for n in _Backend.__members__))
+
     def support(self, name, cls):
         return support_level(_base_name(name), cls)
 

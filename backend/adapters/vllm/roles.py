@@ -49,6 +49,11 @@ class Interface:
         """(vLLM's backend class, None), or (None, why it cannot be used here)."""
         raise NotImplementedError
 
+    def names(self) -> tuple[str, ...] | None:
+        """The backend names of this release's registry, as `vllm:NAME` spells them; None when
+        the registry does not import here (names.py then checks against the names orch knows)."""
+        raise NotImplementedError
+
     def support(self, name: str, cls) -> tuple[AttentionCGSupport, str | None]:
         """vLLM's own support level for the class, or (NEVER, why it could not be read)."""
         raise NotImplementedError

@@ -2,9 +2,55 @@
 // textContent / attribute setters: never innerHTML (reasons and log tails are arbitrary text).
 (function () {
   "use strict";
-  var DATA = JSON.parse(document.getElementById("orch-data").textContent);
+  // The page's data comes packed (orchestrator/dashboard/pack.py says how): unpack restores the
+  // view model's case dicts, with what the packing left out filled back in.
+  function unpack(d) {
+    var P = d.packed;
+    if (!P) return d;
+    var S = P.strings, at = function (i) { return typeof i === "number" ? S[i] : i; };
+    d.cases = d.cases.map(function (e) {
+      var c = {};
+      Object.keys(e).forEach(function (k) { c[k] = e[k]; });
+      P.interned.forEach(function (f) { if (typeof c[f] === "number") c[f] = S[c[f]]; });
+      c.axes = {};
+      P.axis_names.forEach(function (n, i) { c.axes[n] = P.string_axes.indexOf(n) >= 0 ? at(e.a[i]) : e.a[i]; });
+      delete c.a;
+      if (c.cls === undefined) c.cls = c.state;
+      var ran = c.state !== "pending" && c.state !== "missing";
+      if (c.requested_mode === undefined && ran) c.requested_mode = c.axes.cudagraph_mode;
+      if (c.repro === undefined && ran) c.repro = "orch repro " + c.id + " --matrix " + d.run.matrix;
+      c.checks = (c.checks || []).map(function (row) {
+        var k = {};
+        P.check_fields.forEach(function (f, i) { k[f] = row[i] === undefined ? null : row[i]; });
+        k.name = at(k.name); k.passed = !!k.passed;
+        if (k.bitwise !== null) k.bitwise = !!k.bitwise;
+        return k;
+      });
+      var t = {};
+      (c.timings || []).forEach(function (v, i) { if (v !== null) t[P.timing_keys[i]] = v; });
+      c.timings = t;
+      c.speedup = t.eager_step_s && t.replay_step_s ? +(t.eager_step_s / t.replay_step_s).toFixed(2) : null;
+      if (c.versions !== undefined) {
+        var v = {};
+        Object.keys(P.versions).forEach(function (k) { v[k] = P.versions[k]; });
+        if (c.versions) Object.keys(c.versions).forEach(function (k) { v[k] = c.versions[k]; });
+        c.versions = v;
+      }
+      c.history = c.history || { runs: [], streak: 0, streak_status: "", last_pass: null };
+      ["reason", "change", "baseline", "provider", "graph_kind", "error_kind", "log_tail"].forEach(function (f) {
+        if (c[f] === undefined) c[f] = "";
+      });
+      c.downgraded = !!c.downgraded;
+      return c;
+    });
+    delete d.packed;
+    return d;
+  }
+  var DATA = unpack(JSON.parse(document.getElementById("orch-data").textContent));
   var LIVE = document.body.getAttribute("data-live") === "1";
   var MODE_ORDER = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"];
+  // A cell shows the worst of its cases: this order, worst first.
+  var WORST = ["fail", "error", "timeout", "not-run", "missing", "flaky", "unverifiable", "known-fail", "pending", "pass", "skip"];
   var LETTER = { pass: "", fail: "F", error: "E", timeout: "T", flaky: "~", unverifiable: "U", "known-fail": "K", "not-run": "N", skip: "S", pending: "…", missing: "?" };
   var AXIS_CHOICES = [
     ["tp,cudagraph_mode", "tp × mode"], ["tp,cudagraph_mode,spec_tokens", "tp × mode × k"],
@@ -14,7 +60,7 @@
     ["cudagraph_mode", "mode"], ["kv_cache_dtype", "kv dtype"], ["batch", "batch"], ["backend", "backend"],
     ["seed", "seed"], ["tp,kv_cache_dtype", "tp × kv dtype"], ["cudagraph_mode,batch", "mode × batch"]
   ];
-  var state = { selected: null, version: DATA.version || null };
+  var state = { selected: null, cell: null, version: DATA.version || null };
 
   function el(tag, attrs, text) {
     var e = document.createElement(tag);
@@ -71,9 +117,11 @@
     fillSelect($("f-backend"), [["", "all"]].concat(backends.map(function (b) { return [b, b]; })), "");
     var providers = uniq(DATA.cases.map(function (c) { return c.provider || ""; })).filter(Boolean);
     fillSelect($("f-provider"), [["", "all"]].concat(providers.map(function (p) { return [p, p]; })), "");
+    var skipped = DATA.cases.filter(function (c) { return c.state === "skip"; }).length;
+    $("skip-count").textContent = "(" + skipped + ")";
     var box = $("f-states");
     if (!box.firstChild) {
-      DATA.states.forEach(function (s) {
+      DATA.states.filter(function (s) { return s !== "skip"; }).forEach(function (s) {
         var lab = el("label"); var cb = el("input", { type: "checkbox", value: s, "data-state": s });
         cb.checked = true; cb.addEventListener("change", renderGrid);
         lab.appendChild(cb); lab.appendChild(document.createTextNode(" " + s)); box.appendChild(lab);
@@ -92,6 +140,8 @@
     if (p && (c.provider || "") !== p) return false;
     if (t && c.id.indexOf(t) < 0) return false;
     if ($("f-changed").checked && !c.change) return false;
+    // Skipped cases (cannot run here) are hidden unless asked for: they are no result.
+    if (c.state === "skip") return $("f-skips").checked;
     var cb = document.querySelector('#f-states input[data-state="' + c.state + '"]');
     return !cb || cb.checked;
   }
@@ -104,6 +154,7 @@
     $("run-id").textContent = String(r.id); $("run-matrix").textContent = r.matrix;
     var meta = ["status: " + r.status, "devices: " + (r.devices || "?"), "git: " + (r.git_sha || "?").slice(0, 12),
       "results: " + r.num_results + "/" + r.num_cases];
+    if (r.selection) meta.unshift("selection: " + r.selection);
     if (r.started_at) meta.push("started: " + new Date(r.started_at * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z");
     if (r.label) meta.splice(1, 0, "label: " + r.label);
     if (r.device_model) meta.splice(2, 0, "device: " + r.device_model);
@@ -115,18 +166,33 @@
     if (g.downgraded.length) counts.appendChild(el("span", null, "downgraded: " + g.downgraded.length));
   }
 
-  function chip(c) {
-    var b = el("button", { type: "button", "class": "chip st-" + c.state, "data-case-id": c.id, "data-state": c.state,
-      title: c.id + ": " + c.cls + (c.reason ? " — " + c.reason : "") });
-    b.appendChild(document.createTextNode(LETTER[c.state] || ""));
-    if (c.downgraded) b.classList.add("downgraded");
-    if (c.change) {
-      b.setAttribute("data-change", c.change);
-      var glyph = c.change === "regression" ? "▼" : c.change === "fixed" ? "▲" : c.change === "new" ? "●" : "";
-      if (glyph) b.appendChild(el("span", { "class": "chg chg-" + c.change }, glyph));
+  // "3 pass · 1 fail": the passes first, the worst last (where the eye ends), skips after all.
+  var COUNT_ORDER = WORST.slice(0, -1).reverse().concat(["skip"]);
+  function counts(cases) {
+    var n = {};
+    cases.forEach(function (c) { n[c.state] = (n[c.state] || 0) + 1; });
+    return COUNT_ORDER.filter(function (s) { return n[s]; }).map(function (s) { return n[s] + " " + s; }).join(" · ");
+  }
+
+  // One button per cell: the worst state of its cases (colour), their counts ("3 pass · 1 fail").
+  // A cell of one case is that case (data-case-id); a click on a cell of several lists them.
+  function chip(cases, where) {
+    var worst = WORST.filter(function (s) { return cases.some(function (c) { return c.state === s; }); })[0] || cases[0].state;
+    var one = cases.length === 1 ? cases[0] : null;
+    var text = counts(cases);
+    var b = el("button", { type: "button", "class": "chip st-" + worst + (one ? "" : " multi"), "data-state": worst,
+      "data-count": String(cases.length), "data-case-ids": cases.map(function (c) { return c.id; }).join(" "),
+      title: one ? one.id + ": " + one.cls + (one.reason ? " — " + one.reason : "") : where + ": " + text });
+    if (one) b.setAttribute("data-case-id", one.id);
+    b.appendChild(document.createTextNode(one ? (LETTER[worst] || "") : text));
+    if (cases.some(function (c) { return c.downgraded; })) b.classList.add("downgraded");
+    var change = ["regression", "new", "fixed"].filter(function (x) { return cases.some(function (c) { return c.change === x; }); })[0];
+    if (change) {
+      b.setAttribute("data-change", change);
+      b.appendChild(el("span", { "class": "chg chg-" + change }, change === "regression" ? "▼" : change === "fixed" ? "▲" : "●"));
     }
-    if (state.selected === c.id) b.classList.add("selected");
-    b.addEventListener("click", function () { showDetails(c.id); });
+    if (cases.some(function (c) { return c.id === state.selected; }) || state.cell === where) b.classList.add("selected");
+    b.addEventListener("click", function () { if (one) showDetails(one.id); else showCell(where, cases); });
     return b;
   }
 
@@ -149,8 +215,8 @@
     rowKeys.forEach(function (rk) {
       var tr = el("tr"); tr.appendChild(el("th", { "class": "row", scope: "row" }, label(rows, rk)));
       colKeys.forEach(function (ck) {
-        var td = el("td");
-        (cells[JSON.stringify(rk) + "|" + JSON.stringify(ck)] || []).forEach(function (c) { td.appendChild(chip(c)); });
+        var td = el("td"), cases = cells[JSON.stringify(rk) + "|" + JSON.stringify(ck)];
+        if (cases) td.appendChild(chip(cases, label(rows, rk) + " / " + label(cols, ck)));
         tr.appendChild(td);
       });
       tbody.appendChild(tr);
@@ -176,9 +242,32 @@
     else fallback();
   }
 
+  // A cell of several cases: which they are (provider, seed, k), each a link to its detail.
+  function showCell(where, cases) {
+    state.selected = null; state.cell = where;
+    document.querySelectorAll(".chip.selected").forEach(function (b) { b.classList.remove("selected"); });
+    var body = $("details-body"); while (body.firstChild) body.removeChild(body.firstChild);
+    $("details").hidden = false;
+    body.appendChild(el("h2", { id: "d-title" }, where));
+    body.appendChild(el("p", { id: "d-counts" }, counts(cases)));
+    var t = el("table", { id: "d-cell" }), h = el("tr");
+    ["case", "backend", "provider", "seed", "k", "state"].forEach(function (x) { h.appendChild(el("th", null, x)); });
+    t.appendChild(h);
+    cases.slice().sort(function (a, b) { return WORST.indexOf(a.state) - WORST.indexOf(b.state) || (a.id < b.id ? -1 : 1); })
+      .forEach(function (c) {
+        var tr = el("tr", { "data-case-id": c.id }), link = el("button", { type: "button", "class": "case-link", "data-case-id": c.id }, c.id);
+        link.addEventListener("click", function () { showDetails(c.id); });
+        var cell = el("td"); cell.appendChild(link); tr.appendChild(cell);
+        [c.axes.backend, c.provider || "", c.axes.seed, c.axes.spec_tokens].forEach(function (x) { tr.appendChild(el("td", null, x)); });
+        tr.appendChild(el("td", { "class": "st-label" }, c.cls));
+        t.appendChild(tr);
+      });
+    body.appendChild(t);
+  }
+
   function showDetails(id) {
     var c = DATA.cases.filter(function (x) { return x.id === id; })[0];
-    state.selected = id;
+    state.selected = id; state.cell = null;
     document.querySelectorAll(".chip.selected").forEach(function (b) { b.classList.remove("selected"); });
     var sel = document.querySelector('.chip[data-case-id="' + (window.CSS && CSS.escape ? CSS.escape(id) : id) + '"]');
     if (sel) sel.classList.add("selected");
@@ -202,7 +291,8 @@
     kv(t, "k (spec tokens)", String(c.axes.spec_tokens || 0) + (c.axes.spec_tokens > 0 ? " (verify rows of " + (1 + c.axes.spec_tokens) + " tokens)" : ""));
     kv(t, "axes", Object.keys(c.axes).map(function (k) { return k + "=" + c.axes[k]; }).join("  "));
     kv(t, "mode", c.requested_mode ? (c.requested_mode + (c.downgraded ? " → " + c.resolved_mode + " (downgraded)" : " (resolved " + c.resolved_mode + ")")) : "");
-    kv(t, "graph kind", c.graph_kind); kv(t, "provider", c.provider);
+    kv(t, "backend", String(c.axes.backend)); kv(t, "provider", c.provider); kv(t, "seed", String(c.axes.seed));
+    kv(t, "graph kind", c.graph_kind);
     kv(t, "capture sizes", c.capture_sizes && c.capture_sizes.length ? c.capture_sizes.join(", ") + " (per step, 0 = eager)" : "");
     kv(t, "device", c.device); kv(t, "worker", c.worker); kv(t, "attempts", c.attempts); kv(t, "error kind", c.error_kind);
     body.appendChild(t);
@@ -225,7 +315,8 @@
     if (c.timings && Object.keys(c.timings).length) {
       body.appendChild(el("h3", null, "timings"));
       var tt = el("table", { id: "d-timings" });
-      Object.keys(c.timings).forEach(function (k) { kv(tt, k, fmt(c.timings[k]) + " s"); });
+      // Keys ending _s are seconds; the others (eager_shared_steps, ...) are counts.
+      Object.keys(c.timings).forEach(function (k) { kv(tt, k, fmt(c.timings[k]) + (/_s$/.test(k) ? " s" : "")); });
       if (c.speedup) kv(tt, "replay speedup", c.speedup + "× vs eager");
       body.appendChild(tt);
     }
@@ -276,14 +367,15 @@
       var b = el("span", { "class": "chip st-" + s, style: "display:inline-block;text-align:center;line-height:20px" }, LETTER[s] || "");
       lg.appendChild(b); lg.appendChild(document.createTextNode(" " + s + "  "));
     });
-    lg.appendChild(document.createTextNode("  blue corner: mode downgraded · ▼ regression · ▲ fixed · ● new vs baseline"));
+    lg.appendChild(document.createTextNode(" — a cell: its worst case, with counts when it has several · blue corner: mode " +
+      "downgraded · ▼ regression · ▲ fixed · ● new vs baseline · skipped cases hidden unless shown"));
   }
 
   function renderAll() { setupControls(); renderHeader(); renderGrid(); renderLegend(); if (state.selected) showDetails(state.selected); }
 
-  ["rows", "cols", "f-backend", "f-provider", "f-changed"].forEach(function (id) { $(id).addEventListener("change", renderGrid); });
+  ["rows", "cols", "f-backend", "f-provider", "f-changed", "f-skips"].forEach(function (id) { $(id).addEventListener("change", renderGrid); });
   $("f-text").addEventListener("input", renderGrid);
-  $("close-details").addEventListener("click", function () { $("details").hidden = true; state.selected = null; renderGrid(); });
+  $("close-details").addEventListener("click", function () { $("details").hidden = true; state.selected = null; state.cell = null; renderGrid(); });
   $("run-picker").addEventListener("change", function () { location.search = "?run=" + encodeURIComponent(this.value); });
   renderAll();
 
@@ -296,7 +388,7 @@
         if (v.version === state.version) return;
         state.version = v.version;
         return fetch("api/data" + q, { cache: "no-store" }).then(function (r) { return r.json(); }).then(function (d) {
-          DATA = d; renderAll(); status.textContent = "live · updated " + new Date().toLocaleTimeString();
+          DATA = unpack(d); renderAll(); status.textContent = "live · updated " + new Date().toLocaleTimeString();
         });
       }).catch(function () { status.textContent = "live · server unreachable"; });
     };

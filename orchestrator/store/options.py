@@ -1,0 +1,30 @@
+"""How `orch run` was asked for a run (runs.options, schema 6): what its outputs name ("filter
+`tp=1`, backend `x`: 6 of 90 cases"), where `--resume` writes, and the gate's empty-run rule
+(orchestrator/empty_run.py), so `orch gate` and `orch report` judge the run as `orch run` did.
+Runs stored before schema 6 read as the defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    out: str = ""  # --out, absolute ("" unknown)
+    filter: str | None = None  # --filter as given
+    backend: str | None = None  # --backend as given
+    matrix_cases: int = 0  # cases of the matrix before --filter (runnable and skipped; 0 unknown)
+    allow_empty: bool = False  # --allow-empty: a run in which nothing ran may pass
+    require: tuple[str, ...] = ()  # --require FILTER...: slices that must have run
+
+    def to_json(self) -> str:
+        return json.dumps({**dataclasses.asdict(self), "require": list(self.require)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> "RunOptions":
+        d = json.loads(text or "{}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
+        return cls(**{**d, "require": tuple(d.get("require", ()))})
