@@ -45,13 +45,13 @@ def test_out_of_memory_that_goes_away_when_alone_is_a_pass_never_flaky(ray_clust
 @pytest.mark.slow
 def test_out_of_memory_when_alone_is_infrastructure_in_every_output(ray_cluster, tmp_path, capsys):
     code, out, results = _run(tmp_path, "AlwaysBackend", "always")
-    err = capsys.readouterr().err
+    said = capsys.readouterr().out  # what the run concluded is on stdout
     assert code == 3  # infrastructure: nothing gates but the harness's memory
     assert {(r.status.value, r.error_kind) for r in results.values()} == {("error", "oom")}
     by_tp = {r.axes["tp"]: r for r in results.values()}
     assert by_tp[1].attempts == 1 and by_tp[1].reason.startswith("out of memory when alone")
     assert by_tp[2].attempts == 2  # a gang's ranks cannot rerun alone: the executor reran it on a fresh gang
-    assert "3 out of memory (infrastructure)" in err and "flaky" not in err
+    assert "3 out of memory (infrastructure)" in said and "flaky" not in said
     summary = (out / "summary.md").read_text()
     assert "Out of memory (infrastructure)" in summary and "New failures" not in summary
     cases = [c for suite in JUnitXml.fromfile(str(out / "junit.xml")) for c in suite]
