@@ -7,11 +7,12 @@ from collections.abc import Sequence
 
 from backend.result import CaseResult, Status
 
-_SEVERITY = {Status.ERROR: 6, Status.TIMEOUT: 5, Status.FAIL: 4, Status.FLAKY: 3, Status.SKIP: 1, Status.PASS: 0}
+_SEVERITY = {Status.ERROR: 7, Status.TIMEOUT: 6, Status.FAIL: 5, Status.UNVERIFIABLE: 4, Status.FLAKY: 3, Status.SKIP: 1,
+             Status.PASS: 0}
 
 
 def merge_rank_results(results: Sequence[CaseResult]) -> CaseResult:
-    """A gang's verdict: the worst rank's result (error > timeout > fail > flaky > skip > pass),
+    """A gang's verdict: the worst rank's result (error > timeout > fail > unverifiable > flaky > skip > pass),
     its reason prefixed with the rank; the ranks that agree are noted."""
     if not results:
         raise ValueError("no rank results to merge")

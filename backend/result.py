@@ -21,6 +21,10 @@ class Status(str, enum.Enum):
     ERROR = "error"  # an exception, a capture error, or a crashed worker (log tail kept)
     TIMEOUT = "timeout"  # ran past its deadline; the worker was killed and recreated
     FLAKY = "flaky"  # eager not deterministic, or one attempt passed and the other did not
+    # The CPU emulation saw the graph side disagree with eager on graphs it could not fully follow
+    # (a launch behind the dispatcher, backend/graphs/opaque.py): not a pass, not a proven failure.
+    # Fails the gate unless the run allows it (--allow-unverifiable): run it on a GPU to decide.
+    UNVERIFIABLE = "unverifiable"
     SKIP = "skip"  # unsupported here (provider unavailable, placement impossible, ...): reason says why
     # Required and runnable here, but it never ran (placement timed out, tp gang never came up):
     # an infrastructure outcome, never a pass. error_kind "placement" | "gang"; reason says why.
@@ -30,10 +34,12 @@ class Status(str, enum.Enum):
         return self.value
 
 
-# A case whose graphs the CPU emulation could not fully follow (backend/graphs/opaque.py), which
-# passed or failed only graph-side checks: status PASS, its reason starts with this, its checks
-# keep what failed; the gate counts it apart from pass ("unverifiable", listed, not gating).
+# A case whose graphs the CPU emulation could not fully follow (backend/graphs/opaque.py): its
+# reason starts with this. Every check passed: status PASS, counted apart from pass and not gating
+# ("pass-unverifiable"); a graph-side check failed: status UNVERIFIABLE, reason ending with
+# UNVERIFIABLE_ADVICE, its checks keep what failed (gating unless allowed).
 UNVERIFIABLE_PREFIX = "emulation: unverifiable — "
+UNVERIFIABLE_ADVICE = "run on a GPU to decide"
 
 # Names of the checks (DESIGN.md §5), in the order they are reported.
 CHECK_REFERENCE = "reference"  # eager vs an independent fp32 reference
@@ -109,8 +115,8 @@ class CaseResult:
 
     @property
     def unverifiable(self) -> bool:
-        """A case the emulation cannot vouch for (UNVERIFIABLE_PREFIX): it passed, or only its graph
-        side failed, on graphs the emulation could not fully follow."""
+        """A pass the emulation cannot vouch for (UNVERIFIABLE_PREFIX): every check passed on graphs
+        it could not fully follow. (A disagreement seen there is Status.UNVERIFIABLE, not a pass.)"""
         return self.status == Status.PASS and self.reason.startswith(UNVERIFIABLE_PREFIX)
 
     @property

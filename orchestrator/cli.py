@@ -25,6 +25,8 @@ _RUN_HELP = "Run id in --db (default: the latest run)."
 _BASELINE_HELP = "Gate against a baseline: a run id in --db, or another results DB (its latest run)."
 _KNOWN_HELP = "YAML of known failures (case-id glob, reason, link): matching failures do not gate."
 _VERBOSE_HELP = "Every case on its own line (default: one line per kind, with a count and a few ids)."
+_ALLOW_UNVERIFIABLE_HELP = ("Do not fail the gate on unverifiable cases (the CPU emulation saw the replay disagree on "
+                            "graphs it cannot follow); they are still listed: run them on a GPU to decide.")
 
 
 def _dispatch(command: str, **kwargs) -> None:
@@ -84,6 +86,7 @@ def plan(**kwargs):
 @click.option("--summary", "summary_path", default=None, help="Write a markdown summary here (default OUT/summary.md; also $GITHUB_STEP_SUMMARY).")
 @click.option("--baseline", default=None, help="A previous run id in --db, or another results DB (its last run).")
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("--resume", "resume_run", default=None, metavar="RUN_ID",
               help="Finish run RUN_ID from its own plan: only the cases without a verdict. MATRIX may be left out; given, it must be the run's.")
 @click.option("--no-progress", is_flag=True, help="No live progress bar.")
@@ -128,6 +131,7 @@ def repro(**kwargs):
               help="text: for a terminal or CI log; json: everything; md: the CI summary; junit: JUnit XML.")
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("--output", "-o", default=None, help="Write to a file instead of stdout.")
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def report(**kwargs):
@@ -145,6 +149,7 @@ def report(**kwargs):
 @click.option("--run", "run_id", default=None, help=_RUN_HELP)
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def gate(**kwargs):
     """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed).
@@ -161,6 +166,7 @@ def gate(**kwargs):
 @click.option("--run", "run_id", default=None, help=_RUN_HELP)
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("--out", "out_dir", default="orch-out/dashboard", show_default=True, help="Directory to write index.html into.")
 def dashboard(**kwargs):
     """Write the self-contained static dashboard (opens from disk; a CI artifact). Exit 0 when

@@ -13,9 +13,12 @@ Semantics ("no new breakage"):
 - a required case that was runnable but never ran (placement timed out, gang never came up) is
   `not-run`: it fails the gate as an infrastructure error (exit 3) unless a real failure is also
   present (then exit 1: the code is broken whatever the machines did); it never counts as a pass;
-- unverifiable (a pass on the CPU emulation whose graphs it could not fully follow, e.g. a kernel a
-  C extension launched behind the dispatcher: its reason starts "emulation: unverifiable — ") does
-  not fail the gate but is counted apart from pass and listed: run it on a GPU;
+- graphs the CPU emulation could not fully follow (e.g. a kernel a C extension launched behind the
+  dispatcher; the reason starts "emulation: unverifiable — "): a case whose checks all passed is
+  `pass-unverifiable`, counted apart from pass and listed, not gating; a case whose replay disagreed
+  with eager there is status UNVERIFIABLE, classification `unverifiable`: it fails the gate (exit 1)
+  unless the run allows it (`allow_unverifiable`, `--allow-unverifiable`), and is listed apart either
+  way: run it on a GPU to decide (#39: an observed disagreement is never a green);
 - flaky (one attempt passed, one did not) does not fail the gate but is listed; skip (cannot run
   here: unsupported, excluded by the matrix, tp larger than any node) never fails; a downgraded mode
   is a warning.
@@ -35,10 +38,11 @@ FAILING = frozenset({Status.FAIL, Status.ERROR, Status.TIMEOUT})
 
 # Classifications, in the order reports list them (worst first).
 CLASSIFICATIONS = (
-    "regression", "new", "fail", "error", "timeout", "not-run", "missing",
-    "old-failure", "flaky", "unverifiable", "known-fail", "fixed", "skip", "pass",
+    "regression", "new", "fail", "error", "timeout", "not-run", "missing", "unverifiable",
+    "old-failure", "flaky", "pass-unverifiable", "known-fail", "fixed", "skip", "pass",
 )  # fmt: skip
-GATING = frozenset({"regression", "new", "fail", "error", "timeout", "not-run", "missing"})
+GATING = frozenset({"regression", "new", "fail", "error", "timeout", "not-run", "missing", "unverifiable"})
+ALLOWABLE = frozenset({"unverifiable"})  # gating unless the run allows it (evaluate's allow_unverifiable)
 INFRA = frozenset({"not-run"})  # gating, but the machinery's fault: exit 3 when nothing else gates
 
 
@@ -52,13 +56,15 @@ class GateOutcome:
     known_failures: tuple[str, ...] = ()  # failing and matched by a known-failures entry
     fixed: tuple[str, ...] = ()  # matched by a known-failures entry but passing: remove the entry
     flaky: tuple[str, ...] = ()
-    unverifiable: tuple[str, ...] = ()  # passed on the CPU emulation, which says it cannot vouch for it
+    unverifiable: tuple[str, ...] = ()  # the emulation saw a disagreement it cannot vouch for: a GPU decides
+    pass_unverifiable: tuple[str, ...] = ()  # passed on the CPU emulation, which says it cannot vouch for it
     downgraded: tuple[str, ...] = ()  # resolved mode != requested mode (warning)
     missing: tuple[str, ...] = ()  # planned, no result
     not_run: tuple[str, ...] = ()  # required, runnable, never ran (infrastructure)
     counts: dict[str, int] = field(default_factory=dict)  # per classification, all keys present
     known_reasons: dict[str, KnownFailure] = field(default_factory=dict)  # case_id -> entry that matched
     baseline_status: dict[str, str] = field(default_factory=dict)  # case_id -> its status in the baseline
+    allow_unverifiable: bool = False  # unverifiable cases were allowed: listed, not gating
 
     @property
     def passed(self) -> bool:
@@ -67,8 +73,9 @@ class GateOutcome:
     @property
     def gating(self) -> tuple[str, ...]:
         """The case ids that failed the gate, worst class first."""
+        gating = gating_classes(self.allow_unverifiable)
         return tuple(
-            cid for cls in CLASSIFICATIONS if cls in GATING for cid, c in sorted(self.classification.items()) if c == cls
+            cid for cls in CLASSIFICATIONS if cls in gating for cid, c in sorted(self.classification.items()) if c == cls
         )
 
     def verdict(self) -> str:
@@ -82,12 +89,15 @@ class GateOutcome:
             if self.flaky:
                 extra.append(f"{len(self.flaky)} flaky")
             if self.unverifiable:
-                extra.append(f"{len(self.unverifiable)} unverifiable on the emulation")
+                extra.append(f"{len(self.unverifiable)} unverifiable allowed (run on a GPU to decide)")
+            if self.pass_unverifiable:
+                extra.append(f"{len(self.pass_unverifiable)} unverifiable on the emulation")
             tail = f" ({', '.join(extra)} not gating)" if extra else ""
             return f"gate PASSED: {total} cases, no new failures{tail}"
         parts = []
         for name, ids in (("regressions", self.regressions), ("new failures", self.new_failures),
-                          ("missing", self.missing), ("not run (infrastructure)", self.not_run)):  # fmt: skip
+                          ("missing", self.missing), ("not run (infrastructure)", self.not_run),
+                          ("unverifiable (run on a GPU to decide)", () if self.allow_unverifiable else self.unverifiable)):  # fmt: skip
             if ids:
                 parts.append(f"{len(ids)} {name}")
         return f"gate FAILED: {', '.join(parts)} of {total} cases"
@@ -106,6 +116,8 @@ class GateOutcome:
             "fixed": list(self.fixed),
             "flaky": list(self.flaky),
             "unverifiable": list(self.unverifiable),
+            "pass_unverifiable": list(self.pass_unverifiable),
+            "allow_unverifiable": self.allow_unverifiable,
             "downgraded": list(self.downgraded),
             "missing": list(self.missing),
             "not_run": list(self.not_run),
@@ -121,10 +133,12 @@ def classify(
         return "not-run"  # not comparable with a baseline or a known failure: nothing was observed
     if r.status == Status.FLAKY:
         return "flaky"
+    if r.status == Status.UNVERIFIABLE:
+        return "unverifiable"  # nothing decided: not a failure to compare or match, not a pass
     if r.status == Status.PASS:
         if known is not None:
             return "fixed"
-        return "unverifiable" if r.unverifiable else "pass"
+        return "pass-unverifiable" if r.unverifiable else "pass"
     # failing from here on
     if known is not None:
         return "known-fail"
@@ -143,6 +157,7 @@ def evaluate(
     baseline: Sequence[CaseResult] | None = None,
     known: KnownFailures | None = None,
     missing: Sequence[str] = (),
+    allow_unverifiable: bool = False,
 ) -> GateOutcome:
     base = {b.case_id: b for b in baseline} if baseline is not None else {}
     classification: dict[str, str] = {}
@@ -159,7 +174,7 @@ def evaluate(
         return tuple(sorted(cid for cid, c in classification.items() if c in classes))
 
     counts = Counter(classification.values())
-    gating = {c for c in classification.values() if c in GATING}
+    gating = {c for c in classification.values() if c in gating_classes(allow_unverifiable)}
     if not gating:
         code = ExitCode.OK
     elif gating <= INFRA:
@@ -176,10 +191,17 @@ def evaluate(
         fixed=ids("fixed"),
         flaky=ids("flaky"),
         unverifiable=ids("unverifiable"),
+        pass_unverifiable=ids("pass-unverifiable"),
         downgraded=tuple(sorted(r.case_id for r in results if r.downgraded)),
         missing=ids("missing"),
         not_run=ids("not-run"),
         counts={c: counts.get(c, 0) for c in CLASSIFICATIONS},
         known_reasons=known_reasons,
         baseline_status={cid: b.status.value for cid, b in base.items()},
+        allow_unverifiable=allow_unverifiable,
     )
+
+
+def gating_classes(allow_unverifiable: bool = False) -> frozenset[str]:
+    """The classifications that fail the gate (GATING, less ALLOWABLE when the run allows those)."""
+    return GATING - ALLOWABLE if allow_unverifiable else GATING

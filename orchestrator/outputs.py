@@ -86,6 +86,7 @@ def gather(
     *,
     baseline: str | None = None,
     known_failures: str | KnownFailures | None = None,
+    allow_unverifiable: bool = False,
 ) -> RunView:
     rid = pick_run(store, run_id)
     run = store.run(rid)
@@ -98,5 +99,6 @@ def gather(
         wanted = set(missing)
         planned_missing = [{"case_id": c.case_id, **c.axes} for c in store.planned_cases(rid) if c.case_id in wanted]
     # A running run's unfinished cases are pending, not missing: only a closed run can miss results.
-    gate = evaluate(results, baseline=base, known=known, missing=missing if run.status != "running" else ())
+    gate = evaluate(results, baseline=base, known=known, missing=missing if run.status != "running" else (),
+                    allow_unverifiable=allow_unverifiable)
     return RunView(run, tuple(results), gate, tuple(planned_missing), base is not None, known)

@@ -44,7 +44,8 @@ from backend.harness.verdict import explained_by_jitter, graph_only
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
 from backend.rank_merge import merge_rank_results  # noqa: F401
-from backend.result import CHECK_DETERMINISM, CHECK_NAMES, UNVERIFIABLE_PREFIX, CaseResult, Status
+from backend.result import (CHECK_DETERMINISM, CHECK_NAMES, UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX, CaseResult,
+                            Status)
 
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
 
@@ -339,11 +340,15 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
     failed = [c for c in checks if not c.passed]
     common = dict(checks=checks, capture_sizes_used=tuple(used), timings=timings)
     # The CPU emulation could not follow these graphs (a launch behind the dispatcher): it cannot
-    # vouch for a pass, nor for a failure of the graph side alone; counted apart (gate.py, #32).
+    # vouch for a pass (PASS, counted apart: #32), nor for a failure of the graph side alone; but a
+    # disagreement it saw is never a pass (#39): UNVERIFIABLE, which gates unless allowed.
     notes = session.unverifiable(k for k in graph_keys if k is not None)
     if notes and all(graph_only(c) for c in failed):
-        also = f"; graph-side checks failed: {', '.join(c.name for c in failed)}" if failed else ""
-        return base.replace(status=Status.PASS, reason=UNVERIFIABLE_PREFIX + notes[0] + also, **common)
+        if not failed:
+            return base.replace(status=Status.PASS, reason=UNVERIFIABLE_PREFIX + notes[0], **common)
+        reason = (f"{UNVERIFIABLE_PREFIX}{notes[0]}; the graph side disagreed with eager from step "
+                  f"{min(c.step for c in failed)} ({', '.join(c.name for c in failed)}): {UNVERIFIABLE_ADVICE}")
+        return base.replace(status=Status.UNVERIFIABLE, reason=reason, **common)
     if not failed:
         return base.replace(status=Status.PASS, reason="", **common)
     det = next((c for c in failed if c.name == CHECK_DETERMINISM), None)

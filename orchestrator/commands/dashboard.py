@@ -12,9 +12,10 @@ from orchestrator.store import ResultStore
 
 
 def main(db: str, run_id: str | None = None, baseline: str | None = None, known_failures: str | None = None,
-         out_dir: str = "orch-out/dashboard") -> int:  # fmt: skip
+         out_dir: str = "orch-out/dashboard", allow_unverifiable: bool = False) -> int:  # fmt: skip
     with ResultStore(db, readonly=True) as store:
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures,
+                      allow_unverifiable=allow_unverifiable)
         try:
             path = write_dashboard(store, view, out_dir)
         except OSError as e:

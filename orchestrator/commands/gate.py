@@ -16,9 +16,10 @@ from orchestrator.store import ResultStore
 
 
 def main(db: str, run_id: str | None = None, baseline: str | None = None, known_failures: str | None = None,
-         verbose: bool = False) -> int:  # fmt: skip
+         verbose: bool = False, allow_unverifiable: bool = False) -> int:  # fmt: skip
     with ResultStore(db, readonly=True) as store:
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures,
+                      allow_unverifiable=allow_unverifiable)
     gate = view.gate
     if verbose:
         for cid in gate.gating:

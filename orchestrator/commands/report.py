@@ -11,8 +11,8 @@ from orchestrator.outputs import RunView, downgrades, gather, skips
 from orchestrator.store import ResultStore
 
 # Classes the text report lists (worst first), as `orch report` always has.
-_LISTED = ("regression", "new", "fail", "error", "timeout", "not-run", "missing", "old-failure", "flaky",
-           "known-fail", "fixed")
+_LISTED = ("regression", "new", "fail", "error", "timeout", "not-run", "missing", "unverifiable", "old-failure",
+           "flaky", "known-fail", "fixed")
 
 
 def _text(view: RunView, verbose: bool = False) -> str:
@@ -64,11 +64,13 @@ def render(view: RunView, fmt: str, verbose: bool = False) -> str:
 
 
 def main(db: str, run_id: str | None = None, fmt: str = "text", baseline: str | None = None,
-         known_failures: str | None = None, output: str | None = None, verbose: bool = False) -> int:  # fmt: skip
+         known_failures: str | None = None, output: str | None = None, verbose: bool = False,
+         allow_unverifiable: bool = False) -> int:  # fmt: skip
     """Every format carries the verdict, so every format exits by it (0 passed, 1 failed, 3 only
     not-run), as the README promises of every command that prints one (#33: it exited 0)."""
     with ResultStore(db, readonly=True) as store:
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures,
+                      allow_unverifiable=allow_unverifiable)
     text = render(view, fmt, verbose)
     if output:
         try:

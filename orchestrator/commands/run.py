@@ -32,7 +32,7 @@ from orchestrator.errors import InputError
 
 # Test/benchmark hook: the per-case function the actors call (default: the checker).
 RUNNER_ENV = "ORCH_RUNNER"
-_REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.FLAKY, Status.NOT_RUN)
+_REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.UNVERIFIABLE, Status.FLAKY, Status.NOT_RUN)
 MAX_REASONS = 5  # skip reasons in the run's last lines; summary.md has them all
 
 
@@ -72,7 +72,8 @@ def _ray_logging(verbose: bool):
 
 def main(matrix=None, backend=None, filter_expr=None, db="orch-results.db", out_dir="orch-out", address="local",
          devices="auto", workers=None, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
-         known_failures=None, resume_run=None, no_progress=False, precompile_jobs=None, verbose=False) -> int:  # fmt: skip
+         known_failures=None, resume_run=None, no_progress=False, precompile_jobs=None, verbose=False,
+         allow_unverifiable=False) -> int:  # fmt: skip
     from orchestrator.interrupts import trapped
 
     with trapped():
@@ -80,11 +81,12 @@ def main(matrix=None, backend=None, filter_expr=None, db="orch-results.db", out_
                      devices=devices, workers=workers, timeout_s=timeout_s, junit_path=junit_path,
                      summary_path=summary_path, baseline=baseline, known_failures=known_failures,
                      resume_run=resume_run, no_progress=no_progress, precompile_jobs=precompile_jobs,
-                     verbose=verbose)  # fmt: skip
+                     verbose=verbose, allow_unverifiable=allow_unverifiable)  # fmt: skip
 
 
 def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, workers, timeout_s, junit_path, summary_path,
-          baseline, known_failures, resume_run, no_progress, precompile_jobs, verbose) -> int:  # fmt: skip
+          baseline, known_failures, resume_run, no_progress, precompile_jobs, verbose,
+          allow_unverifiable=False) -> int:  # fmt: skip
     from orchestrator import artifacts, known_failures as kf
     from orchestrator.filters import select
     from orchestrator.interrupts import exit_code, signame
@@ -145,7 +147,8 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
         # Interrupted or not, the outputs say what was recorded: an interrupted run's are marked
         # INTERRUPTED and count its unfinished cases as missing (the gate fails).
         t_out = time.monotonic()
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures,
+                      allow_unverifiable=allow_unverifiable)
         artifacts.write_view(store, view, paths)
         phases["outputs"] = time.monotonic() - t_out
         for line in last_lines(view, verbose=verbose):

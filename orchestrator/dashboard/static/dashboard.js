@@ -5,7 +5,7 @@
   var DATA = JSON.parse(document.getElementById("orch-data").textContent);
   var LIVE = document.body.getAttribute("data-live") === "1";
   var MODE_ORDER = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"];
-  var LETTER = { pass: "", fail: "F", error: "E", timeout: "T", flaky: "~", unverifiable: "U", "known-fail": "K", "not-run": "N", skip: "S", pending: "…", missing: "?" };
+  var LETTER = { pass: "", fail: "F", error: "E", timeout: "T", flaky: "~", unverifiable: "U", "pass-unverifiable": "u", "known-fail": "K", "not-run": "N", skip: "S", pending: "…", missing: "?" };
   var AXIS_CHOICES = [
     ["tp,cudagraph_mode", "tp × mode"], ["tp,cudagraph_mode,spec_tokens", "tp × mode × k"],
     ["attention,tp,cudagraph_mode", "family × tp × mode"], ["attention,tp,cudagraph_mode,spec_tokens", "family × tp × mode × k"],
