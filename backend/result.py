@@ -54,6 +54,9 @@ CHECK_ATTN_REFERENCE = "attn_reference"  # eager attention vs the reference's, p
 CHECK_ATTN_REPLAY = "attn_replay"  # graph attention vs eager's, per head
 CHECK_NAMES = (CHECK_REFERENCE, CHECK_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_DETERMINISM,
                CHECK_PADDED_FINITE, CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY)
+# A tp gang's own check (backend/rank_merge.py), not a rank's: every rank resolved the same mode and
+# dispatched every step to the same graph (vLLM #45094: one pipeline rank PIECEWISE, another NONE).
+CHECK_RANK_CONSENSUS = "rank_consensus"
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,10 @@ class CaseResult:
     graph_kind: str = "none"  # "cuda" | "hip" | "emulated" | "none"
     provider: str = ""  # the kernel provider that actually ran
     capture_sizes_used: tuple[int, ...] = ()  # per step: padded size replayed, 0 = ran eager
+    # Per step, the graph the step dispatched to ("FULL 8", "FULL 4 decode", "PIECEWISE 16", "NONE"):
+    # what the ranks of a gang must agree on (rank_merge). Crosses Ray with the result; not a
+    # column of the store (the merged result's rank_consensus check is what is kept).
+    step_graphs: tuple[str, ...] = ()
     error_kind: str = ""  # "capture" | "exception" | "crash" | "timeout" | "placement" | "gang" | ""
     timings: dict[str, float] = field(default_factory=dict)  # capture_s, eager_step_s, replay_step_s, total_s
     device: str = ""  # e.g. "cpu", "NVIDIA H200 (cuda:0)"
@@ -143,6 +150,7 @@ class CaseResult:
             for c in d.get("checks", ())
         )
         d["capture_sizes_used"] = tuple(d.get("capture_sizes_used", ()))
+        d["step_graphs"] = tuple(d.get("step_graphs", ()))
         return cls(**d)
 
     def replace(self, **changes: Any) -> "CaseResult":

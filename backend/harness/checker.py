@@ -30,7 +30,7 @@ from backend.attention.support import unavailable
 from backend.case import Case
 from backend.harness import step_data
 from backend.harness.checks import CheckAccumulator, failure_reason
-from backend.harness.distributed import gang_id
+from backend.harness.distributed import all_gather_objects, gang_id
 from backend.harness.model import TPLayout, layout_reasons
 from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
                                    resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
@@ -43,7 +43,7 @@ from backend.harness.timing import PHASES, Clock, Span, seconds
 from backend.harness.verdict import explained_by_jitter, graph_only
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
-from backend.rank_merge import merge_rank_results  # noqa: F401
+from backend.rank_merge import consensus_reason, merge_rank_results, plan_of, rank_consensus  # noqa: F401
 from backend.result import (CHECK_DETERMINISM, CHECK_NAMES, UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX, CaseResult,
                             Status)
 
@@ -157,6 +157,14 @@ def _dispatch_plan(case: Case, mode: CUDAGraphMode, sizes: tuple[int, ...]):
     return plans, dispatches, keys
 
 
+def step_graph(key: GraphKey | None) -> str:
+    """The graph a step dispatches to, as CaseResult.step_graphs names it ("NONE": eager)."""
+    if key is None:
+        return "NONE"
+    decode = f" decode{f' q{key.query_len}' if key.query_len > 1 else ''}" if key.uniform_decode else ""
+    return f"{key.runtime_mode} {key.size}{decode}"
+
+
 def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) -> bool:
     """Run a tp 1 case's steps for the kernels they launch and nothing else (backend/harness/precompile.py
     warms Triton's cache with it): its session, the graphs its steps dispatch to, and each step's
@@ -244,14 +252,23 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         except UnsupportedModeError as e:
             return base.replace(status=Status.SKIP, reason=f"unsupported: {e}")
         mode, sizes, notes, key = plan.mode, plan.sizes, plan.notes, plan.key
-        base = base.replace(resolved_mode=mode.name, downgraded=plan.downgraded)
+        planned = _dispatch_plan(case, mode, sizes)
+        base = base.replace(resolved_mode=mode.name, downgraded=plan.downgraded,
+                            step_graphs=tuple(step_graph(k) for k in planned[2]))
+        if world_size > 1:
+            # Before any collective of the case: ranks that planned different graphs would pair
+            # their collectives wrongly (a hang, or a silent mix). Every rank sees every plan, so
+            # all return the same FAIL; the driver's merge checks the plans again (rank_merge).
+            check = rank_consensus(all_gather_objects(plan_of(base)))
+            if not check.passed:
+                return base.replace(status=Status.FAIL, reason=consensus_reason(check), checks=(check,))
         t0 = time.perf_counter()
         session = sessions.get(key, plan.factory, device=device)
         phases: dict[str, list] = {name: [] for name in PHASES}  # spans (Clock), summed at the end
         phases["session_s"].append(Span(t0, time.perf_counter()))
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind
         base = base.replace(graph_kind=graph_kind)
-        result = _run_steps(case, session, mode, sizes, base, t_start, phases)
+        result = _run_steps(case, session, planned, base, t_start, phases)
         if result.status == Status.ERROR:
             sessions.drop(key)
         return result.replace(log_tail=(notes + "\n" + result.log_tail).strip() if notes else result.log_tail)
@@ -276,12 +293,12 @@ def _safe(fn, *args) -> str:
         return "unknown"
 
 
-def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[int, ...], base: CaseResult,
+def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
                t_start: float, phases: dict[str, list]) -> CaseResult:
-    """`sizes`: the capture sizes after resolution (resolve_capture_sizes), not case.capture_sizes."""
+    """`planned`: _dispatch_plan of the resolved mode and sizes."""
     clock = Clock(session.device)
     shape = case.model
-    plans, dispatches, graph_keys = _dispatch_plan(case, mode, sizes)
+    plans, dispatches, graph_keys = planned
     capture_s = capture_checked(session, {k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
     set_scales(case, session)
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
