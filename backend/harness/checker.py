@@ -37,7 +37,7 @@ from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_
 from backend.harness.scratch import SCRATCH, capture_checked, mark_scratch, take_snapshot
 from backend.harness.session import CaptureFailed, GraphKey, Session, SessionCache, attention_config
 from backend.harness.sides import add_step, eager_side, graph_side
-from backend.harness.step_data import fill_context, reference_key, set_scales, step_inputs
+from backend.harness.step_data import fill_context, reference_key, set_capture_scales, set_scales, step_inputs
 from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, plan_steps
 from backend.harness.timing import PHASES, Clock, Span, seconds
 from backend.harness.verdict import explained_by_jitter, graph_only
@@ -190,9 +190,10 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
         return False
     session = sessions.get(plan.key, plan.factory, device=device)
     plans, _, keys = _dispatch_plan(case, plan.mode, plan.sizes)
+    set_capture_scales(session, case.kv_cache_dtype)
     session.ensure_graphs({k for k in keys if k is not None})
-    set_scales(case, session)
     for step, key in zip(plans, keys):
+        set_scales(case, session, step.index)
         inputs = make_step_inputs(step, case.model, case.seed, session.device, context=False)
         x = inputs.on(session.device).x
         session.run_eager_step(x, inputs.batches)
@@ -299,8 +300,8 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
     clock = Clock(session.device)
     shape = case.model
     plans, dispatches, graph_keys = planned
+    set_capture_scales(session, case.kv_cache_dtype)  # before capture: scales no step uses (step_data)
     capture_s = capture_checked(session, {k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
-    set_scales(case, session)
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
     eager_s, replay_s, used, shared, shared_graph = [], [], [], 0, 0
     again = case.case_id in session.cases_run  # a case run again reuses no graph side
@@ -321,6 +322,7 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
         else:
             ref_key = reference_key(case, session, plan.index)
             inputs = step_inputs(plan, shape, case.seed, session.device)
+            set_scales(case, session, plan.index)
             context, ctx_slots = fill_context(session, inputs, reference=eager is None and ref_key not in step_data.REFERENCES)
             t1 = clock.now()
             phases["inputs_s"].append(Span(t0, t1))
