@@ -46,6 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch._library.custom_ops import _maybe_get_opdef
 
 from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner, capturing
+from backend.graphs.freed import AllocationSites, ExternalMemory, freed_reads
 from backend.graphs.host import is_host, is_pinned_host, mark_host
 from backend.graphs.host_reads import no_host_reads
 from backend.graphs.leaves import leaves, map_leaves
@@ -152,9 +153,12 @@ class _Recorder(TorchDispatchMode):
         # op. Nothing here runs under torch.compile, so there is no Dynamo to keep out (#13).
         return False
 
-    def __init__(self, pool: MemoryPool) -> None:
+    def __init__(self, pool: MemoryPool, sites: dict[int, str] | None = None) -> None:
         super().__init__()
         self.pool = pool
+        # Memory that existed before the capture, held through aliases of its own (freed.py).
+        self.external = ExternalMemory(sites)
+        self._owned: set[int] = set()  # storages only the graph holds: frozen copies of host scalars
         self.ops: list[_Op] = []
         self.fresh_storages: set[int] = set()  # storages allocated during capture (_storage_key)
         self.snapshots: list[_Snapshot] = []  # pre-capture contents
@@ -214,6 +218,11 @@ class _Recorder(TorchDispatchMode):
         hit = self._aliases.get(id(x))
         if hit is not None and hit[0]() is x:
             return hit[1]
+        if not self.pool.tracks(x):
+            key = _storage_key(x)
+            if key and key not in self.fresh_storages and key not in self._owned and x.untyped_storage().nbytes():
+                return self.external.alias(x)
+            return x
         a = self.pool.alias(x)
         if a is not x:
             self._aliases[id(x)] = (weakref.ref(x), a)
@@ -280,6 +289,7 @@ class _Recorder(TorchDispatchMode):
         if all(t.dim() == 0 for t in host):
             # A CPU scalar tensor in a device op is passed by value: frozen at capture.
             frozen = {id(t): t.clone() for t in host}
+            self._owned.update(_storage_key(c) for c in frozen.values())
             swap = lambda x: frozen.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
             return map_leaves(swap, args), map_leaves(swap, kwargs), False, None
         raise GraphCaptureError(
@@ -341,16 +351,25 @@ def _register_hop_rules() -> None:
         with mode:
             return sdpa_dense(*args, **kwargs)
 
+    @flex_hop.py_impl(AllocationSites)  # the warm-up's mode: the same ops, their outputs' sites noted
+    def _flex_warmup(mode, *args, **kwargs):
+        with mode:
+            return sdpa_dense(*args, **kwargs)
+
 
 _register_hop_rules()
 
 
 class EmulatedCapturedGraph(CapturedGraph):
     def __init__(self, ops: list[_Op], outputs: object, pool: MemoryPool | None = None,
-                 unverifiable: tuple[str, ...] = ()):
+                 unverifiable: tuple[str, ...] = (), external: list | None = None):
         self._ops = ops
         self.outputs = outputs
         self._pool = pool or MemoryPool()
+        # Memory the graph reads that existed before its capture (freed.py); what replays found
+        # freed, noted: a real graph reads whatever was put there since.
+        self._external = external or []
+        self._freed: list[str] = []
         # What the emulation could not follow in this capture (opaque.py): the case's verdict then
         # says `emulation: unverifiable — ...` instead of a pass.
         self.unverifiable = unverifiable
@@ -369,8 +388,15 @@ class EmulatedCapturedGraph(CapturedGraph):
     def op_names(self) -> list[str]:
         return [str(op.func) for op in self._ops]
 
+    @property
+    def freed_reads(self) -> tuple[str, ...]:
+        return tuple(self._freed)
+
     def replay(self) -> object:
         propagate = self._pool.propagate
+        for note in freed_reads(self._external):
+            if note not in self._freed:
+                self._freed.append(note)
         with torch.no_grad():
             for call, args, kwargs, kind, recorded, writes in self._plan:
                 if kind == "skip":
@@ -393,14 +419,17 @@ class EmulatedGraphRunner(GraphRunner):
 
     def __init__(self) -> None:
         self.pool = MemoryPool()  # every capture of this runner shares it, as a CUDA graph pool
+        self._sites: dict[int, str] = {}  # where the last warm-up allocated (freed.py)
 
     def warmup(self, fn: Callable[[], object], iters: int = 2) -> None:
-        with host_scope():
+        with host_scope(), AllocationSites() as sites:
             for _ in range(iters):
                 fn()
+        self._sites = sites.sites
 
     def capture(self, fn: Callable[[], object]) -> EmulatedCapturedGraph:
-        recorder = _Recorder(self.pool)
+        recorder = _Recorder(self.pool, self._sites)
+        self._sites = {}
         self.pool.begin_capture()
         try:
             with capturing(), no_host_reads(), host_scope(), watching(recorder.opaque), recorder:
@@ -415,4 +444,5 @@ class EmulatedGraphRunner(GraphRunner):
         finally:
             recorder.restore()
             self.pool.end_capture()
-        return EmulatedCapturedGraph(recorder.ops, outputs, self.pool, tuple(recorder.opaque.notes()))
+        return EmulatedCapturedGraph(recorder.ops, outputs, self.pool, tuple(recorder.opaque.notes()),
+                                     recorder.external.entries())

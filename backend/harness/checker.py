@@ -30,6 +30,7 @@ from backend.attention.support import unavailable
 from backend.case import Case
 from backend.harness import step_data
 from backend.harness.checks import CheckAccumulator, failure_reason
+from backend.harness.churn import churn
 from backend.harness.distributed import all_gather_objects, gang_id
 from backend.harness.model import TPLayout, layout_reasons
 from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
@@ -320,6 +321,8 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
             # eager for NONE) from the same inputs in this session: its outcome is this step's.
             shared, shared_graph = shared + 1, shared_graph + 1
         else:
+            if graph_key is not None:  # GPU: before the snapshot, so nothing it writes is the step's
+                churn(session, plan.num_tokens, graph_key.size)
             ref_key = reference_key(case, session, plan.index)
             inputs = step_inputs(plan, shape, case.seed, session.device)
             set_scales(case, session, plan.index)

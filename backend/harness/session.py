@@ -253,8 +253,10 @@ class Session:
         # one NONE-mode forward before each capture in V2 CudaGraphManager.capture_graph).
         self.runner.warmup(fn, WARMUP_ITERS)
         with host_scope(self.device):
-            self.builder.build_for_capture(n, q, style)  # the warm-up may not leave the buffers as captured
-        return _Full(self.runner.capture(fn), md.num_padded_reqs, results, capture_metadata=md)
+            again = self.builder.build_for_capture(n, q, style)  # the warm-up may not leave the buffers as captured
+        # Both builds' metadata live with the graph: a backend may read the latest build's (a
+        # forward context: customop_seed) rather than the argument's.
+        return _Full(self.runner.capture(fn), md.num_padded_reqs, results, capture_metadata=(md, again))
 
     def _capture_piecewise(self, key: GraphKey) -> _Piecewise:
         n = key.size
@@ -276,12 +278,20 @@ class Session:
     def unverifiable(self, keys) -> tuple[str, ...]:
         """What the CPU emulation could not follow in these keys' graphs (a kernel launched behind
         the dispatcher: backend/graphs/opaque.py); empty for real graphs."""
+        return self._graph_notes(keys, "unverifiable")
+
+    def freed_reads(self, keys) -> tuple[str, ...]:
+        """Memory these keys' graphs read at a replay that nothing kept alive after their capture
+        (the CPU emulation: backend/graphs/freed.py); empty for real graphs."""
+        return self._graph_notes(keys, "freed_reads")
+
+    def _graph_notes(self, keys, attr: str) -> tuple[str, ...]:
         notes: list[str] = []
         for key in keys:
             entry = self.graphs.get(key)
             graphs = [entry.graph] if isinstance(entry, _Full) else getattr(entry, "graphs", [])
             for graph in graphs:
-                notes += [n for n in getattr(graph, "unverifiable", ()) if n not in notes]
+                notes += [n for n in getattr(graph, attr, ()) if n not in notes]
         return tuple(notes)
 
     # ---- runs ---------------------------------------------------------------------------------
