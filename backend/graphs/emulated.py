@@ -43,7 +43,6 @@ from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch._library.custom_ops import _maybe_get_opdef
 
 from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner, capturing
 from backend.graphs.freed import AllocationSites, ExternalMemory, freed_reads
@@ -52,13 +51,11 @@ from backend.graphs.host_reads import no_host_reads
 from backend.graphs.leaves import leaves, map_leaves
 from backend.graphs.opaque import OpaqueCalls, watching
 from backend.graphs.pool import MemoryPool
-from backend.graphs.provenance import host_scope, making_host
+from backend.graphs.provenance import BUILTIN_NAMESPACES, custom_op_body, host_scope, making_host
 from backend.graphs.syncs import host_sync_reason, masked_fill_form
 
 _EMPTY_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
                         "aten::new_empty_strided"})
-# Namespaces of ops with a kernel in torch; any other namespace is a custom op (torch.library).
-_BUILTIN_NAMESPACES = frozenset({"aten", "prims", "c10d", "_c10d_functional", "rngprims", "profiler"})
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -168,7 +165,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.namespace not in _BUILTIN_NAMESPACES:
+        if func.namespace not in BUILTIN_NAMESPACES:
             return self._custom_op(func, args, kwargs)
         if making_host() or func._schema.name == "aten::lift_fresh":
             # Host work a GPU runs once, at capture: a host factory (backend/graphs/provenance.py),
@@ -246,10 +243,7 @@ class _Recorder(TorchDispatchMode):
         # A custom op is one opaque op to the dispatcher: recorded as such, its Python body would
         # re-run at replay with live host state (a global, a forward context) where a graph
         # replays the kernels the body launched at capture. So record through the body.
-        opdef = _maybe_get_opdef(func)
-        body = None
-        if opdef is not None:
-            body = opdef._backend_fns.get("cpu") or opdef._backend_fns.get(None) or opdef._init_fn
+        body = custom_op_body(func)
         if body is None:
             raise GraphCaptureError(
                 f"cannot emulate: custom op {func} has no Python body to record through "
