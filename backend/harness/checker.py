@@ -137,11 +137,12 @@ def _session_plan(case: Case, backend_cls, rank: int, device: torch.device) -> _
                                             uniform_decode_query_len(case.spec_tokens))), default=0)
     max_tokens = top if top > max(sizes, default=0) else 0
     k = case.spec_tokens if getattr(backend_cls, "sizes_by_spec_tokens", False) else 0
-    key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, max_tokens, k, str(device))
+    key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, max_tokens, k, str(device),
+           case.cg_padding)
 
     def factory() -> Session:
         return Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype, sizes, device,
-                       max_tokens=max_tokens, spec_tokens=k)
+                       max_tokens=max_tokens, spec_tokens=k, cg_padding=case.cg_padding)
 
     return _SessionPlan(mode, sizes, "; ".join(n for n in (res.message, capture.note) if n), res.downgraded, key,
                         factory)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Hashable
 
 import torch
 
+from backend.attention import padding
 from backend.attention.interface import AttentionConfig, BatchDescription
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
@@ -156,11 +157,13 @@ def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, c
 class Session:
     def __init__(self, backend_cls, shape: ModelShape, tp: int, rank: int, kv_cache_dtype: str,
                  capture_sizes: tuple[int, ...], device: torch.device, runner_factory=None, max_tokens: int = 0,
-                 spec_tokens: int = 0):
+                 spec_tokens: int = 0, cg_padding: tuple[int, int] | None = None):
         """max_tokens: the largest graph this session may capture, when above max(capture_sizes):
         a split-mode decode graph of min(cdiv(s, q), max_num_seqs) requests has requests * q
         tokens, up to q - 1 above the size s it came from (modes.decode_capture_sizes).
-        spec_tokens: the case's k, for a backend with `sizes_by_spec_tokens` (else 0)."""
+        spec_tokens: the case's k, for a backend with `sizes_by_spec_tokens` (else 0).
+        cg_padding: the (seq_len, block-table) values padded requests get; None: what the builders
+        declare (backend/attention/padding.py)."""
         self.backend_cls, self.shape, self.device = backend_cls, shape, torch.device(device)
         self.family = family_of(shape.attention)
         self.layout = TPLayout(tp, rank, shape.num_heads, shape.num_kv_heads, shape.head_size)
@@ -168,6 +171,8 @@ class Session:
         with host_scope(self.device):  # the CPU emulation: their host tensors are host memory (#32)
             self.builder = self.family.make_builder(backend_cls, self.config, shape)
             self.impl = backend_cls.impl_cls(self.config)
+        self.cg_padding = cg_padding or padding.consolidated(self.builder)
+        padding.apply(self.builder, self.cg_padding)
         own = getattr(backend_cls, "allocate_kv_cache", None)
         if own is not None:  # a backend with its own layout (backend/adapters/vllm/), seen as ours
             caches = [own(self.config) for _ in range(shape.num_layers)]
