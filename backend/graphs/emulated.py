@@ -33,6 +33,9 @@ warm-up and capture); everything else on CPU counts as device memory, so a same-
 `.to(x.device)` is refused like `.to("cpu")` (both name cpu here). Host work runs once, at capture.
 A ctypes call on a device tensor's raw pointer is recorded and replayed like the kernel a graph
 captures; a pointer that leaves the dispatcher otherwise makes the graph `unverifiable` (opaque.py).
+Memory that existed before the capture is recorded through aliases of the recorder's own, so the
+graph keeps none of it alive: at a replay, what nothing else holds any more is freed memory,
+poisoned and noted with where it was allocated (freed.py, #39).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from backend.case import BatchSpec, Case, ModelShape, Tolerance
 from backend.harness.checker import SessionCache
@@ -21,6 +22,13 @@ MIXED = BatchSpec("mixed6", (1, 4, 1), (40, 20, 70))
 # aiter-emulated's k = 1 fp8 prefill rows (its own K/V attended before quantisation) at 6% on one
 # head, inside the matrix's threshold (7%), outside the old 4%.
 TOL = {"auto": Tolerance(2e-2, 2e-2), "fp8": Tolerance(2e-2, 5e-2)}
+
+
+# Devices the #39 mutants' tests run on: the CPU (the emulation) and, on a GPU machine, a GPU too
+# (benchmarks/gpu_round_three.sh: real graphs, the churn, NCCL gangs where there are two GPUs).
+CPU = torch.device("cpu")
+DEVICES = [CPU] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
+GANG_DEVICES = [CPU] + ([torch.device("cuda", 0)] if torch.cuda.device_count() >= 2 else [])
 
 
 def make_case(backend: str = "torch", mode: str = "FULL", kv: str = "auto", batch: BatchSpec = MIXED,

@@ -15,12 +15,10 @@ import torch
 from backend.graphs import make_graph_runner
 from backend.harness.checker import SessionCache, run_case
 from backend.result import Status
-from tests.checker.conftest import DECODE, MIXED, make_case
+from tests.checker.conftest import CPU, DECODE, DEVICES, MIXED, make_case
 
-CPU = torch.device("cpu")
-# On a GPU (benchmarks/gpu_checks.sh runs this file there) the same verdicts come from real graphs,
-# the churn and the poisoned free blocks instead of the emulation's model.
-DEVICES = [CPU] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
+# On a GPU the same verdicts come from real graphs, the churn and the poisoned free blocks instead
+# of the emulation's model.
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 # Where a FULL graph replays: FULL for every batch, the split modes for decode batches only.
 FULL_GRAPH = {("decode", m) for m in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")} | {("mixed", "FULL")}

@@ -11,18 +11,15 @@ import os
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from backend.attention import padding
 from backend.attention.registry import get_backend
-from backend.harness.checker import SessionCache, _session_plan, run_case
+from backend.harness.checker import _session_plan, run_case
 from backend.result import Status
 from orchestrator.errors import InputError
 from orchestrator.matrix import load_matrix
-from tests.checker.conftest import DECODE, MIXED, make_case
+from tests.checker.conftest import CPU, DECODE, DEVICES, MIXED, make_case
 from tests.families import conftest as fam
-
-CPU = torch.device("cpu")
 
 
 def _builder(seq=None, block=None):
@@ -76,22 +73,25 @@ def test_the_builder_pads_with_the_pair(family, pair):
     assert md.block_table[n:4].unique().tolist() == [want[1]]
 
 
+@pytest.mark.parametrize("device", DEVICES, ids=str)
 @pytest.mark.parametrize("pair", [(1, 0), (0, -1)], ids=["1/0", "0/-1"])
 @pytest.mark.parametrize("batch", [DECODE, MIXED], ids=["decode", "mixed"])
-def test_the_checks_hold_for_any_pair_a_correct_backend_is_given(pair, batch, sessions):
+def test_the_checks_hold_for_any_pair_a_correct_backend_is_given(pair, batch, device, sessions):
     for backend in ("torch", "aiter-emulated"):
         for mode in ("FULL", "FULL_AND_PIECEWISE"):
-            r = run_case(make_case(backend, mode, "auto", batch, cg_padding=pair), device=CPU, sessions=sessions)
+            r = run_case(make_case(backend, mode, "auto", batch, cg_padding=pair), device=device, sessions=sessions)
             assert r.status == Status.PASS, (backend, mode, r.reason)
             assert f"-auto-pad{pair[0]}_{pair[1]}-{batch.name}-" in r.case_id
 
 
+@pytest.mark.parametrize("device", DEVICES, ids=str)
 @pytest.mark.parametrize("batch", [DECODE, MIXED], ids=["decode", "mixed"])
-def test_a_builder_that_declares_one_pair_and_pads_another_is_red_where_a_full_graph_pads(batch, sessions):
+def test_a_builder_that_declares_one_pair_and_pads_another_is_red_where_a_full_graph_pads(batch, device, sessions):
     padded_graph = {"decode": ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"), "mixed": ("FULL",)}[batch.kind]
     for mode in ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
-        bad = run_case(make_case("tests.mutants.pad_declared:Backend", mode, "auto", batch), device=CPU, sessions=sessions)
-        honest = run_case(make_case("tests.mutants.pad_declared:Honest", mode, "auto", batch), device=CPU,
+        bad = run_case(make_case("tests.mutants.pad_declared:Backend", mode, "auto", batch), device=device,
+                       sessions=sessions)
+        honest = run_case(make_case("tests.mutants.pad_declared:Honest", mode, "auto", batch), device=device,
                           sessions=sessions)
         assert honest.status == Status.PASS, (mode, honest.reason)
         if mode in padded_graph:

@@ -10,7 +10,7 @@ import pytest
 from backend.harness.checker import run_case_local
 from backend.rank_merge import merge_rank_results, rank_consensus
 from backend.result import CHECK_RANK_CONSENSUS, CaseResult, Status
-from tests.checker.conftest import DECODE, MIXED, make_case
+from tests.checker.conftest import DECODE, GANG_DEVICES, MIXED, make_case
 
 # name: (per-rank plans, passed, step, phrase in the detail)
 PLANS = {
@@ -56,10 +56,11 @@ def test_the_merge_fails_a_gang_whose_ranks_disagree_though_each_passed():
 
 # The mutant's rank 1 reads a lower support level: FULL resolves to FULL on rank 0 and to
 # FULL_AND_PIECEWISE on rank 1; modes that resolve alike pass.
+@pytest.mark.parametrize("device", GANG_DEVICES, ids=str)
 @pytest.mark.parametrize("mode, batch, status", [("FULL", MIXED, Status.FAIL), ("FULL", DECODE, Status.FAIL),
                                                  ("PIECEWISE", MIXED, Status.PASS)])
-def test_a_gang_whose_rank_1_resolves_another_mode_fails_rank_consensus(mode, batch, status):
-    r = run_case_local(make_case("tests.mutants.rank_split_mode:Backend", mode, "auto", batch, tp=2))
+def test_a_gang_whose_rank_1_resolves_another_mode_fails_rank_consensus(mode, batch, status, device):
+    r = run_case_local(make_case("tests.mutants.rank_split_mode:Backend", mode, "auto", batch, tp=2), device=device)
     assert r.status == status, r.reason
     (check,) = [c for c in r.checks if c.name == CHECK_RANK_CONSENSUS]
     assert check.passed == (status == Status.PASS)

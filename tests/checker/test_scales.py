@@ -12,23 +12,23 @@ import torch
 from backend.harness.checker import SessionCache, run_case
 from backend.harness.step_data import CAPTURE_SCALE_RANGE, FP8_SCALE_RANGE, set_capture_scales, set_scales
 from backend.result import Status
-from tests.checker.conftest import DECODE, MIXED, make_case
+from tests.checker.conftest import CPU, DECODE, DEVICES, MIXED, make_case
 
-CPU = torch.device("cpu")
 MUTANT = "tests.mutants.host_scale_copy:Backend"
 
 
 # A worker that ran the batch eagerly first (its scales set), then captures for FULL_DECODE_ONLY;
 # and the other way round. The FULL graphs of the mutant hold the floats of the warm-up before them.
+@pytest.mark.parametrize("device", DEVICES, ids=str)
 @pytest.mark.parametrize("order", [("NONE", "FULL_DECODE_ONLY"), ("FULL_DECODE_ONLY", "NONE")])
-def test_a_host_frozen_scale_fails_whatever_ran_before_on_the_worker(order):
+def test_a_host_frozen_scale_fails_whatever_ran_before_on_the_worker(order, device):
     sessions = SessionCache(capacity=4)
-    got = {mode: run_case(make_case(MUTANT, mode, "fp8", DECODE), device=CPU, sessions=sessions) for mode in order}
+    got = {mode: run_case(make_case(MUTANT, mode, "fp8", DECODE), device=device, sessions=sessions) for mode in order}
     assert got["NONE"].status == Status.PASS, got["NONE"].reason
     fdo = got["FULL_DECODE_ONLY"]
     assert fdo.status == Status.FAIL and fdo.reason.startswith("replay check failed at step 0"), fdo.reason
     # kv auto: every scale is 1.0, nothing to freeze.
-    assert run_case(make_case(MUTANT, "FULL_DECODE_ONLY", "auto", DECODE), device=CPU).status == Status.PASS
+    assert run_case(make_case(MUTANT, "FULL_DECODE_ONLY", "auto", DECODE), device=device).status == Status.PASS
 
 
 def test_every_step_draws_its_own_scales_and_captures_draw_none_of_them():
