@@ -1,6 +1,7 @@
 """A step's data and its reference: the per-process caches of step inputs and reference outputs
 (shared by every mode, kv dtype and backend of a batch), the context fill through the family's
-KV write, the per-case fp8 scales, and the fp32 reference forward."""
+KV write, the per-step fp8 scales (and those graphs are captured under), and the fp32 reference
+forward."""
 
 from __future__ import annotations
 
