@@ -15,6 +15,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.attention import padding
 from backend.families.specs import DEFAULT_FAMILY, UnknownFamily, spec
 
 # vLLM v1 cudagraph modes (DESIGN.md §4). Runtime modes are only NONE, PIECEWISE, FULL.
@@ -194,6 +195,9 @@ class Case:
     # Speculative tokens per request (vLLM num_speculative_tokens). `batch` stays as written; its
     # decode rows run as verify rows of query len 1 + k (`verify_batch`).
     spec_tokens: int = 0
+    # The (seq_len, block-table) values padded requests get, crossing what the backend's builders
+    # declare (backend/attention/padding.py); None: the declared ones.
+    cg_padding: tuple[int, int] | None = None
 
     @property
     def attention(self) -> str:
@@ -215,6 +219,8 @@ class Case:
         # Computed once per instance (the driver asks ~10 times per case; the fields are frozen).
         # `-k{k}` only when k > 0, so every id from before the spec_tokens axis stays as it was.
         spec = f"-k{self.spec_tokens}" if self.spec_tokens else ""
+        # `-pad{seq}_{block}` only where the matrix crosses the declared padding values.
+        spec += f"-pad{self.cg_padding[0]}_{self.cg_padding[1]}" if self.cg_padding is not None else ""
         # The family leads the id when it is not the default, so every gqa id stays as it was.
         family = "" if self.model.attention == DEFAULT_FAMILY else f"{self.model.attention}-"
         raw = f"{family}tp{self.tp}-{self.mode}-{self.kv_cache_dtype}{spec}-{self.batch.name}-{self.backend_label}-s{self.seed}"
@@ -231,6 +237,7 @@ class Case:
             "backend": self.backend,
             "seed": self.seed,
             "spec_tokens": self.spec_tokens,
+            "cg_padding": padding.label(self.cg_padding),
         }
 
     def repro_command(self) -> str:
@@ -259,4 +266,6 @@ class Case:
         d["model"] = ModelShape.from_dict(d["model"])
         d["tolerance"] = Tolerance(**d["tolerance"])
         d["capture_sizes"] = tuple(d["capture_sizes"])
+        if d.get("cg_padding") is not None:
+            d["cg_padding"] = tuple(d["cg_padding"])
         return cls(**d)

@@ -21,6 +21,10 @@ class Status(str, enum.Enum):
     ERROR = "error"  # an exception, a capture error, or a crashed worker (log tail kept)
     TIMEOUT = "timeout"  # ran past its deadline; the worker was killed and recreated
     FLAKY = "flaky"  # eager not deterministic, or one attempt passed and the other did not
+    # The CPU emulation saw the graph side disagree with eager on graphs it could not fully follow
+    # (a launch behind the dispatcher, backend/graphs/opaque.py): not a pass, not a proven failure.
+    # Fails the gate unless the run allows it (--allow-unverifiable): run it on a GPU to decide.
+    UNVERIFIABLE = "unverifiable"
     SKIP = "skip"  # unsupported here (provider unavailable, placement impossible, ...): reason says why
     # Required and runnable here, but it never ran (placement timed out, tp gang never came up):
     # an infrastructure outcome, never a pass. error_kind "placement" | "gang"; reason says why.
@@ -30,10 +34,12 @@ class Status(str, enum.Enum):
         return self.value
 
 
-# A case whose graphs the CPU emulation could not fully follow (backend/graphs/opaque.py), which
-# passed or failed only graph-side checks: status PASS, its reason starts with this, its checks
-# keep what failed; the gate counts it apart from pass ("unverifiable", listed, not gating).
+# A case whose graphs the CPU emulation could not fully follow (backend/graphs/opaque.py): its
+# reason starts with this. Every check passed: status PASS, counted apart from pass and not gating
+# ("pass-unverifiable"); a graph-side check failed: status UNVERIFIABLE, reason ending with
+# UNVERIFIABLE_ADVICE, its checks keep what failed (gating unless allowed).
 UNVERIFIABLE_PREFIX = "emulation: unverifiable — "
+UNVERIFIABLE_ADVICE = "run on a GPU to decide"
 
 # Names of the checks (DESIGN.md §5), in the order they are reported.
 CHECK_REFERENCE = "reference"  # eager vs an independent fp32 reference
@@ -48,6 +54,9 @@ CHECK_ATTN_REFERENCE = "attn_reference"  # eager attention vs the reference's, p
 CHECK_ATTN_REPLAY = "attn_replay"  # graph attention vs eager's, per head
 CHECK_NAMES = (CHECK_REFERENCE, CHECK_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_DETERMINISM,
                CHECK_PADDED_FINITE, CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY)
+# A tp gang's own check (backend/rank_merge.py), not a rank's: every rank resolved the same mode and
+# dispatched every step to the same graph (vLLM #45094: one pipeline rank PIECEWISE, another NONE).
+CHECK_RANK_CONSENSUS = "rank_consensus"
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,10 @@ class CaseResult:
     graph_kind: str = "none"  # "cuda" | "hip" | "emulated" | "none"
     provider: str = ""  # the kernel provider that actually ran
     capture_sizes_used: tuple[int, ...] = ()  # per step: padded size replayed, 0 = ran eager
+    # Per step, the graph the step dispatched to ("FULL 8", "FULL 4 decode", "PIECEWISE 16", "NONE"):
+    # what the ranks of a gang must agree on (rank_merge). Crosses Ray with the result; not a
+    # column of the store (the merged result's rank_consensus check is what is kept).
+    step_graphs: tuple[str, ...] = ()
     error_kind: str = ""  # "capture" | "exception" | "crash" | "timeout" | "placement" | "gang" | ""
     timings: dict[str, float] = field(default_factory=dict)  # capture_s, eager_step_s, replay_step_s, total_s
     device: str = ""  # e.g. "cpu", "NVIDIA H200 (cuda:0)"
@@ -109,8 +122,8 @@ class CaseResult:
 
     @property
     def unverifiable(self) -> bool:
-        """A case the emulation cannot vouch for (UNVERIFIABLE_PREFIX): it passed, or only its graph
-        side failed, on graphs the emulation could not fully follow."""
+        """A pass the emulation cannot vouch for (UNVERIFIABLE_PREFIX): every check passed on graphs
+        it could not fully follow. (A disagreement seen there is Status.UNVERIFIABLE, not a pass.)"""
         return self.status == Status.PASS and self.reason.startswith(UNVERIFIABLE_PREFIX)
 
     @property
@@ -137,6 +150,7 @@ class CaseResult:
             for c in d.get("checks", ())
         )
         d["capture_sizes_used"] = tuple(d.get("capture_sizes_used", ()))
+        d["step_graphs"] = tuple(d.get("step_graphs", ()))
         return cls(**d)
 
     def replace(self, **changes: Any) -> "CaseResult":

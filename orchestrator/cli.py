@@ -43,6 +43,8 @@ def _db_option(help_text: str):
 def _flaky_options(f):
     f = click.option("--flaky-threshold", "flaky_threshold", type=float, default=None, help=_THRESHOLD_HELP)(f)
     return click.option("--flaky-window", "flaky_window", type=int, default=None, help=_WINDOW_HELP)(f)
+_ALLOW_UNVERIFIABLE_HELP = ("Do not fail the gate on unverifiable cases (the CPU emulation saw the replay disagree on "
+                            "graphs it cannot follow); they are still listed: run them on a GPU to decide.")
 
 
 def _dispatch(command: str, **kwargs) -> None:
@@ -107,6 +109,7 @@ def plan(**kwargs):
 @_flaky_options
 @click.option("--max-gpus", "max_gpus", type=int, default=None,
               help="At most this many GPUs for this run on a cluster other drivers share (workers where it has no GPU); tp larger than it is skipped.")
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("--resume", "resume_run", default=None, metavar="RUN_ID",
               help="Finish run RUN_ID from its own plan: only the cases without a verdict. MATRIX may be left out; given, it must be the run's.")
 @click.option("--no-progress", is_flag=True, help="No progress lines (the bar on a terminal, a line per 10% elsewhere).")
@@ -162,6 +165,7 @@ def repro(**kwargs):
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
 @_flaky_options
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("--output", "-o", default=None, help="Write to a file instead of stdout.")
 @click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
 @click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP + " The run's own is kept.")
@@ -184,6 +188,7 @@ def report(**kwargs):
 @_flaky_options
 @click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
 @click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP + " The run's own is kept.")
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def gate(**kwargs):
     """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed). New failures
@@ -202,6 +207,7 @@ def gate(**kwargs):
 @click.option("--run", "run_id", default=None, help=_RUN_HELP)
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("--out", "out_dir", default=None, show_default=f"{OUT_SHOWN}, /dashboard", help="Directory to write index.html into.")
 def dashboard(**kwargs):
     """Write the self-contained static dashboard (opens from disk; a CI artifact). Exit 0 when

@@ -20,7 +20,7 @@ from orchestrator import suggest
 ABSENT = "absent"
 _FAILING = frozenset({Status.FAIL.value, Status.ERROR.value, Status.TIMEOUT.value})
 _PASSED = frozenset({Status.PASS.value, Status.FLAKY.value})
-AXES = ("attention", "tp", "cudagraph_mode", "kv_cache_dtype", "spec_tokens", "batch", "backend", "seed")
+AXES = ("attention", "tp", "cudagraph_mode", "kv_cache_dtype", "spec_tokens", "batch", "backend", "seed", "cg_padding")
 
 
 def verdict(r: CaseResult, checks: bool) -> tuple:

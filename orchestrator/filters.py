@@ -4,7 +4,7 @@ Terms are separated by spaces and must all match. A term is either
 - `key=v1,v2`: the case's axis value equals one of the values (case-insensitive; values may be
   globs, `batch=decode_*`). Keys: tp, cudagraph_mode (or mode), kv_cache_dtype (or kv), batch,
   backend (the name as given, or the class name of an import path), seed, spec_tokens (or k),
-  attention (or family: gqa, mla, ...); or
+  attention (or family: gqa, mla, ...), cg_padding (or pad: declared, 1/0 ...); or
 - anything else: a glob (if it has * ? or [) or a substring of the case id.
 Unknown keys and impossible axis values are an InputError, so a typo cannot silently select
 nothing.
@@ -35,6 +35,8 @@ KEYS = {
     "seed": "seed",
     "spec_tokens": "spec_tokens",
     "k": "spec_tokens",
+    "cg_padding": "cg_padding",
+    "pad": "cg_padding",
 }
 _KNOWN_VALUES = {
     "tp": tuple(str(t) for t in TP_SIZES),

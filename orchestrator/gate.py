@@ -17,9 +17,12 @@ Semantics ("no new breakage"):
   when rerun alone on a cleared worker (backend/harness/memory.py): the harness's memory, not the
   backend's verdict. It gates like not-run, as infrastructure (exit 3 when nothing else gates), is
   listed apart from the backend's failures, and is never compared with a baseline or a known failure;
-- unverifiable (a pass on the CPU emulation whose graphs it could not fully follow, e.g. a kernel a
-  C extension launched behind the dispatcher: its reason starts "emulation: unverifiable — ") does
-  not fail the gate but is counted apart from pass and listed: run it on a GPU;
+- graphs the CPU emulation could not fully follow (e.g. a kernel a C extension launched behind the
+  dispatcher; the reason starts "emulation: unverifiable — "): a case whose checks all passed is
+  `pass-unverifiable`, counted apart from pass and listed, not gating; a case whose replay disagreed
+  with eager there is status UNVERIFIABLE, classification `unverifiable`: it fails the gate (exit 1)
+  unless the run allows it (`allow_unverifiable`, `--allow-unverifiable`), and is listed apart either
+  way: run it on a GPU to decide (#39: an observed disagreement is never a green);
 - muted (a known-failures entry with `mute: true`): ran and reported with its real status, never
   gates, never "fixed"; an expired entry no longer applies: its cases gate and
   `GateOutcome.expired` names the entry beside each;
@@ -48,10 +51,11 @@ FAILING = frozenset({Status.FAIL, Status.ERROR, Status.TIMEOUT})
 
 # Classifications, in the order reports list them (worst first).
 CLASSIFICATIONS = (
-    "regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing",
-    "old-failure", "flaky", "unverifiable", "known-fail", "muted", "fixed", "skip", "pass",
+    "regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing", "unverifiable",
+    "old-failure", "flaky", "pass-unverifiable", "known-fail", "muted", "fixed", "skip", "pass",
 )  # fmt: skip
-GATING = frozenset({"regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing"})
+GATING = frozenset({"regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing", "unverifiable"})
+ALLOWABLE = frozenset({"unverifiable"})  # gating unless the run allows it (evaluate's allow_unverifiable)
 INFRA = frozenset({"not-run", "oom"})  # gating, but the machinery's fault: exit 3 when nothing else gates
 OOM_KIND = "oom"  # CaseResult.error_kind (backend/harness/memory.py; torch-free here)
 
@@ -66,7 +70,8 @@ class GateOutcome:
     known_failures: tuple[str, ...] = ()  # failing and matched by a known-failures entry
     fixed: tuple[str, ...] = ()  # matched by a known-failures entry but passing: remove the entry
     flaky: tuple[str, ...] = ()
-    unverifiable: tuple[str, ...] = ()  # passed on the CPU emulation, which says it cannot vouch for it
+    unverifiable: tuple[str, ...] = ()  # the emulation saw a disagreement it cannot vouch for: a GPU decides
+    pass_unverifiable: tuple[str, ...] = ()  # passed on the CPU emulation, which says it cannot vouch for it
     downgraded: tuple[str, ...] = ()  # resolved mode != requested mode (warning)
     missing: tuple[str, ...] = ()  # planned, no result
     not_run: tuple[str, ...] = ()  # required, runnable, never ran (infrastructure)
@@ -79,6 +84,7 @@ class GateOutcome:
     flaky_history: dict[str, str] = field(default_factory=dict)  # case_id -> why its history says flaky (not gating)
     unran: tuple[Unran, ...] = ()  # slices that should have run and did not (empty_run.py)
     empty_allowed: bool = False  # nothing ran, and --allow-empty let it pass
+    allow_unverifiable: bool = False  # unverifiable cases were allowed: listed, not gating
 
     @property
     def passed(self) -> bool:
@@ -87,8 +93,9 @@ class GateOutcome:
     @property
     def gating(self) -> tuple[str, ...]:
         """The case ids that failed the gate, worst class first."""
+        gating = gating_classes(self.allow_unverifiable)
         return tuple(
-            cid for cls in CLASSIFICATIONS if cls in GATING for cid, c in sorted(self.classification.items()) if c == cls
+            cid for cls in CLASSIFICATIONS if cls in gating for cid, c in sorted(self.classification.items()) if c == cls
         )
 
     def verdict(self) -> str:
@@ -104,7 +111,9 @@ class GateOutcome:
             if self.flaky:
                 extra.append(f"{len(self.flaky)} flaky")
             if self.unverifiable:
-                extra.append(f"{len(self.unverifiable)} unverifiable on the emulation")
+                extra.append(f"{len(self.unverifiable)} unverifiable allowed (run on a GPU to decide)")
+            if self.pass_unverifiable:
+                extra.append(f"{len(self.pass_unverifiable)} unverifiable on the emulation")
             if self.muted:
                 extra.append(f"{len(self.muted)} muted")
             tail = f" ({', '.join(extra)} not gating)" if extra else ""
@@ -113,7 +122,9 @@ class GateOutcome:
         for name, many, ids in (("regression", None, self.regressions), ("new failure", None, self.new_failures),
                                 ("missing", "missing", self.missing),
                                 ("not run (infrastructure)", "not run (infrastructure)", self.not_run),
-                                ("out of memory (infrastructure)", "out of memory (infrastructure)", self.oom)):  # fmt: skip
+                                ("out of memory (infrastructure)", "out of memory (infrastructure)", self.oom),
+                                ("unverifiable (run on a GPU to decide)", "unverifiable (run on a GPU to decide)",
+                                 () if self.allow_unverifiable else self.unverifiable)):  # fmt: skip
             if ids:
                 parts.append(plural(len(ids), name, many))
         lines = [f"{', '.join(parts)} of {plural(total, 'case')}"] if parts else []
@@ -133,6 +144,8 @@ class GateOutcome:
             "fixed": list(self.fixed),
             "flaky": list(self.flaky),
             "unverifiable": list(self.unverifiable),
+            "pass_unverifiable": list(self.pass_unverifiable),
+            "allow_unverifiable": self.allow_unverifiable,
             "downgraded": list(self.downgraded),
             "missing": list(self.missing),
             "not_run": list(self.not_run),
@@ -158,10 +171,12 @@ def classify(
         return "muted"
     if r.status == Status.FLAKY:
         return "flaky"
+    if r.status == Status.UNVERIFIABLE:
+        return "unverifiable"  # nothing decided: not a failure to compare or match, not a pass
     if r.status == Status.PASS:
         if known is not None:
             return "fixed"
-        return "unverifiable" if r.unverifiable else "pass"
+        return "pass-unverifiable" if r.unverifiable else "pass"
     # failing from here on
     if known is not None:
         return "known-fail"
@@ -186,6 +201,7 @@ def evaluate(
     require: Sequence[str] = (),
     allow_empty: bool = False,
     judge_empty: bool = True,
+    allow_unverifiable: bool = False,
 ) -> GateOutcome:
     """flaky_history: case_id -> reason, for the cases whose recent history scores them flaky
     (flakiness.py): failing, they are `flaky` rather than gating. `require`, `allow_empty`: the
@@ -213,7 +229,7 @@ def evaluate(
         return tuple(sorted(cid for cid, c in classification.items() if c in classes))
 
     counts = Counter(classification.values())
-    gating = {c for c in classification.values() if c in GATING}
+    gating = {c for c in classification.values() if c in gating_classes(allow_unverifiable)}
     if not gating:
         code = ExitCode.OK
     elif gating <= INFRA:
@@ -233,6 +249,7 @@ def evaluate(
         fixed=ids("fixed"),
         flaky=ids("flaky"),
         unverifiable=ids("unverifiable"),
+        pass_unverifiable=ids("pass-unverifiable"),
         downgraded=tuple(sorted(r.case_id for r in results if r.downgraded)),
         missing=ids("missing"),
         not_run=ids("not-run"),
@@ -245,4 +262,10 @@ def evaluate(
         flaky_history={cid: why for cid, why in flaky_history.items() if classification.get(cid) == "flaky"},
         unran=empty,
         empty_allowed=judge_empty and allow_empty and not gating and nothing_ran(results),
+        allow_unverifiable=allow_unverifiable,
     )
+
+
+def gating_classes(allow_unverifiable: bool = False) -> frozenset[str]:
+    """The classifications that fail the gate (GATING, less ALLOWABLE when the run allows those)."""
+    return GATING - ALLOWABLE if allow_unverifiable else GATING

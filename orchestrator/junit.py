@@ -9,8 +9,11 @@ Mapping (last attempt only):
 - not-run (required, never ran: placement, tp gang) -> <error type="not-run">, never <skipped>;
 - skip and known-fail -> <skipped> (message: reason, known-failure link); old failures keep their
   <failure>/<error> element so CI shows them, the gate verdict is in the suite properties;
-- flaky -> a passing testcase with property flaky=true and a <system-out> note; unverifiable (a
+- flaky -> a passing testcase with property flaky=true and a <system-out> note; pass-unverifiable (a
   pass the CPU emulation cannot vouch for) -> the same with unverifiable=true;
+- unverifiable (the replay disagreed on graphs the emulation cannot follow) -> <failure
+  type="unverifiable">, "run on a GPU to decide"; allowed by the run: a passing testcase with
+  unverifiable=true and a <system-out> note;
 - missing (planned, no result: the run was interrupted) -> <error type="missing">, so a CI never
   counts an interrupted run's JUnit as a shorter green one; the suite's `run_status` property
   says `interrupted` (#33);
@@ -77,7 +80,7 @@ def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
         props.add_property(Property("downgraded", f"{r.requested_mode} -> {r.resolved_mode}"))
     if r.status == Status.FLAKY:
         props.add_property(Property("flaky", "true"))
-    if cls == "unverifiable":
+    if cls in ("unverifiable", "pass-unverifiable"):
         props.add_property(Property("unverifiable", "true"))
     if cls == "muted":
         props.add_property(Property("muted", "true"))
@@ -113,7 +116,13 @@ def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
         tc.result = [el]
     elif r.status == Status.FLAKY:
         tc.system_out = _clean(f"flaky (not gating): {r.reason}\n{failure_text(r)}")
-    elif cls == "unverifiable":
+    elif r.status == Status.UNVERIFIABLE and not gate.allow_unverifiable:
+        el = Failure(f"[unverifiable] {reason}", "unverifiable")
+        el.text = failure_text(r)
+        tc.result = [el]
+    elif r.status == Status.UNVERIFIABLE:
+        tc.system_out = _clean(f"unverifiable (allowed, not gating): {r.reason}\n{failure_text(r)}")
+    elif cls == "pass-unverifiable":
         tc.system_out = _clean(f"unverifiable (not gating): {r.reason}")
     if cls == "fixed":
         tc.system_out = "known failure now passes: remove its entry from the known-failures file"

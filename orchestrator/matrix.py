@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from backend.attention import padding
 from backend.attention.support import unavailable
 from backend.case import BatchSpec, Case, ModelShape, Tolerance, default_capture_sizes
 from backend.families.specs import spec as family_spec
@@ -396,7 +397,7 @@ class _Loader:
                 model=model, capture_sizes=capture[(family, k)], steps=combo.get("steps", doc.steps),
                 tolerance=self.tolerance(combo["kv_cache_dtype"], family),
                 timeout_s=float(combo.get("timeout_s", doc.timeout_s)),
-                matrix=self.path, tier=doc.tier, spec_tokens=k,
+                matrix=self.path, tier=doc.tier, spec_tokens=k, cg_padding=padding.parse(combo["cg_padding"]),
             )
             self.check_spec(combo, case)
             cid = case.case_id

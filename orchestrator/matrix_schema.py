@@ -22,7 +22,7 @@ from orchestrator.matrix_tree import Node, error_at, field_path, to_plain
 
 # `attention` first: the product runs family by family (each with its own axes: FamilyBlock), and
 # gqa's combinations keep the order they had before the axis existed.
-AXES = ("attention", "tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens")
+AXES = ("attention", "tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens", "cg_padding")
 MAX_SPEC_TOKENS = 64
 
 
@@ -57,6 +57,9 @@ Seed = Annotated[int, Field(ge=0, lt=2**63)]
 # k speculative tokens; vLLM has no hard cap, 64 guards against a typo. Whether k fits the model
 # and each batch (verify rows of 1 + k tokens) is checked per combination in orchestrator/matrix.py.
 SpecTokens = Annotated[int, Field(ge=0, le=MAX_SPEC_TOKENS)]
+# The values padded requests get (backend/attention/padding.py): "declared" (the backend's
+# builders' own) or "SEQ_LEN/BLOCK" crossing them, e.g. "1/0" (FlashMLA fp8's) or "0/-1" (vLLM's default).
+PadValue = Annotated[str, Field(pattern=r"^(declared|[0-9]{1,4}/-?[0-9]{1,6})$")]
 Len = Annotated[int, Field(ge=-(2**31), le=2**31)]  # range is checked against the model, with a message
 ToleranceKey = Literal["bfloat16", "float16", "float32", "fp8"]
 
@@ -161,6 +164,7 @@ class Axes(_Model):
     backend: list[BackendName] = Field(min_length=1)
     seed: list[Seed] = Field([0], min_length=1, max_length=10_000)
     spec_tokens: list[SpecTokens] = Field([0], min_length=1)
+    cg_padding: list[PadValue] = Field(["declared"], min_length=1)
 
     _dups = field_validator("*")(_no_duplicates)
 
@@ -184,6 +188,7 @@ class _Match(_Model):
     backend: _any_of(BackendName) = None
     seed: _any_of(Seed) = None
     spec_tokens: _any_of(SpecTokens) = None
+    cg_padding: _any_of(PadValue) = None
 
     @model_validator(mode="after")
     def _not_empty(self):
@@ -241,6 +246,7 @@ class FamilyAxes(_Model):
     backend: list[BackendName] | None = Field(None, min_length=1)
     seed: list[Seed] | None = Field(None, min_length=1, max_length=10_000)
     spec_tokens: list[SpecTokens] | None = Field(None, min_length=1)
+    cg_padding: list[PadValue] | None = Field(None, min_length=1)
 
     _dups = field_validator("*")(lambda v: v if v is None else _no_duplicates(v))
 

@@ -112,6 +112,7 @@ def gather(
     flaky_threshold: float | None = None,
     require: Sequence[str] = (),
     allow_empty: bool = False,
+    allow_unverifiable: bool = False,
 ) -> RunView:
     """flaky_window: runs of the history (the baseline's label when `--baseline LABEL`, else the
     run's own) whose verdicts score each case's flakiness; flaky_threshold: a failing case scoring
@@ -138,7 +139,8 @@ def gather(
     gate = evaluate(results, baseline=base, known=known, missing=missing if closed else (),
                     flaky_history=flakiness.over_threshold(scores, flaky_threshold),
                     require=tuple(dict.fromkeys([*run.options.require, *require])),
-                    allow_empty=run.options.allow_empty or allow_empty, judge_empty=closed)  # fmt: skip
+                    allow_empty=run.options.allow_empty or allow_empty, judge_empty=closed,
+                    allow_unverifiable=run.options.allow_unverifiable or allow_unverifiable)  # fmt: skip
     return RunView(run, tuple(results), gate, tuple(planned_missing), base is not None, known, found, scores,
                    tuple(r.id for r in window), window_label)  # fmt: skip
 

@@ -24,7 +24,7 @@ from orchestrator.store import RunInfo
 
 SYMBOL = {
     "pass": "✅", "regression": "🔻", "new": "❌", "fail": "❌", "error": "💥", "timeout": "⏱️",
-    "missing": "❔", "old-failure": "🟥", "flaky": "🎲", "unverifiable": "❓", "known-fail": "🟨", "fixed": "🟢", "skip": "⬜",
+    "missing": "❔", "old-failure": "🟥", "flaky": "🎲", "unverifiable": "❓", "pass-unverifiable": "❔", "known-fail": "🟨", "fixed": "🟢", "skip": "⬜",
     "not-run": "🚧", "oom": "🧱", "muted": "🔇",
 }  # fmt: skip
 MAX_PER_SECTION = 25
@@ -198,7 +198,12 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
     out += _section("Missing results", gate.missing, by_id, gate, "Planned but never finished: `orch run --resume`.")
     out += _section("Old failures (not gating)", gate.old_failures, by_id, gate, "Also failing in the baseline.")
     out += _section("Flaky (not gating)", gate.flaky, by_id, gate)
-    out += _section("Unverifiable on the CPU emulation (not gating)", gate.unverifiable, by_id, gate,
+    out += _section("Unverifiable: the replay disagreed on graphs the CPU emulation cannot follow"
+                    + (" (allowed, not gating)" if gate.allow_unverifiable else ""), gate.unverifiable, by_id, gate,
+                    "Never a pass: run these on a GPU to decide"
+                    + (" (the run said --allow-unverifiable)." if gate.allow_unverifiable else
+                       " (or gate with --allow-unverifiable)."))
+    out += _section("Passed, unverifiable on the CPU emulation (not gating)", gate.pass_unverifiable, by_id, gate,
                     "Passed, but the emulation says what it could not follow: run these on a GPU.")
     out += _section("Fixed known failures", gate.fixed, by_id, gate, "These pass now: remove their known-failures entries.")
     out += _section("Known failures (xfail)", gate.known_failures, by_id, gate)

@@ -5,8 +5,9 @@ Buffers are allocated once on config.device, sized for max_num_seqs requests and
 tokens. Every build writes [:n] with `buffer[:n].copy_(cpu)` (never rebinds a buffer: a captured
 graph holds the old storage) and resets the whole tail to the padding values, so a request that
 existed in an earlier, larger batch cannot leak into a padded row of a later one:
-  seq_lens 0, block-table rows = null block 0, query_start_loc repeats its last value,
-  slot_mapping -1 (write nothing), query_lens 0.
+  seq_lens and block-table rows the session's padding pair (`cg_padding`: backend/attention/
+  padding.py; this builder declares 0 and the null block 0), query_start_loc repeats its last
+  value, slot_mapping -1 (write nothing), query_lens 0.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ NULL_BLOCK = 0
 
 
 class PersistentMetadataBuilder(AttentionMetadataBuilder):
+    cg_pad_block_table = NULL_BLOCK  # orch's padding before #39 (DESIGN.md §4); vLLM's base says -1
+
     def __init__(self, config: AttentionConfig):
         super().__init__(config)
         dev, reqs, toks = config.device, config.max_num_seqs, config.max_num_tokens
@@ -91,11 +94,12 @@ class PersistentMetadataBuilder(AttentionMetadataBuilder):
         copy_into(self.query_start_loc[: n + 1], qsl)
         self.query_start_loc[n + 1:].fill_(t)
         copy_into(self.seq_lens[:n], torch.tensor(seq_lens, dtype=torch.int32))
-        self.seq_lens[n:].fill_(0)
+        pad_seq_len, pad_block = self.cg_padding
+        self.seq_lens[n:].fill_(pad_seq_len)
         copy_into(self.query_lens[:n], qlens)
         self.query_lens[n:].fill_(0)
         width = min(block_table.shape[1], self.block_table.shape[1]) if n else 0
-        self.block_table[n:].fill_(NULL_BLOCK)
+        self.block_table[n:].fill_(pad_block)
         if n:
             copy_into(self.block_table[:n, :width], block_table[:n, :width].to(torch.int32))
             self.block_table[:n, width:].fill_(NULL_BLOCK)

@@ -61,11 +61,16 @@ class LayerMetadata(tuple):
 class GroupedMetadataBuilder:
     """The session's builder for a family with KV-cache groups (AttentionFamily.make_builder)."""
 
+    # The runner's own padding pair, before its group builders' declarations (padding.py).
+    cg_pad_seq_lens = 0
+    cg_pad_block_table = NULL_BLOCK
+
     def __init__(self, backend_cls, config: AttentionConfig, groups: Sequence, num_layers: int,
                  group_config=None):
         """groups: AttentionFamily.groups (name, layers, sliding_window). group_config(config,
         group) -> the AttentionConfig a group's builder gets (its spec's window)."""
         self.config, self.groups = config, tuple(groups)
+        self.cg_padding = (self.cg_pad_seq_lens, self.cg_pad_block_table)  # what it pads with (padding.apply)
         dev, reqs, toks = config.device, config.max_num_seqs, config.max_num_tokens
         self.query_start_loc = torch.zeros(reqs + 1, dtype=torch.int32, device=dev)
         self.query_start_loc_cpu = torch.zeros(reqs + 1, dtype=torch.int32)
@@ -96,14 +101,15 @@ class GroupedMetadataBuilder:
         self.query_start_loc[n + 1:].fill_(t)
         sl = torch.tensor(list(seq_lens), dtype=torch.int32)
         self.seq_lens_cpu[:n].copy_(sl)
-        self.seq_lens_cpu[n:].fill_(0)
+        pad_seq_len, pad_block = self.cg_padding
+        self.seq_lens_cpu[n:].fill_(pad_seq_len)
         copy_into(self.seq_lens[:n], sl)
-        self.seq_lens[n:].fill_(0)
+        self.seq_lens[n:].fill_(pad_seq_len)
         copy_into(self.query_lens[:n], qlens)
         self.query_lens[n:].fill_(0)
         for table, slot, buf_t, buf_s in zip(tables, slots, self.block_tables, self.slot_mappings):
             width = min(table.shape[1], buf_t.shape[1]) if n else 0
-            buf_t[n:].fill_(NULL_BLOCK)
+            buf_t[n:].fill_(pad_block)
             if n:
                 copy_into(buf_t[:n, :width], table[:n, :width].to(torch.int32))
                 buf_t[:n, width:].fill_(NULL_BLOCK)

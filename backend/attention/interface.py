@@ -122,8 +122,18 @@ class AttentionMetadataBuilder:
     max_num_seqs requests and max_num_tokens tokens), written [:n] with the tail reset to the
     padding values, so a graph captured on these buffers sees every later step's values."""
 
+    # The seq_len and block-table value a FULL graph's padded requests get (vLLM's
+    # AttentionMetadataBuilder.cg_pad_seq_lens / cg_pad_block_table, with its defaults): a builder
+    # whose kernels read padded requests declares safe ones (vLLM's FlashMLA with an fp8 cache, 1
+    # and 0: seq_len 0 made it index block_table[-1], #33664), class-wide or per instance. The
+    # runner pads with the maximum of each over its builders (backend/attention/padding.py);
+    # `cg_padding` is what it applied, the pair this builder's writes pad with.
+    cg_pad_seq_lens: ClassVar[int] = 0
+    cg_pad_block_table: ClassVar[int] = -1
+
     def __init__(self, config: AttentionConfig):
         self.config = config
+        self.cg_padding = (self.cg_pad_seq_lens, self.cg_pad_block_table)
 
     def build(self, batch: BatchDescription, num_padded_tokens: int | None = None,
               num_padded_reqs: int | None = None) -> AttentionMetadata:

@@ -33,6 +33,9 @@ warm-up and capture); everything else on CPU counts as device memory, so a same-
 `.to(x.device)` is refused like `.to("cpu")` (both name cpu here). Host work runs once, at capture.
 A ctypes call on a device tensor's raw pointer is recorded and replayed like the kernel a graph
 captures; a pointer that leaves the dispatcher otherwise makes the graph `unverifiable` (opaque.py).
+Memory that existed before the capture is recorded through aliases of the recorder's own, so the
+graph keeps none of it alive: at a replay, what nothing else holds any more is freed memory,
+poisoned and noted with where it was allocated (freed.py, #39).
 """
 
 from __future__ import annotations
@@ -43,21 +46,19 @@ from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch._library.custom_ops import _maybe_get_opdef
 
 from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner, capturing
+from backend.graphs.freed import AllocationSites, ExternalMemory, freed_reads
 from backend.graphs.host import is_host, is_pinned_host, mark_host
 from backend.graphs.host_reads import no_host_reads
 from backend.graphs.leaves import leaves, map_leaves
 from backend.graphs.opaque import OpaqueCalls, watching
 from backend.graphs.pool import MemoryPool
-from backend.graphs.provenance import host_scope, making_host
+from backend.graphs.provenance import BUILTIN_NAMESPACES, custom_op_body, host_scope, making_host
 from backend.graphs.syncs import host_sync_reason, masked_fill_form
 
 _EMPTY_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
                         "aten::new_empty_strided"})
-# Namespaces of ops with a kernel in torch; any other namespace is a custom op (torch.library).
-_BUILTIN_NAMESPACES = frozenset({"aten", "prims", "c10d", "_c10d_functional", "rngprims", "profiler"})
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -152,9 +153,12 @@ class _Recorder(TorchDispatchMode):
         # op. Nothing here runs under torch.compile, so there is no Dynamo to keep out (#13).
         return False
 
-    def __init__(self, pool: MemoryPool) -> None:
+    def __init__(self, pool: MemoryPool, sites: dict[int, str] | None = None) -> None:
         super().__init__()
         self.pool = pool
+        # Memory that existed before the capture, held through aliases of its own (freed.py).
+        self.external = ExternalMemory(sites)
+        self._owned: set[int] = set()  # storages only the graph holds: frozen copies of host scalars
         self.ops: list[_Op] = []
         self.fresh_storages: set[int] = set()  # storages allocated during capture (_storage_key)
         self.snapshots: list[_Snapshot] = []  # pre-capture contents
@@ -164,7 +168,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.namespace not in _BUILTIN_NAMESPACES:
+        if func.namespace not in BUILTIN_NAMESPACES:
             return self._custom_op(func, args, kwargs)
         if making_host() or func._schema.name == "aten::lift_fresh":
             # Host work a GPU runs once, at capture: a host factory (backend/graphs/provenance.py),
@@ -214,6 +218,11 @@ class _Recorder(TorchDispatchMode):
         hit = self._aliases.get(id(x))
         if hit is not None and hit[0]() is x:
             return hit[1]
+        if not self.pool.tracks(x):
+            key = _storage_key(x)
+            if key and key not in self.fresh_storages and key not in self._owned and x.untyped_storage().nbytes():
+                return self.external.alias(x)
+            return x
         a = self.pool.alias(x)
         if a is not x:
             self._aliases[id(x)] = (weakref.ref(x), a)
@@ -237,10 +246,7 @@ class _Recorder(TorchDispatchMode):
         # A custom op is one opaque op to the dispatcher: recorded as such, its Python body would
         # re-run at replay with live host state (a global, a forward context) where a graph
         # replays the kernels the body launched at capture. So record through the body.
-        opdef = _maybe_get_opdef(func)
-        body = None
-        if opdef is not None:
-            body = opdef._backend_fns.get("cpu") or opdef._backend_fns.get(None) or opdef._init_fn
+        body = custom_op_body(func)
         if body is None:
             raise GraphCaptureError(
                 f"cannot emulate: custom op {func} has no Python body to record through "
@@ -280,6 +286,7 @@ class _Recorder(TorchDispatchMode):
         if all(t.dim() == 0 for t in host):
             # A CPU scalar tensor in a device op is passed by value: frozen at capture.
             frozen = {id(t): t.clone() for t in host}
+            self._owned.update(_storage_key(c) for c in frozen.values())
             swap = lambda x: frozen.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
             return map_leaves(swap, args), map_leaves(swap, kwargs), False, None
         raise GraphCaptureError(
@@ -341,16 +348,25 @@ def _register_hop_rules() -> None:
         with mode:
             return sdpa_dense(*args, **kwargs)
 
+    @flex_hop.py_impl(AllocationSites)  # the warm-up's mode: the same ops, their outputs' sites noted
+    def _flex_warmup(mode, *args, **kwargs):
+        with mode:
+            return sdpa_dense(*args, **kwargs)
+
 
 _register_hop_rules()
 
 
 class EmulatedCapturedGraph(CapturedGraph):
     def __init__(self, ops: list[_Op], outputs: object, pool: MemoryPool | None = None,
-                 unverifiable: tuple[str, ...] = ()):
+                 unverifiable: tuple[str, ...] = (), external: list | None = None):
         self._ops = ops
         self.outputs = outputs
         self._pool = pool or MemoryPool()
+        # Memory the graph reads that existed before its capture (freed.py); what replays found
+        # freed, noted: a real graph reads whatever was put there since.
+        self._external = external or []
+        self._freed: list[str] = []
         # What the emulation could not follow in this capture (opaque.py): the case's verdict then
         # says `emulation: unverifiable — ...` instead of a pass.
         self.unverifiable = unverifiable
@@ -369,8 +385,15 @@ class EmulatedCapturedGraph(CapturedGraph):
     def op_names(self) -> list[str]:
         return [str(op.func) for op in self._ops]
 
+    @property
+    def freed_reads(self) -> tuple[str, ...]:
+        return tuple(self._freed)
+
     def replay(self) -> object:
         propagate = self._pool.propagate
+        for note in freed_reads(self._external):
+            if note not in self._freed:
+                self._freed.append(note)
         with torch.no_grad():
             for call, args, kwargs, kind, recorded, writes in self._plan:
                 if kind == "skip":
@@ -393,14 +416,17 @@ class EmulatedGraphRunner(GraphRunner):
 
     def __init__(self) -> None:
         self.pool = MemoryPool()  # every capture of this runner shares it, as a CUDA graph pool
+        self._sites: dict[int, str] = {}  # where the last warm-up allocated (freed.py)
 
     def warmup(self, fn: Callable[[], object], iters: int = 2) -> None:
-        with host_scope():
+        with host_scope(), AllocationSites() as sites:
             for _ in range(iters):
                 fn()
+        self._sites = sites.sites
 
     def capture(self, fn: Callable[[], object]) -> EmulatedCapturedGraph:
-        recorder = _Recorder(self.pool)
+        recorder = _Recorder(self.pool, self._sites)
+        self._sites = {}
         self.pool.begin_capture()
         try:
             with capturing(), no_host_reads(), host_scope(), watching(recorder.opaque), recorder:
@@ -415,4 +441,5 @@ class EmulatedGraphRunner(GraphRunner):
         finally:
             recorder.restore()
             self.pool.end_capture()
-        return EmulatedCapturedGraph(recorder.ops, outputs, self.pool, tuple(recorder.opaque.notes()))
+        return EmulatedCapturedGraph(recorder.ops, outputs, self.pool, tuple(recorder.opaque.notes()),
+                                     recorder.external.entries())

@@ -30,6 +30,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 import torch
+from torch._library.custom_ops import _maybe_get_opdef
 from torch.overrides import TorchFunctionMode
 
 from backend.graphs.base import GraphCaptureError, is_capturing
@@ -205,12 +206,40 @@ class HostProvenance(TorchFunctionMode):
             out = handler(func, args, kwargs)
             if out is not None:
                 return out
+        body = custom_op_body(func)
+        if body is not None:
+            # A custom op's Python body is host code too (vLLM runs attention inside one): torch
+            # takes this mode off its stack while it handles a call, so the body's host tensors
+            # went unclassified and host work in it was replayed as device work (#39:
+            # `cpu_compute_in_capture`, silently fresh where a real graph is stale). The body runs
+            # here with the mode on; a capture's recorder records through it all the same.
+            with self:
+                return body(*args, **kwargs)
         out = func(*args, **kwargs)
         if func is not _T.__setitem__:
             inputs = _tensors((args, kwargs))
             if inputs and all(t.device.type == "cpu" and is_host(t) for t in inputs):
                 _mark_new(out, inputs)
         return out
+
+
+# Namespaces of ops with a kernel in torch; any other is a custom op (torch.library).
+BUILTIN_NAMESPACES = frozenset({"aten", "prims", "c10d", "_c10d_functional", "rngprims", "profiler"})
+
+
+def custom_op_body(func: Any) -> Callable | None:
+    """The Python body of a torch.library.custom_op (an OpOverload, or an OpOverloadPacket of one
+    overload), or None: a builtin op, or one registered without a Python body (Library.impl, C++)."""
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        if func._qualified_op_name.split("::")[0] in BUILTIN_NAMESPACES or len(func.overloads()) != 1:
+            return None
+        func = getattr(func, func.overloads()[0])
+    if not isinstance(func, torch._ops.OpOverload) or func.namespace in BUILTIN_NAMESPACES:
+        return None
+    opdef = _maybe_get_opdef(func)
+    if opdef is None:
+        return None
+    return opdef._backend_fns.get("cpu") or opdef._backend_fns.get(None) or opdef._init_fn
 
 
 @contextlib.contextmanager

@@ -31,8 +31,9 @@ from backend.attention.support import unavailable
 from backend.case import Case
 from backend.harness import step_data
 from backend.harness.checks import CheckAccumulator, failure_reason
-from backend.harness.distributed import gang_id
 from backend.harness import memory
+from backend.harness.churn import churn
+from backend.harness.distributed import all_gather_objects, gang_id
 from backend.harness.memory import OOM_KIND, CaseMemory, gib, is_oom
 from backend.harness.model import TPLayout, layout_reasons
 from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
@@ -41,14 +42,15 @@ from backend.harness.scratch import SCRATCH, capture_checked, mark_scratch, take
 from backend.harness.session import (CaptureFailed, GraphKey, Session, SessionCache, SessionTooLarge, attention_config,
                                      estimate_bytes)
 from backend.harness.sides import add_step, eager_side, graph_side
-from backend.harness.step_data import fill_context, reference_key, set_scales, step_inputs
+from backend.harness.step_data import fill_context, reference_key, set_capture_scales, set_scales, step_inputs
 from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, plan_steps
 from backend.harness.timing import PHASES, Clock, Span, seconds
 from backend.harness.verdict import explained_by_jitter, graph_only
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
-from backend.rank_merge import merge_rank_results  # noqa: F401
-from backend.result import CHECK_DETERMINISM, CHECK_NAMES, UNVERIFIABLE_PREFIX, CaseResult, Status
+from backend.rank_merge import consensus_reason, merge_rank_results, plan_of, rank_consensus  # noqa: F401
+from backend.result import (CHECK_DETERMINISM, CHECK_NAMES, UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX, CaseResult,
+                            Status)
 
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
 
@@ -161,11 +163,12 @@ def _session_plan(case: Case, backend_cls, rank: int, device: torch.device) -> _
                                             uniform_decode_query_len(case.spec_tokens))), default=0)
     max_tokens = top if top > max(sizes, default=0) else 0
     k = case.spec_tokens if getattr(backend_cls, "sizes_by_spec_tokens", False) else 0
-    key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, max_tokens, k, str(device))
+    key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, max_tokens, k, str(device),
+           case.cg_padding)
 
     def factory() -> Session:
         return Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype, sizes, device,
-                       max_tokens=max_tokens, spec_tokens=k)
+                       max_tokens=max_tokens, spec_tokens=k, cg_padding=case.cg_padding)
 
     layout = TPLayout(case.tp, rank, case.model.num_heads, case.model.num_kv_heads, case.model.head_size)
     config = attention_config(case.model, layout, case.kv_cache_dtype, sizes, device)
@@ -182,6 +185,14 @@ def _dispatch_plan(case: Case, mode: CUDAGraphMode, sizes: tuple[int, ...]):
     keys = [GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode, q if d.uniform_decode else 1)
             if d.runtime_mode != "NONE" else None for d in dispatches]
     return plans, dispatches, keys
+
+
+def step_graph(key: GraphKey | None) -> str:
+    """The graph a step dispatches to, as CaseResult.step_graphs names it ("NONE": eager)."""
+    if key is None:
+        return "NONE"
+    decode = f" decode{f' q{key.query_len}' if key.query_len > 1 else ''}" if key.uniform_decode else ""
+    return f"{key.runtime_mode} {key.size}{decode}"
 
 
 def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) -> bool:
@@ -209,9 +220,10 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
         return False
     session = sessions.get(plan.key, plan.factory, device=device, estimate=plan.estimate)
     plans, _, keys = _dispatch_plan(case, plan.mode, plan.sizes)
+    set_capture_scales(session, case.kv_cache_dtype)
     session.ensure_graphs({k for k in keys if k is not None})
-    set_scales(case, session)
     for step, key in zip(plans, keys):
+        set_scales(case, session, step.index)
         inputs = make_step_inputs(step, case.model, case.seed, session.device, context=False)
         x = inputs.on(session.device).x
         session.run_eager_step(x, inputs.batches)
@@ -271,7 +283,16 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         except UnsupportedModeError as e:
             return base.replace(status=Status.SKIP, reason=f"unsupported: {e}")
         mode, sizes, notes, key = plan.mode, plan.sizes, plan.notes, plan.key
-        base = base.replace(resolved_mode=mode.name, downgraded=plan.downgraded)
+        planned = _dispatch_plan(case, mode, sizes)
+        base = base.replace(resolved_mode=mode.name, downgraded=plan.downgraded,
+                            step_graphs=tuple(step_graph(k) for k in planned[2]))
+        if world_size > 1:
+            # Before any collective of the case: ranks that planned different graphs would pair
+            # their collectives wrongly (a hang, or a silent mix). Every rank sees every plan, so
+            # all return the same FAIL; the driver's merge checks the plans again (rank_merge).
+            check = rank_consensus(all_gather_objects(plan_of(base)))
+            if not check.passed:
+                return base.replace(status=Status.FAIL, reason=consensus_reason(check), checks=(check,))
         t0 = time.perf_counter()
         built = key not in sessions
         session = sessions.get(key, plan.factory, device=device, estimate=plan.estimate)
@@ -279,7 +300,7 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         phases["session_s"].append(Span(t0, time.perf_counter()))
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind
         base = base.replace(graph_kind=graph_kind)
-        result = _run_steps(case, session, mode, sizes, base, t_start, phases)
+        result = _run_steps(case, session, planned, base, t_start, phases)
         if result.status == Status.ERROR:
             sessions.drop(key)
         figures = memory.figures(session.memory_bytes(), built)
@@ -315,14 +336,14 @@ def _safe(fn, *args) -> str:
         return "unknown"
 
 
-def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[int, ...], base: CaseResult,
+def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
                t_start: float, phases: dict[str, list]) -> CaseResult:
-    """`sizes`: the capture sizes after resolution (resolve_capture_sizes), not case.capture_sizes."""
+    """`planned`: _dispatch_plan of the resolved mode and sizes."""
     clock = Clock(session.device)
     shape = case.model
-    plans, dispatches, graph_keys = _dispatch_plan(case, mode, sizes)
+    plans, dispatches, graph_keys = planned
+    set_capture_scales(session, case.kv_cache_dtype)  # before capture: scales no step uses (step_data)
     capture_s = capture_checked(session, {k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
-    set_scales(case, session)
     acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
     eager_s, replay_s, used, shared, shared_graph = [], [], [], 0, 0
     again = case.case_id in session.cases_run  # a case run again reuses no graph side
@@ -341,8 +362,11 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
             # eager for NONE) from the same inputs in this session: its outcome is this step's.
             shared, shared_graph = shared + 1, shared_graph + 1
         else:
+            if graph_key is not None:  # GPU: before the snapshot, so nothing it writes is the step's
+                churn(session, plan.num_tokens, graph_key.size)
             ref_key = reference_key(case, session, plan.index)
             inputs = step_inputs(plan, shape, case.seed, session.device)
+            set_scales(case, session, plan.index)
             context, ctx_slots = fill_context(session, inputs, reference=eager is None and ref_key not in step_data.REFERENCES)
             t1 = clock.now()
             phases["inputs_s"].append(Span(t0, t1))
@@ -379,11 +403,15 @@ def _run_steps(case: Case, session: Session, mode: CUDAGraphMode, sizes: tuple[i
     failed = [c for c in checks if not c.passed]
     common = dict(checks=checks, capture_sizes_used=tuple(used), timings=timings)
     # The CPU emulation could not follow these graphs (a launch behind the dispatcher): it cannot
-    # vouch for a pass, nor for a failure of the graph side alone; counted apart (gate.py, #32).
+    # vouch for a pass (PASS, counted apart: #32), nor for a failure of the graph side alone; but a
+    # disagreement it saw is never a pass (#39): UNVERIFIABLE, which gates unless allowed.
     notes = session.unverifiable(k for k in graph_keys if k is not None)
     if notes and all(graph_only(c) for c in failed):
-        also = f"; graph-side checks failed: {', '.join(c.name for c in failed)}" if failed else ""
-        return base.replace(status=Status.PASS, reason=UNVERIFIABLE_PREFIX + notes[0] + also, **common)
+        if not failed:
+            return base.replace(status=Status.PASS, reason=UNVERIFIABLE_PREFIX + notes[0], **common)
+        reason = (f"{UNVERIFIABLE_PREFIX}{notes[0]}; the graph side disagreed with eager from step "
+                  f"{min(c.step for c in failed)} ({', '.join(c.name for c in failed)}): {UNVERIFIABLE_ADVICE}")
+        return base.replace(status=Status.UNVERIFIABLE, reason=reason, **common)
     if not failed:
         return base.replace(status=Status.PASS, reason="", **common)
     det = next((c for c in failed if c.name == CHECK_DETERMINISM), None)

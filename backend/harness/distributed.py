@@ -67,6 +67,15 @@ def init_gang(rank: int, world_size: int, master_addr: str, master_port: int, *,
     _GANG[0] = f"{master_addr}:{master_port}"
 
 
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order; [obj] without a process group."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def destroy_gang(together: bool = False) -> None:
     """Leave the process group (no-op without one). `together`: every rank of the gang calls this
     at once (the executor re-forms an idle gang's actors across tp phases), so they meet at a

@@ -26,6 +26,7 @@ from typing import Any, Callable, Hashable
 
 import torch
 
+from backend.attention import padding
 from backend.attention.interface import AttentionConfig, BatchDescription
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
@@ -162,11 +163,13 @@ def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, c
 class Session:
     def __init__(self, backend_cls, shape: ModelShape, tp: int, rank: int, kv_cache_dtype: str,
                  capture_sizes: tuple[int, ...], device: torch.device, runner_factory=None, max_tokens: int = 0,
-                 spec_tokens: int = 0):
+                 spec_tokens: int = 0, cg_padding: tuple[int, int] | None = None):
         """max_tokens: the largest graph this session may capture, when above max(capture_sizes):
         a split-mode decode graph of min(cdiv(s, q), max_num_seqs) requests has requests * q
         tokens, up to q - 1 above the size s it came from (modes.decode_capture_sizes).
-        spec_tokens: the case's k, for a backend with `sizes_by_spec_tokens` (else 0)."""
+        spec_tokens: the case's k, for a backend with `sizes_by_spec_tokens` (else 0).
+        cg_padding: the (seq_len, block-table) values padded requests get; None: what the builders
+        declare (backend/attention/padding.py)."""
         self.backend_cls, self.shape, self.device = backend_cls, shape, torch.device(device)
         self.family = family_of(shape.attention)
         self.layout = TPLayout(tp, rank, shape.num_heads, shape.num_kv_heads, shape.head_size)
@@ -174,6 +177,8 @@ class Session:
         with host_scope(self.device):  # the CPU emulation: their host tensors are host memory (#32)
             self.builder = self.family.make_builder(backend_cls, self.config, shape)
             self.impl = backend_cls.impl_cls(self.config)
+        self.cg_padding = cg_padding or padding.consolidated(self.builder)
+        padding.apply(self.builder, self.cg_padding)
         own = getattr(backend_cls, "allocate_kv_cache", None)
         if own is not None:  # a backend with its own layout (backend/adapters/vllm/), seen as ours
             caches = [own(self.config) for _ in range(shape.num_layers)]
@@ -294,8 +299,10 @@ class Session:
         # one NONE-mode forward before each capture in V2 CudaGraphManager.capture_graph).
         self.runner.warmup(fn, WARMUP_ITERS)
         with host_scope(self.device):
-            self.builder.build_for_capture(n, q, style)  # the warm-up may not leave the buffers as captured
-        return _Full(self.runner.capture(fn), md.num_padded_reqs, results, capture_metadata=md)
+            again = self.builder.build_for_capture(n, q, style)  # the warm-up may not leave the buffers as captured
+        # Both builds' metadata live with the graph: a backend may read the latest build's (a
+        # forward context: customop_seed) rather than the argument's.
+        return _Full(self.runner.capture(fn), md.num_padded_reqs, results, capture_metadata=(md, again))
 
     def _capture_piecewise(self, key: GraphKey) -> _Piecewise:
         n = key.size
@@ -317,12 +324,20 @@ class Session:
     def unverifiable(self, keys) -> tuple[str, ...]:
         """What the CPU emulation could not follow in these keys' graphs (a kernel launched behind
         the dispatcher: backend/graphs/opaque.py); empty for real graphs."""
+        return self._graph_notes(keys, "unverifiable")
+
+    def freed_reads(self, keys) -> tuple[str, ...]:
+        """Memory these keys' graphs read at a replay that nothing kept alive after their capture
+        (the CPU emulation: backend/graphs/freed.py); empty for real graphs."""
+        return self._graph_notes(keys, "freed_reads")
+
+    def _graph_notes(self, keys, attr: str) -> tuple[str, ...]:
         notes: list[str] = []
         for key in keys:
             entry = self.graphs.get(key)
             graphs = [entry.graph] if isinstance(entry, _Full) else getattr(entry, "graphs", [])
             for graph in graphs:
-                notes += [n for n in getattr(graph, "unverifiable", ()) if n not in notes]
+                notes += [n for n in getattr(graph, attr, ()) if n not in notes]
         return tuple(notes)
 
     # ---- runs ---------------------------------------------------------------------------------

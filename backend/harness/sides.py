@@ -11,6 +11,7 @@ import torch
 
 from backend.case import Case
 from backend.harness import step_data
+from backend.harness.churn import poison_free_memory, poison_outputs
 from backend.harness.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
                                     kv_integrity, max_abs_diff, raw, real_slot_values, rows_by_request)
 from backend.harness.scratch import mark_scratch
@@ -118,12 +119,20 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
         graph_side = session.run_eager_step(x, inputs.batches)
         used = 0
     else:
+        # What a busy engine does between capture and replay (churn.py): rows the graph leaves
+        # unwritten read NaN, freed memory it still reads holds the poison pattern.
+        poison_outputs(session, graph_key)
+        poison_free_memory(session.device)
         graph_side = session.run_graph_step(graph_key, x, inputs.batches, pad_seed=pad_seed(case, plan.index, session))
         used = d.padded_tokens
         padded = padded_rows(session, graph_key, x.shape[0])
     t2 = clock.now()
     out_g = graph_side.out
     replay = compare(out_g, eager.out, tol, shape.head_size, row_scaled_atol=True)
+    # The emulation saw the replay read memory nothing kept alive: a failure whatever it read.
+    freed = session.freed_reads([graph_key]) if graph_key is not None else ()
+    if freed:
+        replay = dataclasses.replace(replay, ok=False)
     attn_replay = compare_heads(graph_side.attention, eager.attention, tol, head_offset=session.layout.q_heads.start)
     finite = all_finite(out_g, shape.head_size)
     fp = all_finite(padded, shape.head_size) if padded is not None and padded.shape[0] else None
@@ -134,6 +143,12 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
         k = kv_integrity(family.slot_rows(after), family.slot_rows(before), eager_real, real_slots,
                          family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer]), tol)
         outside_ok = outside_ok and not k.outside_changed
+        if not k.real_ok and after.is_contiguous():
+            # The graph's own K/V (NaN where it read poisoned memory) would be the cache later
+            # steps and cases of this session find: they get eager's, in the scratch too (which
+            # kv_integrity left equal to the cache).
+            for t in (after, before):
+                family.slot_rows(t)[:, real_slots] = eager_real
         if not k.ok and kv_ok:
             kv_ok = False
             kv_detail = (f"layer {layer}: {k.outside_changed} slots written outside the step's "
@@ -150,7 +165,8 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
         padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
                       if fp is not None and fp.first_bad else "",
         detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}"
-               + (f"; {rows_by_request(replay.bad_rows, plan.query_lens)}" if not replay.ok else ""),
+               + (f"; {rows_by_request(replay.bad_rows, plan.query_lens)}" if replay.bad_rows else "")
+               + "".join(f"; {note}" for note in freed),
         used=used, replay_s=Span(t1, t2), kv_ok=kv_ok, kv_detail=kv_detail)
 
 

@@ -1,9 +1,11 @@
 """A step's data and its reference: the per-process caches of step inputs and reference outputs
 (shared by every mode, kv dtype and backend of a batch), the context fill through the family's
-KV write, the per-case fp8 scales, and the fp32 reference forward."""
+KV write, the per-step fp8 scales (and those graphs are captured under), and the fp32 reference
+forward."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 
 import torch
@@ -16,8 +18,13 @@ from backend.harness.session import LRU, Session
 from backend.harness.steps import StepInputs, hash_seed, make_step_inputs
 from backend.host_copy import copy_into
 
-# fp8 scales are drawn per case so a graph that froze an old scale disagrees with eager.
+# fp8 scales (#39). Every step draws its own (the same for every mode, kv dtype and backend of a
+# batch: the eager sides and references they share depend on them), and graphs are captured under
+# scales from a range no step draws from. So a graph that froze a host copy of a scale at capture
+# replays it against different live scales in every step of every case, whatever ran before on the
+# worker; before, a graph captured under the previous case's scales (the same seed) passed.
 FP8_SCALE_RANGE = (6.0, 12.0)  # |K|, |V| covered before saturation (inputs are ~N(0, 1))
+CAPTURE_SCALE_RANGE = (2.0, 4.0)  # disjoint from FP8_SCALE_RANGE: never a step's
 
 
 # Reference outputs of recent steps, per process. The reference is the unsharded fp32 model on the
@@ -116,11 +123,24 @@ def reference_key(case: Case, session: Session, step: int) -> tuple:
             str(session.device), session.kv_caches[0].dtype, query_scale(session))
 
 
-def set_scales(case: Case, session: Session) -> None:
-    gen = torch.Generator().manual_seed(hash_seed(case.seed, 977))
-    fp8 = case.kv_cache_dtype == "fp8"
+def set_scales(case: Case, session: Session, step: int) -> None:
+    """The step's KV scales (every layer's k_scale and v_scale), drawn from the batch, k, seed and
+    step: what the eager side and the reference of the step are shared by."""
+    batch = zlib.crc32(repr((case.batch.name, case.batch.query_lens, case.batch.seq_lens)).encode())
+    _draw_scales(session, case.kv_cache_dtype, hash_seed(case.seed, batch, case.spec_tokens, step, 977),
+                 FP8_SCALE_RANGE)
+
+
+def set_capture_scales(session: Session, kv_cache_dtype: str) -> None:
+    """Scales no step draws: what graphs are captured under (module comment above)."""
+    _draw_scales(session, kv_cache_dtype, hash_seed(977, 13), CAPTURE_SCALE_RANGE)
+
+
+def _draw_scales(session: Session, kv_cache_dtype: str, seed: int, scale_range: tuple[float, float]) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    fp8 = kv_cache_dtype == "fp8"
     fmax = torch.finfo(fp8_dtype(session.device)).max if fp8 else 1.0
-    lo, hi = FP8_SCALE_RANGE
+    lo, hi = scale_range
     for ks, vs in zip(session.model.k_scales, session.model.v_scales):
         for t in (ks, vs):
             value = (lo + (hi - lo) * torch.rand(1, generator=gen)) / fmax if fp8 else torch.ones(1)

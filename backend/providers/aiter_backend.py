@@ -53,7 +53,8 @@ def gather_contiguous_kv(kv_cache: torch.Tensor, metadata: AttentionMetadata, k_
     j = torch.arange(total, device=seq.device)
     req = torch.searchsorted(cu_k[1:], j, right=True).clamp(max=seq.shape[0] - 1)
     pos = (j - cu_k[req]).clamp(0, metadata.block_table.shape[1] * block_size - 1)
-    slot = metadata.block_table[req, pos // block_size].to(torch.int64) * block_size + pos % block_size
+    block = metadata.block_table[req, pos // block_size].to(torch.int64).clamp_min(0)  # filler reads block 0, not -1
+    slot = block * block_size + pos % block_size
     k = dequantize(kv_cache[0].flatten(0, 1)[slot], k_scale).to(dtype)
     v = dequantize(kv_cache[1].flatten(0, 1)[slot], v_scale).to(dtype)
     return k, v, cu_k.to(torch.int32)

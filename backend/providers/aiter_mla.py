@@ -95,7 +95,7 @@ def gather_sequences(kv_cache: torch.Tensor, md: MLAMetadata, k_scale) -> tuple[
     req = torch.searchsorted(cu_k[1:], j, right=True).clamp(max=max(seq.shape[0] - 1, 0))
     pos = (j - cu_k[req]).clamp(0, md.block_table.shape[1] * block_size - 1)
     table = md.block_table[reqs]
-    slot = table[req, pos // block_size].to(torch.int64) * block_size + pos % block_size
+    slot = table[req, pos // block_size].to(torch.int64).clamp_min(0) * block_size + pos % block_size  # filler: block 0
     return dequantize(kv_cache.flatten(0, 1)[slot], k_scale), cu_k.to(torch.int32)
 
 

@@ -46,7 +46,9 @@ def gather_paged(cache: torch.Tensor, block_rows: torch.Tensor, length: int,
     block_size, hkv, d = cache.shape[1], cache.shape[2], cache.shape[3]
     nblocks = -(-length // block_size)
     c = block_rows.shape[0]
-    blocks = block_rows[:, :nblocks].reshape(-1).to(torch.int64)
+    # A kernel reads no block past a sequence's length; this gathers whole rows and masks after,
+    # so a padded request's row (vLLM pads -1: backend/attention/padding.py) is read as block 0.
+    blocks = block_rows[:, :nblocks].reshape(-1).to(torch.int64).clamp_min(0)
     kv = cache.permute(2, 0, 1, 3).index_select(1, blocks)  # [Hkv, C * nblocks, block_size, D]
     kv = kv.view(hkv, c, nblocks * block_size, d)[:, :, :length]
     return dequantize(kv, scale).permute(1, 2, 0, 3)

@@ -18,6 +18,7 @@ builder's num_actual_tokens (padded tokens) are 0. Support ALWAYS, as vLLM's TRI
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
@@ -44,11 +45,12 @@ def use_3d(md: SWAMetadata, num_heads: int, num_kv_heads: int) -> bool:
 
 
 def combine(scores: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, segments: int,
-            sink_in_every_segment: bool = False) -> torch.Tensor:
+            sink_in_every_segment: bool = False, sink_count: int = 1) -> torch.Tensor:
     """softmax(scores + sink) @ v, fp32: scores [Hkv, C, G, L] (-inf where masked), v [Hkv, C, L, D],
     sinks [Hkv, 1, G, 1] or None -> [Hkv, C, G, D]. segments 1: the 2-D path; > 1: the 3-D path
     (per-segment max and sum, merged by log-sum-exp; the sink in segment 0 only, or in every
-    segment for the mutation suite's broken kernel). A row with no key and no sink is 0."""
+    segment for the mutation suite's broken kernel, which may also add it `sink_count` times).
+    A row with no key and no sink is 0."""
     neg = scores.new_full((), float("-inf"))  # a device fill (torch.tensor(x, device=...) is a blocking copy)
     if segments <= 1:
         m = scores.amax(dim=-1, keepdim=True)
@@ -56,7 +58,7 @@ def combine(scores: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, s
             m = torch.maximum(m, sinks)
         m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
         e = torch.exp(scores - m)
-        den = e.sum(dim=-1, keepdim=True) + (torch.exp(sinks - m) if sinks is not None else 0.0)
+        den = e.sum(dim=-1, keepdim=True) + (sink_count * torch.exp(sinks - m) if sinks is not None else 0.0)
         return torch.matmul(e, v) / torch.where(den > 0, den, torch.ones_like(den))
     length = scores.shape[-1]
     seg = -(-length // segments)
@@ -75,7 +77,7 @@ def combine(scores: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, s
     e = torch.exp(s - m_safe[..., None])
     den = e.sum(dim=-1)  # [Hkv, C, G, S]
     if sinks is not None:
-        sink_term = torch.exp(sinks - m_safe)  # [Hkv, C, G, S]
+        sink_term = sink_count * torch.exp(sinks - m_safe)  # [Hkv, C, G, S]
         if not sink_in_every_segment:
             sink_term = torch.cat([sink_term[..., :1], torch.zeros_like(sink_term[..., 1:])], dim=-1)
         den = den + sink_term
@@ -91,9 +93,12 @@ def combine(scores: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, s
 def swa_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: SWAMetadata,
                   k_scale, v_scale, scale: float, window: int | None, sinks: torch.Tensor | None,
                   segments: int, window_off_by_one: bool = False, sink_scaled: bool = False,
-                  sink_in_every_segment: bool = False) -> torch.Tensor:
+                  sink_in_every_segment: bool = False, sink_twice: bool = False,
+                  sink_no_exp2: bool = False) -> torch.Tensor:
     """query [T, H, D] -> fp32 [T, H, D] over the paged cache (the keyword flags are the mutation
-    suite's broken kernels: the window one key too wide, the sink times the softmax scale)."""
+    suite's broken kernels: the window one key too wide, the sink times the softmax scale, the sink
+    in the denominator twice, the sink taken as a base-2 logit: a kernel that runs its softmax in
+    exp2 and adds exp2(sink) without the log2(e) every other logit gets, e^(sink ln 2))."""
     t, h, d = query.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     length = gather_length(md, block_size)
@@ -106,7 +111,7 @@ def swa_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     g = h // hkv
     sink = None
     if sinks is not None:
-        sink = sinks.float().view(hkv, 1, g, 1) * (scale if sink_scaled else 1.0)
+        sink = sinks.float().view(hkv, 1, g, 1) * (scale if sink_scaled else 1.0) * (math.log(2) if sink_no_exp2 else 1.0)
     out = torch.zeros(t, h, d, dtype=torch.float32, device=query.device)
     per_token = length * hkv * d * 4 * 2 + h * length * 4 * 4
     for chunk in token_chunks(t, per_token):
@@ -122,7 +127,7 @@ def swa_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         qh = (query[chunk].float().view(-1, hkv, g, d) * scale).transpose(0, 1)  # [Hkv, C, G, D]
         kh = k.float().permute(2, 0, 1, 3)  # [Hkv, C, L, D]
         scores = torch.matmul(qh, kh.transpose(-1, -2)).masked_fill(~mask[None, :, None, :], float("-inf"))
-        o = combine(scores, v.float().permute(2, 0, 1, 3), sink, segments, sink_in_every_segment)
+        o = combine(scores, v.float().permute(2, 0, 1, 3), sink, segments, sink_in_every_segment, 2 if sink_twice else 1)
         out[chunk] = torch.where(real[chunk, None, None], o.transpose(0, 1).reshape(-1, h, d), 0.0)
     return out
 
@@ -132,6 +137,8 @@ class TorchSWAImpl(SWAImpl):
     window_off_by_one: ClassVar[bool] = False
     sink_scaled: ClassVar[bool] = False
     sink_in_every_segment: ClassVar[bool] = False
+    sink_twice: ClassVar[bool] = False
+    sink_no_exp2: ClassVar[bool] = False
 
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output, window=None, sinks=None):
         write_kv(kv_cache, key, value, metadata.slot_mapping, k_scale, v_scale)
@@ -142,7 +149,7 @@ class TorchSWAImpl(SWAImpl):
         segments = NUM_SEGMENTS if use_3d(md, self.config.num_heads, self.config.num_kv_heads) else 1
         out = swa_attention(query[:t], kv_cache[0], kv_cache[1], md, k_scale, v_scale, self.config.scale,
                             self.layer_window(md, window), sinks, segments, self.window_off_by_one, self.sink_scaled,
-                            self.sink_in_every_segment)
+                            self.sink_in_every_segment, self.sink_twice, self.sink_no_exp2)
         output[:t].copy_(out.to(output.dtype))
         return output
 

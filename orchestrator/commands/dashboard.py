@@ -13,10 +13,11 @@ from orchestrator.store import ResultStore
 
 
 def main(db: str | None = None, run_id: str | None = None, baseline: str | None = None,
-         known_failures: str | None = None, out_dir: str | None = None) -> int:
+         known_failures: str | None = None, out_dir: str | None = None, allow_unverifiable: bool = False) -> int:
     out_dir = out_dir or defaults.dashboard_out()
     with ResultStore(db or defaults.db(), readonly=True) as store:
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+        view = gather(store, run_id, baseline=baseline, known_failures=known_failures,
+                      allow_unverifiable=allow_unverifiable)
         try:
             path = write_dashboard(store, view, out_dir)
         except OSError as e:

@@ -19,11 +19,12 @@ from orchestrator.store import ResultStore
 
 def main(db: str | None = None, run_id: str | None = None, baseline: str | None = None,
          known_failures: str | None = None, verbose: bool = False, flaky_window: int | None = None,
-         flaky_threshold: float | None = None, require=(), allow_empty: bool = False) -> int:  # fmt: skip
+         flaky_threshold: float | None = None, require=(), allow_empty: bool = False,
+         allow_unverifiable: bool = False) -> int:  # fmt: skip
     flaky = flakiness.options(flaky_window, flaky_threshold)
     with ResultStore(db or defaults.db(), readonly=True) as store:
         view = gather(store, run_id, baseline=baseline, known_failures=known_failures, require=tuple(require),
-                      allow_empty=allow_empty, **flaky)
+                      allow_empty=allow_empty, allow_unverifiable=allow_unverifiable, **flaky)
     gate = view.gate
     if verbose:
         for cid in gate.gating:

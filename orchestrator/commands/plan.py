@@ -31,7 +31,8 @@ from orchestrator.errors import ExitCode
 from orchestrator.filters import select
 from orchestrator.matrix import SkippedCase, load_matrix
 
-AXIS_NAMES = ("attention", "tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens")
+AXIS_NAMES = ("attention", "tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens",
+              "cg_padding")
 
 
 def resolved_mode(case: Case) -> tuple[str, str, list[int]]:

@@ -11,8 +11,8 @@ from orchestrator.outputs import RunView, downgrades, gather, memory_line, selec
 from orchestrator.store import ResultStore
 
 # Classes the text report lists (worst first), as `orch report` always has.
-_LISTED = ("regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing", "old-failure", "flaky",
-           "known-fail", "fixed")
+_LISTED = ("regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing", "unverifiable",
+           "old-failure", "flaky", "known-fail", "fixed")
 
 
 def _text(view: RunView, verbose: bool = False) -> str:
@@ -76,13 +76,13 @@ def render(view: RunView, fmt: str, verbose: bool = False) -> str:
 def main(db: str | None = None, run_id: str | None = None, fmt: str = "text", baseline: str | None = None,
          known_failures: str | None = None, output: str | None = None, verbose: bool = False,
          flaky_window: int | None = None, flaky_threshold: float | None = None, require=(),
-         allow_empty: bool = False) -> int:  # fmt: skip
+         allow_empty: bool = False, allow_unverifiable: bool = False) -> int:  # fmt: skip
     """Every format carries the verdict, so every format exits by it (0 passed, 1 failed, 3 only
     not-run), as the README promises of every command that prints one (#33: it exited 0)."""
     flaky = flakiness.options(flaky_window, flaky_threshold)
     with ResultStore(db or defaults.db(), readonly=True) as store:
         view = gather(store, run_id, baseline=baseline, known_failures=known_failures, require=tuple(require),
-                      allow_empty=allow_empty, **flaky)
+                      allow_empty=allow_empty, allow_unverifiable=allow_unverifiable, **flaky)
     text = render(view, fmt, verbose)
     if output:
         try:

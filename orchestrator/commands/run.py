@@ -43,7 +43,7 @@ from orchestrator.errors import InputError, OrchError
 
 # Test/benchmark hook: the per-case function the actors call (default: the checker).
 RUNNER_ENV = "ORCH_RUNNER"
-_REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.FLAKY, Status.NOT_RUN)
+_REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.UNVERIFIABLE, Status.FLAKY, Status.NOT_RUN)
 MAX_REASONS = 5  # skip reasons in the run's last lines; summary.md has them all
 
 
@@ -109,7 +109,7 @@ def main(matrix=None, backend=None, filter_expr=None, db=None, out_dir=None, add
          known_failures=None, resume_run=None, no_progress=False, precompile_jobs=None, verbose=False,
          label=None, max_gpus=None, flaky_window=None, flaky_threshold=None,
          workers_per_gpu="1", gpu_memory_utilization=0.9, gpu_memory=None, allow_empty=False,
-         require=()) -> int:  # fmt: skip
+         require=(), allow_unverifiable=False) -> int:  # fmt: skip
     """db / out_dir None: the defaults (orchestrator/defaults.py: ORCH_DB / ORCH_OUT, else
     orch-results.db / orch-out; `--resume` reuses the run's own --out)."""
     from orchestrator.executor.packing import MemoryOptions
@@ -124,12 +124,13 @@ def main(matrix=None, backend=None, filter_expr=None, db=None, out_dir=None, add
                      resume_run=resume_run, no_progress=no_progress, precompile_jobs=precompile_jobs,
                      verbose=verbose, label=label, max_gpus=max_gpus,
                      flaky=_flaky_options(flaky_window, flaky_threshold), memory=memory,
-                     allow_empty=allow_empty, require=tuple(require or ()))  # fmt: skip
+                     allow_empty=allow_empty, require=tuple(require or ()),
+                     allow_unverifiable=allow_unverifiable)  # fmt: skip
 
 
 def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, workers, timeout_s, junit_path, summary_path,
           baseline, known_failures, resume_run, no_progress, precompile_jobs, verbose, label=None, max_gpus=None,
-          flaky=None, memory=None, allow_empty=False, require=()) -> int:  # fmt: skip
+          flaky=None, memory=None, allow_empty=False, require=(), allow_unverifiable=False) -> int:  # fmt: skip
     from orchestrator import artifacts, defaults, known_failures as kf
     from orchestrator.filters import parse_filter, select
     from orchestrator.interrupts import exit_code, signame
@@ -165,7 +166,8 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
                 raise InputError(e.message, source="--require") from None
         out_dir = out_dir or defaults.out()
         options = RunOptions(out=os.path.abspath(out_dir), filter=filter_expr, backend=backend,
-                             matrix_cases=len(m.cases) + len(m.skipped), allow_empty=allow_empty, require=require)
+                             matrix_cases=len(m.cases) + len(m.skipped), allow_empty=allow_empty, require=require,
+                             allow_unverifiable=allow_unverifiable)
     phases = {"matrix": time.monotonic() - t0}
     store = ResultStore(db)
     run_id = None  # set once this driver holds the run's writer lock

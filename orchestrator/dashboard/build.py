@@ -35,7 +35,8 @@ _ENV = jinja2.Environment(
 )
 
 # Display state of a cell: the status, or the gate's xfail, or "pending"/"missing" without a result.
-STATES = ("pass", "unverifiable", "fail", "error", "timeout", "flaky", "known-fail", "not-run", "skip", "pending", "missing")
+STATES = ("pass", "pass-unverifiable", "fail", "error", "timeout", "unverifiable", "flaky", "known-fail", "not-run", "skip",
+          "pending", "missing")
 
 
 def json_for_script(data: Any) -> str:
@@ -87,7 +88,7 @@ def with_k(axes: dict) -> dict[str, Any]:
 def case_entry(r: CaseResult, view: RunView, hist: dict, labels: dict[int, str] | None = None) -> dict[str, Any]:
     gate = view.gate
     cls = gate.classification.get(r.case_id, r.status.value)
-    state = cls if cls in ("known-fail", "unverifiable") else r.status.value
+    state = cls if cls in ("known-fail", "pass-unverifiable") else r.status.value
     base = gate.baseline_status.get(r.case_id)
     change = ""
     if cls == "regression":

@@ -36,7 +36,7 @@ class Progress:
             self._bar.start()
 
     def _counts_text(self) -> str:
-        keys = ("pass", "fail", "error", "timeout", "flaky", "skip")
+        keys = ("pass", "fail", "error", "timeout", "unverifiable", "flaky", "skip")
         return " ".join(f"{k} {self.counts[k]}" for k in keys if self.counts[k])
 
     def update(self, result: CaseResult) -> None:

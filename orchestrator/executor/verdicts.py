@@ -28,6 +28,8 @@ STICKY_FAULT = re.compile(
 # torch's fixed advice lines after a CUDA error: not evidence of anything.
 _TORCH_HINTS = re.compile(r"^.*(TORCH_USE_CUDA_DSA|CUDA_LAUNCH_BLOCKING|AMD_SERIALIZE_KERNEL|HIP_LAUNCH_BLOCKING"
                           r"|might be asynchronously reported).*$", re.MULTILINE)
+# UNVERIFIABLE is not retried: another CPU worker's emulation cannot follow the same graphs any
+# better; a GPU decides (#39).
 RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
 # A failed graph capture is a property of the code under test (a host sync, an unsupported call),
 # the same on every attempt: it is reported once, not retried. (Crashes, hangs and numeric

@@ -18,6 +18,7 @@ class RunOptions:
     matrix_cases: int = 0  # cases of the matrix before --filter (runnable and skipped; 0 unknown)
     allow_empty: bool = False  # --allow-empty: a run in which nothing ran may pass
     require: tuple[str, ...] = ()  # --require FILTER...: slices that must have run
+    allow_unverifiable: bool = False  # --allow-unverifiable: unverifiable cases listed, not failing
 
     def to_json(self) -> str:
         return json.dumps({**dataclasses.asdict(self), "require": list(self.require)}, sort_keys=True)

@@ -125,3 +125,27 @@ def test_store_keeps_all_three_runs(runs):
     tmp = runs[0]
     with ResultStore(str(tmp / "r.db"), readonly=True) as store:
         assert len(store.runs()) == 3 and all(len(store.results(r.id)) == 6 for r in store.runs())
+
+
+def test_a_tp2_allreduce_skipped_behind_a_raw_pointer_fails_orch_run_on_cpu(ray_cluster, tmp_path):
+    """Issue #39: the tp 2 custom all-reduce that records its buffer's address while capturing and
+    skips the reduction. Its replay disagrees with eager on the CPU emulation, which cannot follow
+    the pointer: UNVERIFIABLE, so `orch run` exits 1 (it passed before, exit 0); `orch gate
+    --allow-unverifiable` passes the same run and still lists the case."""
+    from orchestrator.commands import gate as gate_cmd
+
+    db, out = str(tmp_path / "r.db"), str(tmp_path / "out")
+    code = run_cmd.main("matrices/smoke.yaml", backend="tests.mutants.allreduce_registered:Backend",
+                        filter_expr="attention=gqa tp=2 cudagraph_mode=FULL", db=db, out_dir=out, devices="cpu",
+                        no_progress=True)
+    assert code == 1
+    with ResultStore(db, readonly=True) as store:
+        (r,) = store.results(store.latest_run_id())
+    assert r.case_id.startswith("tp2-FULL-auto-mixed_small-") and r.status.value == "unverifiable"
+    assert r.reason.endswith("run on a GPU to decide [all ranks unverifiable]"), r.reason
+    junit = JUnitXml.fromfile(f"{out}/junit.xml")
+    (tc,) = [c for suite in junit for c in suite]
+    assert tc.name == r.case_id and isinstance(tc.result[0], Failure) and tc.result[0].type == "unverifiable"
+    assert "Unverifiable: the replay disagreed" in open(f"{out}/summary.md").read()
+    assert gate_cmd.main(db, allow_unverifiable=True) == 0
+    assert gate_cmd.main(db) == 1

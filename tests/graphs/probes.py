@@ -13,13 +13,16 @@ made (backend/graphs/provenance.py).
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Callable
 
 import torch
 
+from backend.graphs.base import is_capturing
 from backend.graphs.equivalence import PROGRAMS as BASE_PROGRAMS
 from backend.graphs.equivalence import Instance, Program
 from backend.graphs.host import host_tensor
+from backend.harness.churn import poison_free_memory
 
 _HOST_GLOBAL = {"scale": 2.0}  # stands for vLLM's forward context, read inside an op body
 
@@ -579,10 +582,112 @@ ROUND_TWO: tuple[Program, ...] = (
             _bool_mask_setitem(False)),
 )
 
-# Probes added after the last recording: their CUDA verdicts in golden_cuda.json are derived from
-# CUDA semantics ("derived" there, with the reasoning) until benchmarks/gpu_probes.py records them.
+# ---- issue #39: host compute in a custom op's body, memory that moves after capture -------------
 
-PROGRAMS: tuple[Program, ...] = BASE_PROGRAMS + NEW_PROGRAMS + ROUND_TWO
+_PREP: dict[str, torch.Tensor] = {}  # a builder's host buffers, made on its first call
+
+
+def _prep_body(qsl: torch.Tensor, n: int, pinned: bool) -> None:
+    # vLLM runs attention inside a custom op; a builder preparing metadata there makes its CPU
+    # buffers on the first call and computes on the host each call: once, at capture, in a graph.
+    if "lens" not in _PREP:
+        _PREP["lens"] = torch.ones(n, dtype=torch.int32)
+        _PREP["staging"] = torch.zeros(n + 1, dtype=torch.int32, pin_memory=pinned)
+    torch.cumsum(_PREP["lens"], 0, out=_PREP["staging"][1:])
+    qsl.copy_(_PREP["staging"], non_blocking=True)
+
+
+@torch.library.custom_op("orch_probe::prep_pinned", mutates_args=("qsl",))
+def _prep_pinned(qsl: torch.Tensor, n: int) -> None:
+    _prep_body(qsl, n, True)
+
+
+@torch.library.custom_op("orch_probe::prep_pageable", mutates_args=("qsl",))
+def _prep_pageable(qsl: torch.Tensor, n: int) -> None:
+    _prep_body(qsl, n, False)
+
+
+def _cpu_compute_in_capture(op) -> Callable[[torch.device], Instance]:
+    def build(device) -> Instance:
+        _PREP.clear()
+        qsl = torch.zeros(4, dtype=torch.int32, device=device)
+        x = _arange(4, device)
+
+        def step():
+            _PREP["lens"].copy_(torch.tensor([1, 5, 2], dtype=torch.int32))
+
+        def reference():
+            q = torch.zeros(4, dtype=torch.int32)
+            q[1:] = torch.cumsum(_PREP["lens"], 0)
+            return x * q.to(device)
+
+        def fn():
+            op(qsl, 3)
+            return x * qsl
+
+        return Instance(fn, step, reference)
+    return build
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_scale(n: int, device: torch.device) -> torch.Tensor:
+    return torch.full((n,), 2.0, device=device)  # a torch.device: device memory under the emulation too
+
+
+def _per_call_cache(evict: bool) -> Callable[[torch.device], Instance]:
+    def build(device) -> Instance:
+        _cached_scale.cache_clear()
+        x = _arange(4, device, 1.0)
+
+        def step():
+            if evict:
+                _cached_scale(5, torch.device(device))  # another size: the entry the graph reads goes
+                poison_free_memory(torch.device(device))  # a GPU: the freed block holds the poison now
+
+        return Instance(lambda: x * _cached_scale(4, torch.device(device)), step, lambda: x * 2)
+    return build
+
+
+def _host_float_from_warmup(device) -> Instance:
+    scale, x, held = torch.full((1,), 2.0, device=device), _arange(4, device), {"v": 1.0}
+
+    def fn():
+        if not is_capturing():
+            held["v"] = float(scale)  # a host copy, refreshed on every eager call (the warm-up)
+        return x * held["v"]
+
+    return Instance(fn, lambda: scale.fill_(3.0), lambda: x * scale)
+
+
+def _pointer_taken_no_launch(device) -> Instance:
+    x, out = _arange(4, device), torch.zeros(4, device=device)
+
+    def fn():
+        assert out.data_ptr() % out.element_size() == 0  # an alignment check: nothing launched on it
+        out.copy_(x * 2)
+        return out
+
+    return Instance(fn, lambda: x.add_(1), lambda: x * 2)
+
+
+ROUND_THREE: tuple[Program, ...] = (
+    Program("cpu_compute_in_capture", "a custom op's body (made on its first call: CPU lens, pinned staging) does a "
+            "host cumsum and a non_blocking H2D", _cpu_compute_in_capture(torch.ops.orch_probe.prep_pinned)),
+    Program("cpu_compute_in_capture_pageable", "the same with a pageable staging buffer",
+            _cpu_compute_in_capture(torch.ops.orch_probe.prep_pageable)),
+    Program("cache_entry_evicted", "a graph captured on an lru_cache hit; the entry evicted and its block poisoned",
+            _per_call_cache(True)),
+    Program("cache_entry_kept", "the same, the entry still cached", _per_call_cache(False)),
+    Program("host_float_from_warmup", "a host float of a device scale taken in the eager warm-up, used in the capture",
+            _host_float_from_warmup),
+    Program("pointer_taken_no_launch", "data_ptr() taken in the capture (an alignment check), nothing launched on it",
+            _pointer_taken_no_launch),
+)
+
+# Probes added after the last recording: their CUDA verdicts in golden_cuda.json are derived from
+# CUDA semantics ("derived" there, with the reasoning) until benchmarks/gpu_equivalence.py records them.
+
+PROGRAMS: tuple[Program, ...] = BASE_PROGRAMS + NEW_PROGRAMS + ROUND_TWO + ROUND_THREE
 
 # Where the emulation cannot be faithful: probe -> (its verdict, a phrase its error must contain).
 CONSERVATIVE: dict[str, tuple[str, str]] = {
@@ -592,4 +697,5 @@ CONSERVATIVE: dict[str, tuple[str, str]] = {
 # probe -> a phrase its note must contain.
 UNVERIFIABLE: dict[str, str] = {
     "c_extension_launch": "raw pointer left the dispatcher",
+    "pointer_taken_no_launch": "raw pointer left the dispatcher",
 }

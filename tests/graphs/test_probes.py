@@ -14,7 +14,7 @@ from backend.graphs import GraphCaptureError, make_graph_runner
 from backend.graphs.equivalence import run_program
 from backend.graphs.host import host_tensor, is_host, mark_host
 from backend.graphs.provenance import host_scope
-from tests.graphs.probes import CONSERVATIVE, PROGRAMS, ROUND_TWO, UNVERIFIABLE
+from tests.graphs.probes import CONSERVATIVE, PROGRAMS, ROUND_THREE, ROUND_TWO, UNVERIFIABLE
 
 GOLDEN = json.loads((Path(__file__).parent / "golden_cuda.json").read_text())
 BY_NAME = {p.name: p for p in PROGRAMS}
@@ -34,6 +34,10 @@ def test_corpus_is_large_and_golden_covers_it():
     kinds = {"host_compute_h2d", "pool_shared_output", "stash_read_before_replay", "linalg_info_check",
              "ctypes_launch", "out_resized_preexisting", "out_resized_in_capture", "bool_mask_setitem_scalar"}
     assert kinds <= {p.name for p in ROUND_TWO}
+    # Issue #39: host compute in a custom op's body (the last silent probe), memory a per-call cache
+    # evicts after capture, a host copy of a scale from the warm-up, a pointer taken without a launch.
+    assert {"cpu_compute_in_capture", "cpu_compute_in_capture_pageable", "cache_entry_evicted", "cache_entry_kept",
+            "host_float_from_warmup", "pointer_taken_no_launch"} == {p.name for p in ROUND_THREE}
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))

@@ -44,13 +44,19 @@ def test_host_work_on_unmarked_host_tensors_runs_once_at_capture():
         lens = torch.tensor([1, 2, 3])
         out = torch.zeros(3, dtype=torch.int64, device=torch.device("cpu"))
 
+    kept = []
+
     def fn():
-        out.copy_(lens.cumsum(0).pin_memory(), non_blocking=True)  # host work, then the graph's H2D copy
+        kept.append(lens.cumsum(0).pin_memory())  # host work; the staging outlives the capture
+        out.copy_(kept[-1], non_blocking=True)  # the graph's H2D copy
         return out
 
     graph = runner.capture(fn)
     lens.fill_(10)
     assert graph.replay().tolist() == [1, 3, 6]  # the capture's one result, copied again
+    # The same staging dropped after the capture: the copy node reads freed pinned memory (#39).
+    kept.clear()
+    assert graph.replay().tolist() != [1, 3, 6] and "reads memory nothing kept alive" in graph.freed_reads[0]
 
 
 def test_a_non_blocking_h2d_copy_of_pageable_host_memory_fails_capture():

@@ -164,7 +164,9 @@ def test_a_full_graph_keeps_its_capture_metadata_alive():
     # A real graph reads the capture batch's tensors at their addresses. Freed after capture, the
     # seed's per-step cu_seq_lens block went to the step's fresh copy, and the seed passed FULL
     # mixed batches on an H100 (backend/graphs/cuda.py). The session must hold the metadata as
-    # long as the graph; the emulation would hide the loss, so it is checked by reference here.
+    # long as the graph (both builds of it: the one the capture was handed and the last one, which
+    # a backend reading a forward context reads); the emulation now reads freed memory as poison
+    # (#39), but this holds the session to it directly.
     import gc
     import weakref
 
@@ -172,13 +174,13 @@ def test_a_full_graph_keeps_its_capture_metadata_alive():
                 torch.device("cpu"))
     key = GraphKey("FULL", 8, False)
     s.ensure_graphs({key})
-    md = s.graphs[key].capture_metadata
-    assert md is not None and md.for_capture and md.max_query_len == 8
-    assert md.cu_seq_lens is not None  # the seed's fresh tensor, built for the capture batch
-    held = weakref.ref(md.cu_seq_lens)
-    del md
+    first, last = s.graphs[key].capture_metadata
+    assert all(md.for_capture and md.max_query_len == 8 for md in (first, last))
+    assert first.cu_seq_lens is not None and last.cu_seq_lens is not None  # the seed's fresh tensors
+    held = [weakref.ref(md.cu_seq_lens) for md in (first, last)]
+    del first, last
     gc.collect()
-    assert held() is not None
+    assert all(h() is not None for h in held)
     s.graphs.clear()
     gc.collect()
-    assert held() is None  # held by the graph entry, nothing else
+    assert all(h() is None for h in held)  # held by the graph entry, nothing else

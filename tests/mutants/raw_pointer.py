@@ -3,7 +3,9 @@ dispatcher (issue #32): the output goes to a scratch buffer by address and is co
 GPU a kernel launched this way (a C extension, Triton, ctypes) is captured like any other. Under
 the CPU emulation: the ctypes form is recorded and replayed (PASS, as on a GPU); the numpy form
 (numpy's C code copying between addresses: a C extension the emulation cannot see into) is
-`emulation: unverifiable`. CPU only: neither copies device memory on a GPU.
+`emulation: unverifiable` (a disagreement there: status UNVERIFIABLE); the alignment check takes a
+pointer and launches nothing (a pass the emulation cannot vouch for). CPU only: neither copy
+copies device memory on a GPU.
 """
 
 from __future__ import annotations
@@ -62,6 +64,16 @@ class _PoisonedScratchImpl(_NumpyCopyImpl):
         return out
 
 
+class _AlignmentCheckImpl(TorchImpl):
+    """Correct: a wrapper's alignment check on the output's address (kernels with vectorised stores
+    assert it). The pointer leaves the dispatcher and nothing launches on it: the replay is right,
+    but the emulation cannot know that no C extension used it."""
+
+    def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
+        assert output.data_ptr() % output.element_size() == 0
+        return super().forward(query, key, value, kv_cache, metadata, k_scale, v_scale, output)
+
+
 class CtypesBackend(TorchBackend):
     name = "mutant-raw-pointer-ctypes"
     impl_cls = _RawCopyImpl
@@ -70,6 +82,11 @@ class CtypesBackend(TorchBackend):
 class CExtensionBackend(TorchBackend):
     name = "mutant-raw-pointer-c-extension"
     impl_cls = _NumpyCopyImpl
+
+
+class AlignmentCheckBackend(TorchBackend):
+    name = "mutant-raw-pointer-alignment-check"
+    impl_cls = _AlignmentCheckImpl
 
 
 class PoisonedCExtensionBackend(TorchBackend):

@@ -3,6 +3,10 @@
 - SinkEverySegment: the 3-D (split-KV) path adds the sink to every segment's denominator, not
   segment 0's: wrong only for batches small enough for 3-D (few requests, short queries).
 - SinkScaled: the sink multiplied by the softmax scale (a sink is a logit, not a q.k).
+- SinkTwice: the sink added twice to the softmax denominator.
+- SinkNoExp2: a kernel whose softmax runs in exp2 (logits times log2 e) adds exp2(sink), without
+  the conversion: the sink counts as sink * ln 2. Both were within the tolerance with sinks near
+  N(0, 1) (#39); with sinks that carry a real share of a row's mass, red everywhere.
 - WindowOffByOne: the window admits i - j <= W, one key too many.
 - GroupWindow: the window read from the KV-cache group's spec, not the layer (vLLM #51756): right
   while each group holds one layer kind (hybrid), wrong for the full layers of a merged group.
@@ -37,6 +41,24 @@ class SinkScaled(TorchSWABackend):
 
 class _WindowOffByOneImpl(TorchSWAImpl):
     window_off_by_one = True
+
+
+class _SinkTwiceImpl(TorchSWAImpl):
+    sink_twice = True
+
+
+class SinkTwice(TorchSWABackend):
+    name = "mutant-swa-sink-twice"
+    impl_cls = _SinkTwiceImpl
+
+
+class _SinkNoExp2Impl(TorchSWAImpl):
+    sink_no_exp2 = True
+
+
+class SinkNoExp2(TorchSWABackend):
+    name = "mutant-swa-sink-no-exp2"
+    impl_cls = _SinkNoExp2Impl
 
 
 class WindowOffByOne(TorchSWABackend):

@@ -43,6 +43,11 @@ SCENARIOS = {
     "not run is infrastructure": (Status.NOT_RUN, NO_BASE, False, "not-run", ExitCode.INFRA_ERROR),
     "not run though it passed before": (Status.NOT_RUN, Status.PASS, False, "not-run", ExitCode.INFRA_ERROR),
     "not run is never a known failure": (Status.NOT_RUN, NO_BASE, True, "not-run", ExitCode.INFRA_ERROR),
+    # #39: the emulation saw the replay disagree on graphs it cannot follow: never a pass, nothing
+    # decided to compare with a baseline or match with a known failure; gating unless allowed.
+    "unverifiable gates": (Status.UNVERIFIABLE, NO_BASE, False, "unverifiable", ExitCode.GATE_FAILED),
+    "unverifiable is no old failure": (Status.UNVERIFIABLE, Status.FAIL, False, "unverifiable", ExitCode.GATE_FAILED),
+    "unverifiable is never a known failure": (Status.UNVERIFIABLE, NO_BASE, True, "unverifiable", ExitCode.GATE_FAILED),
 }
 
 
@@ -118,7 +123,7 @@ def test_evaluate_is_pure():
     assert a == b and [r.to_dict() for r in results] == before
 
 
-def test_unverifiable_on_the_emulation_is_counted_apart_from_pass_and_listed():
+def test_a_pass_unverifiable_on_the_emulation_is_counted_apart_from_pass_and_listed():
     """Issue #32: a pass the CPU emulation cannot vouch for is neither pass nor a gate failure;
     the summary lists it and JUnit flags it."""
     from backend.result import UNVERIFIABLE_PREFIX
@@ -126,10 +131,10 @@ def test_unverifiable_on_the_emulation_is_counted_apart_from_pass_and_listed():
 
     r = samples.result_for(C, Status.PASS, reason=UNVERIFIABLE_PREFIX + "a raw pointer left the dispatcher")
     out = evaluate([r], baseline=[samples.result_for(C, Status.PASS)])
-    assert out.classification == {C.case_id: "unverifiable"} and out.exit_code == ExitCode.OK
-    assert out.counts["pass"] == 0 and out.counts["unverifiable"] == 1 and out.unverifiable == (C.case_id,)
+    assert out.classification == {C.case_id: "pass-unverifiable"} and out.exit_code == ExitCode.OK
+    assert out.counts["pass"] == 0 and out.counts["pass-unverifiable"] == 1 and out.pass_unverifiable == (C.case_id,)
     assert "1 unverifiable on the emulation" in out.verdict()
-    assert C.case_id in "\n".join(_section("Unverifiable", out.unverifiable, {C.case_id: r}, out))
+    assert C.case_id in "\n".join(_section("Unverifiable", out.pass_unverifiable, {C.case_id: r}, out))
     # Known failure entries still say "fixed": the case passed.
     assert evaluate([r], known=KNOWN).classification == {C.case_id: "fixed"}
 
@@ -191,3 +196,28 @@ def test_a_run_still_writing_is_not_judged_empty():
     # `orch serve` shows a running run whose skips were recorded before any case ran.
     out = evaluate([_skip(c) for c in CASES[:3]], judge_empty=False)
     assert out.passed and out.unran == () and "nothing ran" not in out.verdict()
+
+
+def test_an_unverifiable_case_fails_the_gate_unless_allowed_and_is_listed_either_way():
+    """Issue #39: a disagreement the emulation saw is never a green; --allow-unverifiable stops it
+    gating, not being listed (summary, JUnit, the gate's own lists)."""
+    from backend.result import UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX
+    from orchestrator import junit, summary
+    from orchestrator.store import RunInfo
+
+    d = CASES[1]
+    r = samples.result_for(C, Status.UNVERIFIABLE, reason=f"{UNVERIFIABLE_PREFIX}a pointer; {UNVERIFIABLE_ADVICE}")
+    ok = samples.result_for(d, Status.PASS)
+    run = RunInfo(id=1, matrix="m.yaml", matrix_sha="", git_sha="", started_at=0.0, finished_at=1.0,
+                  status="finished", cluster="", devices="cpu", versions={}, argv=[], baseline=None,
+                  num_cases=2, num_results=2)
+    for allow, code in ((False, ExitCode.GATE_FAILED), (True, ExitCode.OK)):
+        out = evaluate([r, ok], allow_unverifiable=allow)
+        assert out.exit_code == code and out.unverifiable == (C.case_id,) and out.counts["unverifiable"] == 1
+        assert out.gating == (() if allow else (C.case_id,))
+        assert ("1 unverifiable allowed" in out.verdict()) == allow
+        assert ("1 unverifiable (run on a GPU to decide)" in out.verdict()) == (not allow)
+        md = summary.render(run, [r, ok], out)
+        assert "Unverifiable: the replay disagreed" in md and C.case_id in md
+        xml = junit.to_string([r, ok], out, suite_name="m.yaml", run_id=1, run_status="finished")
+        assert ('type="unverifiable"' in xml) == (not allow) and 'name="unverifiable" value="true"' in xml

@@ -50,8 +50,8 @@
   var LIVE = document.body.getAttribute("data-live") === "1";
   var MODE_ORDER = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"];
   // A cell shows the worst of its cases: this order, worst first.
-  var WORST = ["fail", "error", "timeout", "not-run", "missing", "flaky", "unverifiable", "known-fail", "pending", "pass", "skip"];
-  var LETTER = { pass: "", fail: "F", error: "E", timeout: "T", flaky: "~", unverifiable: "U", "known-fail": "K", "not-run": "N", skip: "S", pending: "…", missing: "?" };
+  var WORST = ["fail", "error", "timeout", "unverifiable", "not-run", "missing", "flaky", "pass-unverifiable", "known-fail", "pending", "pass", "skip"];
+  var LETTER = { pass: "", fail: "F", error: "E", timeout: "T", flaky: "~", unverifiable: "U", "pass-unverifiable": "u", "known-fail": "K", "not-run": "N", skip: "S", pending: "…", missing: "?" };
   var AXIS_CHOICES = [
     ["tp,cudagraph_mode", "tp × mode"], ["tp,cudagraph_mode,spec_tokens", "tp × mode × k"],
     ["attention,tp,cudagraph_mode", "family × tp × mode"], ["attention,tp,cudagraph_mode,spec_tokens", "family × tp × mode × k"],

@@ -1,0 +1,76 @@
+"""What a busy engine does to memory between a graph's capture and its replay, done before every
+replay the checker makes (issue #39), so that a graph reading memory it does not own is seen.
+
+Before, orch replayed right after capturing with little allocated in between: a graph holding the
+pointer of a tensor that a per-call cache had evicted (AITER's `mla_decode_fwd` split indptr in an
+`lru_cache`, ROCm/aiter#5193: gsm8k 0.032 on MI355X) still read the right bytes, and a kernel that
+left rows of its output unwritten showed the previous replay's right values.
+
+- `poison_outputs`: NaN into the static attention outputs the replay writes (every replay, every
+  device): rows a kernel does not write stay NaN, and the finite checks see them.
+- `churn` (GPU): the model run eagerly on a small batch of another shape (no KV slot: slot -1), so
+  per-call caches keyed by shape evict what the graph was captured with; before the step's
+  snapshot (backend/harness/checker.py), so nothing it could write is blamed on the step.
+- `poison_free_memory` (GPU): right before the replay, the caching allocator's free blocks outside
+  any graph pool are taken, filled with the poison pattern (backend/graphs/freed.py: NaN for
+  floats, far out of range for ints) and given back, so freed memory a graph still reads holds it.
+The CPU emulation models the last two without running anything (backend/graphs/freed.py): memory
+the graph read that nothing keeps alive is poisoned at replay and the read named; running the
+model again on a CPU only to churn would cost the CPU matrix a second eager run per replay.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backend.graphs.freed import POISON_WORD
+from backend.harness.session import GraphKey, Session
+
+# The caching allocator's small pool serves requests up to this (CUDACachingAllocator kSmallSize):
+# a free block of a small segment is taken back in pieces of at most this size.
+_SMALL = 1 << 20
+
+
+def poison_outputs(session: Session, key: GraphKey) -> None:
+    """NaN into the static attention outputs [layers, :key.size] of the graph about to replay."""
+    session.static_attn[:, :key.size].fill_(float("nan"))
+
+
+def churn(session: Session, n: int, size: int) -> None:
+    """GPU: run the model eagerly on vLLM's dummy batch of 1 or 2 tokens (slots -1), neither the
+    step's `n` nor the graph's `size`, so a per-call cache keyed by shape evicts what the graph
+    was captured with (small: it runs before every replay). A no-op on the CPU."""
+    if session.device.type != "cuda":
+        return
+    c = 1 if 1 not in (n, size) else 2 if 2 not in (n, size) else 3
+    md = session.builder.build_for_capture(c, 0, session.shape.capture_style)  # the step's build() rewrites it
+    x = torch.randn(c, session.shape.hidden_size, dtype=session.model.dtype, device=session.device)
+    attn = torch.empty(session.shape.num_layers, c, session.layout.local_heads,
+                       session.family.out_head_size(session.shape), dtype=session.model.dtype, device=session.device)
+    session.model.forward(x, md, attn, [])
+
+
+def poison_free_memory(device: torch.device) -> int:
+    """GPU: fill the caching allocator's free blocks (outside graph pools) with the poison pattern;
+    returns the bytes poisoned. A no-op (0) on the CPU."""
+    if device.type != "cuda":
+        return 0
+    requests: list[int] = []
+    for seg in torch.cuda.memory_snapshot():
+        if seg.get("device") != device.index or tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0):
+            continue  # another device, or a graph's private pool (its graphs own it)
+        small = seg.get("segment_type") == "small"
+        for block in seg.get("blocks", ()):
+            if block.get("state") != "inactive":
+                continue
+            size = int(block["size"])
+            while size > 0:  # a small segment's block goes back to a small-pool request
+                take = min(size, _SMALL) if small else size
+                requests.append(take)
+                size -= take
+    held = []
+    for size in sorted(requests, reverse=True):  # best fit: each takes a free block of its size
+        t = torch.empty(size, dtype=torch.uint8, device=device)
+        t[: size // 2 * 2].view(torch.int16).fill_(POISON_WORD)
+        held.append(t)
+    return sum(t.numel() for t in held)

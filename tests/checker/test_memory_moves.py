@@ -1,0 +1,118 @@
+"""Issue #39: memory that moves between capture and replay. A graph reading memory it does not own
+(a device tensor a per-call cache evicted: ROCm/aiter#5193) and a kernel leaving rows of its output
+unwritten were green: orch replayed right after capturing, and the CPU emulation kept every
+captured tensor alive. Now the emulation poisons memory nothing kept alive and names where it was
+allocated, and the checker fills the static outputs with NaN before every replay (a GPU also
+churns and poisons the allocator's free blocks: backend/harness/churn.py)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from backend.graphs import make_graph_runner
+from backend.harness.checker import SessionCache, run_case
+from backend.result import Status
+from tests.checker.conftest import CPU, DECODE, DEVICES, MIXED, make_case
+
+# On a GPU the same verdicts come from real graphs, the churn and the poisoned free blocks instead
+# of the emulation's model.
+MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+# Where a FULL graph replays: FULL for every batch, the split modes for decode batches only.
+FULL_GRAPH = {("decode", m) for m in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")} | {("mixed", "FULL")}
+
+
+@pytest.fixture(scope="module")
+def own_sessions() -> SessionCache:
+    return SessionCache(capacity=8)  # the mutants' cases in this order only, not the suite's
+
+
+# (backend, batch, mode) -> (status, failing check)
+def _lru_expected(backend: str, kind: str, mode: str):
+    return (Status.FAIL, "replay") if backend == "Backend" and (kind, mode) in FULL_GRAPH else (Status.PASS, None)
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+@pytest.mark.parametrize("backend", ["Backend", "Fixed"])
+@pytest.mark.parametrize("batch", [DECODE, MIXED], ids=["decode", "mixed"])
+def test_a_scratch_kept_in_an_lru_cache_is_red_where_a_graph_holds_it_and_the_fix_is_green(backend, batch, device,
+                                                                                           own_sessions):
+    for mode in MODES:
+        r = run_case(make_case(f"tests.mutants.lru_scratch:{backend}", mode, "auto", batch), device=device,
+                     sessions=own_sessions)
+        status, check = _lru_expected(backend, batch.kind, mode)
+        assert r.status == status, (mode, r.reason)
+        if check and device.type == "cpu":
+            assert r.reason.startswith(f"{check} check failed"), r.reason
+            # the read is named where the cached tensor was allocated (the warm-up's cache miss)
+            assert "reads memory nothing kept alive after the capture: a [" in r.reason
+            assert "allocated at lru_scratch.py:" in r.reason and "(in the warm-up before the capture)" in r.reason
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+@pytest.mark.parametrize("batch", [DECODE, MIXED], ids=["decode", "mixed"])
+def test_rows_a_kernel_leaves_unwritten_read_nan_at_every_replay(batch, device, own_sessions):
+    for mode in MODES:
+        r = run_case(make_case("tests.mutants.rows_unwritten:Backend", mode, "auto", batch), device=device,
+                     sessions=own_sessions)
+        if (batch.kind, mode) in FULL_GRAPH:
+            assert r.status == Status.FAIL and r.reason.startswith("padded_finite check failed"), (mode, r.reason)
+        else:
+            assert r.status == Status.PASS, (mode, r.reason)
+
+
+@functools.lru_cache(maxsize=1)
+def _cached(n: int) -> torch.Tensor:
+    return torch.full((n,), 2.0, device=CPU)  # a torch.device: device memory under the emulation
+
+
+# What a graph reads -> (kept alive after the capture?, verdict of the replay)
+READS = {
+    "a buffer its owner keeps": "kept",
+    "a per-call cache's entry, evicted": "evicted",
+    "a tensor dropped after the capture": "dropped",
+}
+
+
+@pytest.mark.parametrize("name", READS)
+def test_the_emulation_poisons_what_nothing_keeps_alive_and_names_its_allocation(name):
+    how = READS[name]
+    runner = make_graph_runner("cpu")
+    x = torch.arange(4.0)
+    state = {"buf": torch.full((4,), 2.0)}
+
+    def fn():
+        scale = _cached(4) if how == "evicted" else state["buf"]
+        return x * scale
+
+    runner.warmup(fn, 1)
+    graph = runner.capture(fn)
+    if how == "evicted":
+        _cached(5)  # another size: the entry the graph reads goes
+    elif how == "dropped":
+        state.clear()
+    out = graph.replay()
+    if how == "kept":
+        assert torch.equal(out, x * 2) and graph.freed_reads == ()
+    else:
+        assert torch.isnan(out).all(), out  # the poison pattern: NaN as float32
+        (note,) = graph.freed_reads
+        assert note.startswith("reads memory nothing kept alive after the capture: a [4] float32 tensor")
+        site = "allocated at test_memory_moves.py:" if how == "evicted" else "read at test_memory_moves.py:"
+        assert site in note, note
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the allocator's free blocks: CUDA only")
+def test_free_device_memory_holds_the_poison_pattern_after_poison_free_memory():
+    from backend.graphs.freed import POISON_WORD
+    from backend.harness.churn import poison_free_memory
+
+    dev = torch.device("cuda", 0)
+    t = torch.ones(3000, dtype=torch.float32, device=dev)
+    del t  # a free block of the caching allocator now
+    assert poison_free_memory(dev) > 0
+    again = torch.empty(3000, dtype=torch.float32, device=dev)  # the same block, best fit
+    assert torch.isnan(again).all()
+    assert int(again.view(torch.int16)[0]) == POISON_WORD
