@@ -153,7 +153,7 @@ class _Recorder(TorchDispatchMode):
         # op. Nothing here runs under torch.compile, so there is no Dynamo to keep out (#13).
         return False
 
-    def __init__(self, pool: MemoryPool, sites: dict[int, str] | None = None) -> None:
+    def __init__(self, pool: MemoryPool, sites: dict | None = None) -> None:
         super().__init__()
         self.pool = pool
         # Memory that existed before the capture, held through aliases of its own (freed.py).
@@ -416,7 +416,7 @@ class EmulatedGraphRunner(GraphRunner):
 
     def __init__(self) -> None:
         self.pool = MemoryPool()  # every capture of this runner shares it, as a CUDA graph pool
-        self._sites: dict[int, str] = {}  # where the last warm-up allocated (freed.py)
+        self._sites: dict = {}  # where the last warm-up allocated (freed.py)
 
     def warmup(self, fn: Callable[[], object], iters: int = 2) -> None:
         with host_scope(), AllocationSites() as sites:
@@ -441,5 +441,6 @@ class EmulatedGraphRunner(GraphRunner):
         finally:
             recorder.restore()
             self.pool.end_capture()
+        recorder.external.evict_per_call()
         return EmulatedCapturedGraph(recorder.ops, outputs, self.pool, tuple(recorder.opaque.notes()),
                                      recorder.external.entries())

@@ -16,16 +16,28 @@ Allocation sites: the runner's warm-up (one eager run just before each capture, 
 cache is filled on a miss) records, per new storage, the first frame outside torch and the graph
 runners; memory allocated elsewhere (at import, in an earlier eager step) is named by where the
 capture read it.
+
+Per-call caches: on a GPU the checker evicts them before every replay by running the model on
+other shapes (backend/harness/churn.py). The emulation runs nothing again; it models that: memory
+the graph reads that its warm-up allocated and that nothing but bounded `functools.lru_cache`s
+holds is evicted from those caches when the capture ends (`cache_clear`: a busy engine's calls with
+other shapes evict a bounded cache's entries; an unbounded cache never does), so it is freed memory
+at every replay, whatever ran in between. A cache of another kind (a module-level dict) is not
+recognised: there only a GPU's churn sees it.
 """
 
 from __future__ import annotations
 
+import functools
+import gc
 import sys
+import types
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from backend.graphs.leaves import leaves
@@ -63,7 +75,8 @@ def caller_site(depth: int = 2) -> str:
 
 
 class AllocationSites(TorchDispatchMode):
-    """During a warm-up: the allocation site of each storage its ops return new (key -> site)."""
+    """During a warm-up: the allocation site of each storage its ops return new (key -> (site, a
+    weak reference to the storage: an address reused after it was freed is not the same storage))."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -71,7 +84,7 @@ class AllocationSites(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.sites: dict[int, str] = {}
+        self.sites: dict[int, tuple[str, StorageWeakRef]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -80,7 +93,7 @@ class AllocationSites(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 key = _storage_key(t)
                 if key not in inputs:
-                    self.sites[key] = caller_site()
+                    self.sites[key] = (caller_site(), StorageWeakRef(t.untyped_storage()))
         return out
 
 
@@ -91,6 +104,7 @@ class _External:
     site: str  # where it was allocated, or where the capture read it
     aliases: list = field(default_factory=list)  # weak references to the recorder's aliases on it
     freed: bool = False
+    origin: Any = None  # a weak reference to a tensor the warm-up allocated on it (the caller's)
 
     def held_outside(self) -> bool:
         self.aliases = [r for r in self.aliases if r() is not None]
@@ -116,7 +130,7 @@ def _prune() -> None:
 class ExternalMemory:
     """Per capture: the storages that existed before it which its recorded ops read or write."""
 
-    def __init__(self, sites: dict[int, str] | None = None) -> None:
+    def __init__(self, sites: dict[int, tuple[str, StorageWeakRef]] | None = None) -> None:
         self._sites = sites or {}
         self._keys: list[int] = []
         self._aliases: dict[int, tuple[Any, torch.Tensor]] = {}  # id(tensor) -> (weakref, alias)
@@ -131,12 +145,14 @@ class ExternalMemory:
         if entry is not None and not any(r() is not None for r in entry.aliases):
             entry = None  # a storage at a reused address: a new one
         if entry is None:
-            site = self._sites.get(key)
-            where = f"allocated at {site} (in the warm-up before the capture)" if site else \
+            site, ref = self._sites.get(key, (None, None))
+            warmup = ref is not None and not ref.expired()
+            where = f"allocated at {site} (in the warm-up before the capture)" if warmup else \
                 f"allocated before the capture, read at {caller_site()}"
             shape = ", ".join(map(str, t.shape))
             _prune()
-            entry = _REGISTRY[key] = _External(key, f"[{shape}] {str(t.dtype).removeprefix('torch.')}", where)
+            entry = _REGISTRY[key] = _External(key, f"[{shape}] {str(t.dtype).removeprefix('torch.')}", where,
+                                               origin=weakref.ref(t) if warmup else None)
         if key not in self._keys:
             self._keys.append(key)
         a = t.detach()
@@ -146,6 +162,41 @@ class ExternalMemory:
 
     def entries(self) -> list[_External]:
         return [_REGISTRY[k] for k in self._keys]
+
+    def evict_per_call(self) -> None:
+        """After the capture: what a busy engine's per-call caches would evict (module doc)."""
+        for entry in self.entries():
+            t = entry.origin() if entry.origin is not None else None
+            if t is None:
+                continue
+            entry.origin = None
+            caches = _bounded_caches_only(t)
+            del t
+            for cache in caches:
+                cache.cache_clear()
+            if caches:
+                entry.site += (f", held only by the lru_cache of {caches[0].__qualname__}: evicted, as a busy "
+                               "engine's calls with other shapes evict it")
+
+
+def _bounded_caches_only(t: torch.Tensor) -> list:
+    """The bounded functools.lru_cache wrappers holding `t`, if they are all that holds it (the
+    cache's own dict counts as the cache); [] otherwise. gc.get_referrers walks every object: only
+    for tensors a warm-up allocated and a graph reads, which correct backends keep elsewhere."""
+    caches: list = []
+    for holder in gc.get_referrers(t):
+        if isinstance(holder, types.FrameType):  # a caller's local, gone when it returns
+            continue
+        if isinstance(holder, dict):
+            owners = [o for o in gc.get_referrers(holder) if isinstance(o, functools._lru_cache_wrapper)]
+            if not owners:
+                return []
+            holder = owners[0]
+        if not isinstance(holder, functools._lru_cache_wrapper) or holder.cache_parameters()["maxsize"] is None:
+            return []
+        if holder not in caches:
+            caches.append(holder)
+    return caches
 
 
 def freed_reads(entries: list[_External]) -> list[str]:

@@ -6,8 +6,11 @@ pointer of a tensor that a per-call cache had evicted (AITER's `mla_decode_fwd` 
 `lru_cache`, ROCm/aiter#5193: gsm8k 0.032 on MI355X) still read the right bytes, and a kernel that
 left rows of its output unwritten showed the previous replay's right values.
 
-- `poison_outputs`: NaN into the static attention outputs the replay writes (every replay, every
-  device): rows a kernel does not write stay NaN, and the finite checks see them.
+- `poison_outputs`: NaN into the real rows of the static attention outputs the replay writes
+  (every replay, every device): a real row a kernel does not write stays NaN, and the finite
+  checks see it. Padded rows are left as they are: vLLM's backends write `output[:num_actual_tokens]`
+  and leave the rest to whatever the buffer held (its seed backend, ROCM_AITER_FA 0.10.2/0.11.0,
+  among them); what they hold is padded_finite's business.
 - `churn` (GPU): the model run eagerly on a small batch of another shape (no KV slot: slot -1), so
   per-call caches keyed by shape evict what the graph was captured with; before the step's
   snapshot (backend/harness/checker.py), so nothing it could write is blamed on the step.
@@ -24,16 +27,16 @@ from __future__ import annotations
 import torch
 
 from backend.graphs.freed import POISON_WORD
-from backend.harness.session import GraphKey, Session
+from backend.harness.session import Session
 
 # The caching allocator's small pool serves requests up to this (CUDACachingAllocator kSmallSize):
 # a free block of a small segment is taken back in pieces of at most this size.
 _SMALL = 1 << 20
 
 
-def poison_outputs(session: Session, key: GraphKey) -> None:
-    """NaN into the static attention outputs [layers, :key.size] of the graph about to replay."""
-    session.static_attn[:, :key.size].fill_(float("nan"))
+def poison_outputs(session: Session, n: int) -> None:
+    """NaN into the real rows [layers, :n] of the static attention outputs a replay writes."""
+    session.static_attn[:, :n].fill_(float("nan"))
 
 
 def churn(session: Session, n: int, size: int) -> None:

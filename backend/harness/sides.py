@@ -119,9 +119,9 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
         graph_side = session.run_eager_step(x, inputs.batches)
         used = 0
     else:
-        # What a busy engine does between capture and replay (churn.py): rows the graph leaves
+        # What a busy engine does between capture and replay (churn.py): real rows the graph leaves
         # unwritten read NaN, freed memory it still reads holds the poison pattern.
-        poison_outputs(session, graph_key)
+        poison_outputs(session, x.shape[0])
         poison_free_memory(session.device)
         graph_side = session.run_graph_step(graph_key, x, inputs.batches, pad_seed=pad_seed(case, plan.index, session))
         used = d.padded_tokens

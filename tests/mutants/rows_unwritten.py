@@ -1,32 +1,34 @@
-"""Bug class: a kernel that leaves rows of its output unwritten (ROCm MLA's padded rows, vLLM
-#37682; AITER's varlen prefill skips rows with seqlen_q <= min_seqlen_q and relies on another
-kernel writing them).
+"""Bug class: a kernel that leaves real rows of its output unwritten (AITER's varlen prefill skips
+rows with seqlen_q <= min_seqlen_q and relies on the decode kernel writing them; ROCm MLA's rows
+of padding, vLLM #37682).
 
-Here attention writes the rows of real tokens only (the count read live from the device
-metadata) and leaves the padded rows of the output buffer as they were. Eager has no padded rows;
-a FULL graph's output buffer is the session's static attention buffer, which held whatever the
-previous replay (or the PIECEWISE run between pieces) wrote there: finite values, and before #39
-the case passed. The checker now fills it with NaN before every replay: padded_finite fails
-wherever a FULL graph pads.
+Here the captured path writes the rows of decode tokens only: a mixed graph's prefill rows keep
+what the output buffer held. Eager writes every row. That buffer is the session's static attention
+output, which held the previous replay's (or the PIECEWISE run's) values: finite, and where a
+replay of the same batch wrote them, right. The checker fills the real rows with NaN before every
+replay (#39): a FULL graph's prefill rows read NaN, and `finite` fails on the graph side.
 """
 
 from __future__ import annotations
 
 import torch
 
-from backend.providers.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
+from backend.providers.torch_backend import TorchBackend, TorchImpl
+from tests.mutants._common import token_query_len
 
 
-class _RealRowsImpl(TorchImpl):
+class _DecodeRowsImpl(TorchImpl):
     def attend(self, query, kv_cache, metadata, k_scale, v_scale, output):
+        if not metadata.for_capture:
+            return super().attend(query, kv_cache, metadata, k_scale, v_scale, output)
         t = metadata.num_padded_tokens
-        out = paged_causal_attention(query[:t], kv_cache[0], kv_cache[1], metadata, k_scale, v_scale,
-                                     self.config.scale).to(output.dtype)
-        real = (torch.arange(t, device=out.device) < metadata.query_start_loc[-1])[:, None, None]
-        output[:t].copy_(torch.where(real, out, output[:t]))  # padded rows: as they were
+        before = output[:t].clone()
+        super().attend(query, kv_cache, metadata, k_scale, v_scale, output)
+        decode = (token_query_len(metadata, t) == 1)[:, None, None]
+        output[:t].copy_(torch.where(decode, output[:t], before))  # prefill rows: as they were
         return output
 
 
 class Backend(TorchBackend):
     name = "mutant-rows-unwritten"
-    impl_cls = _RealRowsImpl
+    impl_cls = _DecodeRowsImpl
