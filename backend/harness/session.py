@@ -150,6 +150,7 @@ def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, c
         spec_tokens=spec_tokens,
         attention=shape.attention,
         dims=fam.config_dims(shape),
+        max_capture_size=max(capture_sizes, default=0),
     )
 
 
@@ -169,7 +170,10 @@ class Session:
             self.builder = self.family.make_builder(backend_cls, self.config, shape)
             self.impl = backend_cls.impl_cls(self.config)
         own = getattr(backend_cls, "allocate_kv_cache", None)
-        if own is not None:  # a backend with its own layout (backend/adapters/vllm/), seen as ours
+        caches = self.family.allocate_caches(backend_cls, self.config, shape)  # layers of several kinds
+        if caches is not None:
+            pass
+        elif own is not None:  # a backend with its own layout (backend/adapters/vllm/), seen as ours
             caches = [own(self.config) for _ in range(shape.num_layers)]
         else:
             cache_shape = backend_cls.kv_cache_shape(self.config.num_blocks, shape.block_size,
@@ -199,6 +203,9 @@ class Session:
         # What making a graph wrote to the KV cache (scratch.capture_checked), by key: steps replaying it fail.
         self.capture_writes: dict[GraphKey, str] = {}
         self.replays = 0  # graph replays so far: each gets fresh padded input rows (sides.pad_seed)
+        # The metadata of the last run (eager, replay or piecewise): a family's state check reads its
+        # contract (backend/attention/gdn.py request_buffer_problems).
+        self.last_metadata = None
 
     @property
     def runner(self):
@@ -289,7 +296,7 @@ class Session:
         return self.run_eager_step(x, batch).out
 
     def run_eager_step(self, x: torch.Tensor, batch: BatchDescription) -> StepOutput:
-        md = self.builder.build(batch)
+        md = self.last_metadata = self.builder.build(batch)
         attn = torch.empty(self.shape.num_layers, x.shape[0], self.layout.local_heads,
                            self.family.out_head_size(self.shape), dtype=self.model.dtype, device=self.device)
         results: list[torch.Tensor] = []
@@ -315,11 +322,11 @@ class Session:
             copy_into(self.static_in[n:size], pad.to(self.static_in.dtype))
         entry = self.graphs[key]
         if isinstance(entry, _Full):
-            self.builder.build(batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs)
+            self.last_metadata = self.builder.build(batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs)
             out = entry.graph.replay()
             # Copies: the next replay overwrites the graph's outputs.
             return StepOutput(out[:n].clone(), _stack(entry.attention, n))
-        md = self.builder.build(batch)  # attention between pieces: unpadded, real rows only
+        md = self.last_metadata = self.builder.build(batch)  # attention between pieces: unpadded, real rows only
         outs = None
         results = []
         for i, graph in enumerate(entry.graphs):
