@@ -36,6 +36,7 @@ _BUILTIN_PATHS: dict[tuple[str, str], str] = {
     ("aiter-triton", "mla"): "backend.providers.aiter_triton_mla:AiterTritonMLABackend",
     ("torch", "swa_sinks"): "backend.providers.torch_swa:TorchSWABackend",
     ("aiter-triton", "swa_sinks"): "backend.providers.aiter_triton_swa:AiterTritonSWABackend",
+    ("torch", "hybrid_gdn"): "backend.providers.torch_gdn:TorchHybridGDNBackend",
 }
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUILTIN_PATHS))
 # "vllm:NAME" is vLLM's own backend NAME run in place (backend/adapters/vllm/); reserved, so it
