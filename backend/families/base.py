@@ -58,14 +58,14 @@ class AttentionFamily:
     # Checks beyond backend.result's core ones that this family's StepState supplies (their names
     # are in result.CHECK_NAMES); a case reports the core checks and these.
     extra_checks: ClassVar[tuple[str, ...]] = ()
-    # vLLM's V2 runner: a row with no context (a prompt's first chunk, even of one token) makes the
-    # batch a prefill batch, never a FULL decode graph's. Families whose backends class such rows
-    # as prefills say so; gqa, mla and swa_sinks keep the query-len rule their verdicts were taken on.
-    fresh_prompts_are_prefills: ClassVar[bool] = False
-
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def fresh_prompts_are_prefills(self) -> bool:
+        """A row without context is a prompt, not a decode (FamilySpec says why)."""
+        return self.spec.fresh_prompts_are_prefills
 
     # ---- the op's contract ------------------------------------------------------------------
     def scale(self, shape) -> float:

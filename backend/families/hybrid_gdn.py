@@ -74,7 +74,6 @@ class HybridGDN(GQA):
     spec = SPEC
     num_planes: ClassVar[int] = 2
     extra_checks: ClassVar[tuple[str, ...]] = (CHECK_STATE_INTEGRITY,)
-    fresh_prompts_are_prefills: ClassVar[bool] = True
 
     # ---- caches: attention layers' KV, GDN layers' state pages -------------------------------
     def planes(self, cache):

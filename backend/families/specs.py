@@ -70,6 +70,11 @@ class FamilySpec:
     shape_reasons: Callable[[Any], list[str]] = lambda shape: []
     # Backend features a shape needs (a provider's Capabilities.features): fn(shape) -> (str, ...).
     requires: Callable[[Any], tuple[str, ...]] = lambda shape: ()
+    # vLLM's V2 runner: a row with no context (a prompt's first chunk, even of one token) makes the
+    # batch a prefill batch, never a FULL decode graph's, and stays a prompt under spec decode
+    # (no verify row). Families whose backends class such rows as prefills say so; gqa, mla and
+    # swa_sinks keep the query-len rule their verdicts were taken on.
+    fresh_prompts_are_prefills: bool = False
 
     @property
     def dim_names(self) -> tuple[str, ...]:
@@ -266,6 +271,7 @@ HYBRID_GDN = FamilySpec(
     },
     layout_reasons=_hybrid_layout,
     shape_reasons=_hybrid_shape,
+    fresh_prompts_are_prefills=True,
 )
 
 
