@@ -43,7 +43,10 @@ BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUI
 # is never read as the import path "module vllm, attribute NAME". Doctor lists these.
 VLLM_PREFIX = "vllm:"
 VLLM_BACKENDS: tuple[str, ...] = ("vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN",
-                                  "vllm:ROCM_AITER_FA", "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN")
+                                  "vllm:ROCM_AITER_FA", "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN",
+                                  "vllm:GDN_ATTN")
+# The family a vLLM backend of that list is bridged for, where it is not gqa (what doctor asks).
+VLLM_FAMILIES: dict[str, str] = {"vllm:TRITON_MLA": "mla", "vllm:GDN_ATTN": "hybrid_gdn"}
 
 # What a duck-typed plugin must provide (checked when it does not subclass AttentionBackend).
 _REQUIRED_ATTRS = ("name", "cudagraph_support", "builder_cls", "impl_cls", "supported_kv_cache_dtypes")
