@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import re
 import types
 from dataclasses import dataclass
@@ -52,6 +53,9 @@ def load_gdn():
         return None, why
     if iface.name != "current":
         return None, "unavailable: vllm:GDN_ATTN is bridged for vLLM's current interface (0.33/0.34) only"
+    # The GDN layer module imports the MoE configs, which log an error (not a failure) when a
+    # triton_kernels package of another Triton is installed: doctor and bad-input lines stay one line.
+    logging.getLogger("vllm.model_executor.layers.fused_moe.config").setLevel(logging.CRITICAL)
     try:
         native.stub_platform_native()
         with errors.quiet_vllm_import():
