@@ -114,7 +114,7 @@ class StatePage:
 
 
 def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def _align(n: int, to: int = 16) -> int:

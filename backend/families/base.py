@@ -58,6 +58,7 @@ class AttentionFamily:
     # Checks beyond backend.result's core ones that this family's StepState supplies (their names
     # are in result.CHECK_NAMES); a case reports the core checks and these.
     extra_checks: ClassVar[tuple[str, ...]] = ()
+
     @property
     def name(self) -> str:
         return self.spec.name
@@ -176,9 +177,10 @@ class StepState:
     """What a family whose requests keep state from step to step gives the harness
     (backend/families/hybrid_gdn.py). The harness calls, per step it computes: plan_steps (once
     per case), group_batch (a state group's share of the step), prepare (after the context fill,
-    before the snapshot: writes the state every request starts from and returns the reference's
-    view of it per state layer), owned (after the first eager run: the state it wrote), then
-    eager_check and graph_check; each check returns (ok, detail, max_abs)."""
+    before the snapshot: writes the state every request starts from; returns the step's view of
+    it, whose merge(context) puts the reference's view of each state layer into the reference's
+    context), owned (after the first eager run: the state it wrote), then eager_check and
+    graph_check; each check returns (ok, detail, max_abs)."""
 
     def plan_steps(self, batch, shape, capture_sizes, num_steps: int, seed: int, spec_tokens: int) -> list:
         raise NotImplementedError

@@ -25,11 +25,13 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.attention.gdn import StatePage, num_state_slots, request_buffer_problems
+from backend.attention.gdn import request_buffer_problems
 from backend.attention.interface import BatchDescription
+from backend.families import family
 from backend.families.base import StepState
 from backend.families.gdn_reference import StateContext
 from backend.families.gdn_steps import plan_steps
+from backend.families.hybrid_gdn import conv_channels, gdn_layers, state_page
 from backend.harness.checks import compare, raw
 from backend.harness.session import LRU
 from backend.harness.steps import hash_seed
@@ -43,15 +45,8 @@ POST = LRU(POST_BYTES, size=lambda post: sum(t.numel() * t.element_size() for pa
 DRAWN_STATE_SCALE = 0.5  # a drawn recurrent state's spread (a live one is a decaying sum of v k^T)
 
 
-def _family():
-    from backend.families import family
-
-    return family("hybrid_gdn")
-
-
-def _shape_bits(session, layer: int):
-    from backend.families.hybrid_gdn import state_page
-
+def _page(session, layer: int):
+    """The state layer's page layout on this rank (its dims, its dtypes)."""
     return state_page(session.config, session.shape, layer)
 
 
@@ -73,8 +68,7 @@ class Prepared:
 
 class GDNState(StepState):
     def _state_groups(self, shape):
-        fam = _family()
-        return [(g, grp) for g, grp in enumerate(fam.groups(shape)) if grp.kind == "state"]
+        return [(g, grp) for g, grp in enumerate(family("hybrid_gdn").groups(shape)) if grp.kind == "state"]
 
     def plan_steps(self, batch, shape, capture_sizes, num_steps, seed, spec_tokens):
         slots = 1 + shape.max_num_seqs * (1 + spec_tokens)
@@ -100,8 +94,8 @@ class GDNState(StepState):
         prev_rows = {rid: r for r, rid in enumerate(plans[index - 1].carry.ids)} if index > 0 else {}
         k = case.spec_tokens
         out = {}
-        for layer in _family_state_layers(shape):
-            page = _shape_bits(session, layer)
+        for layer in gdn_layers(shape):
+            page = _page(session, layer)
             d = page.dims
             cols, width = 1 + k, d.conv_width
             hk, dk = dict(shape.dims)["num_k_heads"], dict(shape.dims)["head_k_dim"]
@@ -148,9 +142,7 @@ class GDNState(StepState):
         index = inputs.plan.index
         contexts = self._pre(case, session, plans, index)
         post_full = self._post(case, session, plans, index, contexts)
-        fam, shape, layout = _family(), case.model, session.layout
-        from backend.families.hybrid_gdn import conv_channels
-
+        shape, layout = case.model, session.layout
         channels = conv_channels(layout, shape).to(session.device)
         heads = slice(layout.q_heads.start, layout.q_heads.stop)
         groups = {layer: g for g, grp in self._state_groups(shape) for layer in grp.layers}
@@ -159,7 +151,7 @@ class GDNState(StepState):
         for layer, ctx in contexts.items():
             slots = inputs.plan.carry.slots[ordinal[groups[layer]]]
             idx = torch.tensor([s for row in slots for s in row], dtype=torch.long, device=session.device)
-            page = _shape_bits(session, layer)
+            page = _page(session, layer)
             cache = session.kv_caches[layer]
             n, cols = ctx.conv.shape[0], ctx.conv.shape[1]
             pre_conv = ctx.conv.index_select(3, channels).reshape(n * cols, *page.conv(cache).shape[1:])
@@ -183,7 +175,7 @@ class GDNState(StepState):
     def eager_check(self, case, session, prepared, owned):
         worst = 0.0
         for layer, pages in owned.items():
-            page = _shape_bits(session, layer)
+            page = _page(session, layer)
             conv, state = page.conv(pages), page.state(pages)
             want_conv, want_state = prepared.post[layer]
             for name, got, want in (("conv", conv, want_conv), ("recurrent", state, want_state)):
@@ -210,7 +202,7 @@ class GDNState(StepState):
                                f"step's {idx.numel()} owned slots (first slot {first})"), worst
             now = cache.index_select(0, idx)
             if not torch.equal(now, owned[layer]):
-                page = _shape_bits(session, layer)
+                page = _page(session, layer)
                 for name, got, want in (("conv", page.conv(now), page.conv(owned[layer])),
                                         ("recurrent", page.state(now), page.state(owned[layer]))):
                     c = _compare(got, want.float(), case)
@@ -229,12 +221,6 @@ class GDNState(StepState):
             if problems:
                 return False, f"layer {layer} metadata: {problems[0]}", worst
         return True, "", worst
-
-
-def _family_state_layers(shape) -> tuple[int, ...]:
-    from backend.families.hybrid_gdn import gdn_layers
-
-    return gdn_layers(shape)
 
 
 def _rows_per_slot(t: torch.Tensor) -> int:

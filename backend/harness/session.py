@@ -172,7 +172,7 @@ class Session:
         own = getattr(backend_cls, "allocate_kv_cache", None)
         caches = self.family.allocate_caches(backend_cls, self.config, shape)  # layers of several kinds
         if caches is not None:
-            pass
+            pass  # the family's
         elif own is not None:  # a backend with its own layout (backend/adapters/vllm/), seen as ours
             caches = [own(self.config) for _ in range(shape.num_layers)]
         else:

@@ -36,7 +36,7 @@ class StepPlan:
     shuffle_blocks: bool
     # A family's per-request data that continues from step to step (its StepState's: hybrid_gdn's
     # request ids, state slots and accepted counts); opaque to the harness, part of the plan's key.
-    carry: tuple = ()
+    carry: object = ()
 
     @property
     def num_tokens(self) -> int:

@@ -27,7 +27,7 @@ import logging
 import re
 import types
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
