@@ -52,11 +52,22 @@ CHECK_PADDED_FINITE = "padded_finite"  # a FULL graph's padded output rows hold 
 # wrong head of 32 is diluted in the residual stream the first two compare).
 CHECK_ATTN_REFERENCE = "attn_reference"  # eager attention vs the reference's, per head
 CHECK_ATTN_REPLAY = "attn_replay"  # graph attention vs eager's, per head
-CHECK_NAMES = (CHECK_REFERENCE, CHECK_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_DETERMINISM,
-               CHECK_PADDED_FINITE, CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY)
+# A family whose requests keep state across steps (hybrid_gdn's StepState): slots no real row
+# owns unchanged, owned slots' new state against the reference's and eager's, the state metadata's
+# padding contract (docs/CHECKER.md "state_integrity"). Reported only by cases of such a family.
+CHECK_STATE_INTEGRITY = "state_integrity"
+CHECK_NAMES = (CHECK_REFERENCE, CHECK_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_STATE_INTEGRITY,
+               CHECK_DETERMINISM, CHECK_PADDED_FINITE, CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY)
 # A tp gang's own check (backend/rank_merge.py), not a rank's: every rank resolved the same mode and
 # dispatched every step to the same graph (vLLM #45094: one pipeline rank PIECEWISE, another NONE).
 CHECK_RANK_CONSENSUS = "rank_consensus"
+# The checks every case reports; a family adds its own (AttentionFamily.extra_checks).
+CORE_CHECKS = tuple(n for n in CHECK_NAMES if n != CHECK_STATE_INTEGRITY)
+
+
+def checks_for(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The checks a case reports, in CHECK_NAMES order: the core ones and its family's `extra`."""
+    return tuple(n for n in CHECK_NAMES if n in CORE_CHECKS or n in extra)
 
 
 @dataclass(frozen=True)

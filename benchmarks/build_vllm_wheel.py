@@ -61,6 +61,9 @@ EXTRAS = (
     # the same import over torch, numpy, pyyaml, click, rich, jinja2, pytest alone.
     "psutil==7.2.2", "requests==2.34.2", "urllib3==2.8.0", "idna==3.20", "certifi==2026.10.19.post1",
     "charset_normalizer==3.5.3", "einops==0.8.2",
+    # vllm:GDN_ATTN (issue 38): GDN's metadata builder imports the Qwen GDN layer module for its
+    # prefill-backend choice, which imports the quantization configs: compressed_tensors, loguru.
+    "compressed-tensors==0.17.0", "loguru==0.7.3",
 )
 # vllm 0.10.2 and 0.11.0 (the seed's releases, the old backend interface; issue 34): what
 # `import vllm.v1.attention.backends.rocm_aiter_fa`, the VllmConfig and the seed matrix's cases

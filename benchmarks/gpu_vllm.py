@@ -30,10 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 MUTANTS = {"vllm:TRITON_ATTN": "tests.mutants.vllm_backends:TritonPrefillDropped",
            "vllm:FLEX_ATTENTION": "tests.mutants.vllm_backends:FlexPrefillDropped"}
 MUTANT_FILTER = "tp=1 mode=PIECEWISE,FULL kv=auto k=0 batch=decode_7,mixed_small"
+DECODE_GRAPH_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
 def mutant_expected(case) -> str:
-    """PrefillDropped zeroes the rows of prefill requests: red wherever the batch has one."""
+    """Where the broken backend must be red. PrefillDropped zeroes the rows of prefill requests:
+    red wherever the batch has one. vllm_gdn's Unstaged (vLLM's GDN builder without its
+    persistent buffers): red where a k > 0 decode batch replays a FULL decode graph."""
+    if case.backend.startswith("tests.mutants.vllm_gdn:"):
+        hit = case.spec_tokens > 0 and case.batch.kind == "decode" and case.mode in DECODE_GRAPH_MODES
+        return "fail" if hit else "pass"
     return "pass" if case.batch.kind == "decode" else "fail"
 
 

@@ -481,8 +481,9 @@ def spec_reason(batch: BatchSpec, k: int, model: ModelShape) -> str | None:
     q = 1 + k
     if q > model.max_model_len:
         return f"verify rows of 1 + k = {q} tokens exceed model max_model_len {model.max_model_len}"
+    prompts = family_spec(model.attention).fresh_prompts_are_prefills  # a one-token prompt stays one
     for i, (ql, sl) in enumerate(zip(batch.query_lens, batch.seq_lens)):
-        if ql == 1 and sl < q:
+        if ql == 1 and sl < q and not (prompts and sl == ql):
             return f"decode row {i} has seq_len {sl} < 1 + k = {q} (seq_len counts context + the verify tokens)"
     # The capture helper adds the token budget to ModelShape; 0 / absent = unlimited.
     budget = getattr(model, "max_num_batched_tokens", 0) or 0

@@ -221,6 +221,8 @@ BUILTIN_CAPABILITIES: dict[tuple[str, str], Capabilities] = {(c.name, c.family):
     Capabilities("torch", _CG.ALWAYS, _KV, _ALL, torch_unavailable, family="swa_sinks", features=("sinks",)),
     Capabilities("aiter-triton", _CG.ALWAYS, _KV, _HALF, aiter_triton_unavailable, jit_kernels=True,
                  family="swa_sinks", features=("sinks",)),
+    # hybrid_gdn: UNIFORM_BATCH, as vLLM's GDN backend declares (the minimum over the groups).
+    Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="hybrid_gdn"),
 )}
 
 

@@ -48,6 +48,11 @@ class CommonAttentionMetadata:
     block_table_tensor: torch.Tensor  # [padded_reqs, max_blocks] int32, the group's own
     slot_mapping: torch.Tensor  # [padded_tokens] int64, the group's own
     for_capture: bool = False
+    # Spec decode (what vLLM's runner hands a GDN builder beside the common metadata): the
+    # accepted-token count of each request's previous verify step (device, the runner's buffer)
+    # and each request's draft count (host; -1: not a spec row). None at capture and for k = 0.
+    num_accepted_tokens: torch.Tensor | None = None
+    num_draft_tokens_cpu: torch.Tensor | None = None
 
 
 class LayerMetadata(tuple):
@@ -66,9 +71,10 @@ class GroupedMetadataBuilder:
     cg_pad_block_table = NULL_BLOCK
 
     def __init__(self, backend_cls, config: AttentionConfig, groups: Sequence, num_layers: int,
-                 group_config=None):
-        """groups: AttentionFamily.groups (name, layers, sliding_window). group_config(config,
-        group) -> the AttentionConfig a group's builder gets (its spec's window)."""
+                 group_config=None, group_builder=None):
+        """groups: AttentionFamily.groups (name, layers, sliding_window, kind). group_config(config,
+        group) -> the AttentionConfig a group's builder gets (its spec's window); group_builder(group,
+        config) -> the group's builder (default: the backend's builder_cls for every group)."""
         self.config, self.groups = config, tuple(groups)
         self.cg_padding = (self.cg_pad_seq_lens, self.cg_pad_block_table)  # what it pads with (padding.apply)
         dev, reqs, toks = config.device, config.max_num_seqs, config.max_num_tokens
@@ -80,13 +86,16 @@ class GroupedMetadataBuilder:
         self.block_tables = [torch.zeros(reqs, config.max_blocks_per_seq, dtype=torch.int32, device=dev)
                              for _ in self.groups]
         self.slot_mappings = [torch.full((toks,), PAD_SLOT, dtype=torch.int64, device=dev) for _ in self.groups]
+        self.num_accepted = torch.ones(reqs, dtype=torch.int32, device=dev)
+        self.num_drafts_cpu = torch.full((reqs,), -1, dtype=torch.int32)
         make_config = group_config or (lambda c, g: c)
-        self.builders = [backend_cls.builder_cls(make_config(config, g)) for g in self.groups]
+        make = group_builder or (lambda g, c: backend_cls.builder_cls(c))
+        self.builders = [make(g, make_config(config, g)) for g in self.groups]
         self.layer_group = [next(i for i, g in enumerate(self.groups) if layer in g.layers) for layer in range(num_layers)]
 
     # ---- the runner's writes ------------------------------------------------------------------
     def _common(self, query_lens, seq_lens, tables, slots, padded_tokens, padded_reqs,
-                max_query_len, max_seq_len, for_capture) -> CommonAttentionMetadata:
+                max_query_len, max_seq_len, for_capture, accepted=None, drafts=None) -> CommonAttentionMetadata:
         c = self.config
         n, t = len(query_lens), int(sum(query_lens))
         if not (0 <= n <= padded_reqs <= c.max_num_seqs and 0 <= t <= padded_tokens <= c.max_num_tokens):
@@ -115,11 +124,18 @@ class GroupedMetadataBuilder:
                 buf_t[:n, width:].fill_(NULL_BLOCK)
             copy_into(buf_s[:t], slot.to(torch.int64))
             buf_s[t:].fill_(PAD_SLOT)
+        spec = {}
+        if accepted is not None:  # the runner's spec-decode inputs, [:n] and the tail reset
+            copy_into(self.num_accepted[:n], torch.tensor(list(accepted), dtype=torch.int32))
+            self.num_accepted[n:].fill_(1)
+            self.num_drafts_cpu[:n].copy_(torch.tensor(list(drafts), dtype=torch.int32))
+            self.num_drafts_cpu[n:].fill_(-1)
+            spec = dict(num_accepted_tokens=self.num_accepted[:padded_reqs], num_draft_tokens_cpu=self.num_drafts_cpu[:padded_reqs])
         return CommonAttentionMetadata(
             self.query_start_loc[: padded_reqs + 1], self.query_start_loc_cpu[: padded_reqs + 1],
             self.seq_lens[:padded_reqs], self.seq_lens_cpu[:padded_reqs], self.query_lens[:padded_reqs],
             n, t, padded_reqs, padded_tokens, max_query_len, max_seq_len,
-            self.block_tables[0][:padded_reqs], self.slot_mappings[0][:padded_tokens], for_capture)
+            self.block_tables[0][:padded_reqs], self.slot_mappings[0][:padded_tokens], for_capture, **spec)
 
     def _per_group(self, common: CommonAttentionMetadata, capture: bool) -> LayerMetadata:
         built = []
@@ -140,11 +156,14 @@ class GroupedMetadataBuilder:
             raise ValueError(f"seq_len {max(b.seq_lens)} exceeds max_model_len {self.config.max_model_len}")
         common = self._common(b.query_lens, b.seq_lens, [x.block_table for x in batches],
                               [x.slot_mapping for x in batches], padded_tokens, padded_reqs,
-                              b.max_query_len, b.max_seq_len, for_capture=False)
+                              b.max_query_len, b.max_seq_len, for_capture=False,
+                              accepted=b.num_accepted_tokens, drafts=b.num_draft_tokens)
         return self._per_group(common, capture=False)
 
     def build_for_capture(self, num_tokens: int, uniform_query_len: int = 0, style: str = "v2") -> LayerMetadata:
         q, s, table, slots, host_max_q = capture_batch(self.config, num_tokens, uniform_query_len, style)
-        common = self._common(q, s, [table] * len(self.groups), [slots] * len(self.groups), num_tokens, len(q),
+        # A state group's dummy rows are on its null slot (V2 runner: null-block rows), whatever style.
+        tables = [torch.zeros_like(table) if getattr(g, "kind", "paged") == "state" else table for g in self.groups]
+        common = self._common(q, s, tables, [slots] * len(self.groups), num_tokens, len(q),
                               host_max_q, self.config.max_model_len, for_capture=True)
         return self._per_group(common, capture=True)

@@ -59,6 +59,9 @@ class AttentionConfig:
     # outside the window are freed) or "full" (FullAttentionSpec, which records the window of a
     # merged group's first layer when the hybrid manager is off).
     kv_spec: str = "full"
+    # The largest cudagraph capture size (vLLM's max_cudagraph_capture_size; 0: none): GDN's
+    # persistent per-request buffers are min(max_num_seqs * (1 + k), this) long.
+    max_capture_size: int = 0
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -79,6 +82,10 @@ class BatchDescription:
     seq_lens: list[int]  # context + new, per request
     block_table: torch.Tensor  # [num_reqs, max_blocks_per_seq] int32, CPU; unused entries 0
     slot_mapping: torch.Tensor  # [num_tokens] int64, CPU; slot = block * block_size + offset
+    # Spec decode, for builders that read them (GDN): each request's accepted-token count from its
+    # previous verify step and its draft count (-1: not a verify row). None: not given (k = 0).
+    num_accepted_tokens: list[int] | None = None
+    num_draft_tokens: list[int] | None = None
 
     @property
     def num_reqs(self) -> int:

@@ -36,13 +36,17 @@ _BUILTIN_PATHS: dict[tuple[str, str], str] = {
     ("aiter-triton", "mla"): "backend.providers.aiter_triton_mla:AiterTritonMLABackend",
     ("torch", "swa_sinks"): "backend.providers.torch_swa:TorchSWABackend",
     ("aiter-triton", "swa_sinks"): "backend.providers.aiter_triton_swa:AiterTritonSWABackend",
+    ("torch", "hybrid_gdn"): "backend.providers.torch_gdn:TorchHybridGDNBackend",
 }
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUILTIN_PATHS))
 # "vllm:NAME" is vLLM's own backend NAME run in place (backend/adapters/vllm/); reserved, so it
 # is never read as the import path "module vllm, attribute NAME". Doctor lists these.
 VLLM_PREFIX = "vllm:"
 VLLM_BACKENDS: tuple[str, ...] = ("vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN",
-                                  "vllm:ROCM_AITER_FA", "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN")
+                                  "vllm:ROCM_AITER_FA", "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN",
+                                  "vllm:GDN_ATTN")
+# The family a vLLM backend of that list is bridged for, where it is not gqa (what doctor asks).
+VLLM_FAMILIES: dict[str, str] = {"vllm:TRITON_MLA": "mla", "vllm:GDN_ATTN": "hybrid_gdn"}
 
 # What a duck-typed plugin must provide (checked when it does not subclass AttentionBackend).
 _REQUIRED_ATTRS = ("name", "cudagraph_support", "builder_cls", "impl_cls", "supported_kv_cache_dtypes")

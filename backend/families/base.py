@@ -12,7 +12,10 @@ output projection and its all-reduce, the MLP, graphs, steps, checks and the ver
 - the test-model layer: its full fp32 weights (drawn in a fixed order from the model's generator),
   a rank's shard, the projections from the normed residual to the op's inputs, and the op's call;
 - the independent fp32 reference of the op;
-- its step plan (rows reordered as vLLM's runner hands them to such a backend).
+- its step plan (rows reordered as vLLM's runner hands them to such a backend);
+- for a family whose requests keep state from step to step (hybrid_gdn), its StepState: the
+  requests' plan across steps, the state groups' batches, the state each step starts from, and
+  the checks of it (the harness runs what the family provides; `extra_checks` names them).
 
 Shapes: T tokens, H query heads (Hl on a rank), Dv = out_head_size; a cache plane row is what one
 token stores in that plane.
@@ -40,6 +43,9 @@ class KVCacheGroup:
     layers: tuple[int, ...]
     sliding_window: int | None = None
     frees_outside_window: bool = False
+    # "paged": K/V in blocks of a paged cache (block table, slot mapping, context rows); "state":
+    # one state slot per request (and spec column) that the family's StepState plans and checks.
+    kind: str = "paged"
 
 # fn(rows, cols) -> an fp32 weight rounded to the model dtype; fn(n) -> a norm weight
 WeightFn = Callable[[int, int], torch.Tensor]
@@ -49,10 +55,18 @@ NormFn = Callable[[int], torch.Tensor]
 class AttentionFamily:
     spec: ClassVar[FamilySpec]
     num_planes: ClassVar[int]  # cache planes per layer (GQA: K and V; MLA: the latent row)
+    # Checks beyond backend.result's core ones that this family's StepState supplies (their names
+    # are in result.CHECK_NAMES); a case reports the core checks and these.
+    extra_checks: ClassVar[tuple[str, ...]] = ()
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def fresh_prompts_are_prefills(self) -> bool:
+        """A row without context is a prompt, not a decode (FamilySpec says why)."""
+        return self.spec.fresh_prompts_are_prefills
 
     # ---- the op's contract ------------------------------------------------------------------
     def scale(self, shape) -> float:
@@ -142,6 +156,53 @@ class AttentionFamily:
     def config_dims(self, shape) -> tuple[tuple[str, Any], ...]:
         """The dims a provider's AttentionConfig carries (default: the shape's own)."""
         return shape.dims
+
+    # ---- layers of other kinds, and requests that continue across steps ---------------------
+    def paged_layers(self, shape) -> tuple[int, ...]:
+        """The layers with a paged KV cache (context rows, KV write, kv_integrity); the others
+        (hybrid_gdn's state layers) are their StepState's."""
+        return tuple(range(shape.num_layers))
+
+    def allocate_caches(self, backend_cls, config, shape) -> list[torch.Tensor] | None:
+        """Every layer's cache, where the family's layers differ in kind (None: the backend's KV
+        cache for every layer)."""
+        return None
+
+    def step_state(self) -> "StepState | None":
+        """The family's per-request state across steps (None: steps are independent)."""
+        return None
+
+
+class StepState:
+    """What a family whose requests keep state from step to step gives the harness
+    (backend/families/hybrid_gdn.py). The harness calls, per step it computes: plan_steps (once
+    per case), group_batch (a state group's share of the step), prepare (after the context fill,
+    before the snapshot: writes the state every request starts from; returns the step's view of
+    it, whose merge(context) puts the reference's view of each state layer into the reference's
+    context), owned (after the first eager run: the state it wrote), then eager_check and
+    graph_check; each check returns (ok, detail, max_abs)."""
+
+    def plan_steps(self, batch, shape, capture_sizes, num_steps: int, seed: int, spec_tokens: int) -> list:
+        raise NotImplementedError
+
+    def group_batch(self, plan, shape, group_index: int, group: KVCacheGroup):
+        raise NotImplementedError
+
+    def prepare(self, case, session, inputs, plans) -> Any:
+        raise NotImplementedError
+
+    def owned(self, session, prepared) -> Any:
+        raise NotImplementedError
+
+    def same(self, a, b) -> bool:
+        """Whether two `owned` copies are bit-identical (eager's determinism covers the state too)."""
+        raise NotImplementedError
+
+    def eager_check(self, case, session, prepared, owned) -> tuple[bool, str, float]:
+        raise NotImplementedError
+
+    def graph_check(self, case, session, prepared, owned, snapshot) -> tuple[bool, str, float]:
+        raise NotImplementedError
 
 
 def split_by(t: torch.Tensor, lens: Sequence[int]) -> list[torch.Tensor]:

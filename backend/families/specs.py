@@ -14,6 +14,9 @@ A family's model is the generic ModelShape (heads, block size, max_model_len, ..
                so num_kv_heads = 1 and head_size = that row are derived, never written
     swa_sinks  sliding_window, layer_pattern, sinks, kv_groups (gpt-oss: alternating window / full
                layers, a learned sink per query head, one KV-cache group per layer kind)
+    hybrid_gdn num_k_heads, head_k_dim, conv_kernel, state_dtype, full_attention_interval
+               (Qwen3-Next: GatedDeltaNet layers with a per-request state beside full attention;
+               the GDN value heads are the generic num_heads x head_size)
 """
 
 from __future__ import annotations
@@ -68,6 +71,11 @@ class FamilySpec:
     shape_reasons: Callable[[Any], list[str]] = lambda shape: []
     # Backend features a shape needs (a provider's Capabilities.features): fn(shape) -> (str, ...).
     requires: Callable[[Any], tuple[str, ...]] = lambda shape: ()
+    # vLLM's V2 runner: a row with no context (a prompt's first chunk, even of one token) makes the
+    # batch a prefill batch, never a FULL decode graph's, and stays a prompt under spec decode
+    # (no verify row). Families whose backends class such rows as prefills say so; gqa, mla and
+    # swa_sinks keep the query-len rule their verdicts were taken on.
+    fresh_prompts_are_prefills: bool = False
 
     @property
     def dim_names(self) -> tuple[str, ...]:
@@ -206,7 +214,69 @@ SWA_SINKS = FamilySpec(
 )
 
 
-SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA, MLA, SWA_SINKS)}
+# ---- hybrid_gdn: GatedDeltaNet layers beside full attention, state that lives across steps -------
+
+STATE_DTYPES = ("float32", "bfloat16", "mixed")
+
+
+def is_attention_layer(shape, layer: int) -> bool:
+    """Qwen3-Next's pattern: every full_attention_interval-th layer is full attention, the rest
+    GatedDeltaNet (interval 4: layers 0-2 GDN, 3 attention)."""
+    return (layer + 1) % dict(shape.dims).get("full_attention_interval", 4) == 0
+
+
+def _hybrid_layout(shape, tp: int) -> list[str]:
+    reasons = _gqa_layout(shape, tp)
+    hk = dict(shape.dims).get("num_k_heads", 1)
+    if tp >= 1 and hk % tp:
+        reasons.append(f"num_k_heads {hk} not divisible by tp {tp} (GDN key heads split by tp)")
+    return reasons
+
+
+def _hybrid_shape(shape) -> list[str]:
+    reasons = _gqa_shape(shape)
+    dims = dict(shape.dims)
+    hk, interval = dims.get("num_k_heads", 1), dims.get("full_attention_interval", 4)
+    if shape.num_heads % hk:
+        reasons.append(f"num_heads {shape.num_heads} (the GDN value heads) is not a multiple of num_k_heads {hk}")
+    if shape.num_layers < interval:
+        reasons.append(f"num_layers {shape.num_layers} < full_attention_interval {interval}: no attention layer")
+    return reasons
+
+
+HYBRID_GDN = FamilySpec(
+    name="hybrid_gdn",
+    description="Qwen3-Next's hybrid: GatedDeltaNet layers (causal conv1d + gated delta rule, a state slot per "
+                "request that lives across steps) beside full-attention layers, one KV-cache group per kind",
+    impl="backend.families.hybrid_gdn:HybridGDN",
+    dims=(
+        Dim("num_k_heads", 16, 1, 1024, doc="GDN key (and query) heads; the value heads are num_heads, each key "
+                                            "head serving num_heads / num_k_heads of them (GQA-like)"),
+        Dim("head_k_dim", 128, 1, 1024, doc="GDN key/query head size; the value head size is head_size"),
+        Dim("conv_kernel", 4, 2, 8, doc="the causal conv1d's width (SiLU after it); its state is the last "
+                                        "conv_kernel - 1 inputs (+ k under spec decode)"),
+        Dim("state_dtype", "mixed", choices=STATE_DTYPES,
+            doc="the recurrent state's dtype (vLLM's mamba_ssm_cache_dtype); mixed: float32 and bfloat16 on "
+                "alternating GDN layers, two state groups (vLLM groups layers by spec)"),
+        Dim("full_attention_interval", 4, 2, 64, doc="every interval-th layer is full attention (Qwen3-Next: 4)"),
+    ),
+    defaults={
+        # Qwen3-Next's GDN layer (16 key heads, 32 value heads, 128/128); its attention layers at
+        # the same width in orch's one head layout (Qwen3-Next: 16 x 256 query heads, 2 kv heads).
+        # max_num_seqs 64: state slots are 1 + 64 x (1 + k), 2 MB each in fp32 at this shape.
+        "gpu": {"num_heads": 32, "num_kv_heads": 4, "head_size": 128, "num_layers": 4, "num_k_heads": 16,
+                "head_k_dim": 128, "max_num_seqs": 64, "max_model_len": 2048},
+        # Small for the 2-core CI box: 3 GDN layers and 1 attention layer, 4 value / 2 key heads.
+        "cpu": {"num_heads": 4, "num_kv_heads": 2, "head_size": 16, "num_layers": 4, "num_k_heads": 2,
+                "head_k_dim": 16, "max_num_seqs": 16, "max_model_len": 128},
+    },
+    layout_reasons=_hybrid_layout,
+    shape_reasons=_hybrid_shape,
+    fresh_prompts_are_prefills=True,
+)
+
+
+SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA, MLA, SWA_SINKS, HYBRID_GDN)}
 FAMILY_NAMES: tuple[str, ...] = tuple(SPECS)
 
 

@@ -29,6 +29,7 @@ import backend
 from backend.attention.registry import BackendLoadError, class_family_reason, family_reason, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
+from backend.families import family as family_of
 from backend.harness import step_data
 from backend.harness.checks import CheckAccumulator, failure_reason
 from backend.harness import memory
@@ -49,8 +50,7 @@ from backend.harness.verdict import explained_by_jitter, graph_only
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
 from backend.rank_merge import consensus_reason, merge_rank_results, plan_of, rank_consensus  # noqa: F401
-from backend.result import (CHECK_DETERMINISM, CHECK_NAMES, UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX, CaseResult,
-                            Status)
+from backend.result import CHECK_DETERMINISM, UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX, CaseResult, Status, checks_for
 
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
 
@@ -180,8 +180,13 @@ def _dispatch_plan(case: Case, mode: CUDAGraphMode, sizes: tuple[int, ...]):
     """A case's step plans, the graph each step dispatches to, and the graph keys they need."""
     q = uniform_decode_query_len(case.spec_tokens)
     plans = plan_steps(case.batch, case.model, sizes, max(case.steps, 1), case.seed, spec_tokens=case.spec_tokens)
-    dispatches = [dispatch(mode, p.num_tokens, is_uniform_decode(p.query_lens, q), sizes,
-                           case.model.max_num_seqs, q) for p in plans]
+    fresh_prefill = family_of(case.attention).fresh_prompts_are_prefills
+
+    def uniform(p) -> bool:  # V2: a row without context (a prompt's first chunk) is not a decode
+        return is_uniform_decode(p.query_lens, q) and not (fresh_prefill and any(
+            s == ql for ql, s in zip(p.query_lens, p.seq_lens)))
+
+    dispatches = [dispatch(mode, p.num_tokens, uniform(p), sizes, case.model.max_num_seqs, q) for p in plans]
     keys = [GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode, q if d.uniform_decode else 1)
             if d.runtime_mode != "NONE" else None for d in dispatches]
     return plans, dispatches, keys
@@ -344,7 +349,9 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
     plans, dispatches, graph_keys = planned
     set_capture_scales(session, case.kv_cache_dtype)  # before capture: scales no step uses (step_data)
     capture_s = capture_checked(session, {k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
-    acc = {name: CheckAccumulator(name) for name in CHECK_NAMES}
+    names = checks_for(session.family.extra_checks)
+    acc = {name: CheckAccumulator(name) for name in names}
+    state = session.family.step_state()
     eager_s, replay_s, used, shared, shared_graph = [], [], [], 0, 0
     again = case.case_id in session.cases_run  # a case run again reuses no graph side
     session.cases_run.add(case.case_id)
@@ -368,18 +375,22 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
             inputs = step_inputs(plan, shape, case.seed, session.device)
             set_scales(case, session, plan.index)
             context, ctx_slots = fill_context(session, inputs, reference=eager is None and ref_key not in step_data.REFERENCES)
+            # The state every request starts the step from (after the context fill, before the snapshot).
+            prepared = state.prepare(case, session, inputs, plans) if state is not None else None
+            if prepared is not None:
+                context = prepared.merge(context)
             t1 = clock.now()
             phases["inputs_s"].append(Span(t0, t1))
             snapshot = take_snapshot(session.kv_caches, session, ctx_slots)  # eager and the graph run both start from it
             t0 = clock.now()
             phases["snapshot_s"].append(Span(t1, t0))
             if eager is None:
-                eager = eager_side(case, session, inputs, snapshot, context, clock, phases, ref_key)
+                eager = eager_side(case, session, inputs, snapshot, context, clock, phases, ref_key, prepared)
                 session.eager_memo.put(memo_key, eager)
             else:
                 shared += 1
             del context
-            seen = graph_side(case, session, plan, d, graph_key, inputs, snapshot, eager, clock, phases)
+            seen = graph_side(case, session, plan, d, graph_key, inputs, snapshot, eager, clock, phases, prepared)
             eager.graph_sides[dispatched] = seen
             del snapshot
         eager_s.append(eager.eager_s)
@@ -389,7 +400,7 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
         kv_jitter = kv_jitter or eager.kv_jitter
         attn_jitter = max(attn_jitter, eager.attn_jitter)
 
-    checks = tuple(acc[name].outcome() for name in CHECK_NAMES)
+    checks = tuple(acc[name].outcome() for name in names)
     spent = {k: round(seconds(v), 6) for k, v in phases.items()}  # resolves the spans first
     timings = {
         "capture_s": capture_s,

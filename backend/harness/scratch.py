@@ -57,7 +57,8 @@ def take_snapshot(caches: list[torch.Tensor], session: Session | None = None,
         SCRATCH.clear()  # before allocating: one copy of the caches at a time
         bufs = SCRATCH[key] = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in caches]
     partial = False
-    if in_sync and all(c.is_contiguous() for c in caches):
+    # A family with state slots (StepState) writes them outside `written`: a whole copy then.
+    if in_sync and session.family.step_state() is None and all(c.is_contiguous() for c in caches):
         num_slots = session.family.slot_rows(caches[0]).shape[1]
         partial = written.numel() <= PARTIAL_SNAPSHOT_MAX * num_slots
     for b, c in zip(bufs, caches):

@@ -157,6 +157,7 @@ def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, c
         spec_tokens=spec_tokens,
         attention=shape.attention,
         dims=fam.config_dims(shape),
+        max_capture_size=max(capture_sizes, default=0),
     )
 
 
@@ -180,7 +181,10 @@ class Session:
         self.cg_padding = cg_padding or padding.consolidated(self.builder)
         padding.apply(self.builder, self.cg_padding)
         own = getattr(backend_cls, "allocate_kv_cache", None)
-        if own is not None:  # a backend with its own layout (backend/adapters/vllm/), seen as ours
+        caches = self.family.allocate_caches(backend_cls, self.config, shape)  # layers of several kinds
+        if caches is not None:
+            pass  # the family's
+        elif own is not None:  # a backend with its own layout (backend/adapters/vllm/), seen as ours
             caches = [own(self.config) for _ in range(shape.num_layers)]
         else:
             cache_shape = backend_cls.kv_cache_shape(self.config.num_blocks, shape.block_size,
@@ -214,6 +218,9 @@ class Session:
         # SessionCache on a GPU) and what its graph pool holds (after each capture).
         self.built_bytes = 0
         self.graph_bytes = 0
+        # The metadata of the last run (eager, replay or piecewise): a family's state check reads its
+        # contract (backend/attention/gdn.py request_buffer_problems).
+        self.last_metadata = None
 
     @property
     def runner(self):
@@ -345,7 +352,7 @@ class Session:
         return self.run_eager_step(x, batch).out
 
     def run_eager_step(self, x: torch.Tensor, batch: BatchDescription) -> StepOutput:
-        md = self.builder.build(batch)
+        md = self.last_metadata = self.builder.build(batch)
         attn = torch.empty(self.shape.num_layers, x.shape[0], self.layout.local_heads,
                            self.family.out_head_size(self.shape), dtype=self.model.dtype, device=self.device)
         results: list[torch.Tensor] = []
@@ -371,11 +378,11 @@ class Session:
             copy_into(self.static_in[n:size], pad.to(self.static_in.dtype))
         entry = self.graphs[key]
         if isinstance(entry, _Full):
-            self.builder.build(batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs)
+            self.last_metadata = self.builder.build(batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs)
             out = entry.graph.replay()
             # Copies: the next replay overwrites the graph's outputs.
             return StepOutput(out[:n].clone(), _stack(entry.attention, n))
-        md = self.builder.build(batch)  # attention between pieces: unpadded, real rows only
+        md = self.last_metadata = self.builder.build(batch)  # attention between pieces: unpadded, real rows only
         outs = None
         results = []
         for i, graph in enumerate(entry.graphs):

@@ -19,7 +19,8 @@ from backend.harness.session import GraphKey, Session
 from backend.harness.steps import StepInputs, hash_seed
 from backend.harness.timing import Clock, Span
 from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_DETERMINISM, CHECK_FINITE,
-                            CHECK_KV_INTEGRITY, CHECK_PADDED_FINITE, CHECK_REFERENCE, CHECK_REPLAY)
+                            CHECK_KV_INTEGRITY, CHECK_PADDED_FINITE, CHECK_REFERENCE, CHECK_REPLAY,
+                            CHECK_STATE_INTEGRITY)
 
 @dataclass
 class EagerStep:
@@ -36,8 +37,12 @@ class EagerStep:
     jitter: float  # max |eager - eager again| on the output (0 when bitwise equal; inf for NaN)
     attn_jitter: float  # the same on the attention outputs
     kv_jitter: bool  # the two eager runs left different real-slot bytes
-    real_kv: list[torch.Tensor]  # per layer: the cache at the step's real slots after eager
+    real_kv: list[torch.Tensor | None]  # per paged layer: the cache at the step's real slots after eager
     eager_s: Span  # the first eager run (float() gives seconds)
+    # A family with state across steps (StepState): what eager left in the slots the step's
+    # requests own, and its check against the reference's state ((ok, detail, max_abs)); None else.
+    state: object = None
+    state_check: tuple | None = None
     # The graph sides compared with this eager side, by (runtime mode, graph key): they go when it
     # goes (an eager side evicted and computed again starts with none).
     graph_sides: dict = dataclasses.field(default_factory=dict)
@@ -62,27 +67,35 @@ class GraphStep:
     replay_s: Span
     kv_ok: bool
     kv_detail: str
+    state_check: tuple | None = None  # StepState.graph_check's (ok, detail, max_abs), or None
 
 
 def eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[torch.Tensor], context,
-                clock: Clock, phases: dict[str, list], ref_key: tuple) -> EagerStep:
+                clock: Clock, phases: dict[str, list], ref_key: tuple, prepared=None) -> EagerStep:
     """Eager twice from the caches' state `snapshot` (determinism), the reference, and what eager
-    wrote; leaves the caches as `snapshot` again."""
+    wrote; leaves the caches as `snapshot` again. `prepared`: the family StepState's view of the
+    step (the state its requests start from), for families whose requests keep state."""
     caches = session.kv_caches
     on_device = inputs.on(session.device)
     x = on_device.x
-    real_slots = [on_device.group_of(layer).real_slots for layer in range(len(caches))]
+    paged = session.family.paged_layers(session.shape)
+    real_slots = {layer: on_device.group_of(layer).real_slots for layer in paged}
+    state = session.family.step_state() if prepared is not None else None
     t1 = clock.now()
     first = session.run_eager_step(x, inputs.batches)
     out_e = first.out
     t2 = clock.now()
-    real_kv = [real_slot_values(session.family.slot_rows(c), s) for c, s in zip(caches, real_slots)]
+    real_kv = [real_slot_values(session.family.slot_rows(c), real_slots[i]) if i in real_slots else None
+               for i, c in enumerate(caches)]
+    owned = state.owned(session, prepared) if state is not None else None
     for c, s in zip(caches, snapshot):
         c.copy_(s)
     second = session.run_eager_step(x, inputs.batches)
     same_out = torch.equal(raw(out_e), raw(second.out)) and torch.equal(raw(first.attention), raw(second.attention))
-    kv_jitter = not all(torch.equal(raw(real_slot_values(session.family.slot_rows(c), s)), raw(r))
-                        for c, s, r in zip(caches, real_slots, real_kv))
+    kv_jitter = not all(torch.equal(raw(real_slot_values(session.family.slot_rows(caches[i]), real_slots[i])),
+                                    raw(real_kv[i])) for i in paged)
+    if state is not None:
+        kv_jitter = kv_jitter or not state.same(owned, state.owned(session, prepared))
     jitter, attn_jitter = (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out),
                                                       max_abs_diff(first.attention, second.attention))
     deterministic = same_out and not kv_jitter
@@ -98,15 +111,17 @@ def eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[
     heads = session.layout.q_heads
     attn_reference = compare_heads(first.attention, ref_attn[:, :, heads.start:heads.stop], case.tolerance,
                                    head_offset=heads.start)
+    state_check = state.eager_check(case, session, prepared, owned) if state is not None else None
     t4 = clock.now()
     phases["eager_s"].append(Span(t1, t3))
     phases["reference_s"].append(Span(t3, t4))
     return EagerStep(out_e, first.attention, reference, attn_reference, all_finite(out_e, case.model.head_size),
-                      deterministic, jitter, attn_jitter, kv_jitter, real_kv, Span(t1, t2))
+                      deterministic, jitter, attn_jitter, kv_jitter, real_kv, Span(t1, t2), state=owned,
+                      state_check=state_check)
 
 
 def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInputs, snapshot: list[torch.Tensor],
-                eager: EagerStep, clock: Clock, phases: dict[str, list]) -> GraphStep:
+                eager: EagerStep, clock: Clock, phases: dict[str, list], prepared=None) -> GraphStep:
     """Run the step as the mode dispatches it (eager for NONE, else replay `graph_key`) from the
     caches' state `snapshot` and check it against the eager side."""
     shape, tol = case.model, case.tolerance
@@ -137,9 +152,10 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
     finite = all_finite(out_g, shape.head_size)
     fp = all_finite(padded, shape.head_size) if padded is not None and padded.shape[0] else None
     kv_ok, kv_detail, outside_ok = True, "", True
-    for layer, (after, before, eager_real) in enumerate(zip(caches, snapshot, eager.real_kv)):
+    family = session.family
+    for layer in family.paged_layers(shape):
+        after, before, eager_real = caches[layer], snapshot[layer], eager.real_kv[layer]
         real_slots = on_device.group_of(layer).real_slots
-        family = session.family
         k = kv_integrity(family.slot_rows(after), family.slot_rows(before), eager_real, real_slots,
                          family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer]), tol)
         outside_ok = outside_ok and not k.outside_changed
@@ -155,6 +171,10 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
                          f"{real_slots.numel()} real slots (first slot {k.first_outside})"
                          if k.outside_changed else
                          f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
+    state_check = None
+    if prepared is not None:  # the family's state: checked before the scratch is declared in sync
+        state_check = family.step_state().graph_check(case, session, prepared, eager.state, snapshot)
+        outside_ok = outside_ok and state_check[0]
     if outside_ok:  # kv_integrity left the scratch equal to the caches (SCRATCH_OWNER)
         mark_scratch(session)
     if kv_ok and graph_key in session.capture_writes:  # the graph wrote the cache while it was made
@@ -167,7 +187,7 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
         detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}"
                + (f"; {rows_by_request(replay.bad_rows, plan.query_lens)}" if replay.bad_rows else "")
                + "".join(f"; {note}" for note in freed),
-        used=used, replay_s=Span(t1, t2), kv_ok=kv_ok, kv_detail=kv_detail)
+        used=used, replay_s=Span(t1, t2), kv_ok=kv_ok, kv_detail=kv_detail, state_check=state_check)
 
 
 def pad_seed(case: Case, step: int, session: Session) -> int:
@@ -202,6 +222,11 @@ def add_step(acc: dict[str, CheckAccumulator], step: int, eager: EagerStep, g: G
         acc[CHECK_PADDED_FINITE].add(step, g.padded.ok, mismatch=g.padded.mismatch_frac,
                                      first_bad=g.padded.first_bad, detail=g.padded_detail)
     acc[CHECK_KV_INTEGRITY].add(step, g.kv_ok, detail=g.kv_detail)
+    if CHECK_STATE_INTEGRITY in acc and eager.state_check is not None:
+        # the eager state against the reference's, then the graph run's against eager's
+        worst = max(eager.state_check[2], g.state_check[2] if g.state_check else 0.0)
+        bad = next((c for c in (eager.state_check, g.state_check) if c is not None and not c[0]), None)
+        acc[CHECK_STATE_INTEGRITY].add(step, bad is None, max_abs=worst, detail=bad[1] if bad else "")
     acc[CHECK_DETERMINISM].add(step, eager.deterministic, max_abs=eager.jitter,
                                detail=f"two eager runs differ (max_abs {eager.jitter:.3g}"
                                       f"{', and their KV writes' if eager.kv_jitter else ''})")

@@ -117,10 +117,15 @@ def query_scale(session: Session) -> float | None:
     return fn() if callable(fn) else None
 
 
+def paged_cache_dtype(session: Session) -> torch.dtype:
+    """The dtype of the session's paged KV caches (a family's state layers hold other caches)."""
+    return session.kv_caches[session.family.paged_layers(session.shape)[0]].dtype
+
+
 def reference_key(case: Case, session: Session, step: int) -> tuple:
     return (case.model, case.kv_cache_dtype, case.batch, case.spec_tokens, case.seed, case.steps,
             session.capture_sizes, step,  # the step plan depends on the (resolved) sizes
-            str(session.device), session.kv_caches[0].dtype, query_scale(session))
+            str(session.device), paged_cache_dtype(session), query_scale(session))
 
 
 def set_scales(case: Case, session: Session, step: int) -> None:
@@ -156,8 +161,8 @@ def fill_context(session: Session, inputs: StepInputs, reference: bool = True
     layer for the whole batch. Also returns the slots written (int64, on the device)."""
     family = session.family
     on_device = inputs.on(session.device)
-    context = []
-    for layer, cache in enumerate(session.kv_caches):
+    for layer in family.paged_layers(session.shape):
+        cache = session.kv_caches[layer]
         k_scale, v_scale = session.model.k_scales[layer], session.model.v_scales[layer]
         # make_step_inputs keeps the unsplit draw: one KV write per layer, no cat of its views
         values = inputs.ctx_flat[layer]
@@ -166,10 +171,22 @@ def fill_context(session: Session, inputs: StepInputs, reference: bool = True
         if slots.numel():
             held = values if group.ctx_rows is None else [v.index_select(0, group.ctx_rows) for v in values]
             family.write(cache, family.rank_context(held, session.layout), slots, k_scale, v_scale)
-        scales = family.plane_scales(k_scale, v_scale)
-        context.append([RoundedContext(v, scale, cache.dtype, inputs.ctx_lens) if reference else []
-                        for v, scale in zip(values, scales)])
-    return context, on_device.all_ctx_slots
+    return (reference_context(session, inputs) if reference else [[] for _ in session.kv_caches]), \
+        on_device.all_ctx_slots
+
+
+def reference_context(session: Session, inputs: StepInputs) -> list:
+    """The context as the reference's own fp8 rounding sees it ([layer][plane][req], fp32, every
+    head; an empty list for a layer without a paged cache), computed from the step's draw: what
+    fill_context writes, without writing it."""
+    family = session.family
+    context: list = [[] for _ in session.kv_caches]
+    for layer in family.paged_layers(session.shape):
+        cache = session.kv_caches[layer]
+        scales = family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer])
+        context[layer] = [RoundedContext(v, scale, cache.dtype, inputs.ctx_lens)
+                          for v, scale in zip(inputs.ctx_flat[layer], scales)]
+    return context
 
 
 class RoundedContext(Sequence):
@@ -194,7 +211,7 @@ class RoundedContext(Sequence):
 def compute_reference(case: Case, session: Session, inputs: StepInputs, context) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference output [T, hidden] fp32 and its attention outputs [layers, T, H, Dv] (every
     head; kept in the model dtype, which holds them exactly: the reference rounds them to it)."""
-    cache_dtype = session.kv_caches[0].dtype
+    cache_dtype = paged_cache_dtype(session)
     model, family = session.model, session.family
 
     def kv_round(layer: int, plane: int, t: torch.Tensor) -> torch.Tensor:

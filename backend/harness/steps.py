@@ -34,6 +34,9 @@ class StepPlan:
     query_lens: tuple[int, ...]
     seq_lens: tuple[int, ...]
     shuffle_blocks: bool
+    # A family's per-request data that continues from step to step (its StepState's: hybrid_gdn's
+    # request ids, state slots and accepted counts); opaque to the harness, part of the plan's key.
+    carry: object = ()
 
     @property
     def num_tokens(self) -> int:
@@ -73,6 +76,9 @@ def plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ..
     """The case's steps, each step's rows in the order the family's backends get them
     (AttentionFamily.order_rows: MLA's decodes first; gqa's as drawn)."""
     family = family_of(shape.attention)
+    state = family.step_state()
+    if state is not None:  # requests that continue from step to step: the family plans them
+        return state.plan_steps(batch, shape, capture_sizes, num_steps, seed, spec_tokens)
     plans = (plan_verify_steps(batch, shape, capture_sizes, num_steps, seed, spec_tokens) if spec_tokens > 0
              else _plan_steps(batch, shape, capture_sizes, num_steps, seed))
     return [StepPlan(p.index, *family.order_rows(p.query_lens, p.seq_lens, spec_tokens), p.shuffle_blocks)
@@ -331,14 +337,19 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     groups = family.groups(shape)
     layouts = []
     for g, group in enumerate(groups):
-        # Group 0 draws from the step's generator as a single-group step always did (its blocks,
-        # then x); every other group gets its own shuffle of the blocks (its layers' caches).
-        layouts.append(_group_layout(plan, shape, gen if g == 0 else torch.Generator().manual_seed(
-            hash_seed(seed, plan.index, 101 + g)), group.frees_outside_window and group.sliding_window))
+        if group.kind == "state":  # a slot per request: the family's plan says which (no blocks, no context)
+            layouts.append((family.step_state().group_batch(plan, shape, g, group), torch.zeros(0, dtype=torch.int64),
+                            None))
+        else:
+            # Group 0 draws from the step's generator as a single-group step always did (its blocks,
+            # then x); every other group gets its own shuffle of the blocks (its layers' caches).
+            layouts.append(_group_layout(plan, shape, gen if g == 0 else torch.Generator().manual_seed(
+                hash_seed(seed, plan.index, 101 + g)), group.frees_outside_window and group.sliding_window))
         if g == 0:
             dtype = getattr(torch, shape.dtype)
             x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
-    desc, ctx_slots_flat, ctx_rows = layouts[0]
+    # The first paged group's layout stands for the step (its block table, its context slots).
+    desc, ctx_slots_flat, ctx_rows = next((lay for lay, grp in zip(layouts, groups) if grp.kind != "state"), layouts[0])
     ctx_len_t = torch.tensor([s - q for q, s in zip(plan.query_lens, plan.seq_lens)], dtype=torch.int64)
     ctx_slots = list(torch.split(ctx_slots_flat, ctx_len_t.tolist())) if ctx_rows is None else []
     # One draw per layer and cache plane for every request's context (a decode batch of 200
@@ -346,8 +357,9 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     ctx_lens = ctx_len_t.tolist()
     total = sum(ctx_lens)
     rows = family.context_rows(shape)
-    ctx_flat = [[torch.randn(total, *row, generator=kv_gen, device=device) for row in rows]
-                for _ in range(shape.num_layers if context else 0)]
+    paged = set(family.paged_layers(shape))
+    ctx_flat = [[torch.randn(total, *row, generator=kv_gen, device=device) for row in rows] if layer in paged else []
+                for layer in range(shape.num_layers if context else 0)]
     layer_group = tuple(next(g for g, group in enumerate(groups) if layer in group.layers)
                         for layer in range(shape.num_layers))
     return StepInputs(plan, desc, x, ctx_slots, ctx_flat, ctx_lens, ctx_slots_flat,

@@ -4,7 +4,11 @@ explains it (then FLAKY); NaN and writes outside the real slots never are jitter
 from __future__ import annotations
 
 from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY,
-                            CHECK_PADDED_FINITE, CHECK_REPLAY)
+                            CHECK_PADDED_FINITE, CHECK_REPLAY, CHECK_STATE_INTEGRITY)
+
+# state_integrity's detail names which of its parts failed (backend/families/gdn_state.py).
+STATE_GRAPH_ONLY = "the graph run's state differs from eager's"
+STATE_NEVER_JITTER = ("outside", "metadata")
 
 # A check failure counts as eager jitter only when its error is within this factor of the jitter
 # measured between two eager runs: a wrong kernel that also jitters by an ulp must stay FAIL.
@@ -18,6 +22,8 @@ def explained_by_jitter(check, det, kv_jitter: bool, attn_jitter: float = 0.0) -
         return False  # NaN/Inf is never rounding jitter
     if check.name == CHECK_KV_INTEGRITY:
         return kv_jitter and "outside" not in check.detail  # writes outside the real slots are a bug
+    if check.name == CHECK_STATE_INTEGRITY:  # the same, for state slots; a metadata contract is no jitter
+        return kv_jitter and not any(w in check.detail for w in STATE_NEVER_JITTER)
     if check.max_abs_err is None or det.max_abs_err is None:
         return False
     jitter = attn_jitter if check.name in (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY) else det.max_abs_err
@@ -29,4 +35,5 @@ def graph_only(check) -> bool:
     the real slots is never one of these. A check's detail is `step N: <what>` (checks.py)."""
     return check.name in (CHECK_REPLAY, CHECK_ATTN_REPLAY, CHECK_PADDED_FINITE) or \
         (check.name == CHECK_FINITE and check.detail.rsplit(": ", 1)[-1] == "graph") or \
-        (check.name == CHECK_KV_INTEGRITY and "outside" not in check.detail)
+        (check.name == CHECK_KV_INTEGRITY and "outside" not in check.detail) or \
+        (check.name == CHECK_STATE_INTEGRITY and STATE_GRAPH_ONLY in check.detail)

@@ -204,6 +204,7 @@ def _aiter_findings(try_load: bool) -> tuple[str | None, tuple[str, ...]]:
         out.extend(f"native: {p}" for p in L.native_registration_problems(pkg))
     except L.AiterLoadError as exc:
         out.append(str(exc))
+    out.append(_aiter_gdn_finding(pkg))
     if try_load:
         try:
             loaded = L.load_aiter_triton()
@@ -211,6 +212,22 @@ def _aiter_findings(try_load: bool) -> tuple[str | None, tuple[str, ...]]:
         except L.AiterLoadError as exc:
             out.append(f"triton kernels: FAILED: {exc}")
     return L.installed_aiter_version(pkg), tuple(out)
+
+
+# Names an AITER GatedDeltaNet op would carry (ROCm/aiter PR #3152's HIP decode, #4250's prefill;
+# vLLM's rocm_aiter_ops' FlyDSL prefill); hybrid_gdn binds one to its signature once a release has it.
+GDN_OP_NAMES = ("gated_delta", "gdn", "delta_rule", "fused_recurrent")
+
+
+def _aiter_gdn_finding(pkg) -> str:
+    """Whether the installed amd-aiter has a GatedDeltaNet kernel (by module and file names under
+    aiter/: nothing is imported; the package's init needs ROCm)."""
+    found = sorted({str(p.relative_to(pkg)) for p in Path(pkg).rglob("*.py")
+                    if any(n in p.stem.lower() for n in GDN_OP_NAMES)})
+    if not found:
+        return ("gdn decode: none in this amd-aiter (no gated-delta-rule module under aiter/): the hybrid_gdn "
+                "family has no aiter provider; its cases run on torch and vllm:GDN_ATTN")
+    return f"gdn decode: {', '.join(found[:4])} present, not bound yet (hybrid_gdn runs on torch, vllm:GDN_ATTN)"
 
 
 def check_matrix(path: str, devices: str, *, gpu_here: bool = True, kernel_load_failed: bool = False) -> MatrixCheck:
@@ -242,7 +259,7 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
     import torch
 
     from backend.attention.kv_cache import fp8_dtype
-    from backend.attention.registry import BUILTIN_BACKENDS, VLLM_BACKENDS, availability
+    from backend.attention.registry import BUILTIN_BACKENDS, VLLM_BACKENDS, VLLM_FAMILIES, availability
     from backend.harness.distributed import _NCCL_ENV
     from backend.graphs.cuda import graph_kind
 
@@ -259,7 +276,8 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
     if len({g.arch for g in gpus}) > 1:
         warnings.append(f"mixed GPU archs on one node: {', '.join(sorted({g.arch for g in gpus}))}")
     providers = tuple(ProviderLine(a.provider, a.available, a.reason)
-                      for a in (availability(name, device) for name in BUILTIN_BACKENDS + VLLM_BACKENDS))
+                      for a in (availability(name, device, VLLM_FAMILIES.get(name, "gqa"))
+                                for name in BUILTIN_BACKENDS + VLLM_BACKENDS))
     triton_ok = any(p.provider == "aiter-triton" and p.available for p in providers)
     aiter_version, aiter_findings = _aiter_findings(triton_ok)
     home = Path(env.get("HOME") or Path.home())

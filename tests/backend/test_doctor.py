@@ -124,7 +124,7 @@ def test_doctor_json_on_this_machine():
     providers = {p["provider"]: p for p in report["providers"]}
     assert set(providers) == {"torch", "aiter", "aiter-emulated", "aiter-triton", "aiter-triton-pa",
                               "vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN", "vllm:ROCM_AITER_FA",
-                              "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN"}
+                              "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN", "vllm:GDN_ATTN"}
     # vLLM's backends: available, or a one-line reason (vllm missing, version, platform).
     for name in ("vllm:TRITON_ATTN", "vllm:ROCM_AITER_FA"):
         assert not providers[name]["available"] and providers[name]["reason"]

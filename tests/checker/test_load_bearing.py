@@ -16,6 +16,7 @@ from backend.harness.checker import run_case
 from backend.harness.checks import CheckAccumulator
 from backend.result import CHECK_NAMES, Status
 from tests.checker.conftest import DECODE, TINY, make_case
+from tests.families.conftest import GDN_DECODE, GDN_TOL, TINY_GDN
 
 ONE_LAYER = dataclasses.replace(TINY, num_layers=1)  # nothing after the output feeds an attention
 # 16 heads: one head's error is diluted in the residual stream as at the GPU shape (1 of 32).
@@ -34,6 +35,11 @@ LOAD_BEARING = {
     "padded_finite": ("tests.mutants.padded_nan:Backend", "FULL", {}, (), Status.FAIL),
     "kv_integrity": ("tests.mutants.padded_slot_write:Backend", "FULL", {}, (), Status.FAIL),
     "determinism": ("tests.mutants.jittery:TinyBackend", "NONE", {}, (), Status.FLAKY),
+    # hybrid_gdn's: padded requests' accepted count 0, not 1 (the metadata's padding contract);
+    # no kernel of the torch provider reads it, so nothing else sees it
+    "state_integrity": ("tests.mutants.gdn_builders:AcceptedPaddedZero", "FULL_DECODE_ONLY",
+                        {"model": TINY_GDN, "batch": GDN_DECODE, "tolerance": GDN_TOL["auto"], "spec_tokens": 2},
+                        (), Status.FAIL),
 }
 
 
@@ -52,7 +58,8 @@ def test_check_is_load_bearing(check, monkeypatch):
     # Parametrized by the checker's own list: a check added without a scenario fails here.
     assert check in LOAD_BEARING, f"no load-bearing scenario for check {check!r}"
     backend, mode, changes, also_off, status = LOAD_BEARING[check]
-    case = make_case(backend, mode, "auto", DECODE, **changes)
+    changes = dict(changes)
+    case = make_case(backend, mode, "auto", changes.pop("batch", DECODE), **changes)
     _switch_off(monkeypatch, also_off)
     on = run_case(case)
     assert on.status == status, (on.reason, [c.summary() for c in on.checks])

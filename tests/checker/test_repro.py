@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from backend.harness.checker import run_case_local
-from backend.result import CHECK_NAMES
+from backend.result import CORE_CHECKS
 from orchestrator.cli import main
 from orchestrator.matrix import load_matrix
 from orchestrator.commands.repro import verdict_line
@@ -20,8 +20,8 @@ def test_repro_prints_the_checker_verdict(capsys):
     assert main(["repro", CASE_ID, "--matrix", SMOKE, "--devices", "cpu"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == verdict_line(expected) == f"PASS {CASE_ID}"
-    printed = [ln.strip() for ln in lines if ln.strip().split(":")[0] in CHECK_NAMES]
-    assert [ln.split(":")[0] for ln in printed] == list(CHECK_NAMES)  # a line per check, in order
+    printed = [ln.strip() for ln in lines if ln.strip().split(":")[0] in CORE_CHECKS]
+    assert [ln.split(":")[0] for ln in printed] == list(CORE_CHECKS)  # a line per check, in order
     assert printed == [c.summary() for c in expected.checks]
 
 

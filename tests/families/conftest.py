@@ -55,3 +55,27 @@ def make_swa_case(backend: str = "torch", mode: str = "FULL", kv: str = "auto", 
 
 def swa_model(**dims) -> ModelShape:
     return dataclasses.replace(TINY_SWA, dims=tuple({**dict(SWA_DIMS), **dims}.items()))
+
+
+# Qwen3-Next in small: 3 GDN layers (float32, bfloat16, float32 state: two state groups) and 1
+# attention layer; 4 value heads over 2 key heads of 16, head size 16; max_num_seqs 8, so decode
+# graphs of q = 1 hold 1, 2, 4, 8 requests and of q = 3 hold 1, 2, 3, 6, 8.
+GDN_DIMS = (("conv_kernel", 4), ("full_attention_interval", 4), ("head_k_dim", 16), ("num_k_heads", 2),
+            ("state_dtype", "mixed"))
+TINY_GDN = ModelShape(num_heads=4, num_kv_heads=2, head_size=16, block_size=16, dtype="bfloat16", num_layers=4,
+                      max_model_len=128, max_num_seqs=8, attention="hybrid_gdn", dims=GDN_DIMS)
+# 5 decodes: graphs of 8 requests at k = 0 and of 6 at k = 2 (padded requests either way)
+GDN_DECODE = BatchSpec("decode5", (1, 1, 1, 1, 1), (40, 20, 70, 9, 33))
+# decodes, a one-token prompt, a chunk over context, a fresh prompt (recycled slots each step)
+GDN_MIXED = BatchSpec("mixed6", (1, 1, 1, 1, 9, 5), (40, 33, 100, 1, 40, 5))
+GDN_TOL = {"auto": Tolerance(2e-2, 6e-2), "fp8": Tolerance(2e-2, 8e-2)}
+
+
+def make_gdn_case(backend: str = "torch", mode: str = "FULL", kv: str = "auto", batch: BatchSpec = GDN_DECODE,
+                  tp: int = 1, seed: int = 0, **changes) -> Case:
+    changes.setdefault("tolerance", GDN_TOL[kv])
+    return _tiny_case(TINY_GDN, "tests/tiny-gdn.yaml", backend, mode, kv, batch, tp, seed, changes)
+
+
+def gdn_model(**dims) -> ModelShape:
+    return dataclasses.replace(TINY_GDN, dims=tuple({**dict(GDN_DIMS), **dims}.items()))

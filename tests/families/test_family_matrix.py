@@ -11,6 +11,7 @@ from tests.matrix.helpers import BASE, assert_plan_names_the_marked_line, replac
 
 MLA = replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, mla]")
 SWA = replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, swa_sinks]")
+GDN = replace("  backend: [torch]", "  backend: [torch]\n  attention: [gqa, hybrid_gdn]")
 
 # (scenario, document with the offending line marked `#!`, words the message must contain)
 BROKEN = [
@@ -41,6 +42,13 @@ BROKEN = [
      "layer_pattern alternate needs num_layers >= 4"),
     ("heads not divisible by any tp", MLA + "families:\n  mla:\n    model: {num_heads: 3}\n    axes: {tp: [2]}  #!\n",
      "nothing runnable for mla: num_heads 3 not divisible by tp 2"),
+    ("an unknown state dtype", GDN + "families:\n  hybrid_gdn:\n    model: {state_dtype: float16}  #!\n",
+     "state_dtype 'float16' is not one of float32, bfloat16, mixed"),
+    ("value heads that key heads do not divide",
+     GDN + "families:\n  hybrid_gdn:\n    model: {num_k_heads: 3}  #!\n",
+     "(the GDN value heads) is not a multiple of num_k_heads 3"),
+    ("no attention layer", GDN + "families:\n  hybrid_gdn:\n    model: {num_layers: 3}  #!\n",
+     "num_layers 3 < full_attention_interval 4: no attention layer"),
 ]
 
 
@@ -133,3 +141,32 @@ def test_swa_sinks_groups_and_windows_in_the_plan(tmp_path):
     g = family("swa_sinks").groups(next(c for c in merged.cases if c.attention == "swa_sinks").model)
     assert [(x.name, x.layers, x.sliding_window, x.frees_outside_window) for x in g] == [
         ("merged", (0, 1, 2, 3), 32, False)]
+
+
+def test_full_yaml_plans_hybrid_gdn_in_every_mode_k_and_tp(capsys):
+    """The hybrid_gdn block: all five modes (FULL resolving to FULL_AND_PIECEWISE: UNIFORM_BATCH),
+    k 0 and 2, tp 1 and 2, kv auto and fp8, its decode and mixed batches."""
+    import json
+
+    assert main(["plan", "matrices/full.yaml", "--devices", "cpu", "--json", "--filter", "attention=hybrid_gdn"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    cases = plan["cases"]
+    assert {c["cudagraph_mode"] for c in cases} == {"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY",
+                                                      "FULL_AND_PIECEWISE"}
+    assert {c["resolved_mode"] for c in cases if c["cudagraph_mode"] == "FULL"} == {"FULL_AND_PIECEWISE"}
+    assert {c["spec_tokens"] for c in cases} == {0, 2} and {c["tp"] for c in cases} == {1, 2}
+    assert {c["kv_cache_dtype"] for c in cases} == {"auto", "fp8"}
+    assert {c["batch"] for c in cases} == {"decode_7", "gdn_mixed"}
+    assert all(c["id"].startswith("hybrid_gdn-tp") for c in cases)
+
+
+def test_hybrid_gdn_groups_state_before_attention():
+    """vLLM's groups in first-layer order: one state group per state dtype, then attention."""
+    from backend.families import family
+    from tests.families.conftest import TINY_GDN, gdn_model
+
+    fam = family("hybrid_gdn")
+    assert [(g.name, g.layers, g.kind) for g in fam.groups(TINY_GDN)] == [
+        ("state_float32", (0, 2), "state"), ("state_bfloat16", (1,), "state"), ("full", (3,), "paged")]
+    assert [(g.name, g.layers) for g in fam.groups(gdn_model(state_dtype="bfloat16"))] == [
+        ("state_bfloat16", (0, 1, 2)), ("full", (3,))]

@@ -20,8 +20,8 @@ One concern per module:
 Families (make_backend's `family`): gqa, every backend of both interfaces (FullAttentionSpec; K
 and V per kv head); mla, mla.py (vllm:TRITON_MLA's decode in place, the rest orch's and
 labelled); swa_sinks, swa.py (TRITON_ATTN, ROCM_AITER_UNIFIED_ATTN with per-layer windows and
-sinks, their builders per KV-cache group). An MLA backend named for gqa skips with
-`family_reason`'s words.
+sinks, their builders per KV-cache group); hybrid_gdn, gdn.py (GDN_ATTN: vLLM's GDN builder per
+state group, its Triton core on a GPU). An MLA backend named for gqa skips with `family_reason`'s words.
 
 Whatever cannot run here is a skip with the reason, never a traceback: vllm not installed, a
 release outside both ranges, a backend that does not import, a platform or a kv dtype it lacks.
@@ -90,7 +90,7 @@ def make_backend(name: str, family: str = "gqa"):
     """Our backend class for vLLM's backend `name` (e.g. FLEX_ATTENTION, ROCM_AITER_FA) for attention
     `family`. Always a class: when vLLM or the backend cannot be used here, unavailable_reason says
     why. Families: gqa (every GQA backend, both interfaces), mla (TRITON_MLA: mla.py), swa_sinks
-    (TRITON_ATTN, ROCM_AITER_UNIFIED_ATTN: swa.py)."""
+    (TRITON_ATTN, ROCM_AITER_UNIFIED_ATTN: swa.py), hybrid_gdn (GDN_ATTN: gdn.py)."""
     name = name.strip().upper()
     if family == "mla":
         if name.removesuffix("_VLLM_V1") == "TRITON_MLA":
@@ -104,6 +104,14 @@ def make_backend(name: str, family: str = "gqa"):
         from backend.adapters.vllm.swa import make_swa_backend
 
         return make_swa_backend(name)
+    if family == "hybrid_gdn":
+        if name == "GDN_ATTN":
+            from backend.adapters.vllm.gdn import make_gdn_backend
+
+            return make_gdn_backend()
+        return _unbridged(name, family)
+    if name == "GDN_ATTN":
+        return _unbridged(name, family)
     return _make_backend(name)
 
 

@@ -87,9 +87,13 @@ def speculative_config(k: int, model, parallel):
 
 
 def build_vllm_config(config: AttentionConfig, *, model_kwargs: dict[str, Any] | None = None,
-                      scheduler_kwargs: dict[str, Any] | None = None, spec_tokens: int = 0) -> Any:
+                      scheduler_kwargs: dict[str, Any] | None = None, spec_tokens: int = 0,
+                      compilation_kwargs: dict[str, Any] | None = None,
+                      additional_config: dict[str, Any] | None = None) -> Any:
     """The VllmConfig vLLM's builder and Impl read for one rank's config. `model_kwargs` and
-    `scheduler_kwargs` are what one interface's release needs beyond the common ones."""
+    `scheduler_kwargs` are what one interface's release needs beyond the common ones;
+    `compilation_kwargs` replace the cudagraph_mode NONE default (GDN's builder stages its
+    persistent buffers only when the engine has full graphs); `additional_config` is vLLM's."""
     from vllm.config import (
         CacheConfig,
         CompilationConfig,
@@ -116,5 +120,6 @@ def build_vllm_config(config: AttentionConfig, *, model_kwargs: dict[str, Any] |
     # windows, which our model does not use.
     return VllmConfig(model_config=model, cache_config=cache, parallel_config=parallel,
                       scheduler_config=scheduler, device_config=DeviceConfig(device=config.device.type),
-                      compilation_config=CompilationConfig(cudagraph_mode="NONE"),
-                      speculative_config=speculative_config(spec_tokens, model, parallel))
+                      compilation_config=CompilationConfig(**(compilation_kwargs or {"cudagraph_mode": "NONE"})),
+                      speculative_config=speculative_config(spec_tokens, model, parallel),
+                      **({"additional_config": additional_config} if additional_config else {}))

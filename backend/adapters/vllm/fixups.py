@@ -13,9 +13,16 @@ def pin_memory_off() -> None:
     call time). The old interface's ROCM_AITER_FA path pins nothing, so it needs no such change."""
     if torch.cuda.is_available():
         return
+    import sys
+
     import vllm.utils.torch_utils as tu
 
     tu.PIN_MEMORY = False
+    # Modules that imported the constant by name keep their own copy (GDN's builder's helpers:
+    # vllm/v1/attention/backends/utils.py compute_causal_conv1d_metadata).
+    utils = sys.modules.get("vllm.v1.attention.backends.utils")
+    if utils is not None and hasattr(utils, "PIN_MEMORY"):
+        utils.PIN_MEMORY = False
 
 
 def cpu_flex_eager(module) -> str | None:
