@@ -230,13 +230,16 @@ def _aiter_gdn_finding(pkg) -> str:
     return f"gdn decode: {', '.join(found[:4])} present, not bound yet (hybrid_gdn runs on torch, vllm:GDN_ATTN)"
 
 
-def check_matrix(path: str, devices: str, *, gpu_here: bool = True, kernel_load_failed: bool = False) -> MatrixCheck:
+def check_matrix(path: str, devices: str, *, gpu_here: bool = True, kernel_load_failed: bool = False,
+                 matrix=None) -> MatrixCheck:
     """What `orch run MATRIX` would use here: providers with runnable cases, providers whose every
-    case is skipped (and why), and the problems that would fail the run (with its exit code)."""
+    case is skipped (and why), and the problems that would fail the run (with its exit code).
+    `matrix`: the file already expanded (collect loads it first, so a bad one fails fast)."""
     from backend.attention.registry import availability
     from orchestrator.matrix import load_matrix
 
-    matrix = load_matrix(path, devices=devices)  # InputError (exit 2) on a bad matrix
+    if matrix is None:
+        matrix = load_matrix(path, devices=devices)  # InputError (exit 2) on a bad matrix
     device = "cuda" if matrix.device_class == "gpu" else "cpu"
     runs = Counter(c.backend for c in matrix.cases)
     skips = Counter(s.case.backend for s in matrix.skipped)
@@ -265,6 +268,11 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
 
     env = dict(os.environ if env is None else env)
     gpu = torch.cuda.is_available()
+    planned = None
+    if matrix:  # the matrix first: a bad file is one line and exit 2 before seconds of provider imports
+        from orchestrator.matrix import load_matrix
+
+        planned = load_matrix(matrix, devices=devices)
     platform = platform_name(torch.version.hip, torch.version.cuda, gpu)
     gpus = _gpus(torch) if gpu else ()
     device = "cuda" if gpu else "cpu"
@@ -295,7 +303,8 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
         triton_cache_dir=cache + ("" if Path(cache).is_dir() else " (not created yet)"),
         aiter_version=aiter_version, aiter_findings=aiter_findings,
         matrix=check_matrix(matrix, devices, gpu_here=gpu,
-                            kernel_load_failed=any(f.startswith("triton kernels: FAILED") for f in aiter_findings))
+                            kernel_load_failed=any(f.startswith("triton kernels: FAILED") for f in aiter_findings),
+                            matrix=planned)
         if matrix else None, warnings=tuple(warnings))
 
 

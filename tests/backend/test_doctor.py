@@ -135,8 +135,14 @@ def test_doctor_json_on_this_machine():
     assert report["gang_defaults"]["NCCL_NVLS_ENABLE"] == "0"
 
 
-def test_doctor_screen_fits_one_screen():
-    proc = _orch("doctor")
+@pytest.fixture(scope="module")
+def plain_doctor():
+    """One `orch doctor` for the tests that read its screen (each run imports vLLM's backends: ~8 s)."""
+    return _orch("doctor")
+
+
+def test_doctor_screen_fits_one_screen(plain_doctor):
+    proc = plain_doctor
     assert proc.returncode == 0, proc.stderr
     for heading in ("platform", "providers", "graph kind", "fp8 dtype", "ray", "triton", "amd-aiter"):
         assert heading in proc.stdout
@@ -178,9 +184,9 @@ def test_doctor_matrix_of_runnable_providers_exits_0(tmp_path):
     assert re.search(r"^torch +runs \d+ case\(s\) here$", proc.stdout, re.M), proc.stdout
 
 
-def test_doctor_output_is_not_padded_when_redirected():
+def test_doctor_output_is_not_padded_when_redirected(plain_doctor):
     # rich filled every line to 100 columns when stdout was a file or a pipe (#33).
-    proc = _orch("doctor")
+    proc = plain_doctor
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) > 10 and not [line for line in lines if line != line.rstrip()]
