@@ -10,6 +10,8 @@
 #         `time:` lines of both runs give the cases phase side by side
 # small   the slice under --gpu-memory 24 (a 24 GiB card): the same verdicts as the warm run
 # alone   each family of the slice in a run of its own: the same verdicts as the combined run
+# RUN_ARGS: more `orch run` options for every run (e.g. `--gpu-memory 80` on an H200: an H100's
+# budget, for a diagnosis only; the figures of issue 37 come from an H100).
 # Writes $OUT/memory.log (a line per step, each run's last lines, benchmarks/memory_report.py) and
 # $OUT/memory.tgz (the stores and logs). Per-step timeouts.
 set -u
@@ -23,10 +25,10 @@ FILTER=${FAMILY_FILTER:-tp=1 backend=torch,aiter-triton,aiter-triton-pa}
 STEPS=${STEPS:-runs packed small alone}
 orch_run() {  # NAME DB FILTER [ARGS...]: one run, its last lines and time: line into the log
   local name=$1 db=$2 filter=$3; shift 3
-  step "orch run full.yaml --filter '$filter' $* ($name)"
+  step "orch run full.yaml --filter '$filter' ${RUN_ARGS:-} $* ($name)"
   /usr/bin/time -f "wall %e s, max rss %M KB" timeout "${RUN_TIMEOUT:-240}" python3 -m orchestrator.cli run \
       matrices/full.yaml --filter "$filter" --devices gpu --db "$db" --known-failures matrices/known-failures.yaml \
-      --no-progress --out "$R/$name-out" "$@" > "$R/$name.log" 2>&1
+      --no-progress --out "$R/$name-out" ${RUN_ARGS:-} "$@" > "$R/$name.log" 2>&1
   echo "rc=$?" >> "$R/$name.log"; grep -v "^    repro:" "$R/$name.log" | grep -E "time:|run [0-9]+|workers per GPU|worker|rc=|wall" | tail -6 >> "$log"
   single_file_db "$db"
 }
