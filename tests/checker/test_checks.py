@@ -69,6 +69,24 @@ def test_kv_integrity_flags_writes_outside_real_slots_only(dtype):
     assert not k.ok and k.outside_changed == 0 and not k.real_ok
 
 
+@pytest.mark.parametrize("outside", [False, True])
+def test_kv_integrity_compares_a_strided_cache_with_its_contiguous_snapshot(outside):
+    """A backend whose cache view is strided (vllm:FLEX_ATTENTION's at tp 2) against the step's
+    contiguous snapshot: the snapshot tiles into int64 words and the cache cannot, yet both are
+    compared byte for byte (a shape mismatch ERRORed every such FULL case)."""
+    before = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    after = torch.empty(8, 16, 2, dtype=torch.bfloat16).permute(2, 1, 0)  # same shape, strided
+    after.copy_(before)
+    real = torch.tensor([3, 4])
+    after[:, 3] = 1.0  # the real slots' new rows
+    if outside:
+        after[1, 9, 0] = 7.0  # a write outside them
+    eager = real_slot_values(after, real)
+    assert not after.is_contiguous() and before.is_contiguous()
+    k = kv_integrity(after, before.clone(), eager, real, (torch.ones(1), torch.ones(1)), TOL)
+    assert (k.ok, k.outside_changed, k.first_outside) == ((False, 1, 9) if outside else (True, 0, None))
+
+
 def _outside_by_slot(after, before, real):
     """The check's answer worked out the slow way: per slot, any byte changed, real slots excluded."""
     n = after.shape[1] * after.shape[2]
