@@ -449,6 +449,12 @@ def _on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, n
     if memory is not None:
         config = dataclasses.replace(config, gpu_memory_utilization=memory.utilization,
                                      gpu_memory_bytes=memory.gpu_memory)
+    if cluster.device_kind == "gpu" and cluster.workers_per_gpu > 1:
+        # Cases measured to need more than one worker's share run on wider workers (packing.slot_width).
+        from backend.attention.capabilities import driver_gpu_memory
+
+        config = dataclasses.replace(config, memory_needs=store.memory_needs(),
+                                     device_bytes=(memory.gpu_memory if memory is not None else None) or driver_gpu_memory())
     if os.environ.get(RUNNER_ENV):
         config = dataclasses.replace(config, runner=os.environ[RUNNER_ENV])
     progress = Progress(len(cases), live=sys.stderr.isatty(), quiet=no_progress)

@@ -30,9 +30,10 @@ drivers can never each sit on GPUs the other's gang needs (sharing.py).
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ from orchestrator.executor.cluster import ClusterInfo
 from orchestrator.executor.sharing import SharedCluster
 from orchestrator.executor.verdicts import NODE_DEATH, OOM_KIND, first_line, poisons_worker, retried, two_attempts
 from orchestrator.executor.gangs import Gang, GangSpec, GangState
+from orchestrator.executor.packing import slot_width
 from orchestrator.scheduling.cost import estimate_all
 from orchestrator.scheduling.policy import Dispatcher, Task
 
@@ -64,6 +66,11 @@ class ExecConfig:
     # and device_bytes; its share comes from the cluster's workers per GPU): handed to the actors.
     gpu_memory_utilization: float = 0.9
     gpu_memory_bytes: int | None = None
+    # Several workers per GPU: what each case was measured to need (case id -> bytes, the store's
+    # memory_needs) and the device's size as the run sees it, so that a case needing more than one
+    # worker's share runs on a wider worker (packing.slot_width). Empty/None: every tp 1 case one slot.
+    memory_needs: Mapping[str, int] = field(default_factory=dict)
+    device_bytes: int | None = None
     wait_notice_s: float = 5.0  # a placement pending this long is checked for other drivers' GPUs
     wait_repeat_s: float = 60.0  # how often a run that keeps waiting says so again (sharing.py)
 
@@ -142,6 +149,9 @@ class Executor:
         # tp t case is t x N slots wide for the dispatcher. Gangs are not split into tp 1 workers
         # then: the split workers would hold whole devices.
         self._per_gpu = cluster.workers_per_gpu if cluster.device_kind == "gpu" else 1
+        # tp 1 cases that ran out of memory on a worker of one share: rerun on a whole GPU, with
+        # what happened for their result's log (case id -> note).
+        self._widened: dict[str, str] = {}
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -152,12 +162,12 @@ class Executor:
         slots = [n.slots for n in self.cluster.nodes]
         tasks = []
         for c in cases:
-            if self._width(c.tp) > max(slots):
+            if self._width(c.tp) > max(slots):  # a tp 1 case is never wider than one GPU
                 self._skip_placement(c, f"needs {c.tp} {self._unit}s on one node; the largest has "
                                         f"{max(slots) // self._per_gpu}")
             else:
                 later = self.deferral is not None and c.backend in self.deferral.backends
-                tasks.append(Task(c.case_id, self._width(c.tp), est[c.case_id], group_key(c), tier=int(later)))
+                tasks.append(Task(c.case_id, self._case_width(c), est[c.case_id], group_key(c), tier=int(later)))
         self.dispatcher = Dispatcher(tasks, slots)
         self._queued = {t.id: t for t in tasks}
         deferring = self.deferral is not None and any(t.tier for t in tasks)
@@ -210,18 +220,35 @@ class Executor:
         """Slots a gang of `tp` takes (a share of a GPU each for tp 1, whole devices for a gang)."""
         return tp if tp == 1 else tp * self._per_gpu
 
+    def _case_width(self, case: Case) -> int:
+        """Slots a case takes: a gang's whole devices; for tp 1 one share of a GPU, or several
+        where its recorded need (or an earlier out-of-memory on one share) says one is too small."""
+        if case.tp != 1 or self._per_gpu == 1:
+            return self._width(case.tp)
+        if case.case_id in self._widened:
+            return self._per_gpu
+        need = self.config.memory_needs.get(case.case_id, 0)
+        return slot_width(need, self.config.device_bytes, self.config.gpu_memory_utilization, self._per_gpu)
+
+    def _gang_width(self, g: Gang) -> int:
+        """Slots a live gang takes: a tp 1 worker its shares (1 / N of a GPU each), a gang's ranks
+        whole devices."""
+        if g.tp != 1:
+            return self._width(g.tp)
+        return max(1, round(g.spec.gpu_share * self._per_gpu)) if self.cluster.device_kind == "gpu" else 1
+
     def _tp(self, task: Task) -> int:
         return self._cases[task.id].tp
 
-    def _memory(self, tp: int) -> tuple[tuple[str, object], ...]:
+    def _memory(self, tp: int, width: int = 1) -> tuple[tuple[str, object], ...]:
         """The actors' MemoryBudget (backend/harness/memory.py), as hashable items."""
-        share = 1.0 / self._per_gpu if tp == 1 else 1.0
+        share = width / self._per_gpu if tp == 1 else 1.0
         return (("utilization", self.config.gpu_memory_utilization), ("share", share),
                 ("device_bytes", self.config.gpu_memory_bytes))
 
     def _held(self, node: int) -> int:
         """Slots reserved on the node: a pg's every bundle while any gang over it lives."""
-        pgs = {id(g.pg): g.pg_size * self._width(g.spec.tp) // g.spec.tp
+        pgs = {id(g.pg): g.pg_size * self._gang_width(g) // g.spec.tp
                for g in self.gangs if g.node == node and g.state != GangState.DEAD}
         return sum(pgs.values())
 
@@ -232,7 +259,7 @@ class Executor:
 
     def _free(self, node: int) -> int:
         """Slots the dispatcher may fill: not held by a gang that is busy or coming up."""
-        busy = sum(self._width(g.tp) for g in self.gangs
+        busy = sum(self._gang_width(g) for g in self.gangs
                    if g.node == node and g.state not in (GangState.DEAD, GangState.IDLE))
         if not self._alive[node]:
             return 0
@@ -276,7 +303,7 @@ class Executor:
     def _gang_for(self, node: int, task: Task, idle: list[Gang]) -> Gang | None:
         avoid = self._first[task.id].worker if task.id in self._first else None
         tp, width = self._tp(task), task.tp
-        same = [g for g in idle if g.tp == tp and not (avoid and g.label == avoid)]
+        same = [g for g in idle if g.tp == tp and self._gang_width(g) == width and not (avoid and g.label == avoid)]
         same.sort(key=lambda g: g.last_group != task.group)
         if same:
             return same[0]
@@ -294,7 +321,7 @@ class Executor:
         if self.cluster.nodes[node].slots - self._held(node) < width:
             return None
         spec = GangSpec(tp, self.cluster.device_kind, self.config.runner, self.log_dir, self.cluster.cpu_per_worker,
-                        gpu_share=1.0 / self._per_gpu if tp == 1 else 1.0, memory=self._memory(tp))
+                        gpu_share=width / self._per_gpu if tp == 1 else 1.0, memory=self._memory(tp, width))
         gang, ready = gangs.place(spec, node, self.cluster.nodes[node].node_id)
         self.gangs.append(gang)
         self.jobs.append(_Job("place", gang, [ready], time.monotonic() + self.config.placement_timeout_s, []))
@@ -319,10 +346,10 @@ class Executor:
         if first.id in self._singles or first.est_s >= self.config.batch_target_s:
             return batch
         while len(batch) < self.config.max_batch:
-            t = self.dispatcher.next_for(node, self._width(gang.tp), first.group)
+            t = self.dispatcher.next_for(node, self._gang_width(gang), first.group)
             if t is None:
                 break
-            ok = (t.tp == self._width(gang.tp) and t.id not in self._singles and total + t.est_s < self.config.batch_target_s
+            ok = (t.tp == self._gang_width(gang) and t.id not in self._singles and total + t.est_s < self.config.batch_target_s
                   and not (t.id in self._first and self._first[t.id].worker == gang.label))  # fmt: skip
             if not ok:
                 self.dispatcher.requeue(t)
@@ -432,6 +459,9 @@ class Executor:
                         continue
                     ranks = culprit[:1]  # the rank that left the case early is the verdict
                 res = merge_rank_results(ranks).replace(worker=g.label)
+                if self._widen(task, g, res):
+                    poisoned = poisoned or poisons_worker(res)
+                    continue
                 if poisons_worker(res):  # verdicts.py: device errors, sticky faults in a capture
                     poisoned = True
                     if res.error_kind != OOM_KIND:  # an oom stays one (retried: verdicts.retried)
@@ -571,7 +601,25 @@ class Executor:
         self.final[case.case_id] = res
         self._emit(res, True)
 
+    def _widen(self, task: Task, g: Gang, res: CaseResult) -> bool:
+        """A tp 1 case that ran out of memory on a worker of less than a whole GPU saw nothing of
+        the backend: it runs again on a worker of the whole GPU (its share of the budget was the
+        limit, not the device), and only an out-of-memory there is its verdict (`oom`)."""
+        if res.error_kind != OOM_KIND or g.tp != 1 or task.id in self._widened:
+            return False
+        width = self._gang_width(g)
+        if width >= self._per_gpu:
+            return False
+        self._widened[task.id] = (f"out of device memory on a worker of {width}/{self._per_gpu} of a GPU "
+                                  f"({first_line(res.reason)}): rerun on a whole GPU")
+        wide = dataclasses.replace(task, tp=self._per_gpu)
+        self.dispatcher.requeue(task, wide)
+        self._queued[task.id] = wide
+        return True
+
     def _attempt(self, task: Task, res: CaseResult, duration_s: float) -> None:
+        if task.id in self._widened:
+            res = res.replace(log_tail=(self._widened[task.id] + "\n" + res.log_tail).strip())
         first = self._first.pop(task.id, None)
         if first is None and retried(res, self._tp(task)) and self.config.retries > 0:
             self._first[task.id] = res

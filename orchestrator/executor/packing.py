@@ -67,23 +67,49 @@ class WorkerNeed:
     case_id: str  # the case that needs it ("" when nothing was recorded)
     recorded: int  # cases with a recorded need
     cases: int
+    median: int = 0  # the median recorded need (0: size workers for the largest)
 
-    def per_worker(self) -> int:
-        return int(self.bytes * NEED_MARGIN + WORKER_OVERHEAD) if self.bytes else 0
+    def per_worker(self, need: int | None = None) -> int:
+        need = self.bytes if need is None else need
+        return int(need * NEED_MARGIN + WORKER_OVERHEAD) if need else 0
+
+    def sized(self) -> int:
+        """What `auto` sizes a worker for: the median case; the larger ones take several shares
+        (slot_width)."""
+        return self.median or self.bytes
 
     def describe(self) -> str:
         if not self.bytes:
             return f"no recorded device memory for these {self.cases} case(s) (a GPU run records it)"
         part = f" ({self.recorded} of {self.cases} cases recorded)" if self.recorded < self.cases else ""
-        return (f"largest case needs {self.bytes / GiB:.2f} GiB ({self.case_id}); a worker "
+        text = (f"largest case needs {self.bytes / GiB:.2f} GiB ({self.case_id}); a worker "
                 f"{self.per_worker() / GiB:.2f} GiB with its context and margin{part}")
+        if self.median and self.median < self.bytes:
+            text += (f"; the median case {self.median / GiB:.2f} GiB, a worker {self.per_worker(self.median) / GiB:.2f} "
+                     f"GiB (larger cases take several workers' shares)")
+        return text
 
 
 def worker_need(case_ids: Iterable[str], needs: Mapping[str, int]) -> WorkerNeed:
     ids = list(case_ids)
     recorded = [(needs[c], c) for c in ids if c in needs]
     top = max(recorded, default=(0, ""))
-    return WorkerNeed(top[0], top[1], len(recorded), len(ids))
+    values = sorted(n for n, _ in recorded)
+    median = values[len(values) // 2] if values else 0
+    return WorkerNeed(top[0], top[1], len(recorded), len(ids), median)
+
+
+def slot_width(need: int, device_bytes: int | None, utilization: float, per_gpu: int) -> int:
+    """Slots (1 / per_gpu of a GPU each) a tp 1 case takes: one where its recorded `need` (its
+    bytes, 0: none recorded) fits a worker of one share, else as many shares as its worker needs
+    with its context and margin, at most the whole GPU. The few cases of a matrix that need much
+    more than the rest (decode_200, mixed_large_chunked: 17-21 GiB of an H100 where the median
+    case needs 2-5) run on wider workers instead of sizing every worker for them."""
+    if per_gpu <= 1 or not need or not device_bytes:
+        return 1
+    share = device_bytes * utilization / per_gpu
+    per_worker = WorkerNeed(need, "", 1, 1).per_worker()
+    return max(1, min(per_gpu, -(-per_worker // int(share))))
 
 
 @dataclass(frozen=True)
@@ -93,15 +119,15 @@ class Packing:
 
 
 def auto_per_gpu(need: WorkerNeed, device_bytes: int | None, utilization: float, cores: int, gpus: int) -> Packing:
-    """Workers per GPU for `auto`: as many as the device's budget holds at the recorded need, no
-    more than the host's cores allow (one per worker, one left for the driver and Ray), at most
-    MAX_PER_GPU."""
+    """Workers per GPU for `auto`: as many as the device's budget holds at the median recorded
+    need (cases that need more run on wider workers: slot_width), no more than the host's cores
+    allow (one per worker, one left for the driver and Ray), at most MAX_PER_GPU."""
     if gpus < 1:
         return Packing(1, "no GPU")
     if not need.bytes or not device_bytes:
         why = need.describe() if not need.bytes else "the device's memory is unknown here"
         return Packing(1, f"1 per GPU: {why}")
-    by_memory = int(device_bytes * utilization // need.per_worker())
+    by_memory = int(device_bytes * utilization // need.per_worker(need.sized()))
     by_cores = max(1, (cores - 1) // gpus)
     n = max(1, min(by_memory, by_cores, MAX_PER_GPU))
     return Packing(n, f"{n} per GPU: memory allows {by_memory} ({need.describe()}; "

@@ -265,14 +265,15 @@ class Dispatcher:
     def _release(self, task: Task) -> None:
         node = self._where.pop(task.id, None)
         if node is not None:
-            self._busy[node] -= task.tp
-            del self._running[node][task.id]
+            self._busy[node] -= self._running[node].pop(task.id)[1]  # the width it was handed out with
 
-    def requeue(self, task: Task) -> None:
-        """Put a dispatched task back (retry elsewhere, node lost); its GPUs count as free."""
+    def requeue(self, task: Task, as_task: Task | None = None) -> None:
+        """Put a dispatched task back (retry elsewhere, node lost); its GPUs count as free.
+        `as_task`: the same task (same id) to wait from now on in its place, e.g. wider."""
         if task.id not in self._where:
             raise ValueError(f"requeue of {task.id!r}, which is not running")
         self._release(task)
+        task = as_task if as_task is not None else task
         token = next(self._tokens)
         self._live[task.id] = token
         self._waiting_gpu_s += task.est_s * task.tp
@@ -387,10 +388,10 @@ class _StaticDispatcher:
         for x in range(gpu, gpu + task.tp):
             self._idle[node][x] = True
 
-    def requeue(self, task: Task) -> None:
+    def requeue(self, task: Task, as_task: Task | None = None) -> None:
         """Static means static: the task runs again on its own GPUs, ahead of their lists."""
         self._release(task)
-        self._retry[self._home[task.id][0]].append(task)
+        self._retry[self._home[task.id][0]].append(as_task if as_task is not None else task)
         self._left += 1
 
     def done(self, task: Task, duration_s: float) -> None:

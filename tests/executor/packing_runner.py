@@ -1,5 +1,7 @@
 """A runner for the packing test: no checker, no torch. It records which GPU Ray gave the worker,
-the worker's process and when it ran, then passes (tests/executor/test_memory_packing.py)."""
+its share of it, the worker's process and when it ran, then passes; a case named in
+ORCH_PACKING_OOM runs out of memory (as the checker reports it: ERROR kind `oom`) on any worker
+of less than a whole GPU (tests/executor/test_memory_packing.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,14 @@ def run(case, *, rank: int = 0, world_size: int = 1, device=None, **_):
 
     start = time.time()
     time.sleep(HOLD_S)
-    gpus = [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", ())]
-    line = {"case": case.case_id, "tp": case.tp, "rank": rank, "pid": os.getpid(), "gpus": gpus,
+    ctx = ray.get_runtime_context()
+    gpus = [str(g) for g in ctx.get_accelerator_ids().get("GPU", ())]
+    share = ctx.get_assigned_resources().get("GPU", 0.0)
+    line = {"case": case.case_id, "tp": case.tp, "rank": rank, "pid": os.getpid(), "gpus": gpus, "share": share,
             "start": start, "end": time.time()}
     with open(os.environ["ORCH_PACKING_LOG"], "a") as f:
         f.write(json.dumps(line) + "\n")
+    if case.case_id in os.environ.get("ORCH_PACKING_OOM", "").split(",") and share < 1.0:
+        return CaseResult(case_id=case.case_id, status=Status.ERROR, requested_mode=case.mode, axes=case.axes,
+                          error_kind="oom", reason=f"out of memory when alone: needs at least 30.00 GiB of a {share:g} GPU")
     return CaseResult(case_id=case.case_id, status=Status.PASS, requested_mode=case.mode, axes=case.axes)

@@ -2,11 +2,15 @@
 its own (the test session's cluster has no GPUs). Prints one JSON object: what the executor asked
 Ray for per gang, and what each case's worker got (tests/executor/test_memory_packing.py).
 
-    python tests/executor/packing_script.py PER_GPU LOG
+    python tests/executor/packing_script.py PER_GPU LOG [wide]
+
+`wide`: tp 1 cases only, the first recorded as needing 30 GiB of an 80 GiB device (a worker of
+three shares at 4 per GPU), the second running out of memory on any worker of less than a GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -14,13 +18,20 @@ import sys
 
 def main() -> None:
     per_gpu, log = int(sys.argv[1]), sys.argv[2]
+    wide = sys.argv[3:] == ["wide"]
     os.environ["ORCH_PACKING_LOG"] = log  # before ray.init: the workers inherit the raylet's env
+    from orchestrator.matrix import load_matrix
+
+    m = load_matrix("matrices/smoke.yaml", devices="cpu")
+    tp1 = [c for c in m.cases if c.tp == 1][: 8 if wide else 16]
+    tp2 = [] if wide else [c for c in m.cases if c.tp == 2][:2]
+    if wide:
+        os.environ["ORCH_PACKING_OOM"] = tp1[1].case_id
     import ray
 
     from orchestrator.executor import gangs
     from orchestrator.executor.cluster import connect
     from orchestrator.executor.executor import ExecConfig, Executor
-    from orchestrator.matrix import load_matrix
 
     ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, object_store_memory=256 * 1024**2,
              log_to_driver=False)
@@ -42,15 +53,16 @@ def main() -> None:
         return []
 
     gangs.join = no_process_group
-    m = load_matrix("matrices/smoke.yaml", devices="cpu")
-    tp1 = [c for c in m.cases if c.tp == 1][:16]
-    tp2 = [c for c in m.cases if c.tp == 2][:2]
     cluster = connect("local", devices="gpu", workers_per_gpu=per_gpu)
     config = ExecConfig(runner="tests.executor.packing_runner:run", gpu_memory_utilization=0.8,
                         batch_target_s=0.0, retries=0)
+    if wide:
+        config = dataclasses.replace(config, memory_needs={tp1[0].case_id: 30 * 1024**3}, device_bytes=80 * 1024**3)
     final = Executor(cluster, config).run([*tp1, *tp2])
     print(json.dumps({"slots": cluster.total_slots, "banner": cluster.banner, "specs": specs,
-                      "statuses": sorted({r.status.value for r in final.values()}), "results": len(final)}))
+                      "statuses": sorted({r.status.value for r in final.values()}), "results": len(final),
+                      "cases": [c.case_id for c in tp1],
+                      "final": {k: [r.status.value, r.attempts, r.log_tail] for k, r in final.items()}}))
     ray.shutdown()
 
 

@@ -13,7 +13,7 @@ import pytest
 from junitparser import Error, JUnitXml
 
 from orchestrator.commands import run as run_cmd
-from orchestrator.executor.packing import GiB, WorkerNeed, auto_per_gpu, parse_gib, parse_workers_per_gpu
+from orchestrator.executor.packing import GiB, WorkerNeed, auto_per_gpu, parse_gib, parse_workers_per_gpu, slot_width
 from orchestrator.errors import InputError
 from orchestrator.store import ResultStore
 
@@ -89,6 +89,45 @@ def test_several_workers_per_gpu_take_shares_and_a_gangs_ranks_whole_devices(tmp
     assert not any(r["tp"] == 1 and any(r["start"] < e and s < r["end"] for s, e in spans) for r in rows)
 
 
+def test_a_case_that_needs_more_than_a_share_runs_on_a_wider_worker(tmp_path):
+    """4 workers per fake GPU: a case recorded as needing 30 GiB of an 80 GiB device runs on a worker
+    of three shares; a case that runs out of memory on one share runs again on a whole GPU, and
+    its result says so (no FLAKY, no oom verdict); the rest run on one share each."""
+    log = tmp_path / "cases.jsonl"
+    proc = subprocess.run([sys.executable, "tests/executor/packing_script.py", "4", str(log), "wide"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    big, oom, *rest = report["cases"]
+    assert report["statuses"] == ["pass"] and report["results"] == 8
+    runs = defaultdict(list)
+    for line in log.read_text().splitlines():
+        r = json.loads(line)
+        runs[r["case"]].append(r["share"])
+    assert runs[big] == [0.75]  # 30 GiB x 1.25 + 0.75 of 16 GiB shares (80 x 0.8 / 4): three
+    assert runs[oom] == [0.25, 1.0]  # one share, out of memory, then the whole GPU
+    assert all(runs[c] == [0.25] for c in rest)
+    status, attempts, log_tail = report["final"][oom]
+    assert (status, attempts) == ("pass", 1) and "out of device memory on a worker of 1/4 of a GPU" in log_tail
+    assert {s["memory"]["share"] for s in report["specs"]} == {0.25, 0.75, 1.0}
+
+
+WIDTHS = [
+    # (name, need GiB, device GiB, utilization, per GPU, expected slots)
+    ("fits one share", 10, 80, 0.9, 4, 1),
+    ("two shares", 20, 80, 0.9, 4, 2),  # 25.75 GiB of 18 GiB shares
+    ("never more than the GPU", 100, 80, 0.9, 4, 4),
+    ("one worker per GPU: always one", 100, 80, 0.9, 1, 1),
+    ("nothing recorded: one", 0, 80, 0.9, 4, 1),
+    ("device size unknown: one", 20, None, 0.9, 4, 1),
+]
+
+
+@pytest.mark.parametrize("name,need,device,util,per_gpu,expected", WIDTHS, ids=[w[0] for w in WIDTHS])
+def test_slot_width(name, need, device, util, per_gpu, expected):
+    assert slot_width(int(need * GiB), device and int(device * GiB), util, per_gpu) == expected
+
+
 NEED = WorkerNeed(bytes=int(10 * GiB), case_id="tp1-FULL-auto-decode_64-torch-s0", recorded=10, cases=12)
 AUTO = [
     # (name, need, device bytes, utilization, cores, gpus, expected workers per GPU)
@@ -99,6 +138,10 @@ AUTO = [
     ("24 GiB card: one", NEED, 24 * GiB, 0.9, 16, 1, 1),
     ("nothing recorded: one", WorkerNeed(0, "", 0, 12), 80 * GiB, 0.9, 16, 1, 1),
     ("device size unknown: one", NEED, None, 0.9, 16, 1, 1),
+    # Sized for the median case (the H100's families: most cases need 2-5 GiB, a few 17-21): the
+    # large ones take several shares (slot_width) instead of every worker being sized for them.
+    ("median 4 GiB, largest 20: sized for the median", WorkerNeed(int(20 * GiB), "big", 10, 10, int(4 * GiB)),
+     80 * GiB, 0.9, 16, 1, 8),
 ]
 
 
