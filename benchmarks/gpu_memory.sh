@@ -8,6 +8,9 @@
 # packed  the same slice warm with --workers-per-gpu auto (WPG to force a number) into a copy of the
 #         warm store (auto packs by the needs the warm run recorded): the same verdicts, and the
 #         `time:` lines of both runs give the cases phase side by side
+# cold, warm  one run each (the runs step's two), each followed by its memory report
+# trace   benchmarks/memory_trace.py on the slice (one process, no Ray): what stays allocated once
+#         every session is dropped, and where it was allocated
 # small   the slice under --gpu-memory 24 (a 24 GiB card): the same verdicts as the warm run
 # alone   each family of the slice in a run of its own: the same verdicts as the combined run
 # RUN_ARGS: more `orch run` options for every run (e.g. `--gpu-memory 80` on an H200: an H100's
@@ -39,6 +42,14 @@ for s in $STEPS; do
       orch_run cold "$R/cold.db" "$FILTER"
       orch_run warm "$R/warm.db" "$FILTER"
       python3 benchmarks/memory_report.py "$R/warm.db" "$R/cold.db" >> "$log" 2>&1; pack ;;
+    cold|warm)
+      orch_run "$s" "$R/$s.db" "$FILTER"
+      python3 benchmarks/memory_report.py "$R/$s.db" >> "$log" 2>&1; pack ;;
+    trace)
+      step "memory_trace.py: the slice in one process, what stays allocated"
+      timeout "${TRACE_TIMEOUT:-150}" python3 benchmarks/memory_trace.py matrices/full.yaml --filter "$FILTER" \
+          --devices gpu --history --budget-s "${TRACE_S:-110}" ${RUN_ARGS:-} > "$R/trace.log" 2>&1
+      echo "rc=$?" >> "$R/trace.log"; grep -E "^-- drop|live:|GiB  |allocator|budget|cases in|rc=" "$R/trace.log" | head -40 >> "$log"; pack ;;
     packed)
       cp "$R/warm.db" "$R/packed.db"
       orch_run packed "$R/packed.db" "$FILTER" --workers-per-gpu "${WPG:-auto}"

@@ -73,12 +73,13 @@ def chunked(s: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         for h in range(s.shape[0]):
             gh = gam[:, h]
             diff = gh[:, None] - gh[None, :]
-            tri = torch.tril(torch.ones(n, n, dtype=torch.bool))
+            tri = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device))
             rel = torch.where(tri, torch.exp(torch.where(tri, diff, torch.zeros_like(diff))), torch.zeros_like(diff))
             kk = kc[:, h] @ kc[:, h].T
             a = torch.tril(bc[:, h][:, None] * rel * kk, diagonal=-1)
             rhs = bc[:, h][:, None] * (vc[:, h] - torch.exp(gh)[:, None] * (kc[:, h] @ s[h].T))
-            u = torch.linalg.solve_triangular(torch.eye(n) + a, rhs, upper=False, unitriangular=True)
+            u = torch.linalg.solve_triangular(torch.eye(n, dtype=a.dtype, device=a.device) + a, rhs, upper=False,
+                                              unitriangular=True)
             heads.append(torch.exp(gh)[:, None] * (qc[:, h] @ s[h].T) + (rel * (qc[:, h] @ kc[:, h].T)) @ u)
             new_s[h] = torch.exp(gh[-1]) * s[h] + (u * torch.exp(gh[-1] - gh)[:, None]).T @ kc[:, h]
         outs.append(torch.stack(heads, 1))

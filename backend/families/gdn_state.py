@@ -112,8 +112,9 @@ class GDNState(StepState):
                 states.append(DRAWN_STATE_SCALE * torch.randn(cols, shape.num_heads, shape.head_size, dk,
                                                               generator=gen))
             dev = session.device
-            conv = torch.stack(convs).to(dev).to(page.conv_dtype).float() if convs else torch.zeros(0, cols, width, c)
-            state = torch.stack(states).to(dev).to(page.state_dtype).float() if states else torch.zeros(0)
+            conv = (torch.stack(convs).to(dev).to(page.conv_dtype).float() if convs
+                    else torch.zeros(0, cols, width, c, device=dev))
+            state = torch.stack(states).to(dev).to(page.state_dtype).float() if states else torch.zeros(0, device=dev)
             spec = tuple(dr >= 0 for dr in carry.drafts)
             out[layer] = StateContext(conv, state, carry.fresh, spec, carry.accepted)
         return out

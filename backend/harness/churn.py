@@ -40,13 +40,20 @@ def poison_outputs(session: Session, n: int) -> None:
 
 
 def churn(session: Session, n: int, size: int) -> None:
-    """GPU: run the model eagerly on vLLM's dummy batch of 1 or 2 tokens (slots -1), neither the
-    step's `n` nor the graph's `size`, so a per-call cache keyed by shape evicts what the graph
-    was captured with (small: it runs before every replay). A no-op on the CPU."""
-    if session.device.type != "cuda":
-        return
-    c = 1 if 1 not in (n, size) else 2 if 2 not in (n, size) else 3
-    md = session.builder.build_for_capture(c, 0, session.shape.capture_style)  # the step's build() rewrites it
+    """GPU: dummy_step (small: it runs before every replay). A no-op on the CPU."""
+    if session.device.type == "cuda":
+        dummy_step(session, n, size)
+
+
+def dummy_step(session: Session, n: int, size: int) -> None:
+    """Run the model eagerly on vLLM's uniform decode dummy batch (1, 2 or 3 requests of 1 + k
+    tokens, slots -1), neither the step's `n` tokens nor the graph's `size`, so a per-call cache
+    keyed by shape evicts what the graph was captured with. A decode batch because every family
+    builds one (MLA asserts decode-only for a capture batch; a spec-decode family's verify reads
+    1 + k tokens a request)."""
+    q = 1 + session.config.spec_tokens
+    c = next(r * q for r in (1, 2, 3) if r * q not in (n, size))
+    md = session.builder.build_for_capture(c, q, session.shape.capture_style)  # the step's build() rewrites it
     x = torch.randn(c, session.shape.hidden_size, dtype=session.model.dtype, device=session.device)
     attn = torch.empty(session.shape.num_layers, c, session.layout.local_heads,
                        session.family.out_head_size(session.shape), dtype=session.model.dtype, device=session.device)
