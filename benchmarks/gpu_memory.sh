@@ -6,8 +6,10 @@
 # runs    the families' tp 1 slice (FAMILY_FILTER, as gpu_families.sh) cold then warm, one worker
 #         per GPU (the default): no out-of-memory anywhere, gate passed
 # packed  the same slice warm with --workers-per-gpu auto (WPG to force a number) into a copy of the
-#         warm store (auto packs by the needs the warm run recorded): the same verdicts, and the
-#         `time:` lines of both runs give the cases phase side by side
+#         warm store (PACKED_FROM=cold: of the cold one; auto packs by the needs that run recorded): the
+#         same verdicts, and the `time:` lines of both runs give the cases phase side by side; MPS=1
+#         starts NVIDIA's MPS daemon first (the workers' kernels share one context instead of
+#         time-slicing the device between processes)
 # cold, warm  one run each (the runs step's two), each followed by its memory report
 # trace   benchmarks/memory_trace.py on the slice (one process, no Ray): what stays allocated once
 #         every session is dropped, and where it was allocated
@@ -51,7 +53,12 @@ for s in $STEPS; do
           --devices gpu --history --budget-s "${TRACE_S:-110}" ${RUN_ARGS:-} > "$R/trace.log" 2>&1
       echo "rc=$?" >> "$R/trace.log"; grep -E "^-- drop|live:|GiB  |allocator|budget|cases in|rc=" "$R/trace.log" | head -40 >> "$log"; pack ;;
     packed)
-      cp "$R/warm.db" "$R/packed.db"
+      if [ "${MPS:-0}" = 1 ] && command -v nvidia-cuda-mps-control > /dev/null; then  # several processes, one context
+        export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        nvidia-cuda-mps-control -d && step "MPS daemon started" || step "MPS daemon did not start"
+      fi
+      cp "$R/${PACKED_FROM:-warm}.db" "$R/packed.db"
       orch_run packed "$R/packed.db" "$FILTER" --workers-per-gpu "${WPG:-auto}"
       python3 benchmarks/memory_report.py "$R/warm.db" "$R/packed.db" >> "$log" 2>&1; pack ;;
     small)

@@ -112,9 +112,11 @@ class GDNState(StepState):
                 states.append(DRAWN_STATE_SCALE * torch.randn(cols, shape.num_heads, shape.head_size, dk,
                                                               generator=gen))
             dev = session.device
-            conv = (torch.stack(convs).to(dev).to(page.conv_dtype).float() if convs
+            # A continuing request's state is the last step's (on the device), a new one's drawn here.
+            conv = (torch.stack([t.to(dev) for t in convs]).to(page.conv_dtype).float() if convs
                     else torch.zeros(0, cols, width, c, device=dev))
-            state = torch.stack(states).to(dev).to(page.state_dtype).float() if states else torch.zeros(0, device=dev)
+            state = (torch.stack([t.to(dev) for t in states]).to(page.state_dtype).float() if states
+                     else torch.zeros(0, device=dev))
             spec = tuple(dr >= 0 for dr in carry.drafts)
             out[layer] = StateContext(conv, state, carry.fresh, spec, carry.accepted)
         return out
