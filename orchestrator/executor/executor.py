@@ -307,8 +307,9 @@ class Executor:
         same.sort(key=lambda g: g.last_group != task.group)
         if same:
             return same[0]
-        if avoid and any(g.tp == tp and g.label == avoid for g in idle) and self.cluster.total_slots < 2 * width:
-            return next(g for g in idle if g.tp == tp)  # nowhere else to go
+        fits = [g for g in idle if g.tp == tp and self._gang_width(g) == width]
+        if avoid and any(g.label == avoid for g in fits) and self.cluster.total_slots < 2 * width:
+            return fits[0]  # nowhere else to go
         if self.config.reuse_gangs and self._per_gpu == 1:
             parts = self._reform(task, idle, avoid)
             if parts is not None:
