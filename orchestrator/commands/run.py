@@ -454,7 +454,7 @@ def _on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, n
         from backend.attention.capabilities import driver_gpu_memory
 
         config = dataclasses.replace(config, memory_needs=store.memory_needs(),
-                                     device_bytes=(memory.gpu_memory if memory is not None else None) or driver_gpu_memory())
+                                     device_bytes=config.gpu_memory_bytes or driver_gpu_memory())
     if os.environ.get(RUNNER_ENV):
         config = dataclasses.replace(config, runner=os.environ[RUNNER_ENV])
     progress = Progress(len(cases), live=sys.stderr.isatty(), quiet=no_progress)

@@ -222,11 +222,10 @@ class Executor:
 
     def _case_width(self, case: Case) -> int:
         """Slots a case takes: a gang's whole devices; for tp 1 one share of a GPU, or several
-        where its recorded need (or an earlier out-of-memory on one share) says one is too small."""
+        where its recorded need says one is too small (an out-of-memory on a share widens it
+        later: _widen)."""
         if case.tp != 1 or self._per_gpu == 1:
             return self._width(case.tp)
-        if case.case_id in self._widened:
-            return self._per_gpu
         need = self.config.memory_needs.get(case.case_id, 0)
         return slot_width(need, self.config.device_bytes, self.config.gpu_memory_utilization, self._per_gpu)
 

@@ -59,6 +59,11 @@ def check_utilization(value: float) -> float:
     return value
 
 
+def worker_bytes(need: int) -> int:
+    """A worker's bytes for a case that needs `need` alone: with its context and margin (0: 0)."""
+    return int(need * NEED_MARGIN + WORKER_OVERHEAD) if need else 0
+
+
 @dataclass(frozen=True)
 class WorkerNeed:
     """What one worker of a matrix needs: the largest recorded need of its cases."""
@@ -69,9 +74,8 @@ class WorkerNeed:
     cases: int
     median: int = 0  # the median recorded need (0: size workers for the largest)
 
-    def per_worker(self, need: int | None = None) -> int:
-        need = self.bytes if need is None else need
-        return int(need * NEED_MARGIN + WORKER_OVERHEAD) if need else 0
+    def per_worker(self) -> int:
+        return worker_bytes(self.bytes)
 
     def sized(self) -> int:
         """What `auto` sizes a worker for: the median case; the larger ones take several shares
@@ -85,7 +89,7 @@ class WorkerNeed:
         text = (f"largest case needs {self.bytes / GiB:.2f} GiB ({self.case_id}); a worker "
                 f"{self.per_worker() / GiB:.2f} GiB with its context and margin{part}")
         if self.median and self.median < self.bytes:
-            text += (f"; the median case {self.median / GiB:.2f} GiB, a worker {self.per_worker(self.median) / GiB:.2f} "
+            text += (f"; the median case {self.median / GiB:.2f} GiB, a worker {worker_bytes(self.median) / GiB:.2f} "
                      f"GiB (larger cases take several workers' shares)")
         return text
 
@@ -107,9 +111,8 @@ def slot_width(need: int, device_bytes: int | None, utilization: float, per_gpu:
     case needs 2-5) run on wider workers instead of sizing every worker for them."""
     if per_gpu <= 1 or not need or not device_bytes:
         return 1
-    share = device_bytes * utilization / per_gpu
-    per_worker = WorkerNeed(need, "", 1, 1).per_worker()
-    return max(1, min(per_gpu, -(-per_worker // int(share))))
+    share = int(device_bytes * utilization / per_gpu)
+    return max(1, min(per_gpu, -(-worker_bytes(need) // share)))
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def auto_per_gpu(need: WorkerNeed, device_bytes: int | None, utilization: float,
     if not need.bytes or not device_bytes:
         why = need.describe() if not need.bytes else "the device's memory is unknown here"
         return Packing(1, f"1 per GPU: {why}")
-    by_memory = int(device_bytes * utilization // need.per_worker(need.sized()))
+    by_memory = int(device_bytes * utilization // worker_bytes(need.sized()))
     by_cores = max(1, (cores - 1) // gpus)
     n = max(1, min(by_memory, by_cores, MAX_PER_GPU))
     return Packing(n, f"{n} per GPU: memory allows {by_memory} ({need.describe()}; "
