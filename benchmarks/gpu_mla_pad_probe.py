@@ -61,11 +61,15 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("gpu_mla_pad_probe: needs a CUDA GPU", file=sys.stderr)
             return 3
+        from backend.adapters.vllm import native
+
+        native.stub_platform_native()  # before vllm's platform module imports its compiled part
         from vllm.v1.attention.ops import triton_decode_attention as t
     except ImportError as e:
         print(f"gpu_mla_pad_probe: {e}", file=sys.stderr)
         return 3
-    source = inspect.getsource(t._fwd_kernel_stage2)
+    stage2 = t._fwd_kernel_stage2
+    source = inspect.getsource(getattr(stage2, "fn", stage2))  # a Triton JITFunction wraps the Python one
     rows = [run(0), run(1)]
     found = rows[0]["nan_fraction_per_row"][-1] == 1.0 and rows[0]["finite_real_rows"] \
         and rows[1]["nan_fraction_per_row"][-1] == 0.0
