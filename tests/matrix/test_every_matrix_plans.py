@@ -29,7 +29,7 @@ SHIPPED = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, 
 MATRICES = [p for p in SHIPPED if not _is_known_failures(os.path.join(REPO, p))]
 # Hiding vllm changes only what a `vllm:` backend resolves to: the matrices naming one load both ways
 # (the others, with vllm as it is here, which for them is the same load).
-NAMES_VLLM = [p for p in MATRICES if "vllm:" in open(os.path.join(REPO, p)).read()]
+NAMES_VLLM = [p for p in MATRICES if "vllm:" in open(os.path.join(REPO, p)).read()]  # noqa: SIM115
 CASES = [(m, "vllm importable") for m in MATRICES] + [(m, "vllm hidden") for m in NAMES_VLLM]
 
 
