@@ -16,7 +16,9 @@ state_integrity, per step and state layer:
   graph   slots no real row owns bit-identical to the step's snapshot (slot 0 and the last slot
           included), the owned slots' state against eager's (bitwise, else within tolerance),
           and the metadata's contract (request-indexed buffers sized by requests, padded rows
-          holding the padding values: backend/attention/gdn.py request_buffer_problems).
+          holding the padding values: backend/attention/gdn.py request_buffer_problems; state
+          rows that hold the step's tokens; no capture build of the graph writing the metadata
+          the groups share: gdn_groups.py, named first).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from backend.attention.gdn import request_buffer_problems
 from backend.attention.interface import BatchDescription
 from backend.families import family
 from backend.families.base import StepState
+from backend.families.gdn_groups import uncovered
 from backend.families.gdn_reference import StateContext
 from backend.families.gdn_steps import plan_steps
 from backend.families.hybrid_gdn import conv_channels, gdn_layers, state_page
@@ -191,6 +194,15 @@ class GDNState(StepState):
         return True, "", worst
 
     def graph_check(self, case, session, prepared, owned, snapshot):
+        ok, detail, worst = self._graph_check(case, session, prepared, owned, snapshot)
+        # The cause before its consequences: a capture build of this graph that wrote the metadata
+        # every later group's builder reads (gdn_groups.py).
+        problems = getattr(session.last_metadata, "capture_problems", ())
+        if problems:
+            return False, f"metadata: {problems[0]}" + (f"; {detail}" if detail else ""), worst
+        return ok, detail, worst
+
+    def _graph_check(self, case, session, prepared, owned, snapshot):
         worst = 0.0
         checked_groups = set()
         for layer, idx in prepared.owned.items():
@@ -221,6 +233,8 @@ class GDNState(StepState):
             gmd = md[layer] if isinstance(md, tuple) else md
             problems = request_buffer_problems(gmd, getattr(gmd, "pad_slot", -1)) \
                 if hasattr(gmd, "num_prefills") else []
+            short = uncovered(gmd, getattr(gmd, "num_actual_tokens", 0)) if hasattr(gmd, "num_prefills") else None
+            problems = [short, *problems] if short else problems
             if problems:
                 return False, f"layer {layer} metadata: {problems[0]}", worst
         return True, "", worst

@@ -7,7 +7,8 @@ or a chunk over context) becomes a decode row, except that a chunk over context 
 a prefill-only batch. Every request keeps its state slots (1 + k per state group) for its life.
 The spec's kind is kept (so the graph a mode uses for the spec is the one exercised):
   decode:  step 2 changes the request count (a request finishes, or one joins), preferring a
-           token count that is not a capture size (padding);
+           token count that is not a capture size (padding), and under spec decode fewer requests
+           that pad a FULL decode graph after the larger step;
   mixed:   each step the oldest decode finishes and a new prompt takes its slots (a recycled slot,
            holding the finished request's leftover state), its query len cycling over the spec's
            fresh prompts (the one-token prompt among them);
@@ -22,7 +23,7 @@ import random
 from dataclasses import dataclass
 
 from backend.case import BatchSpec, ModelShape
-from backend.harness.steps import StepPlan
+from backend.harness.steps import StepPlan, count_ranks
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,9 @@ def plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes, num_steps: in
 
 def _vary_count(reqs, qs, capture_sizes, shape, max_tokens, dq, rng, new, finish) -> None:
     """Step 2 of a decode batch: one or two requests fewer or more, preferring a token count that is
-    not a capture size (a joining request is a decode already: its prior state is drawn)."""
+    not a capture size, and under spec decode fewer requests that pad a FULL decode graph (whose
+    padded rows a larger step wrote last). A joining request is a decode already: its prior state
+    is drawn."""
     sizes = set(capture_sizes)
     options = []
     for delta in (-1, 1, -2, 2, 3):
@@ -124,8 +127,12 @@ def _vary_count(reqs, qs, capture_sizes, shape, max_tokens, dq, rng, new, finish
         if n < 1 or n > shape.max_num_seqs or (max_tokens is not None and n * dq > max_tokens):
             continue
         options.append(delta)
-    padded = [d for d in options if (len(reqs) + d) * dq not in sizes]
-    delta = (padded or options or [0])[0]
+    if dq > 1:  # verify rows: fewer requests that pad a FULL decode graph first (steps.count_ranks)
+        ranks = count_ranks(options, len(reqs), dq, capture_sizes, shape.max_num_seqs)
+        options = [d for _, d in sorted(zip(ranks, options), key=lambda rd: rd[0])]
+    else:
+        options = [d for d in options if (len(reqs) + d) * dq not in sizes] or options
+    delta = (options or [0])[0]
     for _ in range(-delta):
         finish(reqs.pop())
     for _ in range(max(delta, 0)):

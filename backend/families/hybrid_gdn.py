@@ -11,7 +11,8 @@ The state page (backend/attention/gdn.py) holds each request's conv buffer and r
 slot; its recurrent plane's dtype is the layer's (state_dtype: float32, bfloat16, or mixed: float32
 and bfloat16 on alternating GDN layers). KV-cache groups, in first-layer order as vLLM builds
 them: one state group per state dtype, then the attention group, over one shared common
-metadata (backend/attention/groups.py). Requests continue from step to step; gdn_state.py is the
+metadata (backend/attention/groups.py; gdn_groups.py notes a capture build writing it, and a GDN
+layer whose metadata cannot hold its tokens runs no core: gdn_groups.py). Requests continue from step to step; gdn_state.py is the
 family's StepState (the state each step starts from, and the state_integrity check).
 """
 
@@ -22,9 +23,9 @@ from typing import ClassVar
 import torch
 
 from backend.attention.gdn import GDNDims, StatePage, num_state_slots
-from backend.attention.groups import GroupedMetadataBuilder
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.families.base import KVCacheGroup
+from backend.families.gdn_groups import StateGroupsBuilder, uncovered
 from backend.families.gdn_reference import gated_rmsnorm, reference_layer
 from backend.families.gqa import GQA
 from backend.families.specs import HYBRID_GDN as SPEC
@@ -169,6 +170,9 @@ class HybridGDN(GQA):
         config = impl.config
         page = StatePage(GDNDims.of(config), config.dtype, STATE_DTYPES[lw["state_dtype"]])
         t = mixed_qkv.shape[0]
+        if uncovered(metadata, getattr(metadata, "num_actual_tokens", t)):  # a kernel would fail on its shapes
+            out[:t].zero_()
+            return out
         core = impl.gdn.forward(mixed_qkv, b, a, cache, page, metadata, lw, out[:t])
         out[:t].copy_(gated_rmsnorm(core.float(), z.float(), lw["gnorm"].float()).to(out.dtype))
         return out
@@ -188,8 +192,8 @@ class HybridGDN(GQA):
         return (*groups, KVCacheGroup("full", self.paged_layers(shape)))
 
     def make_builder(self, backend_cls, config, shape):
-        return GroupedMetadataBuilder(backend_cls, config, self.groups(shape), shape.num_layers,
-                                      group_builder=lambda g, c: backend_cls.group_builder(g.kind, c))
+        return StateGroupsBuilder(backend_cls, config, self.groups(shape), shape.num_layers,
+                                  group_builder=lambda g, c: backend_cls.group_builder(g.kind, c))
 
     def order_rows(self, query_lens, seq_lens, spec_tokens):
         # the family's StepState plans (and orders) its own steps: gdn_steps.py

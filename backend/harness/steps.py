@@ -7,7 +7,9 @@ every step, not only on some). Later steps keep the spec's kind
 the spec is the graph exercised) and vary, on the case seed:
   step 1: the same query lens, sequence lengths shorter/longer (alternating), shuffled blocks;
   step 2: another decode/prefill mix (mixed: rows permuted, one prefill resized) or request count,
-          preferring a token count that is not a capture size (padding);
+          preferring a token count that is not a capture size (padding); a verify batch (k > 0)
+          prefers fewer requests that pad a FULL decode graph, keyed by request count
+          (count_ranks: the padded rows are ones a larger step wrote);
   step 3+: random request counts, query and sequence lengths of the same kind.
 Tokens stay within the largest capture size when the spec fits in it (so graphs are replayed),
 requests within max_num_seqs, sequences within max_model_len, and a step's blocks within the KV
@@ -25,6 +27,7 @@ import torch
 from backend.attention.interface import BatchDescription
 from backend.case import BatchSpec, ModelShape
 from backend.families import family as family_of
+from backend.harness.modes import decode_graph_requests
 from backend.host_copy import to_device
 
 
@@ -164,7 +167,8 @@ def plan_verify_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[
     bonus token plus the accepted drafts after rejection sampling), so consecutive replays see new
     seq_lens under the same query lens; step 2 also changes the request count (a uniform batch
     by one or two verify rows, a mixed one by a verify row), preferring a token count that is not
-    a capture size (padding). Prefill rows keep their lengths. Blocks are fitted to the cache."""
+    a capture size (padding); a uniform batch prefers fewer requests that pad a FULL decode graph
+    (count_ranks). Prefill rows keep their lengths. Blocks are fitted to the cache."""
     rng = random.Random(f"verify-{seed}-{batch.name}-{spec_tokens}")
     q = 1 + spec_tokens
     qs, ss = (list(t) for t in verify_rows(batch, shape, spec_tokens))
@@ -193,13 +197,38 @@ def plan_verify_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[
                     cs = [min(shape.max_model_len, rng.randint(q, shape.max_model_len)) for _ in range(delta)] + ss
                 if max_tokens is None or sum(cq) <= max_tokens:
                     options.append((cq, cs))
-            padded = [o for o in options if sum(o[0]) not in sizes]
-            if padded or options:
-                qs, ss = (list(t) for t in (padded or options)[0])
+            if all(r == q for r in qs):  # a uniform verify batch: FULL decode graphs are keyed by requests
+                ranks = count_ranks([len(o[0]) - len(qs) for o in options], len(qs), q, capture_sizes,
+                                    shape.max_num_seqs)
+                options = [o for _, o in sorted(zip(ranks, options), key=lambda ro: ro[0])]
+            else:
+                options = [o for o in options if sum(o[0]) not in sizes] or options
+            if options:
+                qs, ss = (list(t) for t in options[0])
         plans.append(StepPlan(step, tuple(qs), tuple(ss), True))
     budget = shape.total_blocks - 1
     spec = BatchSpec(batch.name, *verify_rows(batch, shape, spec_tokens))  # the fallback keeps q = 1 + k
     return [p if shape.blocks_for(p.seq_lens) <= budget else _fit_blocks(p, spec, shape) for p in plans]
+
+
+def count_ranks(deltas: list[int], num_reqs: int, query_len: int, capture_sizes, max_num_seqs: int) -> list[int]:
+    """How much each change of a uniform verify batch's request count is preferred (lower first).
+    Split modes key FULL decode graphs by request count (modes.decode_graph_requests), so a step
+    that pads a decode graph after a larger step replays padded rows whose per-request buffers
+    a larger batch wrote last: a builder that writes only its real rows leaves a stale tail there.
+    A token count that is not a capture size pads FULL's token-keyed graphs as well. So: 0, fewer
+    requests that pad in both; 1, fewer that pad a decode graph; 2, a token count that pads; 3,
+    the rest."""
+    keys = decode_graph_requests(capture_sizes, max_num_seqs, query_len)
+    sizes = set(capture_sizes)
+
+    def rank(delta: int) -> int:
+        n = num_reqs + delta
+        pads_requests = delta < 0 and n not in keys and any(r > n for r in keys)
+        pads_tokens = n * query_len not in sizes
+        return 0 if pads_requests and pads_tokens else 1 if pads_requests else 2 if pads_tokens else 3
+
+    return [rank(d) for d in deltas]
 
 
 def _fit_blocks(plan: StepPlan, batch: BatchSpec, shape: ModelShape) -> StepPlan:

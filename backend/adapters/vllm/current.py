@@ -65,16 +65,23 @@ def load(name: str) -> tuple[Any, str | None]:
     return cls, None
 
 
+# vLLM's backend registries: attention backends, and the Mamba-type ones (GDN_ATTN, MAMBA2, ...)
+# that hybrid models' state layers use, kept apart from them. A `vllm:` name may be in either.
+REGISTRIES = ("AttentionBackendEnum", "MambaAttentionBackendEnum")
+
+
 @functools.lru_cache(maxsize=1)
 def registry_names() -> tuple[str, ...] | None:
-    """AttentionBackendEnum's members (None when vLLM's registry does not import here)."""
+    """The members of every backend registry vLLM has (None when its registry module does not import
+    here); a registry a release lacks adds nothing."""
     try:
         native.stub_platform_native()
         with errors.quiet_vllm_import():
-            from vllm.v1.attention.backends.registry import AttentionBackendEnum
+            from vllm.v1.attention.backends import registry
     except Exception:  # noqa: BLE001 - the name check falls back to the names orch knows
         return None
-    return tuple(AttentionBackendEnum.__members__)
+    enums = [getattr(registry, name, None) for name in REGISTRIES]
+    return tuple(dict.fromkeys(m for enum in enums if enum is not None for m in enum.__members__))
 
 
 def support_level(cls, ctx: VllmContext | None) -> AttentionCGSupport:

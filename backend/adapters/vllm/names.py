@@ -1,11 +1,12 @@
 """Which `vllm:NAME`s exist: checked before anything runs, so a typo is bad input, not 75 skips.
 
 `vllm:NOPE` (or `vllm:flex_attention`) used to be a skip with "vLLM has no attention backend" in
-every cell, and a run of nothing but skips passed (#41). A name is checked against the registry of
-the vLLM this process imports (AttentionBackendEnum from 0.33, `_Backend` for the seed's releases:
-each interface's `names()`), and where that registry cannot be read (vllm not installed, or it
-does not import here) against the names orch knows: vLLM 0.34.0's AttentionBackendEnum. The
-answer is one line with the closest name. Names are case-sensitive, as vLLM's enum is.
+every cell, and a run of nothing but skips passed. A name is checked against every backend registry
+of the vLLM this process imports (from 0.33 AttentionBackendEnum and, apart from it, the Mamba-type
+MambaAttentionBackendEnum that holds GDN_ATTN; `_Backend` for the seed's releases: each interface's
+`names()`), and where those cannot be read (vllm not installed, or it does not import here) against
+the names orch knows: vLLM 0.34.0's two registries. The answer is one line with the closest name.
+Names are case-sensitive, as vLLM's enums are.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import difflib
 
 # vLLM 0.34.0's AttentionBackendEnum members (vllm/v1/attention/backends/registry.py of the wheel).
-KNOWN_034 = (
+ATTENTION_034 = (
     "FLASH_ATTN", "FLASH_ATTN_DIFFKV", "TRITON_ATTN", "TRITON_ATTN_DIFFKV", "TRITON_FLASH_ATTN", "ROCM_ATTN",
     "ROCM_SEGMENTED_ATTN", "ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "ROCM_AITER_FA", "ROCM_AITER_MLA_SPARSE",
     "XPU_MLA_SPARSE", "TORCH_SDPA", "FLASHINFER", "FLASHINFER_TS", "TRITON_FLASHINFER", "FLASHINFER_MLA",
@@ -25,6 +26,9 @@ KNOWN_034 = (
     "FLEX_ATTENTION", "HPC_ATTN", "ROCM_AITER_UNIFIED_ATTN", "CPU_ATTN", "CPU_MLA", "AMX_MLA", "TURBOQUANT",
     "ROCM_OCTAVE", "ULTRAQUANT", "CUSTOM",
 )  # fmt: skip
+# Its MambaAttentionBackendEnum members (same file): the state layers' backends of hybrid models.
+MAMBA_034 = ("MAMBA1", "MAMBA2", "SHORT_CONV", "LINEAR", "GDN_ATTN", "CUSTOM")
+KNOWN_034 = tuple(dict.fromkeys(ATTENTION_034 + MAMBA_034))
 
 
 def registry() -> tuple[tuple[str, ...], str]:
