@@ -1,20 +1,23 @@
-"""Host memory found by how a tensor was made, not by marks (issue #32, DESIGN.md §4).
+"""Host memory found by how a tensor was made, not by marks (DESIGN.md §4).
 
 Under the CPU emulation the emulated device and the host are one device, and the product's
 providers, builders and the vLLM adapter mark none of their host tensors (backend/graphs/host.py).
 But code written for a GPU says where it puts memory, and says it the same way here: a tensor made
 without a device (`torch.tensor(lens)`, `torch.zeros(n, dtype=...)`, numpy data), one that names
 the CPU as a string (`device="cpu"`, `.to("cpu")`, vLLM's CpuGpuBuffer), a pinned one
-(`pin_memory=True`, `.pin_memory()`), a `.cpu()` copy, and whatever host ops make from host tensors
-are host memory on a GPU. A tensor made with a `torch.device` object, the session's device, is
+(`pin_memory=True`, `.pin_memory()`), a `.cpu()` copy, numpy's memory (`torch.from_numpy`,
+`torch.frombuffer`: below the dispatcher, patched while a scope is active), and whatever host ops
+make from host tensors are host memory on a GPU. A tensor made with a `torch.device` object, the session's device, is
 device memory. `HostProvenance` is a TorchFunctionMode that marks such tensors as they are made,
 so the emulation freezes host work at capture, copies host->device where a GPU would, and refuses
 what a GPU refuses, without a mark in any provider.
 
 Where it is active (host_scope): the runner's warm-up and capture, the session's construction of
-the builder and Impl and its capture metadata (build_for_capture), and the probe harness's set-up.
-Tensors made elsewhere (at import, in an eager step) are not classified and count as device
-memory, as before. A `torch.device("cpu")` object always names the emulated device: code that means
+the builder and Impl and its capture metadata (build_for_capture), every call of the backend's
+attention (TPModel.attention: eager steps and the eager attention between piecewise graphs too,
+so host memory an Impl makes lazily on an eager call is host memory at a later capture of the
+same session), and the probe harness's set-up. Tensors made elsewhere (at import, in an eager
+step's build()) are not classified and count as device memory. A `torch.device("cpu")` object always names the emulated device: code that means
 the host with it is taken for device code (use the string).
 
 Emulated where the CPU build of torch cannot: `pin_memory=True` and `.pin_memory()` give a pinned
@@ -210,8 +213,8 @@ class HostProvenance(TorchFunctionMode):
         if body is not None:
             # A custom op's Python body is host code too (vLLM runs attention inside one): torch
             # takes this mode off its stack while it handles a call, so the body's host tensors
-            # went unclassified and host work in it was replayed as device work (#39:
-            # `cpu_compute_in_capture`, silently fresh where a real graph is stale). The body runs
+            # went unclassified and host work in it was replayed as device work
+            # (`cpu_compute_in_capture`, silently fresh where a real graph is stale). The body runs
             # here with the mode on; a capture's recorder records through it all the same.
             with self:
                 return body(*args, **kwargs)
@@ -242,12 +245,42 @@ def custom_op_body(func: Any) -> Callable | None:
     return opdef._backend_fns.get("cpu") or opdef._backend_fns.get(None) or opdef._init_fn
 
 
+# Host memory made below the dispatcher, which no TorchFunctionMode sees: numpy's memory (vLLM's
+# builders keep their host metadata as numpy views and torch.from_numpy them) and raw buffers.
+# Always host memory on a GPU; unclassified, the emulation took it for device memory and replayed
+# host work on it with live values (fresh where a real graph is stale or cannot capture).
+_BELOW_DISPATCHER = ("from_numpy", "frombuffer")
+
+
+def _marking(make: Callable) -> Callable:
+    def made(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return mark_host(make(*args, **kwargs))
+    return made
+
+
+@contextlib.contextmanager
+def _host_below_dispatcher() -> Iterator[None]:
+    originals = {name: getattr(torch, name) for name in _BELOW_DISPATCHER}
+    for name, make in originals.items():
+        setattr(torch, name, _marking(make))
+    try:
+        yield
+    finally:
+        for name, make in originals.items():
+            setattr(torch, name, make)
+
+
 @contextlib.contextmanager
 def host_scope(device: torch.device | str | None = "cpu") -> Iterator[None]:
     """Classify the host memory made inside (module doc); a no-op on a GPU, where a tensor's
     device says it."""
-    if device is not None and torch.device(device).type != "cpu":
+    if device is not None and torch.device(device).type != "cpu" or _active():
         yield
         return
-    with HostProvenance():
+    with _host_below_dispatcher(), HostProvenance():
         yield
+
+
+def _active() -> bool:
+    """A scope is on already (the capture's, around the backend's forward): one is enough."""
+    return any(isinstance(m, HostProvenance) for m in torch.overrides._get_current_function_mode_stack())

@@ -1,5 +1,5 @@
 """What a busy engine does to memory between a graph's capture and its replay, done before every
-replay the checker makes (issue #39), so that a graph reading memory it does not own is seen.
+replay the checker makes, so that a graph reading memory it does not own is seen.
 
 Before, orch replayed right after capturing with little allocated in between: a graph holding the
 pointer of a tensor that a per-call cache had evicted (AITER's `mla_decode_fwd` split indptr in an
@@ -17,6 +17,12 @@ left rows of its output unwritten showed the previous replay's right values.
 - `poison_free_memory` (GPU): right before the replay, the caching allocator's free blocks outside
   any graph pool are taken, filled with the poison pattern (backend/graphs/freed.py: NaN for
   floats, far out of range for ints) and given back, so freed memory a graph still reads holds it.
+  Each block is taken on the stream that owns it: the allocator serves a stream only its own free
+  blocks, and what the warm-up before a capture allocated (an lru_cache'd scratch filled on its
+  miss) belongs to the capture stream (the runner's, as vLLM's graph_capture stream), which the
+  step's work on the current stream never reuses. Taken from the current stream only, such a
+  freed block kept its old bytes and a graph reading it was green until a later warm-up on the
+  capture stream happened to reuse it (red at a later step, or not at all).
 The CPU emulation models the last two without running anything (backend/graphs/freed.py): memory
 the graph read that nothing keeps alive is poisoned at replay and the read named; running the
 model again on a CPU only to churn would cost the CPU matrix a second eager run per replay.
@@ -61,15 +67,16 @@ def dummy_step(session: Session, n: int, size: int) -> None:
 
 
 def poison_free_memory(device: torch.device) -> int:
-    """GPU: fill the caching allocator's free blocks (outside graph pools) with the poison pattern;
-    returns the bytes poisoned. A no-op (0) on the CPU."""
+    """GPU: fill the caching allocator's free blocks (outside graph pools, on every stream) with
+    the poison pattern; returns the bytes poisoned. A no-op (0) on the CPU."""
     if device.type != "cuda":
         return 0
-    requests: list[int] = []
+    by_stream: dict[int, list[int]] = {}
     for seg in torch.cuda.memory_snapshot():
         if seg.get("device") != device.index or tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0):
             continue  # another device, or a graph's private pool (its graphs own it)
         small = seg.get("segment_type") == "small"
+        requests = by_stream.setdefault(int(seg.get("stream", 0)), [])
         for block in seg.get("blocks", ()):
             if block.get("state") != "inactive":
                 continue
@@ -78,9 +85,29 @@ def poison_free_memory(device: torch.device) -> int:
                 take = min(size, _SMALL) if small else size
                 requests.append(take)
                 size -= take
+    current = torch.cuda.current_stream(device)
     held = []
-    for size in sorted(requests, reverse=True):  # best fit: each takes a free block of its size
-        t = torch.empty(size, dtype=torch.uint8, device=device)
-        t[: size // 2 * 2].view(torch.int16).fill_(POISON_WORD)
-        held.append(t)
+    for handle, requests in by_stream.items():
+        stream = _stream(handle, device, current)
+        if stream is None:
+            continue
+        with torch.cuda.stream(stream):
+            for size in sorted(requests, reverse=True):  # best fit: each takes a free block of its size
+                t = torch.empty(size, dtype=torch.uint8, device=device)
+                t[: size // 2 * 2].view(torch.int16).fill_(POISON_WORD)
+                held.append(t)
+        if stream != current:
+            current.wait_stream(stream)  # the replay, on the current stream, reads after the fill
     return sum(t.numel() for t in held)
+
+
+def _stream(handle: int, device: torch.device, current: torch.cuda.Stream) -> torch.cuda.Stream | None:
+    """The stream a segment belongs to, or None for one that is capturing (a failed capture's
+    abandoned stream: nothing may be queued on it)."""
+    if handle in (0, current.cuda_stream):
+        return current if handle == current.cuda_stream else torch.cuda.default_stream(device)
+    stream = torch.cuda.ExternalStream(handle, device=device)
+    with torch.cuda.stream(stream):
+        if torch.cuda.is_current_stream_capturing():
+            return None
+    return stream

@@ -31,6 +31,7 @@ from backend.case import ModelShape
 from backend.families import family as family_of
 from backend.families.base import layer_metadata
 from backend.families.specs import spec
+from backend.graphs.provenance import host_scope
 from backend.harness.distributed import all_reduce_
 
 MODEL_SEED = 1234  # weights do not depend on the case seed: sessions are shared across seeds
@@ -201,8 +202,11 @@ class TPModel:
         return x
 
     def attention(self, i: int, inputs: Sequence[torch.Tensor], metadata, out: torch.Tensor) -> torch.Tensor:
-        return self.family.attend(self.impl, self.layers[i], inputs, self.kv_caches[i], metadata,
-                                  self.k_scales[i], self.v_scales[i], out)
+        # The CPU emulation classifies host memory wherever the backend runs, eager calls too: a
+        # host buffer an Impl makes on its first (eager) call is read by a later capture.
+        with host_scope(self.device):
+            return self.family.attend(self.impl, self.layers[i], inputs, self.kv_caches[i], metadata,
+                                      self.k_scales[i], self.v_scales[i], out)
 
     def forward(self, x: torch.Tensor, metadata, attn_bufs: torch.Tensor,
                 attn_out: list | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Issue #39: memory that moves between capture and replay. A graph reading memory it does not own
+"""Memory that moves between capture and replay. A graph reading memory it does not own
 (a device tensor a per-call cache evicted: ROCm/aiter#5193) and a kernel leaving rows of its output
 unwritten were green: orch replayed right after capturing, and the CPU emulation kept every
 captured tensor alive. Now the emulation poisons memory nothing kept alive and names where it was
@@ -46,7 +46,9 @@ def test_a_scratch_kept_in_an_lru_cache_is_red_where_a_graph_holds_it_and_the_fi
         assert r.status == status, (mode, r.reason)
         if check:
             # red from the first replay, whatever ran before in the session (NONE and PIECEWISE
-            # first here): on a GPU the churn evicts the entry, on the CPU the emulation does
+            # first here): on a GPU the churn evicts the entry and the poison reaches its block on
+            # the capture stream, which the warm-up allocated it from (churn.poison_free_memory
+            # takes every stream's free blocks); on the CPU the emulation evicts and poisons it
             assert r.reason.startswith(f"{check} check failed at step 0"), (mode, r.reason)
         if check and device.type == "cpu":
             # the read is named where the cached tensor was allocated (the warm-up's cache miss)
@@ -131,3 +133,24 @@ def test_free_device_memory_holds_the_poison_pattern_after_poison_free_memory():
     again = torch.empty(3000, dtype=torch.float32, device=dev)  # the same block, best fit
     assert torch.isnan(again).all()
     assert int(again.view(torch.int16)[0]) == POISON_WORD
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the allocator's free blocks: CUDA only")
+def test_a_block_freed_on_the_capture_stream_holds_the_poison_too():
+    """What a warm-up allocated (on the runner's capture stream) and a cache evicted later is a
+    free block of that stream, which the current stream is never given: poisoned all the same."""
+    from backend.harness.churn import poison_free_memory
+
+    dev = torch.device("cuda", 0)
+    side = torch.cuda.Stream(dev)
+    with torch.cuda.stream(side):
+        t = torch.ones(5000, dtype=torch.float32, device=dev)
+        ptr = t.data_ptr()
+        del t
+    torch.cuda.synchronize(dev)
+    poison_free_memory(dev)
+    torch.cuda.synchronize(dev)
+    with torch.cuda.stream(side):
+        again = torch.empty(5000, dtype=torch.float32, device=dev)  # the side stream's block
+    torch.cuda.synchronize(dev)
+    assert again.data_ptr() == ptr and torch.isnan(again).all()

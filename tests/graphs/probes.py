@@ -1,4 +1,4 @@
-"""The probe corpus (issue #16): small programs, each with the verdict a real CUDA graph gives.
+"""The probe corpus: small programs, each with the verdict a real CUDA graph gives.
 
 Every program runs on both runners through backend.graphs.equivalence.run_program: under
 torch.cuda.CUDAGraph on a GPU (benchmarks/gpu_equivalence.py writes tests/graphs/golden_cuda.json)
@@ -6,7 +6,7 @@ and under the CPU emulation (tests/graphs/test_probes.py asserts it gives the go
 the conservative one in CONSERVATIVE, or the `unverifiable` one in UNVERIFIABLE). Host memory is
 made with host_tensor() (a (pinned) CPU tensor on a GPU, a marked CPU tensor under the emulation,
 backend/graphs/host.py) by the older probes, and unmarked, the way GPU code makes it (no device,
-`pin_memory=True`), by the issue-#32 probes (ROUND_TWO): the emulation finds those by how they were
+`pin_memory=True`), by the later probes (ROUND_TWO on): the emulation finds those by how they were
 made (backend/graphs/provenance.py).
 """
 
@@ -16,6 +16,7 @@ import ctypes
 import functools
 from typing import Callable
 
+import numpy as np
 import torch
 
 from backend.graphs.base import is_capturing
@@ -397,7 +398,7 @@ NEW_PROGRAMS: tuple[Program, ...] = (
 
 
 
-# ---- issue #32: the four silent greens and the four false reds of round two --------------------
+# ---- round two: the four silent greens and the four false reds it found ------------------------
 # Host memory below is made as GPU code makes it: no device, pin_memory=True; nothing is marked.
 
 def _host_compute_h2d(device) -> Instance:
@@ -582,7 +583,7 @@ ROUND_TWO: tuple[Program, ...] = (
             _bool_mask_setitem(False)),
 )
 
-# ---- issue #39: host compute in a custom op's body, memory that moves after capture -------------
+# ---- round three: host compute in a custom op's body, memory that moves after capture --------
 
 _PREP: dict[str, torch.Tensor] = {}  # a builder's host buffers, made on its first call
 
@@ -694,10 +695,92 @@ ROUND_THREE: tuple[Program, ...] = (
             _pointer_taken_no_launch),
 )
 
+# ---- host tensors in device work inside the captured region, made as GPU code makes them --------
+# On a GPU a host op is not captured (it ran once, at capture), a 0-dim host tensor in a device op
+# is a kernel argument baked at capture, and a host index tensor into a device tensor is a pageable
+# copy that cannot be captured. Host memory below made the ways vLLM's builders make it: without a
+# device, and as numpy memory (torch.from_numpy of a builder's numpy arrays).
+
+def _host_index_into_device(numpy: bool) -> Callable[[torch.device], Instance]:
+    def build(device) -> Instance:
+        table = _arange(12, device).view(6, 2)
+        idx = torch.from_numpy(np.array([0, 1])) if numpy else torch.tensor([0, 1])  # host memory
+
+        def step():
+            idx.copy_(torch.tensor([4, 5]))
+
+        return Instance(lambda: table[idx].sum(1), step, lambda: table[idx.to(device)].sum(1))
+    return build
+
+
+def _host_scale_0dim(numpy: bool) -> Callable[[torch.device], Instance]:
+    def build(device) -> Instance:
+        x = _arange(4, device, 1.0)
+        scale = torch.from_numpy(np.array(2.0, dtype=np.float32)) if numpy else torch.tensor(2.0)  # 0-dim host
+
+        return Instance(lambda: x * scale, lambda: scale.fill_(3.0), lambda: x * scale.item())
+    return build
+
+
+def _numpy_lens_cumsum(device) -> Instance:
+    lens_np = np.ones(3, dtype=np.int32)  # a builder's host lens, kept as numpy
+    lens = torch.from_numpy(lens_np)
+    staging = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+    qsl = torch.zeros(4, dtype=torch.int32, device=device)
+    x = _arange(4, device)
+
+    def fn():
+        torch.cumsum(lens, 0, out=staging[1:])  # host work inside forward: once, at capture
+        qsl.copy_(staging, non_blocking=True)
+        return x * qsl
+
+    def step():
+        lens_np[:] = (1, 5, 2)
+
+    def reference():
+        q = torch.zeros(4, dtype=torch.int32)
+        q[1:] = torch.cumsum(lens, 0)
+        return x * q.to(device)
+
+    return Instance(fn, step, reference)
+
+
+def _pinned_numpy_staging(device) -> Instance:
+    # vLLM's CpuGpuBuffer: a pinned buffer and its numpy view; the engine writes the view between
+    # steps (outside the graph) and the graph copies the buffer in: fresh.
+    staging = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+    view = staging.numpy()
+    dev = torch.zeros(4, dtype=torch.int32, device=device)
+    x = _arange(4, device)
+
+    def fn():
+        dev.copy_(staging, non_blocking=True)
+        return x * dev
+
+    def step():
+        view[:] = (0, 1, 6, 8)
+
+    return Instance(fn, step, lambda: x * torch.tensor([0, 1, 6, 8], dtype=torch.int32).to(device))
+
+
+HOST_WORK: tuple[Program, ...] = (
+    Program("host_index_into_device", "a device table indexed by a host index tensor (made without a device)",
+            _host_index_into_device(False)),
+    Program("numpy_index_into_device", "a device table indexed by torch.from_numpy of a host index array",
+            _host_index_into_device(True)),
+    Program("host_scale_0dim", "a 0-dim host tensor (made without a device) as a device op's scale, changed after capture",
+            _host_scale_0dim(False)),
+    Program("numpy_scale_0dim", "the same 0-dim scale made by torch.from_numpy", _host_scale_0dim(True)),
+    Program("numpy_lens_cumsum_pinned", "torch.cumsum of numpy-backed host query lens in forward into a pinned "
+            "staging, then non_blocking H2D", _numpy_lens_cumsum),
+    Program("pinned_numpy_staging_refreshed", "control: a pinned staging's numpy view written between steps, "
+            "copied in by the graph", _pinned_numpy_staging),
+)
+
 # Probes added after the last recording: their CUDA verdicts in golden_cuda.json are derived from
 # CUDA semantics ("derived" there, with the reasoning) until benchmarks/gpu_equivalence.py records them.
 
-PROGRAMS: tuple[Program, ...] = BASE_PROGRAMS + NEW_PROGRAMS + ROUND_TWO + ROUND_THREE
+PROGRAMS: tuple[Program, ...] = BASE_PROGRAMS + NEW_PROGRAMS + ROUND_TWO + ROUND_THREE + HOST_WORK
 
 # Where the emulation cannot be faithful: probe -> (its verdict, a phrase its error must contain).
 CONSERVATIVE: dict[str, tuple[str, str]] = {

@@ -14,7 +14,7 @@ from backend.graphs import GraphCaptureError, make_graph_runner
 from backend.graphs.equivalence import run_program
 from backend.graphs.host import host_tensor, is_host, mark_host
 from backend.graphs.provenance import host_scope
-from tests.graphs.probes import CONSERVATIVE, PROGRAMS, ROUND_THREE, ROUND_TWO, UNVERIFIABLE
+from tests.graphs.probes import CONSERVATIVE, HOST_WORK, PROGRAMS, ROUND_THREE, ROUND_TWO, UNVERIFIABLE
 
 GOLDEN = json.loads((Path(__file__).parent / "golden_cuda.json").read_text())
 BY_NAME = {p.name: p for p in PROGRAMS}
@@ -30,14 +30,20 @@ def test_corpus_is_large_and_golden_covers_it():
     derived = GOLDEN.get("derived", {})
     assert set(derived) <= set(BY_NAME) and all(len(why) > 20 for why in derived.values())
     assert "derived" not in GOLDEN or "not yet recorded" in GOLDEN["derived_note"]
-    # Issue #32: each behaviour of real graphs round two found has a probe, and a control beside it.
+    # Round two: each behaviour of real graphs round two found has a probe, and a control beside it.
     kinds = {"host_compute_h2d", "pool_shared_output", "stash_read_before_replay", "linalg_info_check",
              "ctypes_launch", "out_resized_preexisting", "out_resized_in_capture", "bool_mask_setitem_scalar"}
     assert kinds <= {p.name for p in ROUND_TWO}
-    # Issue #39: host compute in a custom op's body (the last silent probe), memory a per-call cache
+    # Round three: host compute in a custom op's body (the last silent probe), memory a per-call cache
     # evicts after capture, a host copy of a scale from the warm-up, a pointer taken without a launch.
     assert {"cpu_compute_in_capture", "cpu_compute_in_capture_pageable", "cache_entry_evicted", "cache_entry_kept",
             "host_float_from_warmup", "pointer_taken_no_launch"} == {p.name for p in ROUND_THREE}
+    # Host tensors in device work inside the capture: each way a GPU treats them (a pageable index
+    # copy refused, a 0-dim argument baked, host work run once), made without a device and as numpy
+    # memory, beside the control that is fresh on a GPU.
+    host_work = {p.name: GOLDEN["verdicts"][p.name] for p in HOST_WORK}
+    assert set(host_work.values()) == {"capture-error", "stale", "fresh"}
+    assert host_work["pinned_numpy_staging_refreshed"] == "fresh"
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
