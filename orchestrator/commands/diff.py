@@ -35,7 +35,7 @@ def _worker_versions(results) -> dict[str, str]:
 
 def _head(tag: str, run: RunInfo, where: str) -> str:
     label = f"  [{run.label}]" if run.label else ""
-    return (f"{tag}: run {run.id} of {where}{label}  {run.matrix}  {run.status}  git {run.git_sha[:12] or '?'}  "
+    return (f"{tag}: run {run.id} of {where}{label}  {run.matrix}  {run.status}  git {run.git_sha[:12] or 'not a checkout'}  "
             f"{run.device_model or run.devices or '?'}")  # fmt: skip
 
 

@@ -63,3 +63,4 @@ def test_repro_text_shows_the_backends_line(capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith(f"ERROR {case_id}: capture error ({WHERE})"), out
     assert f"first frame outside orch: {WHERE}" in out
+    assert "capture sizes" not in out  # it captured nothing: no "capture sizes per step []"
