@@ -77,3 +77,17 @@ def test_results_doc_shows_stdout_without_the_stderr_prefix():
     stdout = re.compile(r"(run \d+|regression \d+|fail \d+|error \d+|baseline:|no baseline:|paste-ready|muted \d+)")
     assert not [ln for ln in lines if ln.startswith("orch: ") and stdout.match(ln[len("orch: "):])]
     assert "    run 3: 30 ran (fail 2 pass 28)" in _read("docs/RESULTS.md")
+
+
+def test_readme_says_how_long_and_the_virtual_environment_first():
+    readme = _read("README.md")
+    first_command = readme.index("    python3 -c 'import torch'")
+    assert readme.index("virtual environment") < first_command
+    assert "about 2.5 minutes" in readme[:first_command] and "about 10 minutes" in readme
+
+
+def test_backends_guide_says_which_branches_are_caught():
+    guide = _read("docs/BACKENDS.md")
+    section = guide[guide.index("### Which host branches orch catches"):guide.index("## A minimal backend")]
+    assert "passes green, by design" in section and "frozen_branch.py" in section
+    assert all(m in section for m in ("seed_aiter_fa.py", "overstated_support.py", "host_sync.py"))
