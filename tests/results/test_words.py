@@ -26,7 +26,7 @@ def _help(capsys, *argv) -> str:
 
 
 def test_exit_codes_in_help_are_the_readmes(capsys):
-    readme = re.findall(r"^\| (\d+) \| ", _read("README.md"), re.M)
+    readme = re.findall(r"^\| (\d+) \| ", _read("README.md"), re.MULTILINE)
     assert readme == ["0", "1", "2", "3", "130", "143"]
     top = _help(capsys)
     assert "nothing to judge" not in top and "1 gate failed (also: nothing ran, unless --allow-empty)" in top
