@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES
 from backend.result import CaseResult
 from orchestrator import digest
-from orchestrator.gate import CLASSIFICATIONS, C, GateOutcome
+from orchestrator.gate import CLASSIFICATIONS, C, Classification, GateOutcome
 from orchestrator.outputs import downgrades, headline, memory_line, run_state, selection, skips
 from orchestrator.store import RunInfo
 
@@ -110,11 +110,11 @@ def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
         kvs = _order((r.axes.get("kv_cache_dtype") for r in rs), KV_CACHE_DTYPES)
         batches = list(dict.fromkeys(r.axes.get("batch") for r in rs))
         cols = [(kv, b) for kv in kvs for b in batches]
-        cells: dict[tuple, str] = {}
+        cells: dict[tuple, Classification] = {}
         down: set[tuple] = set()
         for r in rs:
             key = (r.axes.get("tp"), r.axes.get("cudagraph_mode"), _k(r), r.axes.get("kv_cache_dtype"), r.axes.get("batch"))
-            cls = gate.classification.get(r.case_id, r.status.value)
+            cls = gate.classification.get(r.case_id, Classification(r.status.value))
             if key not in cells or worst[cls] < worst[cells[key]]:
                 cells[key] = cls
             if r.downgraded:
@@ -126,8 +126,8 @@ def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
         for tp, mode, k in rows:
             row = []
             for kv, b in cols:
-                cls = cells.get((tp, mode, k, kv, b))
-                sym = SYMBOL.get(cls, "·") if cls else "·"
+                cell = cells.get((tp, mode, k, kv, b))
+                sym = SYMBOL.get(cell, "·") if cell else "·"
                 row.append(sym + ("↓" if (tp, mode, k, kv, b) in down else ""))
             out.append(f"| tp{tp} {mode}{f' k{k}' if k else ''} | " + " | ".join(row) + " |")
         out.append("")
