@@ -18,6 +18,7 @@ import functools
 import gc
 import importlib.metadata
 import platform
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -56,6 +57,11 @@ from backend.result import CHECK_DETERMINISM, UNVERIFIABLE_ADVICE, UNVERIFIABLE_
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
 
 LOG_TAIL_CHARS = 4000
+# What CUDA/HIP say when a capturing stream meets a device->host sync; the emulation names the op
+# itself (backend/graphs/syncs.py), a GPU does not.
+CUDA_CAPTURE_SYNC = re.compile(r"stream is capturing|StreamCapture(Unsupported|Invalidated)", re.IGNORECASE)
+CUDA_CAPTURE_HINT = ("usually a host read of a device tensor in that line: `.item()`, `.tolist()`, `.cpu()`, "
+                     "`nonzero`, a Python `if` on a tensor")
 BUDGET_PREFIX = "out of memory budget"  # SessionTooLarge's reason: refused before anything was built
 
 
@@ -333,6 +339,8 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         frame = user_frame(e)
         at = f" ({frame.where()})" if frame is not None else ""
         reason = f"capture error{at}: {line}" if capture else f"{type(e).__name__}{at}: {line}"
+        if capture and CUDA_CAPTURE_SYNC.search(line):  # a real GPU's words: say what usually causes them
+            reason += f" ({CUDA_CAPTURE_HINT})"
         if frame is not None:
             tail += f"\nfirst frame outside orch: {frame.where()}" + (f"\n    {frame.source}" if frame.source else "")
         kind = OOM_KIND if oom else "capture" if capture else "exception"

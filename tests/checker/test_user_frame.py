@@ -64,3 +64,13 @@ def test_repro_text_shows_the_backends_line(capsys):
     assert out.splitlines()[0].startswith(f"ERROR {case_id}: capture error ({WHERE})"), out
     assert f"first frame outside orch: {WHERE}" in out
     assert "capture sizes" not in out  # it captured nothing: no "capture sizes per step []"
+
+
+def test_a_gpu_capture_error_says_what_usually_causes_it():
+    # A GPU's capture error names no op ("operation not permitted when stream is capturing"): the
+    # reason adds the usual cause beside the backend's line.
+    r = run_case(make_case("tests.executor.faulty_backends:CaptureErrorBackend", "FULL", "auto", DECODE))
+    assert r.status == Status.ERROR and r.error_kind == "capture"
+    assert r.reason.startswith("capture error (tests/executor/faulty_backends.py, line "), r.reason
+    assert r.reason.endswith("(usually a host read of a device tensor in that line: `.item()`, `.tolist()`, `.cpu()`, "
+                             "`nonzero`, a Python `if` on a tensor)"), r.reason
