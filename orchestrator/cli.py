@@ -16,11 +16,12 @@ import traceback
 import click
 
 from orchestrator import __version__
-from orchestrator.defaults import DB_SHOWN, OUT_SHOWN
+from orchestrator.defaults import DB_SHOWN, OUT, OUT_ENV, OUT_SHOWN
 from orchestrator.errors import ExitCode, OrchError
 
 _MATRIX = click.Path(dir_okay=False)
-# Options several commands share, with one wording (every option has help text, #33).
+DASHBOARD_SHOWN = f"{OUT_ENV}/dashboard, else {OUT}/dashboard"  # orch dashboard's --out (defaults.dashboard_out)
+# Options several commands share, with one wording (every option has help text).
 _DB_HELP = "Results store to read: a SQLite file or a postgresql:// URL."
 _RUN_HELP = "Run id in --db (default: the latest run)."
 _BASELINE_HELP = ("Gate against a baseline: a run id in --db, a label (the latest finished run so labelled, same "
@@ -29,7 +30,7 @@ _KNOWN_HELP = ("YAML of known failures (case-id glob, reason, link, until, optio
                "not gate.")
 _WINDOW_HELP = "Runs of history (the baseline's label, else the run's) that score each case's flakiness [default: 20]."
 _THRESHOLD_HELP = "A failing case whose flakiness score (0-1) over the window is above this is flaky, not gating."
-_VERBOSE_HELP = "Every case on its own line (default: one line per kind, with a count and a few ids)."
+_VERBOSE_HELP = "Every case that did not pass on its own line (default: one line per kind, with a count and a few ids)."
 _REQUIRE_HELP = ("A slice that must have run (the --filter language; repeatable): the gate fails when no case of it "
                  "ran, e.g. --require backend=aiter-triton on a GPU runner.")
 _ALLOW_EMPTY_HELP = "Let a run in which nothing ran pass (by default it fails: every case skipped is not a pass)."
@@ -61,8 +62,9 @@ def cli() -> None:
     and eager against an independent reference.
 
     \b
-    Exit codes: 0 gate passed (or nothing to judge), 1 gate failed, 2 bad input or usage,
-    3 infrastructure error, 130 interrupted (SIGINT), 143 terminated (SIGTERM).
+    Exit codes: 0 gate passed, 1 gate failed (also: nothing ran, unless --allow-empty),
+    2 bad input or usage, 3 infrastructure error, 130 interrupted (SIGINT), 143 terminated
+    (SIGTERM). Commands that print no verdict exit 0 when they did their job.
     """
 
 
@@ -115,7 +117,9 @@ def plan(**kwargs):
 @click.option("--no-progress", is_flag=True, help="No progress lines (the bar on a terminal, a line per 10% elsewhere).")
 @click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP)
 @click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP)
-@click.option("-v", "--verbose", is_flag=True, help="Every failing case with its repro at the end, and Ray's own log lines.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Every case that did not pass (fail, error, timeout, unverifiable, flaky, not-run) with its reason "
+                   "and repro at the end, instead of one line per kind; and Ray's own log lines.")
 @click.option("--workers-per-gpu", "workers_per_gpu", default="1", show_default=True, metavar="N|auto",
               help="Workers sharing each GPU (Ray fractional GPUs, each within its memory budget); auto: as many as "
                    "the cases' recorded memory needs and the host's cores allow (docs/EXECUTION.md, GPU memory).")
@@ -126,8 +130,17 @@ def plan(**kwargs):
 @click.option("--precompile-jobs", "precompile_jobs", type=int, default=None,
               help="Helper processes that warm Triton's kernel cache at the start of a local GPU run (0: off; default ORCH_PRECOMPILE_JOBS, else 1 when the run has cases of other backends to run meanwhile, up to 3 when not).")
 def run(**kwargs):
-    """Run MATRIX on Ray and gate on the results. Exit 0 passed, 1 failed; Ctrl-C or SIGTERM
-    writes the outputs marked INTERRUPTED and exits 130 / 143.
+    """Run MATRIX on Ray and gate on the results.
+
+    \b
+    Exit codes:
+      0    gate passed
+      1    gate failed: a case failed, regressed or has no result; nothing ran (unless
+           --allow-empty); a --require'd slice did not run; a case is unverifiable
+      2    bad input or usage (one line naming the file or option)
+      3    infrastructure: cluster unreachable, store unwritable, a case out of memory alone
+      130  interrupted (Ctrl-C): the outputs are written marked INTERRUPTED
+      143  terminated (SIGTERM): as 130
 
     \b
     Examples:
@@ -208,7 +221,7 @@ def gate(**kwargs):
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
 @click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
-@click.option("--out", "out_dir", default=None, show_default=f"{OUT_SHOWN}, /dashboard", help="Directory to write index.html into.")
+@click.option("--out", "out_dir", default=None, show_default=DASHBOARD_SHOWN, help="Directory to write index.html into.")
 def dashboard(**kwargs):
     """Write the self-contained static dashboard (opens from disk; a CI artifact). Exit 0 when
     written, whatever the run's verdict (the page shows it; `orch gate` exits by it).

@@ -3,7 +3,7 @@ happened to which backends, case ids sampled with how many were left out.
 
 One module so that `orch plan`, the last lines of `orch run`, `orch gate`, `orch report` and
 summary.md word a fold the same way (a CI log of full.yaml on a CPU had 702 lines of missing
-cases and 74 identical downgrade warnings, #33). Pure functions over plain values: no torch, no Ray.
+cases and 74 identical downgrade warnings). Pure functions over plain values: no torch, no Ray.
 """
 
 from __future__ import annotations
@@ -65,12 +65,13 @@ def _support(backend: str, family: str = "gqa") -> str | None:
 
 
 def downgrade_groups(downgrades: Iterable[tuple[str, ...]]) -> list[Group]:
-    """(requested mode, resolved mode, backend[, attention family]) per downgraded case -> one group per downgrade and
-    support level: "FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH backends"."""
+    """(requested mode, resolved mode, backend[, attention family]) per downgraded case -> one group per downgrade,
+    support level and family: "FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH mla backends" (mla's
+    torch is UNIFORM_BATCH, gqa's ALWAYS: the family says which torch)."""
 
     def what(req: str, res: str, backend: str, family: str = "gqa") -> str:
-        support = _support(backend, family)
-        return f"{req} downgraded to {res}" + (f" for {support} backends" if support else "")
+        support = _support(backend, family)  # a provider's support is its family's: name the family
+        return f"{req} downgraded to {res}" + (f" for {support} {family} backends" if support else "")
 
     return _groups((what(*d), d[2]) for d in downgrades)
 

@@ -22,7 +22,7 @@ Semantics ("no new breakage"):
   `pass-unverifiable`, counted apart from pass and listed, not gating; a case whose replay disagreed
   with eager there is status UNVERIFIABLE, classification `unverifiable`: it fails the gate (exit 1)
   unless the run allows it (`allow_unverifiable`, `--allow-unverifiable`), and is listed apart either
-  way: run it on a GPU to decide (#39: an observed disagreement is never a green);
+  way: run it on a GPU to decide (an observed disagreement is never a green);
 - muted (a known-failures entry with `mute: true`): ran and reported with its real status, never
   gates, never "fixed"; an expired entry no longer applies: its cases gate and
   `GateOutcome.expired` names the entry beside each;
@@ -37,6 +37,7 @@ Semantics ("no new breakage"):
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,21 +50,51 @@ from orchestrator.known_failures import KnownFailure, KnownFailures
 
 FAILING = frozenset({Status.FAIL, Status.ERROR, Status.TIMEOUT})
 
-# Classifications, in the order reports list them (worst first).
-CLASSIFICATIONS = (
-    "regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing", "unverifiable",
-    "old-failure", "flaky", "pass-unverifiable", "known-fail", "muted", "fixed", "skip", "pass",
-)  # fmt: skip
-GATING = frozenset({"regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing", "unverifiable"})
-ALLOWABLE = frozenset({"unverifiable"})  # gating unless the run allows it (evaluate's allow_unverifiable)
-INFRA = frozenset({"not-run", "oom"})  # gating, but the machinery's fault: exit 3 when nothing else gates
+
+class Classification(str, enum.Enum):
+    """What the gate made of a case. A `str` Enum: stored, JSON and JUnit values are the strings
+    they always were, and a member equals its value ("muted" == Classification.MUTED)."""
+
+    REGRESSION = "regression"
+    NEW = "new"
+    FAIL = "fail"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    NOT_RUN = "not-run"
+    OOM = "oom"
+    MISSING = "missing"
+    UNVERIFIABLE = "unverifiable"
+    OLD_FAILURE = "old-failure"
+    FLAKY = "flaky"
+    PASS_UNVERIFIABLE = "pass-unverifiable"
+    KNOWN_FAIL = "known-fail"
+    MUTED = "muted"
+    FIXED = "fixed"
+    SKIP = "skip"
+    PASS = "pass"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+C = Classification
+# Classifications, in the order reports list them (worst first): the Enum's own order.
+CLASSIFICATIONS = tuple(Classification)
+GATING = frozenset({C.REGRESSION, C.NEW, C.FAIL, C.ERROR, C.TIMEOUT, C.NOT_RUN, C.OOM, C.MISSING, C.UNVERIFIABLE})
+ALLOWABLE = frozenset({C.UNVERIFIABLE})  # gating unless the run allows it (evaluate's allow_unverifiable)
+INFRA = frozenset({C.NOT_RUN, C.OOM})  # gating, but the machinery's fault: exit 3 when nothing else gates
+# Failing cases with nothing to excuse them: what a paste-ready known-failures entry would cover.
+NEW_FAILURES = (C.REGRESSION, C.NEW, C.FAIL, C.ERROR, C.TIMEOUT)
 OOM_KIND = "oom"  # CaseResult.error_kind (backend/harness/memory.py; torch-free here)
 
 
 @dataclass(frozen=True)
 class GateOutcome:
     exit_code: ExitCode
-    classification: dict[str, str]  # case_id -> one of CLASSIFICATIONS
+    classification: dict[str, Classification]  # case_id -> its class
     regressions: tuple[str, ...] = ()  # failing now, passed (or flaky) in the baseline
     new_failures: tuple[str, ...] = ()  # failing now, nothing to compare with (no/absent/skipped baseline)
     old_failures: tuple[str, ...] = ()  # failing now and in the baseline
@@ -76,7 +107,7 @@ class GateOutcome:
     missing: tuple[str, ...] = ()  # planned, no result
     not_run: tuple[str, ...] = ()  # required, runnable, never ran (infrastructure)
     oom: tuple[str, ...] = ()  # ran out of device memory when alone (infrastructure)
-    counts: dict[str, int] = field(default_factory=dict)  # per classification, all keys present
+    counts: dict[Classification, int] = field(default_factory=dict)  # per classification, all keys present
     known_reasons: dict[str, KnownFailure] = field(default_factory=dict)  # case_id -> entry that matched
     baseline_status: dict[str, str] = field(default_factory=dict)  # case_id -> its status in the baseline
     muted: tuple[str, ...] = ()  # matched by a `mute: true` entry: reported with its real status
@@ -135,8 +166,8 @@ class GateOutcome:
             "passed": self.passed,
             "exit_code": int(self.exit_code),
             "verdict": self.verdict(),
-            "counts": dict(self.counts),
-            "classification": dict(self.classification),
+            "counts": {c.value: n for c, n in self.counts.items()},
+            "classification": {cid: c.value for cid, c in self.classification.items()},
             "regressions": list(self.regressions),
             "new_failures": list(self.new_failures),
             "old_failures": list(self.old_failures),
@@ -160,35 +191,35 @@ class GateOutcome:
 def classify(
     r: CaseResult, base: CaseResult | None, have_baseline: bool, known: KnownFailure | None,
     history_flaky: bool = False,
-) -> str:
+) -> Classification:
     if r.status == Status.SKIP:
-        return "skip"
+        return C.SKIP
     if r.status == Status.NOT_RUN:
-        return "not-run"  # not comparable with a baseline or a known failure: nothing was observed
+        return C.NOT_RUN  # not comparable with a baseline or a known failure: nothing was observed
     if r.status == Status.ERROR and r.error_kind == OOM_KIND:
-        return "oom"  # the harness's memory: nothing was observed of the backend either
+        return C.OOM  # the harness's memory: nothing was observed of the backend either
     if known is not None and known.mute:
-        return "muted"
+        return C.MUTED
     if r.status == Status.FLAKY:
-        return "flaky"
+        return C.FLAKY
     if r.status == Status.UNVERIFIABLE:
-        return "unverifiable"  # nothing decided: not a failure to compare or match, not a pass
+        return C.UNVERIFIABLE  # nothing decided: not a failure to compare or match, not a pass
     if r.status == Status.PASS:
         if known is not None:
-            return "fixed"
-        return "pass-unverifiable" if r.unverifiable else "pass"
+            return C.FIXED
+        return C.PASS_UNVERIFIABLE if r.unverifiable else C.PASS
     # failing from here on
     if known is not None:
-        return "known-fail"
+        return C.KNOWN_FAIL
     if history_flaky:
-        return "flaky"
+        return C.FLAKY
     if not have_baseline:
-        return r.status.value
+        return Classification(r.status.value)
     if base is None or base.status == Status.SKIP:
-        return "new"
+        return C.NEW
     if base.status in FAILING:
-        return "old-failure"
-    return "regression"
+        return C.OLD_FAILURE
+    return C.REGRESSION
 
 
 def evaluate(
@@ -209,7 +240,7 @@ def evaluate(
     yet come."""
     base = {b.case_id: b for b in baseline} if baseline is not None else {}
     flaky_history = flaky_history or {}
-    classification: dict[str, str] = {}
+    classification: dict[str, Classification] = {}
     known_reasons: dict[str, KnownFailure] = {}
     expired: dict[str, KnownFailure] = {}
     for r in results:
@@ -223,9 +254,9 @@ def evaluate(
         classification[r.case_id] = classify(r, base.get(r.case_id), baseline is not None, entry,
                                              history_flaky=r.status in FAILING and r.case_id in flaky_history)
     for cid in missing:
-        classification.setdefault(cid, "missing")
+        classification.setdefault(cid, C.MISSING)
 
-    def ids(*classes: str) -> tuple[str, ...]:
+    def ids(*classes: Classification) -> tuple[str, ...]:
         return tuple(sorted(cid for cid, c in classification.items() if c in classes))
 
     counts = Counter(classification.values())
@@ -242,30 +273,30 @@ def evaluate(
     return GateOutcome(
         exit_code=code,
         classification=classification,
-        regressions=ids("regression"),
-        new_failures=ids("new", "fail", "error", "timeout"),
-        old_failures=ids("old-failure"),
-        known_failures=ids("known-fail"),
-        fixed=ids("fixed"),
-        flaky=ids("flaky"),
-        unverifiable=ids("unverifiable"),
-        pass_unverifiable=ids("pass-unverifiable"),
+        regressions=ids(C.REGRESSION),
+        new_failures=ids(C.NEW, C.FAIL, C.ERROR, C.TIMEOUT),
+        old_failures=ids(C.OLD_FAILURE),
+        known_failures=ids(C.KNOWN_FAIL),
+        fixed=ids(C.FIXED),
+        flaky=ids(C.FLAKY),
+        unverifiable=ids(C.UNVERIFIABLE),
+        pass_unverifiable=ids(C.PASS_UNVERIFIABLE),
         downgraded=tuple(sorted(r.case_id for r in results if r.downgraded)),
-        missing=ids("missing"),
-        not_run=ids("not-run"),
-        oom=ids("oom"),
+        missing=ids(C.MISSING),
+        not_run=ids(C.NOT_RUN),
+        oom=ids(C.OOM),
         counts={c: counts.get(c, 0) for c in CLASSIFICATIONS},
         known_reasons=known_reasons,
         baseline_status={cid: b.status.value for cid, b in base.items()},
-        muted=ids("muted"),
+        muted=ids(C.MUTED),
         expired=expired,
-        flaky_history={cid: why for cid, why in flaky_history.items() if classification.get(cid) == "flaky"},
+        flaky_history={cid: why for cid, why in flaky_history.items() if classification.get(cid) == C.FLAKY},
         unran=empty,
         empty_allowed=judge_empty and allow_empty and not gating and nothing_ran(results),
         allow_unverifiable=allow_unverifiable,
     )
 
 
-def gating_classes(allow_unverifiable: bool = False) -> frozenset[str]:
+def gating_classes(allow_unverifiable: bool = False) -> frozenset[Classification]:
     """The classifications that fail the gate (GATING, less ALLOWABLE when the run allows those)."""
     return GATING - ALLOWABLE if allow_unverifiable else GATING

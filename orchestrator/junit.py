@@ -16,10 +16,10 @@ Mapping (last attempt only):
   unverifiable=true and a <system-out> note;
 - missing (planned, no result: the run was interrupted) -> <error type="missing">, so a CI never
   counts an interrupted run's JUnit as a shorter green one; the suite's `run_status` property
-  says `interrupted` (#33);
+  says `interrupted`;
 - a run in which nothing ran (or a --require'd slice did not: orchestrator/empty_run.py) ->
   one more testcase, classname "orch.gate", with <error type="empty">: a suite of skips alone is
-  no pass to a CI reading the XML either (#41).
+  no pass to a CI reading the XML either.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from junitparser import Error, Failure, JUnitXml, Properties, Property, Skipped, TestCase, TestSuite
 
 from backend.result import CaseResult, Status
-from orchestrator.gate import GateOutcome
+from orchestrator.gate import C, Classification, GateOutcome
 
 # XML 1.0 forbids most C0 controls (ANSI colour codes in log tails are the usual offenders).
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -57,7 +57,7 @@ def failure_text(r: CaseResult, *, log_lines: int = 40) -> str:
     return _clean("\n".join(lines))
 
 
-def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
+def _testcase(r: CaseResult, cls: Classification, gate: GateOutcome) -> TestCase:
     tp = r.axes.get("tp", "?")
     mode = r.requested_mode or r.axes.get("cudagraph_mode", "?")
     k = int(r.axes.get("spec_tokens", 0) or 0)
@@ -80,21 +80,21 @@ def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
         props.add_property(Property("downgraded", f"{r.requested_mode} -> {r.resolved_mode}"))
     if r.status == Status.FLAKY:
         props.add_property(Property("flaky", "true"))
-    if cls in ("unverifiable", "pass-unverifiable"):
+    if cls in (C.UNVERIFIABLE, C.PASS_UNVERIFIABLE):
         props.add_property(Property("unverifiable", "true"))
-    if cls == "muted":
+    if cls == C.MUTED:
         props.add_property(Property("muted", "true"))
     tc.append(props)
 
     reason = _clean(r.reason or r.status.value)
-    if cls == "muted" and r.status in (Status.FAIL, Status.ERROR, Status.TIMEOUT):
+    if cls == C.MUTED and r.status in (Status.FAIL, Status.ERROR, Status.TIMEOUT):
         # Muted: its real status in the message, but a <skipped> a CI reporter does not count as red.
         kf = gate.known_reasons.get(r.case_id)
         note = f"muted ({kf.reason}, {kf.link})" if kf else "muted"
         sk = Skipped(_clean(f"{note}: {r.status.value}: {reason}"))
         sk.text = failure_text(r)
         tc.result = [sk]
-    elif cls == "known-fail":
+    elif cls == C.KNOWN_FAIL:
         kf = gate.known_reasons.get(r.case_id)
         note = f"known failure: {kf.reason}" + (f" ({kf.link})" if kf and kf.link else "") if kf else "known failure"
         sk = Skipped(_clean(f"{note}; {reason}"))
@@ -111,7 +111,7 @@ def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
         el.text = failure_text(r)
         tc.result = [el]
     elif r.status == Status.FAIL:
-        el = Failure(f"[{cls}] {reason}", "regression" if cls == "regression" else "fail")
+        el = Failure(f"[{cls}] {reason}", "regression" if cls == C.REGRESSION else "fail")
         el.text = failure_text(r)
         tc.result = [el]
     elif r.status == Status.FLAKY:
@@ -122,9 +122,9 @@ def _testcase(r: CaseResult, cls: str, gate: GateOutcome) -> TestCase:
         tc.result = [el]
     elif r.status == Status.UNVERIFIABLE:
         tc.system_out = _clean(f"unverifiable (allowed, not gating): {r.reason}\n{failure_text(r)}")
-    elif cls == "pass-unverifiable":
+    elif cls == C.PASS_UNVERIFIABLE:
         tc.system_out = _clean(f"unverifiable (not gating): {r.reason}")
-    if cls == "fixed":
+    if cls == C.FIXED:
         tc.system_out = "known failure now passes: remove its entry from the known-failures file"
     return tc
 
@@ -156,8 +156,8 @@ def build(results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, 
     suite.add_property("gate", gate.verdict())
     missing = set(gate.missing)
     # One add_testcases call: junitparser's add_testcase recounts the whole suite on every call
-    # (quadratic: 9-20 s of `orch run`'s outputs phase for full.yaml's 1,730 cases, #13).
-    suite.add_testcases([_testcase(r, gate.classification.get(r.case_id, r.status.value), gate) for r in results]
+    # (quadratic in the number of cases: docs/BENCHMARKS.md).
+    suite.add_testcases([_testcase(r, gate.classification.get(r.case_id, Classification(r.status.value)), gate) for r in results]
                         + [_missing_testcase(p["case_id"], p) for p in planned if p["case_id"] in missing]
                         + [_unran_testcase(u.line(), u.require) for u in gate.unran])
     xml = JUnitXml()

@@ -2,7 +2,7 @@
 
 Order is by what a reviewer must act on: which run and its state (INTERRUPTED when it did not
 finish), the verdict, what ran, regressions, new failures, then what does not gate (old failures,
-flaky, fixed known failures, downgrades folded by kind, skips grouped by reason), then a compact
+flaky, fixed and known failures, muted cases, downgrades folded by kind, skips grouped by reason), then a compact
 grid per backend that ran. Sections are capped so a broken run of thousands of cases stays under
 CI size limits (GitHub: 1 MiB), and every capped list says how many it left out.
 """
@@ -18,14 +18,14 @@ from collections.abc import Sequence
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES
 from backend.result import CaseResult
 from orchestrator import digest
-from orchestrator.gate import CLASSIFICATIONS, GateOutcome
+from orchestrator.gate import CLASSIFICATIONS, C, Classification, GateOutcome
 from orchestrator.outputs import downgrades, headline, memory_line, run_state, selection, skips
 from orchestrator.store import RunInfo
 
 SYMBOL = {
-    "pass": "✅", "regression": "🔻", "new": "❌", "fail": "❌", "error": "💥", "timeout": "⏱️",
-    "missing": "❔", "old-failure": "🟥", "flaky": "🎲", "unverifiable": "❓", "pass-unverifiable": "❔", "known-fail": "🟨", "fixed": "🟢", "skip": "⬜",
-    "not-run": "🚧", "oom": "🧱", "muted": "🔇",
+    C.PASS: "✅", C.REGRESSION: "🔻", C.NEW: "❌", C.FAIL: "❌", C.ERROR: "💥", C.TIMEOUT: "⏱️", C.MISSING: "❔",
+    C.OLD_FAILURE: "🟥", C.FLAKY: "🎲", C.UNVERIFIABLE: "❓", C.PASS_UNVERIFIABLE: "❔", C.KNOWN_FAIL: "🟨",
+    C.FIXED: "🟢", C.SKIP: "⬜", C.NOT_RUN: "🚧", C.OOM: "🧱", C.MUTED: "🔇",
 }  # fmt: skip
 MAX_PER_SECTION = 25
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -72,10 +72,12 @@ def _section(title: str, ids: Sequence[str], by_id: dict[str, CaseResult], gate:
             continue
         extra = ""
         kf = gate.known_reasons.get(cid)
-        if kf is not None:
+        if gate.classification.get(cid) == C.MUTED:
+            extra = f" (muted, its status {r.status.value}" + (f"; {kf.reason}, {kf.link}, until {kf.until}" if kf else "") + ")"
+        elif kf is not None:
             extra = f" (known: {kf.reason}" + (f", {kf.link}" if kf.link else "") + ")"
         base = gate.baseline_status.get(cid)
-        if base and gate.classification.get(cid) == "regression":
+        if base and gate.classification.get(cid) == C.REGRESSION:
             extra += f" (baseline: {base})"
         out += _case_block(r, extra)
     if len(ids) > MAX_PER_SECTION:
@@ -108,11 +110,11 @@ def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
         kvs = _order((r.axes.get("kv_cache_dtype") for r in rs), KV_CACHE_DTYPES)
         batches = list(dict.fromkeys(r.axes.get("batch") for r in rs))
         cols = [(kv, b) for kv in kvs for b in batches]
-        cells: dict[tuple, str] = {}
+        cells: dict[tuple, Classification] = {}
         down: set[tuple] = set()
         for r in rs:
             key = (r.axes.get("tp"), r.axes.get("cudagraph_mode"), _k(r), r.axes.get("kv_cache_dtype"), r.axes.get("batch"))
-            cls = gate.classification.get(r.case_id, r.status.value)
+            cls = gate.classification.get(r.case_id, Classification(r.status.value))
             if key not in cells or worst[cls] < worst[cells[key]]:
                 cells[key] = cls
             if r.downgraded:
@@ -124,8 +126,8 @@ def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
         for tp, mode, k in rows:
             row = []
             for kv, b in cols:
-                cls = cells.get((tp, mode, k, kv, b))
-                sym = SYMBOL.get(cls, "·") if cls else "·"
+                cell = cells.get((tp, mode, k, kv, b))
+                sym = SYMBOL.get(cell, "·") if cell else "·"
                 row.append(sym + ("↓" if (tp, mode, k, kv, b) in down else ""))
             out.append(f"| tp{tp} {mode}{f' k{k}' if k else ''} | " + " | ".join(row) + " |")
         out.append("")
@@ -179,13 +181,13 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
     if counts:
         out += ["| " + " | ".join(f"{SYMBOL[c]} {c}" for c, _ in counts) + " |", "|" + "---|" * len(counts)]
         out += ["| " + " | ".join(str(n) for _, n in counts) + " |", ""]
-    meta = [f"devices: {run.devices or '?'}", f"git: `{run.git_sha[:12] or '?'}`", f"status: {run.status}"]
+    meta = [f"devices: {run.devices or '?'}", f"git: `{run.git_sha[:12]}`" if run.git_sha else "git: not a checkout", f"status: {run.status}"]
     if run.baseline:
         meta.append(f"baseline: `{run.baseline}`")
     out += [" · ".join(meta), ""]
     if memory_line(results):
         out += [memory_line(results), ""]
-    plain_failed = tuple(c for c in gate.new_failures if gate.classification[c] != "new")
+    plain_failed = tuple(c for c in gate.new_failures if gate.classification[c] != C.NEW)
     out += _section("Regressions", gate.regressions, by_id, gate, "Passed in the baseline, fail now.")
     out += _section("New failures", tuple(c for c in gate.new_failures if c not in plain_failed), by_id, gate,
                     "Failing cases the baseline did not run.")  # fmt: skip
@@ -207,6 +209,9 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
                     "Passed, but the emulation says what it could not follow: run these on a GPU.")
     out += _section("Fixed known failures", gate.fixed, by_id, gate, "These pass now: remove their known-failures entries.")
     out += _section("Known failures (xfail)", gate.known_failures, by_id, gate)
+    out += _section("Muted (not gating)", gate.muted, by_id, gate,
+                    "Matched by a known-failures entry with `mute: true`: run and reported with their own status, "
+                    "never gating.")
     out += _downgraded(results, gate)
     out += _skipped(results)
     out += ["### Grid", ""] + grid(results, gate)

@@ -21,7 +21,7 @@ def _refuse_host_read(what: str, original: Callable[..., Any]) -> Callable[..., 
             return original(self, *a, **k)
         if what == "cpu":
             raise GraphCaptureError("host sync during graph capture: Tensor.cpu() copies device->host")
-        raise GraphCaptureError(f"host sync during graph capture: Tensor.{what}() reads tensor data on the host")
+        raise GraphCaptureError(f"host sync during graph capture: `.{what}()`: a host read of a device tensor")
     return refuse
 
 

@@ -1,5 +1,5 @@
 """Which aten ops a real graph capture refuses because they read device data on the host, and the
-one op PyTorch turns into a graph-safe one on a GPU (DESIGN.md §4; issue #32).
+one op PyTorch turns into a graph-safe one on a GPU (DESIGN.md §4).
 
 On CPU these ops read memory directly; on a GPU each waits for the device and copies to the host,
 which a capturing stream refuses (cudaErrorStreamCaptureUnsupported). The emulation raises
@@ -25,6 +25,21 @@ HOST_SYNC_OPS = frozenset({
     # forms return `info` instead and capture.
     "aten::_linalg_check_errors",
 })
+# What a backend wrote that reached each sync op: the aten name alone does not say `.item()`.
+_PYTHON_FORM = {
+    "aten::_local_scalar_dense": "`.item()` (or int()/float()/bool() of a tensor)",
+    "aten::item": "`.item()` (or int()/float()/bool() of a tensor)",
+    "aten::is_nonzero": "`if tensor:` (or bool() of a tensor)",
+    "aten::nonzero": "`nonzero()` (its output size is read from the data)",
+    "aten::argwhere": "`argwhere()` (its output size is read from the data)",
+    "aten::masked_select": "`masked_select()` (its output size is read from the data)",
+    "aten::equal": "`torch.equal()`",
+    "aten::allclose": "`torch.allclose()`",
+    "aten::bincount": "`bincount()` (its output size is read from the data)",
+    **{op: "`unique()` (its output size is read from the data)"
+       for op in ("aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+                  "aten::unique_dim_consecutive")},
+}
 _BOOL_INDEX_OPS = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})
 _PUT_OPS = frozenset({"aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})
 
@@ -34,7 +49,7 @@ def host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict, fla
     if name in HOST_SYNC_OPS:
         if name == "aten::_linalg_check_errors":
             return f"{func} (torch.linalg's error check reads `info` on the host; the _ex form does not)"
-        return f"{func} (reads tensor data on the host)"
+        return f"{_PYTHON_FORM.get(name, 'an op')}: a host read of a device tensor ({func})"
     if name == "aten::histc":
         lo = args[2] if len(args) > 2 else kwargs.get("min", 0)
         hi = args[3] if len(args) > 3 else kwargs.get("max", 0)

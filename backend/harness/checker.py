@@ -18,6 +18,7 @@ import functools
 import gc
 import importlib.metadata
 import platform
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from backend.harness.sides import add_step, eager_side, graph_side
 from backend.harness.step_data import fill_context, reference_key, set_capture_scales, set_scales, step_inputs
 from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, plan_steps
 from backend.harness.timing import PHASES, Clock, Span, seconds
+from backend.harness.user_frame import user_frame
 from backend.harness.verdict import explained_by_jitter, graph_only
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
@@ -55,6 +57,11 @@ from backend.result import CHECK_DETERMINISM, UNVERIFIABLE_ADVICE, UNVERIFIABLE_
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
 
 LOG_TAIL_CHARS = 4000
+# What CUDA/HIP say when a capturing stream meets a device->host sync; the emulation names the op
+# itself (backend/graphs/syncs.py), a GPU does not.
+CUDA_CAPTURE_SYNC = re.compile(r"stream is capturing|StreamCapture(Unsupported|Invalidated)", re.IGNORECASE)
+CUDA_CAPTURE_HINT = ("usually a host read of a device tensor in that line: `.item()`, `.tolist()`, `.cpu()`, "
+                     "`nonzero`, a Python `if` on a tensor")
 BUDGET_PREFIX = "out of memory budget"  # SessionTooLarge's reason: refused before anything was built
 
 
@@ -327,7 +334,15 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
             sessions.drop(key)
         tail = traceback.format_exc()[-LOG_TAIL_CHARS:]
         line = f"{e}".strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        reason = f"capture error: {line}" if capture else f"{type(e).__name__}: {line}"
+        # The backend's own line, not orch's frames above it: in the reason every output prints,
+        # and last in the log tail (the lines reports keep).
+        frame = user_frame(e)
+        at = f" ({frame.where()})" if frame is not None else ""
+        reason = f"capture error{at}: {line}" if capture else f"{type(e).__name__}{at}: {line}"
+        if capture and CUDA_CAPTURE_SYNC.search(line):  # a real GPU's words: say what usually causes them
+            reason += f" ({CUDA_CAPTURE_HINT})"
+        if frame is not None:
+            tail += f"\nfirst frame outside orch: {frame.where()}" + (f"\n    {frame.source}" if frame.source else "")
         kind = OOM_KIND if oom else "capture" if capture else "exception"
         held = session.memory_bytes() if session is not None else None
         return base.replace(status=Status.ERROR, reason=reason, error_kind=kind, log_tail=tail,
@@ -414,8 +429,8 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
     failed = [c for c in checks if not c.passed]
     common = dict(checks=checks, capture_sizes_used=tuple(used), timings=timings)
     # The CPU emulation could not follow these graphs (a launch behind the dispatcher): it cannot
-    # vouch for a pass (PASS, counted apart: #32), nor for a failure of the graph side alone; but a
-    # disagreement it saw is never a pass (#39): UNVERIFIABLE, which gates unless allowed.
+    # vouch for a pass (PASS, counted apart), nor for a failure of the graph side alone; but a
+    # disagreement it saw is never a pass: UNVERIFIABLE, which gates unless allowed.
     notes = session.unverifiable(k for k in graph_keys if k is not None)
     if notes and all(graph_only(c) for c in failed):
         if not failed:

@@ -21,6 +21,7 @@ from orchestrator.store import ResultStore, RunInfo
 from orchestrator.store.refs import open_store, parse_ref, select_run
 
 SHOWN = 25  # changed cases listed per transition with -v
+GLOBS = 6  # globs shown per transition before "and N more" (-v: every glob)
 
 
 def _worker_versions(results) -> dict[str, str]:
@@ -34,7 +35,7 @@ def _worker_versions(results) -> dict[str, str]:
 
 def _head(tag: str, run: RunInfo, where: str) -> str:
     label = f"  [{run.label}]" if run.label else ""
-    return (f"{tag}: run {run.id} of {where}{label}  {run.matrix}  {run.status}  git {run.git_sha[:12] or '?'}  "
+    return (f"{tag}: run {run.id} of {where}{label}  {run.matrix}  {run.status}  git {run.git_sha[:12] or 'not a checkout'}  "
             f"{run.device_model or run.devices or '?'}")  # fmt: skip
 
 
@@ -70,7 +71,8 @@ def main(run_a: str, run_b: str, db: str | None = None, checks: bool = False, as
     out.append(f"{len(diff.regressions)} regressed, {len(diff.changes)} changed, {diff.same} the same "
                f"({diff.cases_before} cases in A, {diff.cases_after} in B)")  # fmt: skip
     for t, changes in groups.items():
-        out.append(f"{t}  {len(changes)}: {', '.join(d.describe(changes, res_b, res_a)[:4])}")
+        globs = d.describe(changes, res_b, res_a)
+        out.append(f"{t}  {len(changes)}: {', '.join(globs) if verbose else digest.sample(globs, GLOBS)}")
         counts = d.axis_counts(changes, res_b if changes[0].after else res_a)
         if counts:
             out.append("    by axis: " + "; ".join(

@@ -3,8 +3,8 @@
 Sized for a CI log: one line per class that gates (a count and a few ids), the fixed known
 failures, the run's selection when it is not its whole matrix, then the headline (run id,
 INTERRUPTED when it did not finish, the verdict). -v lists every case instead (`orch gate --run
-2` once printed 702 lines of missing cases, #33). Then the history notes (gate_notes.py): the
-baseline used, expired known failures, paste-ready entries.
+2` once printed 702 lines of missing cases). Then the history notes (gate_notes.py): the
+baseline used, the muted cases (every one with -v), expired known failures, paste-ready entries.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def main(db: str | None = None, run_id: str | None = None, baseline: str | None 
             click.echo(f"fixed {len(gate.fixed)} (remove their known-failures entries): {digest.sample(gate.fixed)}")
         if gate.gating or gate.fixed:
             click.echo("(-v lists every case)")
-    for line in gate_notes.lines(view):
+    for line in gate_notes.lines(view, verbose=verbose):
         click.echo(line)
     sel = selection(view.run)
     if sel:  # a filtered or re-targeted run's verdict covers that slice only

@@ -7,19 +7,20 @@ import sys
 
 from orchestrator import defaults, digest, flakiness, gate_notes, junit, summary
 from orchestrator.errors import InfraError
+from orchestrator.gate import C
 from orchestrator.outputs import RunView, downgrades, gather, memory_line, selection, skips
 from orchestrator.store import ResultStore
 
 # Classes the text report lists (worst first), as `orch report` always has.
-_LISTED = ("regression", "new", "fail", "error", "timeout", "not-run", "oom", "missing", "unverifiable",
-           "old-failure", "flaky", "known-fail", "fixed")
+_LISTED = (C.REGRESSION, C.NEW, C.FAIL, C.ERROR, C.TIMEOUT, C.NOT_RUN, C.OOM, C.MISSING, C.UNVERIFIABLE,
+           C.OLD_FAILURE, C.FLAKY, C.KNOWN_FAIL, C.FIXED)  # muted: gate_notes, by entry
 
 
 def _text(view: RunView, verbose: bool = False) -> str:
     """Plain lines (no padding, nothing wider than its content): a terminal and a CI log alike.
     Per-case lines only with -v; otherwise one line per class, skip reason and downgrade kind."""
     run, gate = view.run, view.gate
-    out = [f"orch run {run.id}  {run.matrix}  [{run.status}]  devices={run.devices or '?'}  git={run.git_sha[:12] or '?'}"]
+    out = [f"orch run {run.id}  {run.matrix}  [{run.status}]  devices={run.devices or '?'}  git={run.git_sha[:12] or 'not a checkout'}"]
     sel = selection(run)
     if sel:
         out.append(f"selection: {sel}")
@@ -50,7 +51,7 @@ def _text(view: RunView, verbose: bool = False) -> str:
         out.append(f"skipped {len(view.results) - len(ran)} by reason:")
         out += [f"  {g}" for g in groups]
     out += [f"warning: {line}" for line in digest.downgrade_lines(downgrades(view.results))]
-    out += gate_notes.lines(view)
+    out += gate_notes.lines(view, verbose=verbose)
     out.append(view.headline())
     return "\n".join(out) + "\n"
 
@@ -78,7 +79,7 @@ def main(db: str | None = None, run_id: str | None = None, fmt: str = "text", ba
          flaky_window: int | None = None, flaky_threshold: float | None = None, require=(),
          allow_empty: bool = False, allow_unverifiable: bool = False) -> int:  # fmt: skip
     """Every format carries the verdict, so every format exits by it (0 passed, 1 failed, 3 only
-    not-run), as the README promises of every command that prints one (#33: it exited 0)."""
+    not-run), as the README promises of every command that prints one."""
     flaky = flakiness.options(flaky_window, flaky_threshold)
     with ResultStore(db or defaults.db(), readonly=True) as store:
         view = gather(store, run_id, baseline=baseline, known_failures=known_failures, require=tuple(require),

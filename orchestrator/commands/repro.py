@@ -94,8 +94,9 @@ def main(case_id: str, matrix: str | None = None, backend: str | None = None, db
             mode = f"mode {result.requested_mode}"
             if result.downgraded:
                 mode += f" -> {result.resolved_mode} (downgraded)"
-            click.echo(f"  {mode}, graph {result.graph_kind}, provider {result.provider}, device {result.device}, "
-                       f"capture sizes per step {list(result.capture_sizes_used)}")
+            sizes = ", ".join(str(s) for s in result.capture_sizes_used)  # none when the case failed to capture
+            click.echo(f"  {mode}, graph {result.graph_kind}, provider {result.provider}, device {result.device}"
+                       + (f", capture sizes per step {sizes} (0 = eager)" if sizes else ""))
         for check in result.checks:
             click.echo(f"  {check.summary()}")
         if result.status == Status.ERROR and result.log_tail:

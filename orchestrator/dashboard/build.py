@@ -23,7 +23,7 @@ from markupsafe import Markup
 
 from backend.result import CaseResult, Status
 from orchestrator.dashboard.pack import pack
-from orchestrator.gate import CLASSIFICATIONS, FAILING
+from orchestrator.gate import CLASSIFICATIONS, FAILING, C, Classification
 from orchestrator.outputs import RunView, selection
 from orchestrator.store import ResultStore
 
@@ -34,9 +34,10 @@ _ENV = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
 )
 
-# Display state of a cell: the status, or the gate's xfail, or "pending"/"missing" without a result.
-STATES = ("pass", "pass-unverifiable", "fail", "error", "timeout", "unverifiable", "flaky", "known-fail", "not-run", "skip",
-          "pending", "missing")
+# Display state of a cell: the status, or the gate's class where it is not the status (known-fail,
+# pass-unverifiable, muted: a muted error is no gating error), or "pending"/"missing" without a result.
+STATES = ("pass", "pass-unverifiable", "fail", "error", "timeout", "unverifiable", "flaky", "known-fail", "muted", "not-run",
+          "skip", "pending", "missing")
 
 
 def json_for_script(data: Any) -> str:
@@ -87,13 +88,13 @@ def with_k(axes: dict) -> dict[str, Any]:
 
 def case_entry(r: CaseResult, view: RunView, hist: dict, labels: dict[int, str] | None = None) -> dict[str, Any]:
     gate = view.gate
-    cls = gate.classification.get(r.case_id, r.status.value)
-    state = cls if cls in ("known-fail", "pass-unverifiable") else r.status.value
+    cls = gate.classification.get(r.case_id, Classification(r.status.value))
+    state = cls.value if cls in (C.KNOWN_FAIL, C.PASS_UNVERIFIABLE, C.MUTED) else r.status.value
     base = gate.baseline_status.get(r.case_id)
     change = ""
-    if cls == "regression":
+    if cls == C.REGRESSION:
         change = "regression"
-    elif cls == "new":
+    elif cls == C.NEW:
         change = "new"
     elif base in {s.value for s in FAILING} and r.status == Status.PASS:
         change = "fixed"
@@ -104,7 +105,8 @@ def case_entry(r: CaseResult, view: RunView, hist: dict, labels: dict[int, str] 
         "id": r.case_id,
         "axes": with_k(r.axes),
         "state": state,
-        "cls": cls,
+        "cls": cls.value,
+        "status": r.status.value if cls == C.MUTED else "",  # a muted case's own verdict, beside its class
         "change": change,
         "baseline": base or "",
         "reason": r.reason,
@@ -174,7 +176,7 @@ def page_data(view: RunView, hist: dict[str, list[tuple[int, str, str]]], runs: 
         "state": view.state,
         "cases": cases,
         "states": list(STATES),
-        "classifications": list(CLASSIFICATIONS),  # json.dumps sorts keys: this keeps worst-first order
+        "classifications": [c.value for c in CLASSIFICATIONS],  # json.dumps sorts keys: this keeps worst-first order
         "runs": runs or [],
         "generated_at": time.time(),
     }

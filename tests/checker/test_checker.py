@@ -257,7 +257,8 @@ VERDICT_SCENARIOS = {
     "more requests than max_num_seqs": (
         dict(batch=BatchSpec("wide", (1,) * 9, (10,) * 9)), Status.ERROR, "exception", "invalid case: "),
     "host sync under FULL capture": (
-        dict(backend="tests.mutants.host_sync:Backend"), Status.ERROR, "capture", "capture error: "),
+        dict(backend="tests.mutants.host_sync:Backend"), Status.ERROR, "capture",
+        "capture error (tests/mutants/host_sync.py, line 15, in forward): FULL size 8"),
     "kv dtype the backend lacks": (
         dict(backend="tests.checker.test_checker:NoFp8Backend", kv_cache_dtype="fp8"), Status.SKIP, "",
         "unsupported: kv_cache_dtype fp8"),

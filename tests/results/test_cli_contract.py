@@ -86,7 +86,7 @@ def test_report_folds_repeated_downgrade_warnings(tmp_path, capsys):
     code, out, _ = _run(capsys, "report", "--db", db)
     warnings = [ln for ln in out.splitlines() if ln.startswith("warning:")]
     assert code == 0 and warnings == [
-        "warning: 74 cases: FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH backends (aiter-emulated)"]
+        "warning: 74 cases: FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH gqa backends (aiter-emulated)"]
     assert out.splitlines()[-1] == "run 1: gate PASSED: 79 cases, no new failures"
     assert not [ln for ln in out.splitlines() if ln != ln.rstrip()]  # no padding
 
@@ -100,7 +100,7 @@ def test_summary_says_how_many_each_list_left_out(tmp_path, capsys):
     code, md, _ = _run(capsys, "report", "--db", db, "--format", "md")
     assert code == 1
     down = md[md.index("### Downgraded modes (74)"): md.index("### Skipped")]
-    assert "- 74 cases: FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH backends (aiter-emulated)" in down
+    assert "- 74 cases: FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH gqa backends (aiter-emulated)" in down
     missing = md[md.index("### Missing results (40)"): md.index("### Downgraded")]
     assert missing.count("— no result") == 25 and "- … and 15 more (see `orch report`)" in missing
     skips = md[md.index("### Skipped (90)"): md.index("### Grid")]

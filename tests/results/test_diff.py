@@ -89,3 +89,28 @@ def test_a_bad_run_reference_is_exit_2_in_one_line(tmp_path, capsys, argv, needl
     _write(db, {})
     code, out, err = _diff(capsys, "--db", db, *[a.format(tmp=tmp_path) for a in argv])
     assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_every_glob_or_how_many_more(tmp_path, capsys):
+    """A transition whose cases need more globs than a line shows says how many it left out; -v
+    prints every one (a fixed cut once dropped them without a word)."""
+    from orchestrator import diff as d
+    from orchestrator.commands.diff import GLOBS
+
+    def odd(c) -> bool:  # a checkerboard over the axes: no glob covers two of these cases
+        return (c.tp + samples.MODES.index(c.mode) + (c.kv_cache_dtype == "fp8") + (c.batch.name == "mixed")) % 2 == 1
+
+    scattered = {c.case_id for c in CASES if odd(c)}
+    a, b = str(tmp_path / "a.db"), str(tmp_path / "b.db")
+    _write(a, {})
+    _write(b, {cid: {"status": Status.FAIL} for cid in scattered})
+    with ResultStore(a) as sa, ResultStore(b) as sb:
+        before, after = sa.results(1), sb.results(1)
+    globs = d.describe(d.compare(before, after).changes, after, before)
+    assert len(globs) > GLOBS
+    _, out, _ = _diff(capsys, a, b)
+    line = next(ln for ln in out.splitlines() if ln.startswith("pass -> fail"))
+    assert line.endswith(f"{', '.join(globs[:GLOBS])} and {len(globs) - GLOBS} more"), line
+    _, out, _ = _diff(capsys, a, b, "-v")
+    line = next(ln for ln in out.splitlines() if ln.startswith("pass -> fail"))
+    assert line.endswith(", ".join(globs)), line

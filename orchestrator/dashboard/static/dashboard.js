@@ -37,7 +37,7 @@
         c.versions = v;
       }
       c.history = c.history || { runs: [], streak: 0, streak_status: "", last_pass: null };
-      ["reason", "change", "baseline", "provider", "graph_kind", "error_kind", "log_tail"].forEach(function (f) {
+      ["reason", "change", "baseline", "provider", "graph_kind", "error_kind", "log_tail", "status"].forEach(function (f) {
         if (c[f] === undefined) c[f] = "";
       });
       c.downgraded = !!c.downgraded;
@@ -50,8 +50,11 @@
   var LIVE = document.body.getAttribute("data-live") === "1";
   var MODE_ORDER = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"];
   // A cell shows the worst of its cases: this order, worst first.
-  var WORST = ["fail", "error", "timeout", "unverifiable", "not-run", "missing", "flaky", "pass-unverifiable", "known-fail", "pending", "pass", "skip"];
-  var LETTER = { pass: "", fail: "F", error: "E", timeout: "T", flaky: "~", unverifiable: "U", "pass-unverifiable": "u", "known-fail": "K", "not-run": "N", skip: "S", pending: "…", missing: "?" };
+  // A muted case (a known-failures entry with mute: true) is its own state, whatever its status:
+  // it never gates, so it never looks like a gating error.
+  var WORST = ["fail", "error", "timeout", "unverifiable", "not-run", "missing", "flaky", "pass-unverifiable", "known-fail", "muted", "pending", "pass", "skip"];
+  var LETTER = { pass: "", fail: "F", error: "E", timeout: "T", flaky: "~", unverifiable: "U", "pass-unverifiable": "u", "known-fail": "K", muted: "M", "not-run": "N", skip: "S", pending: "…", missing: "?" };
+  var STATE_HELP = { muted: "a known-failures entry with mute: true: runs and reports its own status, never gates" };
   var AXIS_CHOICES = [
     ["tp,cudagraph_mode", "tp × mode"], ["tp,cudagraph_mode,spec_tokens", "tp × mode × k"],
     ["attention,tp,cudagraph_mode", "family × tp × mode"], ["attention,tp,cudagraph_mode,spec_tokens", "family × tp × mode × k"],
@@ -152,7 +155,7 @@
     var v = $("verdict"); v.textContent = DATA.headline || g.verdict;
     v.className = "verdict " + (DATA.state ? "state" : g.passed ? "ok" : "bad");
     $("run-id").textContent = String(r.id); $("run-matrix").textContent = r.matrix;
-    var meta = ["status: " + r.status, "devices: " + (r.devices || "?"), "git: " + (r.git_sha || "?").slice(0, 12),
+    var meta = ["status: " + r.status, "devices: " + (r.devices || "?"), r.git_sha ? "git: " + r.git_sha.slice(0, 12) : "git: not a checkout",
       "results: " + r.num_results + "/" + r.num_cases];
     if (r.selection) meta.unshift("selection: " + r.selection);
     if (r.started_at) meta.push("started: " + new Date(r.started_at * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z");
@@ -182,7 +185,7 @@
     var text = counts(cases);
     var b = el("button", { type: "button", "class": "chip st-" + worst + (one ? "" : " multi"), "data-state": worst,
       "data-count": String(cases.length), "data-case-ids": cases.map(function (c) { return c.id; }).join(" "),
-      title: one ? one.id + ": " + one.cls + (one.reason ? " — " + one.reason : "") : where + ": " + text });
+      title: one ? one.id + ": " + one.cls + (one.status ? " (" + one.status + ")" : "") + (one.reason ? " — " + one.reason : "") : where + ": " + text });
     if (one) b.setAttribute("data-case-id", one.id);
     b.appendChild(document.createTextNode(one ? (LETTER[worst] || "") : text));
     if (cases.some(function (c) { return c.downgraded; })) b.classList.add("downgraded");
@@ -276,6 +279,7 @@
     if (!c) { body.appendChild(el("p", null, "case " + id + " is not in this run")); return; }
     body.appendChild(el("h2", { id: "d-title" }, c.id));
     body.appendChild(el("span", { "class": "badge st-" + c.state, id: "d-state" }, c.cls));
+    if (c.status) body.appendChild(el("span", { id: "d-status" }, "  its own status: " + c.status + " (not gating)"));
     if (c.change) body.appendChild(el("span", { id: "d-change" }, "  " + (c.change === "regression" ? "▼ regression vs baseline (" + c.baseline + ")" : c.change === "fixed" ? "▲ fixed vs baseline" : "● new: not in baseline")));
     if (c.reason) body.appendChild(el("p", { id: "d-reason", "class": c.state === "pass" ? "" : "bad" }, c.reason));
     if (c.known) {
@@ -321,7 +325,7 @@
       body.appendChild(tt);
     }
     if (c.memory && Object.keys(c.memory).length) {
-      // Device memory of the case (bytes; issue 37): peaks over the case, what its session holds.
+      // Device memory of the case (bytes): peaks over the case, what its session holds.
       body.appendChild(el("h3", null, "device memory"));
       var mt = el("table", { id: "d-memory" });
       Object.keys(c.memory).forEach(function (k) { kv(mt, k.replace(/_/g, " "), (c.memory[k] / 1073741824).toFixed(2) + " GiB"); });
@@ -364,7 +368,8 @@
   function renderLegend() {
     var lg = $("legend"); while (lg.firstChild) lg.removeChild(lg.firstChild);
     DATA.states.forEach(function (s) {
-      var b = el("span", { "class": "chip st-" + s, style: "display:inline-block;text-align:center;line-height:20px" }, LETTER[s] || "");
+      var b = el("span", { "class": "chip st-" + s, "data-legend": s, style: "display:inline-block;text-align:center;line-height:20px" }, LETTER[s] || "");
+      if (STATE_HELP[s]) b.setAttribute("title", STATE_HELP[s]);
       lg.appendChild(b); lg.appendChild(document.createTextNode(" " + s + "  "));
     });
     lg.appendChild(document.createTextNode(" — a cell: its worst case, with counts when it has several · blue corner: mode " +
