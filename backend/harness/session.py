@@ -2,11 +2,9 @@
 captured so far, reused by every case with the same key (cases differ in batch and seed).
 
 Capture follows vLLM: for each needed (runtime mode, size, uniform decode) key, warm up eagerly,
-then capture; the keys one call needs are captured largest-first into the runner's one pool,
-mixed graphs before decode graphs (backend.harness.modes.capture_plan order). Only the sizes a case's steps
-dispatch to are captured, and they stay in the session for later cases; so a later case may add a
-smaller or a larger size to the pool (vLLM captures all sizes up front; the frozen host values of
-each graph are the same either way, since each is captured with the same dummy batch).
+then capture, largest first into the runner's one pool (modes.capture_plan order). Only the sizes
+a case's steps dispatch to are captured, and they stay for later cases, which may add others
+(vLLM captures all up front; each graph's frozen host values are the same either way).
 
 FULL: the whole forward on static_in[:N] with build_for_capture metadata (vLLM's dummy batch for
 the key: DESIGN.md §4a, ModelShape.capture_style v1 | v2) in the builder's
@@ -68,8 +66,8 @@ class _Full:
     attention: list = field(default_factory=list)  # per layer: the attention result the graph refreshes
     # The capture batch's metadata, alive as long as the graph: a backend that builds a fresh
     # tensor per step (the seed's cu_seq_lens) must replay the capture-time one, as in a busy
-    # engine. Dropped, the allocator gave its block to the step's fresh copy and the seed passed
-    # FULL mixed batches on an H100 (backend/graphs/cuda.py), where the emulation holds it anyway.
+    # engine. Dropped, the allocator would give its block to the step's fresh copy and a stale
+    # replay could pass on a GPU (backend/graphs/cuda.py), where the emulation holds it anyway.
     capture_metadata: Any = None
 
 
@@ -124,7 +122,7 @@ class Session:
         self.family = family_of(shape.attention)
         self.layout = TPLayout(tp, rank, shape.num_heads, shape.num_kv_heads, shape.head_size)
         self.config = attention_config(shape, self.layout, kv_cache_dtype, capture_sizes, self.device, spec_tokens)
-        with host_scope(self.device):  # the CPU emulation: their host tensors are host memory (#32)
+        with host_scope(self.device):  # the CPU emulation: their host tensors are host memory
             self.builder = self.family.make_builder(backend_cls, self.config, shape)
             self.impl = backend_cls.impl_cls(self.config)
         self.cg_padding = cg_padding or padding.consolidated(self.builder)

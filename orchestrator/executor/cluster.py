@@ -28,9 +28,9 @@ class NodeSlots:
     ip: str
     slots: int
     # CPU nodes whose slot count was not asked for: the node's cores. Once a gang runs there, more
-    # gangs start only while their ranks fit in the cores (executor._free): on 2 cores, two tp 1
+    # gangs start only while their ranks fit in the cores (pool.GangPool.free): on 2 cores, two tp 1
     # workers rather than eight, a tp 4 gang alone. Fewer processes each import torch, warm up and
-    # build their sessions once for more cases (#13). 0 = no cap (GPU slots, or --workers given).
+    # build their sessions once for more cases. 0 = no cap (GPU slots, or --workers given).
     cores: int = 0
 
 

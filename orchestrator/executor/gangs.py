@@ -1,22 +1,9 @@
 """Gangs: tp worker actors in one placement group (STRICT_PACK: one node) sharing a process group.
 
-A tp 1 worker is a gang of one, so the executor handles every worker alike. Lifecycle (a status
-value each, advanced by the executor as Ray answers; nothing here blocks):
-
-    PLACING    waiting on pg.ready() (an impossible group never fails by itself: the executor
-               holds a deadline and turns it into a SKIP "placement")
-    STARTING   actors created, waiting on their info() (device, node, a free port from rank 0)
-    JOINING    tp > 1: every rank in setup_gang(), the torch.distributed rendezvous on 127.0.0.1
-               (the ranks share a node by construction)
-    IDLE/BUSY  reusable for any case of the same tp
-    LEAVING    re-formed (#13): an idle gang of a larger tp is split into gangs of a tp that
-               divides it; every rank leaves the old process group (CaseWorker.leave_gang), then each new
-               gang JOINs on a fresh port (tp 1: IDLE at once). No new processes start.
-
-Placement groups outlive a split: the new gangs are views over the old gang's actors, each in
-the bundle it was placed in, sharing one pg (`Gang.pg`, `Gang.pg_size` bundles). The executor
-removes a pg only with the last live gang over it (`teardown(..., remove_pg=...)`), and counts a
-pg's bundles as held while any gang over it lives (a dead view's bundles stay reserved).
+A tp 1 worker is a gang of one, so the executor handles every worker alike. Nothing here blocks:
+each step returns Ray refs and the executor advances the gang's state as Ray answers. A split's
+gangs are views over the old gang's actors and placement group, which outlives them all
+(`teardown(..., remove_pg=...)`): a pg's bundles stay held while any gang over it lives.
 """
 
 from __future__ import annotations
@@ -32,11 +19,14 @@ _ids = itertools.count()
 
 
 class GangState(str, enum.Enum):
+    # Waiting on pg.ready(): an impossible group never fails by itself, the executor's deadline does.
     PLACING = "placing"
-    STARTING = "starting"
-    JOINING = "joining"
-    IDLE = "idle"
+    STARTING = "starting"  # actors created, waiting on their info() (device, node, rank 0's free port)
+    JOINING = "joining"  # tp > 1: the torch.distributed rendezvous on 127.0.0.1 (one node by construction)
+    IDLE = "idle"  # reusable for any case of the same tp
     BUSY = "busy"
+    # Split: an idle gang of a larger tp becomes gangs of a tp that divides it; every rank leaves
+    # the old process group, then each new gang joins on a fresh port. No new processes start.
     LEAVING = "leaving"
     DEAD = "dead"
 
