@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.executor.actors import CaseWorker, WorkerInfo, actor_env
+from orchestrator.executor.cluster import DeviceKind
 
 _ids = itertools.count()
 
@@ -34,15 +35,15 @@ class GangState(str, enum.Enum):
 @dataclass(frozen=True)
 class GangSpec:
     tp: int
-    device_kind: str  # "gpu" | "cpu"
+    device_kind: DeviceKind
     runner: str
     log_dir: str
     cpu_per_worker: float = 0.25
     gpu_share: float = 1.0  # of one GPU per rank (--workers-per-gpu N: 1 / N for a tp 1 worker)
-    memory: tuple[tuple[str, object], ...] = ()  # the actors' MemoryBudget items (executor._memory)
+    memory: tuple[tuple[str, object], ...] = ()  # the actors' MemoryBudget items (pool.GangPool.memory)
 
     def bundle(self) -> dict[str, float]:
-        return {"GPU": self.gpu_share} if self.device_kind == "gpu" else {"CPU": self.cpu_per_worker}
+        return {"GPU": self.gpu_share} if self.device_kind == DeviceKind.GPU else {"CPU": self.cpu_per_worker}
 
 
 @dataclass
@@ -101,7 +102,8 @@ def start_actors(gang: Gang) -> list[Any]:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     spec = gang.spec
-    resources = {"num_gpus": spec.gpu_share, "num_cpus": 0} if spec.device_kind == "gpu" else {"num_cpus": spec.cpu_per_worker}
+    gpu = spec.device_kind == DeviceKind.GPU
+    resources = {"num_gpus": spec.gpu_share, "num_cpus": 0} if gpu else {"num_cpus": spec.cpu_per_worker}
     cls = ray.remote(CaseWorker)
     env = actor_env(spec.device_kind)  # applied by the actor itself: no runtime_env (start-up)
     for rank in range(spec.tp):
@@ -113,7 +115,7 @@ def start_actors(gang: Gang) -> list[Any]:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=gang.pg, placement_group_bundle_index=rank
             ),
-        ).remote(runner=spec.runner, device_kind=spec.device_kind, log_dir=spec.log_dir, label=label, env=env,
+        ).remote(runner=spec.runner, device_kind=str(spec.device_kind), log_dir=spec.log_dir, label=label, env=env,
                  memory=dict(spec.memory))
         gang.actors.append(actor)
     gang.state = GangState.STARTING

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from backend.case import Case
 from orchestrator.executor import gangs
-from orchestrator.executor.cluster import ClusterInfo
+from orchestrator.executor.cluster import ClusterInfo, DeviceKind
 from orchestrator.executor.gangs import Gang, GangSpec, GangState
 from orchestrator.executor.packing import slot_width
 
@@ -44,7 +44,7 @@ class GangPool:
     def __init__(self, cluster: ClusterInfo, config: ExecConfig):
         self.cluster = cluster
         self.config = config
-        self.gpu = cluster.device_kind == "gpu"
+        self.gpu = cluster.device_kind == DeviceKind.GPU
         self.per_gpu = cluster.workers_per_gpu if self.gpu else 1
         self.unit = "GPU" if self.gpu else "CPU worker"
         self.gangs: list[Gang] = []
