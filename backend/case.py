@@ -12,6 +12,7 @@ import functools
 import os
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,19 +116,12 @@ class ModelShape:
         return self.num_blocks or (self.max_num_seqs * self.max_blocks_per_seq + 1)
 
 
-@dataclass(frozen=True)
-class BatchSpec:
-    """One batch shape: per-request query lengths and total sequence lengths (context + new).
+class BatchLengths:
+    """The sizes every batch type derives from its per-request `query_lens` and `seq_lens`
+    (BatchSpec here, the checker's BatchDescription)."""
 
-    A request with query_len 1 is a decode row; > 1 is a prefill/extend row, causal over its whole
-    sequence. The checker derives its per-step variations (shorter/longer sequences, shuffled block
-    tables, other decode/prefill mixes) from this spec and the case seed.
-    """
-
-    name: str
-    query_lens: tuple[int, ...]
-    seq_lens: tuple[int, ...]
-    description: str = ""
+    query_lens: Sequence[int]
+    seq_lens: Sequence[int]
 
     @property
     def num_reqs(self) -> int:
@@ -139,11 +133,26 @@ class BatchSpec:
 
     @property
     def max_query_len(self) -> int:
-        return max(self.query_lens)
+        return max(self.query_lens) if self.query_lens else 0
 
     @property
     def max_seq_len(self) -> int:
-        return max(self.seq_lens)
+        return max(self.seq_lens) if self.seq_lens else 0
+
+
+@dataclass(frozen=True)
+class BatchSpec(BatchLengths):
+    """One batch shape: per-request query lengths and total sequence lengths (context + new).
+
+    A request with query_len 1 is a decode row; > 1 is a prefill/extend row, causal over its whole
+    sequence. The checker derives its per-step variations (shorter/longer sequences, shuffled block
+    tables, other decode/prefill mixes) from this spec and the case seed.
+    """
+
+    name: str
+    query_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    description: str = ""
 
     @property
     def is_uniform_decode(self) -> bool:

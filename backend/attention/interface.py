@@ -21,8 +21,9 @@ from typing import Callable, ClassVar
 import torch
 
 # Re-exported: the support level lives in a torch-free module so that the matrix and modes can
-# use it without importing torch (issue 13, start-up).
+# use it without importing torch (start-up).
 from backend.attention.support import AttentionCGSupport  # noqa: F401
+from backend.case import BatchLengths
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class AttentionConfig:
 
 
 @dataclass
-class BatchDescription:
+class BatchDescription(BatchLengths):
     """Host-side description of one step's batch (vLLM's CommonAttentionMetadata, on CPU).
 
     Only real requests/tokens: padding is the builder's job.
@@ -86,22 +87,6 @@ class BatchDescription:
     # previous verify step and its draft count (-1: not a verify row). None: not given (k = 0).
     num_accepted_tokens: list[int] | None = None
     num_draft_tokens: list[int] | None = None
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.query_lens)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.query_lens)
-
-    @property
-    def max_query_len(self) -> int:
-        return max(self.query_lens) if self.query_lens else 0
-
-    @property
-    def max_seq_len(self) -> int:
-        return max(self.seq_lens) if self.seq_lens else 0
 
 
 @dataclass

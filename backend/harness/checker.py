@@ -32,7 +32,7 @@ from backend.attention.support import unavailable
 from backend.case import Case
 from backend.families import family as family_of
 from backend.harness import step_data
-from backend.harness.checks import CheckAccumulator, failure_reason
+from backend.harness.checks import CheckAccumulator
 from backend.harness import memory
 from backend.harness.churn import churn
 from backend.harness.distributed import all_gather_objects, gang_id
@@ -48,11 +48,11 @@ from backend.harness.step_data import fill_context, reference_key, set_capture_s
 from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, plan_steps
 from backend.harness.timing import PHASES, Clock, Span, seconds
 from backend.harness.user_frame import user_frame
-from backend.harness.verdict import explained_by_jitter, graph_only
+from backend.harness.verdict import status_of
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
 from backend.rank_merge import consensus_reason, merge_rank_results, plan_of, rank_consensus  # noqa: F401
-from backend.result import CHECK_DETERMINISM, UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX, CaseResult, Status, checks_for
+from backend.result import CaseResult, Status, checks_for
 
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
 
@@ -426,29 +426,9 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
         "eager_shared_steps": float(shared),
         "graph_shared_steps": float(shared_graph),
     }
-    failed = [c for c in checks if not c.passed]
-    common = dict(checks=checks, capture_sizes_used=tuple(used), timings=timings)
-    # The CPU emulation could not follow these graphs (a launch behind the dispatcher): it cannot
-    # vouch for a pass (PASS, counted apart), nor for a failure of the graph side alone; but a
-    # disagreement it saw is never a pass: UNVERIFIABLE, which gates unless allowed.
-    notes = session.unverifiable(k for k in graph_keys if k is not None)
-    if notes and all(graph_only(c) for c in failed):
-        if not failed:
-            return base.replace(status=Status.PASS, reason=UNVERIFIABLE_PREFIX + notes[0], **common)
-        reason = (f"{UNVERIFIABLE_PREFIX}{notes[0]}; the graph side disagreed with eager from step "
-                  f"{min(c.step for c in failed)} ({', '.join(c.name for c in failed)}): {UNVERIFIABLE_ADVICE}")
-        return base.replace(status=Status.UNVERIFIABLE, reason=reason, **common)
-    if not failed:
-        return base.replace(status=Status.PASS, reason="", **common)
-    det = next((c for c in failed if c.name == CHECK_DETERMINISM), None)
-    real = [c for c in failed if c.name != CHECK_DETERMINISM
-            and not (det and explained_by_jitter(c, det, kv_jitter, attn_jitter))]
-    if real:
-        note = f" (eager also not deterministic, max_abs {det.max_abs_err:.3g})" if det else ""
-        return base.replace(status=Status.FAIL, reason=failure_reason(real[0]) + note, **common)
-    others = [c.name for c in failed if c.name != CHECK_DETERMINISM]
-    note = f" (also failed: {', '.join(others)})" if others else ""
-    return base.replace(status=Status.FLAKY, reason=f"eager not deterministic at step {det.step}{note}", **common)
+    status, reason = status_of(checks, session.unverifiable(k for k in graph_keys if k is not None), kv_jitter,
+                               attn_jitter)  # fmt: skip
+    return base.replace(status=status, reason=reason, checks=checks, capture_sizes_used=tuple(used), timings=timings)
 
 
 def _gang_rank(rank: int, world_size: int, case_dict: dict, device_type: str) -> dict:

@@ -2,11 +2,9 @@
 captured so far, reused by every case with the same key (cases differ in batch and seed).
 
 Capture follows vLLM: for each needed (runtime mode, size, uniform decode) key, warm up eagerly,
-then capture; the keys one call needs are captured largest-first into the runner's one pool,
-mixed graphs before decode graphs (backend.harness.modes.capture_plan order). Only the sizes a case's steps
-dispatch to are captured, and they stay in the session for later cases; so a later case may add a
-smaller or a larger size to the pool (vLLM captures all sizes up front; the frozen host values of
-each graph are the same either way, since each is captured with the same dummy batch).
+then capture, largest first into the runner's one pool (modes.capture_plan order). Only the sizes
+a case's steps dispatch to are captured, and they stay for later cases, which may add others
+(vLLM captures all up front; each graph's frozen host values are the same either way).
 
 FULL: the whole forward on static_in[:N] with build_for_capture metadata (vLLM's dummy batch for
 the key: DESIGN.md §4a, ModelShape.capture_style v1 | v2) in the builder's
@@ -17,12 +15,9 @@ static attention buffers; attention runs eagerly between replays with unpadded m
 
 from __future__ import annotations
 
-import gc
-
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any
 
 import torch
 
@@ -35,67 +30,19 @@ from backend.families.base import layer_metadata
 from backend.graphs.base import GraphCaptureError
 from backend.graphs.provenance import host_scope
 from backend.host_copy import copy_into
-from backend.harness.memory import gib, pool_bytes, tensors_bytes
+from backend.harness.lru import LRU
+from backend.harness.memory import pool_bytes, tensors_bytes
 from backend.harness.model import TPLayout, TPModel, make_weights
+# Re-exported: the checker, the families and the tests import the cache and the LRU from here.
+from backend.harness.session_cache import SessionCache, SessionTooLarge
+
+__all__ = ["LRU", "CaptureFailed", "GraphKey", "Session", "SessionCache", "SessionTooLarge", "StepOutput",
+           "attention_config", "estimate_bytes"]
 
 WARMUP_ITERS = 1
 # Steps whose eager side a session keeps (a few MB each at GPU shapes): enough for every step of
 # a few batches, as the dispatcher runs a group's cases back to back.
 EAGER_MEMO_STEPS = 48
-
-
-class LRU:
-    """A small least-recently-used map: get() refreshes, put() evicts the oldest while the values'
-    total `size` (1 each by default; e.g. their bytes) is above `capacity`. A value whose size is
-    above `max_item` (default: capacity) is not kept: put() leaves the map as it was."""
-
-    def __init__(self, capacity: int, size: Callable[[Any], int] | None = None, max_item: int | None = None):
-        self.capacity = capacity
-        self.max_item = capacity if max_item is None else max_item
-        self._size = size or (lambda value: 1)
-        self._total = 0
-        self._items: OrderedDict[Hashable, Any] = OrderedDict()
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self):
-        return iter(self._items)
-
-    def items(self):
-        return self._items.items()
-
-    @property
-    def total(self) -> int:
-        """The values' summed `size` (bytes, for a cache sized by bytes)."""
-        return self._total
-
-    def values(self):
-        return self._items.values()
-
-    def clear(self) -> None:
-        self._items.clear()
-        self._total = 0
-
-    def get(self, key: Hashable) -> Any:
-        if key in self._items:
-            self._items.move_to_end(key)
-            return self._items[key]
-        return None
-
-    def put(self, key: Hashable, value: Any) -> None:
-        if self._size(value) > self.max_item:
-            return
-        if key in self._items:
-            self._total -= self._size(self._items[key])
-        self._items[key] = value
-        self._total += self._size(value)
-        self._items.move_to_end(key)
-        while self._total > self.capacity and self._items:
-            self._total -= self._size(self._items.popitem(last=False)[1])
 
 
 class CaptureFailed(Exception):
@@ -119,8 +66,8 @@ class _Full:
     attention: list = field(default_factory=list)  # per layer: the attention result the graph refreshes
     # The capture batch's metadata, alive as long as the graph: a backend that builds a fresh
     # tensor per step (the seed's cu_seq_lens) must replay the capture-time one, as in a busy
-    # engine. Dropped, the allocator gave its block to the step's fresh copy and the seed passed
-    # FULL mixed batches on an H100 (backend/graphs/cuda.py), where the emulation holds it anyway.
+    # engine. Dropped, the allocator would give its block to the step's fresh copy and a stale
+    # replay could pass on a GPU (backend/graphs/cuda.py), where the emulation holds it anyway.
     capture_metadata: Any = None
 
 
@@ -175,7 +122,7 @@ class Session:
         self.family = family_of(shape.attention)
         self.layout = TPLayout(tp, rank, shape.num_heads, shape.num_kv_heads, shape.head_size)
         self.config = attention_config(shape, self.layout, kv_cache_dtype, capture_sizes, self.device, spec_tokens)
-        with host_scope(self.device):  # the CPU emulation: their host tensors are host memory (#32)
+        with host_scope(self.device):  # the CPU emulation: their host tensors are host memory
             self.builder = self.family.make_builder(backend_cls, self.config, shape)
             self.impl = backend_cls.impl_cls(self.config)
         self.cg_padding = cg_padding or padding.consolidated(self.builder)
@@ -432,142 +379,3 @@ def estimate_bytes(backend_cls, config: AttentionConfig, num_layers: int) -> int
         elems *= int(n)
     itemsize = 1 if config.kv_cache_dtype == "fp8" else torch.empty((), dtype=config.dtype).element_size()
     return 2 * num_layers * elems * itemsize
-
-
-class SessionTooLarge(Exception):
-    """A session that cannot fit the worker's memory budget even alone: refused before it is built
-    (the case is ERROR kind `oom`, naming both figures)."""
-
-    def __init__(self, need: int, budget: int):
-        super().__init__(f"out of memory budget: the session needs {gib(need)} (KV caches and their snapshot), "
-                         f"the worker's budget is {gib(budget)} (--gpu-memory-utilization x its share of the device)")
-        self.need, self.budget = need, budget
-
-
-class SessionCache:
-    """Per process: sessions keyed by (backend, model shape, tp, rank, kv dtype, capture sizes,
-    device), least recently used first out, kept by their measured bytes against the worker's
-    memory `budget` (bytes; None: no budget, e.g. host memory) and at most `capacity` of them.
-
-    The capacity should cover the groups a worker alternates between (backends x kv dtypes of a
-    matrix: 6 in full.yaml at tp 1): at 3, the H200 run rebuilt a session 70 times in 240 cases.
-    The budget is what keeps a worker inside its share of the device: on an H100, eight cached
-    sessions of the families' GPU shapes (KV caches plus graph pools) passed 80 GiB and the slice
-    failed with ~170 out-of-memory errors (issue 37). Evicting frees a session's graph pool and the
-    allocator's cached blocks at once (_release), checked with torch.cuda.memory_reserved."""
-
-    def __init__(self, capacity: int = 8, budget: int | None = None):
-        self.capacity = capacity
-        self.budget = budget
-        self._sessions: OrderedDict[Hashable, Session] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-        self.evictions = 0
-        self.last_release: tuple[int, int] | None = None  # (bytes expected freed, bytes memory_reserved fell)
-        # The most one case allocated above what the worker held when it started (its transient:
-        # step inputs, the snapshot, the reference, a provider's temporaries), learned case by case:
-        # the budget keeps that much free beside the sessions (note_transient).
-        self.transient = 0
-        # The process's other caches (step inputs, references): their bytes, and how to drop them
-        # when nothing else is left to evict (set by the checker: session.py cannot import them).
-        self.others: tuple[Callable[[], int], Callable[[], None]] = (lambda: 0, lambda: None)
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._sessions
-
-    def held_bytes(self) -> int:
-        return sum(s.memory_total() for s in self._sessions.values())
-
-    def get(self, key: Hashable, factory, device: torch.device | None = None, estimate: int = 0) -> Session:
-        """The session for `key`, built by factory() on a miss, after making room for `estimate`
-        bytes (estimate_bytes) within the budget; raises SessionTooLarge when that alone is over
-        the budget. `device`: the session's device (a CUDA one also checks free device memory,
-        which other processes on the device share)."""
-        cuda = device if device is not None and torch.device(device).type == "cuda" else None
-        if key in self._sessions:
-            self._sessions.move_to_end(key)
-            self.hits += 1
-            self._make_room(0, cuda, keep=key)  # room for the case's transient beside the others
-            return self._sessions[key]
-        self.misses += 1
-        if self.budget is not None and estimate > self.budget:
-            raise SessionTooLarge(estimate, self.budget)
-        self._make_room(estimate, cuda)
-        before = torch.cuda.memory_allocated(cuda) if cuda is not None else 0
-        session = factory()
-        if cuda is not None:
-            session.built_bytes = torch.cuda.memory_allocated(cuda) - before
-        self._sessions[key] = session
-        if len(self._sessions) > self.capacity:
-            while len(self._sessions) > self.capacity:
-                self._evict()
-            self._release(cuda)
-        return session
-
-    def note_transient(self, nbytes: int) -> None:
-        self.transient = max(self.transient, int(nbytes))
-
-    def _over(self, need: int, device: torch.device | None) -> bool:
-        if self.budget is not None and self.held_bytes() + self.others[0]() + need + self.transient > self.budget:
-            return True
-        # Free memory of the device: on a shared device (several workers per GPU, another job) the
-        # budget alone does not say that the bytes are there.
-        return device is not None and need > 0 and torch.cuda.mem_get_info(device)[0] + _reclaimable(device) < need
-
-    def _make_room(self, need: int, device: torch.device | None, keep: Hashable | None = None) -> None:
-        """Evict least recently used sessions (never `keep`) until `need` bytes and the learned
-        transient fit beside what is kept; then, if still over, drop the process's other caches."""
-        evicted = False
-        while any(k != keep for k in self._sessions) and self._over(need, device):
-            self._evict(keep)
-            evicted = True
-        if self.budget is not None and self._over(need, device) and self.others[0]():
-            self.others[1]()
-            evicted = True
-        if evicted:
-            self._release(device)
-
-    def _evict(self, keep: Hashable | None = None) -> None:
-        oldest = next(k for k in self._sessions if k != keep)
-        del self._sessions[oldest]
-        self.evictions += 1
-
-    def _release(self, device: torch.device | None) -> None:
-        if device is None:
-            return
-        reserved = torch.cuda.memory_reserved(device)
-        _release(device)
-        self.last_release = (reserved, reserved - torch.cuda.memory_reserved(device))
-        # The worker's log (its stdout): what eviction gave back, against what the cache still holds.
-        print(f"[orch] sessions evicted ({self.evictions} so far): memory_reserved {gib(reserved)} -> "
-              f"{gib(reserved - self.last_release[1])}, {len(self)} kept holding {gib(self.held_bytes())}", flush=True)
-
-    def drop(self, key: Hashable) -> None:
-        """Forget a session whose state is suspect (an error mid-case)."""
-        self._sessions.pop(key, None)
-
-    def clear(self) -> None:
-        self._sessions.clear()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            _release(torch.device("cuda"))
-
-
-def _release(device: torch.device | None) -> None:
-    """Free the device memory dropped sessions held (`device` a CUDA device; None: nothing to do).
-    A session is a reference cycle (its graphs' captured callables close over it), so dropping the
-    last reference frees nothing until the cyclic collector runs, and with many long-lived objects
-    CPython runs its oldest generation rarely:
-    on an H100 the full.yaml tp 1 slice (three families, 13 sessions through a cache of 8) had
-    65.9 GiB reserved by unreachable sessions when cases started failing out of memory."""
-    if device is None:  # host memory: the collector's own pace is enough (a full collection per
-        return          # eviction is paid by every CPU case that builds a session)
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
-def _reclaimable(device: torch.device) -> int:
-    """Memory the caching allocator holds but does not use (free for a new session)."""
-    return torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)

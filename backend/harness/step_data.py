@@ -18,7 +18,7 @@ from backend.harness.session import LRU, Session
 from backend.harness.steps import StepInputs, hash_seed, make_step_inputs
 from backend.host_copy import copy_into
 
-# fp8 scales (#39). Every step draws its own (the same for every mode, kv dtype and backend of a
+# fp8 scales. Every step draws its own (the same for every mode, kv dtype and backend of a
 # batch: the eager sides and references they share depend on them), and graphs are captured under
 # scales from a range no step draws from. So a graph that froze a host copy of a scale at capture
 # replays it against different live scales in every step of every case, whatever ran before on the
@@ -30,11 +30,9 @@ CAPTURE_SCALE_RANGE = (2.0, 4.0)  # disjoint from FP8_SCALE_RANGE: never a step'
 # Reference outputs of recent steps, per process. The reference is the unsharded fp32 model on the
 # step's inputs: it depends on the shape, kv dtype (how new K/V are rounded), batch, seed and step,
 # not on the backend, mode or tp rank, so every backend's eager output of a step is checked
-# against one computation of it (~0.3 s per step of a 200-request decode batch on the H200).
-# Bounded by bytes (an entry is the step's output and attention outputs: KBs on the CPU shape, up
-# to ~13 MB at the GPU's): at 64 entries the 290-case tp 1 GPU slice, whose providers run their
-# batches interleaved, evicted most of them before the next provider came back to the same step
-# (aiter-triton-pa recomputed 1.9 s of references, #13).
+# against one computation of it. Bounded by bytes, not entries (an entry is KBs on the CPU shape, up
+# to ~13 MB at the GPU's), large enough that providers running their batches interleaved still find
+# the step's reference when they come back to it (docs/BENCHMARKS.md "Harness caches").
 REFERENCES_BYTES = 2 * 2**30
 
 
@@ -43,12 +41,10 @@ REFERENCES = LRU(REFERENCES_BYTES, size=lambda ref: sum(t.numel() * t.element_si
 
 # Step inputs of recent steps, per process. They are a function of (step plan, model shape, seed,
 # device) only, so the five cudagraph modes, both kv dtypes and every backend of one (batch, seed)
-# draw the same ones: drawn once (the context K/V draw was a fifth of a rank's case time on the
-# 2-core machine, #13). Read-only for every user (the KV write, the runs and the reference copy
-# out of them). Bounded by bytes, by device: on the CPU 256 MB (entries up to 32 MB, so the small
-# batches share theirs); on a GPU a fifth of the device's memory, entries up to a quarter of that
-# (full.yaml's GPU shape draws 32 GB of context over its 45 distinct steps, 6.4 GB for one
-# decode_200 step: at 256 MB every GPU case drew its own, 11 s of the 290-case tp 1 run's 40 s).
+# draw the same ones: drawn once. Read-only for every user (the KV write, the runs and the
+# reference copy out of them). Bounded by bytes, by device: on the CPU 256 MB (entries up to 32 MB,
+# so the small batches share theirs); on a GPU a fifth of the device's memory, entries up to a
+# quarter of that, since a GPU shape's step draws GBs of context (docs/BENCHMARKS.md "Harness caches").
 INPUTS_BYTES = 256 * 2**20
 
 
@@ -192,8 +188,8 @@ def reference_context(session: Session, inputs: StepInputs) -> list:
 class RoundedContext(Sequence):
     """One layer plane's context as the reference reads it: request i's rows rounded the way the
     cache stores them (fp8_round), made when asked for, one request at a time. The whole batch
-    rounded at once was an fp32 copy of every context row: 6.7 GB of a decode_200 step at
-    full.yaml's GPU shape, which alone put the case over a 24 GiB card (issue 37)."""
+    rounded at once would be an fp32 copy of every context row, GBs at a GPU shape (docs/BENCHMARKS.md
+    "Harness caches")."""
 
     def __init__(self, values: torch.Tensor, scale, dtype: torch.dtype, lens: list[int]):
         self._parts = torch.split(values, lens)  # views of the step's draw: no copy

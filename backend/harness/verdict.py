@@ -1,10 +1,15 @@
-"""From the checks' outcomes to a status: a failed check is FAIL unless eager's own jitter
-explains it (then FLAKY); NaN and writes outside the real slots never are jitter."""
+"""From the checks' outcomes to a status (`status_of`): a failed check is FAIL unless eager's own
+jitter explains it (then FLAKY); NaN and writes outside the real slots never are jitter; graphs
+the CPU emulation could not follow make a graph-only disagreement UNVERIFIABLE, never a pass."""
 
 from __future__ import annotations
 
-from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY,
-                            CHECK_PADDED_FINITE, CHECK_REPLAY, CHECK_STATE_INTEGRITY)
+from collections.abc import Sequence
+
+from backend.harness.checks import failure_reason
+from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_DETERMINISM, CHECK_FINITE,
+                            CHECK_KV_INTEGRITY, CHECK_PADDED_FINITE, CHECK_REPLAY, CHECK_STATE_INTEGRITY,
+                            UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX, CheckOutcome, Status)
 
 # state_integrity's detail names which of its parts failed (backend/families/gdn_state.py).
 STATE_GRAPH_ONLY = "the graph run's state differs from eager's"
@@ -37,3 +42,30 @@ def graph_only(check) -> bool:
         (check.name == CHECK_FINITE and check.detail.rsplit(": ", 1)[-1] == "graph") or \
         (check.name == CHECK_KV_INTEGRITY and "outside" not in check.detail) or \
         (check.name == CHECK_STATE_INTEGRITY and STATE_GRAPH_ONLY in check.detail)
+
+
+def status_of(checks: Sequence[CheckOutcome], unverifiable: Sequence[str], kv_jitter: bool,
+              attn_jitter: float) -> tuple[Status, str]:
+    """A case's status and reason from its checks. `unverifiable`: why the CPU emulation could
+    not follow some of its graphs (a launch behind the dispatcher): then it vouches for no pass
+    (PASS with the note, counted apart) and for no failure of the graph side alone, but a
+    disagreement it saw is never a pass (UNVERIFIABLE, which gates unless allowed).
+    `kv_jitter` / `attn_jitter`: the nondeterminism eager showed (explained_by_jitter)."""
+    failed = [c for c in checks if not c.passed]
+    if unverifiable and all(graph_only(c) for c in failed):
+        if not failed:
+            return Status.PASS, UNVERIFIABLE_PREFIX + unverifiable[0]
+        return Status.UNVERIFIABLE, (f"{UNVERIFIABLE_PREFIX}{unverifiable[0]}; the graph side disagreed with eager "
+                                     f"from step {min(c.step or 0 for c in failed)} "
+                                     f"({', '.join(c.name for c in failed)}): {UNVERIFIABLE_ADVICE}")  # fmt: skip
+    if not failed:
+        return Status.PASS, ""
+    det = next((c for c in failed if c.name == CHECK_DETERMINISM), None)
+    real = [c for c in failed if c.name != CHECK_DETERMINISM
+            and not (det and explained_by_jitter(c, det, kv_jitter, attn_jitter))]  # fmt: skip
+    if real or det is None:
+        note = f" (eager also not deterministic, max_abs {det.max_abs_err:.3g})" if det else ""
+        return Status.FAIL, failure_reason(real[0]) + note
+    others = [c.name for c in failed if c.name != CHECK_DETERMINISM]
+    note = f" (also failed: {', '.join(others)})" if others else ""
+    return Status.FLAKY, f"eager not deterministic at step {det.step}{note}"

@@ -26,15 +26,14 @@ LOG_TAIL_BYTES = 4000
 # Modules Ray's worker processes import before they take an actor (the raylet's
 # `preload_python_modules`, set by cluster.connect for the embedded cluster; a cluster started with
 # `ray start` takes it from RAY_preload_python_modules). It pays on a head kept running: its idle
-# workers imported torch (3.5-5.5 s on the GPU machines) long before a run asks for an actor. In
-# an embedded run the import still lands inside the first actor's start (measured neutral on an
-# H100 and the 2-core CPU, docs/BENCHMARKS.md). Nothing here may touch a device: the worker does
-# not know its GPU yet, and CPU workers set their thread count in CaseWorker._load.
+# workers imported torch long before a run asks for an actor; in an embedded run the import still
+# lands inside the first actor's start (docs/BENCHMARKS.md). Nothing here may touch a device: the
+# worker does not know its GPU yet, and CPU workers set their thread count in CaseWorker._load.
 WORKER_PRELOAD = ("torch",)
 # The driver's settings the actors take over when the driver has them: a joined cluster's workers
 # are its nodes' processes, with the nodes' environment, so without this a run into a head kept
 # running compiled every Triton kernel again in the head's default cache, not in the warm cache
-# the driver named (H100: 69.5 s for that first run, 39.6 s once warm; #13).
+# the driver named (docs/BENCHMARKS.md).
 # ORCH_VLLM: the vLLM release the driver imports (backend/adapters/vllm/release.py), the workers' too.
 FORWARDED_ENV = ("TRITON_CACHE_DIR", "TRITON_HOME", "ORCH_VLLM")
 
@@ -55,8 +54,8 @@ class WorkerInfo:
 def actor_env(device_kind: str) -> dict[str, str]:
     """Environment the actor sets on itself first thing in __init__ (before anything imports
     torch or NCCL reads it). Not a Ray runtime_env: an actor with its own runtime_env cannot use
-    Ray's prestarted workers and waits for the runtime-env agent, 2-4 s per gang on the 2-core
-    machine against ~1 s without (#13). FORWARDED_ENV comes from the driver's environment.
+    Ray's prestarted workers and waits for the runtime-env agent (seconds per gang:
+    docs/EXECUTION.md). FORWARDED_ENV comes from the driver's environment.
     Import-path backends/runners (tests.mutants.x:Cls) resolve in workers as in the driver: Ray
     puts the driver's working directory on the workers' sys.path, and the actor adds it again
     with PYTHONPATH for its own subprocesses."""

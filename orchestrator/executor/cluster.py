@@ -7,6 +7,7 @@ count of slots.
 
 from __future__ import annotations
 
+import enum
 import os
 import socket
 from dataclasses import dataclass
@@ -22,26 +23,37 @@ CPU_PER_WORKER = 0.25
 CONNECT_TIMEOUT_S = 3.0
 
 
+class DeviceKind(enum.StrEnum):
+    """What the workers run on: GPUs, or CPU workers with graphs emulated. A StrEnum: it is the
+    plain string wherever it is shown, stored or compared."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+
+
 @dataclass(frozen=True)
 class NodeSlots:
     node_id: str  # Ray NodeID hex
     ip: str
     slots: int
     # CPU nodes whose slot count was not asked for: the node's cores. Once a gang runs there, more
-    # gangs start only while their ranks fit in the cores (executor._free): on 2 cores, two tp 1
+    # gangs start only while their ranks fit in the cores (pool.GangPool.free): on 2 cores, two tp 1
     # workers rather than eight, a tp 4 gang alone. Fewer processes each import torch, warm up and
-    # build their sessions once for more cases (#13). 0 = no cap (GPU slots, or --workers given).
+    # build their sessions once for more cases. 0 = no cap (GPU slots, or --workers given).
     cores: int = 0
 
 
 @dataclass(frozen=True)
 class ClusterInfo:
     address: str  # "local" (embedded) or what we joined
-    device_kind: str  # "gpu" | "cpu"
+    device_kind: DeviceKind  # a plain "gpu" | "cpu" is taken as its DeviceKind
     nodes: tuple[NodeSlots, ...]
     cpu_per_worker: float = CPU_PER_WORKER
     owned: bool = False  # we started it, so we shut it down
     workers_per_gpu: int = 1  # GPU slots per device (--workers-per-gpu): a slot is 1 / N of a GPU
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device_kind", DeviceKind(self.device_kind))
 
     @property
     def total_slots(self) -> int:
@@ -49,13 +61,13 @@ class ClusterInfo:
 
     @property
     def banner(self) -> str:
-        if self.device_kind == "cpu":
+        if self.device_kind == DeviceKind.CPU:
             return f"no GPU: CPU workers, graphs emulated ({self.total_slots} workers on {len(self.nodes)} node(s))"
         per = f", {self.workers_per_gpu} per GPU" if self.workers_per_gpu > 1 else ""
         return f"{self.total_slots} GPU worker(s){per} on {len(self.nodes)} node(s)"
 
     def describe_devices(self) -> str:
-        if self.device_kind == "gpu" and self.workers_per_gpu > 1:
+        if self.device_kind == DeviceKind.GPU and self.workers_per_gpu > 1:
             return f"{self.total_slots // self.workers_per_gpu}x gpu ({self.workers_per_gpu} workers each)"
         return f"{self.total_slots}x {self.device_kind}"
 
@@ -127,9 +139,12 @@ class LocalLayout:
     """The workers an embedded `orch run` starts on this machine, worked out without Ray (for
     `orch plan`; node_slots gives the same on the embedded cluster)."""
 
-    device_kind: str  # "gpu" | "cpu"
+    device_kind: DeviceKind
     workers: int
     cores: int  # CPU without --workers: ranks running at once; 0: no cap
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device_kind", DeviceKind(self.device_kind))
 
     @property
     def parallel(self) -> int:
@@ -137,7 +152,7 @@ class LocalLayout:
         return min(self.workers, self.cores) if self.cores else self.workers
 
     def describe(self) -> str:
-        if self.device_kind == "gpu":
+        if self.device_kind == DeviceKind.GPU:
             return f"{self.workers} GPU worker(s)"
         capped = f", at most {self.parallel} running at once ({self.cores} cores)" if self.parallel < self.workers else ""
         return f"{self.workers} CPU worker(s){capped}"
@@ -145,11 +160,11 @@ class LocalLayout:
 
 def local_layout(device_kind: str, workers: int | None, min_slots: int, *, cpus: int, gpus: int) -> LocalLayout:
     if device_kind == "gpu":
-        return LocalLayout("gpu", min(gpus, workers) if workers is not None else gpus, 0)
+        return LocalLayout(DeviceKind.GPU, min(gpus, workers) if workers is not None else gpus, 0)
     cap = int(cpus / CPU_PER_WORKER)  # node_slots: a node holds at most this many CPU workers
     if workers is not None:
-        return LocalLayout("cpu", min(workers, cap), 0)
-    return LocalLayout("cpu", min(default_cpu_workers(cpus, min_slots), cap), cpus)
+        return LocalLayout(DeviceKind.CPU, min(workers, cap), 0)
+    return LocalLayout(DeviceKind.CPU, min(default_cpu_workers(cpus, min_slots), cap), cpus)
 
 
 def embedded_init_kwargs(num_gpus: int, *, preload: bool = True) -> dict:
@@ -195,8 +210,8 @@ def connect(address: str = "local", *, devices: str = "auto", workers: int | Non
         if owned:
             ray.shutdown()
         raise InfraError("--devices gpu but the Ray cluster has no GPU")
-    kind = "gpu" if has_gpu and devices != "cpu" else "cpu"
-    per_gpu = workers_per_gpu if kind == "gpu" else 1
+    kind = DeviceKind.GPU if has_gpu and devices != "cpu" else DeviceKind.CPU
+    per_gpu = workers_per_gpu if kind == DeviceKind.GPU else 1
     nodes = node_slots(kind, workers, CPU_PER_WORKER, min_slots, per_gpu=per_gpu, max_gpus=max_gpus)
     if not nodes:
         if owned:
@@ -210,7 +225,7 @@ def held_by_others(info: ClusterInfo, ours: float) -> tuple[float, float]:
     workers): what other drivers on this cluster hold now. `ours`: what our placed gangs reserve."""
     import ray
 
-    key = "GPU" if info.device_kind == "gpu" else "CPU"
+    key = "GPU" if info.device_kind == DeviceKind.GPU else "CPU"
     total = float(ray.cluster_resources().get(key, 0.0))
     free = float(ray.available_resources().get(key, 0.0))
     return max(0.0, total - free - ours), total

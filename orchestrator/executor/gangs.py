@@ -1,22 +1,9 @@
 """Gangs: tp worker actors in one placement group (STRICT_PACK: one node) sharing a process group.
 
-A tp 1 worker is a gang of one, so the executor handles every worker alike. Lifecycle (a status
-value each, advanced by the executor as Ray answers; nothing here blocks):
-
-    PLACING    waiting on pg.ready() (an impossible group never fails by itself: the executor
-               holds a deadline and turns it into a SKIP "placement")
-    STARTING   actors created, waiting on their info() (device, node, a free port from rank 0)
-    JOINING    tp > 1: every rank in setup_gang(), the torch.distributed rendezvous on 127.0.0.1
-               (the ranks share a node by construction)
-    IDLE/BUSY  reusable for any case of the same tp
-    LEAVING    re-formed (#13): an idle gang of a larger tp is split into gangs of a tp that
-               divides it; every rank leaves the old process group (CaseWorker.leave_gang), then each new
-               gang JOINs on a fresh port (tp 1: IDLE at once). No new processes start.
-
-Placement groups outlive a split: the new gangs are views over the old gang's actors, each in
-the bundle it was placed in, sharing one pg (`Gang.pg`, `Gang.pg_size` bundles). The executor
-removes a pg only with the last live gang over it (`teardown(..., remove_pg=...)`), and counts a
-pg's bundles as held while any gang over it lives (a dead view's bundles stay reserved).
+A tp 1 worker is a gang of one, so the executor handles every worker alike. Nothing here blocks:
+each step returns Ray refs and the executor advances the gang's state as Ray answers. A split's
+gangs are views over the old gang's actors and placement group, which outlives them all
+(`teardown(..., remove_pg=...)`): a pg's bundles stay held while any gang over it lives.
 """
 
 from __future__ import annotations
@@ -27,16 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.executor.actors import CaseWorker, WorkerInfo, actor_env
+from orchestrator.executor.cluster import DeviceKind
 
 _ids = itertools.count()
 
 
 class GangState(str, enum.Enum):
+    # Waiting on pg.ready(): an impossible group never fails by itself, the executor's deadline does.
     PLACING = "placing"
-    STARTING = "starting"
-    JOINING = "joining"
-    IDLE = "idle"
+    STARTING = "starting"  # actors created, waiting on their info() (device, node, rank 0's free port)
+    JOINING = "joining"  # tp > 1: the torch.distributed rendezvous on 127.0.0.1 (one node by construction)
+    IDLE = "idle"  # reusable for any case of the same tp
     BUSY = "busy"
+    # Split: an idle gang of a larger tp becomes gangs of a tp that divides it; every rank leaves
+    # the old process group, then each new gang joins on a fresh port. No new processes start.
     LEAVING = "leaving"
     DEAD = "dead"
 
@@ -44,15 +35,15 @@ class GangState(str, enum.Enum):
 @dataclass(frozen=True)
 class GangSpec:
     tp: int
-    device_kind: str  # "gpu" | "cpu"
+    device_kind: DeviceKind
     runner: str
     log_dir: str
     cpu_per_worker: float = 0.25
     gpu_share: float = 1.0  # of one GPU per rank (--workers-per-gpu N: 1 / N for a tp 1 worker)
-    memory: tuple[tuple[str, object], ...] = ()  # the actors' MemoryBudget items (executor._memory)
+    memory: tuple[tuple[str, object], ...] = ()  # the actors' MemoryBudget items (pool.GangPool.memory)
 
     def bundle(self) -> dict[str, float]:
-        return {"GPU": self.gpu_share} if self.device_kind == "gpu" else {"CPU": self.cpu_per_worker}
+        return {"GPU": self.gpu_share} if self.device_kind == DeviceKind.GPU else {"CPU": self.cpu_per_worker}
 
 
 @dataclass
@@ -111,7 +102,8 @@ def start_actors(gang: Gang) -> list[Any]:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     spec = gang.spec
-    resources = {"num_gpus": spec.gpu_share, "num_cpus": 0} if spec.device_kind == "gpu" else {"num_cpus": spec.cpu_per_worker}
+    gpu = spec.device_kind == DeviceKind.GPU
+    resources = {"num_gpus": spec.gpu_share, "num_cpus": 0} if gpu else {"num_cpus": spec.cpu_per_worker}
     cls = ray.remote(CaseWorker)
     env = actor_env(spec.device_kind)  # applied by the actor itself: no runtime_env (start-up)
     for rank in range(spec.tp):
@@ -123,7 +115,7 @@ def start_actors(gang: Gang) -> list[Any]:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=gang.pg, placement_group_bundle_index=rank
             ),
-        ).remote(runner=spec.runner, device_kind=spec.device_kind, log_dir=spec.log_dir, label=label, env=env,
+        ).remote(runner=spec.runner, device_kind=str(spec.device_kind), log_dir=spec.log_dir, label=label, env=env,
                  memory=dict(spec.memory))
         gang.actors.append(actor)
     gang.state = GangState.STARTING

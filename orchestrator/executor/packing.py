@@ -1,8 +1,7 @@
 """How many workers share one GPU (`--workers-per-gpu N|auto`), worked out without Ray or torch.
 
-A passing case is ~0.15 s of host work with the GPU mostly idle (issue 37: eager 39 ms, reference
-24, inputs 20, session 17, checks 13, replay 9.5 on an H100), so one worker per GPU leaves the
-device and most of the host's cores idle. Several workers per GPU are Ray fractional GPUs
+A passing case is mostly host work with the GPU idle (docs/EXECUTION.md "GPU memory"), so one
+worker per GPU leaves the device and most of the host's cores idle. Several workers per GPU are Ray fractional GPUs
 (`num_gpus = 1 / N`, every actor still on one device); each keeps to its memory budget itself
 (backend/harness/memory.py), since Ray enforces nothing about memory.
 
@@ -107,8 +106,7 @@ def slot_width(need: int, device_bytes: int | None, utilization: float, per_gpu:
     """Slots (1 / per_gpu of a GPU each) a tp 1 case takes: one where its recorded `need` (its
     bytes, 0: none recorded) fits a worker of one share, else as many shares as its worker needs
     with its context and margin, at most the whole GPU. The few cases of a matrix that need much
-    more than the rest (decode_200, mixed_large_chunked: 17-21 GiB of an H100 where the median
-    case needs 2-5) run on wider workers instead of sizing every worker for them."""
+    more than the rest run on wider workers instead of sizing every worker for them."""
     if per_gpu <= 1 or not need or not device_bytes:
         return 1
     share = int(device_bytes * utilization / per_gpu)

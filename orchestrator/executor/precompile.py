@@ -1,4 +1,4 @@
-"""Start and stop the kernel-cache warm-up of a local GPU run (backend/harness/precompile.py, #13).
+"""Start and stop the kernel-cache warm-up of a local GPU run (backend/harness/precompile.py).
 
 The driver imports no torch: it writes the run's tp 1 cases (longest expected first, the order the
 dispatcher hands them out) to a JSON file and starts `python -m backend.harness.precompile` in its own
@@ -41,11 +41,9 @@ def covered(cases: Sequence[Case], results: Mapping[str, CaseResult]) -> bool:
 
 def auto_jobs(other_work: bool = False) -> int:
     """Helpers when none were asked for. `other_work`: the run has cases of backends that compile
-    nothing, which it dispatches while the helpers run (executor.Deferral): then one helper. The
-    helpers' GPU contexts time-slice with the worker's; on a cold H200 the 290-case slice took
-    37.5 / 38.0 s with one helper against 43.5 / 41.9 s with three (the torch cases ran 4 s
-    faster and the one helper still kept ahead of the worker, docs/BENCHMARKS.md). With nothing
-    else to run, up to AUTO_JOBS_MAX compile in parallel."""
+    nothing, which it dispatches while the helpers run (executor.Deferral): then one helper, since
+    the helpers' GPU contexts time-slice with the worker's and one still keeps ahead of it
+    (docs/BENCHMARKS.md). With nothing else to run, up to AUTO_JOBS_MAX compile in parallel."""
     if other_work:
         return 1
     return max(1, min(AUTO_JOBS_MAX, (os.cpu_count() or 1) // 4))

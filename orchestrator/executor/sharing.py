@@ -1,18 +1,11 @@
 """Sharing one Ray cluster with other drivers: tell waiting from impossible, say so, hold nothing idle.
 
-Every driver counts each GPU of the cluster as a slot (or `--max-gpus` of them) and asks Ray for a
-placement group per gang; Ray grants one when all its bundles are free, so no driver ever holds
-part of a gang. What this adds to the executor:
-
-- a placement Ray reports as NO_RESOURCES (its bundles exist, in use) while someone holds them,
-  another job or our own busy gangs, waits: its deadline is pushed back instead of timing out into
-  NOT_RUN. INFEASIBLE (no node can ever hold it) still times out, and so does NO_RESOURCES with
-  nothing held by anyone after one more deadline;
-- a run whose placement waits on other jobs says so, once after `wait_notice_s` and again every
-  `wait_repeat_s`, and says when it got them;
-- while a placement of ours waits, the executor gives back its idle gangs (`tick` returns True):
-  two drivers each keeping a tp 1 worker idle while waiting for a tp 2 gang would otherwise wait on
-  each other forever (DESIGN §12).
+Ray grants a gang's placement group only whole, so drivers never hold part of a gang; what they can
+do is wait on each other. A placement Ray reports as NO_RESOURCES while someone holds its bundles is
+waited for (its deadline pushed back) and said so; INFEASIBLE still times out into NOT_RUN; and
+while a placement of ours waits the executor gives back its idle gangs, or two drivers each keeping
+a worker idle while waiting for a gang would wait on each other forever (docs/EXECUTION.md "Many
+drivers, one cluster", DESIGN §12).
 """
 
 from __future__ import annotations

@@ -1,12 +1,26 @@
 """What the executor makes of a result: whether it leaves the worker unusable, how a retry's
 verdict combines with the first attempt's, and which outcomes are retried at all. Pure functions
-over CaseResults (no Ray), split from the dispatch loop (executor.py)."""
+over CaseResults (no Ray)."""
 
 from __future__ import annotations
 
+import enum
 import re
 
 from backend.result import CaseResult, Status
+
+
+class ErrorKind(str, enum.Enum):
+    """CaseResult.error_kind values (stored as their plain string: `.value`)."""
+
+    CAPTURE = "capture"  # raised between graph capture begin and end (the worker's runner)
+    EXCEPTION = "exception"  # any other exception in the case (the worker's runner)
+    OOM = "oom"  # out of device memory even alone (backend/harness/memory.py)
+    CRASH = "crash"  # the worker process died under the case
+    TIMEOUT = "timeout"  # no result by the deadline: the worker was killed
+    PLACEMENT = "placement"  # no gang of its tp could be placed (SKIP: never can here; NOT_RUN)
+    GANG = "gang"  # its gang twice failed to come up or fell out of step: NOT_RUN
+
 
 # Text of an exception that leaves the device (and so the process) unusable: recycle the actor.
 DEVICE_POISON = re.compile(
@@ -17,8 +31,8 @@ DEVICE_POISON = re.compile(
 # error whose cause is one of these still recycles the worker; a plain capture error does not).
 # Phrased as the CUDA/HIP error strings are, not as words: every torch CUDA error ends with the
 # hint "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions", which must not make a
-# cudaErrorStreamCaptureUnsupported (AITER pa_decode's k_scale.item() under capture) sticky: on the
-# H200 that recycled the worker after every such capture error, rebuilding its sessions each time.
+# cudaErrorStreamCaptureUnsupported (AITER pa_decode's k_scale.item() under capture) sticky, which
+# would recycle the worker, and rebuild its sessions, after every such capture error.
 STICKY_FAULT = re.compile(
     r"illegal memory access|device-side assert triggered|ECC error|uncorrectable ECC|unspecified launch failure"
     r"|misaligned address|illegal instruction|hipErrorIllegalAddress|cudaErrorIllegalAddress|cudaErrorLaunchFailure"
@@ -29,17 +43,17 @@ STICKY_FAULT = re.compile(
 _TORCH_HINTS = re.compile(r"^.*(TORCH_USE_CUDA_DSA|CUDA_LAUNCH_BLOCKING|AMD_SERIALIZE_KERNEL|HIP_LAUNCH_BLOCKING"
                           r"|might be asynchronously reported).*$", re.MULTILINE)
 # UNVERIFIABLE is not retried: another CPU worker's emulation cannot follow the same graphs any
-# better; a GPU decides (#39).
+# better; a GPU decides.
 RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
 # A failed graph capture is a property of the code under test (a host sync, an unsupported call),
 # the same on every attempt: it is reported once, not retried. (Crashes, hangs and numeric
 # failures are retried: those can come from the machine.)
-NO_RETRY_KINDS = ("capture",)
+NO_RETRY_KINDS = (ErrorKind.CAPTURE.value,)
 # A case that ran out of device memory (backend/harness/memory.py). A tp 1 worker already reran it
 # alone on a cleared state before reporting it: final. A gang's ranks cannot rerun alone, and a
 # worker that could not give its memory back (memory["unreleased"]) is no clean state: the executor
 # recycles it and reruns the case once on a fresh worker or gang.
-OOM_KIND = "oom"
+OOM_KIND = ErrorKind.OOM.value
 NODE_DEATH = re.compile(r"its node has died|NodeDiedError|node was terminated", re.IGNORECASE)
 
 
@@ -71,7 +85,7 @@ def poisons_worker(res: CaseResult) -> bool:
     if res.error_kind == OOM_KIND:  # only a worker that could not give its memory back
         return bool(res.memory.get("unreleased"))
     text = _TORCH_HINTS.sub("", f"{res.reason}\n{res.log_tail}")
-    return bool(STICKY_FAULT.search(text) if res.error_kind == "capture" else DEVICE_POISON.search(text))
+    return bool(STICKY_FAULT.search(text) if res.error_kind == ErrorKind.CAPTURE else DEVICE_POISON.search(text))
 
 
 def retried(res: CaseResult, tp: int) -> bool:

@@ -1,25 +1,11 @@
 """Expected wall time of one case: a small analytic model, refined by past durations.
 
-The scheduler only needs the *order* and rough *ratios* of case costs (longest expected first,
-GPU-seconds per gang), so the model is deliberately simple and every constant is named here.
-A case's time on a worker is
-
-    startup(tp)                                 gang rendezvous + process-group init, grows with tp
-  + captures(mode) * capture_cost               one dummy forward + capture per graph (piece)
-  + (warmup + 2 * steps) * step_cost            eager + replay per step, plus the reference pass
-  + steps * reference_cost                      fp32 SDPA per sequence on dequantised K/V
-
-with step_cost linear in the work the attention and projections do on one rank:
-tokens * layers * hidden/tp (dense) + tokens * context * layers * heads/tp * head_size (attention).
-
-History: `history[case_id]` is the last finished duration of that case in the store. The model is
-pulled toward it exponentially (HISTORY_WEIGHT of the way per observation we hold), because one
-observation is a noisy sample of a case whose cost depends on the machine it ran on.
-`estimate_all` additionally rescales cases without history by the median observed/model ratio of
-those with history, so a whole matrix calibrates itself to the machine from one earlier run.
-
-Constants are in seconds and tuned to the CPU emulation order of magnitude; on GPUs `estimate_all`
-rescales them from history. Nothing here imports torch or Ray.
+The scheduler only needs the order and rough ratios of case costs (longest expected first,
+GPU-seconds per gang), so the model is deliberately simple: gang start-up, graph captures, eager
+and replay steps and the reference, each linear in the work one rank does; every constant is named
+below (docs/SCHEDULING.md "Cost model"). One observed duration is a noisy sample, so history pulls
+the model only part of the way toward it, and `estimate_all` rescales cases without history by the
+median observed/model ratio, calibrating a matrix to the machine from one earlier run.
 """
 
 from __future__ import annotations

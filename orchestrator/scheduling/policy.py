@@ -1,19 +1,11 @@
 """Which case runs next where: the dispatch policy, pure Python, shared by the Ray executor and
 the simulator (so what `orch simulate` measures is the code that runs).
 
-Model: nodes with G GPUs each; a task of tp t needs t GPUs of ONE node for its whole duration.
-The executor owns the truth about GPUs; whenever a node has free GPUs it asks
-`next_for(node, free_gpus, last_group)` and runs what it gets on that node. A `None` answer is not
-permanent (a node may be held back for a gang): the executor must ask again for every node with
-free GPUs after any `done`/`requeue`.
-
-Policies (same interface, `make_dispatcher(name, tasks, nodes)`):
-- "ours" (`Dispatcher`): longest-expected-first dynamic dispatch with gang-aware packing and
-  reservation; see the class docstring and docs/SCHEDULING.md.
-- "hash" (`HashDispatcher`): pytest-shard style; every task statically bound to a GPU slot by a
-  stable hash of its id, gangs to tp aligned consecutive GPUs of the slot's node.
-- "static-duration" (`StaticDurationDispatcher`): pytest-split style; greedy split by estimated
-  duration into per-GPU bins (largest first, to the least-loaded bin), no rebalancing.
+A task of tp t needs t GPUs of one node for its whole duration. The executor owns the truth about
+GPUs: whenever a node has free GPUs it asks `next_for(node, free_gpus, last_group)`; a None is not
+permanent (a node may be held back for a gang), so it asks again after any `done`/`requeue`.
+Policies (`make_dispatcher`): "ours" (`Dispatcher`), and the static anchors it is measured
+against, "hash" (pytest-shard style) and "static-duration" (pytest-split style): docs/SCHEDULING.md.
 """
 
 from __future__ import annotations
@@ -43,7 +35,7 @@ class Task:
     est_s: float
     group: str = ""  # cases sharing captured graphs (backend/model/mode/kv dtype/tp)
     # Dispatched only while no task of a lower tier is waiting that fits (the executor puts cases
-    # whose kernels a warm-up is still compiling in tier 1, #13); longest first within a tier.
+    # whose kernels a warm-up is still compiling in tier 1); longest first within a tier.
     tier: int = 0
 
 
@@ -98,19 +90,13 @@ class _Ranked:
 class Dispatcher:
     """"ours": longest-expected-first dynamic dispatch (list scheduling), gang-aware.
 
-    - Priority is the estimate (longest first: a long case started late sets the makespan). A
-      node with f free GPUs gets the longest waiting task among those with tp <= f, so small
-      cases backfill GPUs that a waiting gang cannot use.
-    - Starvation guard (EASY backfilling): when the longest waiting task is a gang that fits on no
-      node now, one node, the one expected to have tp GPUs free soonest, is reserved for it. That
-      node keeps taking only tasks expected to end before then (its "shadow" time, from the
-      estimates of what runs there) or that fit in GPUs the gang will not need, so it drains
-      to the gang without idling. Without it, a node that keeps being backfilled with tp1 work
-      never has 8 GPUs free at once and a long gang starts last.
-    - Ties within GROUP_TIE prefer the group the node's worker ran last (reuse captured graphs).
-    - Tiers (`Task.tier`) come before all of that: a task of tier 1 is handed out only when no
-      task of tier 0 that fits is waiting. The executor defers the cases whose kernels the
-      warm-up helpers are still compiling, so the worker runs the rest meanwhile (#13).
+    Longest expected first, because a long case started late sets the makespan; a node gets the
+    longest waiting task that fits its free GPUs, so small cases backfill what a waiting gang
+    cannot use. A node that keeps being backfilled never has a gang's GPUs free at once, so an
+    urgent gang that fits nowhere gets a node reserved (EASY backfilling: that node only takes
+    tasks expected to end by the gang's "shadow" start, or that fit GPUs it will not need). Ties
+    within GROUP_TIE go to the node's last group (captured graphs reused); tiers rank before all
+    of it. Details and measurements: docs/SCHEDULING.md.
 
     Time: `now` defaults to time.monotonic(); the simulator passes its clock. Only differences
     between `now` values matter (start + est_s = expected end).

@@ -1,15 +1,12 @@
 """Expected wall time of a set of cases on a number of workers: the dispatch policy the executor
 uses, simulated (simulate.py) with the cost model's estimates as durations.
 
-`orch plan` used to print the sum of the case estimates as "estimated cost" (814.7 s for
-full.yaml on a 2-core CPU whose cases phase took 87.5 s, #33); the sum is what the cases cost in
-worker-seconds, the makespan is what a user waits. Gang ranks wider than the ranks that run at
-once (a tp 8 gang on 2 cores) occupy the whole machine, as the executor runs them alone.
-The cost model charges every gang case its gang's start-up (it orders and batches by that); a run
-starts a gang once and reuses it, and on full.yaml (2 cores) that per-case charge was 700 of the
-model's 815 s against 102 s of recorded case time. `case_durations` charges it once per tp.
-Not modelled: batching several cases per call, graph reuse between cases of a group, worker
-start-up (the run's `first_result` phase).
+The sum of the estimates is what the cases cost in worker-seconds; the makespan is what a user
+waits. Gang ranks wider than the ranks that run at once (a tp 8 gang on 2 cores) occupy the whole
+machine, as the executor runs them alone. The cost model charges every gang case its gang's
+start-up (it orders and batches by that), but a run starts a gang once and reuses it, so
+`case_durations` charges it once per tp (docs/SCHEDULING.md). Not modelled: batching several
+cases per call, graph reuse between cases of a group, worker start-up.
 """
 
 from __future__ import annotations

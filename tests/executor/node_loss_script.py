@@ -58,7 +58,7 @@ def main() -> None:
     print("RESULT " + json.dumps({
         "nodes": [n.node_id for n in info.nodes], "keep": keep.node_id, "doomed": doomed.node_id,
         "dead": dead,
-        "requeued_after_loss": sorted(executor._lost), "removed": removal["removed"], "removal_error": removal["error"],
+        "requeued_after_loss": sorted(executor.attempts.lost), "removed": removal["removed"], "removal_error": removal["error"],
         "results": {k: [v.status.value, v.attempts, v.worker] for k, v in final.items()}}))  # fmt: skip
     ray.shutdown()
     cluster.shutdown()

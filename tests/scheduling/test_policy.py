@@ -235,3 +235,65 @@ def test_a_requeued_task_keeps_its_tier_until_lifted():
     handed = [d.next_for(0, 1, None, now=3.0).id, d.next_for(0, 1, None, now=3.0).id]
     assert handed == ["jit", "a"]
     assert d.remaining() == 0
+
+
+# -- requeue and reservation: each test below fails with one rule of policy.py undone ----------
+
+
+def test_requeued_tasks_come_back_longest_first():
+    tasks = [Task("a", 1, 1.0), Task("b", 1, 5.0), Task("c", 1, 3.0)]
+    d = Dispatcher(tasks, [3])
+    running = [d.next_for(0, 3 - i, now=0.0) for i in range(3)]
+    for t in running:
+        d.requeue(t)  # e.g. their node was lost
+    assert [d.next_for(0, 3 - i, now=1.0).id for i in range(3)] == ["b", "c", "a"]
+
+
+def _reserved_node(ends: list[float], backfill: Task) -> Dispatcher:
+    """One node of 4 GPUs: three tp 1 tasks running (estimated to end at `ends`), a tp 2 gang of
+    60 s waiting, urgent and longer than `backfill`; the gang fits nowhere, so node 0 is reserved."""
+    running = [Task(f"r{i}", 1, 100.0) for i in range(3)]
+    d = Dispatcher(running + [Task("gang", 2, 60.0), backfill], [4])
+    for i, end in enumerate(ends):
+        got = d.next_for(0, 4 - i, now=end - 100.0)
+        assert got is not None and got.id == f"r{i}"
+    return d
+
+
+def test_a_reserved_node_backfills_what_ends_before_the_gangs_expected_start():
+    # The gang's GPUs are expected free at 10 s (the first running task's end): a 5 s task ends
+    # before then, so it runs in the meantime instead of the GPU idling.
+    d = _reserved_node([10.0, 30.0, 50.0], Task("short", 1, 5.0))
+    got = d.next_for(0, 1, now=0.0)
+    assert got is not None and got.id == "short"
+
+
+def test_a_reserved_node_backfills_gpus_the_gang_will_not_need():
+    # At 10 s two tasks end: 3 GPUs free then, the gang needs 2, so one spare GPU may take a task
+    # that runs past 10 s.
+    d = _reserved_node([10.0, 10.0, 100.0], Task("long", 1, 50.0))
+    got = d.next_for(0, 1, now=0.0)
+    assert got is not None and got.id == "long"
+
+
+def test_a_requeued_task_counts_as_waiting_work_again():
+    # A 60 s tp 4 gang behind four 50 s tasks on 4 GPUs. Three of the four are requeued (their
+    # worker died): 390 GPU-seconds wait again, the gang is not urgent, and a freed GPU takes one
+    # of them. Counted as gone, only the gang would be waiting: urgent, the node would be held.
+    tasks = [Task("gang", 4, 60.0)] + [Task(f"x{i}", 1, 50.0) for i in range(4)]
+    d = Dispatcher(tasks, [4])
+    xs = [d.next_for(0, 1, now=0.0) for _ in range(3)] + [d.next_for(0, 1, now=-45.0)]
+    assert [x.id for x in xs] == ["x0", "x1", "x2", "x3"]  # x3 is expected to end at 5 s
+    for x in xs[:3]:
+        d.requeue(x)
+    got = d.next_for(0, 3, now=0.0)
+    assert got is not None and got.id in ("x0", "x1", "x2")
+
+
+def test_a_task_requeued_into_a_new_tier_is_still_handed_out():
+    d = Dispatcher([Task("a", 1, 1.0)], [1])
+    a = d.next_for(0, 1, now=0.0)
+    d.requeue(a, Task("a", 1, 1.0, tier=1))  # e.g. deferred behind a warm-up from now on
+    got = d.next_for(0, 1, now=1.0)
+    assert got is not None and got.tier == 1
+    assert d.remaining() == 0

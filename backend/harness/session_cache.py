@@ -1,0 +1,152 @@
+"""A worker's sessions, least recently used first out, kept within its memory budget; evicting
+gives their device memory back at once (docs/EXECUTION.md "GPU memory")."""
+
+from __future__ import annotations
+
+import gc
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
+
+import torch
+
+from backend.harness.memory import gib
+
+if TYPE_CHECKING:
+    from backend.harness.session import Session
+
+
+class SessionTooLarge(Exception):
+    """A session that cannot fit the worker's memory budget even alone: refused before it is built
+    (the case is ERROR kind `oom`, naming both figures)."""
+
+    def __init__(self, need: int, budget: int):
+        super().__init__(f"out of memory budget: the session needs {gib(need)} (KV caches and their snapshot), "
+                         f"the worker's budget is {gib(budget)} (--gpu-memory-utilization x its share of the device)")
+        self.need, self.budget = need, budget
+
+
+class SessionCache:
+    """Per process: sessions keyed by (backend, model shape, tp, rank, kv dtype, capture sizes,
+    device), least recently used first out, kept by their measured bytes against the worker's
+    memory `budget` (bytes; None: no budget, e.g. host memory) and at most `capacity` of them.
+
+    The capacity should cover the groups a worker alternates between (backends x kv dtypes of a
+    matrix), or it rebuilds sessions all run long. The budget is what keeps a worker inside its
+    share of the device: cached sessions (KV caches plus graph pools) otherwise grow until the
+    backends' cases fail out of memory. Evicting frees a session's graph pool and the allocator's
+    cached blocks at once (_release), checked with torch.cuda.memory_reserved."""
+
+    def __init__(self, capacity: int = 8, budget: int | None = None):
+        self.capacity = capacity
+        self.budget = budget
+        self._sessions: OrderedDict[Hashable, Session] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.last_release: tuple[int, int] | None = None  # (bytes expected freed, bytes memory_reserved fell)
+        # The most one case allocated above what the worker held when it started (its transient:
+        # step inputs, the snapshot, the reference, a provider's temporaries), learned case by case:
+        # the budget keeps that much free beside the sessions (note_transient).
+        self.transient = 0
+        # The process's other caches (step inputs, references): their bytes, and how to drop them
+        # when nothing else is left to evict (set by the checker: session.py cannot import them).
+        self.others: tuple[Callable[[], int], Callable[[], None]] = (lambda: 0, lambda: None)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._sessions
+
+    def held_bytes(self) -> int:
+        return sum(s.memory_total() for s in self._sessions.values())
+
+    def get(self, key: Hashable, factory, device: torch.device | None = None, estimate: int = 0) -> Session:
+        """The session for `key`, built by factory() on a miss, after making room for `estimate`
+        bytes (estimate_bytes) within the budget; raises SessionTooLarge when that alone is over
+        the budget. `device`: the session's device (a CUDA one also checks free device memory,
+        which other processes on the device share)."""
+        cuda = device if device is not None and torch.device(device).type == "cuda" else None
+        if key in self._sessions:
+            self._sessions.move_to_end(key)
+            self.hits += 1
+            self._make_room(0, cuda, keep=key)  # room for the case's transient beside the others
+            return self._sessions[key]
+        self.misses += 1
+        if self.budget is not None and estimate > self.budget:
+            raise SessionTooLarge(estimate, self.budget)
+        self._make_room(estimate, cuda)
+        before = torch.cuda.memory_allocated(cuda) if cuda is not None else 0
+        session = factory()
+        if cuda is not None:
+            session.built_bytes = torch.cuda.memory_allocated(cuda) - before
+        self._sessions[key] = session
+        if len(self._sessions) > self.capacity:
+            while len(self._sessions) > self.capacity:
+                self._evict()
+            self._release(cuda)
+        return session
+
+    def note_transient(self, nbytes: int) -> None:
+        self.transient = max(self.transient, int(nbytes))
+
+    def _over(self, need: int, device: torch.device | None) -> bool:
+        if self.budget is not None and self.held_bytes() + self.others[0]() + need + self.transient > self.budget:
+            return True
+        # Free memory of the device: on a shared device (several workers per GPU, another job) the
+        # budget alone does not say that the bytes are there.
+        return device is not None and need > 0 and torch.cuda.mem_get_info(device)[0] + _reclaimable(device) < need
+
+    def _make_room(self, need: int, device: torch.device | None, keep: Hashable | None = None) -> None:
+        """Evict least recently used sessions (never `keep`) until `need` bytes and the learned
+        transient fit beside what is kept; then, if still over, drop the process's other caches."""
+        evicted = False
+        while any(k != keep for k in self._sessions) and self._over(need, device):
+            self._evict(keep)
+            evicted = True
+        if self.budget is not None and self._over(need, device) and self.others[0]():
+            self.others[1]()
+            evicted = True
+        if evicted:
+            self._release(device)
+
+    def _evict(self, keep: Hashable | None = None) -> None:
+        oldest = next(k for k in self._sessions if k != keep)
+        del self._sessions[oldest]
+        self.evictions += 1
+
+    def _release(self, device: torch.device | None) -> None:
+        if device is None:
+            return
+        reserved = torch.cuda.memory_reserved(device)
+        _release(device)
+        self.last_release = (reserved, reserved - torch.cuda.memory_reserved(device))
+        # The worker's log (its stdout): what eviction gave back, against what the cache still holds.
+        print(f"[orch] sessions evicted ({self.evictions} so far): memory_reserved {gib(reserved)} -> "
+              f"{gib(reserved - self.last_release[1])}, {len(self)} kept holding {gib(self.held_bytes())}", flush=True)
+
+    def drop(self, key: Hashable) -> None:
+        """Forget a session whose state is suspect (an error mid-case)."""
+        self._sessions.pop(key, None)
+
+    def clear(self) -> None:
+        self._sessions.clear()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            _release(torch.device("cuda"))
+
+
+def _release(device: torch.device | None) -> None:
+    """Free the device memory dropped sessions held (`device` a CUDA device; None: nothing to do).
+    A session is a reference cycle (its graphs' captured callables close over it), so dropping the
+    last reference frees nothing until the cyclic collector runs, which CPython does rarely for
+    its oldest generation when many objects live long."""
+    if device is None:  # host memory: the collector's own pace is enough (a full collection per
+        return          # eviction is paid by every CPU case that builds a session)
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def _reclaimable(device: torch.device) -> int:
+    """Memory the caching allocator holds but does not use (free for a new session)."""
+    return torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
