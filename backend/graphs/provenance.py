@@ -6,7 +6,7 @@ But code written for a GPU says where it puts memory, and says it the same way h
 without a device (`torch.tensor(lens)`, `torch.zeros(n, dtype=...)`, numpy data), one that names
 the CPU as a string (`device="cpu"`, `.to("cpu")`, vLLM's CpuGpuBuffer), a pinned one
 (`pin_memory=True`, `.pin_memory()`), a `.cpu()` copy, numpy's memory (`torch.from_numpy`,
-`torch.frombuffer`: below the dispatcher, patched while a scope is active), and whatever host ops
+`torch.frombuffer`: below the dispatcher, wrapped to mark while a scope is on), and whatever host ops
 make from host tensors are host memory on a GPU. A tensor made with a `torch.device` object, the session's device, is
 device memory. `HostProvenance` is a TorchFunctionMode that marks such tensors as they are made,
 so the emulation freezes host work at capture, copies host->device where a GPU would, and refuses
@@ -248,26 +248,26 @@ def custom_op_body(func: Any) -> Callable | None:
 # Host memory made below the dispatcher, which no TorchFunctionMode sees: numpy's memory (vLLM's
 # builders keep their host metadata as numpy views and torch.from_numpy them) and raw buffers.
 # Always host memory on a GPU; unclassified, the emulation took it for device memory and replayed
-# host work on it with live values (fresh where a real graph is stale or cannot capture).
+# host work on it with live values (fresh where a real graph is stale or cannot capture). torch's
+# two functions are wrapped to mark what they return while a scope is on.
 _BELOW_DISPATCHER = ("from_numpy", "frombuffer")
 
 
 def _marking(make: Callable) -> Callable:
     def made(*args: Any, **kwargs: Any) -> torch.Tensor:
-        return mark_host(make(*args, **kwargs))
+        t = make(*args, **kwargs)
+        return mark_host(t) if _active() else t
+    made._orch_host = True  # type: ignore[attr-defined]
     return made
 
 
-@contextlib.contextmanager
-def _host_below_dispatcher() -> Iterator[None]:
-    originals = {name: getattr(torch, name) for name in _BELOW_DISPATCHER}
-    for name, make in originals.items():
-        setattr(torch, name, _marking(make))
-    try:
-        yield
-    finally:
-        for name, make in originals.items():
-            setattr(torch, name, make)
+def _mark_below_dispatcher() -> None:
+    """Wrap the functions once, for good: they mark only while a scope is on in the calling thread
+    (a patch undone at the scope's end could be undone in the wrong order by two threads)."""
+    for name in _BELOW_DISPATCHER:
+        make = getattr(torch, name)
+        if not getattr(make, "_orch_host", False):
+            setattr(torch, name, _marking(make))
 
 
 @contextlib.contextmanager
@@ -277,7 +277,8 @@ def host_scope(device: torch.device | str | None = "cpu") -> Iterator[None]:
     if device is not None and torch.device(device).type != "cpu" or _active():
         yield
         return
-    with _host_below_dispatcher(), HostProvenance():
+    _mark_below_dispatcher()
+    with HostProvenance():
         yield
 
 

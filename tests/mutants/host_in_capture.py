@@ -13,6 +13,9 @@ a capturing stream refuses. The host memory here is made as vLLM's builders make
 - `HostScale`: the builder writes the token count into a 0-dim host tensor and a device tensor in
   every build; forward scales its output by their ratio (1 while live): the host one is a kernel
   argument baked at capture (the capture batch's count), so every replay of another count is off.
+  `LazyHostScale` makes that host tensor in its first build(): an eager step's where the session
+  ran NONE first, outside every host scope (the emulation's one silent form left: the session
+  builds eager metadata outside host_scope).
 - `PinnedStaging` (the control): the builder writes its host query_start_loc into a pinned
   staging's numpy view in every build, outside the graph, and forward copies the staging in
   (vLLM's CpuGpuBuffer): green.
@@ -92,6 +95,20 @@ class _ScaleBuilder(PersistentMetadataBuilder):
         return md
 
 
+class _LazyScaleBuilder(_ScaleBuilder):
+    """The host count made on the first build(): an eager step's when the session ran NONE first."""
+
+    def __init__(self, config):
+        PersistentMetadataBuilder.__init__(self, config)
+        self.tokens_cpu = None
+        self.tokens_dev = torch.zeros((), dtype=torch.float32, device=config.device)
+
+    def _write(self, query_lens, *args, **kwargs):
+        if self.tokens_cpu is None:
+            self.tokens_cpu = torch.zeros((), dtype=torch.float32)
+        return super()._write(query_lens, *args, **kwargs)
+
+
 class _ScaleImpl(TorchImpl):
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
         out = super().forward(query, key, value, kv_cache, metadata, k_scale, v_scale, output)
@@ -141,6 +158,12 @@ class LazyHostIndex(TorchBackend):
 class HostScale(TorchBackend):
     name = "mutant-host-scale"
     builder_cls = _ScaleBuilder
+    impl_cls = _ScaleImpl
+
+
+class LazyHostScale(TorchBackend):
+    name = "mutant-host-scale-lazy"
+    builder_cls = _LazyScaleBuilder
     impl_cls = _ScaleImpl
 
 
