@@ -299,7 +299,8 @@ class Session:
         return self.run_eager_step(x, batch).out
 
     def run_eager_step(self, x: torch.Tensor, batch: BatchDescription) -> StepOutput:
-        md = self.last_metadata = self.builder.build(batch)
+        with host_scope(self.device):  # host memory a build() makes is host memory at a later capture
+            md = self.last_metadata = self.builder.build(batch)
         attn = torch.empty(self.shape.num_layers, x.shape[0], self.layout.local_heads,
                            self.family.out_head_size(self.shape), dtype=self.model.dtype, device=self.device)
         results: list[torch.Tensor] = []
@@ -325,11 +326,13 @@ class Session:
             copy_into(self.static_in[n:size], pad.to(self.static_in.dtype))
         entry = self.graphs[key]
         if isinstance(entry, _Full):
-            self.last_metadata = self.builder.build(batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs)
+            with host_scope(self.device):
+                self.last_metadata = self.builder.build(batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs)
             out = entry.graph.replay()
             # Copies: the next replay overwrites the graph's outputs.
             return StepOutput(out[:n].clone(), _stack(entry.attention, n))
-        md = self.last_metadata = self.builder.build(batch)  # attention between pieces: unpadded, real rows only
+        with host_scope(self.device):
+            md = self.last_metadata = self.builder.build(batch)  # attention between pieces: unpadded, real rows only
         outs = None
         results = []
         for i, graph in enumerate(entry.graphs):
