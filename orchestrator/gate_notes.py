@@ -1,7 +1,7 @@
 """What the gate knows from history and the known-failures file, as lines for every output.
 
-`orch run` (stderr), `orch gate`, `orch report` and the markdown summary all say the same: which
-baseline was used (or why a label found none), which expired known-failures entries no longer
+`orch run`, `orch gate`, `orch report` and the markdown summary all say the same: which
+known-failures file applied, which baseline was used (or why a label found none), which expired known-failures entries no longer
 cover a failing case, which failures the flakiness window excused, and a paste-ready entry for
 the new failures, narrowed to the axes that failed (suggest.py).
 """
@@ -24,6 +24,9 @@ def suggestions(view: RunView) -> list[suggest.Suggestion]:
 
 def lines(view: RunView, *, with_entries: bool = True) -> list[str]:
     gate, out = view.gate, []
+    if view.known is not None:  # which file applied: --known-failures, or the one the matrix names
+        out.append(f"known failures: {view.known.source} ({len(view.known.entries)} "
+                   f"entr{'y' if len(view.known.entries) == 1 else 'ies'})")
     if view.baseline.note:
         out.append(view.baseline.note)
     elif view.baseline.where:

@@ -54,6 +54,7 @@ class Matrix:
     device_class: str
     cases: tuple[Case, ...]  # runnable
     skipped: tuple[SkippedCase, ...]
+    known_failures: str | None = None  # the known-failures file it names (its `known_failures:` key)
 
     def find(self, case_id: str) -> Case | SkippedCase | None:
         for case in self.cases:
@@ -321,7 +322,8 @@ class _Loader:
                 raise self.err(where, f"nothing runnable for {family}: {first} (model num_heads {m.num_heads}, "
                                       f"num_kv_heads {m.num_kv_heads})")
         name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
-        return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped))
+        return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped),
+                      S.known_failures_file(self.tree))  # fmt: skip
 
     def _backend_loc(self, name: str, family: str) -> tuple:
         block = self.doc.families.get(family)
