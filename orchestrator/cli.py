@@ -20,7 +20,7 @@ from orchestrator.defaults import DB_SHOWN, OUT_SHOWN
 from orchestrator.errors import ExitCode, OrchError
 
 _MATRIX = click.Path(dir_okay=False)
-# Options several commands share, with one wording (every option has help text, #33).
+# Options several commands share, with one wording (every option has help text).
 _DB_HELP = "Results store to read: a SQLite file or a postgresql:// URL."
 _RUN_HELP = "Run: an id in --db, or a label (its latest finished run) [default: the latest run]."
 _JUDGED_HELP = " [default: what the run was judged with]"
@@ -211,11 +211,14 @@ def report(**kwargs):
 @click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def gate(**kwargs):
-    """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed). New failures
-    come with paste-ready known-failures entries, narrowed to the axes that failed.
+    """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed). The run is judged
+    with what judged it when it ran (baseline, known failures, flakiness, --require, --allow-*)
+    unless an option here says otherwise. New failures come with paste-ready known-failures
+    entries, narrowed to the axes that failed.
 
     \b
     Examples:
+      orch gate --run pr-123
       orch gate --run 4 --baseline 3 --known-failures known-failures.yaml
       orch gate --baseline main --flaky-window 20 --flaky-threshold 0.3
     """

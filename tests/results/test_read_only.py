@@ -60,3 +60,6 @@ def test_readers_read_a_read_only_store(tmp_path):
         assert got.returncode == 1 and verdict in got.stdout and got.stderr == "", got
     got = _orch("dashboard", "--db", db, "--out", str(tmp_path / "site"))
     assert got.returncode == 0 and "(run 2)" in got.stdout, got
+    # A writer is refused at once, before any case.
+    got = _orch("run", "matrices/smoke.yaml", "--devices", "cpu", "--db", db, "--out", str(tmp_path / "o"))
+    assert got.returncode == 3 and "results database not writable" in got.stderr and got.stdout == "", got
