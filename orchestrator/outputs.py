@@ -17,10 +17,17 @@ from backend.result import CaseResult, Status
 from orchestrator import flakiness
 from orchestrator.errors import InputError
 from orchestrator.gate import GateOutcome, evaluate
+from orchestrator.judging import Judging, unmasked
 from orchestrator.known_failures import KnownFailures, load
 from orchestrator.store import ResultStore, RunInfo
-from orchestrator.judging import Judging, unmasked
-from orchestrator.store.refs import Baseline, find_baseline, history_runs, label_of, parse_ref, select_run
+from orchestrator.store.refs import (
+    Baseline,
+    find_baseline,
+    history_runs,
+    label_of,
+    parse_ref,
+    select_run,
+)
 
 
 @dataclass(frozen=True)
@@ -31,11 +38,11 @@ class RunView:
     planned: tuple[dict, ...]  # Case.axes + case_id of planned cases without a result
     baseline_given: bool
     known: KnownFailures | None
-    baseline: Baseline = Baseline(None)  # which run it was, or why a label found none
+    baseline: Baseline = field(default_factory=lambda: Baseline(None))  # which run it was, or why a label found none
     flakiness: dict = field(default_factory=dict)  # case_id -> flakiness.Flakiness over the window
     window: tuple[int, ...] = ()  # the run ids the flakiness window covers, latest first
     window_label: str = ""  # the label of those runs
-    judging: Judging = Judging()  # what judged it (judging.py)
+    judging: Judging = field(default_factory=Judging)  # what judged it (judging.py)
 
     @property
     def state(self) -> str:
@@ -105,7 +112,7 @@ def pick_run(store: ResultStore, run: int | str | None) -> int:
     return select_run(store, ref.selector).id
 
 
-def gather(store: ResultStore, run: int | str | None, asked: Judging = Judging()) -> RunView:
+def gather(store: ResultStore, run: int | str | None, asked: Judging | None = None) -> RunView:
     """The run (`pick_run`), its results and its gate, judged by what `asked` gives and, for what
     it does not, by what judged the run when it ran (judging.py): so `orch gate` and `orch report`
     print the verdict `orch run` printed, and may ask for another. The flakiness window is the
@@ -113,7 +120,7 @@ def gather(store: ResultStore, run: int | str | None, asked: Judging = Judging()
     threshold makes a failing case scoring over it `flaky` rather than gating."""
     rid = pick_run(store, run)
     info = store.run(rid)
-    judging = asked.over(info)
+    judging = (asked or Judging()).over(info)
     results = store.results(rid)
     known = judging.known_failures
     if not isinstance(known, KnownFailures):

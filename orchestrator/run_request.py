@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import InputError
@@ -34,8 +34,8 @@ class RunRequest:
     resume_id: int | None = None  # --resume RUN_ID
     no_progress: bool = False
     verbose: bool = False
-    memory: MemoryOptions = MemoryOptions()  # --workers-per-gpu, --gpu-memory-utilization, --gpu-memory
-    judging: Judging = Judging()  # what judges the run (judging.py): as asked here
+    memory: MemoryOptions = field(default_factory=MemoryOptions)  # --workers-per-gpu, --gpu-memory-utilization, --gpu-memory
+    judging: Judging = field(default_factory=Judging)  # what judges the run (judging.py): as asked here
 
     @classmethod
     def from_cli(cls, options: Mapping[str, Any]) -> RunRequest:

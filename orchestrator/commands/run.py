@@ -106,7 +106,8 @@ def main(matrix: str | None = None, **options) -> int:
 def _plan(req: RunRequest) -> tuple[list, list, RunOptions, str]:
     """A new run's (cases, skips, stored options, out dir), checked before anything is written:
     a bad matrix, filter, --require or known-failures file is exit 2 here."""
-    from orchestrator import defaults, known_failures as kf
+    from orchestrator import defaults
+    from orchestrator import known_failures as kf
     from orchestrator.filters import parse_filter, select
     from orchestrator.matrix import load_matrix
 
@@ -133,7 +134,8 @@ def _plan(req: RunRequest) -> tuple[list, list, RunOptions, str]:
 
 
 def _main(req: RunRequest) -> int:
-    from orchestrator import artifacts, defaults, known_failures as kf
+    from orchestrator import artifacts, defaults
+    from orchestrator import known_failures as kf
     from orchestrator.interrupts import exit_code, signame
     from orchestrator.outputs import gather
     from orchestrator.store import ResultStore, find_baseline

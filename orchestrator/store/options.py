@@ -30,7 +30,7 @@ class RunOptions:
         return json.dumps({**dataclasses.asdict(self), "require": list(self.require)}, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | None) -> "RunOptions":
+    def from_json(cls, text: str | None) -> RunOptions:
         d = json.loads(text or "{}")
         known = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in known}

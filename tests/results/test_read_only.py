@@ -26,7 +26,7 @@ def _orch(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
         if shutil.which("setpriv") is None:
             pytest.skip("root without setpriv: file modes cannot be made to apply")
         prefix = ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "--"]
-    return subprocess.run([*prefix, sys.executable, "-m", "orchestrator.cli", *argv], cwd=ROOT, text=True,
+    return subprocess.run([*prefix, sys.executable, "-m", "orchestrator.cli", *argv], check=False, cwd=ROOT, text=True,
                           capture_output=True, timeout=120, env={**os.environ, **(env or {})})  # fmt: skip
 
 
