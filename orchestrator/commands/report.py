@@ -65,6 +65,7 @@ def render(view: RunView, fmt: str, verbose: bool = False) -> str:
              "baseline": {"run": view.baseline.run.id if view.baseline.run else None, "where": view.baseline.where,
                           "note": view.baseline.note},
              "flakiness": {cid: f.to_dict() for cid, f in view.flakiness.items()},
+             "known_failures": view.known.source if view.known is not None else None,
              "suggested_known_failures": [e.to_yaml() for e in gate_notes.suggestions(view)]},
             indent=2, sort_keys=True, default=str,
         )  # fmt: skip

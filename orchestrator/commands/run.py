@@ -137,6 +137,7 @@ def _main(req: RunRequest) -> int:
     from orchestrator import artifacts, defaults
     from orchestrator import known_failures as kf
     from orchestrator.interrupts import exit_code, signame
+    from orchestrator.judging import unmasked
     from orchestrator.outputs import gather
     from orchestrator.store import ResultStore, find_baseline
 
@@ -145,8 +146,7 @@ def _main(req: RunRequest) -> int:
     if req.resume_id is None:
         cases, skipped, options, out_dir = _plan(req)
         artifacts.check_writable(artifacts.output_paths(out_dir, req.junit_path, req.summary_path))
-    elif isinstance(req.judging.known_failures, str):
-        kf.load(req.judging.known_failures)  # a bad file is exit 2 now, not after the run
+    judging = req.judging  # a resume's: over the run's own (below)
     phases = {"matrix": time.monotonic() - t0}
     store = ResultStore(req.db or defaults.db())
     run_id = None  # set once this driver holds the run's writer lock
@@ -164,7 +164,10 @@ def _main(req: RunRequest) -> int:
             cases, skipped = _resume(store, resume_id, req)
             # Its own outputs, where the interrupted run left them marked INTERRUPTED.
             out_dir = out_dir or resumed.options.out or defaults.out()
-        find_baseline(req.judging.baseline, store, req.resume_id if req.resume_id is not None else -1)  # bad: exit 2 now
+            judging = req.judging.over(resumed)
+            kf.load(judging.known_failures if isinstance(judging.known_failures, str) else None)  # bad: exit 2 now
+        current = req.resume_id if req.resume_id is not None else -1  # -1: the run is not created yet
+        find_baseline(unmasked(judging.baseline or "", store.location, current) or None, store, current)  # bad: exit 2
         paths = artifacts.output_paths(out_dir, req.junit_path, req.summary_path)
         artifacts.check_writable(paths)  # a read-only --out is exit 3 now, before any work
         artifacts.clear(paths)  # an earlier run's outputs never outlive the start of this one

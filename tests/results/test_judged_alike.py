@@ -41,6 +41,7 @@ def test_gate_and_report_give_the_verdict_the_run_was_given(judged, capsys):
     doc = json.loads(report)
     assert doc["gate"]["verdict"] == as_run.splitlines()[-1].removeprefix("run 2: ")
     assert doc["gate"]["known_failures"] == [samples.KNOWN_FAIL] and doc["baseline"]["run"] == 1
+    assert doc["known_failures"] == kf
     # The command may ask for another judgement: stricter without either.
     _, bare, _ = _cli(capsys, "gate", "--db", db, "--run", "2", "--no-baseline", "--no-known-failures")
     assert bare.splitlines()[-1] != stored.splitlines()[-1] and "known failures:" not in bare
@@ -96,3 +97,16 @@ def test_commands_writing_into_a_runs_out_dir_default_to_that_run(tmp_path, caps
     code, said, _ = _cli(capsys, "dashboard", "--db", db, "--out", str(tmp_path / "foreign" / "dashboard"))
     assert code == 0 and said.strip().endswith("(run 3)")
     assert os.path.isfile(tmp_path / "foreign" / "dashboard" / "index.html")
+
+
+def test_a_resume_is_judged_as_its_run_was_a_gone_file_before_any_case(tmp_path, capsys):
+    db, kf = str(tmp_path / "r.db"), tmp_path / "kf.yaml"  # the file the run applied, gone since
+    with ResultStore(db) as s:
+        rid = s.create_run(matrix="matrices/sample.yaml", cases=samples.make_cases(),
+                           options=RunOptions(known_failures=str(kf)))  # fmt: skip
+        s.finish_run(rid, "interrupted")
+    code, out, err = _cli(capsys, "run", "--resume", str(rid), "--db", db, "--out", str(tmp_path / "o"))
+    assert code == 2 and out == "" and err.splitlines()[-1] == \
+        f"orch: {kf}: cannot read known-failures file: No such file or directory", err
+    with ResultStore(db) as s:
+        assert s.results(rid) == [] and s.run(rid).status == "interrupted"  # no case ran
