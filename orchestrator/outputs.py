@@ -125,7 +125,7 @@ def gather(store: ResultStore, run: int | str | None, asked: Judging | None = No
     known = judging.known_failures
     if not isinstance(known, KnownFailures):
         known = load(shown_path(known) if known else None)
-    found = find_baseline(unmasked(judging.baseline, store.location, rid) or None, store, rid)
+    found = find_baseline(unmasked(judging.baseline or "", store.location, rid) or None, store, rid)
     base = list(found.results) if found.results is not None else None
     window_label = label_of(judging.baseline) or info.label
     window = history_runs(store, info, window_label, judging.flaky_window) if judging.flaky_window else []

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import click
 
@@ -47,6 +48,11 @@ from orchestrator.flakiness import DEFAULT_WINDOW
 from orchestrator.run_output import final_line, last_lines, time_line
 from orchestrator.run_request import RunRequest
 from orchestrator.store.options import RunOptions
+
+if TYPE_CHECKING:
+    from backend.case import Case
+    from orchestrator.executor.executor import Deferral
+    from orchestrator.matrix import SkippedCase
 
 # Test/benchmark hook: the per-case function the actors call (default: the checker).
 RUNNER_ENV = "ORCH_RUNNER"
@@ -103,7 +109,7 @@ def main(matrix: str | None = None, **options) -> int:
         return _main(req)
 
 
-def _plan(req: RunRequest) -> tuple[list, list, RunOptions, str]:
+def _plan(req: RunRequest, matrix: str) -> tuple[list[Case], list[SkippedCase], RunOptions, str]:
     """A new run's (cases, skips, stored options, out dir), checked before anything is written:
     a bad matrix, filter, --require or known-failures file is exit 2 here."""
     from orchestrator import defaults
@@ -111,11 +117,11 @@ def _plan(req: RunRequest) -> tuple[list, list, RunOptions, str]:
     from orchestrator.filters import parse_filter, select
     from orchestrator.matrix import load_matrix
 
-    m = load_matrix(req.matrix, devices=req.devices, backend_override=req.backend)
+    m = load_matrix(matrix, devices=req.devices, backend_override=req.backend)
     cases = select(m.cases, req.filter_expr)
     skipped = select(m.skipped, req.filter_expr)
     if not cases and not skipped:
-        raise InputError(f"no case matches --filter {req.filter_expr!r}", source=req.matrix)
+        raise InputError(f"no case matches --filter {req.filter_expr!r}", source=matrix)
     j = req.judging
     for expr in j.require:  # a typo in a required slice is exit 2 now, not a red gate later
         try:
@@ -123,7 +129,7 @@ def _plan(req: RunRequest) -> tuple[list, list, RunOptions, str]:
         except InputError as e:
             raise InputError(e.message, source="--require") from None
     # --known-failures FILE, else the file the matrix names (--no-known-failures: none).
-    known = j.known_failures if j.known_failures is not None else (m.known_failures or "")
+    known = j.known_failures if isinstance(j.known_failures, str) else (m.known_failures or "")
     kf.load(known)  # a bad file is exit 2 now, not after the run
     out_dir = req.out_dir or defaults.out()
     options = RunOptions(out=os.path.abspath(out_dir), filter=req.filter_expr, backend=req.backend,
@@ -142,14 +148,17 @@ def _main(req: RunRequest) -> int:
     from orchestrator.store import ResultStore, find_baseline
 
     t0 = time.monotonic()
-    cases, skipped, options, out_dir = [], [], None, req.out_dir
-    if req.resume_id is None:
-        cases, skipped, options, out_dir = _plan(req)
+    cases: list[Case] = []
+    skipped: list[SkippedCase] = []
+    options: RunOptions | None = None
+    out_dir = req.out_dir or ""
+    if req.matrix is not None and req.resume_id is None:
+        cases, skipped, options, out_dir = _plan(req, req.matrix)
         artifacts.check_writable(artifacts.output_paths(out_dir, req.junit_path, req.summary_path))
     judging = req.judging  # a resume's: over the run's own (below)
     phases = {"matrix": time.monotonic() - t0}
     store = ResultStore(req.db or defaults.db())
-    run_id = None  # set once this driver holds the run's writer lock
+    run_id: int | None = None  # set once this driver holds the run's writer lock
     try:
         if req.resume_id is not None:
             resume_id = req.resume_id
@@ -163,7 +172,7 @@ def _main(req: RunRequest) -> int:
                 _err(note)
             cases, skipped = _resume(store, resume_id, req)
             # Its own outputs, where the interrupted run left them marked INTERRUPTED.
-            out_dir = out_dir or resumed.options.out or defaults.out()
+            out_dir = req.out_dir or resumed.options.out or defaults.out()
             judging = req.judging.over(resumed)
             kf.load(judging.known_failures if isinstance(judging.known_failures, str) else None)  # bad: exit 2 now
         current = req.resume_id if req.resume_id is not None else -1  # -1: the run is not created yet
@@ -171,30 +180,30 @@ def _main(req: RunRequest) -> int:
         paths = artifacts.output_paths(out_dir, req.junit_path, req.summary_path)
         artifacts.check_writable(paths)  # a read-only --out is exit 3 now, before any work
         artifacts.clear(paths)  # an earlier run's outputs never outlive the start of this one
-        if req.resume_id is None:
-            run_id = store.create_run(
-                matrix=req.matrix, cases=[*cases, *(s.case for s in skipped)], argv=sys.argv, cluster=req.address,
-                devices=req.devices, versions=_versions(), baseline=req.judging.baseline, label=req.label or "",
-                lock_writer=True, options=options,
-            )  # fmt: skip
-        store.record_many(run_id, [(CaseResult(
+        rid = req.resume_id if req.resume_id is not None else store.create_run(
+            matrix=req.matrix or "", cases=[*cases, *(s.case for s in skipped)], argv=sys.argv, cluster=req.address,
+            devices=req.devices, versions=_versions(), baseline=req.judging.baseline, label=req.label or "",
+            lock_writer=True, options=options,
+        )  # fmt: skip
+        run_id = rid
+        store.record_many(rid, [(CaseResult(
             case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,
             repro=s.case.repro_command(), axes=s.case.axes,
         ), True) for s in skipped])  # fmt: skip
         interrupted: KeyboardInterrupt | None = None
         try:
-            _execute(store, run_id, cases, req, phases)
+            _execute(store, rid, cases, req, phases)
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (orchestrator/interrupts.py)
             interrupted = e
         except BaseException:
-            store.finish_run(run_id, "failed")
+            store.finish_run(rid, "failed")
             raise
-        store.finish_run(run_id, "interrupted" if interrupted is not None else "finished")
+        store.finish_run(rid, "interrupted" if interrupted is not None else "finished")
         # Interrupted or not, the outputs say what was recorded: an interrupted run's are marked
         # INTERRUPTED and count its unfinished cases as missing (the gate fails). The run is judged
         # as `orch gate --run N` judges it: by its stored options (what was asked here wins).
         t_out = time.monotonic()
-        view = gather(store, run_id, req.judging)
+        view = gather(store, rid, req.judging)
         artifacts.write_view(store, view, paths)
         phases["outputs"] = time.monotonic() - t_out
         lines, warnings = last_lines(view, verbose=req.verbose)
@@ -264,7 +273,7 @@ class _Work:
     phases: dict[str, float]  # filled in: where the wall time went
     log_dir: str
     history: dict[str, float]  # case_id -> last duration (the cost model)
-    deferral: object | None  # executor.Deferral while the Triton warm-up runs
+    deferral: Deferral | None  # while the Triton warm-up runs
     per_gpu: int  # workers per GPU, resolved
 
 

@@ -82,5 +82,5 @@ def test_a_run_stores_the_known_failures_that_applied(scenario, tmp_path, monkey
         options, expected = {"known_failures": str(tmp_path / "kf.yaml")}, str(tmp_path / "kf.yaml")
     req = RunRequest.from_cli({"matrix": "matrices/smoke.yaml", "devices": "cpu", "out_dir": str(tmp_path / "o"),
                                "filter_expr": "attention=gqa tp=1", **options})  # fmt: skip
-    _, _, stored, _ = _plan(req)
+    _, _, stored, _ = _plan(req, "matrices/smoke.yaml")
     assert stored.known_failures == expected and (not expected or os.path.isabs(expected))
