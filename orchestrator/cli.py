@@ -53,9 +53,16 @@ def _judged_options(f):
     return click.option("--no-baseline", "no_baseline", is_flag=True, help=_NO_BASELINE_HELP)(f)
 
 
-def _flaky_options(f):
-    f = click.option("--flaky-threshold", "flaky_threshold", type=float, default=None, help=_THRESHOLD_HELP)(f)
-    return click.option("--flaky-window", "flaky_window", type=int, default=None, help=_WINDOW_HELP)(f)
+def _flaky_options(f, judged: bool = False):
+    """judged: for a stored run, whose own window and threshold apply unless given."""
+    window = _WINDOW_HELP.replace(" [default: 20].", "." + _JUDGED_HELP) if judged else _WINDOW_HELP
+    threshold = _THRESHOLD_HELP + (_JUDGED_HELP if judged else "")
+    f = click.option("--flaky-threshold", "flaky_threshold", type=float, default=None, help=threshold)(f)
+    return click.option("--flaky-window", "flaky_window", type=int, default=None, help=window)(f)
+
+
+def _judged_flaky_options(f):
+    return _flaky_options(f, judged=True)
 _ALLOW_UNVERIFIABLE_HELP = ("Do not fail the gate on unverifiable cases (the CPU emulation saw the replay disagree on "
                             "graphs it cannot follow); they are still listed: run them on a GPU to decide.")
 
@@ -183,7 +190,7 @@ def repro(**kwargs):
 @click.option("--baseline", default=None, help=_BASELINE_HELP + _JUDGED_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP + _JUDGED_HELP)
 @_judged_options
-@_flaky_options
+@_judged_flaky_options
 @click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("--output", "-o", default=None, help="Write to a file instead of stdout.")
 @click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
@@ -205,7 +212,7 @@ def report(**kwargs):
 @click.option("--baseline", default=None, help=_BASELINE_HELP + _JUDGED_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP + _JUDGED_HELP)
 @_judged_options
-@_flaky_options
+@_judged_flaky_options
 @click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
 @click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP + " The run's own is kept.")
 @click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
