@@ -2,20 +2,27 @@
 all from one `outputs.gather` (so they agree with `orch report` and `orch gate`).
 
 Each names its run (summary heading, JUnit `run_id`/`run_status` properties, dashboard header) and
-says INTERRUPTED when the run did not finish. A run clears the artifacts it will write before
-any case runs (`clear`): whatever stops it later (Ctrl-C, SIGTERM, SIGKILL), an earlier run's
-green summary is never left in OUT looking current (#33).
+says INTERRUPTED when the run did not finish. Before any case runs, a run checks that every
+folder it will write takes a file (`check_writable`: a read-only --out fails then, not after the
+work) and clears the artifacts it will write (`clear`): whatever stops it later (Ctrl-C, SIGTERM,
+SIGKILL), an earlier run's green summary is never left in OUT looking current. `held_run` reads
+back which run a folder's outputs name, so commands writing there default to that run.
 """
 
 from __future__ import annotations
 
+import html
 import os
+import re
+import tempfile
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 from orchestrator import gate_notes, junit, summary
 from orchestrator.dashboard.build import write_dashboard
-from orchestrator.errors import InfraError
+from orchestrator.errors import InfraError, OrchError
 from orchestrator.gate import GateOutcome
+from orchestrator.judging import Judging
 from orchestrator.outputs import RunView, gather
 from orchestrator.store import ResultStore
 
@@ -35,6 +42,20 @@ class OutputPaths:
 def output_paths(out_dir: str, junit_path: str | None = None, summary_path: str | None = None) -> OutputPaths:
     return OutputPaths(out_dir, junit_path or os.path.join(out_dir, "junit.xml"),
                        summary_path or os.path.join(out_dir, "summary.md"), os.path.join(out_dir, "dashboard"))
+
+
+def check_writable(paths: OutputPaths) -> None:
+    """Every folder the outputs go to exists (created if need be) and takes a new file; else
+    InfraError (exit 3) naming it. Called before the first case runs."""
+    folders = [paths.out_dir, paths.dashboard_dir] + [os.path.dirname(os.path.abspath(p)) for p in (paths.junit, paths.summary)]
+    for folder in dict.fromkeys(os.path.abspath(f) for f in folders):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".orch-probe-", dir=folder)
+            os.close(fd)
+            os.remove(probe)
+        except OSError as e:
+            raise InfraError(f"cannot write outputs: {e.strerror}", source=folder) from None
 
 
 def clear(paths: OutputPaths) -> list[str]:
@@ -66,6 +87,46 @@ def write_view(store: ResultStore, view: RunView, paths: OutputPaths) -> None:
         raise InfraError(f"cannot write outputs: {e.strerror}", source=e.filename or paths.out_dir) from None
 
 
+# The dashboard's header names its run: <span id="run-id">N</span> <small id="run-matrix">M</small>.
+_DASHBOARD_RUN = re.compile(r'<span id="run-id">(\d+)</span>\s*<small id="run-matrix">([^<]*)</small>')
+
+
+def named_run(folder: str) -> tuple[int, str] | None:
+    """(run id, matrix) that the outputs in `folder` name: its junit.xml's `run_id` property and
+    suite name, else its dashboard's header (folder/index.html, folder/dashboard/index.html)."""
+    junit_path = os.path.join(folder, "junit.xml")
+    try:
+        for suite in ET.parse(junit_path).getroot().iter("testsuite"):
+            for prop in suite.iter("property"):
+                if prop.get("name") == "run_id" and (prop.get("value") or "").isdigit():
+                    return int(prop.get("value") or 0), suite.get("name") or ""
+    except (OSError, ET.ParseError):
+        pass
+    for page in (os.path.join(folder, "index.html"), os.path.join(folder, "dashboard", "index.html")):
+        try:
+            with open(page, encoding="utf-8") as f:
+                m = _DASHBOARD_RUN.search(f.read(200_000))
+        except (OSError, UnicodeDecodeError):
+            continue
+        if m:
+            return int(m.group(1)), html.unescape(m.group(2))
+    return None
+
+
+def held_run(store: ResultStore, folder: str) -> int | None:
+    """The run of `store` whose outputs `folder` holds (None: none, or outputs of a run this store
+    does not have: another store's run of the same id has another matrix)."""
+    named = named_run(folder)
+    if named is None:
+        return None
+    run_id, matrix = named
+    try:
+        run = store.run(run_id)
+    except OrchError:
+        return None
+    return run.id if os.path.normpath(run.matrix) == os.path.normpath(matrix) else None
+
+
 def write_outputs(
     store: ResultStore,
     run_id: int,
@@ -77,6 +138,6 @@ def write_outputs(
     known_failures: str | None = None,
 ) -> GateOutcome:
     """End of `orch run`: gate, JUnit XML, markdown summary (+ $GITHUB_STEP_SUMMARY), dashboard."""
-    view = gather(store, run_id, baseline=baseline, known_failures=known_failures)
+    view = gather(store, run_id, Judging(baseline=baseline, known_failures=known_failures))
     write_view(store, view, output_paths(out_dir, junit_path, summary_path))
     return view.gate

@@ -23,11 +23,14 @@ _MATRIX = click.Path(dir_okay=False)
 DASHBOARD_SHOWN = f"{OUT_ENV}/dashboard, else {OUT}/dashboard"  # orch dashboard's --out (defaults.dashboard_out)
 # Options several commands share, with one wording (every option has help text).
 _DB_HELP = "Results store to read: a SQLite file or a postgresql:// URL."
-_RUN_HELP = "Run id in --db (default: the latest run)."
+_RUN_HELP = "Run: an id in --db, or a label (its latest finished run) [default: the latest run]."
+_JUDGED_HELP = " [default: what the run was judged with]"
 _BASELINE_HELP = ("Gate against a baseline: a run id in --db, a label (the latest finished run so labelled, same "
                   "matrix), another store (its latest run), or STORE#RUN / STORE#LABEL.")
 _KNOWN_HELP = ("YAML of known failures (case-id glob, reason, link, until, optional mute): matching failures do "
                "not gate.")
+_NO_KNOWN_HELP = "Apply no known-failures file."
+_NO_BASELINE_HELP = "Gate without a baseline."
 _WINDOW_HELP = "Runs of history (the baseline's label, else the run's) that score each case's flakiness [default: 20]."
 _THRESHOLD_HELP = "A failing case whose flakiness score (0-1) over the window is above this is flaky, not gating."
 _VERBOSE_HELP = "Every case that did not pass on its own line (default: one line per kind, with a count and a few ids)."
@@ -41,9 +44,26 @@ def _db_option(help_text: str):
     return click.option("--db", default=None, show_default=DB_SHOWN, help=help_text)
 
 
-def _flaky_options(f):
-    f = click.option("--flaky-threshold", "flaky_threshold", type=float, default=None, help=_THRESHOLD_HELP)(f)
-    return click.option("--flaky-window", "flaky_window", type=int, default=None, help=_WINDOW_HELP)(f)
+def _no_known_option(f):
+    return click.option("--no-known-failures", "no_known_failures", is_flag=True, help=_NO_KNOWN_HELP)(f)
+
+
+def _judged_options(f):
+    """--no-baseline and --no-known-failures: a stored run's own turned off."""
+    f = _no_known_option(f)
+    return click.option("--no-baseline", "no_baseline", is_flag=True, help=_NO_BASELINE_HELP)(f)
+
+
+def _flaky_options(f, judged: bool = False):
+    """judged: for a stored run, whose own window and threshold apply unless given."""
+    window = _WINDOW_HELP.replace(" [default: 20].", "." + _JUDGED_HELP) if judged else _WINDOW_HELP
+    threshold = _THRESHOLD_HELP + (_JUDGED_HELP if judged else "")
+    f = click.option("--flaky-threshold", "flaky_threshold", type=float, default=None, help=threshold)(f)
+    return click.option("--flaky-window", "flaky_window", type=int, default=None, help=window)(f)
+
+
+def _judged_flaky_options(f):
+    return _flaky_options(f, judged=True)
 _ALLOW_UNVERIFIABLE_HELP = ("Do not fail the gate on unverifiable cases (the CPU emulation saw the replay disagree on "
                             "graphs it cannot follow); they are still listed: run them on a GPU to decide.")
 
@@ -107,7 +127,9 @@ def plan(**kwargs):
 @click.option("--junit", "junit_path", default=None, help="Write JUnit XML here (default OUT/junit.xml).")
 @click.option("--summary", "summary_path", default=None, help="Write a markdown summary here (default OUT/summary.md; also $GITHUB_STEP_SUMMARY).")
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
-@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("--known-failures", "known_failures", default=None,
+              help=_KNOWN_HELP + " [default: the file the matrix names (`known_failures:`)]")
+@_no_known_option
 @_flaky_options
 @click.option("--max-gpus", "max_gpus", type=int, default=None,
               help="At most this many GPUs for this run on a cluster other drivers share (workers where it has no GPU); tp larger than it is skipped.")
@@ -158,6 +180,7 @@ def run(**kwargs):
 @click.option("--matrix", type=_MATRIX, default=None, help="Matrix the case comes from (default: looked up in --db).")
 @click.option("--backend", default=None, help="Override the backend: a provider name or package.module:Class.")
 @_db_option("Results store to look the case up in when --matrix is not given.")
+@click.option("--run", "run_id", default=None, help="Look the case up in this run of --db: an id or a label (its latest finished run) [default: the latest run that has it].")
 @click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: the first GPU if any, else CPU with emulated graphs.")
 @click.option("--json", "as_json", is_flag=True, help="The CaseResult as JSON.")
 def repro(**kwargs):
@@ -172,12 +195,15 @@ def repro(**kwargs):
 
 @cli.command()
 @_db_option(_DB_HELP)
-@click.option("--run", "run_id", default=None, help=_RUN_HELP)
+@click.option("--run", "run_id", default=None,
+              help=_RUN_HELP[:-len(" [default: the latest run].")] + " [default: with --output into a run's out dir, "
+                   "that run; else the latest].")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "junit"]), default="text", show_default=True,
               help="text: for a terminal or CI log; json: everything; md: the CI summary; junit: JUnit XML.")
-@click.option("--baseline", default=None, help=_BASELINE_HELP)
-@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
-@_flaky_options
+@click.option("--baseline", default=None, help=_BASELINE_HELP + _JUDGED_HELP)
+@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP + _JUDGED_HELP)
+@_judged_options
+@_judged_flaky_options
 @click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("--output", "-o", default=None, help="Write to a file instead of stdout.")
 @click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
@@ -196,19 +222,23 @@ def report(**kwargs):
 @cli.command()
 @_db_option(_DB_HELP)
 @click.option("--run", "run_id", default=None, help=_RUN_HELP)
-@click.option("--baseline", default=None, help=_BASELINE_HELP)
-@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
-@_flaky_options
+@click.option("--baseline", default=None, help=_BASELINE_HELP + _JUDGED_HELP)
+@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP + _JUDGED_HELP)
+@_judged_options
+@_judged_flaky_options
 @click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
 @click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP + " The run's own is kept.")
 @click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
 def gate(**kwargs):
-    """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed). New failures
-    come with paste-ready known-failures entries, narrowed to the axes that failed.
+    """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed). The run is judged
+    with what judged it when it ran (baseline, known failures, flakiness, --require, --allow-*)
+    unless an option here says otherwise. New failures come with paste-ready known-failures
+    entries, narrowed to the axes that failed.
 
     \b
     Examples:
+      orch gate --run pr-123
       orch gate --run 4 --baseline 3 --known-failures known-failures.yaml
       orch gate --baseline main --flaky-window 20 --flaky-threshold 0.3
     """
@@ -217,9 +247,12 @@ def gate(**kwargs):
 
 @cli.command()
 @_db_option(_DB_HELP)
-@click.option("--run", "run_id", default=None, help=_RUN_HELP)
-@click.option("--baseline", default=None, help=_BASELINE_HELP)
-@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("--run", "run_id", default=None,
+              help=_RUN_HELP[:-len(" [default: the latest run].")] + " [default: the run whose outputs --out holds, "
+                   "else the latest].")
+@click.option("--baseline", default=None, help=_BASELINE_HELP + _JUDGED_HELP)
+@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP + _JUDGED_HELP)
+@_judged_options
 @click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
 @click.option("--out", "out_dir", default=None, show_default=DASHBOARD_SHOWN, help="Directory to write index.html into.")
 def dashboard(**kwargs):

@@ -66,7 +66,7 @@ def over_threshold(found: Mapping[str, Flakiness], threshold: float | None) -> d
 
 
 def options(window: int | None, threshold: float | None) -> dict:
-    """--flaky-window / --flaky-threshold, checked (exit 2), as outputs.gather takes them."""
+    """--flaky-window / --flaky-threshold, checked (exit 2); the window defaulted when not given."""
     if window is not None and window < 1:
         raise InputError(f"--flaky-window must be >= 1, got {window}")
     if threshold is not None and not 0.0 <= threshold < 1.0:

@@ -129,6 +129,14 @@ class GateOutcome:
             cid for cls in CLASSIFICATIONS if cls in gating for cid, c in sorted(self.classification.items()) if c == cls
         )
 
+    def ran(self) -> str:
+        """What ran, truthfully: "1000 ran (1000 pass), 1245 skipped" (skipped only when any;
+        not-run and missing cases did not run)."""
+        c = Counter(self.classification.values())
+        ran = len(self.classification) - c["skip"] - c["not-run"] - c["missing"]
+        text = f"{ran} ran" + (f" ({c['pass']} pass)" if ran else "")
+        return text + (f", {c['skip']} skipped" if c["skip"] else "")
+
     def verdict(self) -> str:
         total = len(self.classification)
         if self.passed:
@@ -148,7 +156,7 @@ class GateOutcome:
             if self.muted:
                 extra.append(f"{len(self.muted)} muted")
             tail = f" ({', '.join(extra)} not gating)" if extra else ""
-            return f"gate PASSED: {plural(total, 'case')}, no new failures{tail}"
+            return f"gate PASSED: {self.ran()}, no new failures{tail}"
         parts = []
         for name, many, ids in (("regression", None, self.regressions), ("new failure", None, self.new_failures),
                                 ("missing", "missing", self.missing),
@@ -158,7 +166,7 @@ class GateOutcome:
                                  () if self.allow_unverifiable else self.unverifiable)):  # fmt: skip
             if ids:
                 parts.append(plural(len(ids), name, many))
-        lines = [f"{', '.join(parts)} of {plural(total, 'case')}"] if parts else []
+        lines = [f"{', '.join(parts)}; {self.ran()}"] if parts else []
         return "gate FAILED: " + "; ".join(lines + [u.line() for u in self.unran])
 
     def to_dict(self) -> dict:

@@ -1,10 +1,11 @@
 """What the gate knows from history and the known-failures file, as lines for every output.
 
 `orch run` (stdout), `orch gate`, `orch report` and the markdown summary all say the same: which
-baseline was used (or why a label found none), which cases a `mute: true` entry keeps from gating
-(each with its own status, by entry), which expired known-failures entries no longer cover a
-failing case, which failures the flakiness window excused, and a paste-ready entry for the new
-failures, narrowed to the axes that failed (suggest.py).
+known-failures file applied, which baseline was used (or why a label found none), which cases a
+`mute: true` entry keeps from gating (each with its own status, by entry), which expired
+known-failures entries no longer cover a failing case, which failures the flakiness window
+excused, and a paste-ready entry for the new failures, narrowed to the axes that failed
+(suggest.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def lines(view: RunView, *, with_entries: bool = True, verbose: bool = False, wi
     """`verbose`: every muted case rather than a sample; `with_muted` False where the output has a
     muted section of its own (summary.md)."""
     gate, out = view.gate, []
+    if view.known is not None:  # which file applied: --known-failures, or the one the matrix names
+        out.append(f"known failures: {view.known.source} ({len(view.known.entries)} "
+                   f"entr{'y' if len(view.known.entries) == 1 else 'ies'})")
     if view.baseline.note:
         out.append(view.baseline.note)
     elif view.baseline.where:

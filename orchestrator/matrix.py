@@ -54,6 +54,7 @@ class Matrix:
     device_class: str
     cases: tuple[Case, ...]  # runnable
     skipped: tuple[SkippedCase, ...]
+    known_failures: str | None = None  # the known-failures file it names (its `known_failures:` key)
 
     def find(self, case_id: str) -> Case | SkippedCase | None:
         for case in self.cases:
@@ -231,7 +232,7 @@ class _Loader:
         """Each family of the matrix needs a backend that implements it (a whole family skipped for
         want of one is a mistake in the file). `--backend` instead only has to load: a family it
         does not implement is its cases' skip reason (backend_reasons), as a plugin's always was,
-        so `--filter` decides which families are in question (#41)."""
+        so `--filter` decides which families are in question."""
         from backend.attention.registry import family_reason
 
         if override is not None:
@@ -321,7 +322,8 @@ class _Loader:
                 raise self.err(where, f"nothing runnable for {family}: {first} (model num_heads {m.num_heads}, "
                                       f"num_kv_heads {m.num_kv_heads})")
         name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
-        return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped))
+        return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped),
+                      S.known_failures_file(self.tree))  # fmt: skip
 
     def _backend_loc(self, name: str, family: str) -> tuple:
         block = self.doc.families.get(family)
@@ -337,8 +339,8 @@ class _Loader:
     def includes(self, per_family: list[dict[str, list]]) -> list[dict]:
         """The include entries for expand(): one per combination of an entry's lists, each with its
         index. A parent's rows that name an axis value this file's axes no longer have (it narrowed
-        them) are dropped: they were written for the parent's axes (#41: narrowing `batch:` under
-        full.yaml failed inside full.yaml)."""
+        them) are dropped: they were written for the parent's axes (narrowing `batch:` under
+        full.yaml would otherwise fail inside full.yaml)."""
         values = axis_values(per_family)
         inherited = self.inherited_include() is not None
         out = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import os
 import typing
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, MODEL_DTYPES, TP_SIZES
 from backend.families.specs import UnknownFamily, spec as family_spec
+from orchestrator.errors import InputError
 from orchestrator.matrix_tree import Node, error_at, field_path, to_plain
 
 # `attention` first: the product runs family by family (each with its own axes: FamilyBlock), and
@@ -272,6 +274,8 @@ class MatrixDoc(_Model):
     name: str | None = Field(None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")
     tier: Literal["smoke", "full", "nightly"] = "full"
     description: str = ""
+    # A known-failures file, relative to the matrix file that names it (inherited by `extends:`).
+    known_failures: str | None = Field(None, min_length=1, max_length=4096)
     model: ModelBlock
     batches: dict[BatchName, BatchBlock] = Field(min_length=1)
     capture_sizes: list[Annotated[int, Field(ge=1, le=1 << 20)]] | Literal["default"] = Field("default")
@@ -283,6 +287,18 @@ class MatrixDoc(_Model):
     exclude: list[AxisMatch] = Field(default_factory=list)
     include: list[IncludeEntry] = Field(default_factory=list)
     constraints: list[Constraint] = Field(default_factory=list)
+
+
+def known_failures_file(tree: Node) -> str | None:
+    """The file a validated matrix's `known_failures:` names, resolved against the matrix file that
+    wrote the key (a parent's, through `extends:`); a missing file is an error at the key's line."""
+    node = tree.value.get("known_failures")
+    if node is None or node.value is None:
+        return None
+    path = os.path.normpath(os.path.join(os.path.dirname(node.src), str(node.value)))
+    if not os.path.isfile(path):
+        raise InputError(f"known_failures: no such file {path}", source=node.src, line=node.line)
+    return path
 
 
 def validate_doc(tree: Node) -> MatrixDoc:

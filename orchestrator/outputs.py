@@ -8,6 +8,7 @@ start there, so they can never disagree about a verdict. Imports run one way: th
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,9 +17,17 @@ from backend.result import CaseResult, Status
 from orchestrator import flakiness
 from orchestrator.errors import InputError
 from orchestrator.gate import GateOutcome, evaluate
+from orchestrator.judging import Judging, unmasked
 from orchestrator.known_failures import KnownFailures, load
 from orchestrator.store import ResultStore, RunInfo
-from orchestrator.store.refs import Baseline, find_baseline, history_runs, label_of
+from orchestrator.store.refs import (
+    Baseline,
+    find_baseline,
+    history_runs,
+    label_of,
+    parse_ref,
+    select_run,
+)
 
 
 @dataclass(frozen=True)
@@ -29,10 +38,11 @@ class RunView:
     planned: tuple[dict, ...]  # Case.axes + case_id of planned cases without a result
     baseline_given: bool
     known: KnownFailures | None
-    baseline: Baseline = Baseline(None)  # which run it was, or why a label found none
+    baseline: Baseline = field(default_factory=lambda: Baseline(None))  # which run it was, or why a label found none
     flakiness: dict = field(default_factory=dict)  # case_id -> flakiness.Flakiness over the window
     window: tuple[int, ...] = ()  # the run ids the flakiness window covers, latest first
     window_label: str = ""  # the label of those runs
+    judging: Judging = field(default_factory=Judging)  # what judged it (judging.py)
 
     @property
     def state(self) -> str:
@@ -57,7 +67,7 @@ def run_state(run: RunInfo) -> str:
 
 def headline(run: RunInfo, gate: GateOutcome) -> str:
     """The line each output leads with: which run, its state unless finished, the verdict. An
-    interrupted run's outputs must never read as a finished run's (#33)."""
+    interrupted run's outputs must never read as a finished run's."""
     state = run_state(run)
     if not state:
         return f"run {run.id}: {gate.verdict()}"
@@ -90,43 +100,35 @@ def downgrades(results: Sequence[CaseResult]) -> list[tuple[str, str, str, str]]
             for r in results if r.downgraded]
 
 
-def pick_run(store: ResultStore, run_id: int | str | None) -> int:
-    if run_id is None or str(run_id).strip() in ("", "latest"):
-        latest = store.latest_run_id()
-        if latest is None:
-            raise InputError("no runs in this database yet (run `orch run MATRIX` first)", source=store.path)
-        return latest
-    try:
-        return int(run_id)
-    except (TypeError, ValueError):
-        raise InputError(f"--run must be a run id (an integer), got {run_id!r}") from None
+def pick_run(store: ResultStore, run: int | str | None) -> int:
+    """`--run`: a run id, `latest`, or a label (its latest finished run, as `--baseline LABEL`
+    names one); None: the store's latest run."""
+    selector = "latest" if run is None or not str(run).strip() else str(run).strip()
+    if selector == "latest" and store.latest_run_id() is None:
+        raise InputError("no runs in this database yet (run `orch run MATRIX` first)", source=store.path)
+    ref = parse_ref(selector)
+    if ref.store is not None:
+        raise InputError(f"--run {selector!r}: give a run id or a label of --db (another store is --db's job)")
+    return select_run(store, ref.selector).id
 
 
-def gather(
-    store: ResultStore,
-    run_id: int | str | None,
-    *,
-    baseline: str | None = None,
-    known_failures: str | KnownFailures | None = None,
-    flaky_window: int = flakiness.DEFAULT_WINDOW,
-    flaky_threshold: float | None = None,
-    require: Sequence[str] = (),
-    allow_empty: bool = False,
-    allow_unverifiable: bool = False,
-) -> RunView:
-    """flaky_window: runs of the history (the baseline's label when `--baseline LABEL`, else the
-    run's own) whose verdicts score each case's flakiness; flaky_threshold: a failing case scoring
-    over it is `flaky` rather than gating (None: scores are shown, never used). `require` /
-    `allow_empty` add to the run's own (RunOptions: what `orch run` was given), so `orch gate` and
-    `orch report` judge a run as `orch run` did, and may ask for more."""
-    rid = pick_run(store, run_id)
-    run = store.run(rid)
+def gather(store: ResultStore, run: int | str | None, asked: Judging | None = None) -> RunView:
+    """The run (`pick_run`), its results and its gate, judged by what `asked` gives and, for what
+    it does not, by what judged the run when it ran (judging.py): so `orch gate` and `orch report`
+    print the verdict `orch run` printed, and may ask for another. The flakiness window is the
+    history of the baseline's label when `--baseline LABEL`, else the run's own label; a
+    threshold makes a failing case scoring over it `flaky` rather than gating."""
+    rid = pick_run(store, run)
+    info = store.run(rid)
+    judging = (asked or Judging()).over(info)
     results = store.results(rid)
-    known = known_failures if isinstance(known_failures, KnownFailures) else load(known_failures)
-    found = find_baseline(baseline or None, store, rid)
+    known = judging.known_failures
+    if not isinstance(known, KnownFailures):
+        known = load(shown_path(known) if known else None)
+    found = find_baseline(unmasked(judging.baseline or "", store.location, rid) or None, store, rid)
     base = list(found.results) if found.results is not None else None
-    window_label = label_of(baseline) or run.label
-    window = history_runs(store, run, window_label, flaky_window) if flaky_window > 0 else []
+    window_label = label_of(judging.baseline) or info.label
+    window = history_runs(store, info, window_label, judging.flaky_window) if judging.flaky_window else []
     scores = flakiness.scores(store.status_history(run_ids=[r.id for r in window]))
     missing = store.missing_case_ids(rid)
     planned_missing: list[dict] = []
@@ -135,18 +137,23 @@ def gather(
         planned_missing = [{"case_id": c.case_id, **c.axes} for c in store.planned_cases(rid) if c.case_id in wanted]
     # A running run's unfinished cases are pending, not missing: only a closed run can miss results.
     # Nor can a running run be judged empty: its cases may still come.
-    closed = run.status != "running"
+    closed = info.status != "running"
     gate = evaluate(results, baseline=base, known=known, missing=missing if closed else (),
-                    flaky_history=flakiness.over_threshold(scores, flaky_threshold),
-                    require=tuple(dict.fromkeys([*run.options.require, *require])),
-                    allow_empty=run.options.allow_empty or allow_empty, judge_empty=closed,
-                    allow_unverifiable=run.options.allow_unverifiable or allow_unverifiable)  # fmt: skip
-    return RunView(run, tuple(results), gate, tuple(planned_missing), base is not None, known, found, scores,
-                   tuple(r.id for r in window), window_label)  # fmt: skip
+                    flaky_history=flakiness.over_threshold(scores, judging.flaky_threshold),
+                    require=judging.require, allow_empty=judging.allow_empty, judge_empty=closed,
+                    allow_unverifiable=judging.allow_unverifiable)  # fmt: skip
+    return RunView(info, tuple(results), gate, tuple(planned_missing), base is not None, known, found, scores,
+                   tuple(r.id for r in window), window_label, judging)  # fmt: skip
+
+
+def shown_path(path: str) -> str:
+    """A stored absolute path as messages show it: relative to the working directory when under it."""
+    rel = os.path.relpath(path) if os.path.isabs(path) else path
+    return path if rel.startswith("..") else rel
 
 
 def memory_line(results: Sequence[CaseResult]) -> str:
-    """One line on the run's device memory (CaseResult.memory, issue 37), '' where none was measured
+    """One line on the run's device memory (CaseResult.memory), '' where none was measured
     (a CPU run records sessions only): the largest peak and the largest need, with their cases."""
     measured = [r for r in results if "peak_allocated" in r.memory]
     if not measured:

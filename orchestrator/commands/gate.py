@@ -2,29 +2,28 @@
 
 Sized for a CI log: one line per class that gates (a count and a few ids), the fixed known
 failures, the run's selection when it is not its whole matrix, then the headline (run id,
-INTERRUPTED when it did not finish, the verdict). -v lists every case instead (`orch gate --run
-2` once printed 702 lines of missing cases). Then the history notes (gate_notes.py): the
-baseline used, the muted cases (every one with -v), expired known failures, paste-ready entries.
+INTERRUPTED when it did not finish, the verdict). -v lists every case instead. Then the history
+notes (gate_notes.py): the known-failures file, the baseline used, the muted cases (every one with
+-v), expired known failures, paste-ready entries. The run is judged as `orch run` judged it (its
+stored options) unless an option here says otherwise.
 """
 
 from __future__ import annotations
 
 import click
 
-from orchestrator import defaults, digest, flakiness, gate_notes
+from orchestrator import defaults, digest, gate_notes
 from orchestrator.gate import CLASSIFICATIONS, GATING
+from orchestrator.judging import Judging
 from orchestrator.outputs import gather, selection
 from orchestrator.store import ResultStore
 
 
-def main(db: str | None = None, run_id: str | None = None, baseline: str | None = None,
-         known_failures: str | None = None, verbose: bool = False, flaky_window: int | None = None,
-         flaky_threshold: float | None = None, require=(), allow_empty: bool = False,
-         allow_unverifiable: bool = False) -> int:  # fmt: skip
-    flaky = flakiness.options(flaky_window, flaky_threshold)
+def main(db: str | None = None, run_id: str | None = None, verbose: bool = False, **judging) -> int:
+    """`judging`: the options of judging.CLI_KEYS given; the others are the run's own."""
+    asked = Judging.from_cli(judging)
     with ResultStore(db or defaults.db(), readonly=True) as store:
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures, require=tuple(require),
-                      allow_empty=allow_empty, allow_unverifiable=allow_unverifiable, **flaky)
+        view = gather(store, run_id, asked)
     gate = view.gate
     if verbose:
         for cid in gate.gating:

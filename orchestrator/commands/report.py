@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
-from orchestrator import defaults, digest, flakiness, gate_notes, junit, summary
+from orchestrator import defaults, digest, gate_notes, junit, summary
+from orchestrator.artifacts import held_run
 from orchestrator.errors import InfraError
 from orchestrator.gate import C
+from orchestrator.judging import Judging
 from orchestrator.outputs import RunView, downgrades, gather, memory_line, selection, skips
 from orchestrator.store import ResultStore
 
@@ -63,6 +66,7 @@ def render(view: RunView, fmt: str, verbose: bool = False) -> str:
              "baseline": {"run": view.baseline.run.id if view.baseline.run else None, "where": view.baseline.where,
                           "note": view.baseline.note},
              "flakiness": {cid: f.to_dict() for cid, f in view.flakiness.items()},
+             "known_failures": view.known.source if view.known is not None else None,
              "suggested_known_failures": [e.to_yaml() for e in gate_notes.suggestions(view)]},
             indent=2, sort_keys=True, default=str,
         )  # fmt: skip
@@ -74,16 +78,16 @@ def render(view: RunView, fmt: str, verbose: bool = False) -> str:
     return _text(view, verbose)
 
 
-def main(db: str | None = None, run_id: str | None = None, fmt: str = "text", baseline: str | None = None,
-         known_failures: str | None = None, output: str | None = None, verbose: bool = False,
-         flaky_window: int | None = None, flaky_threshold: float | None = None, require=(),
-         allow_empty: bool = False, allow_unverifiable: bool = False) -> int:  # fmt: skip
+def main(db: str | None = None, run_id: str | None = None, fmt: str = "text", output: str | None = None,
+         verbose: bool = False, **judging) -> int:
     """Every format carries the verdict, so every format exits by it (0 passed, 1 failed, 3 only
-    not-run), as the README promises of every command that prints one."""
-    flaky = flakiness.options(flaky_window, flaky_threshold)
+    not-run). `judging`: the options of judging.CLI_KEYS given; the others are the run's own.
+    Without --run, a report written into a run's out dir (`-o orch-out/report.md`) is of that run."""
+    asked = Judging.from_cli(judging)
     with ResultStore(db or defaults.db(), readonly=True) as store:
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures, require=tuple(require),
-                      allow_empty=allow_empty, allow_unverifiable=allow_unverifiable, **flaky)
+        if run_id is None and output:
+            run_id = held_run(store, os.path.dirname(os.path.abspath(output)))
+        view = gather(store, run_id, asked)
     text = render(view, fmt, verbose)
     if output:
         try:

@@ -1,7 +1,8 @@
 """`orch repro CASE_ID`: re-run one case in this process (tp > 1: a local gang) and print its verdict.
 
 The case comes from --matrix (expanded on this device class, with --backend overriding the
-backend axis) or, without --matrix, from the plan of the latest run in --db that has it.
+backend axis) or, without --matrix, from the plan of the latest run in --db that has it (--run: of
+that run, an id or a label).
 Output: the verdict line `orch run` prints for a case (`STATUS case_id: reason`), the mode line
 and one line per check; --json prints CaseResult.to_dict() instead.
 
@@ -49,7 +50,9 @@ def _from_matrix(case_id: str, matrix: str, devices: str, backend: str | None) -
     return found
 
 
-def _from_store(case_id: str, db: str) -> Case:
+def _from_store(case_id: str, db: str, run_ref: str | None = None) -> Case:
+    """The case as the latest run that planned it planned it (`run_ref`: that run, an id or a label)."""
+    from orchestrator.outputs import pick_run
     from orchestrator.store import ResultStore
     from orchestrator.store.location import is_postgres_url
 
@@ -58,7 +61,10 @@ def _from_store(case_id: str, db: str) -> Case:
     with ResultStore(db, readonly=True) as store:
         where = store.path  # a URL without its password
         known: list[str] = []
-        for run in reversed(store.runs()):
+        runs = [store.run(pick_run(store, run_ref))] if run_ref is not None else list(reversed(store.runs()))
+        if run_ref is not None:
+            where = f"run {runs[0].id} of {where}"
+        for run in runs:
             planned = store.planned_cases(run.id)
             for c in planned:
                 if c.case_id == case_id:
@@ -68,12 +74,14 @@ def _from_store(case_id: str, db: str) -> Case:
 
 
 def main(case_id: str, matrix: str | None = None, backend: str | None = None, db: str | None = None,
-         devices: str = "auto", as_json: bool = False) -> int:
+         devices: str = "auto", as_json: bool = False, run_id: str | None = None) -> int:
     import torch
 
     from backend.harness.checker import run_case_local
 
-    found = _from_matrix(case_id, matrix, devices, backend) if matrix else _from_store(case_id, db or defaults.db())
+    if matrix and run_id is not None:
+        raise InputError("give --matrix or --run, not both (--run looks the case up in that run's plan)")
+    found = _from_matrix(case_id, matrix, devices, backend) if matrix else _from_store(case_id, db or defaults.db(), run_id)
     if isinstance(found, CaseResult):
         result = found
     else:

@@ -1,15 +1,18 @@
 """`orch run MATRIX`: expand, record skips, execute on Ray, commit every result, gate, write outputs.
 
-Order matters for exit codes: a bad matrix/filter/store/baseline/known-failures file is exit 2
-before any case runs; an unreachable cluster is exit 3 after the run row exists (it is closed as
+The options arrive as one RunRequest (orchestrator/run_request.py); the last lines it prints are
+orchestrator/run_output.py's. Order matters for exit codes: a bad matrix/filter/store/baseline/
+known-failures file is exit 2 before any case runs, and so is an --out or a store that cannot be
+written exit 3 before any case runs; an unreachable cluster is exit 3 after the run row exists (it is closed as
 "failed", so `--resume` can pick it up later). Ctrl-C (SIGINT) or SIGTERM closes the run as
 "interrupted", keeps every committed result, writes the outputs marked INTERRUPTED (the missing
 cases fail the gate) and exits 130 / 143. The outputs an earlier run left in OUT are removed
 before any case runs, so no way of stopping a run leaves them looking current.
 `--resume RUN_ID` finishes a run from its stored plan, into its own --out; a MATRIX that is not the
 run's is exit 2. A run in which nothing ran (or a `--require`d slice did not) fails its gate unless
-`--allow-empty` (orchestrator/empty_run.py); the options are stored with the run (RunOptions), so
-`orch gate` and `orch report` judge it alike.
+`--allow-empty` (orchestrator/empty_run.py). What judged the run (known failures: --known-failures,
+else the file the matrix names; baseline, flakiness, --require, --allow-*) is stored with it
+(RunOptions), so `orch gate` and `orch report` judge it alike (orchestrator/judging.py).
 Streams: what the run concluded (gate lines, skips by reason, repro, time, the verdict) goes to
 stdout, so `orch run ... | tee log` keeps it; progress, notes and warnings go to stderr, each line
 `orch: `; `--no-progress` prints no progress.
@@ -33,18 +36,26 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import click
 
 from backend.result import CaseResult, Status
-from orchestrator.commands.repro import verdict_line
 from orchestrator.digest import plural
 from orchestrator.errors import InputError, OrchError
+from orchestrator.flakiness import DEFAULT_WINDOW
+from orchestrator.run_output import final_line, last_lines, time_line
+from orchestrator.run_request import RunRequest
+from orchestrator.store.options import RunOptions
+
+if TYPE_CHECKING:
+    from backend.case import Case
+    from orchestrator.executor.executor import Deferral
+    from orchestrator.matrix import SkippedCase
 
 # Test/benchmark hook: the per-case function the actors call (default: the checker).
 RUNNER_ENV = "ORCH_RUNNER"
-_REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.UNVERIFIABLE, Status.FLAKY, Status.NOT_RUN)
-MAX_REASONS = 5  # skip reasons in the run's last lines; summary.md has them all
 
 
 def _versions() -> dict[str, str]:
@@ -54,17 +65,11 @@ def _versions() -> dict[str, str]:
 
     from orchestrator import __version__
 
-    try:  # the installed version, read without importing torch into the driver (#13)
+    try:  # the installed version, read without importing torch into the driver
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = "not installed"
     return {"orch": __version__, "python": platform.python_version(), "ray": ray.__version__, "torch": torch_version}
-
-
-def _flaky_options(window, threshold) -> dict:
-    from orchestrator.flakiness import options
-
-    return options(window, threshold)
 
 
 def _err(msg: str) -> None:
@@ -77,21 +82,10 @@ def _out(msg: str) -> None:
     click.echo(msg)
 
 
-# The `time:` line's phases, labelled by what each measures (run._on_cluster sets them).
-PHASE_LABELS = {
-    "matrix": "load matrix", "cluster": "start cluster", "first_result": "start to first result",
-    "cases": "first to last result", "shutdown": "shutdown", "outputs": "write outputs",
-}  # fmt: skip
-
-
-def time_line(phases: dict[str, float]) -> str:
-    return "time: " + ", ".join(f"{PHASE_LABELS.get(k, k)} {v:.1f}s" for k, v in phases.items())
-
-
 @contextlib.contextmanager
 def _ray_logging(verbose: bool):
     """Ray's own log lines (the token-auth banner that opened every run, worker-death warnings the
-    executor reports itself) only with -v: the run's stderr is orch's lines alone (#33)."""
+    executor reports itself) only with -v: the run's stderr is orch's lines alone."""
     import ray  # noqa: F401  (its import sets the "ray" logger's level: set ours after it)
 
     logger = logging.getLogger("ray")
@@ -104,118 +98,115 @@ def _ray_logging(verbose: bool):
         logger.setLevel(before)
 
 
-def main(matrix=None, backend=None, filter_expr=None, db=None, out_dir=None, address="local",
-         devices="auto", workers=None, timeout_s=None, junit_path=None, summary_path=None, baseline=None,
-         known_failures=None, resume_run=None, no_progress=False, precompile_jobs=None, verbose=False,
-         label=None, max_gpus=None, flaky_window=None, flaky_threshold=None,
-         workers_per_gpu="1", gpu_memory_utilization=0.9, gpu_memory=None, allow_empty=False,
-         require=(), allow_unverifiable=False) -> int:  # fmt: skip
-    """db / out_dir None: the defaults (orchestrator/defaults.py: ORCH_DB / ORCH_OUT, else
+def main(matrix: str | None = None, **options) -> int:
+    """`options`: `orch run`'s options by their cli.py names, as RunRequest.from_cli takes them.
+    db / out_dir None: the defaults (orchestrator/defaults.py: ORCH_DB / ORCH_OUT, else
     orch-results.db / orch-out; `--resume` reuses the run's own --out)."""
-    from orchestrator.executor.packing import MemoryOptions
     from orchestrator.interrupts import trapped
 
-    memory = MemoryOptions.parse(workers_per_gpu, gpu_memory_utilization, gpu_memory)
-
+    req = RunRequest.from_cli({"matrix": matrix, **options})
     with trapped():
-        return _main(matrix, backend=backend, filter_expr=filter_expr, db=db, out_dir=out_dir, address=address,
-                     devices=devices, workers=workers, timeout_s=timeout_s, junit_path=junit_path,
-                     summary_path=summary_path, baseline=baseline, known_failures=known_failures,
-                     resume_run=resume_run, no_progress=no_progress, precompile_jobs=precompile_jobs,
-                     verbose=verbose, label=label, max_gpus=max_gpus,
-                     flaky=_flaky_options(flaky_window, flaky_threshold), memory=memory,
-                     allow_empty=allow_empty, require=tuple(require or ()),
-                     allow_unverifiable=allow_unverifiable)  # fmt: skip
+        return _main(req)
 
 
-def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, workers, timeout_s, junit_path, summary_path,
-          baseline, known_failures, resume_run, no_progress, precompile_jobs, verbose, label=None, max_gpus=None,
-          flaky=None, memory=None, allow_empty=False, require=(), allow_unverifiable=False) -> int:  # fmt: skip
-    from orchestrator import artifacts, defaults, known_failures as kf
+def _plan(req: RunRequest, matrix: str) -> tuple[list[Case], list[SkippedCase], RunOptions, str]:
+    """A new run's (cases, skips, stored options, out dir), checked before anything is written:
+    a bad matrix, filter, --require or known-failures file is exit 2 here."""
+    from orchestrator import defaults
+    from orchestrator import known_failures as kf
     from orchestrator.filters import parse_filter, select
-    from orchestrator.interrupts import exit_code, signame
     from orchestrator.matrix import load_matrix
+
+    m = load_matrix(matrix, devices=req.devices, backend_override=req.backend)
+    cases = select(m.cases, req.filter_expr)
+    skipped = select(m.skipped, req.filter_expr)
+    if not cases and not skipped:
+        raise InputError(f"no case matches --filter {req.filter_expr!r}", source=matrix)
+    j = req.judging
+    for expr in j.require:  # a typo in a required slice is exit 2 now, not a red gate later
+        try:
+            parse_filter(expr)  # (after the matrix: a plugin family's name is known from it on)
+        except InputError as e:
+            raise InputError(e.message, source="--require") from None
+    # --known-failures FILE, else the file the matrix names (--no-known-failures: none).
+    known = j.known_failures if isinstance(j.known_failures, str) else (m.known_failures or "")
+    kf.load(known)  # a bad file is exit 2 now, not after the run
+    out_dir = req.out_dir or defaults.out()
+    options = RunOptions(out=os.path.abspath(out_dir), filter=req.filter_expr, backend=req.backend,
+                         matrix_cases=len(m.cases) + len(m.skipped), allow_empty=j.allow_empty, require=j.require,
+                         allow_unverifiable=j.allow_unverifiable, known_failures=os.path.abspath(known) if known else "",
+                         flaky_window=j.flaky_window or DEFAULT_WINDOW, flaky_threshold=j.flaky_threshold)  # fmt: skip
+    return list(cases), list(skipped), options, out_dir
+
+
+def _main(req: RunRequest) -> int:
+    from orchestrator import artifacts, defaults
+    from orchestrator import known_failures as kf
+    from orchestrator.interrupts import exit_code, signame
+    from orchestrator.judging import unmasked
     from orchestrator.outputs import gather
-    from orchestrator.store import ResultStore, RunOptions, find_baseline
+    from orchestrator.store import ResultStore, find_baseline
 
     t0 = time.monotonic()
-    db = db or defaults.db()
-    flaky = flaky or _flaky_options(None, None)
-    if timeout_s is not None and timeout_s <= 0:
-        raise InputError(f"--timeout must be > 0, got {timeout_s}")
-    if max_gpus is not None and max_gpus < 1:
-        raise InputError(f"--max-gpus must be >= 1, got {max_gpus}")
-    if precompile_jobs is not None and precompile_jobs < 0:
-        raise InputError(f"--precompile-jobs must be >= 0, got {precompile_jobs}")
-    resume_id = _resume_id(resume_run)
-    if matrix is None and resume_id is None:
-        raise InputError("give the MATRIX to run (or --resume RUN_ID to finish a run with its own matrix)")
-    kf.load(known_failures)  # a bad file is exit 2 now, not after the run
-    cases, skipped = [], []
-    options = None
-    if resume_id is None:
-        m = load_matrix(matrix, devices=devices, backend_override=backend)
-        cases = select(m.cases, filter_expr)
-        skipped = select(m.skipped, filter_expr)
-        if not cases and not skipped:
-            raise InputError(f"no case matches --filter {filter_expr!r}", source=matrix)
-        for expr in require:  # a typo in a required slice is exit 2 now, not a red gate later
-            try:
-                parse_filter(expr)  # (after the matrix: a plugin family's name is known from it on)
-            except InputError as e:
-                raise InputError(e.message, source="--require") from None
-        out_dir = out_dir or defaults.out()
-        options = RunOptions(out=os.path.abspath(out_dir), filter=filter_expr, backend=backend,
-                             matrix_cases=len(m.cases) + len(m.skipped), allow_empty=allow_empty, require=require,
-                             allow_unverifiable=allow_unverifiable)
+    cases: list[Case] = []
+    skipped: list[SkippedCase] = []
+    options: RunOptions | None = None
+    out_dir = req.out_dir or ""
+    if req.matrix is not None and req.resume_id is None:
+        cases, skipped, options, out_dir = _plan(req, req.matrix)
+        artifacts.check_writable(artifacts.output_paths(out_dir, req.junit_path, req.summary_path))
+    judging = req.judging  # a resume's: over the run's own (below)
     phases = {"matrix": time.monotonic() - t0}
-    store = ResultStore(db)
-    run_id = None  # set once this driver holds the run's writer lock
+    store = ResultStore(req.db or defaults.db())
+    run_id: int | None = None  # set once this driver holds the run's writer lock
     try:
-        if resume_id is not None:
+        if req.resume_id is not None:
+            resume_id = req.resume_id
             resumed = store.run(resume_id)  # exit 2 if absent, before any lock
-            if label is not None and label != resumed.label:
+            if req.label is not None and req.label != resumed.label:
                 raise InputError(f"--resume {resume_id}: run {resume_id} is labelled {resumed.label!r}, "
-                                 f"not {label!r} (a run keeps its label)")  # fmt: skip
+                                 f"not {req.label!r} (a run keeps its label)")  # fmt: skip
             note = store.acquire_writer(resume_id, sys.argv)
             run_id = resume_id
             if note:
                 _err(note)
-            _, cases, skipped = _resume(store, resume_id, matrix, devices=devices, backend=backend,
-                                        filter_expr=filter_expr)  # fmt: skip
+            cases, skipped = _resume(store, resume_id, req)
             # Its own outputs, where the interrupted run left them marked INTERRUPTED.
-            out_dir = out_dir or resumed.options.out or defaults.out()
-        find_baseline(baseline, store, resume_id if resume_id is not None else -1)  # bad: exit 2 now
-        paths = artifacts.output_paths(out_dir, junit_path, summary_path)
+            out_dir = req.out_dir or resumed.options.out or defaults.out()
+            judging = req.judging.over(resumed)
+            kf.load(judging.known_failures if isinstance(judging.known_failures, str) else None)  # bad: exit 2 now
+        current = req.resume_id if req.resume_id is not None else -1  # -1: the run is not created yet
+        find_baseline(unmasked(judging.baseline or "", store.location, current) or None, store, current)  # bad: exit 2
+        paths = artifacts.output_paths(out_dir, req.junit_path, req.summary_path)
+        artifacts.check_writable(paths)  # a read-only --out is exit 3 now, before any work
         artifacts.clear(paths)  # an earlier run's outputs never outlive the start of this one
-        if resume_id is None:
-            run_id = store.create_run(
-                matrix=matrix, cases=[*cases, *(s.case for s in skipped)], argv=sys.argv, cluster=address,
-                devices=devices, versions=_versions(), baseline=baseline, label=label or "", lock_writer=True,
-                options=options,
-            )  # fmt: skip
-        store.record_many(run_id, [(CaseResult(
+        rid = req.resume_id if req.resume_id is not None else store.create_run(
+            matrix=req.matrix or "", cases=[*cases, *(s.case for s in skipped)], argv=sys.argv, cluster=req.address,
+            devices=req.devices, versions=_versions(), baseline=req.judging.baseline, label=req.label or "",
+            lock_writer=True, options=options,
+        )  # fmt: skip
+        run_id = rid
+        store.record_many(rid, [(CaseResult(
             case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,
             repro=s.case.repro_command(), axes=s.case.axes,
         ), True) for s in skipped])  # fmt: skip
         interrupted: KeyboardInterrupt | None = None
         try:
-            _execute(store, run_id, cases, address=address, devices=devices, workers=workers, timeout_s=timeout_s,
-                     no_progress=no_progress, phases=phases, precompile_jobs=precompile_jobs,
-                     verbose=verbose, max_gpus=max_gpus, memory=memory)  # fmt: skip
+            _execute(store, rid, cases, req, phases)
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (orchestrator/interrupts.py)
             interrupted = e
         except BaseException:
-            store.finish_run(run_id, "failed")
+            store.finish_run(rid, "failed")
             raise
-        store.finish_run(run_id, "interrupted" if interrupted is not None else "finished")
+        store.finish_run(rid, "interrupted" if interrupted is not None else "finished")
         # Interrupted or not, the outputs say what was recorded: an interrupted run's are marked
-        # INTERRUPTED and count its unfinished cases as missing (the gate fails).
+        # INTERRUPTED and count its unfinished cases as missing (the gate fails). The run is judged
+        # as `orch gate --run N` judges it: by its stored options (what was asked here wins).
         t_out = time.monotonic()
-        view = gather(store, run_id, baseline=baseline, known_failures=known_failures, **flaky)
+        view = gather(store, rid, req.judging)
         artifacts.write_view(store, view, paths)
         phases["outputs"] = time.monotonic() - t_out
-        lines, warnings = last_lines(view, verbose=verbose)
+        lines, warnings = last_lines(view, verbose=req.verbose)
         for line in lines:
             _out(line)
         for line in warnings:
@@ -236,15 +227,6 @@ def _main(matrix, *, backend, filter_expr, db, out_dir, address, devices, worker
             store.close()
 
 
-def _resume_id(resume_run) -> int | None:
-    if resume_run is None:
-        return None
-    try:
-        return int(resume_run)
-    except (TypeError, ValueError):
-        raise InputError(f"--resume must be a run id, got {resume_run!r}") from None
-
-
 def same_matrix(given: str, run) -> bool:
     """Whether MATRIX is run's own: the same file, or the same content (a path from another cwd)."""
     from orchestrator.store import file_sha
@@ -254,16 +236,16 @@ def same_matrix(given: str, run) -> bool:
     return bool(run.matrix_sha) and file_sha(given) == run.matrix_sha
 
 
-def _resume(store, run_id: int, matrix: str | None, *, devices, backend, filter_expr):
-    """(run id, cases to run, skips to record) for `--resume RUN_ID`: the run's own plan, never
-    today's matrix (a resume finishes what was started). A MATRIX that is not the run's is exit 2
-    (#33: it used to be ignored without a word, and another matrix's cases ran for minutes)."""
+def _resume(store, run_id: int, req: RunRequest) -> tuple[list, list]:
+    """(cases to run, skips to record) for `--resume RUN_ID`: the run's own plan, never today's
+    matrix (a resume finishes what was started). A MATRIX that is not the run's is exit 2: it is
+    never ignored without a word while another matrix's cases run for minutes."""
     from orchestrator.filters import select
     from orchestrator.matrix import load_matrix
 
     run = store.run(run_id)  # InputError if absent
-    if matrix is not None and not same_matrix(matrix, run):
-        raise InputError(f"--resume {run_id}: run {run_id} ran {run.matrix}, not {matrix} "
+    if req.matrix is not None and not same_matrix(req.matrix, run):
+        raise InputError(f"--resume {run_id}: run {run_id} ran {run.matrix}, not {req.matrix} "
                          f"(leave MATRIX out to finish run {run_id} with its own)")  # fmt: skip
     missing = set(store.missing_case_ids(run_id))
     if not missing and run.status == "finished":
@@ -271,94 +253,46 @@ def _resume(store, run_id: int, matrix: str | None, *, devices, backend, filter_
                          f"verdict; nothing to resume (`orch gate --run {run_id}` prints its verdict)")  # fmt: skip
     skipped = []
     try:  # which missing cases cannot run here today (a provider gone): recorded as skips
-        m = load_matrix(matrix or run.matrix, devices=devices, backend_override=backend)
-        skipped = select(m.skipped, filter_expr)
+        m = load_matrix(req.matrix or run.matrix, devices=req.devices, backend_override=req.backend)
+        skipped = select(m.skipped, req.filter_expr)
     except InputError:
-        if matrix is not None:
+        if req.matrix is not None:
             raise  # the user's file is broken: say so; the stored one may be gone, and need not load
     planned = [c for c in store.planned_cases(run_id) if c.case_id in missing]
     skip_by_id = {s.case.case_id: s for s in skipped}
     todo_skips = [skip_by_id[c.case_id] for c in planned if c.case_id in skip_by_id]
     cases = [c for c in planned if c.case_id not in skip_by_id]
     _err(f"resuming run {run_id} ({run.matrix}): {plural(len(missing), 'case')} without a final verdict")
-    return run_id, cases, todo_skips
+    return cases, todo_skips
 
 
-def last_lines(view, *, verbose: bool) -> tuple[list[str], list[str]]:
-    """(summary lines, warnings): what the run ends with before its time and verdict lines, sized
-    for a CI log: one line per gating class (a sample of ids), the first failure's repro, skips by
-    reason, the history notes (gate_notes.py); and the downgrades by kind, as warnings. -v: every
-    non-passing case with its reason and repro instead of the class lines."""
-    from orchestrator import digest, gate_notes
-    from orchestrator.gate import CLASSIFICATIONS, GATING
-    from orchestrator.outputs import downgrades, skips
+@dataclass(frozen=True)
+class _Work:
+    """What _execute prepares for the cluster loop besides the request."""
 
-    gate = view.gate
-    out: list[str] = []
-    if verbose:
-        for r in view.results:  # sorted by case id (store order)
-            if r.status in _REPORT:
-                out.append(f"{verdict_line(r.replace(reason=r.reason[:200]))}\n    repro: {r.repro}")
-    else:
-        shown = [c for c in CLASSIFICATIONS if c in GATING or c in ("flaky", "fixed")]
-        out += digest.gate_lines(gate.classification, shown)
-        by_id = {r.case_id: r for r in view.results}
-        first = next((by_id[c] for c in gate.gating if c in by_id and by_id[c].repro), None)
-        if first is not None:
-            out.append(f"repro {first.case_id}: {first.repro}")
-        if out:
-            out.append("-v lists every case with its reason and repro; so does the summary")
-    out += gate_notes.lines(view)
-    groups = digest.skip_lines(skips(view.results))
-    if groups:
-        out.append(f"skipped {sum(1 for r in view.results if r.status == Status.SKIP)} by reason:\n    "
-                   + "\n    ".join(groups[:MAX_REASONS]
-                                   + ([f"... and {len(groups) - MAX_REASONS} more reasons (summary.md)"]
-                                      if len(groups) > MAX_REASONS else [])))  # fmt: skip
-    return out, [f"warning: {line}" for line in digest.downgrade_lines(downgrades(view.results))]
+    phases: dict[str, float]  # filled in: where the wall time went
+    log_dir: str
+    history: dict[str, float]  # case_id -> last duration (the cost model)
+    deferral: Deferral | None  # while the Triton warm-up runs
+    per_gpu: int  # workers per GPU, resolved
 
 
-def final_line(view, *, elapsed: float, out_dir: str, signal_name: str | None) -> str:
-    """"run 3 (6 of 90 cases, --filter 'tp=1'): 4 ran (pass 4), 2 skipped, 12.3s -> gate PASSED: ..."."""
-    from orchestrator.outputs import selection
-
-    ran = view.ran()
-    counts: dict[str, int] = {}
-    for r in ran:
-        counts[r.status.value] = counts.get(r.status.value, 0) + 1
-    shown = " ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-    what = f"{len(ran)} ran" + (f" ({shown})" if shown else "") + f", {len(view.results) - len(ran)} skipped"
-    sel = selection(view.run)
-    run = f"run {view.run.id}" + (f" ({sel})" if sel else "")
-    if signal_name is None:
-        return f"{run}: {what}, {elapsed:.1f}s -> {view.gate.verdict()} (outputs in {out_dir})"
-    return (f"{run} INTERRUPTED by {signal_name} after {elapsed:.1f}s: {what}, "
-            f"{len(view.gate.missing)} missing -> {view.gate.verdict()} (outputs in {out_dir}, marked INTERRUPTED); "
-            f"finish it with `orch run --resume {view.run.id}`")
-
-
-def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress,
-             phases: dict[str, float] | None = None, precompile_jobs: int | None = None,
-             verbose: bool = False, max_gpus: int | None = None, memory=None) -> dict[str, CaseResult]:
+def _execute(store, run_id: int, cases, req: RunRequest, phases: dict[str, float]) -> dict[str, CaseResult]:
     """Run the cases on Ray. `phases` receives where the wall time went: cluster (connect),
     first_result (from connect to the first result: worker start-up, imports, the first session),
     cases (from then to the last result), shutdown. On this machine's GPUs, Triton's kernel cache is
-    warmed by helper processes meanwhile (`precompile_jobs`, None: ORCH_PRECOMPILE_JOBS or auto)."""
+    warmed by helper processes meanwhile (--precompile-jobs, None: ORCH_PRECOMPILE_JOBS or auto)."""
     if not cases:
         return {}
-    phases = phases if phases is not None else {}
     log_dir = tempfile.mkdtemp(prefix="orch-workers-")
     history = store.durations()
     jit = _jit_backends(cases)
-    warmup = _start_precompile(cases, address=address, devices=devices, jobs=precompile_jobs, log_dir=log_dir,
-                               history=history, jit=jit)  # before the cluster: its start-up overlaps ours
+    warmup = _start_precompile(cases, req, log_dir, history, jit)  # before the cluster: its start-up overlaps ours
     results: dict[str, CaseResult] = {}
     try:
-        per_gpu = _per_gpu(memory, cases, store, devices) if memory is not None else 1
-        results = _run_on_cluster(store, run_id, cases, address=address, devices=devices, workers=workers,
-                                  timeout_s=timeout_s, no_progress=no_progress, phases=phases, log_dir=log_dir,
-                                  history=history, deferral=_deferral(jit, warmup), verbose=verbose,
-                                  max_gpus=max_gpus, memory=memory, per_gpu=per_gpu)
+        work = _Work(phases, log_dir, history, _deferral(jit, warmup), _per_gpu(req.memory, cases, store, req.devices))
+        with _ray_logging(req.verbose):
+            results = _on_cluster(store, run_id, cases, req, work)
         return results
     finally:
         if warmup is not None:
@@ -367,7 +301,7 @@ def _execute(store, run_id, cases, *, address, devices, workers, timeout_s, no_p
             warmup.stop(covered=covered(cases, results))
 
 
-def _per_gpu(memory, cases, store, devices) -> int:
+def _per_gpu(memory, cases, store, devices: str) -> int:
     """--workers-per-gpu resolved (auto: orchestrator/executor/packing.py, on this machine's cores,
     GPUs and device memory, by the cases' needs recorded in the store)."""
     if memory.workers_per_gpu != "auto":
@@ -384,15 +318,15 @@ def _per_gpu(memory, cases, store, devices) -> int:
     return packing.per_gpu
 
 
-def _start_precompile(cases, *, address, devices, jobs, log_dir, history, jit: frozenset[str]):
+def _start_precompile(cases, req: RunRequest, log_dir: str, history, jit: frozenset[str]):
     """The Triton warm-up helpers (orchestrator/executor/precompile.py) for a run on this
     machine's GPUs, or None. `jit`: the run's backends whose kernels compile on first use."""
     from backend.attention.capabilities import local_gpu_count
     from orchestrator.executor import precompile
 
-    jobs = precompile.resolve_jobs(jobs, other_work=any(c.backend not in jit for c in cases))
-    local = address == "local" and not os.environ.get("RAY_ADDRESS")
-    if jobs < 1 or devices == "cpu" or not local or os.environ.get(RUNNER_ENV):  # a test runner: no checker
+    jobs = precompile.resolve_jobs(req.precompile_jobs, other_work=any(c.backend not in jit for c in cases))
+    local = req.address == "local" and not os.environ.get("RAY_ADDRESS")
+    if jobs < 1 or req.devices == "cpu" or not local or os.environ.get(RUNNER_ENV):  # a test runner: no checker
         return None
     if not local_gpu_count():
         return None
@@ -405,7 +339,7 @@ def _start_precompile(cases, *, address, devices, jobs, log_dir, history, jit: f
 
 def _deferral(jit: frozenset[str], warmup):
     """While the warm-up helpers run, the cases of the `jit` backends (whose kernels they compile)
-    wait for the others (the worker would compile the same kernels itself, ~10 s on a cold H200)."""
+    wait for the others (the worker would compile the same kernels itself)."""
     if warmup is None or not jit:
         return None
     from orchestrator.executor.executor import Deferral
@@ -420,35 +354,23 @@ def _jit_backends(cases) -> frozenset[str]:
     return frozenset(b for b, f in {(c.backend, c.attention) for c in cases} if get_capabilities(b, f).jit_kernels)
 
 
-def _run_on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress, phases, log_dir,
-                    history, deferral=None, verbose: bool = False, max_gpus: int | None = None, memory=None,
-                    per_gpu: int = 1) -> dict[str, CaseResult]:
-    with _ray_logging(verbose):
-        return _on_cluster(store, run_id, cases, address=address, devices=devices, workers=workers,
-                           timeout_s=timeout_s, no_progress=no_progress, phases=phases, log_dir=log_dir,
-                           history=history, deferral=deferral, max_gpus=max_gpus, memory=memory,
-                           per_gpu=per_gpu)  # fmt: skip
-
-
-def _on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, no_progress, phases, log_dir,
-                history, deferral, max_gpus=None, memory=None, per_gpu: int = 1) -> dict[str, CaseResult]:
+def _on_cluster(store, run_id: int, cases, req: RunRequest, work: _Work) -> dict[str, CaseResult]:
     from orchestrator.executor.cluster import connect, disconnect
     from orchestrator.executor.executor import ExecConfig, Executor
     from orchestrator.executor.progress import Progress
     from orchestrator.interrupts import rearm
 
     t0 = time.monotonic()
-    cluster = connect(address, devices=devices, workers=workers, min_slots=max(c.tp for c in cases),
-                      workers_per_gpu=per_gpu, max_gpus=max_gpus)
+    cluster = connect(req.address, devices=req.devices, workers=req.workers, min_slots=max(c.tp for c in cases),
+                      workers_per_gpu=work.per_gpu, max_gpus=req.max_gpus)
     rearm()  # ray.init installed its own SIGTERM handler (sys.exit): ours closes the run first
     t_up = time.monotonic()
+    phases = work.phases
     phases["cluster"] = t_up - t0
     marks: list[float] = []
     _err(cluster.banner)
-    config = ExecConfig(timeout_s=timeout_s, log_dir=log_dir)
-    if memory is not None:
-        config = dataclasses.replace(config, gpu_memory_utilization=memory.utilization,
-                                     gpu_memory_bytes=memory.gpu_memory)
+    config = ExecConfig(timeout_s=req.timeout_s, log_dir=work.log_dir, gpu_memory_utilization=req.memory.utilization,
+                        gpu_memory_bytes=req.memory.gpu_memory)
     if cluster.device_kind == "gpu" and cluster.workers_per_gpu > 1:
         # Cases measured to need more than one worker's share run on wider workers (packing.slot_width).
         from backend.attention.capabilities import driver_gpu_memory
@@ -457,7 +379,7 @@ def _on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, n
                                      device_bytes=config.gpu_memory_bytes or driver_gpu_memory())
     if os.environ.get(RUNNER_ENV):
         config = dataclasses.replace(config, runner=os.environ[RUNNER_ENV])
-    progress = Progress(len(cases), live=sys.stderr.isatty(), quiet=no_progress)
+    progress = Progress(len(cases), live=sys.stderr.isatty(), quiet=req.no_progress)
 
     def on_results(items: list[tuple[CaseResult, bool]]) -> None:
         store.record_many(run_id, items)  # durable before anything below reports it
@@ -468,7 +390,7 @@ def _on_cluster(store, run_id, cases, *, address, devices, workers, timeout_s, n
                 progress.update(result)
 
     try:
-        return Executor(cluster, config, on_results=on_results, history=history, deferral=deferral,
+        return Executor(cluster, config, on_results=on_results, history=work.history, deferral=work.deferral,
                         on_notice=_err).run(cases)  # fmt: skip
     finally:
         progress.close()

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 from orchestrator.dashboard.build import build_page, data_version, live_extras, page_data, store_history
 from orchestrator.dashboard.pack import pack
 from orchestrator.errors import InfraError, OrchError
+from orchestrator.judging import Judging
 from orchestrator.known_failures import KnownFailures, load
 from orchestrator.outputs import gather, pick_run
 from orchestrator.store import ResultStore
@@ -60,7 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if url.path not in ("/", "/index.html", "/api/data"):
                     self._send(404, "not found", "text/plain; charset=utf-8")
                     return
-                view = gather(store, rid, baseline=srv.baseline, known_failures=srv.known)
+                view = gather(store, rid, Judging(baseline=srv.baseline, known_failures=srv.known))
                 if url.path == "/api/data":
                     hist, labels = store_history(store)
                     data = pack(page_data(view, hist, live_extras(store, rid), labels))
@@ -96,5 +97,5 @@ def make_server(db: str, host: str = "127.0.0.1", port: int = 0, baseline: str |
     with ResultStore(db, readonly=True) as store:
         rid = store.latest_run_id()
         if rid is not None and baseline:
-            gather(store, rid, baseline=baseline, known_failures=known)
+            gather(store, rid, Judging(baseline=baseline, known_failures=known))
     return DashboardServer(db, host, port, baseline, known)

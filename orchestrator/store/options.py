@@ -1,13 +1,16 @@
 """How `orch run` was asked for a run (runs.options, schema 6): what its outputs name ("filter
-`tp=1`, backend `x`: 6 of 90 cases"), where `--resume` writes, and the gate's empty-run rule
-(orchestrator/empty_run.py), so `orch gate` and `orch report` judge the run as `orch run` did.
-Runs stored before schema 6 read as the defaults."""
+`tp=1`, backend `x`: 6 of 90 cases"), where `--resume` writes, and what judged it (known failures,
+flakiness window and threshold, the empty-run rule of orchestrator/empty_run.py; the baseline is
+runs.baseline), so `orch gate` and `orch report` judge the run as `orch run` did
+(orchestrator/judging.py). Keys a run was stored without read as the defaults."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from dataclasses import dataclass
+
+from orchestrator.flakiness import DEFAULT_WINDOW
 
 
 @dataclass(frozen=True)
@@ -19,12 +22,15 @@ class RunOptions:
     allow_empty: bool = False  # --allow-empty: a run in which nothing ran may pass
     require: tuple[str, ...] = ()  # --require FILTER...: slices that must have run
     allow_unverifiable: bool = False  # --allow-unverifiable: unverifiable cases listed, not failing
+    known_failures: str = ""  # the known-failures file that applied, absolute ("" none)
+    flaky_window: int = DEFAULT_WINDOW  # --flaky-window
+    flaky_threshold: float | None = None  # --flaky-threshold (None: scores shown, never used)
 
     def to_json(self) -> str:
         return json.dumps({**dataclasses.asdict(self), "require": list(self.require)}, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | None) -> "RunOptions":
+    def from_json(cls, text: str | None) -> RunOptions:
         d = json.loads(text or "{}")
         known = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in known}

@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from orchestrator.errors import InfraError, InputError, OrchError
 from orchestrator.store.location import Location
@@ -33,22 +34,42 @@ class SqliteDB:
         self.readonly = readonly
         p = Path(location.target)
         if readonly:
-            if not p.is_file():
-                raise InputError("no results database here", source=self.display)
-            uri = f"file:{p.resolve().as_posix()}?mode=ro"
-            try:
-                con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_S)
-            except sqlite3.Error as e:
-                raise InputError(f"cannot open results database: {e}", source=self.display) from None
+            con = self._open_readonly(p)
         else:
+            if not p.parent.is_dir():  # a typo in --db must not start a new, empty history elsewhere
+                raise InputError(f"no folder {p.parent} for the results database: create it first "
+                                 f"(mkdir -p {p.parent})", source=self.display)  # fmt: skip
             try:
-                p.parent.mkdir(parents=True, exist_ok=True)
                 con = sqlite3.connect(location.target, isolation_level=None, timeout=BUSY_TIMEOUT_S)
             except (OSError, sqlite3.OperationalError) as e:
                 raise InfraError(f"cannot create results database: {e}", source=self.display) from None
         con.row_factory = sqlite3.Row
         self.con = con
         self.path = os.path.abspath(location.target)
+
+    def _open_readonly(self, p: Path) -> sqlite3.Connection:
+        """A reader's connection. A WAL database read-only needs its -shm file, which a reader
+        without write access to the folder cannot create ("attempt to write a readonly
+        database"): such a store (read-only media, another user's file) is opened immutable,
+        without locks, as a snapshot of what its writers left."""
+        if not p.is_file():
+            raise InputError("no results database here", source=self.display)
+        base = f"file:{quote(p.resolve().as_posix())}?mode=ro"
+        for uri in (base, base + "&immutable=1"):
+            try:
+                con = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_S)
+            except sqlite3.Error as e:
+                raise InputError(f"cannot open results database: {e}", source=self.display) from None
+            try:
+                con.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the first read opens the WAL
+            except sqlite3.OperationalError as e:
+                if "readonly" in str(e) or "unable to open" in str(e):
+                    con.close()
+                    continue
+            except sqlite3.Error:
+                pass  # not a database, or not ours: the schema check says so in its words
+            return con
+        raise InputError("cannot open results database for reading", source=self.display)
 
     def domain_error(self, e: BaseException) -> OrchError:
         msg = str(e)

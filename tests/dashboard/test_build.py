@@ -6,6 +6,7 @@ import json
 import re
 
 from orchestrator.dashboard.build import build_page, json_for_script, page_data, store_history
+from orchestrator.judging import Judging
 from orchestrator.outputs import gather
 from orchestrator.store import ResultStore
 from tests.dashboard.wire import page_data as page_wire
@@ -22,7 +23,7 @@ def test_json_for_script_cannot_close_the_script_element():
 def test_page_embeds_case_data_only_as_escaped_json(sample_db):
     db, kf = sample_db
     with ResultStore(db, readonly=True) as store:
-        view = gather(store, None, baseline="1", known_failures=kf)
+        view = gather(store, None, Judging(baseline="1", known_failures=kf))
         html = build_page(store, view)
     assert samples.XSS not in html and "<script>alert(1)" not in html and "<img src=x onerror" not in html
     # The only <script> elements are ours: the JSON block and the inline code.
@@ -37,7 +38,7 @@ def test_page_embeds_case_data_only_as_escaped_json(sample_db):
 def test_view_model_marks_changes_and_history(sample_db):
     db, kf = sample_db
     with ResultStore(db, readonly=True) as store:
-        view = gather(store, None, baseline="1", known_failures=kf)
+        view = gather(store, None, Judging(baseline="1", known_failures=kf))
         data = page_data(view, *store_history(store)[:1])
     by_id = {c["id"]: c for c in data["cases"]}
     assert by_id[samples.REGRESSION]["change"] == "regression"

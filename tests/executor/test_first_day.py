@@ -193,7 +193,7 @@ def test_the_conclusion_on_stdout_progress_and_notes_on_stderr(ray_cluster, tmp_
     assert rc == 0
     lines = out.splitlines()
     assert lines[-1].startswith(f"run 1 (5 of 100 cases, --filter '{SMALL}'): 5 ran (pass 5), 0 skipped, ") and \
-        lines[-1].endswith(f"-> gate PASSED: 5 cases, no new failures (outputs in {tmp_path / 'o'})"), lines
+        lines[-1].endswith(f"-> gate PASSED: 5 ran (5 pass), no new failures (outputs in {tmp_path / 'o'})"), lines
     assert re.fullmatch(r"time: load matrix [\d.]+s, start cluster [\d.]+s, start to first result [\d.]+s, "
                         r"first to last result [\d.]+s, shutdown [\d.]+s, write outputs [\d.]+s", lines[-2]), lines
     assert all(ln.startswith("orch: ") for ln in err.splitlines()) and re.search(r"^orch: \d+/5 \(", err, re.M)

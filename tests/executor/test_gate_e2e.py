@@ -47,6 +47,18 @@ def test_the_change_fails_the_gate_and_the_baseline_names_it_a_regression(runs):
     assert again[0] == 0
 
 
+def test_orch_gate_later_gives_each_run_the_verdict_orch_run_gave(runs, capsys):
+    from orchestrator.cli import main as cli_main
+
+    tmp, *_ = runs
+    capsys.readouterr()
+    summaries = {rid: open(f"{tmp}/{name}/summary.md").read() for rid, name in ((2, "broken"), (3, "again"))}
+    for rid, md in summaries.items():  # no --baseline given here: the run's own
+        code = cli_main(["gate", "--db", str(tmp / "r.db"), "--run", str(rid)])
+        headline = capsys.readouterr().out.splitlines()[-1]
+        assert f"**{headline}**" in md and code == (1 if rid == 2 else 0), (headline, md[:300])
+
+
 def test_junit_has_exactly_the_broken_case_with_numbers_and_repro(runs):
     _, _, (_, out), _ = runs
     xml = JUnitXml.fromfile(f"{out}/junit.xml")

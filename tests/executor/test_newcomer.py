@@ -146,7 +146,8 @@ def test_an_interrupted_run_writes_its_outputs_marked_interrupted(ray_cluster, t
     assert run.status == "interrupted" and missing and run.num_results == gangs
     name = signal.Signals(sig).name
     assert lines[-1].startswith(f"run 2 INTERRUPTED by {name} after ") and "--resume 2" in lines[-1], lines[-1]
-    assert f"{len(missing)} missing -> gate FAILED: {len(missing)} missing of {run.num_cases} cases" in lines[-1]
+    ran = run.num_cases - len(missing)
+    assert f"{len(missing)} missing -> gate FAILED: {len(missing)} missing; {ran} ran ({ran} pass)" in lines[-1]
     md = open(os.path.join(out, "summary.md")).read()
     assert md.startswith(f"## ⛔ orch run 2 — `{SMOKE}` — INTERRUPTED\n") and "orch run 1" not in md
     assert f"**run 2 INTERRUPTED ({run.num_results} of {run.num_cases} cases recorded): gate FAILED" in md

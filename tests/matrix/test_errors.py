@@ -17,6 +17,7 @@ BROKEN = [
     ("yaml tab indent", replace("  tp: [1, 2]", "\ttp: [1, 2]  #!"), "YAML syntax error"),
     ("missing batch spec", replace("batch: [dec, mix]", "batch: [dec, nope]  #!"), "no batch spec named 'nope'"),
     ("unknown top-level key", BASE + "colour: red  #!\n", "unknown key 'colour'"),
+    ("known-failures file missing", BASE + "known_failures: nope.yaml  #!\n", "known_failures: no such file"),
     ("unknown batch key", replace("dec: {decode: 3, seq_len: 40}", "dec: {decode: 3, seq_len: 40, colour: 1}  #!"), "unknown key 'colour'"),
     ("unknown model key", replace("num_layers: 1,", "num_layers: 1, layers: 2,  #!"), "unknown key 'layers'"),
     ("wrong type", replace("head_size: 16", "head_size: sixteen  #!"), "valid integer"),

@@ -75,7 +75,7 @@ def test_gate_folds_hundreds_of_missing_cases_into_one_line(tmp_path, capsys):
     assert code == 1 and len(lines) == 3, out
     assert lines[0] == "missing 700: tp1-FULL-auto-b0000-aiter-emulated-s0, tp1-FULL-auto-b0001-aiter-emulated-s0, " \
                        "tp1-FULL-auto-b0002-aiter-emulated-s0 and 697 more"  # fmt: skip
-    assert lines[-1] == "run 1 INTERRUPTED (3 of 703 cases recorded): gate FAILED: 700 missing of 703 cases"
+    assert lines[-1] == "run 1 INTERRUPTED (3 of 703 cases recorded): gate FAILED: 700 missing; 3 ran (3 pass)"
     code, out, _ = _run(capsys, "gate", "--db", db, "-v")
     assert code == 1 and len([ln for ln in out.splitlines() if ln.startswith("missing: ")]) == 700
 
@@ -87,7 +87,7 @@ def test_report_folds_repeated_downgrade_warnings(tmp_path, capsys):
     warnings = [ln for ln in out.splitlines() if ln.startswith("warning:")]
     assert code == 0 and warnings == [
         "warning: 74 cases: FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH gqa backends (aiter-emulated)"]
-    assert out.splitlines()[-1] == "run 1: gate PASSED: 79 cases, no new failures"
+    assert out.splitlines()[-1] == "run 1: gate PASSED: 79 ran (79 pass), no new failures"
     assert not [ln for ln in out.splitlines() if ln != ln.rstrip()]  # no padding
 
 

@@ -73,7 +73,7 @@ def test_a_real_failure_beside_a_not_run_case_is_exit_1():
 
 def test_not_run_alone_says_infrastructure():
     out = evaluate([samples.result_for(C, Status.NOT_RUN, reason="not run: placement")])
-    assert not out.passed and out.verdict() == "gate FAILED: 1 not run (infrastructure) of 1 case"
+    assert not out.passed and out.verdict() == "gate FAILED: 1 not run (infrastructure); 0 ran"
     assert out.to_dict()["not_run"] == [C.case_id]
 
 
@@ -89,7 +89,7 @@ def test_full_sample_run_lists_every_class():
     assert out.downgraded == (samples.DOWNGRADED,)
     assert out.classification[samples.SKIPPED] == "skip"
     assert out.gating[:2] == out.regressions  # worst first
-    assert "2 regressions" in out.verdict() and "1 new failure of" in out.verdict()
+    assert out.verdict() == "gate FAILED: 2 regressions, 1 new failure; 31 ran (24 pass), 1 skipped"
 
 
 def test_only_old_and_known_failures_pass_the_gate():
@@ -164,13 +164,13 @@ EMPTY_SCENARIOS = {
         "gate PASSED (--allow-empty): nothing ran, 3 cases skipped"),
     "one case ran: the rest may skip": (
         lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]], (), False, ExitCode.OK,
-        "gate PASSED: 3 cases, no new failures"),
+        "gate PASSED: 1 ran (1 pass), 2 skipped, no new failures"),
     "a required slice that did not run fails": (
         lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]], ("batch=mixed",), False,
         ExitCode.GATE_FAILED, "required `batch=mixed` did not run: 1 skipped (needs a CUDA/ROCm GPU (Triton): 1)"),
     "a required slice that ran passes": (
         lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]], ("batch=decode4",), False, ExitCode.OK,
-        "gate PASSED: 3 cases, no new failures"),
+        "gate PASSED: 1 ran (1 pass), 2 skipped, no new failures"),
     "--allow-empty does not waive --require": (
         lambda: [_skip(c) for c in CASES[:3]], ("torch",), True, ExitCode.GATE_FAILED,
         "required `torch` did not run: 3 skipped"),
@@ -179,7 +179,7 @@ EMPTY_SCENARIOS = {
         "required `backend=aiter` did not run: no case of this run matches it"),
     "a failure is the verdict, not the emptiness": (
         lambda: [samples.result_for(CASES[0], Status.NOT_RUN, reason="not run: placement"), _skip(CASES[1])],
-        (), False, ExitCode.INFRA_ERROR, "gate FAILED: 1 not run (infrastructure) of 2 cases"),
+        (), False, ExitCode.INFRA_ERROR, "gate FAILED: 1 not run (infrastructure); 0 ran, 1 skipped"),
 }
 
 

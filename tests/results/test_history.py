@@ -13,6 +13,7 @@ from orchestrator.cli import main as cli_main
 from orchestrator.errors import ExitCode, InputError
 from orchestrator.gate import evaluate
 from orchestrator.known_failures import parse
+from orchestrator.judging import Judging
 from orchestrator.outputs import gather
 from orchestrator.store import ResultStore, find_baseline
 from tests.results import samples
@@ -129,13 +130,13 @@ def test_a_case_flaky_over_the_window_does_not_gate_one_steady_before_does(tmp_p
         for i in range(6):  # `flip` fails every other run of main; `steady` always passes
             _run(store, {flip: Status.FAIL} if i % 2 == 0 else {}, label="main")
         current = _run(store, {flip: Status.FAIL, steady: Status.FAIL}, label="pr-1")
-        view = gather(store, current, baseline="main", flaky_window=5, flaky_threshold=0.3)
+        view = gather(store, current, Judging(baseline="main", flaky_window=5, flaky_threshold=0.3))
         assert view.gate.classification[flip] == "flaky" and flip in view.gate.flaky_history
         assert view.gate.classification[steady] == "regression" and view.gate.exit_code == ExitCode.GATE_FAILED
         assert view.flakiness[flip].runs == 5 and view.flakiness[flip].flips == 4
         assert len(view.window) == 5 and current not in view.window
         # Without a threshold the scores are shown, never used.
-        assert gather(store, current, baseline="main").gate.classification[flip] == "regression"
+        assert gather(store, current, Judging(baseline="main")).gate.classification[flip] == "regression"
 
 
 def test_muted_cases_run_report_their_status_and_never_gate():

@@ -105,7 +105,7 @@ def test_a_not_run_case_is_an_error_in_junit_and_its_own_section_in_the_summary(
     run = RunInfo(1, "m.yaml", "", "", 0.0, 1.0, "finished", "", "cpu")
     text = summary.render(run, results, gate)
     assert "Not run (infrastructure) (1)" in text or "Not run (infrastructure)" in text
-    assert "gate FAILED: 1 not run (infrastructure) of 2 cases" in text
+    assert "gate FAILED: 1 not run (infrastructure); 1 ran (1 pass)" in text
     assert "not-run" in STATES  # a dashboard cell state, hence a legend entry
 
 

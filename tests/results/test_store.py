@@ -187,10 +187,17 @@ def test_migrates_a_version_1_database_keeping_its_data(tmp_path, cases):
 
 
 def test_unwritable_location_is_infra_error(tmp_path, capsys):
-    blocker = tmp_path / "file"
-    blocker.write_text("x")
     with pytest.raises(InfraError):
-        ResultStore(str(blocker / "sub" / "r.db"))
+        ResultStore(str(tmp_path))  # a folder: no database can be created there
+
+
+def test_a_missing_folder_of_the_store_is_never_created(tmp_path, capsys):
+    # A typo in --db must not start a new, empty history (no baseline, no flakiness) elsewhere.
+    code, err = _cli(capsys, "report", "--db", str(tmp_path / "nope" / "r.db"))
+    assert code == 2 and "no results database here" in err
+    with pytest.raises(InputError, match=r"no folder .*nope for the results database: create it first"):
+        ResultStore(str(tmp_path / "nope" / "r.db"))
+    assert not (tmp_path / "nope").exists()
 
 
 def test_missing_db_for_readers_is_input_error(tmp_path, capsys):

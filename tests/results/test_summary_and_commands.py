@@ -36,7 +36,7 @@ def test_markdown_lists_regressions_first_with_repro(db, tmp_path, capsys):
     assert f"orch repro {samples.REGRESSION} --matrix matrices/sample.yaml" in reg and "(baseline: pass)" in reg
     assert re.search(r"[^ ] \(baseline: pass\)", reg), reg  # one space between the reason and the note
     assert "max_abs=0.812" in reg
-    assert "gate FAILED: 2 regressions, 1 new failure of" in md
+    assert "gate FAILED: 2 regressions, 1 new failure; 31 ran (24 pass), 1 skipped" in md
     # Case text outside code blocks is escaped (Buildkite annotations render HTML).
     new = md[md.index("### New failures"): md.index("### Old failures")]
     assert "&lt;script&gt;" in new.splitlines()[4] and "\x1b" not in md
@@ -65,7 +65,8 @@ GATE = {
     "no baseline: every failure gates": ([], 1, "gate FAILED"),
     "baseline run does not exist": (["--baseline", "9"], 2, "no run 9"),
     "baseline is the gated run": (["--baseline", "2"], 2, "is the run being gated"),
-    "bad run id": (["--run", "x"], 2, "--run must be"),
+    "an unknown label": (["--run", "x"], 2, "no finished run labelled 'x'"),
+    "another store is not a run of --db": (["--run", "other.db#3"], 2, "give a run id or a label of --db"),
 }
 
 
