@@ -21,71 +21,7 @@ A family's model is the generic ModelShape (heads, block size, max_model_len, ..
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
-DEFAULT_FAMILY = "gqa"
-
-
-@dataclass(frozen=True)
-class Dim:
-    """One family-specific model dimension: an int in [lo, hi], or one of `choices` (a string)."""
-
-    name: str
-    default: int | str
-    lo: int = 0
-    hi: int = 1 << 20
-    choices: tuple[str, ...] = ()
-    doc: str = ""
-
-    def check(self, value: Any) -> str | None:
-        """Why `value` is not valid for this dim (one line), or None."""
-        if self.choices:
-            if value not in self.choices:
-                return f"{self.name} {value!r} is not one of {', '.join(self.choices)}"
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"{self.name} must be an integer, got {value!r}"
-        if not self.lo <= value <= self.hi:
-            return f"{self.name} {value} is outside [{self.lo}, {self.hi}]"
-        return None
-
-
-@dataclass(frozen=True)
-class FamilySpec:
-    name: str
-    description: str
-    impl: str  # "module:attribute" of the AttentionFamily implementation (imports torch)
-    dims: tuple[Dim, ...] = ()
-    # Generic ModelShape fields this family fixes from its dims (not to be written in a matrix):
-    # fn(dims) -> {field: value}.
-    derive: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda dims: {}
-    # Model keys (generic or dims) a matrix's shape starts from before its own block, per device
-    # class: what "the family's shape" is when a matrix names the family and says nothing more.
-    defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    # Every reason a shape of this family cannot be sharded over tp ranks: fn(shape, tp) -> [str].
-    layout_reasons: Callable[[Any, int], list[str]] = lambda shape, tp: []
-    # Every reason a shape is not a valid model of this family at all: fn(shape) -> [str].
-    shape_reasons: Callable[[Any], list[str]] = lambda shape: []
-    # Backend features a shape needs (a provider's Capabilities.features): fn(shape) -> (str, ...).
-    requires: Callable[[Any], tuple[str, ...]] = lambda shape: ()
-    # vLLM's V2 runner: a row with no context (a prompt's first chunk, even of one token) makes the
-    # batch a prefill batch, never a FULL decode graph's, and stays a prompt under spec decode
-    # (no verify row). Families whose backends class such rows as prefills say so; gqa, mla and
-    # swa_sinks keep the query-len rule their verdicts were taken on.
-    fresh_prompts_are_prefills: bool = False
-
-    @property
-    def dim_names(self) -> tuple[str, ...]:
-        return tuple(d.name for d in self.dims)
-
-    def dim(self, name: str) -> Dim:
-        return next(d for d in self.dims if d.name == name)
-
-    def derived_fields(self) -> tuple[str, ...]:
-        return tuple(self.derive({d.name: d.default for d in self.dims}))
+from backend.families.contract.spec import Dim, FamilySpec
 
 
 # ---- gqa: plain grouped-query paged attention (the family orch started with) -----------------
@@ -276,39 +212,5 @@ HYBRID_GDN = FamilySpec(
 )
 
 
+# The builtins by name (contract/registry.py names each by its import path here).
 SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA, MLA, SWA_SINKS, HYBRID_GDN)}
-FAMILY_NAMES: tuple[str, ...] = tuple(SPECS)
-
-
-class UnknownFamily(ValueError):
-    """A family name that is neither a builtin (FAMILY_NAMES) nor a plugin's (one line)."""
-
-
-def spec(name: str) -> FamilySpec:
-    """A builtin family's spec, or a plugin's (backend/families/plugins.py: by import path
-    "package.module:ATTR", or by the name of one loaded or of an `orch.families` entry point)."""
-    if name in SPECS:
-        return SPECS[name]
-    from backend.families import plugins
-
-    try:
-        found = plugins.find(name)
-    except plugins.PluginError as e:
-        raise UnknownFamily(str(e)) from None
-    if found is None:
-        known = [*FAMILY_NAMES, *plugins.names()]
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f": did you mean {close[0]!r}?" if close else ""
-        raise UnknownFamily(f"unknown attention family {name!r}{hint} (families: {', '.join(known)}, or a plugin's "
-                            f"'package.module:SPEC')")
-    return found
-
-
-def source(name: str) -> str:
-    """Where a plugin family loaded by import path came from ("" otherwise): what a worker needs
-    to find it again (ModelShape.family_source)."""
-    if name in SPECS:
-        return ""
-    from backend.families import plugins
-
-    return plugins.source(name)

@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 from backend.attention.groups import GroupedMetadataBuilder
-from backend.families.base import KVCacheGroup
+from backend.families.contract import KVCacheGroup
 from backend.families.gqa import GQA, _with_new
 from backend.families.specs import SWA_SINKS as SPEC
 
