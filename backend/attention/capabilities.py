@@ -223,6 +223,8 @@ BUILTIN_CAPABILITIES: dict[tuple[str, str], Capabilities] = {(c.name, c.family):
                  family="swa_sinks", features=("sinks",)),
     # hybrid_gdn: UNIFORM_BATCH, as vLLM's GDN backend declares (the minimum over the groups).
     Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="hybrid_gdn"),
+    # mla_sparse: UNIFORM_BATCH, as vLLM's sparse MLA backends declare.
+    Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="mla_sparse"),
 )}
 
 

@@ -37,6 +37,7 @@ _BUILTIN_PATHS: dict[tuple[str, str], str] = {
     ("torch", "swa_sinks"): "backend.providers.torch_swa:TorchSWABackend",
     ("aiter-triton", "swa_sinks"): "backend.providers.aiter_triton_swa:AiterTritonSWABackend",
     ("torch", "hybrid_gdn"): "backend.providers.torch_gdn:TorchHybridGDNBackend",
+    ("torch", "mla_sparse"): "backend.providers.torch_mla_sparse:TorchSparseMLABackend",
 }
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUILTIN_PATHS))
 # "vllm:NAME" is vLLM's own backend NAME run in place (backend/adapters/vllm/); reserved, so it

@@ -14,6 +14,8 @@ A family's model is the generic ModelShape (heads, block size, max_model_len, ..
                so num_kv_heads = 1 and head_size = that row are derived, never written
     swa_sinks  sliding_window, layer_pattern, sinks, kv_groups (gpt-oss: alternating window / full
                layers, a learned sink per query head, one KV-cache group per layer kind)
+    mla_sparse mla's, and index_n_heads, index_head_dim, index_topk (DeepSeek V3.2: an indexer picks
+               the top-k tokens each query token attends; its keys in a cache plane of their own)
     hybrid_gdn num_k_heads, head_k_dim, conv_kernel, state_dtype, full_attention_interval
                (Qwen3-Next: GatedDeltaNet layers with a per-request state beside full attention;
                the GDN value heads are the generic num_heads x head_size)
@@ -99,6 +101,44 @@ MLA = FamilySpec(
                 "v_head_dim": 16, "max_model_len": 128, "max_num_seqs": 64},
     },
     layout_reasons=_heads_only_layout,
+)
+
+
+# ---- mla_sparse: DeepSeek sparse attention (V3.2's DSA): an indexer and a top-k over MLA ---------
+
+def _mla_sparse_shape(shape) -> list[str]:
+    dims = dict(shape.dims)
+    row = dims.get("kv_lora_rank", 0) + dims.get("qk_rope_head_dim", 0)
+    reasons = []
+    if dims.get("index_head_dim", 0) > row:
+        reasons.append(f"index_head_dim {dims.get('index_head_dim')} exceeds the latent row {row} "
+                       "(the indexer's cache plane is a row of the same width)")
+    return reasons
+
+
+MLA_SPARSE = FamilySpec(
+    name="mla_sparse",
+    description="DeepSeek sparse attention: MLA over the index_topk tokens a lightning indexer picks per query "
+                "token (causal), the indexer's keys in a cache of their own",
+    impl="backend.families.mla_sparse:MLASparse",
+    dims=(*MLA.dims,
+          Dim("index_n_heads", 64, 1, 1024, doc="indexer heads Hi (a score is the weighted sum of their ReLU'd dots)"),
+          Dim("index_head_dim", 128, 1, 1024, doc="indexer key/query size Di (at most kv_lora_rank + qk_rope_head_dim)"),
+          Dim("index_topk", 2048, 1, 1 << 16, doc="K: tokens each query token attends (all of a shorter context)")),
+    derive=MLA.derive,
+    defaults={
+        # DeepSeek-V3.2's MLA per rank at tp 8, its indexer (64 x 128), top-k 256 so that contexts of a
+        # few hundred tokens are above it and short ones below (the model's 2048 needs 2K+ contexts).
+        "gpu": {**MLA.defaults["gpu"], "index_n_heads": 64, "index_head_dim": 128, "index_topk": 256,
+                "num_layers": 2},
+        # Small for the 2-core CI box: one layer (the family's cost is the gather of every context
+        # row), 4 heads (tp 2 keeps two), top-k 16 against contexts of 3 to 100.
+        "cpu": {"num_heads": 4, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                "index_n_heads": 2, "index_head_dim": 16, "index_topk": 16, "num_layers": 1, "max_model_len": 128,
+                "max_num_seqs": 16},
+    },
+    layout_reasons=_heads_only_layout,
+    shape_reasons=_mla_sparse_shape,
 )
 
 
@@ -213,4 +253,4 @@ HYBRID_GDN = FamilySpec(
 
 
 # The builtins by name (contract/registry.py names each by its import path here).
-SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA, MLA, SWA_SINKS, HYBRID_GDN)}
+SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA, MLA, SWA_SINKS, HYBRID_GDN, MLA_SPARSE)}

@@ -28,6 +28,7 @@ BUILTIN: dict[str, str] = {
     "mla": "backend.families.specs:MLA",
     "swa_sinks": "backend.families.specs:SWA_SINKS",
     "hybrid_gdn": "backend.families.specs:HYBRID_GDN",
+    "mla_sparse": "backend.families.specs:MLA_SPARSE",
 }
 FAMILY_NAMES: tuple[str, ...] = tuple(BUILTIN)
 
