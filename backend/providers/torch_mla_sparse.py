@@ -72,7 +72,7 @@ class TorchSparseMLAImpl(SparseMLAImpl):
         rows = md.block_table.shape[0]
         req = md.req_id_per_token[:n].to(torch.int64).clamp(0, max(rows - 1, 0))  # a kernel reads the row named
         # The scores depend on the key only (the query is the layer's): once per request row.
-        keys = mla_ops.gather_latent(kv_cache[1], md.block_table, length, v_scale)[..., :di]  # [R, S, Di]
+        keys = mla_ops.gather_latent(kv_cache[1][..., :di], md.block_table, length, v_scale)  # [R, S, Di]
         scores = index_scores(keys, index_q, index_w)[req]  # [n, S]
         ctx = (md.seq_lens.to(torch.int64) - md.query_lens.to(torch.int64))[req]
         topk.copy_(select_topk(scores, ctx, md.token_seq_lens[:n].to(torch.int64), topk.shape[1]))
