@@ -29,8 +29,9 @@ same slot_mapping.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -45,7 +46,7 @@ class IndexerDims:
     index_topk: int  # K
 
     @classmethod
-    def of(cls, config_or_shape) -> "IndexerDims":
+    def of(cls, config_or_shape) -> IndexerDims:
         d = dict(config_or_shape.dims)
         return cls(d["index_n_heads"], d["index_head_dim"], d["index_topk"])
 
@@ -76,7 +77,7 @@ class SparseMLAMetadataBuilder(MLAMetadataBuilder):
         graph's padded requests of the uniform query len (1 + k), each of the padding seq_len,
         the tokens past them on the last row; a length is clamped at 0 (vLLM's indexer does so
         since seq_len-0 padded rows gave -1: an unsigned 4294967295 to its top-k)."""
-        n, pad = md.num_actual_tokens, md.num_padded_tokens - md.num_actual_tokens
+        pad = md.num_padded_tokens - md.num_actual_tokens
         q = max(self.reorder_threshold, 1)
         first, last = md.num_reqs, max(md.num_padded_reqs - 1, 0)
         pad_seq = self.cg_padding[0]
@@ -85,7 +86,6 @@ class SparseMLAMetadataBuilder(MLAMetadataBuilder):
 
     def _write(self, query_lens, seq_lens, block_table, slot_mapping, padded_tokens, padded_reqs, for_capture):
         md = super()._write(query_lens, seq_lens, block_table, slot_mapping, padded_tokens, padded_reqs, for_capture)
-        n = md.num_actual_tokens
         rows = [r for r, q in enumerate(query_lens) for _ in range(q)]
         pad_rows, pad_lens = self.padded_tokens(md, query_lens)
         copy_into(self.req_id_per_token[:md.num_padded_tokens], torch.tensor(rows + pad_rows, dtype=torch.int32))
@@ -93,7 +93,6 @@ class SparseMLAMetadataBuilder(MLAMetadataBuilder):
                   torch.tensor(token_seq_lens(query_lens, seq_lens) + pad_lens, dtype=torch.int32))
         self.req_id_per_token[md.num_padded_tokens:].fill_(0)
         self.token_seq_lens[md.num_padded_tokens:].fill_(0)
-        assert len(rows) == n
         sparse = SparseMLAMetadata(**vars(md), token_seq_lens=self.token_seq_lens[:md.num_padded_tokens],
                                    req_id_per_token=self.req_id_per_token[:md.num_padded_tokens],
                                    index_topk=self.index.index_topk)
@@ -152,7 +151,7 @@ class Buffers:
     topk: torch.Tensor  # [num_padded_tokens, width] int64 (the Impl's buffer, its rows for these tokens)
 
     @classmethod
-    def of(cls, md: SparseMLAMetadata, topk_buffer: torch.Tensor) -> "Buffers":
+    def of(cls, md: SparseMLAMetadata, topk_buffer: torch.Tensor) -> Buffers:
         n = md.num_padded_tokens
         return cls(md.num_actual_tokens, n, md.num_reqs, md.num_padded_reqs, md.index_topk,
                    md.seq_lens.tolist(), md.query_lens.tolist(), md.block_table.shape[0],

@@ -75,11 +75,10 @@ def _buffers(**changes) -> Buffers:
     topk[0, :5] = torch.arange(5)
     topk[1, :2] = torch.tensor([1, 0])
     topk[2, :3] = torch.tensor([2, 1, 0])
-    base = dict(num_actual_tokens=3, num_padded_tokens=6, num_reqs=2, num_padded_reqs=3, index_topk=TOPK,
-                seq_lens=[5, 3, 0], query_lens=[1, 2, 0], block_table_rows=3, token_seq_lens=[5, 2, 3, 0, 0, 0],
-                req_id_per_token=[0, 1, 1, 2, 2, 2], topk=topk)
-    base.update(changes)
-    return Buffers(**base)
+    base = {"num_actual_tokens": 3, "num_padded_tokens": 6, "num_reqs": 2, "num_padded_reqs": 3, "index_topk": TOPK,
+            "seq_lens": [5, 3, 0], "query_lens": [1, 2, 0], "block_table_rows": 3,
+            "token_seq_lens": [5, 2, 3, 0, 0, 0], "req_id_per_token": [0, 1, 1, 2, 2, 2], "topk": topk}
+    return Buffers(**{**base, **changes})
 
 
 def _topk_with(row: int, values: list[int]) -> torch.Tensor:

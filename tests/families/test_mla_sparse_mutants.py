@@ -7,8 +7,8 @@ k 1, 15 in one of 16 at k 2), and the mixed batch never replays one."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 
