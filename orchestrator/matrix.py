@@ -231,7 +231,7 @@ class _Loader:
         """Each family of the matrix needs a backend that implements it (a whole family skipped for
         want of one is a mistake in the file). `--backend` instead only has to load: a family it
         does not implement is its cases' skip reason (backend_reasons), as a plugin's always was,
-        so `--filter` decides which families are in question (#41)."""
+        so `--filter` decides which families are in question."""
         from backend.attention.registry import family_reason
 
         if override is not None:
@@ -337,7 +337,7 @@ class _Loader:
     def includes(self, per_family: list[dict[str, list]]) -> list[dict]:
         """The include entries for expand(): one per combination of an entry's lists, each with its
         index. A parent's rows that name an axis value this file's axes no longer have (it narrowed
-        them) are dropped: they were written for the parent's axes (#41: narrowing `batch:` under
+        them) are dropped: they were written for the parent's axes (narrowing `batch:` under
         full.yaml failed inside full.yaml)."""
         values = axis_values(per_family)
         inherited = self.inherited_include() is not None

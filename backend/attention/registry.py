@@ -102,7 +102,7 @@ def get_backend(name: str, family: str = "gqa") -> type[AttentionBackend]:
     if not isinstance(name, str) or not name.strip():
         raise BackendLoadError(f"empty backend name: expected one of {', '.join(BUILTIN_BACKENDS)}")
     name = name.strip()
-    if name.startswith(VLLM_PREFIX):  # vLLM's own backend by its registry name (issue 15)
+    if name.startswith(VLLM_PREFIX):  # vLLM's own backend by its registry name
         vllm_name = name[len(VLLM_PREFIX):].strip()
         if not vllm_name:
             raise BackendLoadError(f"empty vLLM backend name in {name!r}: expected e.g. vllm:FLEX_ATTENTION")

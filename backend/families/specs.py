@@ -96,7 +96,7 @@ MLA = FamilySpec(
         # max_model_len 128 and max_num_seqs 64 (the MLA batches: at most 64 requests, sequences
         # of 100): AITER's page-size-1 kv_indices hold max_num_seqs x (1 + k) x max_model_len
         # slots, and the emulated mla_decode_fwd scores every one of them each call (at
-        # full.yaml's 256 x 512, 10 s a case on the 2-core box).
+        # full.yaml's 256 x 512, the slowest MLA cases on the CPU box by far).
         "cpu": {"num_heads": 8, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
                 "v_head_dim": 16, "max_model_len": 128, "max_num_seqs": 64},
     },

@@ -1,4 +1,4 @@
-"""A family from outside orch's tree (#41), registered without editing backend/: the tiny mqa
+"""A family from outside orch's tree, registered without editing backend/: the tiny mqa
 family of plugin_mqa.py named by import path and run end to end on the session's Ray cluster (tp 1
 and a tp 2 gang, the real checker, a broken provider red), and found by an `orch.families` entry
 point of an installed distribution; a bad plugin is one line, exit 2."""

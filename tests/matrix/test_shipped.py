@@ -126,7 +126,7 @@ def test_plan_text_output(capsys):
     assert "tp2-FULL-auto-mixed_small-torch-s0" in out
     assert "tp1-" not in out
     assert "expected wall time:" in out and "sum of case estimates:" in out and "cudagraph_mode" in out
-    # Without -v no case has a line of its own (#33: full.yaml printed 1,730 of them).
+    # Without -v no case has a line of its own (full.yaml once printed 1,730 of them).
     assert main(["plan", "matrices/smoke.yaml", "--devices", "cpu", "--filter", "tp=2"]) == 0
     out = capsys.readouterr().out
     assert "tp2-FULL-auto-mixed_small-torch-s0" not in out and "5 runnable cases" in out
@@ -142,7 +142,7 @@ def test_plan_text_lists_skips_with_reasons(capsys):
     assert "unavailable:" in out and "tp1-NONE-auto-decode_1-aiter-s0" in out
 
 
-# --- what the files and docs say of themselves matches `orch plan` (#41) --------------------------
+# --- what the files and docs say of themselves matches `orch plan` --------------------------
 
 
 def _counts(path: str) -> tuple[int, int]:
