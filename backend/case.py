@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.attention import padding
-from backend.families.specs import DEFAULT_FAMILY, UnknownFamily, spec
+from backend.families.contract import DEFAULT_FAMILY, UnknownFamily, spec
 
 # vLLM v1 cudagraph modes (DESIGN.md §4). Runtime modes are only NONE, PIECEWISE, FULL.
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
@@ -67,7 +67,7 @@ class ModelShape:
     capture_style: str = "v2"  # one of CAPTURE_STYLES; v2 = the current vLLM model runner
     attention: str = DEFAULT_FAMILY  # a builtin family (specs.FAMILY_NAMES) or a plugin's name
     dims: tuple[tuple[str, Any], ...] = ()  # the family's own dimensions, sorted by name
-    # A plugin family named by import path: that path (backend/families/plugins.py), so a worker
+    # A plugin family named by import path: that path (backend/families/contract/plugins.py), so a worker
     # loads it before it looks the family up; "" for builtins and entry-point families.
     family_source: str = ""
 

@@ -19,7 +19,7 @@ from typing import Any
 from backend.attention import padding
 from backend.attention.support import unavailable
 from backend.case import BatchSpec, Case, ModelShape, Tolerance, default_capture_sizes
-from backend.families.specs import spec as family_spec
+from backend.families.contract import spec as family_spec
 from orchestrator import matrix_schema as S
 from orchestrator import matrix_tree as T
 from orchestrator.errors import InputError

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from backend.case import ModelShape
-from backend.families.specs import FamilySpec, source, spec
+from backend.families.contract import FamilySpec, source, spec
 from orchestrator import matrix_schema as S
 from orchestrator import matrix_tree as T
 from orchestrator.errors import InputError

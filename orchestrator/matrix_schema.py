@@ -18,7 +18,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       model_validator)
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, MODEL_DTYPES, TP_SIZES
-from backend.families.specs import UnknownFamily, spec as family_spec
+from backend.families.contract import UnknownFamily, spec as family_spec
 from orchestrator.errors import InputError
 from orchestrator.matrix_tree import Node, error_at, field_path, to_plain
 
@@ -42,7 +42,7 @@ TpValue = Annotated[int, _one_of(TP_SIZES, "tp")]
 
 def _family(v: str) -> str:
     """A builtin family's name, or a plugin's (by name or "package.module:SPEC": the family's name
-    from then on; backend/families/plugins.py)."""
+    from then on; backend/families/contract/plugins.py)."""
     try:
         return family_spec(v).name
     except UnknownFamily as e:

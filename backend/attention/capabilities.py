@@ -1,4 +1,4 @@
-"""What the planner needs to know about a provider, without importing it (issue 13, start-up).
+"""What the planner needs to know about a provider, without importing it (start-up time).
 
 The planner (orch plan, the driver of orch run) asks four things of every backend of a matrix: its
 cudagraph support level, its kv cache dtypes, its model dtypes, and whether it can run on this
@@ -33,7 +33,7 @@ _GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 
 @functools.lru_cache(maxsize=None)
 def driver_gpu_count(kfd_topology: str = "/sys/class/kfd/kfd/topology/nodes") -> int | None:
-    """The GPUs the driver offers this process, asked without importing torch (issue 13: the
+    """The GPUs the driver offers this process, asked without importing torch (the
     driver of `orch run` and `orch plan` on a GPU machine spent seconds importing torch only to
     learn this). NVIDIA: libcuda's cuInit + cuDeviceGetCount, the calls torch's own check ends in
     (CUDA_VISIBLE_DEVICES is honoured by the driver). ROCm: GPU nodes of the KFD topology (nodes
@@ -124,7 +124,7 @@ class Capabilities:
     dtypes: tuple[str, ...]  # "bfloat16", "float16", "float32"
     unavailable: Callable[[str], str | None]  # device class "cpu" | "gpu" -> reason, None, or ASK_CLASS
     # Kernels compiled on first use in each machine's cache (the class's `jit_kernels`): a local
-    # GPU run warms them in helper processes and runs these cases after the others (#13).
+    # GPU run warms them in helper processes and runs these cases after the others.
     jit_kernels: bool = False
     family: str = "gqa"  # the attention family this class implements (backend/families/)
     # What it supports beyond its family's core (the class's `features`): "sinks" (swa_sinks).
@@ -223,6 +223,8 @@ BUILTIN_CAPABILITIES: dict[tuple[str, str], Capabilities] = {(c.name, c.family):
                  family="swa_sinks", features=("sinks",)),
     # hybrid_gdn: UNIFORM_BATCH, as vLLM's GDN backend declares (the minimum over the groups).
     Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="hybrid_gdn"),
+    # mla_sparse: UNIFORM_BATCH, as vLLM's sparse MLA backends declare.
+    Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="mla_sparse"),
 )}
 
 

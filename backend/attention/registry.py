@@ -37,6 +37,7 @@ _BUILTIN_PATHS: dict[tuple[str, str], str] = {
     ("torch", "swa_sinks"): "backend.providers.torch_swa:TorchSWABackend",
     ("aiter-triton", "swa_sinks"): "backend.providers.aiter_triton_swa:AiterTritonSWABackend",
     ("torch", "hybrid_gdn"): "backend.providers.torch_gdn:TorchHybridGDNBackend",
+    ("torch", "mla_sparse"): "backend.providers.torch_mla_sparse:TorchSparseMLABackend",
 }
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUILTIN_PATHS))
 # "vllm:NAME" is vLLM's own backend NAME run in place (backend/adapters/vllm/); reserved, so it
@@ -101,7 +102,7 @@ def get_backend(name: str, family: str = "gqa") -> type[AttentionBackend]:
     if not isinstance(name, str) or not name.strip():
         raise BackendLoadError(f"empty backend name: expected one of {', '.join(BUILTIN_BACKENDS)}")
     name = name.strip()
-    if name.startswith(VLLM_PREFIX):  # vLLM's own backend by its registry name (issue 15)
+    if name.startswith(VLLM_PREFIX):  # vLLM's own backend by its registry name
         vllm_name = name[len(VLLM_PREFIX):].strip()
         if not vllm_name:
             raise BackendLoadError(f"empty vLLM backend name in {name!r}: expected e.g. vllm:FLEX_ATTENTION")

@@ -1,4 +1,4 @@
-"""hybrid_gdn's StepState (backend/families/base.py): requests that keep their state from step to
+"""hybrid_gdn's StepState (backend/families/contract/family.py): requests that keep their state from step to
 step, the state each step starts from, and the state_integrity check (docs/CHECKER.md).
 
 The state a step starts from. A request that continued from the step before starts from the
@@ -29,12 +29,11 @@ import torch
 
 from backend.attention.gdn import request_buffer_problems
 from backend.attention.interface import BatchDescription
-from backend.families import family
-from backend.families.base import StepState
+from backend.families.contract import StepState
 from backend.families.gdn_groups import uncovered
+from backend.families.gdn_layout import conv_channels, gdn_layers, kv_cache_groups, state_page
 from backend.families.gdn_reference import StateContext
 from backend.families.gdn_steps import plan_steps
-from backend.families.hybrid_gdn import conv_channels, gdn_layers, state_page
 from backend.harness.checks import compare, raw
 from backend.harness.session import LRU
 from backend.harness.steps import hash_seed
@@ -71,7 +70,7 @@ class Prepared:
 
 class GDNState(StepState):
     def _state_groups(self, shape):
-        return [(g, grp) for g, grp in enumerate(family("hybrid_gdn").groups(shape)) if grp.kind == "state"]
+        return [(g, grp) for g, grp in enumerate(kv_cache_groups(shape)) if grp.kind == "state"]
 
     def plan_steps(self, batch, shape, capture_sizes, num_steps, seed, spec_tokens):
         slots = 1 + shape.max_num_seqs * (1 + spec_tokens)

@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 
 from backend.attention.kv_cache import write_kv
-from backend.families.base import AttentionFamily, split_by
+from backend.families.contract import AttentionFamily, split_by
 from backend.families.specs import GQA as SPEC
 from backend.harness.reference import reference_attention
 

@@ -11,9 +11,10 @@ The state page (backend/attention/gdn.py) holds each request's conv buffer and r
 slot; its recurrent plane's dtype is the layer's (state_dtype: float32, bfloat16, or mixed: float32
 and bfloat16 on alternating GDN layers). KV-cache groups, in first-layer order as vLLM builds
 them: one state group per state dtype, then the attention group, over one shared common
-metadata (backend/attention/groups.py; gdn_groups.py notes a capture build writing it, and a GDN
-layer whose metadata cannot hold its tokens runs no core: gdn_groups.py). Requests continue from step to step; gdn_state.py is the
-family's StepState (the state each step starts from, and the state_integrity check).
+metadata (backend/attention/groups.py); gdn_layout.py holds that layout, and gdn_groups.py notes a
+capture build writing it (a GDN layer whose metadata cannot hold its tokens runs no core). Requests
+continue from step to step; gdn_state.py is the family's StepState (the state each step starts
+from, and the state_integrity check).
 """
 
 from __future__ import annotations
@@ -24,51 +25,15 @@ import torch
 
 from backend.attention.gdn import GDNDims, StatePage, num_state_slots
 from backend.attention.kv_cache import allocate_kv_cache
-from backend.families.base import KVCacheGroup
 from backend.families.gdn_groups import StateGroupsBuilder, uncovered
+from backend.families.gdn_layout import (STATE_DTYPES, conv_channels, is_state_page, kv_cache_groups, layer_state_dtype,
+                                         rank_heads, state_page)
 from backend.families.gdn_reference import gated_rmsnorm, reference_layer
+from backend.families.gdn_state import STATE
 from backend.families.gqa import GQA
 from backend.families.specs import HYBRID_GDN as SPEC
 from backend.families.specs import is_attention_layer
 from backend.result import CHECK_STATE_INTEGRITY
-
-STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def gdn_layers(shape) -> tuple[int, ...]:
-    return tuple(i for i in range(shape.num_layers) if not is_attention_layer(shape, i))
-
-
-def layer_state_dtype(shape, layer: int) -> str:
-    """The recurrent state's dtype of a GDN layer (mixed: float32 on the even GDN layers)."""
-    choice = dict(shape.dims)["state_dtype"]
-    if choice != "mixed":
-        return choice
-    return "float32" if gdn_layers(shape).index(layer) % 2 == 0 else "bfloat16"
-
-
-def is_state_page(cache: torch.Tensor) -> bool:
-    """A GDN layer's cache: a byte tensor [num_slots, page_bytes] (a KV cache has 4 or 5 dims)."""
-    return cache.dim() == 2 and cache.dtype == torch.uint8
-
-
-def state_page(config, shape, layer: int) -> StatePage:
-    return StatePage(GDNDims.of(config), config.dtype, STATE_DTYPES[layer_state_dtype(shape, layer)])
-
-
-def rank_heads(layout, shape) -> tuple[range, range]:
-    """The rank's GDN key heads and value heads (value heads: the q heads of the attention layers)."""
-    hk = dict(shape.dims)["num_k_heads"] // layout.tp
-    return range(layout.rank * hk, (layout.rank + 1) * hk), layout.q_heads
-
-
-def conv_channels(layout, shape) -> torch.Tensor:
-    """The rank's conv channels of the full [q | k | v] layout, in the rank's [q | k | v] order."""
-    dims = dict(shape.dims)
-    dk, dv, hk_all = dims["head_k_dim"], shape.head_size, dims["num_k_heads"]
-    kh, vh = rank_heads(layout, shape)
-    q = torch.arange(kh.start * dk, kh.stop * dk)
-    return torch.cat([q, q + hk_all * dk, 2 * hk_all * dk + torch.arange(vh.start * dv, vh.stop * dv)])
 
 
 class HybridGDN(GQA):
@@ -185,11 +150,7 @@ class HybridGDN(GQA):
 
     # ---- groups, builder, steps ----------------------------------------------------------------------
     def groups(self, shape):
-        state = gdn_layers(shape)
-        kinds = list(dict.fromkeys(layer_state_dtype(shape, i) for i in state))  # first-layer order
-        groups = [KVCacheGroup(f"state_{k}", tuple(i for i in state if layer_state_dtype(shape, i) == k), kind="state")
-                  for k in kinds]
-        return (*groups, KVCacheGroup("full", self.paged_layers(shape)))
+        return kv_cache_groups(shape)
 
     def make_builder(self, backend_cls, config, shape):
         return StateGroupsBuilder(backend_cls, config, self.groups(shape), shape.num_layers,
@@ -200,6 +161,4 @@ class HybridGDN(GQA):
         return tuple(query_lens), tuple(seq_lens)
 
     def step_state(self):
-        from backend.families.gdn_state import STATE
-
         return STATE

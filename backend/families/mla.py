@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from backend.attention.kv_cache import write_slots
 from backend.attention.mla import MLADims
-from backend.families.base import AttentionFamily, split_by
+from backend.families.contract import AttentionFamily, split_by
 from backend.families.specs import MLA as SPEC
 from backend.harness.model import rmsnorm
 

@@ -14,6 +14,8 @@ A family's model is the generic ModelShape (heads, block size, max_model_len, ..
                so num_kv_heads = 1 and head_size = that row are derived, never written
     swa_sinks  sliding_window, layer_pattern, sinks, kv_groups (gpt-oss: alternating window / full
                layers, a learned sink per query head, one KV-cache group per layer kind)
+    mla_sparse mla's, and index_n_heads, index_head_dim, index_topk (DeepSeek V3.2: an indexer picks
+               the top-k tokens each query token attends; its keys in a cache plane of their own)
     hybrid_gdn num_k_heads, head_k_dim, conv_kernel, state_dtype, full_attention_interval
                (Qwen3-Next: GatedDeltaNet layers with a per-request state beside full attention;
                the GDN value heads are the generic num_heads x head_size)
@@ -21,71 +23,7 @@ A family's model is the generic ModelShape (heads, block size, max_model_len, ..
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
-DEFAULT_FAMILY = "gqa"
-
-
-@dataclass(frozen=True)
-class Dim:
-    """One family-specific model dimension: an int in [lo, hi], or one of `choices` (a string)."""
-
-    name: str
-    default: int | str
-    lo: int = 0
-    hi: int = 1 << 20
-    choices: tuple[str, ...] = ()
-    doc: str = ""
-
-    def check(self, value: Any) -> str | None:
-        """Why `value` is not valid for this dim (one line), or None."""
-        if self.choices:
-            if value not in self.choices:
-                return f"{self.name} {value!r} is not one of {', '.join(self.choices)}"
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"{self.name} must be an integer, got {value!r}"
-        if not self.lo <= value <= self.hi:
-            return f"{self.name} {value} is outside [{self.lo}, {self.hi}]"
-        return None
-
-
-@dataclass(frozen=True)
-class FamilySpec:
-    name: str
-    description: str
-    impl: str  # "module:attribute" of the AttentionFamily implementation (imports torch)
-    dims: tuple[Dim, ...] = ()
-    # Generic ModelShape fields this family fixes from its dims (not to be written in a matrix):
-    # fn(dims) -> {field: value}.
-    derive: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda dims: {}
-    # Model keys (generic or dims) a matrix's shape starts from before its own block, per device
-    # class: what "the family's shape" is when a matrix names the family and says nothing more.
-    defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    # Every reason a shape of this family cannot be sharded over tp ranks: fn(shape, tp) -> [str].
-    layout_reasons: Callable[[Any, int], list[str]] = lambda shape, tp: []
-    # Every reason a shape is not a valid model of this family at all: fn(shape) -> [str].
-    shape_reasons: Callable[[Any], list[str]] = lambda shape: []
-    # Backend features a shape needs (a provider's Capabilities.features): fn(shape) -> (str, ...).
-    requires: Callable[[Any], tuple[str, ...]] = lambda shape: ()
-    # vLLM's V2 runner: a row with no context (a prompt's first chunk, even of one token) makes the
-    # batch a prefill batch, never a FULL decode graph's, and stays a prompt under spec decode
-    # (no verify row). Families whose backends class such rows as prefills say so; gqa, mla and
-    # swa_sinks keep the query-len rule their verdicts were taken on.
-    fresh_prompts_are_prefills: bool = False
-
-    @property
-    def dim_names(self) -> tuple[str, ...]:
-        return tuple(d.name for d in self.dims)
-
-    def dim(self, name: str) -> Dim:
-        return next(d for d in self.dims if d.name == name)
-
-    def derived_fields(self) -> tuple[str, ...]:
-        return tuple(self.derive({d.name: d.default for d in self.dims}))
+from backend.families.contract.spec import Dim, FamilySpec
 
 
 # ---- gqa: plain grouped-query paged attention (the family orch started with) -----------------
@@ -158,11 +96,49 @@ MLA = FamilySpec(
         # max_model_len 128 and max_num_seqs 64 (the MLA batches: at most 64 requests, sequences
         # of 100): AITER's page-size-1 kv_indices hold max_num_seqs x (1 + k) x max_model_len
         # slots, and the emulated mla_decode_fwd scores every one of them each call (at
-        # full.yaml's 256 x 512, 10 s a case on the 2-core box).
+        # full.yaml's 256 x 512, the slowest MLA cases on the CPU box by far).
         "cpu": {"num_heads": 8, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
                 "v_head_dim": 16, "max_model_len": 128, "max_num_seqs": 64},
     },
     layout_reasons=_heads_only_layout,
+)
+
+
+# ---- mla_sparse: DeepSeek sparse attention (V3.2's DSA): an indexer and a top-k over MLA ---------
+
+def _mla_sparse_shape(shape) -> list[str]:
+    dims = dict(shape.dims)
+    row = dims.get("kv_lora_rank", 0) + dims.get("qk_rope_head_dim", 0)
+    reasons = []
+    if dims.get("index_head_dim", 0) > row:
+        reasons.append(f"index_head_dim {dims.get('index_head_dim')} exceeds the latent row {row} "
+                       "(the indexer's cache plane is a row of the same width)")
+    return reasons
+
+
+MLA_SPARSE = FamilySpec(
+    name="mla_sparse",
+    description="DeepSeek sparse attention: MLA over the index_topk tokens a lightning indexer picks per query "
+                "token (causal), the indexer's keys in a cache of their own",
+    impl="backend.families.mla_sparse:MLASparse",
+    dims=(*MLA.dims,
+          Dim("index_n_heads", 64, 1, 1024, doc="indexer heads Hi (a score is the weighted sum of their ReLU'd dots)"),
+          Dim("index_head_dim", 128, 1, 1024, doc="indexer key/query size Di (at most kv_lora_rank + qk_rope_head_dim)"),
+          Dim("index_topk", 2048, 1, 1 << 16, doc="K: tokens each query token attends (all of a shorter context)")),
+    derive=MLA.derive,
+    defaults={
+        # DeepSeek-V3.2's MLA per rank at tp 8, its indexer (64 x 128), top-k 256 so that contexts of a
+        # few hundred tokens are above it and short ones below (the model's 2048 needs 2K+ contexts).
+        "gpu": {**MLA.defaults["gpu"], "index_n_heads": 64, "index_head_dim": 128, "index_topk": 256,
+                "num_layers": 2},
+        # Small for the 2-core CI box: one layer (the family's cost is the gather of every context
+        # row), 4 heads (tp 2 keeps two), top-k 16 against contexts of 3 to 100.
+        "cpu": {"num_heads": 4, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                "index_n_heads": 2, "index_head_dim": 16, "index_topk": 16, "num_layers": 1, "max_model_len": 128,
+                "max_num_seqs": 16},
+    },
+    layout_reasons=_heads_only_layout,
+    shape_reasons=_mla_sparse_shape,
 )
 
 
@@ -276,39 +252,5 @@ HYBRID_GDN = FamilySpec(
 )
 
 
-SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA, MLA, SWA_SINKS, HYBRID_GDN)}
-FAMILY_NAMES: tuple[str, ...] = tuple(SPECS)
-
-
-class UnknownFamily(ValueError):
-    """A family name that is neither a builtin (FAMILY_NAMES) nor a plugin's (one line)."""
-
-
-def spec(name: str) -> FamilySpec:
-    """A builtin family's spec, or a plugin's (backend/families/plugins.py: by import path
-    "package.module:ATTR", or by the name of one loaded or of an `orch.families` entry point)."""
-    if name in SPECS:
-        return SPECS[name]
-    from backend.families import plugins
-
-    try:
-        found = plugins.find(name)
-    except plugins.PluginError as e:
-        raise UnknownFamily(str(e)) from None
-    if found is None:
-        known = [*FAMILY_NAMES, *plugins.names()]
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f": did you mean {close[0]!r}?" if close else ""
-        raise UnknownFamily(f"unknown attention family {name!r}{hint} (families: {', '.join(known)}, or a plugin's "
-                            f"'package.module:SPEC')")
-    return found
-
-
-def source(name: str) -> str:
-    """Where a plugin family loaded by import path came from ("" otherwise): what a worker needs
-    to find it again (ModelShape.family_source)."""
-    if name in SPECS:
-        return ""
-    from backend.families import plugins
-
-    return plugins.source(name)
+# The builtins by name (contract/registry.py names each by its import path here).
+SPECS: dict[str, FamilySpec] = {s.name: s for s in (GQA, MLA, SWA_SINKS, HYBRID_GDN, MLA_SPARSE)}

@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 from backend.attention.groups import GroupedMetadataBuilder
-from backend.families.base import KVCacheGroup
+from backend.families.contract import KVCacheGroup
 from backend.families.gqa import GQA, _with_new
 from backend.families.specs import SWA_SINKS as SPEC
 
@@ -97,7 +97,7 @@ class SWASinks(GQA):
 # The keys a row attends range from a few to max_model_len. Sinks ~N(0, 1) against logits ~N(0, 1)
 # over n keys (whose exp-sum is about n e^0.5) carried well under 1% of a row's mass at 100 keys, so
 # a sink counted twice or added without its exp2 conversion moved a head's output 2.5-3.6%, inside
-# the ~4% per-head threshold, less at the GPU shape's longer contexts (#39). gpt-oss's trained sinks
+# the ~4% per-head threshold, less at the GPU shape's longer contexts. gpt-oss's trained sinks
 # are of the order of a row's largest logits. Here head h's sink is 0.5 + ln(n_h) (+ a quarter of
 # its draw): it holds half the mass of a row over n_h keys, and the n_h are spread log-uniformly
 # from SINK_MIN_KEYS to max_model_len over the heads (in bit-reversed head order, so every tp

@@ -30,7 +30,7 @@ import backend
 from backend.attention.registry import BackendLoadError, class_family_reason, family_reason, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
-from backend.families import family as family_of
+from backend.families.contract import family as family_of
 from backend.harness import step_data
 from backend.harness.checks import CheckAccumulator
 from backend.harness import memory

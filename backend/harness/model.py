@@ -28,9 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from backend.case import ModelShape
-from backend.families import family as family_of
-from backend.families.base import layer_metadata
-from backend.families.specs import spec
+from backend.families.contract import family as family_of
+from backend.families.contract import layer_metadata, spec
 from backend.graphs.provenance import host_scope
 from backend.harness.distributed import all_reduce_
 

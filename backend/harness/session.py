@@ -25,8 +25,8 @@ from backend.attention import padding
 from backend.attention.interface import AttentionConfig, BatchDescription
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
-from backend.families import family as family_of
-from backend.families.base import layer_metadata
+from backend.families.contract import family as family_of
+from backend.families.contract import layer_metadata
 from backend.graphs.base import GraphCaptureError
 from backend.graphs.provenance import host_scope
 from backend.host_copy import copy_into

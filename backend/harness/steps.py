@@ -26,7 +26,7 @@ import torch
 
 from backend.attention.interface import BatchDescription
 from backend.case import BatchSpec, ModelShape
-from backend.families import family as family_of
+from backend.families.contract import family as family_of
 from backend.harness.modes import decode_graph_requests
 from backend.host_copy import to_device
 

@@ -2,7 +2,7 @@
 
 The family is gqa's with its own spec (one kv head: gqa's projections, cache and reference hold);
 the provider is orch's torch provider declared for it. A real family writes its own
-AttentionFamily (backend/families/base.py lists what the harness asks)."""
+AttentionFamily (backend/families/contract/family.py lists what the harness asks)."""
 
 from typing import ClassVar
 

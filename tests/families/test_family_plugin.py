@@ -1,4 +1,4 @@
-"""A family from outside orch's tree (#41), registered without editing backend/: the tiny mqa
+"""A family from outside orch's tree, registered without editing backend/: the tiny mqa
 family of plugin_mqa.py named by import path and run end to end on the session's Ray cluster (tp 1
 and a tp 2 gang, the real checker, a broken provider red), and found by an `orch.families` entry
 point of an installed distribution; a bad plugin is one line, exit 2."""
@@ -52,7 +52,7 @@ def test_a_family_named_by_import_path_runs_end_to_end(ray_cluster, tmp_path, ca
     assert all(cid.startswith("mqa-tp") for cid in results) and len(results) == 12
     assert results["mqa-tp2-FULL-auto-mixed_small-TorchMQA-s0"].provider == "torch-mqa"  # a tp 2 gang
     assert results["mqa-tp1-FULL-auto-mixed_small-torch-s0"].reason == (
-        "unsupported: torch does not implement the mqa attention family (it implements gqa, mla, swa_sinks, hybrid_gdn)")
+        "unsupported: torch does not implement the mqa attention family (it implements gqa, mla, swa_sinks, hybrid_gdn, mla_sparse)")
     assert "reference check failed" in results["mqa-tp1-NONE-auto-mixed_small-TorchMQAOffByOne-s0"].reason
     # The family's name is its own from the file on: a filter selects it.
     assert main(["plan", _matrix(tmp_path), "--devices", "cpu", "--filter", "attention=mqa backend=TorchMQA",

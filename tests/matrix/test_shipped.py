@@ -81,8 +81,8 @@ def test_smoke_shares_definitions_with_full():
 
 def test_smoke_size_and_coverage():
     m = load_matrix("matrices/smoke.yaml", devices="cpu")
-    assert 24 <= len(m.cases) <= 100 and not m.skipped
-    assert {c.attention for c in m.cases} == {"gqa", "mla", "swa_sinks", "hybrid_gdn"}
+    assert 24 <= len(m.cases) <= 110 and not m.skipped
+    assert {c.attention for c in m.cases} == {"gqa", "mla", "swa_sinks", "hybrid_gdn", "mla_sparse"}
     assert {c.mode for c in m.cases} == set(CUDAGRAPH_MODES)
     assert {c.tp for c in m.cases} == {1, 2} and {c.kv_cache_dtype for c in m.cases} == {"auto", "fp8"}
     assert {c.backend for c in m.cases} == {"torch", "aiter-emulated"}
@@ -112,7 +112,7 @@ def test_ids_stable_unique_and_safe(tiers):
         all_ids = [c.case_id for c in m.cases] + [s.case.case_id for s in m.skipped]
         assert len(all_ids) == len(set(all_ids)), path
         # the family leads the id when it is not gqa (gqa ids are as they were before families)
-        assert all(re.fullmatch(r"(mla-|swa_sinks-|hybrid_gdn-)?tp[1248]-[A-Z_]+-(auto|fp8)-[A-Za-z0-9_.\-]+-[A-Za-z0-9_.\-]+-s\d+", i)
+        assert all(re.fullmatch(r"(mla-|swa_sinks-|hybrid_gdn-|mla_sparse-)?tp[1248]-[A-Z_]+-(auto|fp8)-[A-Za-z0-9_.\-]+-[A-Za-z0-9_.\-]+-s\d+", i)
                    for i in all_ids)
         assert all(i.startswith(f"{c.attention}-") == (c.attention != "gqa") for c in m.cases for i in [c.case_id])
         again = load_matrix(path, devices=m.device_class)
@@ -126,7 +126,7 @@ def test_plan_text_output(capsys):
     assert "tp2-FULL-auto-mixed_small-torch-s0" in out
     assert "tp1-" not in out
     assert "expected wall time:" in out and "sum of case estimates:" in out and "cudagraph_mode" in out
-    # Without -v no case has a line of its own (#33: full.yaml printed 1,730 of them).
+    # Without -v no case has a line of its own (full.yaml once printed 1,730 of them).
     assert main(["plan", "matrices/smoke.yaml", "--devices", "cpu", "--filter", "tp=2"]) == 0
     out = capsys.readouterr().out
     assert "tp2-FULL-auto-mixed_small-torch-s0" not in out and "5 runnable cases" in out
@@ -142,7 +142,7 @@ def test_plan_text_lists_skips_with_reasons(capsys):
     assert "unavailable:" in out and "tp1-NONE-auto-decode_1-aiter-s0" in out
 
 
-# --- what the files and docs say of themselves matches `orch plan` (#41) --------------------------
+# --- what the files and docs say of themselves matches `orch plan` --------------------------
 
 
 def _counts(path: str) -> tuple[int, int]:

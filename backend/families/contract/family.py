@@ -1,4 +1,4 @@
-"""What the harness asks of an attention family (backend/families/__init__.py).
+"""What the harness asks of an attention family's implementation (backend/families/contract/__init__.py).
 
 The harness owns everything around the attention op: the residual stream, the row-parallel
 output projection and its all-reduce, the MLP, graphs, steps, checks and the verdict
@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
+from backend.families.contract.spec import FamilySpec
 
-from backend.families.specs import FamilySpec
+if TYPE_CHECKING:  # torch only in annotations: the contract loads without it (the planner's side)
+    import torch
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,8 @@ class KVCacheGroup:
     kind: str = "paged"
 
 # fn(rows, cols) -> an fp32 weight rounded to the model dtype; fn(n) -> a norm weight
-WeightFn = Callable[[int, int], torch.Tensor]
-NormFn = Callable[[int], torch.Tensor]
+WeightFn = Callable[[int, int], "torch.Tensor"]
+NormFn = Callable[[int], "torch.Tensor"]
 
 
 class AttentionFamily:
@@ -175,7 +176,7 @@ class AttentionFamily:
 
 class StepState:
     """What a family whose requests keep state from step to step gives the harness
-    (backend/families/hybrid_gdn.py). The harness calls, per step it computes: plan_steps (once
+    (backend/families/hybrid_gdn.py, gdn_state.py). The harness calls, per step it computes: plan_steps (once
     per case), group_batch (a state group's share of the step), prepare (after the context fill,
     before the snapshot: writes the state every request starts from; returns the step's view of
     it, whose merge(context) puts the reference's view of each state layer into the reference's
@@ -206,7 +207,7 @@ class StepState:
 
 
 def split_by(t: torch.Tensor, lens: Sequence[int]) -> list[torch.Tensor]:
-    return list(torch.split(t, list(lens)))
+    return list(t.split(list(lens)))
 
 
 class SingleGroupBuilder:

@@ -1,5 +1,5 @@
 """Attention families from outside orch's tree, found without editing specs.py, registry.py or
-capabilities.py (#41). Torch-free, as specs.py.
+capabilities.py. Torch-free, as specs.py.
 
 Two routes to a family's FamilySpec (specs.py says what one declares; docs/BACKENDS.md "A family
 of your own" walks through one):
@@ -19,10 +19,9 @@ import importlib
 import importlib.metadata
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Collection
 
-if TYPE_CHECKING:
-    from backend.families.specs import FamilySpec
+from backend.families.contract.spec import FamilySpec
 
 ENTRY_POINT_GROUP = "orch.families"
 # name -> (spec, its import path; "" for an entry point: found again by name anywhere)
@@ -33,19 +32,17 @@ class PluginError(ValueError):
     """A family plugin that cannot be loaded (one line)."""
 
 
-def _check(obj: object, where: str) -> FamilySpec:
-    from backend.families.specs import SPECS, FamilySpec
-
+def _check(obj: object, where: str, reserved: Collection[str]) -> FamilySpec:
     if not isinstance(obj, FamilySpec):
-        raise PluginError(f"{where} is not a FamilySpec (backend/families/specs.py), got {type(obj).__name__}")
-    if obj.name in SPECS:
+        raise PluginError(f"{where} is not a FamilySpec (backend/families/contract/spec.py), got {type(obj).__name__}")
+    if obj.name in reserved:
         raise PluginError(f"{where} names its family {obj.name!r}, a builtin family's name")
     if not obj.name.replace("_", "").isalnum():
         raise PluginError(f"{where}: family name {obj.name!r} must be letters, digits and _ (it leads case ids)")
     return obj
 
 
-def load_path(path: str) -> FamilySpec:
+def load_path(path: str, reserved: Collection[str] = ()) -> FamilySpec:
     """The FamilySpec at "package.module:ATTR" (the working directory on sys.path, as for plugin
     backends), registered under its name; PluginError in one line."""
     for name, (spec, source) in _LOADED.items():
@@ -62,7 +59,7 @@ def load_path(path: str) -> FamilySpec:
     except Exception as exc:  # ImportError, AttributeError, or anything the module raises
         text = str(exc).strip().splitlines()
         raise PluginError(f"cannot load family plugin {path!r}: {type(exc).__name__}: {text[0] if text else ''}") from exc
-    spec = _check(obj, path)
+    spec = _check(obj, path, reserved)
     known = _LOADED.get(spec.name)
     if known is not None and known[0] is not spec:
         raise PluginError(f"{path} names its family {spec.name!r}, as {known[1] or 'an entry point'} does")
@@ -74,13 +71,14 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def find(name: str) -> FamilySpec | None:
+def find(name: str, reserved: Collection[str] = ()) -> FamilySpec | None:
     """A plugin family by name: loaded already (either route), or an `orch.families` entry point;
-    by import path when `name` is one. None when there is none of that name."""
+    by import path when `name` is one. None when there is none of that name. A plugin may not
+    take a `reserved` name (the builtins')."""
     if name in _LOADED:
         return _LOADED[name][0]
     if ":" in name:
-        return load_path(name)
+        return load_path(name, reserved)
     ep = _entry_points().get(name)
     if ep is None:
         return None
@@ -89,7 +87,7 @@ def find(name: str) -> FamilySpec | None:
         obj = ep.load()
     except Exception as exc:
         raise PluginError(f"cannot load {where}: {type(exc).__name__}: {exc}") from exc
-    spec = _check(obj, where)
+    spec = _check(obj, where, reserved)
     if spec.name != name:
         raise PluginError(f"{where} names its family {spec.name!r}: the entry point's name must be the family's")
     _LOADED[name] = (spec, "")
