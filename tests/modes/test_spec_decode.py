@@ -1,4 +1,4 @@
-"""Speculative decoding under graphs (DESIGN.md §4b, issue #12): vLLM's rules for k > 0, as
+"""Speculative decoding under graphs (DESIGN.md §4b): vLLM's rules for k > 0, as
 scenario tables. Sources: V2 vllm/v1/worker/gpu/cudagraph_utils.py (uniform_decode_query_len =
 1 + num_speculative_tokens; get_cudagraph_sizes keeps decode sizes <= max_num_reqs * q and >= q;
 get_cudagraph_runtime_mode: uniform when max_query_len == q and num_tokens == q * num_reqs), V1
