@@ -1,7 +1,7 @@
 """The steps of one case: which batch each step runs, and its seeded inputs.
 
 Step 0 is the batch spec as written. Every step, step 0 included, takes its blocks from a seeded
-shuffle of the cache (issue #17: a kernel that assumes contiguous or ascending blocks is wrong on
+shuffle of the cache (a kernel that assumes contiguous or ascending blocks is wrong on
 every step, not only on some). Later steps keep the spec's kind
 (decode stays pure decode, mixed stays mixed, prefill stays prefill, so the graph a mode uses for
 the spec is the graph exercised) and vary, on the case seed:
@@ -94,7 +94,7 @@ def _plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, .
     kind = batch.kind
     max_tokens = max(capture_sizes) if capture_sizes and batch.num_tokens <= max(capture_sizes) else None
     sizes = set(capture_sizes)
-    plans = [StepPlan(0, tuple(batch.query_lens), tuple(batch.seq_lens), True)]  # shuffled: every step (#17)
+    plans = [StepPlan(0, tuple(batch.query_lens), tuple(batch.seq_lens), True)]  # shuffled: every step
 
     def seq_for(q: int, around: int | None = None) -> int:
         lo = q
@@ -174,7 +174,7 @@ def plan_verify_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[
     qs, ss = (list(t) for t in verify_rows(batch, shape, spec_tokens))
     max_tokens = max(capture_sizes) if capture_sizes and sum(qs) <= max(capture_sizes) else None
     sizes = set(capture_sizes)
-    plans = [StepPlan(0, tuple(qs), tuple(ss), True)]  # shuffled: every step (#17)
+    plans = [StepPlan(0, tuple(qs), tuple(ss), True)]  # shuffled: every step
 
     def grow(lens: list[int], rows: list[int]) -> list[int]:
         return [min(shape.max_model_len, s + rng.randint(1, q)) if r == q else s for s, r in zip(lens, rows)]

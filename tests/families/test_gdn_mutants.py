@@ -148,6 +148,29 @@ def test_the_zeroed_offsets_are_a_verdict_under_the_gpu_churn_too(monkeypatch):
     assert full.status == Status.FAIL and "wrote the shared query_start_loc" in state.detail, full.reason
 
 
+def test_rows_that_cannot_hold_the_steps_tokens_are_named():
+    """gdn_groups.uncovered: a decode-only metadata whose state rows hold fewer tokens than the step
+    runs (a non-spec decode row holds one, a spec row 1 + k); the family runs no core for it."""
+    import torch
+
+    from backend.attention.gdn import GDNMetadata
+    from backend.families.gdn_groups import uncovered
+
+    def md(spec, decodes, prefills=0, rows=2, cols=3):
+        m = GDNMetadata(num_prefills=prefills, num_prefill_tokens=0, num_decodes=decodes, num_decode_tokens=0,
+                        num_spec_decodes=spec, num_spec_decode_tokens=0, num_actual_tokens=0, num_reqs=rows,
+                        num_padded_reqs=rows)
+        m.spec_state_indices_tensor = torch.zeros(rows, cols, dtype=torch.int32)
+        m.non_spec_state_indices_tensor = torch.zeros(rows, dtype=torch.int32)
+        return m
+
+    assert uncovered(md(2, 0), 6) is None and uncovered(md(0, 2), 2) is None
+    assert uncovered(md(0, 2, prefills=1), 6) is None and uncovered(md(0, 0), 6) is None
+    assert uncovered(md(0, 2), 6) == ("non_spec_state_indices_tensor has 2 rows of 1 token for the step's 6 tokens "
+                                      "(0 spec decodes, 2 decodes)")
+    assert uncovered(md(2, 0), 9).startswith("spec_state_indices_tensor has 2 rows of 3 tokens for the step's 9")
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_torch_passes_every_mode_kv_and_k_over_three_seeds(seed, mla_sessions):
     for kv, k in (("auto", 0), ("fp8", 0), ("auto", 2)):

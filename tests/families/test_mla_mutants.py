@@ -34,9 +34,11 @@ def decode_graph(mode, kv, kind, k):
 
 
 def padded_decode_graph(mode, kv, kind, k):
-    """A decode graph replayed with padded rows: at k = 2 this table's verify steps land on decode
-    graph sizes exactly (requests x 3 tokens), so only k = 0 pads (3 rows in a graph of 4)."""
-    return decode_graph(mode, kv, kind, k) and k == 0
+    """A decode graph replayed with padded rows: at k = 0 every step (3 rows in a graph of 4); at
+    k = 2 step 2, one request in the graph of 2 after steps of 3 (the verify step plan prefers a
+    count that pads a decode graph: backend/harness/steps.py count_ranks; steps 0 and 1 fill the
+    graph of 3 exactly)."""
+    return decode_graph(mode, kv, kind, k)
 
 
 MUTANTS = {

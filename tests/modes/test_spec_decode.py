@@ -1,4 +1,4 @@
-"""Speculative decoding under graphs (DESIGN.md §4b, issue #12): vLLM's rules for k > 0, as
+"""Speculative decoding under graphs (DESIGN.md §4b): vLLM's rules for k > 0, as
 scenario tables. Sources: V2 vllm/v1/worker/gpu/cudagraph_utils.py (uniform_decode_query_len =
 1 + num_speculative_tokens; get_cudagraph_sizes keeps decode sizes <= max_num_reqs * q and >= q;
 get_cudagraph_runtime_mode: uniform when max_query_len == q and num_tokens == q * num_reqs), V1
@@ -262,3 +262,38 @@ def test_decode_graph_above_the_largest_capture_size_fits_the_static_buffers(ses
     r = run_case(make_case("torch", "FULL_DECODE_ONLY", "auto", batch, spec_tokens=2, model=model), sessions=sessions)
     assert r.status == Status.PASS, r.reason
     assert 33 in r.capture_sizes_used, r.capture_sizes_used
+
+
+def _pads_after_larger(counts, keys) -> bool:
+    """Some step replays a padded decode graph (fewer requests than the graph holds) after a step
+    with more requests: padded rows whose per-request buffers a larger batch wrote last."""
+    return any(c < max(counts[:i]) and c not in keys and any(r > c for r in keys) for i, c in enumerate(counts) if i)
+
+
+def test_verify_steps_replay_a_padded_decode_graph_after_a_larger_step():
+    """FULL decode graphs are keyed by request count: at k > 0 a uniform verify batch's step 2 drops
+    to fewer requests that pad one, where one or two fewer can (decode_7 at k = 2 went to 6, which
+    fills the 6-request graph exactly: a stale per-request tail was never replayed). Every family's
+    planner, every k > 0 decode batch of full.yaml on both device shapes, and the tiny shape."""
+    from backend.harness.modes import decode_graph_requests
+    from orchestrator.matrix import load_matrix
+
+    seen = {}
+    for devices in ("cpu", "gpu"):
+        m = load_matrix("matrices/full.yaml", devices=devices)
+        for c in [*m.cases, *(s.case for s in m.skipped)]:
+            if c.spec_tokens and c.batch.kind == "decode":
+                seen.setdefault((c.model, c.batch, c.capture_sizes, c.steps, c.seed, c.spec_tokens), c.case_id)
+    seen[(TINY, DECODE, CAPTURE_SIZES, 3, 0, 2)] = "tiny decode3 k2"
+    reached = 0
+    for (model, batch, sizes, steps, seed, k), name in seen.items():
+        counts = [len(p.query_lens) for p in plan_steps(batch, model, sizes, steps, seed, k)]
+        keys = decode_graph_requests(sizes, model.max_num_seqs, 1 + k)
+        n = batch.num_reqs
+        possible = any(1 <= m and m not in keys and any(r > m for r in keys) for m in (n - 1, n - 2))
+        assert _pads_after_larger(counts, keys) == possible, (name, counts, keys)
+        reached += possible
+        if batch.name == "decode_7" and k == 2:
+            assert counts == [7, 7, 5], (name, counts)
+    assert reached >= 4 and {"gqa", "mla", "hybrid_gdn"} <= {key[0].attention for key in seen}
+    assert [len(p.query_lens) for p in plan_steps(DECODE, TINY, CAPTURE_SIZES, 3, 0, 2)] == [3, 3, 1]

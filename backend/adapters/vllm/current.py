@@ -1,4 +1,4 @@
-"""vLLM's current attention-backend interface (>=0.33,<0.35; issue 15): one of its v1 backends
+"""vLLM's current attention-backend interface (>=0.33,<0.35): one of its v1 backends
 (FLEX_ATTENTION, TRITON_ATTN, ...) found by `AttentionBackendEnum[name].get_class()`, with
 
 - its support level from the builder's `get_cudagraph_support(vllm_config, spec)` where a config is
