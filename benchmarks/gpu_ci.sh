@@ -65,7 +65,7 @@ substep() {  # name, timeout, command: runs it, logs its verdict line, records i
     return
   fi
   t0=$(date +%s.%N)
-  timeout "$limit" bash -c "$cmd" > "$R/$name.log" 2>&1
+  timeout -k 20 "$limit" bash -c "$cmd" > "$R/$name.log" 2>&1
   rc=$?
   secs=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$t0" "$(date +%s.%N)")
   case $rc in 0) verdict=PASS ;; 124|137) verdict=TIMEOUT ;; *) verdict=FAIL ;; esac
