@@ -18,7 +18,7 @@
 # Off the GPU machine: DEVICES=cpu runs the same sub-steps on this machine's CPU (no wheel install;
 # the README's command then plans the CPU matrix); --dry-run prints each sub-step's command and runs
 # none; GPU_CI_<STEP>_CMD (README, PROBES, TESTS) replaces a sub-step's command, to test this script.
-# Timeouts per sub-step (seconds): README_TIMEOUT (420), PROBES_TIMEOUT (150), TESTS_TIMEOUT (500);
+# Timeouts per sub-step (seconds): README_TIMEOUT (360), PROBES_TIMEOUT (150), TESTS_TIMEOUT (500);
 # TEST_WORKERS (12) pytest workers.
 set -u
 cd "$(dirname "$0")/.."
@@ -79,7 +79,7 @@ for part in "${parts[@]}"; do
     run)
       # The README's command exactly, in the checkout, writing where it writes by default.
       [ $dry = 1 ] || rm -rf orch-out orch-results.db orch-results.db-wal orch-results.db-shm
-      substep readme "${README_TIMEOUT:-420}" "$README_CMD"
+      substep readme "${README_TIMEOUT:-360}" "$README_CMD"
       if [ $dry = 0 ]; then
         [ -f orch-results.db ] && single_file_db orch-results.db && cp orch-results.db "$R/"
         [ -d orch-out ] && cp -r orch-out "$R/orch-out"
