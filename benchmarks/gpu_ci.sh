@@ -18,8 +18,8 @@
 # Off the GPU machine: DEVICES=cpu runs the same sub-steps on this machine's CPU (no wheel install;
 # the README's command then plans the CPU matrix); --dry-run prints each sub-step's command and runs
 # none; GPU_CI_<STEP>_CMD (README, PROBES, TESTS) replaces a sub-step's command, to test this script.
-# Timeouts per sub-step (seconds): README_TIMEOUT (420), PROBES_TIMEOUT (150), TESTS_TIMEOUT (480);
-# TEST_WORKERS (8) pytest workers.
+# Timeouts per sub-step (seconds): README_TIMEOUT (360), PROBES_TIMEOUT (150), TESTS_TIMEOUT (500);
+# TEST_WORKERS (12) pytest workers.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -56,7 +56,7 @@ steps=$R/steps.tsv  # name, verdict, seconds, rc, command
 gpu_marked=$(grep -rlE "pytest\.mark\.gpu\b" tests --include='*.py' | grep -vE '^tests/(graphs|checker|families)/' | sort | tr '\n' ' ')
 README_CMD=${GPU_CI_README_CMD:-"python3 -m orchestrator.cli run matrices/full.yaml"}
 PROBES_CMD=${GPU_CI_PROBES_CMD:-"python3 benchmarks/gpu_equivalence.py --out $R/golden_cuda.json"}
-TESTS_CMD=${GPU_CI_TESTS_CMD:-"python3 -m pytest -q -p no:cacheprovider -p no:randomly -n ${TEST_WORKERS:-8} tests/graphs tests/checker tests/families ${gpu_marked}-k 'not tp_gang and not on_a_tp_gang and not replicates' --junitxml=$R/pytest-junit.xml"}
+TESTS_CMD=${GPU_CI_TESTS_CMD:-"python3 -m pytest -q -p no:cacheprovider -p no:randomly -n ${TEST_WORKERS:-12} --dist loadgroup tests/graphs tests/checker tests/families ${gpu_marked}-k 'not tp_gang and not on_a_tp_gang and not replicates' --junitxml=$R/pytest-junit.xml"}
 
 substep() {  # name, timeout, command: runs it, logs its verdict line, records it
   local name=$1 limit=$2 cmd=$3 t0 rc secs verdict
@@ -65,7 +65,7 @@ substep() {  # name, timeout, command: runs it, logs its verdict line, records i
     return
   fi
   t0=$(date +%s.%N)
-  timeout "$limit" bash -c "$cmd" > "$R/$name.log" 2>&1
+  timeout -k 20 "$limit" bash -c "$cmd" > "$R/$name.log" 2>&1
   rc=$?
   secs=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$t0" "$(date +%s.%N)")
   case $rc in 0) verdict=PASS ;; 124|137) verdict=TIMEOUT ;; *) verdict=FAIL ;; esac
@@ -79,14 +79,14 @@ for part in "${parts[@]}"; do
     run)
       # The README's command exactly, in the checkout, writing where it writes by default.
       [ $dry = 1 ] || rm -rf orch-out orch-results.db orch-results.db-wal orch-results.db-shm
-      substep readme "${README_TIMEOUT:-420}" "$README_CMD"
+      substep readme "${README_TIMEOUT:-360}" "$README_CMD"
       if [ $dry = 0 ]; then
         [ -f orch-results.db ] && single_file_db orch-results.db && cp orch-results.db "$R/"
         [ -d orch-out ] && cp -r orch-out "$R/orch-out"
       fi
       substep probes "${PROBES_TIMEOUT:-150}" "$PROBES_CMD" ;;
     tests)
-      substep tests "${TESTS_TIMEOUT:-480}" "$TESTS_CMD" ;;
+      substep tests "${TESTS_TIMEOUT:-500}" "$TESTS_CMD" ;;
   esac
 done
 [ $dry = 1 ] && exit 0

@@ -28,9 +28,10 @@ def _is_known_failures(path: str) -> bool:
 SHIPPED = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "matrices", "*.yaml")))
 MATRICES = [p for p in SHIPPED if not _is_known_failures(os.path.join(REPO, p))]
 # Hiding vllm changes only what a `vllm:` backend resolves to: the matrices naming one load both ways
-# (the others, with vllm as it is here, which for them is the same load).
+# (with vllm importable: skipped where it is not), the others with vllm as it is here, the same load.
 NAMES_VLLM = [p for p in MATRICES if "vllm:" in open(os.path.join(REPO, p)).read()]  # noqa: SIM115
-CASES = [(m, "vllm importable") for m in MATRICES] + [(m, "vllm hidden") for m in NAMES_VLLM]
+CASES = ([(m, "vllm as here") for m in MATRICES if m not in NAMES_VLLM]
+         + [(m, state) for m in NAMES_VLLM for state in ("vllm importable", "vllm hidden")])
 
 
 def test_the_shipped_files_are_matrices_or_known_failures():
@@ -48,7 +49,7 @@ def vllm_state(request, monkeypatch):
     if request.param == "vllm importable":
         if adapter.current_interface()[0] is None:
             pytest.skip("vllm not usable here (docs/VLLM.md): the plan without it is the other param")
-    else:
+    elif request.param == "vllm hidden":
         monkeypatch.setattr(adapter, "installed_version", lambda: None)
     adapter.load_vllm_backend.cache_clear()
     adapter._make_backend.cache_clear()
