@@ -41,8 +41,8 @@ from backend.harness.model import TPLayout, layout_reasons
 from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
                                    resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
 from backend.harness.scratch import SCRATCH, capture_checked, mark_scratch, take_snapshot
-from backend.harness.session import (CaptureFailed, GraphKey, Session, SessionCache, SessionTooLarge, attention_config,
-                                     estimate_bytes)
+from backend.harness.session import CaptureFailed, GraphKey, Session, attention_config, estimate_bytes
+from backend.harness.session_cache import SessionCache, SessionTooLarge
 from backend.harness.sides import add_step, eager_side, graph_side
 from backend.harness.step_data import fill_context, reference_key, set_capture_scales, set_scales, step_inputs
 from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, plan_steps

@@ -33,10 +33,8 @@ from backend.host_copy import copy_into
 from backend.harness.lru import LRU
 from backend.harness.memory import pool_bytes, tensors_bytes
 from backend.harness.model import TPLayout, TPModel, make_weights
-# Re-exported: the checker, the families and the tests import the cache and the LRU from here.
-from backend.harness.session_cache import SessionCache, SessionTooLarge
 
-__all__ = ["LRU", "CaptureFailed", "GraphKey", "Session", "SessionCache", "SessionTooLarge", "StepOutput",
+__all__ = ["LRU", "CaptureFailed", "GraphKey", "Session", "StepOutput",
            "attention_config", "estimate_bytes"]
 
 WARMUP_ITERS = 1

@@ -11,7 +11,7 @@ import pytest
 from backend.harness import checker, step_data
 from backend.harness.checker import SessionCache, run_case
 from backend.harness.memory import GiB, MemoryBudget, OOM_KIND, is_oom
-from backend.harness.session import SessionTooLarge
+from backend.harness.session_cache import SessionTooLarge
 from backend.result import Status
 from tests.checker.conftest import DECODE, make_case
 from tests.mutants import out_of_memory

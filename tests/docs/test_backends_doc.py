@@ -60,7 +60,7 @@ def test_the_printed_backend_passes_every_mode(ray_cluster, tmp_path, monkeypatc
     assert {r.provider for r in results.values()} == {"mine"}
     assert {r.axes["cudagraph_mode"] for r in results.values()} == {"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY",
                                                                    "FULL_AND_PIECEWISE"}
-    assert "15 of 85 cases, --filter 'attention=gqa tp=1 kv=auto', --backend mybackend:MyBackend" in out
+    assert "15 of 89 cases, --filter 'attention=gqa tp=1 kv=auto', --backend mybackend:MyBackend" in out
 
 
 # (what the doc says to break, the edit, expected status per mode of decode_7)

@@ -56,12 +56,13 @@ def _vllm_importable() -> bool:
 
 # --- 1. green on nothing ---------------------------------------------------------------------------
 
-NOTHING_RAN = (f"gate FAILED: nothing ran: 85 skipped ({GPU_SKIP}: 75; unsupported: aiter-triton does not implement "
-               "the hybrid_gdn attention family (it implements gqa, mla, swa_sinks): 10)")
+NOTHING_RAN = (f"gate FAILED: nothing ran: 89 skipped ({GPU_SKIP}: 75; unsupported: aiter-triton does not implement "
+               "the hybrid_gdn attention family (it implements gqa, mla, swa_sinks): 10; unsupported: aiter-triton does "
+               "not implement the mla_sparse attention family (it implements gqa, mla, swa_sinks): 4)")
 # name: (extra `orch run` arguments, exit code of run / gate / report, the verdict they all print)
 EMPTY = {
     "every case skipped: no pass": ((), 1, NOTHING_RAN),
-    "--allow-empty: a pass that says so": (("--allow-empty",), 0, "gate PASSED (--allow-empty): nothing ran, 85 cases skipped"),
+    "--allow-empty: a pass that says so": (("--allow-empty",), 0, "gate PASSED (--allow-empty): nothing ran, 89 cases skipped"),
 }
 
 
@@ -98,7 +99,7 @@ def test_a_required_slice_must_have_run(ray_cluster, tmp_path, capsys, monkeypat
         assert re.search(rf"gate FAILED: required `{require}` did not run: \d+ skipped \({re.escape(GPU_SKIP)}: \d+\)", out)
     rc, out, _ = _cli(capsys, "gate", "--db", db)  # the run's --require is stored with it
     assert rc == code and ("did not run" in out) == bool(code)
-    assert re.search(r"^selection: \d+ of 2245 cases, --filter 'attention=gqa tp=1 mode=FULL kv=auto batch=decode_7'$",
+    assert re.search(r"^selection: \d+ of 2274 cases, --filter 'attention=gqa tp=1 mode=FULL kv=auto batch=decode_7'$",
                      out, re.M), out
 
 
@@ -192,7 +193,7 @@ def test_the_conclusion_on_stdout_progress_and_notes_on_stderr(ray_cluster, tmp_
     rc, out, err = _cli(capsys, *args)
     assert rc == 0
     lines = out.splitlines()
-    assert lines[-1].startswith(f"run 1 (5 of 100 cases, --filter '{SMALL}'): 5 ran (pass 5), 0 skipped, ") and \
+    assert lines[-1].startswith(f"run 1 (5 of 104 cases, --filter '{SMALL}'): 5 ran (pass 5), 0 skipped, ") and \
         lines[-1].endswith(f"-> gate PASSED: 5 ran (5 pass), no new failures (outputs in {tmp_path / 'o'})"), lines
     assert re.fullmatch(r"time: load matrix [\d.]+s, start cluster [\d.]+s, start to first result [\d.]+s, "
                         r"first to last result [\d.]+s, shutdown [\d.]+s, write outputs [\d.]+s", lines[-2]), lines
@@ -200,8 +201,8 @@ def test_the_conclusion_on_stdout_progress_and_notes_on_stderr(ray_cluster, tmp_
     rc, _, err = _cli(capsys, *args, "--no-progress")
     assert rc == 0 and not re.search(r"^orch: \d+/5 \(", err, re.M), err  # no progress at all
     summary = (tmp_path / "o" / "summary.md").read_text()
-    assert f"Selection: 5 of 100 cases, --filter &#x27;{SMALL}&#x27;" in summary or \
-        f"Selection: 5 of 100 cases, --filter '{SMALL}'" in summary, summary[:600]
+    assert f"Selection: 5 of 104 cases, --filter &#x27;{SMALL}&#x27;" in summary or \
+        f"Selection: 5 of 104 cases, --filter '{SMALL}'" in summary, summary[:600]
 
 
 def test_resume_writes_into_the_runs_own_out(ray_cluster, tmp_path, capsys, monkeypatch):

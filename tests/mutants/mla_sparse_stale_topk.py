@@ -4,8 +4,9 @@ rotated its histogram ring on short rows, so a later long row read a stale histo
 Here the top-k writes only the candidates a token has and leaves the rest of its row as the last
 call left it (no -1 fill): a token with fewer candidates than index_topk (a context shorter than
 top-k) reads positions an earlier call picked there, past its own length. Reachable wherever such
-a token follows a call that filled more of its row: every case of the family's batches (each has
-short rows), in every mode, eager included.
+a token follows a call that filled more of its row: in every mode of the family's batches, eager
+included, except where the step plan only grows each row's context
+(tests/families/test_mla_sparse_mutants.py says which).
 """
 
 from __future__ import annotations
