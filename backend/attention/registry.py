@@ -45,9 +45,10 @@ BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUI
 VLLM_PREFIX = "vllm:"
 VLLM_BACKENDS: tuple[str, ...] = ("vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN",
                                   "vllm:ROCM_AITER_FA", "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN",
-                                  "vllm:GDN_ATTN")
+                                  "vllm:GDN_ATTN", "vllm:FLASHMLA_SPARSE", "vllm:ROCM_AITER_MLA_SPARSE")
 # The family a vLLM backend of that list is bridged for, where it is not gqa (what doctor asks).
-VLLM_FAMILIES: dict[str, str] = {"vllm:TRITON_MLA": "mla", "vllm:GDN_ATTN": "hybrid_gdn"}
+VLLM_FAMILIES: dict[str, str] = {"vllm:TRITON_MLA": "mla", "vllm:GDN_ATTN": "hybrid_gdn",
+                                 "vllm:FLASHMLA_SPARSE": "mla_sparse", "vllm:ROCM_AITER_MLA_SPARSE": "mla_sparse"}
 
 
 def family_providers(family: str) -> tuple[str, ...]:

@@ -1,0 +1,93 @@
+"""Torch stand-ins for the calls that keep vLLM 0.34's sparse builders (the DSA indexer's
+DeepseekV32IndexerMetadataBuilder and the sparse MLA builders) from running off a GPU, each the
+same arithmetic as the kernel it replaces, put in place only where there is no GPU and named in
+every result (native.EMULATED -> versions["emulated"]).
+
+- `token_to_req_indices`: vllm/v1/attention/ops/metadata.py compute_token_to_req_indices launches
+  the Triton `_token_request_mapping_kernel` (a binary search over the device query_start_loc;
+  tokens at or past the mapped count -> request 0). CommonAttentionMetadata.token_to_req_indices,
+  which every sparse MLA builder's build calls, imports it from that module at call time.
+- `prefill_chunk_metadata`: indexer.py's module instance _BUILD_PREFILL_CHUNK_METADATA_KERNEL
+  (BuildPrefillChunkMetadataKernel, Triton) writes the per-token key ranges [ks, ke) and
+  token_to_seq of an indexer prefill chunk; build_prefill_chunk_metadata calls it for every chunk.
+  Without DCP and ShardQ positions only (refused otherwise: orch runs neither).
+- `num_compute_units`: the builders size their tile-scheduler scratch by the device's SM count
+  (vllm.utils.platform_utils.num_compute_units); vLLM's platform without a GPU ("unspecified")
+  raises NotImplementedError. One unit: the scratch is read only by the GPU kernels.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from backend.adapters.vllm import native
+
+TOKEN_TO_REQ = "compute_token_to_req_indices (orch's torch: vLLM's is Triton)"
+PREFILL_CHUNK = "indexer BuildPrefillChunkMetadataKernel (orch's torch: vLLM's is Triton)"
+COMPUTE_UNITS = "num_compute_units = 1 (vLLM's platform without a GPU has none)"
+
+
+def token_to_req_indices(query_start_loc: torch.Tensor, out: torch.Tensor, num_mapped_tokens: int,
+                         num_tokens: int) -> torch.Tensor:
+    """Token t -> the request whose [start, end) holds it (a zero-length request holds none),
+    capped at the last request; 0 for t >= num_mapped_tokens. No host read."""
+    num_reqs = query_start_loc.shape[0] - 1
+    token = torch.arange(num_tokens, dtype=torch.int32, device=query_start_loc.device)
+    req = torch.searchsorted(query_start_loc[1:].contiguous(), token, right=True, out_int32=True)
+    req = req.clamp_(max=max(num_reqs - 1, 0))
+    out[:num_tokens].copy_(torch.where(token < num_mapped_tokens, req, torch.zeros_like(req)))
+    return out[:num_tokens]
+
+
+def prefill_chunk_metadata(query_start_loc: torch.Tensor, uncompressed_seq_lens: torch.Tensor,
+                           cu_compressed_seq_lens: torch.Tensor, row_start_cu_compressed_seq_lens: torch.Tensor,
+                           token_to_seq: torch.Tensor, cu_compressed_seq_len_ks: torch.Tensor,
+                           cu_compressed_seq_len_ke: torch.Tensor, query_slice_start: int, query_slice_stop: int,
+                           DCP_RANK: int, DCP_WORLD: int, DCP_INTERLEAVE: int, *, num_reqs: int,  # noqa: N803
+                           COMPRESS_RATIO: int, positions: torch.Tensor | None = None) -> None:  # noqa: N803
+    """BuildPrefillChunkMetadataKernel's stores: for query token a in [slice start, slice stop) of
+    request r, ks = row start of r, ke = row start + (seq_len_r - query_len_r + offset + 1) //
+    ratio; token_to_seq[j] = the request whose compressed keys hold j."""
+    if DCP_WORLD != 1 or positions is not None:
+        raise NotImplementedError("orch's stand-in for BuildPrefillChunkMetadataKernel covers neither DCP "
+                                  "nor ShardQ positions")
+    qsl = query_start_loc[:num_reqs + 1].to(torch.int64)
+    query_lens = qsl[1:] - qsl[:-1]
+    token = torch.arange(query_slice_start, query_slice_stop, device=qsl.device)
+    req = torch.searchsorted(qsl[1:].contiguous(), token, right=True).clamp_(max=max(num_reqs - 1, 0))
+    offset = token - qsl[req]
+    start = uncompressed_seq_lens[:num_reqs].to(torch.int64)[req] - query_lens[req]
+    row = row_start_cu_compressed_seq_lens[:num_reqs].to(torch.int64)[req]
+    cu_compressed_seq_len_ks.copy_(row)
+    cu_compressed_seq_len_ke.copy_(row + torch.div(start + 1 + offset, COMPRESS_RATIO, rounding_mode="floor"))
+    keys = torch.arange(token_to_seq.shape[0], device=qsl.device)
+    token_to_seq.copy_(torch.searchsorted(cu_compressed_seq_lens[1:num_reqs + 1].to(torch.int64).contiguous(),
+                                          keys, right=True))
+
+
+def one_compute_unit(device_id: int | None = 0) -> int:
+    return 1
+
+
+def install() -> tuple[str, ...]:
+    """Put the stand-ins in place (no GPU here: vLLM's kernels are Triton); what was replaced, for
+    versions["emulated"]. Idempotent. The modules must be imported already."""
+    if torch.cuda.is_available():
+        return ()
+    metadata_ops = sys.modules["vllm.v1.attention.ops.metadata"]
+    indexer = sys.modules["vllm.v1.attention.backends.mla.indexer"]
+    metadata_ops.compute_token_to_req_indices = token_to_req_indices
+    indexer._BUILD_PREFILL_CHUNK_METADATA_KERNEL = prefill_chunk_metadata
+    for name in ("vllm.v1.attention.backends.mla.indexer", "vllm.v1.attention.backends.mla.flashmla_sparse"):
+        sys.modules[name].num_compute_units = one_compute_unit
+    # Modules that imported the pinned-memory constant by name (fixups.pin_memory_off covers vLLM's own).
+    for name in ("vllm.model_executor.layers.attention.sparse_mla_attention",
+                 "vllm.v1.attention.backends.mla.indexer", "vllm.v1.attention.backends.mla.flashmla_sparse"):
+        if hasattr(sys.modules.get(name), "PIN_MEMORY"):
+            sys.modules[name].PIN_MEMORY = False
+    done = (TOKEN_TO_REQ, PREFILL_CHUNK, COMPUTE_UNITS)
+    for what in done:
+        native.note(what)
+    return done
