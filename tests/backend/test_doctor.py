@@ -149,7 +149,8 @@ def test_doctor_json_on_this_machine():
     providers = {p["provider"]: p for p in report["providers"]}
     assert set(providers) == {"torch", "aiter", "aiter-emulated", "aiter-triton", "aiter-triton-pa",
                               "vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN", "vllm:ROCM_AITER_FA",
-                              "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN", "vllm:GDN_ATTN"}
+                              "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN", "vllm:GDN_ATTN",
+                              "vllm:FLASHMLA_SPARSE", "vllm:ROCM_AITER_MLA_SPARSE"}
     # vLLM's backends: available, or a one-line reason (vllm missing, version, platform).
     for name in ("vllm:TRITON_ATTN", "vllm:ROCM_AITER_FA"):
         assert not providers[name]["available"] and providers[name]["reason"]
@@ -161,6 +162,8 @@ def test_doctor_json_on_this_machine():
     families = {f["family"]: f for f in report["families"]}
     assert set(families) == {"gqa", "mla", "swa_sinks", "hybrid_gdn", "mla_sparse"}
     assert "torch" in families["mla_sparse"]["runs_here"]
+    sparse_not_here = {p["provider"]: p["reason"] for p in families["mla_sparse"]["not_here"]}
+    assert "aiter.get_mla_metadata_v1" in sparse_not_here["vllm:ROCM_AITER_MLA_SPARSE"]
     assert {p["provider"] for p in families["mla"]["not_here"]} >= {"aiter-triton"} or torch.cuda.is_available()
     assert report["gang_defaults"]["NCCL_NVLS_ENABLE"] == "0"
 

@@ -15,7 +15,7 @@ fp32 reference then judge vLLM's values.
 What is orch's, labelled in every result (versions["kernels"], versions["emulated"]): the KV
 write, the indexer scores and top-k, and the sparse MLA (the family's torch kernels: FlashMLA's
 sparse kernels and DeepGEMM's MQA logits are compiled CUDA); off a GPU, torch stand-ins of the
-three calls in vLLM's build paths that launch Triton or ask the platform (sparse_standins.py).
+four calls in vLLM's build paths that launch Triton or ask the platform (sparse_standins.py).
 Not bridged: vLLM's sparse prefill backend (the layer's `prefill_backend` is None, so the
 builder makes no prefill metadata: orch's torch attends every token absorbed) and vLLM's
 `fp8`/`fp8_ds_mla` cache (vLLM's "fp8" here is the 656-byte fp8_ds_mla row, not orch's
@@ -213,7 +213,8 @@ def emulated() -> tuple[str, ...]:
     kernels = ("indexer scores, top-k, sparse MLA (orch's torch)",)
     if on_gpu():
         return kernels
-    return (sparse_standins.TOKEN_TO_REQ, sparse_standins.PREFILL_CHUNK, sparse_standins.COMPUTE_UNITS) + kernels
+    return (sparse_standins.TOKEN_TO_REQ, sparse_standins.PREFILL_CHUNK, sparse_standins.UNIFORM_DECODE,
+            sparse_standins.COMPUTE_UNITS) + kernels
 
 
 @functools.lru_cache(maxsize=1)

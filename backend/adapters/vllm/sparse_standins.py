@@ -11,6 +11,10 @@ every result (native.EMULATED -> versions["emulated"]).
   (BuildPrefillChunkMetadataKernel, Triton) writes the per-token key ranges [ks, ke) and
   token_to_seq of an indexer prefill chunk; build_prefill_chunk_metadata calls it for every chunk.
   Without DCP and ShardQ positions only (refused otherwise: orch runs neither).
+- `uniform_decode`: indexer.py's _PREPARE_UNIFORM_DECODE_KERNEL (PrepareUniformDecodeKernel,
+  Triton) flattens a uniform decode batch of max_decode_len tokens a request to one row a token
+  (its length clamped at 0, its block-table row, decode length 1): the indexer's path when native
+  decode cannot take 1 + k rows (k >= 2 without DeepGEMM).
 - `num_compute_units`: the builders size their tile-scheduler scratch by the device's SM count
   (vllm.utils.platform_utils.num_compute_units); vLLM's platform without a GPU ("unspecified")
   raises NotImplementedError. One unit: the scratch is read only by the GPU kernels.
@@ -26,6 +30,7 @@ from backend.adapters.vllm import native
 
 TOKEN_TO_REQ = "compute_token_to_req_indices (orch's torch: vLLM's is Triton)"
 PREFILL_CHUNK = "indexer BuildPrefillChunkMetadataKernel (orch's torch: vLLM's is Triton)"
+UNIFORM_DECODE = "indexer PrepareUniformDecodeKernel (orch's torch: vLLM's is Triton)"
 COMPUTE_UNITS = "num_compute_units = 1 (vLLM's platform without a GPU has none)"
 
 
@@ -67,6 +72,21 @@ def prefill_chunk_metadata(query_start_loc: torch.Tensor, uncompressed_seq_lens:
                                           keys, right=True))
 
 
+def uniform_decode(seq_lens: torch.Tensor, decode_seq_lens: torch.Tensor, block_table: torch.Tensor,
+                   expanded_block_table: torch.Tensor, decode_lens: torch.Tensor, num_decode_tokens: int,
+                   max_decode_len: int) -> None:
+    """PrepareUniformDecodeKernel's stores for tokens [0, num_decode_tokens): token idx of request
+    idx // m, local idx % m: length max(seq_len - m + local + 1, 0), its request's block-table row
+    (the expanded table's width), decode length 1."""
+    idx = torch.arange(num_decode_tokens, device=seq_lens.device)
+    req, local = idx // max_decode_len, idx % max_decode_len
+    length = (seq_lens.to(torch.int64)[req] - max_decode_len + local + 1).clamp_(min=0)
+    decode_seq_lens[:num_decode_tokens].copy_(length)
+    width = expanded_block_table.shape[1]
+    expanded_block_table[:num_decode_tokens].copy_(block_table[req, :width])
+    decode_lens[:num_decode_tokens].fill_(1)
+
+
 def one_compute_unit(device_id: int | None = 0) -> int:
     return 1
 
@@ -80,6 +100,7 @@ def install() -> tuple[str, ...]:
     indexer = sys.modules["vllm.v1.attention.backends.mla.indexer"]
     metadata_ops.compute_token_to_req_indices = token_to_req_indices
     indexer._BUILD_PREFILL_CHUNK_METADATA_KERNEL = prefill_chunk_metadata
+    indexer._PREPARE_UNIFORM_DECODE_KERNEL = uniform_decode
     for name in ("vllm.v1.attention.backends.mla.indexer", "vllm.v1.attention.backends.mla.flashmla_sparse"):
         sys.modules[name].num_compute_units = one_compute_unit
     # Modules that imported the pinned-memory constant by name (fixups.pin_memory_off covers vLLM's own).
@@ -87,7 +108,7 @@ def install() -> tuple[str, ...]:
                  "vllm.v1.attention.backends.mla.indexer", "vllm.v1.attention.backends.mla.flashmla_sparse"):
         if hasattr(sys.modules.get(name), "PIN_MEMORY"):
             sys.modules[name].PIN_MEMORY = False
-    done = (TOKEN_TO_REQ, PREFILL_CHUNK, COMPUTE_UNITS)
+    done = (TOKEN_TO_REQ, PREFILL_CHUNK, UNIFORM_DECODE, COMPUTE_UNITS)
     for what in done:
         native.note(what)
     return done
