@@ -8,7 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.adapters.vllm.sparse_standins import prefill_chunk_metadata, token_to_req_indices, uniform_decode
+from backend.adapters.vllm.sparse_standins import (
+    prefill_chunk_metadata,
+    token_to_req_indices,
+    uniform_decode,
+)
 from backend.attention.mla_sparse import token_seq_lens
 from backend.attention.registry import get_backend, get_capabilities
 from backend.harness.checker import SessionCache, run_case

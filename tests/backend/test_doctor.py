@@ -179,7 +179,7 @@ def test_doctor_screen_fits_one_screen(plain_doctor):
     assert proc.returncode == 0, proc.stderr
     for heading in ("platform", "providers", "families", "graph kind", "fp8 dtype", "ray", "triton", "amd-aiter"):
         assert heading in proc.stdout
-    assert re.search(r"^mla_sparse +torch", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^mla_sparse +torch", proc.stdout, re.MULTILINE), proc.stdout
     assert len(proc.stdout.splitlines()) < 60
 
 

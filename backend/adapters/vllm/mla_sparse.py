@@ -37,7 +37,12 @@ import torch
 
 from backend.attention.interface import AttentionCGSupport, AttentionConfig
 from backend.attention.mla import MLADims
-from backend.attention.mla_sparse import IndexerDims, SparseMLABackend, SparseMLAMetadata, SparseMLAMetadataBuilder
+from backend.attention.mla_sparse import (
+    IndexerDims,
+    SparseMLABackend,
+    SparseMLAMetadata,
+    SparseMLAMetadataBuilder,
+)
 from backend.host_copy import copy_into
 from backend.providers.torch_mla_sparse import TorchSparseMLAImpl
 
@@ -69,8 +74,12 @@ def load_sparse() -> tuple[tuple[type, type] | None, str | None]:
         native.stub_platform_native()
         with errors.quiet_vllm_import():
             import vllm.v1.attention.ops.metadata  # noqa: F401 - the stand-ins replace its function
-            from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseMetadataBuilder
-            from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
+            from vllm.v1.attention.backends.mla.flashmla_sparse import (
+                FlashMLASparseMetadataBuilder,
+            )
+            from vllm.v1.attention.backends.mla.indexer import (
+                DeepseekV32IndexerMetadataBuilder,
+            )
     except Exception as exc:  # noqa: BLE001 - an import that fails for any reason is "unavailable"
         return None, errors.backend_import_failed(NAME, exc)
     fixups.pin_memory_off()

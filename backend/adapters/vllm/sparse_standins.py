@@ -1,7 +1,7 @@
 """Torch stand-ins for the calls that keep vLLM 0.34's sparse builders (the DSA indexer's
 DeepseekV32IndexerMetadataBuilder and the sparse MLA builders) from running off a GPU, each the
 same arithmetic as the kernel it replaces, put in place only where there is no GPU and named in
-every result (native.EMULATED -> versions["emulated"]).
+every result (the adapter's EMULATED list and the backend's `emulated`).
 
 - `token_to_req_indices`: vllm/v1/attention/ops/metadata.py compute_token_to_req_indices launches
   the Triton `_token_request_mapping_kernel` (a binary search over the device query_start_loc;
@@ -23,10 +23,11 @@ every result (native.EMULATED -> versions["emulated"]).
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 
-from backend.adapters.vllm import native
+from backend.adapters.vllm.native import note
 
 TOKEN_TO_REQ = "compute_token_to_req_indices (orch's torch: vLLM's is Triton)"
 PREFILL_CHUNK = "indexer BuildPrefillChunkMetadataKernel (orch's torch: vLLM's is Triton)"
@@ -50,8 +51,8 @@ def prefill_chunk_metadata(query_start_loc: torch.Tensor, uncompressed_seq_lens:
                            cu_compressed_seq_lens: torch.Tensor, row_start_cu_compressed_seq_lens: torch.Tensor,
                            token_to_seq: torch.Tensor, cu_compressed_seq_len_ks: torch.Tensor,
                            cu_compressed_seq_len_ke: torch.Tensor, query_slice_start: int, query_slice_stop: int,
-                           DCP_RANK: int, DCP_WORLD: int, DCP_INTERLEAVE: int, *, num_reqs: int,  # noqa: N803
-                           COMPRESS_RATIO: int, positions: torch.Tensor | None = None) -> None:  # noqa: N803
+                           DCP_RANK: int, DCP_WORLD: int, DCP_INTERLEAVE: int, *, num_reqs: int,
+                           COMPRESS_RATIO: int, positions: torch.Tensor | None = None) -> None:
     """BuildPrefillChunkMetadataKernel's stores: for query token a in [slice start, slice stop) of
     request r, ks = row start of r, ke = row start + (seq_len_r - query_len_r + offset + 1) //
     ratio; token_to_seq[j] = the request whose compressed keys hold j."""
@@ -96,19 +97,21 @@ def install() -> tuple[str, ...]:
     versions["emulated"]. Idempotent. The modules must be imported already."""
     if torch.cuda.is_available():
         return ()
-    metadata_ops = sys.modules["vllm.v1.attention.ops.metadata"]
-    indexer = sys.modules["vllm.v1.attention.backends.mla.indexer"]
+    # Module attributes vLLM's build paths look up at call time (Any: they are vLLM's names).
+    metadata_ops: Any = sys.modules["vllm.v1.attention.ops.metadata"]
     metadata_ops.compute_token_to_req_indices = token_to_req_indices
+    indexer: Any = sys.modules["vllm.v1.attention.backends.mla.indexer"]
     indexer._BUILD_PREFILL_CHUNK_METADATA_KERNEL = prefill_chunk_metadata
     indexer._PREPARE_UNIFORM_DECODE_KERNEL = uniform_decode
-    for name in ("vllm.v1.attention.backends.mla.indexer", "vllm.v1.attention.backends.mla.flashmla_sparse"):
-        sys.modules[name].num_compute_units = one_compute_unit
+    sparse: Any = sys.modules["vllm.v1.attention.backends.mla.flashmla_sparse"]
+    indexer.num_compute_units = sparse.num_compute_units = one_compute_unit
     # Modules that imported the pinned-memory constant by name (fixups.pin_memory_off covers vLLM's own).
     for name in ("vllm.model_executor.layers.attention.sparse_mla_attention",
                  "vllm.v1.attention.backends.mla.indexer", "vllm.v1.attention.backends.mla.flashmla_sparse"):
-        if hasattr(sys.modules.get(name), "PIN_MEMORY"):
-            sys.modules[name].PIN_MEMORY = False
+        module: Any = sys.modules.get(name)
+        if module is not None and hasattr(module, "PIN_MEMORY"):
+            module.PIN_MEMORY = False
     done = (TOKEN_TO_REQ, PREFILL_CHUNK, UNIFORM_DECODE, COMPUTE_UNITS)
     for what in done:
-        native.note(what)
+        note(what)
     return done
