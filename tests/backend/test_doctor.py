@@ -111,7 +111,7 @@ def test_every_family_has_its_providers_listed():
     from backend.attention.registry import family_providers
     from backend.families.contract.registry import FAMILY_NAMES
 
-    assert family_providers("mla_sparse")[0] == "torch"
+    assert family_providers("mla_sparse") == ("torch", "vllm:FLASHMLA_SPARSE", "vllm:ROCM_AITER_MLA_SPARSE")
     assert "vllm:GDN_ATTN" in family_providers("hybrid_gdn") and "vllm:GDN_ATTN" not in family_providers("gqa")
     assert "vllm:FLEX_ATTENTION" in family_providers("gqa")
     for fam in FAMILY_NAMES:
