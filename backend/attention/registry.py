@@ -45,9 +45,19 @@ BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUI
 VLLM_PREFIX = "vllm:"
 VLLM_BACKENDS: tuple[str, ...] = ("vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN",
                                   "vllm:ROCM_AITER_FA", "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN",
-                                  "vllm:GDN_ATTN")
+                                  "vllm:GDN_ATTN", "vllm:FLASHMLA_SPARSE", "vllm:ROCM_AITER_MLA_SPARSE")
 # The family a vLLM backend of that list is bridged for, where it is not gqa (what doctor asks).
-VLLM_FAMILIES: dict[str, str] = {"vllm:TRITON_MLA": "mla", "vllm:GDN_ATTN": "hybrid_gdn"}
+VLLM_FAMILIES: dict[str, str] = {"vllm:TRITON_MLA": "mla", "vllm:GDN_ATTN": "hybrid_gdn",
+                                 "vllm:FLASHMLA_SPARSE": "mla_sparse", "vllm:ROCM_AITER_MLA_SPARSE": "mla_sparse"}
+
+
+def family_providers(family: str) -> tuple[str, ...]:
+    """Every provider orch ships for attention `family`: its builtins (one class per family they
+    implement), then the vLLM backends bridged for it (the unlisted ones are gqa's). What doctor
+    lists per family; torch-free."""
+    builtins = tuple(name for (name, fam) in _BUILTIN_PATHS if fam == family)
+    return builtins + tuple(name for name in VLLM_BACKENDS if VLLM_FAMILIES.get(name, "gqa") == family)
+
 
 # What a duck-typed plugin must provide (checked when it does not subclass AttentionBackend).
 _REQUIRED_ATTRS = ("name", "cudagraph_support", "builder_cls", "impl_cls", "supported_kv_cache_dtypes")

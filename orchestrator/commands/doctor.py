@@ -20,7 +20,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
 from orchestrator.console import echo
 from orchestrator.errors import ExitCode
@@ -49,6 +49,17 @@ class ProviderLine:
     provider: str
     available: bool
     reason: str
+
+
+@dataclass(frozen=True)
+class FamilyLine:
+    """One attention family here: the providers orch ships for it that run on this box, and those
+    that cannot, each with its own reason for this family (a provider can run one family and not
+    another: vLLM's backends, a kv dtype a family's provider lacks)."""
+
+    family: str
+    runs_here: tuple[str, ...]
+    not_here: tuple[ProviderLine, ...]
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,7 @@ class DoctorReport:
     ray_sets: str | None  # the variable Ray sets per GPU worker here
     device_findings: tuple[str, ...]
     providers: tuple[ProviderLine, ...]
+    families: tuple[FamilyLine, ...]
     ray_version: str | None
     ray_auth: str
     collective: str  # NCCL | RCCL | gloo
@@ -230,6 +242,18 @@ def _aiter_gdn_finding(pkg) -> str:
     return f"gdn decode: {', '.join(found[:4])} present, not bound yet (hybrid_gdn runs on torch, vllm:GDN_ATTN)"
 
 
+def family_lines(families: Sequence[str], providers_of: Callable[[str], Sequence[str]],
+                 avail: Callable[[str, str], tuple[bool, str]]) -> tuple[FamilyLine, ...]:
+    """Per family, its providers split by whether they run here. `avail(provider, family)` is the
+    provider's own check for that family (registry.availability in `collect`)."""
+    out = []
+    for fam in families:
+        checked = [(name, *avail(name, fam)) for name in providers_of(fam)]
+        out.append(FamilyLine(fam, tuple(n for n, ok, _ in checked if ok),
+                              tuple(ProviderLine(n, False, why) for n, ok, why in checked if not ok)))
+    return tuple(out)
+
+
 def check_matrix(path: str, devices: str, *, gpu_here: bool = True, kernel_load_failed: bool = False,
                  matrix=None) -> MatrixCheck:
     """What `orch run MATRIX` would use here: providers with runnable cases, providers whose every
@@ -262,7 +286,9 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
     import torch
 
     from backend.attention.kv_cache import fp8_dtype
-    from backend.attention.registry import BUILTIN_BACKENDS, VLLM_BACKENDS, VLLM_FAMILIES, availability
+    from backend.attention.registry import (BUILTIN_BACKENDS, VLLM_BACKENDS, VLLM_FAMILIES, availability,
+                                            family_providers)
+    from backend.families.contract.registry import FAMILY_NAMES
     from backend.harness.distributed import _NCCL_ENV
     from backend.graphs.cuda import graph_kind
 
@@ -286,6 +312,8 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
     providers = tuple(ProviderLine(a.provider, a.available, a.reason)
                       for a in (availability(name, device, VLLM_FAMILIES.get(name, "gqa"))
                                 for name in BUILTIN_BACKENDS + VLLM_BACKENDS))
+    families = family_lines(FAMILY_NAMES, family_providers, lambda name, fam: (
+        (a := availability(name, device, fam)).available, a.reason))
     triton_ok = any(p.provider == "aiter-triton" and p.available for p in providers)
     aiter_version, aiter_findings = _aiter_findings(triton_ok)
     home = Path(env.get("HOME") or Path.home())
@@ -295,7 +323,7 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
         driver=_driver(platform), gpus=gpus, device=device, fp8_dtype=used_fp8,
         graph_kind=graph_kind(torch.version.hip, gpu),
         visible_devices={k: env.get(k) for k in VISIBLE_DEVICE_VARS}, ray_sets=ray_visible_var(platform),
-        device_findings=visible_device_findings(env, platform), providers=providers,
+        device_findings=visible_device_findings(env, platform), providers=providers, families=families,
         ray_version=_version("ray"), ray_auth=ray_auth_state(env, home),
         collective="RCCL" if platform == "ROCm" else "NCCL" if platform == "CUDA" else "gloo",
         collective_env={k: env.get(k) for k in COLLECTIVE_VARS}, gang_defaults=dict(_NCCL_ENV),
@@ -336,6 +364,14 @@ def render(report: DoctorReport) -> None:
     section("providers")
     for p in report.providers:
         t.add_row(p.provider, "[green]available[/]" if p.available else f"[yellow]{p.reason}[/]")
+    section("families")
+    said = {p.provider: p.reason for p in report.providers}  # a reason the providers section gave is not repeated
+    for f in report.families:
+        why = ", ".join(p.provider if said.get(p.provider) == p.reason else
+                        f"{p.provider} ({p.reason.removeprefix('unavailable: ')})" for p in f.not_here)
+        t.add_row(f.family, f"[green]{', '.join(f.runs_here)}[/]" if f.runs_here else "[red]no provider runs here[/]")
+        if why:
+            t.add_row("", f"[yellow]not here: {why}[/]")
     section("ray / collectives")
     t.add_row("ray", f"{report.ray_version or 'not installed'}; auth {report.ray_auth}")
     env = {k: v for k, v in report.collective_env.items() if v is not None}

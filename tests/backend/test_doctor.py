@@ -93,6 +93,31 @@ def test_ray_auth_state_names_no_secret(env, token_file, expected, tmp_path):
     assert expected in state and "secret-value" not in state
 
 
+def test_family_lines_split_each_familys_providers_by_its_own_check():
+    providers = {"gqa": ("torch", "aiter"), "mla_sparse": ("torch", "vllm:FLASHMLA_SPARSE"), "empty": ()}
+    own = {("aiter", "gqa"): "needs a ROCm GPU", ("vllm:FLASHMLA_SPARSE", "mla_sparse"): "needs vllm"}
+
+    def avail(name, fam):
+        return (name, fam) not in own, own.get((name, fam), "")
+
+    lines = D.family_lines(["gqa", "mla_sparse", "empty"], providers.__getitem__, avail)
+    assert lines == (
+        D.FamilyLine("gqa", ("torch",), (D.ProviderLine("aiter", False, "needs a ROCm GPU"),)),
+        D.FamilyLine("mla_sparse", ("torch",), (D.ProviderLine("vllm:FLASHMLA_SPARSE", False, "needs vllm"),)),
+        D.FamilyLine("empty", (), ()))
+
+
+def test_every_family_has_its_providers_listed():
+    from backend.attention.registry import family_providers
+    from backend.families.contract.registry import FAMILY_NAMES
+
+    assert family_providers("mla_sparse") == ("torch", "vllm:FLASHMLA_SPARSE", "vllm:ROCM_AITER_MLA_SPARSE")
+    assert "vllm:GDN_ATTN" in family_providers("hybrid_gdn") and "vllm:GDN_ATTN" not in family_providers("gqa")
+    assert "vllm:FLEX_ATTENTION" in family_providers("gqa")
+    for fam in FAMILY_NAMES:
+        assert family_providers(fam), fam
+
+
 def test_availability_reports_a_crashing_check_and_a_bad_name():
     assert availability("torch", "cpu").available
     aiter = availability("aiter", "cpu")
@@ -124,7 +149,8 @@ def test_doctor_json_on_this_machine():
     providers = {p["provider"]: p for p in report["providers"]}
     assert set(providers) == {"torch", "aiter", "aiter-emulated", "aiter-triton", "aiter-triton-pa",
                               "vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN", "vllm:ROCM_AITER_FA",
-                              "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN", "vllm:GDN_ATTN"}
+                              "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN", "vllm:GDN_ATTN",
+                              "vllm:FLASHMLA_SPARSE", "vllm:ROCM_AITER_MLA_SPARSE"}
     # vLLM's backends: available, or a one-line reason (vllm missing, version, platform).
     for name in ("vllm:TRITON_ATTN", "vllm:ROCM_AITER_FA"):
         assert not providers[name]["available"] and providers[name]["reason"]
@@ -132,6 +158,13 @@ def test_doctor_json_on_this_machine():
     if torch.version.hip is None:
         assert not providers["aiter"]["available"] and "ROCm" in providers["aiter"]["reason"]
     assert report["visible_devices"]["ROCR_VISIBLE_DEVICES"] == "0"
+    # Every family orch ships has its line; the sparse family's torch provider runs anywhere.
+    families = {f["family"]: f for f in report["families"]}
+    assert set(families) == {"gqa", "mla", "swa_sinks", "hybrid_gdn", "mla_sparse"}
+    assert "torch" in families["mla_sparse"]["runs_here"]
+    sparse_not_here = {p["provider"]: p["reason"] for p in families["mla_sparse"]["not_here"]}
+    assert "aiter.get_mla_metadata_v1" in sparse_not_here["vllm:ROCM_AITER_MLA_SPARSE"]
+    assert {p["provider"] for p in families["mla"]["not_here"]} >= {"aiter-triton"} or torch.cuda.is_available()
     assert report["gang_defaults"]["NCCL_NVLS_ENABLE"] == "0"
 
 
@@ -144,8 +177,9 @@ def plain_doctor():
 def test_doctor_screen_fits_one_screen(plain_doctor):
     proc = plain_doctor
     assert proc.returncode == 0, proc.stderr
-    for heading in ("platform", "providers", "graph kind", "fp8 dtype", "ray", "triton", "amd-aiter"):
+    for heading in ("platform", "providers", "families", "graph kind", "fp8 dtype", "ray", "triton", "amd-aiter"):
         assert heading in proc.stdout
+    assert re.search(r"^mla_sparse +torch", proc.stdout, re.MULTILINE), proc.stdout
     assert len(proc.stdout.splitlines()) < 60
 
 

@@ -21,7 +21,8 @@ Families (make_backend's `family`): gqa, every backend of both interfaces (FullA
 and V per kv head); mla, mla.py (vllm:TRITON_MLA's decode in place, the rest orch's and
 labelled); swa_sinks, swa.py (TRITON_ATTN, ROCM_AITER_UNIFIED_ATTN with per-layer windows and
 sinks, their builders per KV-cache group); hybrid_gdn, gdn.py (GDN_ATTN: vLLM's GDN builder per
-state group, its Triton core on a GPU). An MLA backend named for gqa skips with `family_reason`'s words.
+state group, its Triton core on a GPU); mla_sparse, mla_sparse.py (FLASHMLA_SPARSE: vLLM's DSA
+indexer and sparse MLA builders, orch's torch kernels; ROCM_AITER_MLA_SPARSE skips with why). An MLA backend named for gqa skips with `family_reason`'s words.
 
 Whatever cannot run here is a skip with the reason, never a traceback: vllm not installed, a
 release outside both ranges, a backend that does not import, a platform or a kv dtype it lacks.
@@ -44,7 +45,7 @@ from backend.adapters.vllm.roles import VllmBuilder, VllmImpl  # noqa: F401
 
 # MLA backends (a family of their own, not bridged yet: see the module docstring).
 MLA_BACKENDS = ("TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "ROCM_AITER_MLA",
-                "FLASHMLA_SPARSE")
+                "FLASHMLA_SPARSE", "ROCM_AITER_MLA_SPARSE")
 
 
 def family_reason(name: str) -> str | None:
@@ -90,7 +91,8 @@ def make_backend(name: str, family: str = "gqa"):
     """Our backend class for vLLM's backend `name` (e.g. FLEX_ATTENTION, ROCM_AITER_FA) for attention
     `family`. Always a class: when vLLM or the backend cannot be used here, unavailable_reason says
     why. Families: gqa (every GQA backend, both interfaces), mla (TRITON_MLA: mla.py), swa_sinks
-    (TRITON_ATTN, ROCM_AITER_UNIFIED_ATTN: swa.py), hybrid_gdn (GDN_ATTN: gdn.py)."""
+    (TRITON_ATTN, ROCM_AITER_UNIFIED_ATTN: swa.py), hybrid_gdn (GDN_ATTN: gdn.py), mla_sparse
+    (FLASHMLA_SPARSE, ROCM_AITER_MLA_SPARSE: mla_sparse.py)."""
     name = name.strip().upper()
     if family == "mla":
         if name.removesuffix("_VLLM_V1") == "TRITON_MLA":
@@ -109,6 +111,16 @@ def make_backend(name: str, family: str = "gqa"):
             from backend.adapters.vllm.gdn import make_gdn_backend
 
             return make_gdn_backend()
+        return _unbridged(name, family)
+    if family == "mla_sparse":
+        if name == "FLASHMLA_SPARSE":
+            from backend.adapters.vllm.mla_sparse import make_sparse_backend
+
+            return make_sparse_backend()
+        if name == "ROCM_AITER_MLA_SPARSE":
+            from backend.adapters.vllm.mla_sparse import make_rocm_sparse_backend
+
+            return make_rocm_sparse_backend()
         return _unbridged(name, family)
     if name == "GDN_ATTN":
         return _unbridged(name, family)

@@ -89,11 +89,12 @@ def speculative_config(k: int, model, parallel):
 def build_vllm_config(config: AttentionConfig, *, model_kwargs: dict[str, Any] | None = None,
                       scheduler_kwargs: dict[str, Any] | None = None, spec_tokens: int = 0,
                       compilation_kwargs: dict[str, Any] | None = None,
-                      additional_config: dict[str, Any] | None = None) -> Any:
+                      additional_config: dict[str, Any] | None = None, model_path: str | None = None) -> Any:
     """The VllmConfig vLLM's builder and Impl read for one rank's config. `model_kwargs` and
     `scheduler_kwargs` are what one interface's release needs beyond the common ones;
     `compilation_kwargs` replace the cudagraph_mode NONE default (GDN's builder stages its
-    persistent buffers only when the engine has full graphs); `additional_config` is vLLM's."""
+    persistent buffers only when the engine has full graphs); `additional_config` is vLLM's;
+    `model_path` a directory with another family's config.json (default: model_dir's Llama)."""
     from vllm.config import (
         CacheConfig,
         CompilationConfig,
@@ -105,7 +106,7 @@ def build_vllm_config(config: AttentionConfig, *, model_kwargs: dict[str, Any] |
     )
 
     register_test_arch()
-    d = model_dir(config)
+    d = model_path or model_dir(config)
     model = ModelConfig(model=d, tokenizer=d, skip_tokenizer_init=True, dtype=config.dtype, seed=0,
                         max_model_len=config.max_model_len, **(model_kwargs or {}))
     cache = CacheConfig(block_size=config.block_size, cache_dtype=KV_DTYPES[config.kv_cache_dtype])
