@@ -153,7 +153,7 @@ class CaseResult:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CaseResult":
+    def from_dict(cls, d: dict[str, Any]) -> CaseResult:
         d = dict(d)
         d["status"] = Status(d["status"])
         d["checks"] = tuple(
@@ -164,5 +164,5 @@ class CaseResult:
         d["step_graphs"] = tuple(d.get("step_graphs", ()))
         return cls(**d)
 
-    def replace(self, **changes: Any) -> "CaseResult":
+    def replace(self, **changes: Any) -> CaseResult:
         return dataclasses.replace(self, **changes)

@@ -156,9 +156,7 @@ def keep(name: str, head: bytes) -> bool:
     base = name.rsplit("/", 1)[-1]
     if head.startswith(b"\x7fELF"):
         return False
-    if base.endswith(_DROP_SUFFIXES) or ".so." in base:
-        return False
-    return True
+    return not (base.endswith(_DROP_SUFFIXES) or ".so." in base)
 
 
 def _record_line(name: str, data: bytes) -> str:

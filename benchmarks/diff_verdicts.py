@@ -22,9 +22,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from orchestrator.diff import compare  # noqa: E402
-from orchestrator.errors import OrchError  # noqa: E402
-from orchestrator.store import ResultStore  # noqa: E402
+from orchestrator.diff import compare
+from orchestrator.errors import OrchError
+from orchestrator.store import ResultStore
 
 
 def _results(path: str, run_id: int | None):

@@ -28,8 +28,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from backend.case import BatchSpec, Case  # noqa: E402
-from backend.result import CaseResult, Status  # noqa: E402
+from backend.case import BatchSpec, Case
+from backend.result import CaseResult, Status
 
 RUNNER = "benchmarks.dispatch_bench:noop_runner"
 

@@ -92,8 +92,8 @@ def _err(row: dict, check: str) -> float:
 def _summary(rows: list[dict]) -> dict:
     lines, ok = [], True
     for kv in ("auto", "fp8"):
-        correct = [r for r in rows if r["kv"] == kv and r["backend"] in CORRECT or
-                   (r["kv"] == kv and not r["backend"] in REACHABLE)]
+        correct = [r for r in rows if (r["kv"] == kv and r["backend"] in CORRECT) or
+                   (r["kv"] == kv and r["backend"] not in REACHABLE)]
         ran = [r for r in correct if r["status"] != "skip"]
         green = all(r["status"] == "pass" for r in ran)
         ok &= green

@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from backend.harness import memory  # noqa: E402
-from backend.harness.checker import SessionCache, clear_process_caches, run_case  # noqa: E402
-from orchestrator.filters import select  # noqa: E402
-from orchestrator.matrix import load_matrix  # noqa: E402
+from backend.harness import memory
+from backend.harness.checker import SessionCache, clear_process_caches, run_case
+from orchestrator.filters import select
+from orchestrator.matrix import load_matrix
 
 G = memory.GiB
 

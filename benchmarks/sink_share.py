@@ -24,9 +24,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from backend.families.swa_sinks import reference_window_sinks, sink_logits  # noqa: E402
+from backend.families.swa_sinks import reference_window_sinks, sink_logits
 
 ATOL = RTOL = 2e-2
 BUGS = {"twice": lambda s: s + math.log(2), "no_exp2": lambda s: s * math.log(2)}

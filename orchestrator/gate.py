@@ -253,7 +253,7 @@ def evaluate(
     expired: dict[str, KnownFailure] = {}
     for r in results:
         entry = known.match(r.case_id) if known is not None else None
-        if entry is not None and (r.status in (FAILING | {Status.PASS}) or entry.mute and r.status == Status.FLAKY):
+        if entry is not None and (r.status in (FAILING | {Status.PASS}) or (entry.mute and r.status == Status.FLAKY)):
             known_reasons[r.case_id] = entry
         if entry is None and known is not None and r.status in FAILING:
             old = known.expired_match(r.case_id)

@@ -12,18 +12,18 @@ plan and the dashboard show it. Language reference: docs/MATRIX.md.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from backend.attention import padding
 from backend.attention.support import unavailable
-from backend.case import BatchSpec, Case, ModelShape, Tolerance, default_capture_sizes
+from backend.case import BatchSpec, Case, ModelShape, Tolerance
 from backend.families.contract import spec as family_spec
 from orchestrator import matrix_schema as S
 from orchestrator import matrix_tree as T
 from orchestrator.errors import InputError
-from orchestrator.matrix_expand import IncompleteInclude, axis_values, expand, fits, matches  # noqa: F401 (re-exported)
+from orchestrator.matrix_expand import IncompleteInclude, axis_values, expand, fits, matches
 from orchestrator.matrix_models import family_shape
 
 # Used when a matrix gives no `tolerances:` entry for the case's dtype key. bf16/fp16 follow
@@ -210,8 +210,13 @@ class _Loader:
         family (its cases are skipped with family_reason's words)."""
         key = (name, family)
         if key not in self._backends:
-            from backend.attention.registry import (BackendLoadError, check_explicit, check_name, family_reason,
-                                                    get_capabilities)
+            from backend.attention.registry import (
+                BackendLoadError,
+                check_explicit,
+                check_name,
+                family_reason,
+                get_capabilities,
+            )
 
             if family_reason(name, family):
                 self._backends[key] = None

@@ -14,11 +14,20 @@ import os
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, MODEL_DTYPES, TP_SIZES
-from backend.families.contract import UnknownFamily, spec as family_spec
+from backend.families.contract import UnknownFamily
+from backend.families.contract import spec as family_spec
 from orchestrator.errors import InputError
 from orchestrator.matrix_tree import Node, error_at, field_path, to_plain
 

@@ -162,9 +162,7 @@ def locate(root: Node, loc: tuple) -> Node:
     """Deepest node along a pydantic error location; unknown parts (union tags) are skipped."""
     node = root
     for part in loc:
-        if isinstance(node.value, dict) and part in node.value:
-            node = node.value[part]
-        elif isinstance(node.value, list) and isinstance(part, int) and 0 <= part < len(node.value):
+        if (isinstance(node.value, dict) and part in node.value) or (isinstance(node.value, list) and isinstance(part, int) and 0 <= part < len(node.value)):
             node = node.value[part]
     return node
 

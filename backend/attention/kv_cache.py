@@ -14,7 +14,7 @@ import torch
 from backend.attention.interface import AttentionConfig
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_gfx942(device_index: int) -> bool:
     props = torch.cuda.get_device_properties(device_index)
     return "gfx942" in getattr(props, "gcnArchName", "")

@@ -13,7 +13,8 @@ vLLM's runner pads -1, which a matrix can cross them with (`cg_padding: [declare
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 # vLLM's defaults (AttentionMetadataBuilder), for a builder that declares nothing.
 DEFAULT = (0, -1)

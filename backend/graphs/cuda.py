@@ -22,7 +22,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -84,11 +84,11 @@ class CudaGraphRunner(GraphRunner):
                 try:
                     with capturing():
                         outputs = fn()
-                except Exception as e:  # the capture is invalid now; end it below
+                except Exception as e:  # noqa: BLE001 - the capture is invalid now; end it below
                     error = e
                 try:
                     graph.capture_end()
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - the first error is the one reported
                     error = error or e
             if error is not None:
                 # After a failed capture the allocator can still consider the pool "being recorded

@@ -41,8 +41,9 @@ poisoned and noted with where it was allocated (freed.py, #39).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -287,7 +288,7 @@ class _Recorder(TorchDispatchMode):
             # A CPU scalar tensor in a device op is passed by value: frozen at capture.
             frozen = {id(t): t.clone() for t in host}
             self._owned.update(_storage_key(c) for c in frozen.values())
-            swap = lambda x: frozen.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+            swap = lambda x: frozen.get(id(x), x) if isinstance(x, torch.Tensor) else x
             return map_leaves(swap, args), map_leaves(swap, kwargs), False, None
         raise GraphCaptureError(
             f"graph capture failed: {func} mixes host tensors with device tensors "
@@ -339,7 +340,8 @@ def _register_hop_rules() -> None:
     torch's own dense implementation, so its aten ops, with every host value they take, are what
     replays. Any other HOP under capture is refused by torch with a clear error."""
     try:
-        from torch._higher_order_ops.flex_attention import flex_attention as flex_hop, sdpa_dense
+        from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
+        from torch._higher_order_ops.flex_attention import sdpa_dense
     except ImportError:  # a torch without flex attention
         return
 

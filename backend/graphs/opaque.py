@@ -19,8 +19,9 @@ import contextlib
 import ctypes
 import threading
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 

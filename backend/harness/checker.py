@@ -31,27 +31,42 @@ from backend.attention.registry import BackendLoadError, class_family_reason, fa
 from backend.attention.support import unavailable
 from backend.case import Case
 from backend.families.contract import family as family_of
-from backend.harness import step_data
+from backend.harness import memory, step_data
 from backend.harness.checks import CheckAccumulator
-from backend.harness import memory
 from backend.harness.churn import churn
 from backend.harness.distributed import all_gather_objects, gang_id
 from backend.harness.memory import OOM_KIND, CaseMemory, gib, is_oom
 from backend.harness.model import TPLayout, layout_reasons
-from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
-                                   resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
+from backend.harness.modes import (
+    CUDAGraphMode,
+    UnsupportedModeError,
+    capture_plan,
+    dispatch,
+    is_uniform_decode,
+    resolve_capture_sizes,
+    resolve_mode,
+    uniform_decode_query_len,
+)
 from backend.harness.scratch import SCRATCH, capture_checked, mark_scratch, take_snapshot
-from backend.harness.session import (CaptureFailed, GraphKey, Session, SessionCache, SessionTooLarge, attention_config,
-                                     estimate_bytes)
+from backend.harness.session import (
+    CaptureFailed,
+    GraphKey,
+    Session,
+    SessionCache,
+    SessionTooLarge,
+    attention_config,
+    estimate_bytes,
+)
 from backend.harness.sides import add_step, eager_side, graph_side
 from backend.harness.step_data import fill_context, reference_key, set_capture_scales, set_scales, step_inputs
 from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, plan_steps
 from backend.harness.timing import PHASES, Clock, Span, seconds
 from backend.harness.user_frame import user_frame
 from backend.harness.verdict import status_of
+
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
-from backend.rank_merge import consensus_reason, merge_rank_results, plan_of, rank_consensus  # noqa: F401
+from backend.rank_merge import consensus_reason, merge_rank_results, plan_of, rank_consensus
 from backend.result import CaseResult, Status, checks_for
 
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
@@ -352,7 +367,7 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
 def _safe(fn, *args) -> str:
     try:
         return fn(*args)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a version probe: any failure reads "unknown"
         return "unknown"
 
 

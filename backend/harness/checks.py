@@ -117,7 +117,7 @@ def compare_heads(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, 
     `head_offset`: the global index of local head 0 (a tp rank's first head)."""
     if actual.shape != expected.shape:
         raise ValueError(f"shape mismatch {tuple(actual.shape)} vs {tuple(expected.shape)}")
-    layers, t, h, d = expected.shape
+    _layers, t, h, _d = expected.shape
     if actual.numel() == 0:
         return HeadComparison(Comparison(True, 0.0, 0.0, 0.0, None, True), None, None)
     a = actual.detach().to(expected.device).float()

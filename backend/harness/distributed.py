@@ -12,8 +12,9 @@ import queue
 import socket
 import traceback
 import zlib
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -138,7 +139,7 @@ def _gang_entry(rank: int, world_size: int, port: int, results: Any, fn: Callabl
         init_gang(rank, world_size, "127.0.0.1", port, device=device)
         value = fn(rank, world_size, *args)
         results.put((rank, True, value))
-    except BaseException:  # report, never hang the parent
+    except BaseException:  # noqa: BLE001 - report, never hang the parent
         results.put((rank, False, traceback.format_exc()[-4000:]))
     finally:
         destroy_gang()

@@ -49,7 +49,7 @@ class MemoryBudget:
         return {"utilization": self.utilization, "share": self.share, "device_bytes": self.device_bytes}
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "MemoryBudget":
+    def from_dict(cls, d: dict | None) -> MemoryBudget:
         return cls(**(d or {}))
 
 

@@ -21,8 +21,8 @@ the model dtype, then sharded. So the sharded model equals the unsharded one and
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +121,7 @@ def _make_weights_cached(shape: ModelShape, seed: int, device: str) -> list[Laye
     return layers
 
 
-def _shard_layers(weights: Sequence[LayerWeights], layout: "TPLayout", shape: ModelShape,
+def _shard_layers(weights: Sequence[LayerWeights], layout: TPLayout, shape: ModelShape,
                   device: torch.device) -> list[dict[str, torch.Tensor]]:
     dtype = getattr(torch, shape.dtype)
     fam = family_of(shape.attention)
@@ -139,7 +139,7 @@ def _shard_layers(weights: Sequence[LayerWeights], layout: "TPLayout", shape: Mo
 
 
 @functools.lru_cache(maxsize=2)
-def _device_layers(shape: ModelShape, layout: "TPLayout", device: str) -> tuple[dict[str, torch.Tensor], ...]:
+def _device_layers(shape: ModelShape, layout: TPLayout, device: str) -> tuple[dict[str, torch.Tensor], ...]:
     """A rank's shard of the default weights on `device`, shared by every session of the process
     (backends and kv dtypes differ between sessions, weights do not; copying GBs per session was
     most of a session's build time on the H200)."""

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import bisect
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, NamedTuple
 
 from backend.attention.support import AttentionCGSupport
 

@@ -85,9 +85,8 @@ def representatives(cases: Iterable[Case], jit_backends: set[str]) -> list[Case]
 def jit_backends(names: Iterable[str]) -> set[str]:
     """The backend names among `names` whose class declares `jit_kernels = True` (one that does
     not load is left to the worker, which reports it)."""
-    from backend.attention.registry import BackendLoadError, get_backend
-
     from backend.attention.capabilities import builtin_families
+    from backend.attention.registry import BackendLoadError, get_backend
 
     out = set()
     for name in set(names):

@@ -29,12 +29,13 @@ from backend.families.contract import family as family_of
 from backend.families.contract import layer_metadata
 from backend.graphs.base import GraphCaptureError
 from backend.graphs.provenance import host_scope
-from backend.host_copy import copy_into
 from backend.harness.lru import LRU
 from backend.harness.memory import pool_bytes, tensors_bytes
 from backend.harness.model import TPLayout, TPModel, make_weights
+
 # Re-exported: the checker, the families and the tests import the cache and the LRU from here.
 from backend.harness.session_cache import SessionCache, SessionTooLarge
+from backend.host_copy import copy_into
 
 __all__ = ["LRU", "CaptureFailed", "GraphKey", "Session", "SessionCache", "SessionTooLarge", "StepOutput",
            "attention_config", "estimate_bytes"]

@@ -11,16 +11,36 @@ import torch
 
 from backend.case import Case
 from backend.harness import step_data
+from backend.harness.checks import (
+    CheckAccumulator,
+    Comparison,
+    HeadComparison,
+    all_finite,
+    compare,
+    compare_heads,
+    kv_integrity,
+    max_abs_diff,
+    raw,
+    real_slot_values,
+    rows_by_request,
+)
 from backend.harness.churn import poison_free_memory, poison_outputs
-from backend.harness.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
-                                    kv_integrity, max_abs_diff, raw, real_slot_values, rows_by_request)
 from backend.harness.scratch import mark_scratch
 from backend.harness.session import GraphKey, Session
 from backend.harness.steps import StepInputs, hash_seed
 from backend.harness.timing import Clock, Span
-from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_DETERMINISM, CHECK_FINITE,
-                            CHECK_KV_INTEGRITY, CHECK_PADDED_FINITE, CHECK_REFERENCE, CHECK_REPLAY,
-                            CHECK_STATE_INTEGRITY)
+from backend.result import (
+    CHECK_ATTN_REFERENCE,
+    CHECK_ATTN_REPLAY,
+    CHECK_DETERMINISM,
+    CHECK_FINITE,
+    CHECK_KV_INTEGRITY,
+    CHECK_PADDED_FINITE,
+    CHECK_REFERENCE,
+    CHECK_REPLAY,
+    CHECK_STATE_INTEGRITY,
+)
+
 
 @dataclass
 class EagerStep:

@@ -305,7 +305,7 @@ class StepInputs:
         """What a session's builder takes: every group's batch, in group order."""
         return tuple(g.batch for g in self.groups) if self.groups else (self.batch,)
 
-    def on(self, device: torch.device) -> "DeviceInputs":
+    def on(self, device: torch.device) -> DeviceInputs:
         key = str(device)
         got = self._on_device.get(key)
         if got is None:
@@ -395,7 +395,7 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
                       tuple(GroupInputs(*lay) for lay in layouts), layer_group)
 
 
-def _group_layout(plan: StepPlan, shape: ModelShape, gen: torch.Generator, window: int | None | bool
+def _group_layout(plan: StepPlan, shape: ModelShape, gen: torch.Generator, window: int | bool | None
                   ) -> tuple[BatchDescription, torch.Tensor, torch.Tensor | None]:
     """One KV-cache group's block table over the step's requests, its new tokens' slots, and the
     slots (and draw rows) of the context it holds. `window`: a sliding-window group whose blocks

@@ -22,7 +22,7 @@ class Clock:
     def __init__(self, device: torch.device):
         self.events = device.type == "cuda"
 
-    def now(self) -> "float | torch.cuda.Event":
+    def now(self) -> float | torch.cuda.Event:
         if self.events:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -34,7 +34,7 @@ class Span:
     """The time between two marks of a Clock; float() resolves it (waiting for a GPU event's
     completion once) and keeps the seconds."""
 
-    __slots__ = ("_start", "_end", "_seconds")
+    __slots__ = ("_end", "_seconds", "_start")
 
     def __init__(self, start, end):
         self._start, self._end, self._seconds = start, end, None

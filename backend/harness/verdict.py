@@ -7,9 +7,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backend.harness.checks import failure_reason
-from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_DETERMINISM, CHECK_FINITE,
-                            CHECK_KV_INTEGRITY, CHECK_PADDED_FINITE, CHECK_REPLAY, CHECK_STATE_INTEGRITY,
-                            UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX, CheckOutcome, Status)
+from backend.result import (
+    CHECK_ATTN_REFERENCE,
+    CHECK_ATTN_REPLAY,
+    CHECK_DETERMINISM,
+    CHECK_FINITE,
+    CHECK_KV_INTEGRITY,
+    CHECK_PADDED_FINITE,
+    CHECK_REPLAY,
+    CHECK_STATE_INTEGRITY,
+    UNVERIFIABLE_ADVICE,
+    UNVERIFIABLE_PREFIX,
+    CheckOutcome,
+    Status,
+)
 
 # state_integrity's detail names which of its parts failed (backend/families/gdn_state.py).
 STATE_GRAPH_ONLY = "the graph run's state differs from eager's"

@@ -18,9 +18,9 @@ import importlib.metadata
 import json
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from orchestrator.console import echo
 from orchestrator.errors import ExitCode
@@ -263,8 +263,8 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
 
     from backend.attention.kv_cache import fp8_dtype
     from backend.attention.registry import BUILTIN_BACKENDS, VLLM_BACKENDS, VLLM_FAMILIES, availability
-    from backend.harness.distributed import _NCCL_ENV
     from backend.graphs.cuda import graph_kind
+    from backend.harness.distributed import _NCCL_ENV
 
     env = dict(os.environ if env is None else env)
     gpu = torch.cuda.is_available()

@@ -27,7 +27,7 @@ _EMPTY_PAGE = """<!doctype html><meta charset="utf-8"><meta http-equiv="refresh"
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "DashboardServer"
+    server: DashboardServer
 
     def log_message(self, format: str, *args: object) -> None:  # quiet: one line per request is noise
         pass

@@ -15,8 +15,9 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 DEFAULT_RUNNER = "backend.harness.checker:run_case"
 # Multicast paths have broken NCCL on the lent machines; every actor runs without them.

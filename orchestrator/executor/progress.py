@@ -25,7 +25,8 @@ class Progress:
         self._bar = None
         if self.live and self.total and not quiet:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as Bar
 
             self._bar = Bar(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -11,8 +11,8 @@
 """
 
 from orchestrator.store.api import APP_ID, ResultStore, RunInfo, device_model, file_sha
-from orchestrator.store.lock import WriterBusy
 from orchestrator.store.location import mask, mask_argv
+from orchestrator.store.lock import WriterBusy
 from orchestrator.store.options import RunOptions
 from orchestrator.store.refs import Baseline, find_baseline, resolve_baseline
 from orchestrator.store.schema import MIGRATIONS, SCHEMA_VERSION

@@ -473,7 +473,7 @@ class ResultStore:
         rows = self._sql(f"SELECT case_id, {n} AS n FROM results WHERE {n} IS NOT NULL ORDER BY finished_at")
         return {r["case_id"]: int(r["n"]) for r in rows}
 
-    def same_database(self, other: "ResultStore") -> bool:
+    def same_database(self, other: ResultStore) -> bool:
         return self._db.same_database(other._db)
 
     def close(self) -> None:
@@ -481,7 +481,7 @@ class ResultStore:
             self._unlock_quietly(run_id)
         self._db.close()
 
-    def __enter__(self) -> "ResultStore":
+    def __enter__(self) -> ResultStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -24,7 +24,6 @@ from orchestrator.errors import InputError
 from orchestrator.store.api import ResultStore, RunInfo
 from orchestrator.store.location import is_postgres_url, mask
 
-
 # A reference ending so names a store even when the file is missing (an error, not a label).
 STORE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
@@ -54,7 +53,7 @@ def parse_ref(spec: str) -> RunRef:
 
 
 def same_matrix(a: RunInfo, b: RunInfo) -> bool:
-    return os.path.normpath(a.matrix) == os.path.normpath(b.matrix) or bool(a.matrix_sha) and a.matrix_sha == b.matrix_sha
+    return os.path.normpath(a.matrix) == os.path.normpath(b.matrix) or (bool(a.matrix_sha) and a.matrix_sha == b.matrix_sha)
 
 
 @contextlib.contextmanager

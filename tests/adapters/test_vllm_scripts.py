@@ -118,7 +118,7 @@ def test_install_site_puts_a_release_and_its_pinned_extras_in_their_own_target_d
     build.install_site(str(folder), "0.10.2", str(tmp_path / "site"))
     assert (tmp_path / "site" / "vllm" / "__init__.py").read_text() == "VERSION = '0.10.2'\n"
     assert (tmp_path / "site" / "fakeextra" / "__init__.py").read_text() == "VERSION = '2.0'\n"
-    assert build.site_dir("0.10.2").endswith(f"{os.sep}.vllm-0.10.2") and _ROOT == Path(build.site_dir("0.10.2")).parent
+    assert build.site_dir("0.10.2").endswith(f"{os.sep}.vllm-0.10.2") and Path(build.site_dir("0.10.2")).parent == _ROOT
     with pytest.raises(RuntimeError, match="pip install into"):
         build.install_site(str(folder), "0.10.3", str(tmp_path / "site2"))
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from backend.attention.builder import PersistentMetadataBuilder
-import pytest
-
 from backend.attention.kv_cache import allocate_kv_cache, fp8_dtype, quantize_fp8, write_kv
 from tests.backend.attn_batches import make_config, make_step
 

@@ -6,9 +6,18 @@ import pytest
 import torch
 
 from backend.case import Tolerance
-from backend.harness.checker import merge_rank_results
-from backend.harness.checks import CheckAccumulator, compare, compare_heads, failure_reason, kv_integrity, quant_steps, raw, real_slot_values
 from backend.families import family
+from backend.harness.checker import merge_rank_results
+from backend.harness.checks import (
+    CheckAccumulator,
+    compare,
+    compare_heads,
+    failure_reason,
+    kv_integrity,
+    quant_steps,
+    raw,
+    real_slot_values,
+)
 from backend.result import CaseResult, Status
 
 

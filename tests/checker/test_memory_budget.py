@@ -10,7 +10,7 @@ import pytest
 
 from backend.harness import checker, step_data
 from backend.harness.checker import SessionCache, run_case
-from backend.harness.memory import GiB, MemoryBudget, OOM_KIND, is_oom
+from backend.harness.memory import OOM_KIND, GiB, MemoryBudget, is_oom
 from backend.harness.session import SessionTooLarge
 from backend.result import Status
 from tests.checker.conftest import DECODE, make_case

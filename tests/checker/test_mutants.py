@@ -8,8 +8,8 @@ a checker that flags a mutant everywhere is as broken as one that flags it nowhe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 
@@ -172,8 +172,8 @@ def test_customop_seed_needs_the_body_recorded(monkeypatch):
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from backend.harness.checker import SessionCache
     from backend.graphs import emulated, provenance
+    from backend.harness.checker import SessionCache
 
     case = make_case("tests.mutants.customop_seed:Backend", "FULL", "auto", MIXED)
     cpu = torch.device("cpu")

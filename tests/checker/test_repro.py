@@ -7,8 +7,8 @@ import json
 from backend.harness.checker import run_case_local
 from backend.result import CORE_CHECKS
 from orchestrator.cli import main
-from orchestrator.matrix import load_matrix
 from orchestrator.commands.repro import verdict_line
+from orchestrator.matrix import load_matrix
 
 SMOKE = "matrices/smoke.yaml"
 CASE_ID = "tp1-FULL-auto-decode_7-torch-s0"

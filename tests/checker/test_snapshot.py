@@ -15,7 +15,8 @@ from backend.harness import checker, scratch, sides
 from backend.harness.checker import SessionCache, run_case
 from backend.harness.checks import raw
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
-from tests.families.conftest import DECODE as MLA_DECODE, make_case as make_mla_case
+from tests.families.conftest import DECODE as MLA_DECODE
+from tests.families.conftest import make_case as make_mla_case
 
 BIG = dataclasses.replace(TINY, num_blocks=256)  # contexts well under a quarter of the cache: partial copies
 SEQUENCE = [  # (backend, mode, kv, batch): the worker's order, modes of a batch in a row

@@ -12,8 +12,8 @@ import pytest
 from playwright.sync_api import expect
 
 from backend.result import Status
-from orchestrator.dashboard.server import make_server
 from orchestrator.artifacts import write_outputs
+from orchestrator.dashboard.server import make_server
 from orchestrator.store import ResultStore
 from tests.results import samples
 

@@ -37,7 +37,7 @@ def main() -> None:
                 raise TimeoutError("no case finished within 60 s: nothing was running to lose")
             cluster.remove_node(doomed, allow_graceful=False)
             removal["removed"] = True
-        except BaseException as e:  # reported in RESULT: a daemon thread's error is otherwise lost
+        except BaseException as e:  # noqa: BLE001 - reported in RESULT: a daemon thread's error is otherwise lost
             removal["error"] = f"{type(e).__name__}: {e}"
 
     killer = threading.Thread(target=kill_later, daemon=True)

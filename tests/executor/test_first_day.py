@@ -145,7 +145,7 @@ def test_a_misspelt_vllm_name_in_a_matrix_names_its_line(tmp_path, capsys, no_vl
     m = tmp_path / "m.yaml"
     m.write_text(f"extends: {os.path.join(REPO, 'matrices/vllm.yaml')}\nname: mine\naxes:\n"
                  "  backend: [vllm:FLEX_ATTENTION, vllm:flex_attn]\n")
-    rc, out, err = _cli(capsys, "plan", str(m), "--devices", "cpu")
+    rc, _out, err = _cli(capsys, "plan", str(m), "--devices", "cpu")
     assert rc == 2 and err.startswith(f"orch: {m}:4: axes.backend[1]: vllm:flex_attn is not an attention backend")
     assert "did you mean vllm:FLEX_ATTENTION?" in err and err.count("\n") == 1
 

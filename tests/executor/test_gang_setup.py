@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from backend.result import Status
+from orchestrator.errors import ExitCode
 from orchestrator.executor import gangs
 from orchestrator.executor.cluster import connect
 from orchestrator.executor.executor import ExecConfig, Executor
-from orchestrator.errors import ExitCode
 from orchestrator.gate import evaluate
 from tests.executor import faulty_actors
 from tests.executor.conftest import session_node

@@ -78,7 +78,7 @@ def test_resume_after_sigkill_runs_only_the_missing_cases(ray_cluster, tmp_path)
     assert 0 < len(missing_before) < len(planned)
 
     resumed = _orch(*args, "--resume", str(rid), env=env)
-    out, err = resumed.communicate(timeout=240)
+    _out, err = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, err[-2000:]
     with sqlite3.connect(db) as con:
         rows = con.execute("SELECT case_id, count(*) FROM results WHERE run_id = ? GROUP BY case_id", (rid,)).fetchall()
@@ -99,7 +99,7 @@ def test_unreachable_cluster_is_exit_3_in_one_line(tmp_path):
     t0 = time.monotonic()
     p = _orch("run", "matrices/smoke.yaml", "--db", str(tmp_path / "r.db"), "--out", str(tmp_path / "o"),
               "--devices", "cpu", "--address", f"127.0.0.1:{port}")  # fmt: skip
-    out, err = p.communicate(timeout=60)
+    _out, err = p.communicate(timeout=60)
     assert p.returncode == 3
     lines = [l for l in err.splitlines() if l.strip()]
     assert len(lines) == 1 and "unreachable" in lines[0] and f"127.0.0.1:{port}" in lines[0], err
@@ -177,10 +177,10 @@ def test_a_capture_error_is_reported_once_and_keeps_the_worker(ray_cluster, tmp_
 def test_resume_reruns_a_case_whose_retry_never_ran(ray_cluster, tmp_path, monkeypatch):
     """A driver killed between a case's failed first attempt and its retry: the resume must run it
     again (before: the first attempt's row counted as done, and the gate saw a lone failure)."""
+    from backend.result import Status
     from orchestrator.filters import select
     from orchestrator.matrix import load_matrix
     from tests.results.samples import result_for
-    from backend.result import Status
 
     db = str(tmp_path / "r.db")
     flt = "tp=1 cudagraph_mode=NONE,FULL kv_cache_dtype=auto"

@@ -70,7 +70,7 @@ def ray_head():
                              "--disable-usage-stats"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
     address = f"127.0.0.1:{port}"
-    probe = "import ray; ray.init(address=%r, log_to_driver=False); assert ray.cluster_resources().get('GPU') == 2" % address
+    probe = f"import ray; ray.init(address={address!r}, log_to_driver=False); assert ray.cluster_resources().get('GPU') == 2"
     try:
         deadline = time.monotonic() + 120
         while True:

@@ -4,8 +4,8 @@ correct providers green over seeds 0, 1, 2 (DESIGN.md §9b-9c)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 

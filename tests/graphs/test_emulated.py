@@ -193,8 +193,8 @@ def test_flex_attention_hop_is_recorded_through_its_dense_implementation(runner)
     tensors and a live query. Its dense path upcasts bf16 with `to.dtype`, whose schema marks a
     possible alias: treated as a view, the replay reused the capture's query (a false red on
     every FULL cell of vllm:FLEX_ATTENTION)."""
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
     import torch.nn.attention.flex_attention as fa
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     old = fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
     fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # eager flex without its torch.compile wrapper

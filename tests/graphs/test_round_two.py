@@ -5,6 +5,7 @@ launches, and what is refused or rewritten as a GPU would."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 
 import pytest
@@ -94,7 +95,7 @@ def test_live_outputs_of_a_pool_never_share_memory_and_every_replay_is_right():
         assert torch.allclose(g.outputs, (x * i).sin() * 2 + i), i
     live = list(runner.pool._live.values())
     spans = sorted((b.start, b.end) for b in live)
-    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))
 
 
 def test_a_freed_temporary_is_given_to_the_next_capture_and_its_replay_writes_there():

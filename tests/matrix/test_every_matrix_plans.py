@@ -29,7 +29,7 @@ SHIPPED = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, 
 MATRICES = [p for p in SHIPPED if not _is_known_failures(os.path.join(REPO, p))]
 # Hiding vllm changes only what a `vllm:` backend resolves to: the matrices naming one load both ways
 # (the others, with vllm as it is here, which for them is the same load).
-NAMES_VLLM = [p for p in MATRICES if "vllm:" in open(os.path.join(REPO, p)).read()]  # noqa: SIM115
+NAMES_VLLM = [p for p in MATRICES if "vllm:" in open(os.path.join(REPO, p)).read()]
 CASES = [(m, "vllm importable") for m in MATRICES] + [(m, "vllm hidden") for m in NAMES_VLLM]
 
 
@@ -82,6 +82,6 @@ def test_the_names_orch_knows_are_the_installed_vllm_registries():
         pytest.skip("needs vllm 0.34.0 importable (docs/VLLM.md)")
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, MambaAttentionBackendEnum
 
-    assert names.ATTENTION_034 == tuple(AttentionBackendEnum.__members__)
-    assert names.MAMBA_034 == tuple(MambaAttentionBackendEnum.__members__)
+    assert tuple(AttentionBackendEnum.__members__) == names.ATTENTION_034
+    assert tuple(MambaAttentionBackendEnum.__members__) == names.MAMBA_034
     assert set(names.registry()[0]) == set(names.KNOWN_034) and "GDN_ATTN" in names.KNOWN_034

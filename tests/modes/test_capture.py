@@ -20,11 +20,11 @@ import torch
 
 from backend.attention.builder import PersistentMetadataBuilder
 from backend.attention.interface import AttentionConfig
+from backend.attention.registry import get_backend
 from backend.harness.checker import SessionCache, run_case
 from backend.harness.modes import vllm_capture_sizes
-from backend.result import Status
 from backend.harness.session import GraphKey, Session
-from backend.attention.registry import get_backend
+from backend.result import Status
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
 
 

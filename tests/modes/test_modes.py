@@ -6,8 +6,18 @@ import pytest
 
 from backend.attention.interface import AttentionCGSupport as S
 from backend.case import default_capture_sizes
-from backend.harness.modes import (CaptureItem, CUDAGraphMode as M, Dispatch, UnsupportedModeError, capture_plan,
-                           decode_capture_sizes, dispatch, is_uniform_decode, pad_to_capture_size, resolve_mode)
+from backend.harness.modes import (
+    CaptureItem,
+    Dispatch,
+    UnsupportedModeError,
+    capture_plan,
+    decode_capture_sizes,
+    dispatch,
+    is_uniform_decode,
+    pad_to_capture_size,
+    resolve_mode,
+)
+from backend.harness.modes import CUDAGraphMode as M
 
 ERR = "error"
 

@@ -15,10 +15,8 @@ one thing off, identically in eager and graphs, so only the reference check can 
 
 from __future__ import annotations
 
-import torch
-
-from backend.providers.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
 from backend.graphs import is_capturing
+from backend.providers.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
 
 
 class VWithKScaleImpl(TorchImpl):

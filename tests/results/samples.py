@@ -6,7 +6,7 @@ No Ray and no torch: results are plain dataclasses, exactly what workers send ba
 from __future__ import annotations
 
 from backend.case import BatchSpec, Case
-from backend.result import CheckOutcome, CaseResult, Status
+from backend.result import CaseResult, CheckOutcome, Status
 
 XSS = "<script>alert(1)</script><img src=x onerror=alert(2)>"
 BATCHES = (BatchSpec("decode4", (1, 1, 1, 1), (17, 33, 5, 64)), BatchSpec("mixed", (1, 7, 1), (40, 7, 9)))

@@ -64,7 +64,7 @@ def test_workers_help_states_the_default_the_run_uses():
     assert default_cpu_workers(2, 8) == 8 and default_cpu_workers(16, 8) == 16
     layout = local_layout("cpu", None, 8, cpus=2, gpus=0)
     assert (layout.workers, layout.parallel) == (8, 2)
-    assert "8 CPU worker(s), at most 2 running at once (2 cores)" == layout.describe()
+    assert layout.describe() == "8 CPU worker(s), at most 2 running at once (2 cores)"
 
 
 def test_gate_folds_hundreds_of_missing_cases_into_one_line(tmp_path, capsys):

@@ -87,7 +87,7 @@ def test_diff_across_sqlite_and_postgresql_with_versions_side_by_side(tmp_path, 
 def test_a_bad_run_reference_is_exit_2_in_one_line(tmp_path, capsys, argv, needle):
     db = str(tmp_path / "r.db")
     _write(db, {})
-    code, out, err = _diff(capsys, "--db", db, *[a.format(tmp=tmp_path) for a in argv])
+    code, _out, err = _diff(capsys, "--db", db, *[a.format(tmp=tmp_path) for a in argv])
     assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
 
 

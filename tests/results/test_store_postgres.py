@@ -144,7 +144,7 @@ HOLDER = textwrap.dedent(
 def test_the_writer_lock_is_per_run_on_postgresql(pg_url):
     holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(repo=REPO, db=pg_url)], stdout=subprocess.PIPE, text=True)
     try:
-        word, rid = holder.stdout.readline().split()
+        _word, rid = holder.stdout.readline().split()
         rid = int(rid)
         with ResultStore(pg_url) as store:
             mine = store.create_run(matrix="m.yaml", cases=samples.make_cases()[:2], lock_writer=True)
@@ -193,7 +193,7 @@ def test_a_bad_database_is_one_line_with_its_exit_code_and_no_password(pg_server
     url = make(pg_server, pg_url)
     if setup is not None:
         setup(url)
-    got, out, err = _cli(capsys, "report", "--db", url)
+    got, _out, err = _cli(capsys, "report", "--db", url)
     assert got == code and len(err.splitlines()) == 1 and text in err, err
     assert pg_server.password not in err and "not-the-password" not in err
     assert err.startswith(f"orch: postgresql://{pg_server.user}@/")  # the URL, shown without the password
@@ -233,7 +233,7 @@ def test_drivers_opening_a_fresh_database_at_once_migrate_it_once(pg_server):
         url = pg_server.create_database(f"race{os.getpid()}_{round_}")
         barrier, errors = threading.Barrier(4), []
 
-        def open_it():
+        def open_it(barrier=barrier, url=url, errors=errors):  # bound now: the loop moves on
             barrier.wait()
             try:
                 ResultStore(url).close()

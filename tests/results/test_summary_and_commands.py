@@ -8,8 +8,8 @@ import re
 import pytest
 from junitparser import JUnitXml
 
-from orchestrator.cli import main as cli_main
 from orchestrator.artifacts import write_outputs
+from orchestrator.cli import main as cli_main
 from orchestrator.store import ResultStore
 from tests.results import samples
 

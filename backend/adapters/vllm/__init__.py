@@ -38,8 +38,8 @@ from backend.adapters.vllm.cache import allocate_in_layout as allocate_vllm_kv_c
 from backend.adapters.vllm.cache import as_vllm_view  # noqa: F401
 from backend.adapters.vllm.native import ensure_cache_ops, stub_platform_native  # noqa: F401
 from backend.adapters.vllm.native import native_missing_module as _native_missing_module  # noqa: F401
-from backend.adapters.vllm.query import query_quantizer, quantize_query  # noqa: F401
-from backend.adapters.vllm.release import SUPPORTED_RANGE, OLD_RANGE, version_reason  # noqa: F401
+from backend.adapters.vllm.query import quantize_query, query_quantizer  # noqa: F401
+from backend.adapters.vllm.release import OLD_RANGE, SUPPORTED_RANGE, version_reason  # noqa: F401
 from backend.adapters.vllm.roles import VllmBuilder, VllmImpl  # noqa: F401
 
 # MLA backends (a family of their own, not bridged yet: see the module docstring).
@@ -77,7 +77,7 @@ def current_interface():
     return CURRENT, None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_vllm_backend(name: str):
     """(vLLM's backend class, None), or (None, why it cannot be used here)."""
     iface, why = current_interface()
@@ -115,7 +115,7 @@ def make_backend(name: str, family: str = "gqa"):
     return _make_backend(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _unbridged(name: str, family: str):
     """A class for a (vLLM backend, family) pair the adapter does not bridge: its cases skip."""
     import types
@@ -128,7 +128,7 @@ def _unbridged(name: str, family: str):
     return types.new_class(f"Vllm_{name}_{family}", (AttentionBackend,), {}, lambda ns: ns.update(attrs))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _make_backend(name: str):
     from backend.adapters.vllm.roles import make_backend_class
 
