@@ -133,9 +133,10 @@ class GateOutcome:
         """What ran, truthfully: "1000 ran (1000 pass), 1245 skipped" (skipped only when any;
         not-run and missing cases did not run)."""
         c = Counter(self.classification.values())
-        ran = len(self.classification) - c["skip"] - c["not-run"] - c["missing"]
-        text = f"{ran} ran" + (f" ({c['pass']} pass)" if ran else "")
-        return text + (f", {c['skip']} skipped" if c["skip"] else "")
+        C = Classification
+        ran = len(self.classification) - c[C.SKIP] - c[C.NOT_RUN] - c[C.MISSING]
+        text = f"{ran} ran" + (f" ({c[C.PASS]} pass)" if ran else "")
+        return text + (f", {c[C.SKIP]} skipped" if c[C.SKIP] else "")
 
     def verdict(self) -> str:
         total = len(self.classification)

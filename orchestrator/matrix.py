@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from backend.attention import padding
 from backend.attention.support import unavailable
@@ -152,7 +152,7 @@ class _Loader:
                     raise self.err(("families", family, "axes", "batch", i), f"no batch spec named {name!r} under batches:")
         for family in self.families:
             used += [(name, family) for name in self.family_axes(family)["batch"]]
-        entries = [((key, i), e.when if key == "constraints" else e) for key in ("exclude", "include", "constraints")
+        entries: list[tuple[tuple[str | int, ...], Any]] = [((key, i), e.when if key == "constraints" else e) for key in ("exclude", "include", "constraints")
                    for i, e in enumerate(getattr(self.doc, key))]
         entries += [(("families", f, "exclude", i), e) for f, b in self.doc.families.items() for i, e in enumerate(b.exclude)]
         for where, match in entries:
@@ -426,7 +426,7 @@ class _Loader:
             return
         if "_include" in combo:
             i = combo["_include"]
-            loc = ("include", i, "spec_tokens") if self.doc.include[i].spec_tokens is not None else ("include", i)
+            loc: tuple[str | int, ...] = ("include", i, "spec_tokens") if self.doc.include[i].spec_tokens is not None else ("include", i)
         else:
             block = self.doc.families.get(case.attention)
             if block is not None and block.axes.spec_tokens and k in block.axes.spec_tokens:
@@ -436,7 +436,7 @@ class _Loader:
         raise self.err(loc, f"spec_tokens {k} with batch {case.batch.name!r}: {why} (exclude the pair if intended)")
 
     def tolerance(self, kv_cache_dtype: str, family: str) -> Tolerance:
-        key = "fp8" if kv_cache_dtype == "fp8" else self.model_of(family).dtype
+        key = cast(S.ToleranceKey, "fp8" if kv_cache_dtype == "fp8" else self.model_of(family).dtype)
         block = self.doc.families.get(family)
         tol = (block.tolerances.get(key) if block is not None else None) or self.doc.tolerances.get(key)
         return Tolerance(tol.atol, tol.rtol) if tol else DEFAULT_TOLERANCES[key]

@@ -173,7 +173,8 @@ def error_at(root: Node, loc: tuple, message: str) -> InputError:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "mapping", list: "list"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {dict: "mapping", list: "list"}
+    return names.get(type(value), type(value).__name__)
 
 
 def is_per_device(node: Node) -> bool:

@@ -81,7 +81,8 @@ def cover(failing: Sequence[CaseResult], passing: Sequence[CaseResult],
     # say whether PIECEWISE fails too.
     seen = (*failing, *passing)
     order = [a for a in WIDEN_ORDER if len({str(r.axes.get(a)) for r in seen}) > 1]
-    left, out = list(failing), []
+    left = list(failing)
+    out: list[tuple[str, list[CaseResult]]] = []
     while left and (limit is None or len(out) < limit):
         axes = left[0].axes
         wild: frozenset[str] = frozenset()
@@ -110,7 +111,7 @@ def suggest(results: Sequence[CaseResult], new_failures: Sequence[str], *,
             groups.setdefault(key, ([], []))[0].append(r)
         elif r.status in _OK:
             groups.setdefault(key, ([], []))[1].append(r)
-    out = []
+    out: list[Suggestion] = []
     for key in sorted(groups):
         failing, passing = groups[key]
         if not failing:

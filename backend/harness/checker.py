@@ -289,8 +289,9 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         emulated = getattr(backend_cls, "emulated", None)  # what runs in place of a third party's code
         if callable(emulated) and emulated():
             base = base.replace(versions={**base.versions, "emulated": ", ".join(emulated())})
-        if getattr(backend_cls, "kernels", None):  # "emulated": orch's stand-ins ran, not the backend's kernels
-            base = base.replace(versions={**base.versions, "kernels": backend_cls.kernels})
+        kernels = getattr(backend_cls, "kernels", None)
+        if kernels:  # "emulated": orch's stand-ins ran, not the backend's kernels
+            base = base.replace(versions={**base.versions, "kernels": kernels})
         why = backend_cls.unavailable_reason(device)
         if why:
             return base.replace(status=Status.SKIP, reason=unavailable(why))

@@ -41,7 +41,7 @@ def free_port() -> int:
 
 
 def init_gang(rank: int, world_size: int, master_addr: str, master_port: int, *,
-              device: torch.device, timeout_s: float = 120) -> None:
+              device: torch.device | str, timeout_s: float = 120) -> None:
     """Join the default process group (no-op for world_size 1). NCCL on cuda, gloo otherwise."""
     for key, value in _NCCL_ENV.items():
         os.environ.setdefault(key, value)
@@ -63,7 +63,7 @@ def init_gang(rank: int, world_size: int, master_addr: str, master_port: int, *,
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
-        **({"device_id": device} if device.type == "cuda" else {}),
+        device_id=device if device.type == "cuda" else None,
     )
     _GANG[0] = f"{master_addr}:{master_port}"
 

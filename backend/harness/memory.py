@@ -57,7 +57,7 @@ def device_total(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).total_memory
 
 
-def apply_budget(budget: MemoryBudget, device: torch.device) -> int | None:
+def apply_budget(budget: MemoryBudget, device: torch.device | str) -> int | None:
     """Cap this process's allocator on `device` at the budget; returns it in bytes (None off a GPU:
     host memory is not budgeted). Several workers on one device each cap themselves (Ray's
     fractional GPUs enforce nothing about memory, DESIGN.md §10)."""

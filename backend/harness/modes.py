@@ -40,7 +40,7 @@ import bisect
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 from backend.attention.support import AttentionCGSupport
 
@@ -301,7 +301,7 @@ def dispatch(mode: CUDAGraphMode, num_tokens: int, uniform_decode: bool,
     mixed = mode.mixed_mode()
     if mixed == CUDAGraphMode.NONE:
         return Dispatch("NONE", num_tokens)
-    return Dispatch(mixed.name, padded, False)
+    return Dispatch(cast(RuntimeMode, mixed.name), padded, False)
 
 
 class CaptureItem(NamedTuple):
@@ -319,7 +319,7 @@ def capture_plan(mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs
     plan: list[CaptureItem] = []
     mixed = mode.mixed_mode()
     if mixed != CUDAGraphMode.NONE:
-        plan += [CaptureItem(mixed.name, s, False) for s in sorted(set(capture_sizes), reverse=True)]
+        plan += [CaptureItem(cast(RuntimeMode, mixed.name), s, False) for s in sorted(set(capture_sizes), reverse=True)]
     if mode.decode_mode() == CUDAGraphMode.FULL and mode.separate_routine():
         plan += [CaptureItem("FULL", s, True)
                  for s in sorted(decode_capture_sizes(capture_sizes, max_num_seqs, query_len), reverse=True)]

@@ -58,11 +58,12 @@ def take_snapshot(caches: list[torch.Tensor], session: Session | None = None,
         bufs = SCRATCH[key] = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in caches]
     partial = False
     # A family with state slots (StepState) writes them outside `written`: a whole copy then.
-    if in_sync and session.family.step_state() is None and all(c.is_contiguous() for c in caches):
+    if (in_sync and session is not None and written is not None and session.family.step_state() is None
+            and all(c.is_contiguous() for c in caches)):
         num_slots = session.family.slot_rows(caches[0]).shape[1]
         partial = written.numel() <= PARTIAL_SNAPSHOT_MAX * num_slots
     for b, c in zip(bufs, caches):
-        if partial:
+        if partial and session is not None and written is not None:
             if written.numel():  # [planes, num_slots, row] views of both (contiguous)
                 rows = session.family.slot_rows(b)
                 rows[:, written] = session.family.slot_rows(c)[:, written]

@@ -113,7 +113,7 @@ def eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[
     second = session.run_eager_step(x, inputs.batches)
     same_out = torch.equal(raw(out_e), raw(second.out)) and torch.equal(raw(first.attention), raw(second.attention))
     kv_jitter = not all(torch.equal(raw(real_slot_values(session.family.slot_rows(caches[i]), real_slots[i])),
-                                    raw(real_kv[i])) for i in paged)
+                                    raw(kv)) for i in paged if (kv := real_kv[i]) is not None)
     if state is not None:
         kv_jitter = kv_jitter or not state.same(owned, state.owned(session, prepared))
     jitter, attn_jitter = (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out),
@@ -175,6 +175,7 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
     family = session.family
     for layer in family.paged_layers(shape):
         after, before, eager_real = caches[layer], snapshot[layer], eager.real_kv[layer]
+        assert eager_real is not None, "eager keeps the real slots of every paged layer"
         real_slots = on_device.group_of(layer).real_slots
         k = kv_integrity(family.slot_rows(after), family.slot_rows(before), eager_real, real_slots,
                          family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer]), tol)
@@ -193,7 +194,9 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
                          f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
     state_check = None
     if prepared is not None:  # the family's state: checked before the scratch is declared in sync
-        state_check = family.step_state().graph_check(case, session, prepared, eager.state, snapshot)
+        state = family.step_state()
+        assert state is not None, "a step is prepared only for a family with state"
+        state_check = state.graph_check(case, session, prepared, eager.state, snapshot)
         outside_ok = outside_ok and state_check[0]
     if outside_ok:  # kv_integrity left the scratch equal to the caches (SCRATCH_OWNER)
         mark_scratch(session)
@@ -245,8 +248,8 @@ def add_step(acc: dict[str, CheckAccumulator], step: int, eager: EagerStep, g: G
     if CHECK_STATE_INTEGRITY in acc and eager.state_check is not None:
         # the eager state against the reference's, then the graph run's against eager's
         worst = max(eager.state_check[2], g.state_check[2] if g.state_check else 0.0)
-        bad = next((c for c in (eager.state_check, g.state_check) if c is not None and not c[0]), None)
-        acc[CHECK_STATE_INTEGRITY].add(step, bad is None, max_abs=worst, detail=bad[1] if bad else "")
+        bad_state = next((sc for sc in (eager.state_check, g.state_check) if sc is not None and not sc[0]), None)
+        acc[CHECK_STATE_INTEGRITY].add(step, bad_state is None, max_abs=worst, detail=bad_state[1] if bad_state else "")
     acc[CHECK_DETERMINISM].add(step, eager.deterministic, max_abs=eager.jitter,
                                detail=f"two eager runs differ (max_abs {eager.jitter:.3g}"
                                       f"{', and their KV writes' if eager.kv_jitter else ''})")

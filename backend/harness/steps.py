@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -263,7 +264,8 @@ def _padding_variant(qs: list[int], kind: str, sizes: set[int], fits, rng: rando
             candidates.append(c)
     ok = [c for c in candidates if fits(c)]
     padded = [c for c in ok if sum(c) not in sizes]
-    return (padded or ok or [None])[0]
+    best = padded or ok
+    return best[0] if best else None
 
 
 @dataclass(frozen=True)
@@ -364,10 +366,12 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     kv_gen = torch.Generator(device=device).manual_seed(hash_seed(seed, plan.index, 17))
     family = family_of(shape.attention)
     groups = family.groups(shape)
-    layouts = []
+    layouts: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
     for g, group in enumerate(groups):
         if group.kind == "state":  # a slot per request: the family's plan says which (no blocks, no context)
-            layouts.append((family.step_state().group_batch(plan, shape, g, group), torch.zeros(0, dtype=torch.int64),
+            state = family.step_state()
+            assert state is not None, f"{shape.attention}: a state group needs the family's StepState"
+            layouts.append((state.group_batch(plan, shape, g, group), torch.zeros(0, dtype=torch.int64),
                             None))
         else:
             # Group 0 draws from the step's generator as a single-group step always did (its blocks,

@@ -352,10 +352,10 @@ def render(report: DoctorReport) -> None:
         m = report.matrix
         section("matrix")
         t.add_row("file", f"{m.path} ({m.device_class}): {m.runnable} cases run here, {m.skipped} skipped")
-        for p in m.usable:
-            t.add_row(p.provider, f"[green]runs {p.runs} case(s) here[/]" + (f" ({p.skipped} skipped)" if p.skipped else ""))
-        for p in m.unusable:
-            t.add_row(p.provider, f"[yellow]skipped here ({p.skipped} case(s)): {p.reason}[/]")
+        for u in m.usable:
+            t.add_row(u.provider, f"[green]runs {u.runs} case(s) here[/]" + (f" ({u.skipped} skipped)" if u.skipped else ""))
+        for u in m.unusable:
+            t.add_row(u.provider, f"[yellow]skipped here ({u.skipped} case(s)): {u.reason}[/]")
         for line in m.problems:
             t.add_row("[red]problem[/]", line)
         if not m.problems:

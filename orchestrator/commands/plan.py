@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from backend.case import Case
@@ -114,7 +114,7 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
     history, needs = _history(db)
     est = {cid: round(float(v), 3) for cid, v in case_durations(cases, history).items()}
     modes = {c.case_id: resolved_mode(c) for c in cases}
-    by_tp: Counter = Counter()
+    by_tp: dict[str, float] = defaultdict(float)
     for c in cases:
         by_tp[str(c.tp)] += est[c.case_id]
     downgrades = [(c.mode, modes[c.case_id][0], c.backend, c.axes.get("attention") or "gqa") for c in cases if modes[c.case_id][0] not in (c.mode, "ERROR")]

@@ -78,7 +78,7 @@ def render(view: RunView, fmt: str, verbose: bool = False) -> str:
     return _text(view, verbose)
 
 
-def main(db: str | None = None, run_id: str | None = None, fmt: str = "text", output: str | None = None,
+def main(db: str | None = None, run_id: int | str | None = None, fmt: str = "text", output: str | None = None,
          verbose: bool = False, **judging) -> int:
     """Every format carries the verdict, so every format exits by it (0 passed, 1 failed, 3 only
     not-run). `judging`: the options of judging.CLI_KEYS given; the others are the run's own.

@@ -87,6 +87,7 @@ class DashboardServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        assert isinstance(host, str), "an AF_INET server: its address is (str, int)"
         return f"http://{host}:{port}/"
 
 

@@ -23,9 +23,15 @@ CPU_PER_WORKER = 0.25
 CONNECT_TIMEOUT_S = 3.0
 
 
-class DeviceKind(enum.StrEnum):
-    """What the workers run on: GPUs, or CPU workers with graphs emulated. A StrEnum: it is the
-    plain string wherever it is shown, stored or compared."""
+class DeviceKind(str, enum.Enum):
+    """What the workers run on: GPUs, or CPU workers with graphs emulated. It is the plain string
+    wherever it is shown, stored or compared (enum.StrEnum's behaviour, which Python 3.10 lacks)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
     GPU = "gpu"
     CPU = "cpu"
@@ -158,7 +164,7 @@ class LocalLayout:
         return f"{self.workers} CPU worker(s){capped}"
 
 
-def local_layout(device_kind: str, workers: int | None, min_slots: int, *, cpus: int, gpus: int) -> LocalLayout:
+def local_layout(device_kind: DeviceKind | str, workers: int | None, min_slots: int, *, cpus: int, gpus: int) -> LocalLayout:
     if device_kind == "gpu":
         return LocalLayout(DeviceKind.GPU, min(gpus, workers) if workers is not None else gpus, 0)
     cap = int(cpus / CPU_PER_WORKER)  # node_slots: a node holds at most this many CPU workers
@@ -217,7 +223,7 @@ def connect(address: str = "local", *, devices: str = "auto", workers: int | Non
         if owned:
             ray.shutdown()
         raise InfraError(f"the Ray cluster offers no {kind} worker slots")
-    return ClusterInfo(address=address, device_kind=kind, nodes=nodes, owned=owned, workers_per_gpu=per_gpu)
+    return ClusterInfo(address=address, device_kind=DeviceKind(kind), nodes=nodes, owned=owned, workers_per_gpu=per_gpu)
 
 
 def held_by_others(info: ClusterInfo, ours: float) -> tuple[float, float]:

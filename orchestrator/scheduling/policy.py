@@ -137,7 +137,7 @@ class Dispatcher:
 
     # -- queue -----------------------------------------------------------------------------------
     def _requeued_best(self, tier: int, max_tp: int, limit_s: float = math.inf) -> Task | None:
-        best = None
+        best: Task | None = None
         for (t_tier, tp), heap in self._requeued.items():
             if t_tier != tier or tp > max_tp:
                 continue
@@ -145,6 +145,7 @@ class Dispatcher:
                 heapq.heappop(heap)  # stale: dispatched again, or requeued once more
             if not heap:
                 continue
+            t: Task | None
             if limit_s == math.inf:
                 t = heap[0][2]
             else:  # EASY backfill on a reserved node only: a linear look is fine
