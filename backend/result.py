@@ -48,7 +48,7 @@ CHECK_FINITE = "finite"  # no NaN/Inf on real rows
 CHECK_KV_INTEGRITY = "kv_integrity"  # no KV-cache write outside the real slots
 CHECK_DETERMINISM = "determinism"  # eager twice gives the same answer
 CHECK_PADDED_FINITE = "padded_finite"  # a FULL graph's padded output rows hold no NaN/Inf
-# The attention op's output [tokens, heads, head_size] per head, in every layer (issue #17: one
+# The attention op's output [tokens, heads, head_size] per head, in every layer (one
 # wrong head of 32 is diluted in the residual stream the first two compare).
 CHECK_ATTN_REFERENCE = "attn_reference"  # eager attention vs the reference's, per head
 CHECK_ATTN_REPLAY = "attn_replay"  # graph attention vs eager's, per head

@@ -1,4 +1,4 @@
-"""Where the time before the first case goes (#13): Ray's embedded cluster and one worker's start.
+"""Where the time before the first case goes: Ray's embedded cluster and one worker's start.
 
     PYTHONPATH=$PWD python benchmarks/cluster_bench.py [--num-cpus 16,2] [--repeat 2] [--devices gpu|cpu] [--no-preload]
 

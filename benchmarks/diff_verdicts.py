@@ -1,4 +1,4 @@
-"""Compare the verdicts of two runs, case by case (#13: a speed-up must not change any verdict).
+"""Compare the verdicts of two runs, case by case (a speed-up must not change any verdict).
 
 A thin wrapper over `orch diff`'s comparison (orchestrator/diff.py), kept for the benchmark
 scripts and docs that call it; `orch diff A B` groups the same changes by transition and axis

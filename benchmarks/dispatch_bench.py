@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from backend.case import BatchSpec, Case
 from backend.result import CaseResult, Status
+from orchestrator.store import NewRun
 
 RUNNER = "benchmarks.dispatch_bench:noop_runner"
 
@@ -49,7 +50,7 @@ def measure(cluster, cases, history, *, store_path: str | None, group: bool = Tr
     store = run_id = None
     if store_path:
         store = ResultStore(store_path)
-        run_id = store.create_run(matrix="bench", cases=cases)
+        run_id = store.create_run(NewRun(matrix="bench", cases=cases))
     first: list[float] = []
     txns = [0]
 

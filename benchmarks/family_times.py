@@ -1,5 +1,5 @@
 """Time per case by attention family (and provider) from a results store: how the MLA and
-swa_sinks blocks compare with the gqa slice of the same run (issue #30's target: the MLA tp 1
+swa_sinks blocks compare with the gqa slice of the same run (the target: the MLA tp 1
 slice at most 1.5x the gqa slice's time per case).
 
     python benchmarks/family_times.py RUN.db [--run ID] [--json]

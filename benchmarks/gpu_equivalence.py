@@ -1,7 +1,7 @@
 """Run the graph probe corpus (tests/graphs/probes.py) under the CPU emulation and, where there is
 a GPU, under real CUDA/HIP graphs; write the golden table of real-graph verdicts and a comparison.
 One script, both halves: on a CPU machine it checks the emulation against the repo's golden file;
-on the GPU machine it records the golden file (the lead's step for issue #32's derived verdicts).
+on the GPU machine it records the golden file (the lead's step for the derived verdicts).
 
     # on the GPU machine (torch 2.11 CUDA), from the repo root:
     PYTHONUNBUFFERED=1 PYTHONPATH=$PWD python3 benchmarks/gpu_equivalence.py --out $OUT/golden_cuda.json

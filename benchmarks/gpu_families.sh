@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The attention families on the lent GPU machine (issues #30, #31, #32), in steps that fit one or
+# The attention families on the lent GPU machine, in steps that fit one or
 # two device calls on a warm machine:
 #   carry .whl (../shared/tools/device-wheels), then: STEPS="probes runs" bash benchmarks/gpu_families.sh
 #                                               then: STEPS="tests" bash benchmarks/gpu_families.sh

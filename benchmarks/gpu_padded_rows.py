@@ -1,4 +1,4 @@
-"""Are a provider's padded output rows finite? (issue #17's padded_finite check, issue #12's
+"""Are a provider's padded output rows finite? (the padded_finite check, and the
 padded verify batches.) Direct provider calls, eager and through a CUDA graph, on batches padded
 the way the checker's FULL graphs pad them: n real requests of query len q, padded to P requests
 and P * q tokens (the capture dummy batch), padded requests with query len 0 and seq_len 0.

@@ -1,4 +1,4 @@
-"""What the checks measure for correct providers and for the near-threshold mutants (issue #17).
+"""What the checks measure for correct providers and for the near-threshold mutants.
 
     PYTHONPATH=/tmp/site:$PWD OUT=/tmp/out python benchmarks/gpu_tolerances.py [--matrix M] [--seeds 0,1]
         [--backends torch,aiter-triton] [--batches a,b] [--steps N]

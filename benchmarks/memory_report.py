@@ -1,4 +1,4 @@
-"""Device memory and verdicts of GPU runs (issue 37): what each family's cases needed, whether the
+"""Device memory and verdicts of GPU runs: what each family's cases needed, whether the
 harness ran out of memory anywhere, and whether other runs gave the same verdicts.
 
     python benchmarks/memory_report.py REF.db [OTHER.db ...] [--json]

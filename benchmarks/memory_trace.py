@@ -1,4 +1,4 @@
-"""Where a worker's device memory goes, case by case (issue 37): run a slice of a matrix in this
+"""Where a worker's device memory goes, case by case: run a slice of a matrix in this
 process as one GPU worker would (its budget, its allocator settings, one SessionCache), and print
 after every case what the allocator holds; every `--drop-every` cases (and after any
 out-of-memory) drop every session and process cache and say what the worker still holds. When that

@@ -1,4 +1,4 @@
-"""The torch provider's gather + attention at the matrix's shapes, timed (#13).
+"""The torch provider's gather + attention at the matrix's shapes, timed.
 
     PYTHONPATH=$PWD python benchmarks/torch_attention_bench.py [--against OLD_torch_ops.py]
 

@@ -1,4 +1,4 @@
-"""The gate's empty-run rule: a run in which nothing ran does not pass (#41).
+"""The gate's empty-run rule: a run in which nothing ran does not pass.
 
 A CI job whose GPU, driver or vllm install broke skips every case ("unavailable: needs a CUDA/ROCm
 GPU"); counting 75 skips as "no new failures" turned that job green. So:

@@ -231,6 +231,17 @@ def classify(
     return C.REGRESSION
 
 
+@dataclass(frozen=True)
+class GateRules:
+    """The gate's rules a command line sets (--require, --allow-empty, --allow-unverifiable):
+    `require` and `allow_empty` are the empty-run rule (empty_run.py); `allow_unverifiable` lists
+    unverifiable cases without gating on them."""
+
+    require: tuple[str, ...] = ()
+    allow_empty: bool = False
+    allow_unverifiable: bool = False
+
+
 def evaluate(
     results: Sequence[CaseResult],
     *,
@@ -238,15 +249,13 @@ def evaluate(
     known: KnownFailures | None = None,
     missing: Sequence[str] = (),
     flaky_history: Mapping[str, str] | None = None,
-    require: Sequence[str] = (),
-    allow_empty: bool = False,
+    rules: GateRules = GateRules(),
     judge_empty: bool = True,
-    allow_unverifiable: bool = False,
 ) -> GateOutcome:
     """flaky_history: case_id -> reason, for the cases whose recent history scores them flaky
-    (flakiness.py): failing, they are `flaky` rather than gating. `require`, `allow_empty`: the
-    empty-run rule (empty_run.py); `judge_empty` False for a run still writing, whose cases may
-    yet come."""
+    (flakiness.py): failing, they are `flaky` rather than gating. `judge_empty` False for a run
+    still writing, whose cases may yet come."""
+    require, allow_empty, allow_unverifiable = rules.require, rules.allow_empty, rules.allow_unverifiable
     base = {b.case_id: b for b in baseline} if baseline is not None else {}
     flaky_history = flaky_history or {}
     classification: dict[str, Classification] = {}

@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator import flakiness
 from orchestrator.errors import InputError
+from orchestrator.gate import GateRules
 from orchestrator.known_failures import KnownFailures
 from orchestrator.store import RunInfo
 from orchestrator.store.location import MASK, Location, parse
@@ -48,6 +49,10 @@ class Judging:
                    flaky_threshold=flaky["flaky_threshold"], require=tuple(options.get("require") or ()),
                    allow_empty=bool(options.get("allow_empty")),
                    allow_unverifiable=bool(options.get("allow_unverifiable")))  # fmt: skip
+
+    @property
+    def rules(self) -> GateRules:
+        return GateRules(self.require, self.allow_empty, self.allow_unverifiable)
 
     def over(self, run: RunInfo) -> Judging:
         """What judges `run`: each option as asked here, else as the run was judged; `require`,

@@ -1,4 +1,4 @@
-"""The values a FULL graph's padded requests get: seq_len and block-table entries (issue #39).
+"""The values a FULL graph's padded requests get: seq_len and block-table entries.
 
 vLLM lets each attention builder declare them (`cg_pad_seq_lens`, `cg_pad_block_table`; the base
 class's 0 and -1) and its model runner pads with the maximum of each over the builders it holds

@@ -77,7 +77,7 @@ def expandable_segments() -> str:
     A worker's sessions come and go (KV caches of GBs, graph pools), and a freed block of the
     classic allocator is split for later small tensors that then pin the whole segment: on an H100
     the families' tp 1 slice ran out of memory with 58 GiB "reserved but unallocated" and 13 GiB in
-    use, which no empty_cache could give back (issue 37). Expandable segments map and unmap by
+    use, which no empty_cache could give back. Expandable segments map and unmap by
     pages. Set through the API, not the environment: torch, which Ray's workers preload, has read
     PYTORCH_CUDA_ALLOC_CONF before an actor can set it."""
     import os

@@ -29,9 +29,9 @@ CudaGraphManager, get_cudagraph_sizes, get_cudagraph_runtime_mode):
   that limit instead of being dropped; its token size is requests * q (a multiple of q).
 - Dispatch pads to the smallest capture size >= N; above the largest, or when nothing matches,
   it runs eager at the unpadded size.
-Not settled (#12): the vLLM source read then (vllm/config/vllm.py _set_cudagraph_sizes,
+Not settled: the vLLM source read then (vllm/config/vllm.py _set_cudagraph_sizes,
 vllm/v1/cudagraph_dispatcher.py initialize_cudagraph_keys) neither appends max_num_batched_tokens
-nor keeps a decode key above q * max_num_seqs; both come from the 0.33/0.34 wheels (#18) and stay.
+nor keeps a decode key above q * max_num_seqs; both come from the 0.33/0.34 wheels and stay.
 """
 
 from __future__ import annotations

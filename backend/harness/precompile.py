@@ -1,4 +1,4 @@
-"""Warm Triton's on-disk kernel cache in parallel, before the worker needs it (#13).
+"""Warm Triton's on-disk kernel cache in parallel, before the worker needs it.
 
 On a fresh GPU machine the first case of each (backend, kv dtype, batch) spends most of its time
 in Triton's JIT (MLIR, LLVM and ptxas: ~24 s of the 290-case tp 1 run's 73 s on the H200, all of it

@@ -216,7 +216,7 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
 def pad_seed(case: Case, step: int, session: Session) -> int:
     """The seed of a replay's padded input rows: new for every replay of the session, so a padded
     token's stray KV write changes bytes every time, whatever an earlier case or warm-up left in
-    the slot it hits (#32: the same pad values wrote the same bytes, and a deterministic stray
+    the slot it hits (the same pad values wrote the same bytes, and a deterministic stray
     write passed on one attempt and failed on another, FLAKY)."""
     session.replays += 1
     return hash_seed(case.seed, step, 31, session.replays)

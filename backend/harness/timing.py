@@ -14,7 +14,7 @@ PHASES = ("session_s", "inputs_s", "snapshot_s", "eager_s", "reference_s", "chec
 class Clock:
     """Marks between a case's phases (CaseResult.timings). On a GPU a mark is a CUDA event recorded
     on the current stream, never a host sync, so the host queues a step's next work while the
-    device still runs the last (#13: these marks were 6,564 synchronize calls, 9 s of the 290-case
+    device still runs the last (these marks were 6,564 synchronize calls, 9 s of the 290-case
     tp 1 slice on the H200); a span between two marks is then the device's time between them,
     read when the case's timings are (its checks have synced by then). On the CPU a mark is
     perf_counter and a span its difference."""

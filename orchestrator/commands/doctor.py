@@ -6,7 +6,7 @@ token auth, NCCL/RCCL switches, Triton cache, and the installed amd-aiter agains
 With --matrix: which providers the matrix can use here (its cases expanded exactly as `orch run`
 expands them) and which are skipped, with the reason. The exit code is the one `orch run` would
 get for the reasons doctor can see: 0 when the runnable part can run (a provider that cannot run
-here is skipped by the run too, #33: doctor said 1 where the run passed), 3 for `--devices gpu`
+here is skipped by the run too: doctor must not say 1 where the run passes), 3 for `--devices gpu`
 without a GPU, 1 when a provider the run uses fails to load its kernels; a matrix that does not
 load is bad input (2). Nothing here starts Ray or touches a GPU beyond reading its properties.
 """

@@ -74,7 +74,7 @@ def _history(db: str | None) -> tuple[dict[str, float], dict[str, int]]:
 
 
 def _memory(cases: Sequence[Case], needs: dict[str, int]) -> dict:
-    """What one worker needs for these cases, from their recorded device memory (issue 37), and
+    """What one worker needs for these cases, from their recorded device memory, and
     how many workers `--workers-per-gpu auto` would put on each of this machine's GPUs."""
     from backend.attention.capabilities import driver_gpu_memory, local_gpu_count
     from orchestrator.executor.packing import DEFAULT_UTILIZATION, auto_per_gpu, worker_need

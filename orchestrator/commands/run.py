@@ -47,7 +47,7 @@ from orchestrator.errors import InputError, OrchError
 from orchestrator.flakiness import DEFAULT_WINDOW
 from orchestrator.run_output import final_line, last_lines, time_line
 from orchestrator.run_request import RunRequest
-from orchestrator.store.options import RunOptions
+from orchestrator.store.options import NewRun, RunOptions
 
 if TYPE_CHECKING:
     from backend.case import Case
@@ -180,11 +180,10 @@ def _main(req: RunRequest) -> int:
         paths = artifacts.output_paths(out_dir, req.junit_path, req.summary_path)
         artifacts.check_writable(paths)  # a read-only --out is exit 3 now, before any work
         artifacts.clear(paths)  # an earlier run's outputs never outlive the start of this one
-        rid = req.resume_id if req.resume_id is not None else store.create_run(
-            matrix=req.matrix or "", cases=[*cases, *(s.case for s in skipped)], argv=sys.argv, cluster=req.address,
-            devices=req.devices, versions=_versions(), baseline=req.judging.baseline, label=req.label or "",
-            lock_writer=True, options=options,
-        )  # fmt: skip
+        new = NewRun(matrix=req.matrix or "", cases=[*cases, *(s.case for s in skipped)], argv=sys.argv,
+                     cluster=req.address, devices=req.devices, versions=_versions(), baseline=req.judging.baseline,
+                     label=req.label or "", options=options)
+        rid = req.resume_id if req.resume_id is not None else store.create_run(new, lock_writer=True)
         run_id = rid
         store.record_many(rid, [(CaseResult(
             case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,

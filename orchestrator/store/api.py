@@ -29,7 +29,7 @@ from backend.result import CaseResult, CheckOutcome, Status
 from orchestrator.errors import InputError
 from orchestrator.store import lock
 from orchestrator.store.location import Location, mask, mask_argv, parse
-from orchestrator.store.options import RunOptions
+from orchestrator.store.options import NewRun, RunOptions
 from orchestrator.store.schema import _RESULT_COLS, MIGRATIONS, SCHEMA_VERSION
 
 APP_ID = "orch-results"  # meta.app: tells our databases from any other
@@ -221,24 +221,13 @@ class ResultStore:
 
     # -- writing (the driver) ----------------------------------------------------------------
 
-    def create_run(
-        self,
-        *,
-        matrix: str,
-        cases: Sequence[Case],
-        argv: list[str] | None = None,
-        cluster: str = "",
-        devices: str = "",
-        versions: dict | None = None,
-        baseline: str | None = None,
-        label: str = "",
-        lock_writer: bool = False,
-        options: RunOptions | None = None,
-    ) -> int:
+    def create_run(self, run: NewRun, *, lock_writer: bool = False) -> int:
         """A new run with its planned cases, in one transaction. lock_writer: this store becomes
         the run's writer in the same transaction (`orch run`; release_writer at its end)."""
+        matrix, cases, cluster, devices, versions, baseline, label, options = (
+            run.matrix, run.cases, run.cluster, run.devices, run.versions, run.baseline, run.label, run.options)
         est = self.durations()
-        argv = mask_argv(argv or [])
+        argv = mask_argv(list(run.argv))
         locked_id = None
         try:
             with self._db.transaction():

@@ -118,7 +118,7 @@ def test_flex_declares_vllms_own_support_and_kv_dtypes():
 
 @needs_vllm
 def test_unknown_vllm_name_is_bad_input_with_the_closest_name():
-    # #41: it used to be 75 skips ("vLLM has no attention backend 'NOPE'") and a green gate.
+    # It used to be 75 skips ("vLLM has no attention backend 'NOPE'") and a green gate.
     from orchestrator.errors import InputError
     from orchestrator.matrix import load_matrix
 

@@ -80,7 +80,7 @@ def test_the_device_folder_holds_orchs_own_deps_and_not_ray():
     # 0.33's own pins (transformers <5.21, llguidance <1.8, xgrammar 0.2.8) and the server modules its config imports
     ("0.33.0", {"transformers==5.20.2", "llguidance==1.7.6", "xgrammar==0.2.8", "oss-harmony==0.0.11",
                 "fastapi==0.136.3", "openai==3.60.0"}, {"transformers==5.22.2", "xgrammar==0.2.9"}),
-    # The seed's releases: transformers 4.x (>=4.55.2) and what their old config imports (issue 34)
+    # The seed's releases: transformers 4.x (>=4.55.2) and what their old config imports
     ("0.10.2", {"transformers==4.57.6", "tokenizers==0.22.2", "huggingface_hub==0.36.2", "pybase64==1.5.1",
                 "blake3==1.0.11"}, {"transformers==5.22.2", "xgrammar==0.2.9", "aiohttp==3.14.5"}),
     ("0.11.0", {"transformers==4.57.6", "aiohttp==3.14.5", "msgspec==0.23.0"}, {"pybase64==1.5.1", "llguidance==1.9.1"}),

@@ -1,4 +1,4 @@
-"""The torch provider's gather length (#13): the blocks the metadata's host max_seq_len reaches in
+"""The torch provider's gather length: the blocks the metadata's host max_seq_len reaches in
 eager steps, max_model_len in vLLM's capture batch, so that what a graph freezes covers any replay."""
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
 
 def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeypatch):
     """Inputs depend on (plan, shape, seed, device) only: every mode, kv dtype and backend of a
-    batch reads one draw per step (#13), equal to a fresh draw after the cases used it."""
+    batch reads one draw per step, equal to a fresh draw after the cases used it."""
     from backend.harness.steps import make_step_inputs
 
     monkeypatch.setattr(step_data, "INPUTS", step_data.new_inputs_cache())

@@ -106,7 +106,7 @@ def _outside_by_slot(after, before, real):
 
 
 # (name, writes as (kv, block, offset, value)): kv_integrity's one-equality fast path must give the
-# per-slot reduction's answer, whether or not anything outside the real slots changed (#13).
+# per-slot reduction's answer, whether or not anything outside the real slots changed.
 _WRITES = [
     ("real slots only", [(0, 1, 1, 3.0), (1, 1, 2, -1.0)]),
     ("same bytes outside", [(0, 2, 0, None)]),  # rewritten with its own value: no change

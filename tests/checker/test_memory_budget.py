@@ -1,4 +1,4 @@
-"""A worker's memory budget (issue 37; backend/harness/memory.py, session.SessionCache): sessions are
+"""A worker's memory budget (backend/harness/memory.py, session.SessionCache): sessions are
 kept by their measured bytes, a session that cannot fit alone is refused before it is built, and an
 out-of-memory inside a case reruns it once on a cleared worker; only a case that runs out again
 alone is ERROR kind `oom`, never FAIL or FLAKY. CPU sessions are measured by their tensors' sizes,

@@ -1,4 +1,4 @@
-"""Issue #39: fp8 KV scales that a graph cannot freeze unseen. Each step draws its own scales and
+"""The fp8 KV scales that a graph cannot freeze unseen. Each step draws its own scales and
 graphs are captured under scales no step draws, so a graph holding a host copy of the scale it
 was captured under disagrees with eager in every step of every case, in any order of cases on a
 worker (before, the case after a same-seed case captured its graphs under its own scales and

@@ -1,5 +1,5 @@
 """The step snapshot after a verified step copies only the slots the context fill wrote
-(scratch.take_snapshot, #13). Whatever the path, the snapshot must equal the caches byte for byte when
+(scratch.take_snapshot). Whatever the path, the snapshot must equal the caches byte for byte when
 it is taken: checked on every step of a sequence of cases that shares one session, with graphs
 captured in between, a backend that writes outside its slots, and another session on the same
 scratch buffers; and the verdicts must be those of the whole-cache copy."""

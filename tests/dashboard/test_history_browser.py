@@ -7,7 +7,7 @@ import pytest
 
 from backend.result import Status
 from orchestrator.artifacts import write_outputs
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results import samples
 
 pytestmark = pytest.mark.browser
@@ -23,7 +23,7 @@ def test_history_by_device_flakiness_and_mute_in_the_detail(page, tmp_path):
             ("main", "cpu", Status.PASS), ("pr-7", "cpu", Status.FAIL)]  # fmt: skip
     with ResultStore(db) as s:
         for label, device, status in runs:
-            rid = s.create_run(matrix="matrices/sample.yaml", cases=CASES, label=label)
+            rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=CASES, label=label))
             s.record_many(rid, [(samples.result_for(c, status if c.case_id == C else Status.PASS, device=device), True)
                                 for c in CASES])  # fmt: skip
             s.finish_run(rid, "finished")

@@ -8,7 +8,7 @@ import pytest
 from backend.case import BatchSpec, Case
 from backend.result import Status
 from orchestrator.artifacts import write_outputs
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results.samples import result_for
 
 pytestmark = pytest.mark.browser
@@ -26,7 +26,7 @@ def muted_page(page, tmp_path):
     kf.write_text(f'- case: "{MUTED}"\n  reason: flips under FULL\n  link: https://example.invalid/5\n'
                   f'  until: 2999-01-31\n  mute: true\n')  # fmt: skip
     with ResultStore(db) as s:
-        rid = s.create_run(matrix="m.yaml", cases=cases)
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=cases))
         for c in cases:
             bad = c.case_id in (MUTED, GATING)
             s.record(rid, result_for(c, Status.ERROR if bad else Status.PASS, checks=(),

@@ -1,4 +1,4 @@
-"""A backend engineer's first day (#41), each friction as the issue reproduced it, on the real CLI,
+"""A backend engineer's first day, each friction as the issue reproduced it, on the real CLI,
 real SQLite and (where cases run) the session's Ray cluster: a run of nothing but skips is no
 pass, and orch gate / orch report say the same; a misspelt vllm: name is bad input with the
 closest name; --backend on a multi-family matrix skips what it cannot run, with the reason, for
@@ -18,7 +18,7 @@ import pytest
 from junitparser import JUnitXml
 
 from orchestrator.cli import main
-from orchestrator.store import ResultStore, RunOptions
+from orchestrator.store import NewRun, ResultStore, RunOptions
 from tests.results import samples
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -212,7 +212,7 @@ def test_resume_writes_into_the_runs_own_out(ray_cluster, tmp_path, capsys, monk
     db, first = str(tmp_path / "r.db"), tmp_path / "first-out"
     cases = select(load_matrix(SMOKE, devices="cpu").cases, SMALL)
     with ResultStore(db) as s:
-        rid = s.create_run(matrix=SMOKE, cases=cases, options=RunOptions(out=str(first), filter=SMALL, matrix_cases=90))
+        rid = s.create_run(NewRun(matrix=SMOKE, cases=cases, options=RunOptions(out=str(first), filter=SMALL, matrix_cases=90)))
         s.record(rid, samples.result_for(cases[0]))
         s.finish_run(rid, "interrupted")
     rc, out, _ = _cli(capsys, "run", "--resume", str(rid), "--db", db, "--devices", "cpu", "--no-progress")
@@ -231,7 +231,7 @@ def _readme_commands() -> list[str]:
 
 def test_the_readmes_two_commands_in_order_in_a_clean_clone(ray_cluster, tmp_path):
     """The main job leaves orch-results.db and orch-out/ in the checkout; the tests that run
-    orch's commands with their default paths must not read them (before #41 the third `orch plan`
+    orch's commands with their default paths must not read them (the third `orch plan` once
     of test_plan_estimates_the_wall_time_on_the_workers_apart_from_the_sum did). Cheap: the main
     job on a slice of full.yaml (the same command, on the session cluster), then the tests of the
     CLI's contract, in a copy of the tracked tree."""

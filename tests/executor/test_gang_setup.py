@@ -61,7 +61,7 @@ def test_a_gang_that_cannot_come_up_is_not_run_not_a_crash(ray_cluster, monkeypa
 
 
 def test_the_check_would_catch_a_setup_failure_filed_as_a_crash(ray_cluster, monkeypatch):
-    # Break the executor on purpose (file set-up failures as crashes of the batch, as before #17)
+    # Break the executor on purpose (file set-up failures as crashes of the batch, as it once did)
     # and run the same assertions as the test above: they must reject it. Asserting on what the
     # patch itself does would only show the patch works.
     from orchestrator.executor import executor as ex

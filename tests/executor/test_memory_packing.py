@@ -1,4 +1,4 @@
-"""Issue 37 on real Ray: an out-of-memory of the harness is never the backend's verdict (the gate
+"""On real Ray: an out-of-memory of the harness is never the backend's verdict (the gate
 lists it as infrastructure), and several workers share each GPU (fractional GPUs, whole devices
 for a gang's ranks), each with its share of the memory budget."""
 

@@ -1,4 +1,4 @@
-"""A newcomer's first hour (#33), on the real CLI, the session's Ray cluster, real SQLite and real
+"""A newcomer's first hour, on the real CLI, the session's Ray cluster, real SQLite and real
 signals: `--resume` with another matrix, an interrupted run's outputs and exit code, every
 subcommand exiting by the verdict it prints, a run's last lines sized for a CI log with its skips
 grouped by reason, `orch doctor --matrix` agreeing with `orch run`. Synchronised on result rows
@@ -22,7 +22,7 @@ from backend.result import Status
 from orchestrator.cli import cli, main
 from orchestrator.filters import select
 from orchestrator.matrix import load_matrix
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results import samples
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -53,7 +53,7 @@ def half_run(tmp_path):
     db = tmp_path / "r.db"
     cases = select(load_matrix(SMOKE, devices="cpu").cases, SMALL)
     with ResultStore(str(db)) as s:
-        rid = s.create_run(matrix=SMOKE, cases=cases)
+        rid = s.create_run(NewRun(matrix=SMOKE, cases=cases))
         s.record(rid, samples.result_for(cases[0]))
         s.finish_run(rid, "interrupted")
     return db, tmp_path / "out", cases
@@ -103,7 +103,7 @@ def _earlier_green_run(db: str, out: str) -> None:
 
     cases = select(load_matrix(SMOKE, devices="cpu").cases, SMALL)
     with ResultStore(db) as s:
-        rid = s.create_run(matrix=SMOKE, cases=cases)
+        rid = s.create_run(NewRun(matrix=SMOKE, cases=cases))
         s.record_many(rid, [(samples.result_for(c), True) for c in cases])
         s.finish_run(rid, "finished")
         assert write_outputs(s, rid, out_dir=out).passed
@@ -138,7 +138,7 @@ def test_an_interrupted_run_writes_its_outputs_marked_interrupted(ray_cluster, t
             child.communicate()
     assert child.returncode == code, err
     # Ray's banners (token auth...) only with -v: every stderr line is orch's (continuations
-    # indented); what the run concluded is on stdout (#41: `orch run | tee log` kept nothing).
+    # indented); what the run concluded is on stdout (`orch run | tee log` kept nothing).
     assert all(ln.startswith(("orch: ", "    ")) for ln in err.splitlines()), err
     lines = stdout.splitlines()
     with ResultStore(db) as s:
@@ -167,7 +167,7 @@ def _passing_store(tmp_path) -> str:
     path = str(tmp_path / "pass.db")
     cases = samples.make_cases()
     with ResultStore(path) as s:
-        rid = s.create_run(matrix="matrices/sample.yaml", cases=cases)
+        rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases))
         s.record_many(rid, [(samples.result_for(c), True) for c in cases])
         s.finish_run(rid, "finished")
     return path

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from orchestrator.commands import run as run_cmd
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.executor.faulty_backends import hold_path
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -88,7 +88,7 @@ def test_resume_after_sigkill_runs_only_the_missing_cases(ray_cluster, tmp_path)
     assert all(n == 1 for n in attempts.values())  # nothing ran twice: the resume ran only the missing
     assert status == "finished"
     assert f"resuming run {rid} (matrices/smoke.yaml): {len(missing_before)} cases without a final verdict" in err
-    # Into run 1's own --out (given again here): its summary is run 1's, finished (#41).
+    # Into run 1's own --out (given again here): its summary is run 1's, finished.
     assert open(tmp_path / "out" / "summary.md").read().startswith(f"## ✅ orch run {rid} — `matrices/smoke.yaml`\n")
 
 
@@ -188,7 +188,7 @@ def test_resume_reruns_a_case_whose_retry_never_ran(ray_cluster, tmp_path, monke
     assert len(cases) >= 3
     half, absent = cases[0], cases[1]
     with ResultStore(db) as store:
-        rid = store.create_run(matrix="matrices/smoke.yaml", cases=cases)
+        rid = store.create_run(NewRun(matrix="matrices/smoke.yaml", cases=cases))
         store.record(rid, result_for(half, Status.FAIL, reason="first attempt"), final=False)
         store.record_many(rid, [(result_for(c), True) for c in cases[2:]])
     monkeypatch.setenv(run_cmd.RUNNER_ENV, "tests.executor.faulty_backends:slow_runner")

@@ -43,7 +43,7 @@ MUTANTS = {
     "sink multiplied by the softmax scale": Expect(
         "tests.mutants.swa_kernels:SinkScaled", lambda m, kv, b: True, Status.FAIL, "attn_reference",
         first_any=("reference",)),
-    # #39: with sinks near N(0, 1) both moved a head 2.5-3.6%, inside the ~4% threshold.
+    # With sinks near N(0, 1) both moved a head 2.5-3.6%, inside the ~4% threshold.
     "sink counted twice": Expect(
         "tests.mutants.swa_kernels:SinkTwice", lambda m, kv, b: True, Status.FAIL, "attn_reference",
         first_any=("reference",)),

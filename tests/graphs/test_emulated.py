@@ -172,7 +172,7 @@ def test_graph_safe_alternatives_capture(runner):
 
     def fn():
         y.copy_(x)
-        y[x > 2] = 7.0  # a boolean mask with a scalar: masked_fill_ on a GPU, no sync (#32)
+        y[x > 2] = 7.0  # a boolean mask with a scalar: masked_fill_ on a GPU, no sync
         return torch.where(x > 1, x, torch.zeros_like(x)) + x.masked_fill(x < 1, 5.0) + y
 
     graph = runner.capture(fn)
@@ -228,7 +228,7 @@ def test_flex_attention_hop_is_recorded_through_its_dense_implementation(runner)
 
 def test_capture_does_not_import_dynamo():
     """The recorder opts out of TorchDispatchMode's Dynamo guard: importing torch._dynamo cost
-    every worker process 1.5-4.4 s at its first capture on the 2-core machine (#13)."""
+    every worker process 1.5-4.4 s at its first capture on the 2-core machine."""
     import subprocess
     import sys
     from pathlib import Path

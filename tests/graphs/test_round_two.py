@@ -1,4 +1,4 @@
-"""Issue #32's emulation mechanisms one by one (the probes in probes.py show them against real
+"""The emulation's mechanisms one by one (the probes in probes.py show them against real
 graphs): host memory found by how it is made, the shared pool and its uninitialised memory, ctypes
 launches, and what is refused or rewritten as a GPU would."""
 
@@ -55,7 +55,7 @@ def test_host_work_on_unmarked_host_tensors_runs_once_at_capture():
     graph = runner.capture(fn)
     lens.fill_(10)
     assert graph.replay().tolist() == [1, 3, 6]  # the capture's one result, copied again
-    # The same staging dropped after the capture: the copy node reads freed pinned memory (#39).
+    # The same staging dropped after the capture: the copy node reads freed pinned memory.
     kept.clear()
     assert graph.replay().tolist() != [1, 3, 6] and "reads memory nothing kept alive" in graph.freed_reads[0]
 

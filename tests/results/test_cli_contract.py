@@ -1,4 +1,4 @@
-"""The CLI as a newcomer and a CI log meet it (#33), on real stores (SQLite) and the real CLI:
+"""The CLI as a newcomer and a CI log meet it, on real stores (SQLite) and the real CLI:
 every option explained, output folded to a CI log's size, summaries that say what they left out,
 interrupted runs that say so, default output folders that git ignores. The walk of every
 subcommand against a passing and a failing store, and everything that needs Ray, is in
@@ -17,7 +17,7 @@ from junitparser import JUnitXml
 from backend.case import BatchSpec, Case
 from backend.result import Status
 from orchestrator.cli import cli, main
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results.samples import result_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,7 +39,7 @@ def _store(tmp_path, *, passed=(), downgraded=(), skipped=(), missing=(), status
     path = str(tmp_path / "r.db")
     planned = [*passed, *downgraded, *(c for c, _ in skipped), *missing]
     with ResultStore(path) as s:
-        rid = s.create_run(matrix="m.yaml", cases=planned)
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=planned))
         s.record_many(rid, [(result_for(c), True) for c in passed]
                       + [(result_for(c, resolved_mode="FULL_AND_PIECEWISE", downgraded=True), True) for c in downgraded]
                       + [(result_for(c, Status.SKIP, reason=why, checks=()), True) for c, why in skipped])

@@ -9,7 +9,7 @@ import pytest
 
 from backend.result import CheckOutcome, Status
 from orchestrator.cli import main as cli_main
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results import samples
 
 CASES = samples.make_cases()
@@ -19,7 +19,7 @@ FULL_FP8 = [c for c in CASES if c.mode == "FULL" and c.kv_cache_dtype == "fp8"]
 def _write(path: str, changes: dict[str, dict], versions: dict | None = None, label: str = "") -> None:
     """A store with one finished run: every case passes unless `changes` says otherwise."""
     with ResultStore(path) as s:
-        rid = s.create_run(matrix="matrices/sample.yaml", cases=CASES, label=label, versions=versions or {})
+        rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=CASES, label=label, versions=versions or {}))
         worker = {"versions": versions} if versions else {}  # what the workers ran with
         s.record_many(rid, [(samples.result_for(c, **{**worker, **changes.get(c.case_id, {})}), True) for c in CASES])
         s.finish_run(rid, "finished")
@@ -62,7 +62,7 @@ def test_a_case_only_on_one_side_is_listed_and_is_no_regression(tmp_path, capsys
     a, b = str(tmp_path / "a.db"), str(tmp_path / "b.db")
     _write(a, {})
     with ResultStore(b) as s:
-        rid = s.create_run(matrix="matrices/sample.yaml", cases=CASES[1:])
+        rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=CASES[1:]))
         s.record_many(rid, [(samples.result_for(c), True) for c in CASES[1:]])
     code, out, _ = _diff(capsys, a, b, "-v")
     assert code == 0 and f"pass -> absent  1: {CASES[0].case_id}" in out and f"    {CASES[0].case_id}" in out

@@ -15,7 +15,7 @@ from orchestrator.gate import evaluate
 from orchestrator.judging import Judging
 from orchestrator.known_failures import parse
 from orchestrator.outputs import gather
-from orchestrator.store import ResultStore, find_baseline
+from orchestrator.store import NewRun, ResultStore, find_baseline
 from tests.results import samples
 
 CASES = samples.make_cases()
@@ -26,7 +26,7 @@ def _run(store, statuses: dict[str, Status] | None = None, *, label="main", matr
          device="cpu", finish=True) -> int:  # fmt: skip
     """A run of the sample matrix: every case passes unless `statuses` says otherwise."""
     statuses = statuses or {}
-    rid = store.create_run(matrix=matrix, cases=CASES, label=label)
+    rid = store.create_run(NewRun(matrix=matrix, cases=CASES, label=label))
     store.record_many(rid, [(samples.result_for(c, statuses.get(c.case_id, Status.PASS), device=device), True)
                             for c in CASES])  # fmt: skip
     if finish:

@@ -111,7 +111,7 @@ def test_a_not_run_case_is_an_error_in_junit_and_its_own_section_in_the_summary(
 
 def test_suite_statistics_counted_once_not_per_case(monkeypatch):
     """junitparser's add_testcase recounts the suite on every call: building full.yaml's 1,730
-    cases took 9-20 s (#13). The counts are computed once per suite, whatever the case count."""
+    cases took 9-20 s. The counts are computed once per suite, whatever the case count."""
     from junitparser import TestSuite
 
     calls = []

@@ -16,7 +16,7 @@ import pytest
 from backend.result import Status
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import InfraError, InputError
-from orchestrator.store import SCHEMA_VERSION, ResultStore
+from orchestrator.store import SCHEMA_VERSION, NewRun, ResultStore
 from tests.results import samples
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,10 +40,10 @@ def test_the_store_behaves_the_same_on_both_databases(db):
     cases = samples.make_cases()
     results = samples.make_results(cases)
     with ResultStore(db) as store:
-        b = store.create_run(matrix="m.yaml", cases=cases, label="main")
+        b = store.create_run(NewRun(matrix="m.yaml", cases=cases, label="main"))
         store.record_many(b, [(samples.result_for(c), True) for c in cases])
         store.finish_run(b, "finished")
-        rid = store.create_run(matrix="m.yaml", cases=cases, argv=["orch", "run", "--db", db], versions={"torch": "2.13"})
+        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases, argv=["orch", "run", "--db", db], versions={"torch": "2.13"}))
         store.record(rid, samples.result_for(cases[0], Status.TIMEOUT, attempts=1), final=False)  # retry pending
         store.record_many(rid, [(r, True) for r in results[1:10]])
         assert store.missing_case_ids(rid) == [c.case_id for c in [cases[0], *cases[10:]]]  # the planned order
@@ -147,7 +147,7 @@ def test_the_writer_lock_is_per_run_on_postgresql(pg_url):
         _word, rid = holder.stdout.readline().split()
         rid = int(rid)
         with ResultStore(pg_url) as store:
-            mine = store.create_run(matrix="m.yaml", cases=samples.make_cases()[:2], lock_writer=True)
+            mine = store.create_run(NewRun(matrix="m.yaml", cases=samples.make_cases()[:2]), lock_writer=True)
             assert mine != rid
             with pytest.raises(InfraError, match=f"pid {holder.pid} on .* is writing run {rid} of this database"):
                 store.acquire_writer(rid)
@@ -203,11 +203,10 @@ def test_orch_db_points_every_command_at_one_store_and_no_output_shows_the_passw
                                                                                      monkeypatch, capsys):  # fmt: skip
     cases = samples.make_cases()
     with ResultStore(pg_url) as store:
-        b = store.create_run(matrix="matrices/sample.yaml", cases=cases, label="main")
+        b = store.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, label="main"))
         store.record_many(b, [(r, True) for r in samples.make_baseline(cases)])
         store.finish_run(b, "finished")
-        rid = store.create_run(matrix="matrices/sample.yaml", cases=cases, argv=["orch", "run", "--db", pg_url],
-                               baseline=pg_url + "#main")  # fmt: skip
+        rid = store.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, argv=["orch", "run", "--db", pg_url], baseline=pg_url + "#main"))  # fmt: skip
         store.record_many(rid, [(r, True) for r in samples.make_results(cases)])
         store.finish_run(rid, "finished")
     monkeypatch.setenv("ORCH_DB", pg_url)

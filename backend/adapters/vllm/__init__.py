@@ -1,5 +1,5 @@
-"""`vllm:NAME`: one of vLLM's own attention backends run in place behind our interface (issues 15,
-34). The checker, modes, reference and reports stay ours; only the unit under test is vLLM's: its
+"""`vllm:NAME`: one of vLLM's own attention backends run in place behind our interface.
+The checker, modes, reference and reports stay ours; only the unit under test is vLLM's: its
 metadata builder, its Impl (with a layer object), its support level and its KV cache layout.
 
 One concern per module:
