@@ -75,7 +75,7 @@ def measure(cluster, cases, history, *, store_path: str | None, group: bool = Tr
     assert len(final) == len(cases) and all(r.status == Status.PASS for r in final.values())
     out = {"cases": len(cases), "total_s": round(t1 - t0, 3), "cases_per_s_total": round(len(cases) / (t1 - t0), 1),
            "cases_per_s_after_first": round((len(cases) - 1) / max(1e-9, t1 - first[0]), 1),
-           "first_result_s": round(first[0] - t0, 3)}  # fmt: skip
+           "first_result_s": round(first[0] - t0, 3)}
     if store is not None:
         # Every result durable: the store holds exactly one final row per case.
         assert len(store.missing_case_ids(run_id)) == 0 and store.run(run_id).num_results == len(cases)

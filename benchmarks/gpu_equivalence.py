@@ -32,12 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after the repo is put on sys.path
 
-from backend.graphs import GraphCaptureError, make_graph_runner  # noqa: E402
-from backend.graphs.equivalence import run_program  # noqa: E402
-from backend.graphs.provenance import host_scope  # noqa: E402
-from tests.graphs.probes import CONSERVATIVE, PROGRAMS, UNVERIFIABLE  # noqa: E402
+from backend.graphs import GraphCaptureError, make_graph_runner  # noqa: E402 - after the repo is put on sys.path
+from backend.graphs.equivalence import run_program  # noqa: E402 - after the repo is put on sys.path
+from backend.graphs.provenance import host_scope  # noqa: E402 - after the repo is put on sys.path
+from tests.graphs.probes import CONSERVATIVE, PROGRAMS, UNVERIFIABLE  # noqa: E402 - after the repo is put on sys.path
 
 REPO_GOLDEN = ROOT / "tests" / "graphs" / "golden_cuda.json"
 

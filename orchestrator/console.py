@@ -24,6 +24,6 @@ def echo(*renderables: Any, file: TextIO | None = None, markup: bool = True, min
         return
     buf = io.StringIO()
     Console(file=buf, width=PIPE_WIDTH, force_terminal=False, no_color=True, markup=markup,
-            highlight=False).print(*renderables)  # fmt: skip
+            highlight=False).print(*renderables)
     file.write("".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines()))
     file.flush()

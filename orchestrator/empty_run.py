@@ -59,7 +59,7 @@ def _unran(results: Sequence[CaseResult], require: str) -> Unran | None:
         return None
     reasons = Counter(short_reason(r.reason) for r in results if r.status == Status.SKIP)
     return Unran(require, len(results), sum(reasons.values()),
-                 tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))))  # fmt: skip
+                 tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))))
 
 
 def unran(results: Sequence[CaseResult], *, require: Sequence[str] = (), allow_empty: bool = False,

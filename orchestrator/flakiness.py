@@ -38,7 +38,7 @@ class Flakiness:
 
     def describe(self) -> str:
         return (f"flakiness {self.score:.2f} over its last {self.runs} run(s): {self.flips} pass/fail flip(s), "
-                f"{self.retried} flaky on retry")  # fmt: skip
+                f"{self.retried} flaky on retry")
 
     def to_dict(self) -> dict:
         return {"runs": self.runs, "flips": self.flips, "retried": self.retried, "score": round(self.score, 3)}

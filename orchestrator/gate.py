@@ -164,7 +164,7 @@ class GateOutcome:
                                 ("not run (infrastructure)", "not run (infrastructure)", self.not_run),
                                 ("out of memory (infrastructure)", "out of memory (infrastructure)", self.oom),
                                 ("unverifiable (run on a GPU to decide)", "unverifiable (run on a GPU to decide)",
-                                 () if self.allow_unverifiable else self.unverifiable)):  # fmt: skip
+                                 () if self.allow_unverifiable else self.unverifiable)):
             if ids:
                 parts.append(plural(len(ids), name, many))
         lines = [f"{', '.join(parts)}; {self.ran()}"] if parts else []

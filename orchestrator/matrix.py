@@ -328,7 +328,7 @@ class _Loader:
                                       f"num_kv_heads {m.num_kv_heads})")
         name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
         return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped),
-                      S.known_failures_file(self.tree))  # fmt: skip
+                      S.known_failures_file(self.tree))
 
     def _backend_loc(self, name: str, family: str) -> tuple:
         block = self.doc.families.get(family)

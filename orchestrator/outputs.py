@@ -142,7 +142,7 @@ def gather(store: ResultStore, run: int | str | None, asked: Judging | None = No
                     flaky_history=flakiness.over_threshold(scores, judging.flaky_threshold),
                     rules=judging.rules, judge_empty=closed)
     return RunView(info, tuple(results), gate, tuple(planned_missing), base is not None, known, found, scores,
-                   tuple(r.id for r in window), window_label, judging)  # fmt: skip
+                   tuple(r.id for r in window), window_label, judging)
 
 
 def shown_path(path: str) -> str:

@@ -149,8 +149,8 @@ def aiter_native_unavailable(device_class: str) -> str | None:
     if device_class != "gpu":
         return "unavailable: needs a ROCm GPU"
     if "torch" not in sys.modules and _installed_torch_hip() is None:
-        # A CUDA (or CPU) build of torch, read from its version.py without importing it: the
-        # planner of a CUDA machine (the H200) spent 3 s importing torch to learn this.
+        # A CUDA (or CPU) build of torch, read from its version.py without importing it: importing
+        # torch costs the planner seconds (docs/BENCHMARKS.md "Figures behind code choices").
         return "unavailable: needs ROCm (torch.version.hip is None)"
     return ASK_CLASS
 

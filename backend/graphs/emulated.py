@@ -149,8 +149,8 @@ class _Recorder(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo unless
-        # this says no; the wrapper imports torch._dynamo on the first op (1.5-4.4 s per worker
-        # process on the 2-core machine, paid by every rank of every gang) and adds a frame per
+        # this says no; the wrapper imports torch._dynamo on the first op (seconds per worker
+        # process, paid by every rank of every gang: docs/BENCHMARKS.md) and adds a frame per
         # op. Nothing here runs under torch.compile, so there is no Dynamo to keep out.
         return False
 

@@ -443,7 +443,7 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
         "graph_shared_steps": float(shared_graph),
     }
     status, reason = status_of(checks, session.unverifiable(k for k in graph_keys if k is not None), kv_jitter,
-                               attn_jitter)  # fmt: skip
+                               attn_jitter)
     return base.replace(status=status, reason=reason, checks=checks, capture_sizes_used=tuple(used), timings=timings)
 
 

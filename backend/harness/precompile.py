@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     procs = []
     for i, (part, device) in enumerate(zip(parts, devices)):
         proc = ctx.Process(target=_child, args=([c.to_dict() for c in part], device, f"{i + 1}/{len(parts)}",
-                                                args.parent, deadline), daemon=True)  # fmt: skip
+                                                args.parent, deadline), daemon=True)
         proc.start()
         procs.append(proc)
     try:

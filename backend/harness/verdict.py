@@ -68,12 +68,12 @@ def status_of(checks: Sequence[CheckOutcome], unverifiable: Sequence[str], kv_ji
             return Status.PASS, UNVERIFIABLE_PREFIX + unverifiable[0]
         return Status.UNVERIFIABLE, (f"{UNVERIFIABLE_PREFIX}{unverifiable[0]}; the graph side disagreed with eager "
                                      f"from step {min(c.step or 0 for c in failed)} "
-                                     f"({', '.join(c.name for c in failed)}): {UNVERIFIABLE_ADVICE}")  # fmt: skip
+                                     f"({', '.join(c.name for c in failed)}): {UNVERIFIABLE_ADVICE}")
     if not failed:
         return Status.PASS, ""
     det = next((c for c in failed if c.name == CHECK_DETERMINISM), None)
     real = [c for c in failed if c.name != CHECK_DETERMINISM
-            and not (det and explained_by_jitter(c, det, kv_jitter, attn_jitter))]  # fmt: skip
+            and not (det and explained_by_jitter(c, det, kv_jitter, attn_jitter))]
     if real or det is None:
         note = f" (eager also not deterministic, max_abs {det.max_abs_err:.3g})" if det else ""
         return Status.FAIL, failure_reason(real[0]) + note

@@ -101,7 +101,7 @@ def _wall(cases: Sequence[Case], est: dict[str, float], device_class: str, worke
 
 
 def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str | None = None,
-               workers: int | None = None, db: str | None = None) -> dict:  # fmt: skip
+               workers: int | None = None, db: str | None = None) -> dict:
     from orchestrator.scheduling.wall import case_durations
 
     if workers is not None and workers < 1:

@@ -39,7 +39,7 @@ def _text(view: RunView, verbose: bool = False) -> str:
     if verbose:
         order = {c: i for i, c in enumerate(_LISTED)}
         rows = sorted((cid for cid, c in gate.classification.items() if c in order),
-                      key=lambda c: (order[gate.classification[c]], c))  # fmt: skip
+                      key=lambda c: (order[gate.classification[c]], c))
         for cid in rows:
             r = by_id.get(cid)
             out.append(f"{gate.classification[cid]:<12} {cid}  {' '.join((r.reason if r else 'no result').split())[:80]}")
@@ -69,7 +69,7 @@ def render(view: RunView, fmt: str, verbose: bool = False) -> str:
              "known_failures": view.known.source if view.known is not None else None,
              "suggested_known_failures": [e.to_yaml() for e in gate_notes.suggestions(view)]},
             indent=2, sort_keys=True, default=str,
-        )  # fmt: skip
+        )
     if fmt == "md":
         return summary.render(view.run, view.results, view.gate) + gate_notes.markdown(view)
     if fmt == "junit":

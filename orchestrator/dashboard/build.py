@@ -149,7 +149,7 @@ def _flakiness(case_id: str, view: RunView) -> dict[str, Any] | None:
 
 
 def page_data(view: RunView, hist: dict[str, list[tuple[int, str, str]]], runs: list[dict] | None = None,
-              labels: dict[int, str] | None = None) -> dict[str, Any]:  # fmt: skip
+              labels: dict[int, str] | None = None) -> dict[str, Any]:
     """Everything the page shows, JSON-able. `hist`: store.status_history(); `labels`: run id ->
     label of the runs in it."""
     pending_state = "pending" if view.run.status == "running" else "missing"
@@ -158,7 +158,7 @@ def page_data(view: RunView, hist: dict[str, list[tuple[int, str, str]]], runs: 
         axes = with_k({k: v for k, v in p.items() if k != "case_id"})
         cases.append({"id": p["case_id"], "axes": axes, "state": pending_state, "cls": pending_state, "change": "",
                       "reason": "no result yet" if pending_state == "pending" else "planned, never finished",
-                      "downgraded": False, "checks": [], "history": _history(p["case_id"], view.run.id, hist, labels)})  # fmt: skip
+                      "downgraded": False, "checks": [], "history": _history(p["case_id"], view.run.id, hist, labels)})
     run = view.run
     return {
         "run": {

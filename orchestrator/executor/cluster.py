@@ -92,7 +92,7 @@ def _check_reachable(address: str) -> None:
 
 
 def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min_slots: int = 1,
-               per_gpu: int = 1, max_gpus: int | None = None) -> tuple[NodeSlots, ...]:  # fmt: skip
+               per_gpu: int = 1, max_gpus: int | None = None) -> tuple[NodeSlots, ...]:
     """Slots per alive node. GPU: `per_gpu` per GPU (--workers-per-gpu), `workers` in all at most.
     CPU: `workers` (default max(cores, min_slots), so the largest gang of the matrix fits) spread
     over nodes as far as their CPUs allow. `max_gpus` (`orch run --max-gpus`): this run's share of
@@ -186,7 +186,7 @@ def embedded_init_kwargs(num_gpus: int, *, preload: bool = True) -> dict:
 
 
 def connect(address: str = "local", *, devices: str = "auto", workers: int | None = None, min_slots: int = 1,
-            workers_per_gpu: int = 1, max_gpus: int | None = None) -> ClusterInfo:  # fmt: skip
+            workers_per_gpu: int = 1, max_gpus: int | None = None) -> ClusterInfo:
     """Start embedded Ray (`local`) or join (`auto`, HOST:PORT, or RAY_ADDRESS) and count slots.
 
     Reuses an already-initialised Ray in this process (tests share one session cluster).

@@ -157,7 +157,7 @@ def reform(gang: Gang, tp: int) -> tuple[list[Gang], list[list[Any]]]:
     for start in range(0, gang.tp, tp):
         part = Gang(spec=spec, node=gang.node, node_id=gang.node_id, pg=gang.pg, pg_size=gang.pg_size,
                     state=GangState.LEAVING, actors=gang.actors[start:start + tp],
-                    infos=gang.infos[start:start + tp])  # fmt: skip
+                    infos=gang.infos[start:start + tp])
         new.append(part)
         refs.append([a.leave_gang.remote() for a in part.actors])
     gang.state = GangState.DEAD

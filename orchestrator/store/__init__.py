@@ -20,4 +20,4 @@ from orchestrator.store.schema import MIGRATIONS, SCHEMA_VERSION
 __all__ = [
     "APP_ID", "MIGRATIONS", "SCHEMA_VERSION", "Baseline", "NewRun", "ResultStore", "RunInfo", "RunOptions", "WriterBusy", "device_model",
     "file_sha", "find_baseline", "mask", "mask_argv", "resolve_baseline",
-]  # fmt: skip
+]

@@ -238,7 +238,7 @@ class ResultStore:
                      json.dumps(versions or {}, sort_keys=True), json.dumps(argv),
                      mask(baseline) if baseline is not None else None, label or "",
                      (options or RunOptions()).to_json()),
-                ).fetchone()  # fmt: skip
+                ).fetchone()
                 run_id = int(row["id"])
                 self._db.executemany(
                     'INSERT INTO cases(run_id, case_id, axes, "case", est_s, pos) VALUES (?, ?, ?, ?, ?, ?)',
@@ -247,7 +247,7 @@ class ResultStore:
                          est.get(c.case_id), i)
                         for i, c in enumerate(cases, 1)
                     ],
-                )  # fmt: skip
+                )
                 if lock_writer:
                     if not self._db.lock_run(run_id):  # a fresh id: only a foreign session could hold it
                         raise lock.WriterBusy(f"run {run_id} is locked by another session", source=self.path)
@@ -327,14 +327,14 @@ class ResultStore:
             result.device, json.dumps(result.versions, sort_keys=True), result.log_tail, result.repro,
             result.attempts, result.worker, json.dumps(result.axes, sort_keys=True, default=str), now, int(final),
             json.dumps(result.memory, sort_keys=True),
-        )  # fmt: skip
+        )  # fmt: skip # the row in the table's column order
         return [
             (self._UPSERT, row),
             ("INSERT INTO attempt_log(run_id, case_id, attempt, status, reason, worker, device, finished_at)"
              " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
              (run_id, result.case_id, result.attempts, result.status.value, result.reason, result.worker,
               result.device, now)),
-        ]  # fmt: skip
+        ]
 
     def finish_run(self, run_id: int, status: str) -> None:
         """Close the run, with the device model most of its cases ran on (the dashboard and
@@ -343,7 +343,7 @@ class ResultStore:
         models = Counter(device_model(r["device"]) for r in rows)
         model = models.most_common(1)[0][0] if models else ""
         self._write([("UPDATE runs SET status = ?, finished_at = ?, device_model = ? WHERE id = ?",
-                      (status, time.time(), model, run_id))])  # fmt: skip
+                      (status, time.time(), model, run_id))])
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -355,7 +355,7 @@ class ResultStore:
             devices=r["devices"], versions=json.loads(r["versions"]), argv=json.loads(r["argv"]),
             baseline=r["baseline"], num_cases=r["num_cases"], num_results=r["num_results"],
             label=r["label"], device_model=r["device_model"], options=RunOptions.from_json(r["options"]),
-        )  # fmt: skip
+        )
 
     _RUN_SELECT = (
         "SELECT runs.*, (SELECT count(*) FROM cases WHERE cases.run_id = runs.id) AS num_cases,"
@@ -376,7 +376,7 @@ class ResultStore:
         return [self._run_from_row(r) for r in self._sql(self._RUN_SELECT + " ORDER BY id")]
 
     def labelled_runs(self, label: str, *, limit: int = 1, before: float | None = None,
-                      exclude: int | None = None) -> list[RunInfo]:  # fmt: skip
+                      exclude: int | None = None) -> list[RunInfo]:
         """Finished runs with this label, the latest finished first; `before`: finished before
         that time (a run's baseline is what was known when it started, so it never changes)."""
         sql = self._RUN_SELECT + " WHERE label = ? AND status = 'finished'"

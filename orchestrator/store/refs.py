@@ -107,7 +107,7 @@ def find_baseline(spec: str | None, store: ResultStore, current_run: int) -> Bas
     with open_store(ref, store) as other:
         if other is not store and other.same_database(store) and ref.selector == "latest":
             raise InputError("--baseline is the same database as --db; give a run id or a label instead",
-                             source=mask(str(ref.store)))  # fmt: skip
+                             source=mask(str(ref.store)))
         where = "" if other is store else f" of {other.path}"
         if ref.run_id is not None or ref.selector == "latest":
             run = select_run(other, ref.selector)
@@ -122,7 +122,7 @@ def find_baseline(spec: str | None, store: ResultStore, current_run: int) -> Bas
         if not found:
             on = f" on {current.device_model}" if current.device_model else ""
             return Baseline(None, note=f"no baseline: no run labelled {label!r}{where} of {current.matrix}{on} "
-                                       f"finished before run {current.id} started; gated without one")  # fmt: skip
+                                       f"finished before run {current.id} started; gated without one")
         run = found[0]
         return Baseline(tuple(other.results(run.id)), run, f"run {run.id}{where} (latest labelled {label!r})")
 
@@ -132,9 +132,9 @@ def history_runs(store: ResultStore, current: RunInfo, label: str, limit: int, *
     started, of its matrix, on its device model when known (an H100 run is not gated by MI300X
     history). The baseline is the first; the flakiness window (flakiness.py) is all of them."""
     candidates = store.labelled_runs(label, limit=max(100, 5 * limit), before=current.started_at,
-                                     exclude=current.id if same_store else None)  # fmt: skip
+                                     exclude=current.id if same_store else None)
     found = [r for r in candidates if same_matrix(r, current)
-             and (not current.device_model or r.device_model in ("", current.device_model))]  # fmt: skip
+             and (not current.device_model or r.device_model in ("", current.device_model))]
     return found[:limit]
 
 

@@ -258,8 +258,8 @@ VERDICT_SCENARIOS = {
 }
 
 
-from backend.attention.interface import AttentionCGSupport  # noqa: E402
-from backend.providers.torch_backend import TorchBackend  # noqa: E402
+from backend.attention.interface import AttentionCGSupport  # noqa: E402 - beside the tests that use it
+from backend.providers.torch_backend import TorchBackend  # noqa: E402 - beside the tests that use it
 
 
 class NoFp8Backend(TorchBackend):

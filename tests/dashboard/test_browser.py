@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Expected display state per case of the sample run (the gate's xfail shows as known-fail).
 STATE_COUNTS = {"pass": 25, "fail": 2, "error": 1, "timeout": 1, "flaky": 1, "known-fail": 1, "skip": 1}
 COLOURS = {"pass": "rgb(46, 158, 72)", "fail": "rgb(214, 45, 45)", "error": "rgb(122, 31, 162)",
-           "timeout": "rgb(230, 126, 0)", "flaky": "rgb(227, 192, 0)", "skip": "rgb(201, 204, 209)"}  # fmt: skip
+           "timeout": "rgb(230, 126, 0)", "flaky": "rgb(227, 192, 0)", "skip": "rgb(201, 204, 209)"}
 
 
 def chip(page, case_id):

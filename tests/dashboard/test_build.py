@@ -53,7 +53,7 @@ def test_view_model_marks_changes_and_history(sample_db):
 
 
 def test_full_yamls_page_stays_under_a_megabyte(tmp_path):
-    """#41: full.yaml's page was 3.9 MB. Here its 2,185 cases with results shaped as a CPU run's
+    """full.yaml's page was 3.9 MB unpacked. Here its 2,185 cases with results shaped as a CPU run's
     (eight checks with unrounded numbers, twelve timings, versions, a downgrade's log line; the
     skips with their reasons); the figure of a real run's store is in docs/BENCHMARKS.md."""
     import random

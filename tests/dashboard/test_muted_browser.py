@@ -24,7 +24,7 @@ def muted_page(page, tmp_path):
     cases = [Case("torch", 1, mode, "auto", BATCH, matrix="m.yaml") for mode in ("NONE", "FULL", "FULL_DECODE_ONLY")]
     kf = tmp_path / "kf.yaml"
     kf.write_text(f'- case: "{MUTED}"\n  reason: flips under FULL\n  link: https://example.invalid/5\n'
-                  f'  until: 2999-01-31\n  mute: true\n')  # fmt: skip
+                  f'  until: 2999-01-31\n  mute: true\n')
     with ResultStore(db) as s:
         rid = s.create_run(NewRun(matrix="m.yaml", cases=cases))
         for c in cases:

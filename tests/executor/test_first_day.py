@@ -242,7 +242,7 @@ def test_the_readmes_two_commands_in_order_in_a_clean_clone(ray_cluster, tmp_pat
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", REPO, str(clone)], check=True, timeout=120)
     # ... as this checkout's tree is now (what is committed, and what is not yet).
     changed = subprocess.run(["git", "ls-files", "-mo", "--exclude-standard"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.split()  # fmt: skip
+                             check=True).stdout.split()
     for f in changed:
         if os.path.isfile(os.path.join(REPO, f)):
             os.makedirs(clone / os.path.dirname(f), exist_ok=True)
@@ -254,10 +254,10 @@ def test_the_readmes_two_commands_in_order_in_a_clean_clone(ray_cluster, tmp_pat
     job = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", "matrices/full.yaml", "--filter",
                           "attention=gqa tp=1 mode=NONE kv=auto batch=decode_7 backend=torch", "--address", address,
                           "--devices", "cpu", "--no-progress"], cwd=clone, env=env, capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
+                         timeout=600)
     assert job.returncode == 0, job.stdout[-1000:] + job.stderr[-1000:]
     assert (clone / "orch-results.db").is_file() and (clone / "orch-out" / "summary.md").is_file()
     suite = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                             "tests/results/test_cli_contract.py"], cwd=clone, env=env, capture_output=True, text=True,
-                           timeout=600)  # fmt: skip
+                           timeout=600)
     assert suite.returncode == 0, suite.stdout[-3000:]

@@ -1,4 +1,4 @@
-"""#17: a tp gang that cannot come up is an infrastructure outcome of its cases (requeued once on a
+"""A tp gang that cannot come up is an infrastructure outcome of its cases (requeued once on a
 new gang, then NOT_RUN "gang", which the gate fails as exit 3), never a crash or error blamed on
 the cases; tp 1 cases on the same run are unaffected. Real Ray (the session cluster), actors
 that break on purpose (tests/executor/faulty_actors.py)."""

@@ -26,7 +26,7 @@ def _run(tmp_path, name: str, plugin: str, baseline: str | None = None) -> tuple
     out = tmp_path / name
     code = run_cmd.main("matrices/smoke.yaml", backend=f"tests.executor.{plugin}:MyBackend", filter_expr=FILTER,
                         db=str(tmp_path / "r.db"), out_dir=str(out), devices="cpu", baseline=baseline,
-                        no_progress=True)  # fmt: skip
+                        no_progress=True)
     return code, str(out)
 
 

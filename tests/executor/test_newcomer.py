@@ -70,7 +70,7 @@ def test_resume_with_another_matrix_is_one_line_exit_2_and_runs_nothing(half_run
     assert code == 2
     assert err.splitlines() == ["orch: --resume 1: run 1 ran matrices/smoke.yaml, not matrices/full.yaml "
                                 "(leave MATRIX out to finish run 1 with its own)"]
-    assert _attempts(db) == 1  # nothing ran (before #33: run 1's cases, without a word about full.yaml)
+    assert _attempts(db) == 1  # nothing ran (not run 1's cases, without a word about full.yaml)
 
 
 def test_resume_finishes_a_run_with_its_own_matrix_then_says_it_is_finished(half_run, ray_cluster, capsys, monkeypatch):
@@ -119,7 +119,7 @@ def test_an_interrupted_run_writes_its_outputs_marked_interrupted(ray_cluster, t
     child = subprocess.Popen(  # the held runner passes the tp 2 cases and never finishes a tp 1 case
         [sys.executable, "-m", "orchestrator.cli", "run", SMOKE, *_run_args(db, out, "--address", address)],
         cwd=REPO, env={**os.environ, "ORCH_RUNNER": "tests.executor.faulty_backends:hold_runner"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline, done = time.monotonic() + 180, 0
         while time.monotonic() < deadline and child.poll() is None and done < gangs:
@@ -289,7 +289,7 @@ def test_doctor_and_run_agree_on_a_matrix_with_a_provider_skipped_here(ray_clust
     matrix = tmp_path / "m.yaml"
     matrix.write_text(f"extends: {os.path.join(REPO, 'matrices/full.yaml')}\nname: agree\ninclude: []\naxes:\n"
                       "  tp: [1]\n  cudagraph_mode: [FULL]\n  kv_cache_dtype: [auto]\n  batch: [decode_7]\n"
-                      "  backend: [torch, aiter]\n  seed: [0]\n  spec_tokens: [0]\n")  # fmt: skip
+                      "  backend: [torch, aiter]\n  seed: [0]\n  spec_tokens: [0]\n")
     run_code, _, err = _cli(capsys, "run", str(matrix), *_run_args(tmp_path / "r.db", tmp_path / "out"))  # the checker
     doctor_code, out, _ = _cli(capsys, "doctor", "--matrix", str(matrix), "--json")
     assert run_code == doctor_code == 0, err

@@ -1,4 +1,4 @@
-"""#13: worker processes are reused across tp phases. An idle gang whose ranks divide into the tp
+"""Worker processes are reused across tp phases. An idle gang whose ranks divide into the tp
 the next case needs is split (every rank leaves its process group, the new gangs join on fresh
 ports) instead of being torn down for new actors. Real Ray (the session cluster), the fault
 runner (tests/executor/faulty_backends.py): "rank" cases all-reduce over the gang they were given."""

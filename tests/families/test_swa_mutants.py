@@ -141,7 +141,7 @@ def test_swa_on_a_tp_gang():
 
 
 def test_sinks_carry_a_real_share_and_sink_bugs_pass_the_tolerance_at_every_context():
-    """#39 (benchmarks/sink_share.py, its full table in docs/FAMILIES.md): at the shortest, a middle
+    """Sinks with a real share (benchmarks/sink_share.py, its full table in docs/FAMILIES.md): at the shortest, a middle
     and the longest context the matrix's swa_sinks batches use, on the CPU and the GPU shape, some
     heads' sinks hold 20-80% of a row's mass, and a sink counted twice or taken without its exp2
     conversion moves the worst head by several times the per-head threshold (before: under it at

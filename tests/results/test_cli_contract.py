@@ -74,7 +74,7 @@ def test_gate_folds_hundreds_of_missing_cases_into_one_line(tmp_path, capsys):
     lines = out.splitlines()
     assert code == 1 and len(lines) == 3, out
     assert lines[0] == "missing 700: tp1-FULL-auto-b0000-aiter-emulated-s0, tp1-FULL-auto-b0001-aiter-emulated-s0, " \
-                       "tp1-FULL-auto-b0002-aiter-emulated-s0 and 697 more"  # fmt: skip
+                       "tp1-FULL-auto-b0002-aiter-emulated-s0 and 697 more"
     assert lines[-1] == "run 1 INTERRUPTED (3 of 703 cases recorded): gate FAILED: 700 missing; 3 ran (3 pass)"
     code, out, _ = _run(capsys, "gate", "--db", db, "-v")
     assert code == 1 and len([ln for ln in out.splitlines() if ln.startswith("missing: ")]) == 700
@@ -96,7 +96,7 @@ def test_summary_says_how_many_each_list_left_out(tmp_path, capsys):
     # with its remainder, and the skips are grouped by reason.
     skipped = [(c, f"unavailable: reason {i % 30:02d}") for i, c in enumerate(_cases(90, backend="aiter", prefix="s"))]
     db = _store(tmp_path, passed=_cases(3, backend="torch"), downgraded=_cases(74), skipped=skipped,
-                missing=_cases(40, backend="torch", prefix="m"), status="interrupted")  # fmt: skip
+                missing=_cases(40, backend="torch", prefix="m"), status="interrupted")
     code, md, _ = _run(capsys, "report", "--db", db, "--format", "md")
     assert code == 1
     down = md[md.index("### Downgraded modes (74)"): md.index("### Skipped")]

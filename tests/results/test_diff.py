@@ -72,7 +72,7 @@ def test_diff_across_sqlite_and_postgresql_with_versions_side_by_side(tmp_path, 
     a = str(tmp_path / "pinned.db")
     _write(a, {}, versions={"torch": "2.13.0", "vllm": "0.34.0"}, label="pinned")
     _write(pg_url, {c.case_id: {"status": Status.ERROR} for c in FULL_FP8[:1]},
-           versions={"torch": "2.14.0", "vllm": "0.34.0"}, label="nightly")  # fmt: skip
+           versions={"torch": "2.14.0", "vllm": "0.34.0"}, label="nightly")
     code, out, _ = _diff(capsys, f"{a}#pinned", f"{pg_url}#nightly")
     assert code == 1 and pg_server.password not in out
     assert "  torch  2.13.0 | 2.14.0  *" in out and "  vllm   0.34.0 | 0.34.0\n" in out
@@ -83,7 +83,7 @@ def test_diff_across_sqlite_and_postgresql_with_versions_side_by_side(tmp_path, 
 
 
 @pytest.mark.parametrize("argv, needle", [(["1", "9"], "no run 9"), (["1", "nolabel"], "no finished run labelled 'nolabel'"),
-                                          (["{tmp}/missing.db", "1"], "no results database here")])  # fmt: skip
+                                          (["{tmp}/missing.db", "1"], "no results database here")])
 def test_a_bad_run_reference_is_exit_2_in_one_line(tmp_path, capsys, argv, needle):
     db = str(tmp_path / "r.db")
     _write(db, {})

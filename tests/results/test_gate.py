@@ -65,7 +65,7 @@ def test_gate_scenario(name):
 def test_a_real_failure_beside_a_not_run_case_is_exit_1():
     d = CASES[1]
     out = evaluate([samples.result_for(C, Status.NOT_RUN, error_kind="placement", reason="not run: placement"),
-                    samples.result_for(d, Status.FAIL)])  # fmt: skip
+                    samples.result_for(d, Status.FAIL)])
     assert out.exit_code == ExitCode.GATE_FAILED
     assert out.not_run == (C.case_id,) and out.gating == (d.case_id, C.case_id)
     assert "1 not run (infrastructure)" in out.verdict() and "1 new failure," in out.verdict()

@@ -23,12 +23,12 @@ C = CASES[0]
 
 
 def _run(store, statuses: dict[str, Status] | None = None, *, label="main", matrix="matrices/sample.yaml",
-         device="cpu", finish=True) -> int:  # fmt: skip
+         device="cpu", finish=True) -> int:
     """A run of the sample matrix: every case passes unless `statuses` says otherwise."""
     statuses = statuses or {}
     rid = store.create_run(NewRun(matrix=matrix, cases=CASES, label=label))
     store.record_many(rid, [(samples.result_for(c, statuses.get(c.case_id, Status.PASS), device=device), True)
-                            for c in CASES])  # fmt: skip
+                            for c in CASES])
     if finish:
         store.finish_run(rid, "finished")
     return rid

@@ -173,7 +173,7 @@ def test_migrates_a_version_1_database_keeping_its_data(tmp_path, cases):
     con.executescript(MIGRATIONS[0])
     con.execute("INSERT INTO meta VALUES ('app', 'orch-results'), ('schema_version', '1')")
     con.execute("INSERT INTO runs(matrix, matrix_sha, git_sha, started_at, status, cluster, devices, versions, argv)"
-                " VALUES ('old.yaml', '', '', 1.0, 'finished', '', 'cpu', '{}', '[]')")  # fmt: skip
+                " VALUES ('old.yaml', '', '', 1.0, 'finished', '', 'cpu', '{}', '[]')")
     con.commit()
     con.close()
     with pytest.raises(InputError, match="old schema"):
@@ -293,7 +293,7 @@ def test_resume_beside_a_live_driver_is_exit_3_in_one_line(tmp_path, capsys):
     holder, rid = _holder(db)
     try:
         code, err = _cli(capsys, "run", "matrices/smoke.yaml", "--db", db, "--out", str(tmp_path / "o"),
-                         "--devices", "cpu", "--resume", str(rid))  # fmt: skip
+                         "--devices", "cpu", "--resume", str(rid))
     finally:
         holder.kill()
         holder.wait()

@@ -86,7 +86,7 @@ def _columns_pg(url: str) -> set[tuple]:
                            "  JOIN information_schema.table_constraints tc ON tc.constraint_name = k.constraint_name"
                            "  WHERE tc.constraint_type = 'PRIMARY KEY' AND k.table_name = c.table_name"
                            "  AND k.column_name = c.column_name)"
-                           " FROM information_schema.columns c WHERE c.table_schema = current_schema()").fetchall()  # fmt: skip
+                           " FROM information_schema.columns c WHERE c.table_schema = current_schema()").fetchall()
     return {(t, c, types[d], bool(nn or pk)) for t, c, d, nn, pk in rows}
 
 
@@ -200,19 +200,19 @@ def test_a_bad_database_is_one_line_with_its_exit_code_and_no_password(pg_server
 
 
 def test_orch_db_points_every_command_at_one_store_and_no_output_shows_the_password(pg_server, pg_url, tmp_path,
-                                                                                     monkeypatch, capsys):  # fmt: skip
+                                                                                     monkeypatch, capsys):
     cases = samples.make_cases()
     with ResultStore(pg_url) as store:
         b = store.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, label="main"))
         store.record_many(b, [(r, True) for r in samples.make_baseline(cases)])
         store.finish_run(b, "finished")
-        rid = store.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, argv=["orch", "run", "--db", pg_url], baseline=pg_url + "#main"))  # fmt: skip
+        rid = store.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, argv=["orch", "run", "--db", pg_url], baseline=pg_url + "#main"))
         store.record_many(rid, [(r, True) for r in samples.make_results(cases)])
         store.finish_run(rid, "finished")
     monkeypatch.setenv("ORCH_DB", pg_url)
     seen = []
     for argv in (["report", "--format", "json"], ["report", "--format", "md", "--baseline", "main"], ["gate", "-v"],
-                 ["diff", "main", str(rid)], ["dashboard", "--out", str(tmp_path / "dash")]):  # fmt: skip
+                 ["diff", "main", str(rid)], ["dashboard", "--out", str(tmp_path / "dash")]):
         code, out, err = _cli(capsys, *argv)
         assert code in (0, 1), (argv, err)
         seen.append(out + err)

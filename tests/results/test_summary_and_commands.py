@@ -116,7 +116,7 @@ def test_write_outputs_writes_junit_summary_dashboard_and_step_summary(db, tmp_p
     out = tmp_path / "out"
     with ResultStore(db) as s:
         gate = write_outputs(s, 2, out_dir=str(out), junit_path=None, summary_path=None, baseline="1",
-                             known_failures=str(tmp_path / "kf.yaml"))  # fmt: skip
+                             known_failures=str(tmp_path / "kf.yaml"))
     assert not gate.passed and gate.known_failures == (samples.KNOWN_FAIL,)
     assert (out / "junit.xml").is_file() and (out / "dashboard" / "index.html").is_file()
     md = (out / "summary.md").read_text()

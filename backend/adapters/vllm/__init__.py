@@ -34,13 +34,13 @@ from __future__ import annotations
 import functools
 
 from backend.adapters.vllm import release
-from backend.adapters.vllm.cache import allocate_in_layout as allocate_vllm_kv_cache  # noqa: F401
-from backend.adapters.vllm.cache import as_vllm_view  # noqa: F401
-from backend.adapters.vllm.native import ensure_cache_ops, stub_platform_native  # noqa: F401
-from backend.adapters.vllm.native import native_missing_module as _native_missing_module  # noqa: F401
-from backend.adapters.vllm.query import quantize_query, query_quantizer  # noqa: F401
-from backend.adapters.vllm.release import OLD_RANGE, SUPPORTED_RANGE, version_reason  # noqa: F401
-from backend.adapters.vllm.roles import VllmBuilder, VllmImpl  # noqa: F401
+from backend.adapters.vllm.cache import allocate_in_layout as allocate_vllm_kv_cache  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.cache import as_vllm_view  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.native import ensure_cache_ops, stub_platform_native  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.native import native_missing_module as _native_missing_module  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.query import quantize_query, query_quantizer  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.release import OLD_RANGE, SUPPORTED_RANGE, version_reason  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.roles import VllmBuilder, VllmImpl  # noqa: F401 - the adapter's API, re-exported
 
 # MLA backends (a family of their own, not bridged yet: see the module docstring).
 MLA_BACKENDS = ("TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "ROCM_AITER_MLA",
