@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from orchestrator.cli import main
 from orchestrator.commands.run import last_lines
+from orchestrator.judging import Judging
 from orchestrator.outputs import gather
 from orchestrator.store import ResultStore
 from tests.results import samples
@@ -31,7 +32,7 @@ def test_run_gate_and_report_name_the_muted_cases(tmp_path, capsys):
     db, _ = samples.write_sample_db(tmp_path)
     kf = _kf(tmp_path)
     with ResultStore(db, readonly=True) as s:
-        view = gather(s, 2, known_failures=kf)
+        view = gather(s, 2, Judging(known_failures=kf))
     lines, _ = last_lines(view, verbose=False)
     muted = [ln for ln in lines if ln.startswith("muted ")]
     assert muted == [

@@ -102,11 +102,11 @@ WRITER = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, {repo!r})
-    from orchestrator.store import ResultStore
+    from orchestrator.store import NewRun, ResultStore
     from tests.results import samples
     cases = samples.make_cases()
     store = ResultStore({db!r})
-    rid = store.create_run(matrix="m.yaml", cases=cases, lock_writer=True)
+    rid = store.create_run(NewRun(matrix="m.yaml", cases=cases), lock_writer=True)
     for i, r in enumerate(samples.make_results(cases)):
         if i == 13:
             os._exit(9)  # the driver dies mid-run: no close, no finish_run, no atexit
@@ -131,10 +131,10 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, {repo!r})
-    from orchestrator.store import ResultStore
+    from orchestrator.store import NewRun, ResultStore
     from tests.results import samples
     s = ResultStore({db!r})
-    rid = s.create_run(matrix="m.yaml", cases=samples.make_cases()[:2], argv=["holder"], lock_writer=True)
+    rid = s.create_run(NewRun(matrix="m.yaml", cases=samples.make_cases()[:2], argv=["holder"]), lock_writer=True)
     print("locked", rid, flush=True)
     time.sleep(600)
     """
@@ -264,11 +264,11 @@ def test_sqlite_takes_concurrent_drivers_on_one_machine(tmp_path):
         """
         import os, sys, time
         sys.path.insert(0, {repo!r})
-        from orchestrator.store import ResultStore
+        from orchestrator.store import NewRun, ResultStore
         from tests.results import samples
         cases = samples.make_cases()
         s = ResultStore({db!r})
-        rid = s.create_run(matrix="m.yaml", cases=cases, lock_writer=True)
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=cases), lock_writer=True)
         while not os.path.exists({go!r}):
             time.sleep(0.005)
         for r in samples.make_results(cases):
