@@ -5,8 +5,8 @@ for the full wheel (CI). See docs/VLLM.md.
     python benchmarks/build_vllm_wheel.py                      # vllm 0.34.0 + extras + orch's deps, Python 3.12
     python benchmarks/build_vllm_wheel.py --wheel /tmp/vllm-0.34.0-...whl --python-version 3.11
     python benchmarks/build_vllm_wheel.py --no-extras --out /tmp/w
-    python benchmarks/build_vllm_wheel.py --seed --site        # .vllm-0.10.2/ and .vllm-0.11.0/ here (
-                                                               #   its wheels in a temporary folder)
+    python benchmarks/build_vllm_wheel.py --seed --site        # .vllm-0.10.2/ and .vllm-0.11.0/ here (its
+                                                               #   wheels in a temporary folder)
     python benchmarks/build_vllm_wheel.py --seed               # .whl-seed/: both releases for the GPU machine
 
 The seed's releases (vllm 0.10.2 and 0.11.0, `--seed`; docs/VLLM.md "The seed, replayed") each get

@@ -23,7 +23,7 @@ from backend.families.contract import spec as family_spec
 from orchestrator import matrix_schema as S
 from orchestrator import matrix_tree as T
 from orchestrator.errors import InputError
-from orchestrator.matrix_expand import IncompleteInclude, axis_values, expand, fits, matches
+from orchestrator.matrix_expand import IncompleteInclude, axis_values, expand, fits, matches  # also re-exported
 from orchestrator.matrix_models import family_shape
 
 # Used when a matrix gives no `tolerances:` entry for the case's dtype key. bf16/fp16 follow

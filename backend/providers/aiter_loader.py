@@ -270,7 +270,7 @@ def _register_namespace_stubs(package_dir: str) -> None:
 
 def _report_gfx950() -> None:
     arch_info = importlib.import_module("aiter.ops.triton.utils._triton.arch_info")
-    arch_info.get_arch = lambda: "gfx950"
+    arch_info.get_arch = lambda: "gfx950"  # a module global: get_device() etc. see it too
 
 
 class _NvidiaLaunch:

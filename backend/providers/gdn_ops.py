@@ -130,7 +130,7 @@ def gdn_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, page: to
     w, A_log, dt_bias = weights["conv_w"], weights["A_log"], weights["dt_bias"]
     scale, pad, km1 = d.head_k_dim ** -0.5, md.pad_slot, d.conv_kernel - 1
     if padded_conv_unwritten:
-        def conv_window_(window, weight, idx):
+        def conv_window_(window, weight, idx):  # the broken kernel's conv
             cx = conv_window(window, weight)
             return torch.where(_valid(idx, pad).view(-1, 1, 1), cx, torch.full_like(cx, float("nan")))
     else:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backend.case import BatchSpec
-from backend.harness import checker, step_data
+from backend.harness import checker, step_data  # tests patch their internals
 from backend.harness.checker import PHASES, SessionCache, run_case
 from backend.result import CORE_CHECKS, Status
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case

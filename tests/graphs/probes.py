@@ -466,9 +466,9 @@ def _linalg(checked: bool) -> Callable[[torch.device], Instance]:
     def build(device) -> Instance:
         a = torch.eye(3, device=device) * 4
         if checked:
-            run = lambda: torch.linalg.cholesky(a)
+            run = lambda: torch.linalg.cholesky(a)  # its error check reads `info` on the host
         else:
-            run = lambda: torch.linalg.cholesky_ex(a).L
+            run = lambda: torch.linalg.cholesky_ex(a).L  # `info` stays on the device
         return Instance(run, lambda: a.mul_(4), lambda: torch.linalg.cholesky(a))
     return build
 
