@@ -91,7 +91,7 @@ class ModelShape:
         raise KeyError(f"{self.attention} shape has no dim {name!r}")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelShape":
+    def from_dict(cls, d: dict[str, Any]) -> ModelShape:
         return cls(**{**d, "dims": tuple(tuple(p) for p in d.get("dims", ()))})
 
     @property
@@ -158,7 +158,7 @@ class BatchSpec(BatchLengths):
     def is_uniform_decode(self) -> bool:
         return all(q == 1 for q in self.query_lens)
 
-    def verify(self, spec_tokens: int) -> "BatchSpec":
+    def verify(self, spec_tokens: int) -> BatchSpec:
         """This spec under speculative decoding with k = `spec_tokens`: each decode row (query len 1)
         becomes a verify row of query len 1 + k (the last accepted token plus k drafts); prefill
         rows and every seq_len stay as written (seq_len counts context + new tokens, so a verify
@@ -268,7 +268,7 @@ class Case:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Case":
+    def from_dict(cls, d: dict[str, Any]) -> Case:
         d = dict(d)
         b = d["batch"]
         d["batch"] = BatchSpec(b["name"], tuple(b["query_lens"]), tuple(b["seq_lens"]), b.get("description", ""))

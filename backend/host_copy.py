@@ -1,4 +1,4 @@
-"""Host -> device copies that do not stop the host (#13).
+"""Host -> device copies that do not stop the host.
 
 A plain `tensor.to("cuda")` or `cuda_buffer.copy_(cpu_tensor)` from pageable memory synchronises
 the stream: the host waits for every kernel queued before it. The checker issues a few of these per

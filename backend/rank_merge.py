@@ -1,7 +1,7 @@
 """A tp gang's verdict from its ranks' results. Torch-free: the driver of `orch run` merges the
-ranks' results of every tp > 1 case (issue 13: the driver does not import torch).
+ranks' results of every tp > 1 case (the driver does not import torch).
 
-Besides taking the worst rank, the merge holds the gang to one plan (#39, the `rank_consensus`
+Besides taking the worst rank, the merge holds the gang to one plan (the `rank_consensus`
 check): every rank must have resolved the same cudagraph mode and dispatched every step to the same
 graph (`CaseResult.step_graphs`: runtime mode, padded size, uniform decode). vLLM's pipeline
 split-brain (#45094, `tests/v1/cudagraph/test_pp_cudagraph_consensus.py`) had one rank on

@@ -48,7 +48,7 @@ CHECK_FINITE = "finite"  # no NaN/Inf on real rows
 CHECK_KV_INTEGRITY = "kv_integrity"  # no KV-cache write outside the real slots
 CHECK_DETERMINISM = "determinism"  # eager twice gives the same answer
 CHECK_PADDED_FINITE = "padded_finite"  # a FULL graph's padded output rows hold no NaN/Inf
-# The attention op's output [tokens, heads, head_size] per head, in every layer (issue #17: one
+# The attention op's output [tokens, heads, head_size] per head, in every layer (one
 # wrong head of 32 is diluted in the residual stream the first two compare).
 CHECK_ATTN_REFERENCE = "attn_reference"  # eager attention vs the reference's, per head
 CHECK_ATTN_REPLAY = "attn_replay"  # graph attention vs eager's, per head
@@ -153,7 +153,7 @@ class CaseResult:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CaseResult":
+    def from_dict(cls, d: dict[str, Any]) -> CaseResult:
         d = dict(d)
         d["status"] = Status(d["status"])
         d["checks"] = tuple(
@@ -164,5 +164,5 @@ class CaseResult:
         d["step_graphs"] = tuple(d.get("step_graphs", ()))
         return cls(**d)
 
-    def replace(self, **changes: Any) -> "CaseResult":
+    def replace(self, **changes: Any) -> CaseResult:
         return dataclasses.replace(self, **changes)

@@ -5,8 +5,8 @@ for the full wheel (CI). See docs/VLLM.md.
     python benchmarks/build_vllm_wheel.py                      # vllm 0.34.0 + extras + orch's deps, Python 3.12
     python benchmarks/build_vllm_wheel.py --wheel /tmp/vllm-0.34.0-...whl --python-version 3.11
     python benchmarks/build_vllm_wheel.py --no-extras --out /tmp/w
-    python benchmarks/build_vllm_wheel.py --seed --site        # .vllm-0.10.2/ and .vllm-0.11.0/ here (issue 34;
-                                                               #   its wheels in a temporary folder)
+    python benchmarks/build_vllm_wheel.py --seed --site        # .vllm-0.10.2/ and .vllm-0.11.0/ here (its
+                                                               #   wheels in a temporary folder)
     python benchmarks/build_vllm_wheel.py --seed               # .whl-seed/: both releases for the GPU machine
 
 The seed's releases (vllm 0.10.2 and 0.11.0, `--seed`; docs/VLLM.md "The seed, replayed") each get
@@ -61,11 +61,11 @@ EXTRAS = (
     # the same import over torch, numpy, pyyaml, click, rich, jinja2, pytest alone.
     "psutil==7.2.2", "requests==2.34.2", "urllib3==2.8.0", "idna==3.20", "certifi==2026.10.19.post1",
     "charset_normalizer==3.5.3", "einops==0.8.2",
-    # vllm:GDN_ATTN (issue 38): GDN's metadata builder imports the Qwen GDN layer module for its
+    # vllm:GDN_ATTN: GDN's metadata builder imports the Qwen GDN layer module for its
     # prefill-backend choice, which imports the quantization configs: compressed_tensors, loguru.
     "compressed-tensors==0.17.0", "loguru==0.7.3",
 )
-# vllm 0.10.2 and 0.11.0 (the seed's releases, the old backend interface; issue 34): what
+# vllm 0.10.2 and 0.11.0 (the seed's releases, the old backend interface): what
 # `import vllm.v1.attention.backends.rocm_aiter_fa`, the VllmConfig and the seed matrix's cases
 # pulled in, one missing module at a time, over a base with only torch, numpy, pyyaml, click, rich,
 # jinja2 and ORCH_DEPS (the GPU machine's). Their own pins: transformers 4.x (>=4.55.2; 5.x is
@@ -156,9 +156,7 @@ def keep(name: str, head: bytes) -> bool:
     base = name.rsplit("/", 1)[-1]
     if head.startswith(b"\x7fELF"):
         return False
-    if base.endswith(_DROP_SUFFIXES) or ".so." in base:
-        return False
-    return True
+    return not (base.endswith(_DROP_SUFFIXES) or ".so." in base)
 
 
 def _record_line(name: str, data: bytes) -> str:

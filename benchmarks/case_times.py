@@ -1,4 +1,4 @@
-"""Where a run's case time went, by provider and batch (#13), from a results store.
+"""Where a run's case time went, by provider and batch, from a results store.
 
     python benchmarks/case_times.py gpu.db [--run N] [--by provider,batch]
 

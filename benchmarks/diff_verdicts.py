@@ -1,4 +1,4 @@
-"""Compare the verdicts of two runs, case by case (#13: a speed-up must not change any verdict).
+"""Compare the verdicts of two runs, case by case (a speed-up must not change any verdict).
 
 A thin wrapper over `orch diff`'s comparison (orchestrator/diff.py), kept for the benchmark
 scripts and docs that call it; `orch diff A B` groups the same changes by transition and axis
@@ -22,9 +22,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from orchestrator.diff import compare  # noqa: E402
-from orchestrator.errors import OrchError  # noqa: E402
-from orchestrator.store import ResultStore  # noqa: E402
+from orchestrator.diff import compare
+from orchestrator.errors import OrchError
+from orchestrator.store import ResultStore
 
 
 def _results(path: str, run_id: int | None):

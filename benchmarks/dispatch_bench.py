@@ -28,8 +28,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from backend.case import BatchSpec, Case  # noqa: E402
-from backend.result import CaseResult, Status  # noqa: E402
+from backend.case import BatchSpec, Case
+from backend.result import CaseResult, Status
+from orchestrator.store import NewRun
 
 RUNNER = "benchmarks.dispatch_bench:noop_runner"
 
@@ -49,7 +50,7 @@ def measure(cluster, cases, history, *, store_path: str | None, group: bool = Tr
     store = run_id = None
     if store_path:
         store = ResultStore(store_path)
-        run_id = store.create_run(matrix="bench", cases=cases)
+        run_id = store.create_run(NewRun(matrix="bench", cases=cases))
     first: list[float] = []
     txns = [0]
 
@@ -74,7 +75,7 @@ def measure(cluster, cases, history, *, store_path: str | None, group: bool = Tr
     assert len(final) == len(cases) and all(r.status == Status.PASS for r in final.values())
     out = {"cases": len(cases), "total_s": round(t1 - t0, 3), "cases_per_s_total": round(len(cases) / (t1 - t0), 1),
            "cases_per_s_after_first": round((len(cases) - 1) / max(1e-9, t1 - first[0]), 1),
-           "first_result_s": round(first[0] - t0, 3)}  # fmt: skip
+           "first_result_s": round(first[0] - t0, 3)}
     if store is not None:
         # Every result durable: the store holds exactly one final row per case.
         assert len(store.missing_case_ids(run_id)) == 0 and store.run(run_id).num_results == len(cases)

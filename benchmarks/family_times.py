@@ -1,5 +1,5 @@
 """Time per case by attention family (and provider) from a results store: how the MLA and
-swa_sinks blocks compare with the gqa slice of the same run (issue #30's target: the MLA tp 1
+swa_sinks blocks compare with the gqa slice of the same run (the target: the MLA tp 1
 slice at most 1.5x the gqa slice's time per case).
 
     python benchmarks/family_times.py RUN.db [--run ID] [--json]
@@ -19,8 +19,8 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from orchestrator.errors import OrchError  # noqa: E402
-from orchestrator.store import ResultStore  # noqa: E402
+from orchestrator.errors import OrchError
+from orchestrator.store import ResultStore
 
 
 def table(results) -> dict:
@@ -36,7 +36,7 @@ def table(results) -> dict:
         rows[f"{family}/{provider}"] = {"family": family, "provider": provider, "cases": len(rs), **counts,
                                         "mean_s": statistics.fmean(ran) if ran else None,
                                         "median_s": statistics.median(ran) if ran else None}
-    mean = lambda fam: statistics.fmean([t for r in results if (r.axes.get("attention") or "gqa") == fam  # noqa: E731
+    mean = lambda fam: statistics.fmean([t for r in results if (r.axes.get("attention") or "gqa") == fam
                                          and r.status.value != "skip" for t in [r.timings.get("total_s")] if t] or [0])
     base = mean("gqa")
     ratios = {fam: (mean(fam) / base if base else None) for fam in sorted({v["family"] for v in rows.values()})}
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         return 0
     print(f"{'family/provider':34} {'cases':>5} {'pass':>5} {'fail':>4} {'err':>4} {'skip':>5} {'mean s':>8} {'median s':>8}")
     for key, v in t["rows"].items():
-        fmt = lambda x: f"{x:8.3f}" if x is not None else "       -"  # noqa: E731
+        fmt = lambda x: f"{x:8.3f}" if x is not None else "       -"
         print(f"{key:34} {v['cases']:5} {v.get('pass', 0):5} {v.get('fail', 0):4} {v.get('error', 0):4} "
               f"{v.get('skip', 0):5} {fmt(v['mean_s'])} {fmt(v['median_s'])}")
     print("mean s per case by family: " + ", ".join(f"{f} {m:.3f}" for f, m in t["mean_s_by_family"].items())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the lent GPU machine: this tree against an older one (#13), same slice, same machine.
+# One call on the lent GPU machine: this tree against an older one, same slice, same machine.
 #   mkdir .base && git archive <old commit> | tar -x -C .base   # git-ignored; carry .whl and .base
 #   bash benchmarks/gpu_ab.sh                        # device tool: carry [".whl", ".base"]
 # Order on a fresh machine: Ray's start with and without the worker preload (cluster_bench), then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the lent GPU machine for the checker's own evidence (issues #16, #17, #12): the
+# One call on the lent GPU machine for the checker's own evidence: the
 # probe corpus under real CUDA graphs (golden table), what the checks measure for correct
 # providers and near-threshold mutants (tolerance table), the spec-decode cases, padded rows,
 # and the mutation suite on real graphs. Optionally first the tp=1 matrix on a fresh machine

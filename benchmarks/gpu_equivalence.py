@@ -1,7 +1,7 @@
 """Run the graph probe corpus (tests/graphs/probes.py) under the CPU emulation and, where there is
 a GPU, under real CUDA/HIP graphs; write the golden table of real-graph verdicts and a comparison.
 One script, both halves: on a CPU machine it checks the emulation against the repo's golden file;
-on the GPU machine it records the golden file (the lead's step for issue #32's derived verdicts).
+on the GPU machine it records the golden file (the lead's step for the derived verdicts).
 
     # on the GPU machine (torch 2.11 CUDA), from the repo root:
     PYTHONUNBUFFERED=1 PYTHONPATH=$PWD python3 benchmarks/gpu_equivalence.py --out $OUT/golden_cuda.json
@@ -32,12 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after the repo is put on sys.path
 
-from backend.graphs import GraphCaptureError, make_graph_runner  # noqa: E402
-from backend.graphs.equivalence import run_program  # noqa: E402
-from backend.graphs.provenance import host_scope  # noqa: E402
-from tests.graphs.probes import CONSERVATIVE, PROGRAMS, UNVERIFIABLE  # noqa: E402
+from backend.graphs import GraphCaptureError, make_graph_runner  # noqa: E402 - after the repo is put on sys.path
+from backend.graphs.equivalence import run_program  # noqa: E402 - after the repo is put on sys.path
+from backend.graphs.provenance import host_scope  # noqa: E402 - after the repo is put on sys.path
+from tests.graphs.probes import CONSERVATIVE, PROGRAMS, UNVERIFIABLE  # noqa: E402 - after the repo is put on sys.path
 
 REPO_GOLDEN = ROOT / "tests" / "graphs" / "golden_cuda.json"
 

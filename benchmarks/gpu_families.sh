@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The attention families on the lent GPU machine (issues #30, #31, #32), in steps that fit one or
+# The attention families on the lent GPU machine, in steps that fit one or
 # two device calls on a warm machine:
 #   carry .whl (../shared/tools/device-wheels), then: STEPS="probes runs" bash benchmarks/gpu_families.sh
 #                                               then: STEPS="tests" bash benchmarks/gpu_families.sh
@@ -9,7 +9,7 @@
 #         their time per case compares on one machine (benchmarks/family_times.py reads the store)
 # tests   the MLA, swa_sinks and hybrid_gdn mutation suites, the stray-write test (3 seeds, every
 #         padding mode) and the family op tests on real CUDA graphs (pytest on the GPU device)
-# hybrid  issue 38 alone, in one call: `orch run full.yaml --filter 'tp=1 backend=torch
+# hybrid  the hybrid GDN family alone, in one call: `orch run full.yaml --filter 'tp=1 backend=torch
 #         attention=gqa,hybrid_gdn'` (the hybrid tp 1 slice beside gqa's torch slice: time a case,
 #         family_times.py) and the hybrid_gdn mutation suite, reference and steps on CUDA graphs
 # Writes $OUT/families.log (a line per step, each step's summary) and $OUT/families.tgz (stores,

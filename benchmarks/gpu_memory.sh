@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 37 on the lent GPU machine (an H100 80GB: the H200 hides the problem), in steps that fit
+# Device memory on the lent GPU machine (an H100 80GB: the H200 hides the problem), in steps that fit
 # one device call each on a warm machine:
 #   carry .whl (../shared/tools/device-wheels), then: STEPS="runs packed" bash benchmarks/gpu_memory.sh
 #                                               then: STEPS="small alone" bash benchmarks/gpu_memory.sh
@@ -16,7 +16,7 @@
 # small   the slice under --gpu-memory 24 (a 24 GiB card): the same verdicts as the warm run
 # alone   each family of the slice in a run of its own: the same verdicts as the combined run
 # RUN_ARGS: more `orch run` options for every run (e.g. `--gpu-memory 80` on an H200: an H100's
-# budget, for a diagnosis only; the figures of issue 37 come from an H100).
+# budget, for a diagnosis only; the figures in docs/BENCHMARKS.md come from an H100).
 # Writes $OUT/memory.log (a line per step, each run's last lines, benchmarks/memory_report.py) and
 # $OUT/memory.tgz (the stores and logs). Per-step timeouts.
 set -u

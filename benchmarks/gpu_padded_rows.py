@@ -1,4 +1,4 @@
-"""Are a provider's padded output rows finite? (issue #17's padded_finite check, issue #12's
+"""Are a provider's padded output rows finite? (the padded_finite check, and the
 padded verify batches.) Direct provider calls, eager and through a CUDA graph, on batches padded
 the way the checker's FULL graphs pad them: n real requests of query len q, padded to P requests
 and P * q tokens (the capture dummy batch), padded requests with query len 0 and seq_len 0.
@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: repo root importable
 
-from benchmarks.gpu_provider_check import _config, _to  # noqa: E402
-from backend.attention.registry import get_backend  # noqa: E402
-from tests.backend.attn_batches import make_step  # noqa: E402
+from backend.attention.registry import get_backend
+from benchmarks.gpu_provider_check import _config, _to
+from tests.backend.attn_batches import make_step
 
 # (q per request, real requests, padded requests)
 SHAPES = [(1, 7, 8), (2, 7, 8), (3, 5, 8), (4, 7, 8), (2, 1, 2), (2, 60, 64)]
@@ -49,7 +49,7 @@ def probe(provider: str, kv: str, q: int, n: int, p: int, device: torch.device, 
     builder, impl = backend.builder_cls(config), backend.impl_cls(config)
     t, tp = n * q, p * q
     g = torch.Generator().manual_seed(5)
-    pad = lambda x: torch.cat([x, torch.randn(tp - t, *x.shape[1:], generator=g).to(x)])  # noqa: E731
+    pad = lambda x: torch.cat([x, torch.randn(tp - t, *x.shape[1:], generator=g).to(x)])
     qq, kk, vv = pad(step.query), pad(step.key), pad(step.value)
     out = torch.full((tp, config.num_heads, config.head_size), float("nan"), dtype=config.dtype, device=device)
     cache0 = step.kv_cache.clone()

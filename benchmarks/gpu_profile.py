@@ -44,9 +44,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.harness.checker import PHASES, SessionCache, run_case  # noqa: E402
-from orchestrator.filters import select  # noqa: E402
-from orchestrator.matrix import load_matrix  # noqa: E402
+from backend.harness.checker import PHASES, SessionCache, run_case
+from orchestrator.filters import select
+from orchestrator.matrix import load_matrix
 
 
 def main() -> int:

@@ -22,10 +22,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: repo root importable
 
-from backend.attention.interface import AttentionCGSupport  # noqa: E402
-from backend.attention.registry import get_backend  # noqa: E402
-from backend.harness.reference import reference_from_cache  # noqa: E402
-from tests.backend.attn_batches import make_config, make_step  # noqa: E402
+from backend.attention.interface import AttentionCGSupport
+from backend.attention.registry import get_backend
+from backend.harness.reference import reference_from_cache
+from tests.backend.attn_batches import make_config, make_step
 
 PROVIDERS = ("torch", "aiter-triton", "aiter-triton-pa")
 GPU_SHAPE = dict(num_heads=32, num_kv_heads=8, head_size=128, block_size=16)
@@ -70,7 +70,7 @@ def check(provider: str, spec: str, device: torch.device) -> dict:
     builder, impl = backend.builder_cls(config), backend.impl_cls(config)
     t = sum(qlens)
     padded = -(-t // 8) * 8
-    pad = lambda x: torch.cat([x, x.new_zeros(padded - t, *x.shape[1:])])  # noqa: E731
+    pad = lambda x: torch.cat([x, x.new_zeros(padded - t, *x.shape[1:])])
     q, k, v = pad(step.query), pad(step.key), pad(step.value)
     out = torch.zeros(padded, config.num_heads, config.head_size, dtype=config.dtype, device=device)
     md = builder.build(step.batch, padded, len(qlens))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the lent GPU machine for the checker's round three (issue #39): the graph probe
+# One call on the lent GPU machine for the checker's round three: the graph probe
 # corpus under real CUDA graphs (records tests/graphs/golden_cuda.json, the 6 new probes included),
 # then the round's mutants on the GPU: memory that moves (lru_scratch, rows_unwritten, the
 # allocator's free blocks poisoned), padding values (pad_declared; correct providers under 1/0 and

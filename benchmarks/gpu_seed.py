@@ -1,4 +1,4 @@
-"""The seed, replayed (issue 34): matrices/seed.yaml over vLLM's own ROCM_AITER_FA from 0.10.2 (the
+"""The seed, replayed: matrices/seed.yaml over vLLM's own ROCM_AITER_FA from 0.10.2 (the
 release with #22721: ALWAYS) and 0.11.0 (the first with #25104: UNIFORM_SINGLE_TOKEN_DECODE), one
 process per release (a process imports one vllm), and the two verdict tables side by side.
 

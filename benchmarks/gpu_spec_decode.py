@@ -1,4 +1,4 @@
-"""Spec decode (k > 0) cases of matrices/full.yaml on real graphs (issue #12), and the spec mutants.
+"""Spec decode (k > 0) cases of matrices/full.yaml on real graphs, and the spec mutants.
 
     OUT=/tmp/out PYTHONPATH=/tmp/site:$PWD python benchmarks/gpu_spec_decode.py [--quick]
         [--compare CPU_OUT/spec_decode.json]

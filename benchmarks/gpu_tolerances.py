@@ -1,4 +1,4 @@
-"""What the checks measure for correct providers and for the near-threshold mutants (issue #17).
+"""What the checks measure for correct providers and for the near-threshold mutants.
 
     PYTHONPATH=/tmp/site:$PWD OUT=/tmp/out python benchmarks/gpu_tolerances.py [--matrix M] [--seeds 0,1]
         [--backends torch,aiter-triton] [--batches a,b] [--steps N]
@@ -92,8 +92,8 @@ def _err(row: dict, check: str) -> float:
 def _summary(rows: list[dict]) -> dict:
     lines, ok = [], True
     for kv in ("auto", "fp8"):
-        correct = [r for r in rows if r["kv"] == kv and r["backend"] in CORRECT or
-                   (r["kv"] == kv and not r["backend"] in REACHABLE)]
+        correct = [r for r in rows if (r["kv"] == kv and r["backend"] in CORRECT) or
+                   (r["kv"] == kv and r["backend"] not in REACHABLE)]
         ran = [r for r in correct if r["status"] != "skip"]
         green = all(r["status"] == "pass" for r in ran)
         ok &= green

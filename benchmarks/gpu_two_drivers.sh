@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two `orch run --address auto` drivers on one GPU machine (issue 40): a persistent Ray head (as a
+# Two `orch run --address auto` drivers on one GPU machine: a persistent Ray head (as a
 # CI GPU runner keeps one), then two runs of two halves of the gqa tp 1 torch slice, first one
 # after the other, then both at once into one store; every case of every run recorded once, and
 # the walls side by side. One device call, about 3 minutes on an H100:

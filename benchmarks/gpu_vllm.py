@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         from backend.attention.registry import get_backend
 
         emulated = get_backend(a.backend).emulated() if a.backend.startswith("vllm:") else ()
-    except Exception:  # noqa: BLE001 - reporting only
+    except Exception:  # reporting only
         pass
     meta = {"matrix": a.matrix, "backend": a.backend, "filter": a.filter, "device": str(device),
             "versions": versions(), "emulated": ", ".join(emulated), "wall_s": wall, "budget_s": a.budget_s,

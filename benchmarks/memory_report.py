@@ -1,4 +1,4 @@
-"""Device memory and verdicts of GPU runs (issue 37): what each family's cases needed, whether the
+"""Device memory and verdicts of GPU runs: what each family's cases needed, whether the
 harness ran out of memory anywhere, and whether other runs gave the same verdicts.
 
     python benchmarks/memory_report.py REF.db [OTHER.db ...] [--json]
@@ -23,7 +23,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from orchestrator.store import ResultStore  # noqa: E402
+from orchestrator.store import ResultStore
 
 GIB = 1024**3
 OOM_TEXT = ("OutOfMemoryError", "out of memory")
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
               ", ".join(f"{os.path.basename(p)} {n}" for p, n in report["oom"].items()))
         print(f"{'family/provider':<28} cases  needs med/max GiB  peak reserved med/max  session med/max")
         for key, row in report["memory"].items():
-            f = lambda k: f"{row.get(k + '_median_gib', '-')}/{row.get(k + '_max_gib', '-')}"  # noqa: E731
+            f = lambda k: f"{row.get(k + '_median_gib', '-')}/{row.get(k + '_max_gib', '-')}"
             print(f"{key:<28} {row['cases']:>5}  {f('needs'):>17}  {f('peak_reserved'):>21}  {f('session'):>15}")
         for path, d in report["diffs"].items():
             print(f"verdicts {os.path.basename(path)} vs ref: {d['shared']} shared cases, {len(d['differ'])} differ")

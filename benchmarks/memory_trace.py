@@ -1,4 +1,4 @@
-"""Where a worker's device memory goes, case by case (issue 37): run a slice of a matrix in this
+"""Where a worker's device memory goes, case by case: run a slice of a matrix in this
 process as one GPU worker would (its budget, its allocator settings, one SessionCache), and print
 after every case what the allocator holds; every `--drop-every` cases (and after any
 out-of-memory) drop every session and process cache and say what the worker still holds. When that
@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from backend.harness import memory  # noqa: E402
-from backend.harness.checker import SessionCache, clear_process_caches, run_case  # noqa: E402
-from orchestrator.filters import select  # noqa: E402
-from orchestrator.matrix import load_matrix  # noqa: E402
+from backend.harness import memory
+from backend.harness.checker import SessionCache, clear_process_caches, run_case
+from orchestrator.filters import select
+from orchestrator.matrix import load_matrix
 
 G = memory.GiB
 

@@ -1,6 +1,6 @@
 """How much of a row's softmax mass the swa_sinks sinks carry, and how far two sink bugs move a
 head's output against the per-head tolerance, at the CPU and GPU shapes of matrices/full.yaml and at
-every context its swa_sinks batches use (issue #39: with sinks near N(0, 1) a sink counted twice
+every context its swa_sinks batches use (with sinks near N(0, 1) a sink counted twice
 moved a head 2.5-3.6% at 100 keys, inside the ~4% threshold).
 
     python benchmarks/sink_share.py [--markdown]     # CPU only, ~10 s
@@ -8,7 +8,7 @@ moved a head 2.5-3.6% at 100 keys, inside the ~4% threshold).
 Per (shape, keys a row attends): a decode row's query and its keys/values drawn ~N(0, 1) as the
 checker's step inputs are, every head attended by backend.families.swa_sinks.reference_window_sinks
 with the model's sinks, with the sinks of two broken kernels (counted twice: sink + ln 2; added as
-exp2(sink) without the log2(e) conversion: sink * ln 2), and with the sinks drawn before #39. Per
+exp2(sink) without the log2(e) conversion: sink * ln 2), and with the sinks drawn as they were before. Per
 head: the sink's share of the mass, and the RMS error relative to the head's RMS next to the
 attn_reference threshold (atol * the row's mean head RMS + rtol * the head's RMS, over the head's
 RMS), bf16 tolerances 2e-2 / 2e-2.
@@ -24,9 +24,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from backend.families.swa_sinks import reference_window_sinks, sink_logits  # noqa: E402
+from backend.families.swa_sinks import reference_window_sinks, sink_logits
 
 ATOL = RTOL = 2e-2
 BUGS = {"twice": lambda s: s + math.log(2), "no_exp2": lambda s: s * math.log(2)}
@@ -90,7 +90,7 @@ def table(device_class: str, pick=None) -> list[dict]:
             if kind == "window" and n <= shape.window:
                 continue  # the same keys as the full layer
             keys = min(n, shape.window) if window else n
-            for label, sinks in (("before (#39)", drawn), ("now", now)):
+            for label, sinks in (("before", drawn), ("now", now)):
                 m = measure(shape, n, window, sinks)
                 rows.append({"shape": device_class, "seq_len": n, "layer": kind, "keys": keys, "sinks": label,
                              "share_max": float(m["share"].max()), "share_median": float(m["share"].median()),

@@ -1,4 +1,4 @@
-"""Start-up figures for #13: what `orch` spends before the first case is dispatched.
+"""Start-up figures: what `orch` spends before the first case is dispatched.
 
     PYTHONPATH=$PWD OUT=/tmp/startup python benchmarks/startup_bench.py [--repeat 5] [--devices cpu|gpu|both]
 

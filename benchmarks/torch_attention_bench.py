@@ -1,4 +1,4 @@
-"""The torch provider's gather + attention at the matrix's shapes, timed (#13).
+"""The torch provider's gather + attention at the matrix's shapes, timed.
 
     PYTHONPATH=$PWD python benchmarks/torch_attention_bench.py [--against OLD_torch_ops.py]
 
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from backend.providers import torch_ops  # noqa: E402
+from backend.providers import torch_ops
 
 GPU_SHAPES = [(404, 32, 8, 128, 4096, torch.bfloat16), (404, 32, 8, 128, 4096, torch.float8_e4m3fn),
               (200, 32, 8, 128, 4096, torch.bfloat16), (200, 32, 8, 128, 2048, torch.bfloat16)]

@@ -80,7 +80,7 @@ def write_view(store: ResultStore, view: RunView, paths: OutputPaths) -> None:
         for p in (paths.junit, paths.summary):
             os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
         junit.write(paths.junit, view.results, view.gate, suite_name=view.run.matrix, run_id=view.run.id,
-                    run_status=view.run.status, planned=view.planned)  # fmt: skip
+                    run_status=view.run.status, planned=view.planned)
         summary.write(paths.summary, summary.render(view.run, view.results, view.gate) + gate_notes.markdown(view))
         write_dashboard(store, view, paths.dashboard_dir)
     except OSError as e:

@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt as e:
         return _interrupted(e)
-    except Exception as e:  # a bug in orch: one line unless asked for more
+    except Exception as e:  # noqa: BLE001 - a bug in orch: one line unless asked for more
         if os.environ.get("ORCH_DEBUG"):
             traceback.print_exc()
         click.echo(f"orch: internal error: {type(e).__name__}: {e} (ORCH_DEBUG=1 for the traceback)", err=True)

@@ -2,7 +2,7 @@
 
 On a terminal: as rich draws it, at least `min_width` wide. Elsewhere (a pipe, a file, a CI log):
 no colour and no padding; rich fills every table line to the console width, so `orch doctor >
-file` had every line padded to 100 columns (#33). Lines are drawn wide and stripped instead.
+file` had every line padded to 100 columns. Lines are drawn wide and stripped instead.
 """
 
 from __future__ import annotations
@@ -24,6 +24,6 @@ def echo(*renderables: Any, file: TextIO | None = None, markup: bool = True, min
         return
     buf = io.StringIO()
     Console(file=buf, width=PIPE_WIDTH, force_terminal=False, no_color=True, markup=markup,
-            highlight=False).print(*renderables)  # fmt: skip
+            highlight=False).print(*renderables)
     file.write("".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines()))
     file.flush()

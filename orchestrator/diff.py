@@ -44,7 +44,9 @@ class Change:
 
     @property
     def regressed(self) -> bool:
-        return bool(self.before and self.after) and self.before[0] in _PASSED and self.after[0] in _FAILING
+        if not (self.before and self.after):
+            return False
+        return self.before[0] in _PASSED and self.after[0] in _FAILING
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ cases and 74 identical downgrade warnings). Pure functions over plain values: no
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 # Ids shown in a folded line before "and N more".
@@ -87,11 +87,11 @@ def sample(ids: Sequence[str], n: int = SAMPLE) -> str:
     return shown + (f" and {len(ids) - n} more" if len(ids) > n else "")
 
 
-def class_ids(classification: dict[str, str], cls: str) -> list[str]:
+def class_ids(classification: Mapping[str, str], cls: str) -> list[str]:
     return sorted(cid for cid, c in classification.items() if c == cls)
 
 
-def gate_lines(classification: dict[str, str], classes: Sequence[str]) -> list[str]:
+def gate_lines(classification: Mapping[str, str], classes: Sequence[str]) -> list[str]:
     """One line per class that has cases, in `classes` order: "missing 682: a, b, c and 679 more"."""
     out = []
     for cls in classes:

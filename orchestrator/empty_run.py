@@ -1,4 +1,4 @@
-"""The gate's empty-run rule: a run in which nothing ran does not pass (#41).
+"""The gate's empty-run rule: a run in which nothing ran does not pass.
 
 A CI job whose GPU, driver or vllm install broke skips every case ("unavailable: needs a CUDA/ROCm
 GPU"); counting 75 skips as "no new failures" turned that job green. So:
@@ -59,7 +59,7 @@ def _unran(results: Sequence[CaseResult], require: str) -> Unran | None:
         return None
     reasons = Counter(short_reason(r.reason) for r in results if r.status == Status.SKIP)
     return Unran(require, len(results), sum(reasons.values()),
-                 tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))))  # fmt: skip
+                 tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))))
 
 
 def unran(results: Sequence[CaseResult], *, require: Sequence[str] = (), allow_empty: bool = False,

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, TP_SIZES, Case
-from backend.families.contract import FAMILY_NAMES, UnknownFamily, spec as family_spec
+from backend.families.contract import FAMILY_NAMES, UnknownFamily
+from backend.families.contract import spec as family_spec
 from backend.result import CaseResult
 from orchestrator.errors import InputError
 

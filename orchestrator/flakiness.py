@@ -18,6 +18,7 @@ is `flaky` rather than gating when its score is over `--flaky-threshold`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ class Flakiness:
 
     def describe(self) -> str:
         return (f"flakiness {self.score:.2f} over its last {self.runs} run(s): {self.flips} pass/fail flip(s), "
-                f"{self.retried} flaky on retry")  # fmt: skip
+                f"{self.retried} flaky on retry")
 
     def to_dict(self) -> dict:
         return {"runs": self.runs, "flips": self.flips, "retried": self.retried, "score": round(self.score, 3)}
@@ -47,7 +48,7 @@ def score(statuses: Sequence[str]) -> Flakiness:
     """`statuses`: one per run, oldest first (Status values)."""
     observed = [s for s in statuses if s == Status.PASS.value or s in _FAILING or s == Status.FLAKY.value]
     chain = ["F" if s in _FAILING else "P" for s in observed if s != Status.FLAKY.value]
-    flips = sum(1 for a, b in zip(chain, chain[1:]) if a != b)
+    flips = sum(1 for a, b in itertools.pairwise(chain) if a != b)
     retried = sum(1 for s in observed if s == Status.FLAKY.value)
     n = len(observed)
     return Flakiness(n, flips, retried, (flips + retried) / (2 * n - 1) if n else 0.0)

@@ -133,9 +133,10 @@ class GateOutcome:
         """What ran, truthfully: "1000 ran (1000 pass), 1245 skipped" (skipped only when any;
         not-run and missing cases did not run)."""
         c = Counter(self.classification.values())
-        ran = len(self.classification) - c["skip"] - c["not-run"] - c["missing"]
-        text = f"{ran} ran" + (f" ({c['pass']} pass)" if ran else "")
-        return text + (f", {c['skip']} skipped" if c["skip"] else "")
+        C = Classification
+        ran = len(self.classification) - c[C.SKIP] - c[C.NOT_RUN] - c[C.MISSING]
+        text = f"{ran} ran" + (f" ({c[C.PASS]} pass)" if ran else "")
+        return text + (f", {c[C.SKIP]} skipped" if c[C.SKIP] else "")
 
     def verdict(self) -> str:
         total = len(self.classification)
@@ -163,7 +164,7 @@ class GateOutcome:
                                 ("not run (infrastructure)", "not run (infrastructure)", self.not_run),
                                 ("out of memory (infrastructure)", "out of memory (infrastructure)", self.oom),
                                 ("unverifiable (run on a GPU to decide)", "unverifiable (run on a GPU to decide)",
-                                 () if self.allow_unverifiable else self.unverifiable)):  # fmt: skip
+                                 () if self.allow_unverifiable else self.unverifiable)):
             if ids:
                 parts.append(plural(len(ids), name, many))
         lines = [f"{', '.join(parts)}; {self.ran()}"] if parts else []
@@ -230,6 +231,17 @@ def classify(
     return C.REGRESSION
 
 
+@dataclass(frozen=True)
+class GateRules:
+    """The gate's rules a command line sets (--require, --allow-empty, --allow-unverifiable):
+    `require` and `allow_empty` are the empty-run rule (empty_run.py); `allow_unverifiable` lists
+    unverifiable cases without gating on them."""
+
+    require: tuple[str, ...] = ()
+    allow_empty: bool = False
+    allow_unverifiable: bool = False
+
+
 def evaluate(
     results: Sequence[CaseResult],
     *,
@@ -237,15 +249,13 @@ def evaluate(
     known: KnownFailures | None = None,
     missing: Sequence[str] = (),
     flaky_history: Mapping[str, str] | None = None,
-    require: Sequence[str] = (),
-    allow_empty: bool = False,
+    rules: GateRules = GateRules(),
     judge_empty: bool = True,
-    allow_unverifiable: bool = False,
 ) -> GateOutcome:
     """flaky_history: case_id -> reason, for the cases whose recent history scores them flaky
-    (flakiness.py): failing, they are `flaky` rather than gating. `require`, `allow_empty`: the
-    empty-run rule (empty_run.py); `judge_empty` False for a run still writing, whose cases may
-    yet come."""
+    (flakiness.py): failing, they are `flaky` rather than gating. `judge_empty` False for a run
+    still writing, whose cases may yet come."""
+    require, allow_empty, allow_unverifiable = rules.require, rules.allow_empty, rules.allow_unverifiable
     base = {b.case_id: b for b in baseline} if baseline is not None else {}
     flaky_history = flaky_history or {}
     classification: dict[str, Classification] = {}
@@ -253,7 +263,7 @@ def evaluate(
     expired: dict[str, KnownFailure] = {}
     for r in results:
         entry = known.match(r.case_id) if known is not None else None
-        if entry is not None and (r.status in (FAILING | {Status.PASS}) or entry.mute and r.status == Status.FLAKY):
+        if entry is not None and (r.status in (FAILING | {Status.PASS}) or (entry.mute and r.status == Status.FLAKY)):
             known_reasons[r.case_id] = entry
         if entry is None and known is not None and r.status in FAILING:
             old = known.expired_match(r.case_id)

@@ -79,5 +79,5 @@ def markdown(view: RunView) -> str:
     md = ["", "### History and known failures", ""] + [f"- {n}" for n in notes]
     if found:
         md += ["", "Paste-ready known-failures entries (narrowed to the axes that failed; fill in reason and link):",
-               "", "```yaml", *suggest.render(found).splitlines(), "```"]  # fmt: skip
+               "", "```yaml", *suggest.render(found).splitlines(), "```"]
     return "\n".join(md) + "\n"

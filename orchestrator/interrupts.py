@@ -2,7 +2,7 @@
 run, write its outputs marked INTERRUPTED and exit 130 / 143 as shells and CI runners expect.
 
 Python turns SIGINT into KeyboardInterrupt but leaves SIGTERM (what a CI runner sends to cancel a
-job) deadly: the process died without a word and an earlier run's outputs stayed in OUT (#33).
+job) deadly: the process died without a word and an earlier run's outputs stayed in OUT.
 `Interrupted` subclasses KeyboardInterrupt so every `except Exception` lets it through, as it
 lets Ctrl-C through. Hazards: `ray.init` installs its own SIGTERM handler (sys.exit), so the
 driver calls `rearm()` after connecting; Ray's blocking calls turn whatever the handler raises

@@ -15,13 +15,14 @@ from typing import Any
 
 from orchestrator import flakiness
 from orchestrator.errors import InputError
+from orchestrator.gate import GateRules
 from orchestrator.known_failures import KnownFailures
 from orchestrator.store import RunInfo
 from orchestrator.store.location import MASK, Location, parse
 
 # The CLI options a Judging is built from (`from_cli` takes exactly these keys).
 CLI_KEYS = ("baseline", "no_baseline", "known_failures", "no_known_failures", "flaky_window", "flaky_threshold",
-            "require", "allow_empty", "allow_unverifiable")  # fmt: skip
+            "require", "allow_empty", "allow_unverifiable")
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,11 @@ class Judging:
                    flaky_window=flaky["flaky_window"] if options.get("flaky_window") is not None else None,
                    flaky_threshold=flaky["flaky_threshold"], require=tuple(options.get("require") or ()),
                    allow_empty=bool(options.get("allow_empty")),
-                   allow_unverifiable=bool(options.get("allow_unverifiable")))  # fmt: skip
+                   allow_unverifiable=bool(options.get("allow_unverifiable")))
+
+    @property
+    def rules(self) -> GateRules:
+        return GateRules(self.require, self.allow_empty, self.allow_unverifiable)
 
     def over(self, run: RunInfo) -> Judging:
         """What judges `run`: each option as asked here, else as the run was judged; `require`,
@@ -74,7 +79,7 @@ def unmasked(baseline: str, db: Location, run_id: int) -> str:
     if parse(where).display == db.display:
         return db.target + sep + selector
     raise InputError(f"run {run_id} was gated against {baseline}, whose password is not stored: give --baseline "
-                     "again (or --no-baseline)")  # fmt: skip
+                     "again (or --no-baseline)")
 
 
 def _one_of(options: Mapping[str, Any], key: str, off: str) -> str | None:

@@ -103,7 +103,7 @@ def _testcase(r: CaseResult, cls: Classification, gate: GateOutcome) -> TestCase
     elif r.status == Status.SKIP:
         tc.result = [Skipped(reason)]
     elif r.status == Status.NOT_RUN:  # gating: an <error>, never a <skipped> a CI would count as fine
-        el = Error(f"[not-run] {reason}", "not-run")
+        el: Error | Failure = Error(f"[not-run] {reason}", "not-run")
         el.text = failure_text(r)
         tc.result = [el]
     elif r.status in (Status.ERROR, Status.TIMEOUT):

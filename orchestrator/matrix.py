@@ -12,18 +12,18 @@ plan and the dashboard show it. Language reference: docs/MATRIX.md.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from backend.attention import padding
 from backend.attention.support import unavailable
-from backend.case import BatchSpec, Case, ModelShape, Tolerance, default_capture_sizes
+from backend.case import BatchSpec, Case, ModelShape, Tolerance
 from backend.families.contract import spec as family_spec
 from orchestrator import matrix_schema as S
 from orchestrator import matrix_tree as T
 from orchestrator.errors import InputError
-from orchestrator.matrix_expand import IncompleteInclude, axis_values, expand, fits, matches  # noqa: F401 (re-exported)
+from orchestrator.matrix_expand import IncompleteInclude, axis_values, expand, fits, matches  # also re-exported
 from orchestrator.matrix_models import family_shape
 
 # Used when a matrix gives no `tolerances:` entry for the case's dtype key. bf16/fp16 follow
@@ -152,7 +152,7 @@ class _Loader:
                     raise self.err(("families", family, "axes", "batch", i), f"no batch spec named {name!r} under batches:")
         for family in self.families:
             used += [(name, family) for name in self.family_axes(family)["batch"]]
-        entries = [((key, i), e.when if key == "constraints" else e) for key in ("exclude", "include", "constraints")
+        entries: list[tuple[tuple[str | int, ...], Any]] = [((key, i), e.when if key == "constraints" else e) for key in ("exclude", "include", "constraints")
                    for i, e in enumerate(getattr(self.doc, key))]
         entries += [(("families", f, "exclude", i), e) for f, b in self.doc.families.items() for i, e in enumerate(b.exclude)]
         for where, match in entries:
@@ -210,8 +210,13 @@ class _Loader:
         family (its cases are skipped with family_reason's words)."""
         key = (name, family)
         if key not in self._backends:
-            from backend.attention.registry import (BackendLoadError, check_explicit, check_name, family_reason,
-                                                    get_capabilities)
+            from backend.attention.registry import (
+                BackendLoadError,
+                check_explicit,
+                check_name,
+                family_reason,
+                get_capabilities,
+            )
 
             if family_reason(name, family):
                 self._backends[key] = None
@@ -323,7 +328,7 @@ class _Loader:
                                       f"num_kv_heads {m.num_kv_heads})")
         name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
         return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped),
-                      S.known_failures_file(self.tree))  # fmt: skip
+                      S.known_failures_file(self.tree))
 
     def _backend_loc(self, name: str, family: str) -> tuple:
         block = self.doc.families.get(family)
@@ -421,7 +426,7 @@ class _Loader:
             return
         if "_include" in combo:
             i = combo["_include"]
-            loc = ("include", i, "spec_tokens") if self.doc.include[i].spec_tokens is not None else ("include", i)
+            loc: tuple[str | int, ...] = ("include", i, "spec_tokens") if self.doc.include[i].spec_tokens is not None else ("include", i)
         else:
             block = self.doc.families.get(case.attention)
             if block is not None and block.axes.spec_tokens and k in block.axes.spec_tokens:
@@ -431,7 +436,7 @@ class _Loader:
         raise self.err(loc, f"spec_tokens {k} with batch {case.batch.name!r}: {why} (exclude the pair if intended)")
 
     def tolerance(self, kv_cache_dtype: str, family: str) -> Tolerance:
-        key = "fp8" if kv_cache_dtype == "fp8" else self.model_of(family).dtype
+        key = cast(S.ToleranceKey, "fp8" if kv_cache_dtype == "fp8" else self.model_of(family).dtype)
         block = self.doc.families.get(family)
         tol = (block.tolerances.get(key) if block is not None else None) or self.doc.tolerances.get(key)
         return Tolerance(tol.atol, tol.rtol) if tol else DEFAULT_TOLERANCES[key]

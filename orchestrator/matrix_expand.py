@@ -2,7 +2,7 @@
 plain dicts (orchestrator/matrix.py builds cases from what comes out). Semantics: docs/MATRIX.md
 "Expansion".
 
-An entry's value may be a list, meaning "any of" (#41): an exclude entry `{tp: [2, 4], mode:
+An entry's value may be a list, meaning "any of": an exclude entry `{tp: [2, 4], mode:
 FULL}` matches a combination whose tp is 2 or 4; an include entry with lists stands for one entry
 per combination of its lists. Exclude entries carry `attention` when they come from a family
 block (they cut that family only).

@@ -50,7 +50,7 @@ def family_shape(tree: T.Node, doc: S.MatrixDoc, family: str, device_class: str)
         value = merged.pop(d.name, d.default)
         why = d.check(value)
         if why:
-            loc = (*loc_own, d.name) if d.name in own else (("families", family) if block else ("axes", "attention"))
+            loc: tuple[str | int, ...] = (*loc_own, d.name) if d.name in own else (("families", family) if block else ("axes", "attention"))
             raise _err(tree, loc, why)
         dims[d.name] = value
     generic = {**merged, **fs.derive(dims)}
@@ -62,8 +62,8 @@ def family_shape(tree: T.Node, doc: S.MatrixDoc, family: str, device_class: str)
         S.ModelBlock.model_validate(generic)
     except ValidationError as e:
         first = e.errors(include_url=False)[0]
-        key = first["loc"][0] if first.get("loc") else None
-        loc = (*loc_own, key) if key in own else (loc_own if block is not None else ("model",))
+        bad = first["loc"][0] if first.get("loc") else None
+        loc = (*loc_own, bad) if bad in own else (loc_own if block is not None else ("model",))
         msg = first.get("msg", "invalid").removeprefix("Value error, ")
         raise _err(tree, loc, f"{family} model: {key + ': ' if key else ''}{msg}") from None
     shape = ModelShape(**generic, attention=family, dims=tuple(dims.items()), family_source=source(family))

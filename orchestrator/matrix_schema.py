@@ -14,11 +14,20 @@ import os
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from backend.case import CUDAGRAPH_MODES, KV_CACHE_DTYPES, MODEL_DTYPES, TP_SIZES
-from backend.families.contract import UnknownFamily, spec as family_spec
+from backend.families.contract import UnknownFamily
+from backend.families.contract import spec as family_spec
 from orchestrator.errors import InputError
 from orchestrator.matrix_tree import Node, error_at, field_path, to_plain
 
@@ -137,7 +146,10 @@ class BatchBlock(_Model):
         """(query_lens, seq_lens), decode rows first (as vLLM reorders a batch)."""
         if self.query_lens is not None:
             return tuple(self.query_lens), tuple(self.seq_lens or ())
-        seqs = self.seq_len if isinstance(self.seq_len, list) else [self.seq_len] * self.decode
+        if isinstance(self.seq_len, list):
+            seqs = self.seq_len
+        else:  # one int for every decode row (the validator asks for it when there are any)
+            seqs = [self.seq_len] * self.decode if self.seq_len is not None else []
         q = [1] * self.decode + [r[0] for r in self.prefill]
         s = list(seqs) + [r[1] for r in self.prefill]
         return tuple(q), tuple(s)
@@ -171,11 +183,11 @@ class Axes(_Model):
     _dups = field_validator("*")(_no_duplicates)
 
 
-def _any_of(t):
-    """A value, or a non-empty list of them meaning "any of" (exclude, include, constraints); held
-    as a list either way (a plain value is a list of one)."""
-    return Annotated[list[t], BeforeValidator(lambda v: v if isinstance(v, list) else [v]),
-                     Field(min_length=1, max_length=10_000), AfterValidator(_no_duplicates)]
+_T = typing.TypeVar("_T")
+# A value, or a non-empty list of them meaning "any of" (exclude, include, constraints); held as a
+# list either way (a plain value is a list of one).
+AnyOf = Annotated[list[_T], BeforeValidator(lambda v: v if isinstance(v, list) else [v]),
+                  Field(min_length=1, max_length=10_000), AfterValidator(_no_duplicates)]
 
 
 class _Match(_Model):
@@ -183,14 +195,14 @@ class _Match(_Model):
     key has one of its values (a plain value, or a list: "any of"). So one entry with lists stands
     for one entry per combination of its lists."""
 
-    tp: _any_of(TpValue) = None
-    cudagraph_mode: _any_of(ModeValue) = None
-    kv_cache_dtype: _any_of(KvValue) = None
-    batch: _any_of(BatchName) = None
-    backend: _any_of(BackendName) = None
-    seed: _any_of(Seed) = None
-    spec_tokens: _any_of(SpecTokens) = None
-    cg_padding: _any_of(PadValue) = None
+    tp: AnyOf[TpValue] | None = None
+    cudagraph_mode: AnyOf[ModeValue] | None = None
+    kv_cache_dtype: AnyOf[KvValue] | None = None
+    batch: AnyOf[BatchName] | None = None
+    backend: AnyOf[BackendName] | None = None
+    seed: AnyOf[Seed] | None = None
+    spec_tokens: AnyOf[SpecTokens] | None = None
+    cg_padding: AnyOf[PadValue] | None = None
 
     @model_validator(mode="after")
     def _not_empty(self):
@@ -220,7 +232,7 @@ class FamilyMatch(_Match):
 class AxisMatch(_Match):
     """An exclude entry, a constraint's `when:`, or an include entry's axis part."""
 
-    attention: _any_of(FamilyValue) = None
+    attention: AnyOf[FamilyValue] | None = None
 
 
 class IncludeEntry(AxisMatch):

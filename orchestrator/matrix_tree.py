@@ -162,9 +162,7 @@ def locate(root: Node, loc: tuple) -> Node:
     """Deepest node along a pydantic error location; unknown parts (union tags) are skipped."""
     node = root
     for part in loc:
-        if isinstance(node.value, dict) and part in node.value:
-            node = node.value[part]
-        elif isinstance(node.value, list) and isinstance(part, int) and 0 <= part < len(node.value):
+        if (isinstance(node.value, dict) and part in node.value) or (isinstance(node.value, list) and isinstance(part, int) and 0 <= part < len(node.value)):
             node = node.value[part]
     return node
 
@@ -175,7 +173,8 @@ def error_at(root: Node, loc: tuple, message: str) -> InputError:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "mapping", list: "list"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {dict: "mapping", list: "list"}
+    return names.get(type(value), type(value).__name__)
 
 
 def is_per_device(node: Node) -> bool:

@@ -140,10 +140,9 @@ def gather(store: ResultStore, run: int | str | None, asked: Judging | None = No
     closed = info.status != "running"
     gate = evaluate(results, baseline=base, known=known, missing=missing if closed else (),
                     flaky_history=flakiness.over_threshold(scores, judging.flaky_threshold),
-                    require=judging.require, allow_empty=judging.allow_empty, judge_empty=closed,
-                    allow_unverifiable=judging.allow_unverifiable)  # fmt: skip
+                    rules=judging.rules, judge_empty=closed)
     return RunView(info, tuple(results), gate, tuple(planned_missing), base is not None, known, found, scores,
-                   tuple(r.id for r in window), window_label, judging)  # fmt: skip
+                   tuple(r.id for r in window), window_label, judging)
 
 
 def shown_path(path: str) -> str:

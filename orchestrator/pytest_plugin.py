@@ -16,8 +16,12 @@ import glob
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from backend.harness.session import SessionCache
 
 STATUS_PROP = "orch_status"
 
@@ -83,6 +87,7 @@ class CaseItem(pytest.Item):
             self.user_properties.append((STATUS_PROP, "skip"))
             pytest.skip(self.skip_reason)
         plugin = self.config.pluginmanager.get_plugin("orch-matrix")
+        assert plugin is not None, "registered by pytest_configure before any item runs"
         if self.case.tp == 1:  # what run_case_local does for tp 1, plus graph reuse across items
             result = run_case(self.case, sessions=plugin.sessions())
         else:
@@ -119,7 +124,7 @@ class OrchMatrixPlugin:
         self.config = config
         self.statuses: dict[str, str] = {}
         self.is_worker = hasattr(config, "workerinput")
-        self._sessions = None
+        self._sessions: SessionCache | None = None
 
     def sessions(self):
         """One SessionCache per worker process, as each Ray actor keeps one."""
@@ -155,7 +160,7 @@ class OrchMatrixPlugin:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         status = dict(report.user_properties).get(STATUS_PROP)
         if status and (report.when == "call" or status == "skip"):
-            self.statuses[report.nodeid] = status
+            self.statuses[report.nodeid] = str(status)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         out = self.config.getoption("orch_results")

@@ -16,7 +16,7 @@ MAX_REASONS = 5  # skip reasons in the run's last lines; summary.md has them all
 PHASE_LABELS = {
     "matrix": "load matrix", "cluster": "start cluster", "first_result": "start to first result",
     "cases": "first to last result", "shutdown": "shutdown", "outputs": "write outputs",
-}  # fmt: skip
+}  # fmt: skip # a table: one row per line, as it reads
 
 
 def time_line(phases: dict[str, float]) -> str:
@@ -53,7 +53,7 @@ def last_lines(view, *, verbose: bool) -> tuple[list[str], list[str]]:
         out.append(f"skipped {sum(1 for r in view.results if r.status == Status.SKIP)} by reason:\n    "
                    + "\n    ".join(groups[:MAX_REASONS]
                                    + ([f"... and {len(groups) - MAX_REASONS} more reasons (summary.md)"]
-                                      if len(groups) > MAX_REASONS else [])))  # fmt: skip
+                                      if len(groups) > MAX_REASONS else [])))
     return out, [f"warning: {line}" for line in digest.downgrade_lines(downgrades(view.results))]
 
 

@@ -46,7 +46,7 @@ class Suggestion:
         return (f'- case: "{self.pattern}"   # {len(self.cases)} failing case(s)\n'
                 f'  reason: "TODO: why ({reason})"\n'
                 f'  link: "TODO: the ticket"\n'
-                f"  until: {self.until.isoformat()}\n")  # fmt: skip
+                f"  until: {self.until.isoformat()}\n")
 
 
 def _seg(value) -> str:
@@ -73,7 +73,7 @@ def glob_for(axes: dict, wild: frozenset[str]) -> str:
 
 
 def cover(failing: Sequence[CaseResult], passing: Sequence[CaseResult],
-          limit: int | None = None) -> list[tuple[str, list[CaseResult]]]:  # fmt: skip
+          limit: int | None = None) -> list[tuple[str, list[CaseResult]]]:
     """Greedy: the first failure not yet covered, all its axes spelled out, then each axis in
     WIDEN_ORDER widened to * while the glob matches no pass; the glob covers what it matches.
     At most `limit` globs (each costs a pass over the run's passes per axis)."""
@@ -81,7 +81,8 @@ def cover(failing: Sequence[CaseResult], passing: Sequence[CaseResult],
     # say whether PIECEWISE fails too.
     seen = (*failing, *passing)
     order = [a for a in WIDEN_ORDER if len({str(r.axes.get(a)) for r in seen}) > 1]
-    left, out = list(failing), []
+    left = list(failing)
+    out: list[tuple[str, list[CaseResult]]] = []
     while left and (limit is None or len(out) < limit):
         axes = left[0].axes
         wild: frozenset[str] = frozenset()
@@ -99,7 +100,7 @@ def cover(failing: Sequence[CaseResult], passing: Sequence[CaseResult],
 
 
 def suggest(results: Sequence[CaseResult], new_failures: Sequence[str], *,
-            today: dt.date | None = None, days: int = DEFAULT_DAYS) -> list[Suggestion]:  # fmt: skip
+            today: dt.date | None = None, days: int = DEFAULT_DAYS) -> list[Suggestion]:
     """Entries for the `new_failures` (case ids; the gate's gating failures) of a run."""
     wanted = set(new_failures)
     until = (today or dt.date.today()) + dt.timedelta(days=days)
@@ -110,7 +111,7 @@ def suggest(results: Sequence[CaseResult], new_failures: Sequence[str], *,
             groups.setdefault(key, ([], []))[0].append(r)
         elif r.status in _OK:
             groups.setdefault(key, ([], []))[1].append(r)
-    out = []
+    out: list[Suggestion] = []
     for key in sorted(groups):
         failing, passing = groups[key]
         if not failing:

@@ -26,7 +26,7 @@ SYMBOL = {
     C.PASS: "✅", C.REGRESSION: "🔻", C.NEW: "❌", C.FAIL: "❌", C.ERROR: "💥", C.TIMEOUT: "⏱️", C.MISSING: "❔",
     C.OLD_FAILURE: "🟥", C.FLAKY: "🎲", C.UNVERIFIABLE: "❓", C.PASS_UNVERIFIABLE: "❔", C.KNOWN_FAIL: "🟨",
     C.FIXED: "🟢", C.SKIP: "⬜", C.NOT_RUN: "🚧", C.OOM: "🧱", C.MUTED: "🔇",
-}  # fmt: skip
+}  # fmt: skip # a table: one row per line, as it reads
 MAX_PER_SECTION = 25
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -190,7 +190,7 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
     plain_failed = tuple(c for c in gate.new_failures if gate.classification[c] != C.NEW)
     out += _section("Regressions", gate.regressions, by_id, gate, "Passed in the baseline, fail now.")
     out += _section("New failures", tuple(c for c in gate.new_failures if c not in plain_failed), by_id, gate,
-                    "Failing cases the baseline did not run.")  # fmt: skip
+                    "Failing cases the baseline did not run.")
     out += _section("Failures", plain_failed, by_id, gate)
     out += _section("Not run (infrastructure)", gate.not_run, by_id, gate,
                     "Required cases that never ran (placement, tp gang): the machines, not the code; exit 3.")

@@ -38,7 +38,7 @@ def own_store_and_outputs(tmp_path_factory, monkeypatch):
     `--db` and `--out` default to ORCH_DB / ORCH_OUT (orchestrator/defaults.py), set here to a
     fresh folder per test (and inherited by the commands tests start as subprocesses). README's
     main job leaves orch-results.db and orch-out/ in the checkout; a test that read them failed
-    when the README's two commands ran in order (#41)."""
+    when the README's two commands ran in order."""
     own = tmp_path_factory.mktemp("orch-state")
     monkeypatch.setenv("ORCH_DB", str(own / "orch-results.db"))
     monkeypatch.setenv("ORCH_OUT", str(own / "orch-out"))

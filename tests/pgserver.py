@@ -53,7 +53,7 @@ class PgServer:
 
     def stop(self) -> None:
         subprocess.run([*self.as_user, os.path.join(self.bindir, "pg_ctl"), "-D", os.path.join(self.root, "data"),
-                        "-m", "immediate", "stop"], capture_output=True, timeout=60)  # fmt: skip
+                        "-m", "immediate", "stop"], capture_output=True, timeout=60)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -62,7 +62,7 @@ def start() -> PgServer:
     if bindir is None:
         raise Unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql")
     try:
-        import psycopg  # noqa: F401
+        import psycopg  # noqa: F401 - only whether it imports
     except ImportError:
         raise Unavailable("psycopg is not installed: pip install -e '.[test]'") from None
     as_user: list[str] = []
@@ -88,7 +88,7 @@ def start() -> PgServer:
         # fsync off: a test server's data dies with the session; it changes nothing the store relies on.
         [os.path.join(bindir, "pg_ctl"), "-D", os.path.join(root, "data"), "-l", os.path.join(root, "log"), "-w",
          "-o", f"-c listen_addresses='' -c unix_socket_directories={root} -c port={server.port} -c fsync=off", "start"],
-    )  # fmt: skip
+    )
     for cmd in steps:
         p = subprocess.run([*as_user, *cmd], capture_output=True, text=True, timeout=120)
         if p.returncode != 0:

@@ -27,7 +27,7 @@ NULL_BLOCK = 0
 
 
 class PersistentMetadataBuilder(AttentionMetadataBuilder):
-    cg_pad_block_table = NULL_BLOCK  # orch's padding before #39 (DESIGN.md §4); vLLM's base says -1
+    cg_pad_block_table = NULL_BLOCK  # orch's own padding (DESIGN.md §4); vLLM's base says -1
 
     def __init__(self, config: AttentionConfig):
         super().__init__(config)

@@ -31,7 +31,7 @@ ASK_CLASS = "<ask the class>"
 _GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def driver_gpu_count(kfd_topology: str = "/sys/class/kfd/kfd/topology/nodes") -> int | None:
     """The GPUs the driver offers this process, asked without importing torch (the
     driver of `orch run` and `orch plan` on a GPU machine spent seconds importing torch only to
@@ -110,7 +110,7 @@ def local_gpu_count() -> int:
         import torch
 
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # a broken driver is "no GPU", not a crash
+    except Exception:  # noqa: BLE001 - a broken driver is "no GPU", not a crash
         return 0
 
 
@@ -149,8 +149,8 @@ def aiter_native_unavailable(device_class: str) -> str | None:
     if device_class != "gpu":
         return "unavailable: needs a ROCm GPU"
     if "torch" not in sys.modules and _installed_torch_hip() is None:
-        # A CUDA (or CPU) build of torch, read from its version.py without importing it: the
-        # planner of a CUDA machine (the H200) spent 3 s importing torch to learn this.
+        # A CUDA (or CPU) build of torch, read from its version.py without importing it: importing
+        # torch costs the planner seconds (docs/BENCHMARKS.md "Figures behind code choices").
         return "unavailable: needs ROCm (torch.version.hip is None)"
     return ASK_CLASS
 
@@ -241,7 +241,7 @@ def of_class(cls: type, label: str) -> Capabilities:
 
         try:
             return cls.unavailable_reason(torch.device("cuda" if device_class == "gpu" else "cpu"))
-        except Exception as e:  # a plugin's check that crashes means "cannot run here", said plainly
+        except Exception as e:  # noqa: BLE001 - a plugin's check that crashes means "cannot run here", said plainly
             return f"{getattr(cls, '__name__', cls)}.unavailable_reason raised {type(e).__name__}: {e}"
 
     dtypes = getattr(cls, "supported_dtypes", None)

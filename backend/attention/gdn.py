@@ -49,7 +49,7 @@ class GDNDims:
     spec_tokens: int = 0
 
     @classmethod
-    def of(cls, config: AttentionConfig) -> "GDNDims":
+    def of(cls, config: AttentionConfig) -> GDNDims:
         """The rank's dims: key heads split in the ratio the value heads (num_heads) were split."""
         d = dict(config.dims)
         hk = d["num_k_heads"] * config.num_heads // d["num_v_heads"]

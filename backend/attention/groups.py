@@ -19,8 +19,8 @@ build_for_cudagraph_capture(cm)): backend/attention/swa.py has the contract.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

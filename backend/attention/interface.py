@@ -15,14 +15,15 @@ per-tensor k_scale/v_scale device tensors (shape [1], float32) inside the kernel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 
 # Re-exported: the support level lives in a torch-free module so that the matrix and modes can
 # use it without importing torch (start-up).
-from backend.attention.support import AttentionCGSupport  # noqa: F401
+from backend.attention.support import AttentionCGSupport
 from backend.case import BatchLengths
 
 

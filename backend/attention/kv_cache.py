@@ -14,7 +14,7 @@ import torch
 from backend.attention.interface import AttentionConfig
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_gfx942(device_index: int) -> bool:
     props = torch.cuda.get_device_properties(device_index)
     return "gfx942" in getattr(props, "gcnArchName", "")
@@ -57,7 +57,7 @@ def dequantize(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
 # Every float8 value as float32, by byte, from torch's own conversion (so a lookup is bitwise what
 # x.float() gives, NaN payloads included). On the CPU x.float() converts float8 one element at a
 # time, ~20x slower than bf16, and the providers' gathers dequantise every token's K/V: a lookup
-# by byte is ~2x faster there (#13). Built at import, outside any graph capture.
+# by byte is ~2x faster there. Built at import, outside any graph capture.
 _FP8_TABLES = {dt: torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dt).float()
                for dt in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)}
 
@@ -87,7 +87,7 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slo
     redirected to slot 0 (inside the null block, which no real token writes), whose bytes are kept
     before the write and put back after it when the batch had a -1 slot, so nothing in the cache
     changes for padded tokens. (One pass over the written rows: reading every redirected row back
-    and selecting per row cost three, on GBs of context a step at GPU shapes, #13.)
+    and selecting per row cost three, on GBs of context a step at GPU shapes.)
     """
     write_slots(kv_cache[0], key, slot_mapping, k_scale)
     write_slots(kv_cache[1], value, slot_mapping, v_scale)

@@ -23,14 +23,20 @@ split_decodes_and_prefills finds the boundary: tokens [0, num_decode_tokens) tak
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import torch
 
 from backend.attention.builder import PersistentMetadataBuilder
-from backend.attention.interface import (AttentionBackend, AttentionCGSupport, AttentionConfig, AttentionImpl,
-                                         AttentionMetadata)
+from backend.attention.interface import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionConfig,
+    AttentionImpl,
+    AttentionMetadata,
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,7 @@ class MLADims:
     v_head_dim: int  # V
 
     @classmethod
-    def of(cls, config_or_shape) -> "MLADims":
+    def of(cls, config_or_shape) -> MLADims:
         d = dict(config_or_shape.dims)
         return cls(d["kv_lora_rank"], d["qk_rope_head_dim"], d["qk_nope_head_dim"], d["v_head_dim"])
 

@@ -1,4 +1,4 @@
-"""The values a FULL graph's padded requests get: seq_len and block-table entries (issue #39).
+"""The values a FULL graph's padded requests get: seq_len and block-table entries.
 
 vLLM lets each attention builder declare them (`cg_pad_seq_lens`, `cg_pad_block_table`; the base
 class's 0 and -1) and its model runner pads with the maximum of each over the builders it holds
@@ -13,7 +13,8 @@ vLLM's runner pads -1, which a matrix can cross them with (`cg_padding: [declare
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 # vLLM's defaults (AttentionMetadataBuilder), for a builder that declares nothing.
 DEFAULT = (0, -1)

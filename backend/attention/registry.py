@@ -204,6 +204,6 @@ def availability(name: str, device, family: str = "gqa") -> Availability:
         return Availability(name, str(device), False, f"unavailable: {exc}")
     try:
         why = cls.unavailable_reason(device)
-    except Exception as exc:  # a plugin's check that crashes: cannot run here, said plainly
+    except Exception as exc:  # noqa: BLE001 - a plugin's check that crashes: cannot run here, said plainly
         why = f"{getattr(cls, '__name__', cls)}.unavailable_reason raised {type(exc).__name__}: {_one_line(exc)}"
     return Availability(name, str(device), why is None, why or "")

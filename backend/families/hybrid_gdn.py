@@ -26,8 +26,15 @@ import torch
 from backend.attention.gdn import GDNDims, StatePage, num_state_slots
 from backend.attention.kv_cache import allocate_kv_cache
 from backend.families.gdn_groups import StateGroupsBuilder, uncovered
-from backend.families.gdn_layout import (STATE_DTYPES, conv_channels, is_state_page, kv_cache_groups, layer_state_dtype,
-                                         rank_heads, state_page)
+from backend.families.gdn_layout import (
+    STATE_DTYPES,
+    conv_channels,
+    is_state_page,
+    kv_cache_groups,
+    layer_state_dtype,
+    rank_heads,
+    state_page,
+)
 from backend.families.gdn_reference import gated_rmsnorm, reference_layer
 from backend.families.gdn_state import STATE
 from backend.families.gqa import GQA
@@ -79,7 +86,6 @@ class HybridGDN(GQA):
         hk, dk, kw = dims["num_k_heads"], dims["head_k_dim"], dims["conv_kernel"]
         hv, dv, hid = shape.num_heads, shape.head_size, shape.hidden_size
         dtype = getattr(torch, shape.dtype)
-        c = 2 * hk * dk + hv * dv
         # q correlated with k (q's projection is k's plus an independent half, the same conv taps):
         # with independent random q and k a head's output is a near-cancellation on ~1% of rows
         # (q.k ~ 0 against a fresh request's rank-one state), which the gated RMSNorm turns into

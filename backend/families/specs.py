@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from backend.families.contract.spec import Dim, FamilySpec
 
-
 # ---- gqa: plain grouped-query paged attention (the family orch started with) -----------------
 
 def _gqa_layout(shape, tp: int) -> list[str]:

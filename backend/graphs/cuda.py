@@ -22,7 +22,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -84,11 +84,11 @@ class CudaGraphRunner(GraphRunner):
                 try:
                     with capturing():
                         outputs = fn()
-                except Exception as e:  # the capture is invalid now; end it below
+                except Exception as e:  # noqa: BLE001 - the capture is invalid now; end it below
                     error = e
                 try:
                     graph.capture_end()
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - the first error is the one reported
                     error = error or e
             if error is not None:
                 # After a failed capture the allocator can still consider the pool "being recorded
@@ -123,7 +123,7 @@ def _undo_failed_capture(graph: torch.cuda.CUDAGraph, pool, device: torch.device
       allocations to it; a graph whose capture never ended never gives that count back (its
       reset() releases only an ended capture), so the pool, and every segment of every graph
       captured into it, outlives the session. On an H100 each aiter-triton-pa capture error kept
-      2-4 GiB reserved for good: 38 GiB after 9 of them, with 1.7 GiB allocated (issue 37).
+      2-4 GiB reserved for good: 38 GiB after 9 of them, with 1.7 GiB allocated.
     - the default CUDA generator: capture_begin put its state in capture mode and only
       capture_end takes it out; the next random op of the process then fails with "Offset
       increment outside graph capture encountered unexpectedly" (two FLAKY cases on the H100).

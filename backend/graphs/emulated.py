@@ -35,14 +35,15 @@ A ctypes call on a device tensor's raw pointer is recorded and replayed like the
 captures; a pointer that leaves the dispatcher otherwise makes the graph `unverifiable` (opaque.py).
 Memory that existed before the capture is recorded through aliases of the recorder's own, so the
 graph keeps none of it alive: at a replay, what nothing else holds any more is freed memory,
-poisoned and noted with where it was allocated (freed.py, #39).
+poisoned and noted with where it was allocated (freed.py).
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -148,9 +149,9 @@ class _Recorder(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo unless
-        # this says no; the wrapper imports torch._dynamo on the first op (1.5-4.4 s per worker
-        # process on the 2-core machine, paid by every rank of every gang) and adds a frame per
-        # op. Nothing here runs under torch.compile, so there is no Dynamo to keep out (#13).
+        # this says no; the wrapper imports torch._dynamo on the first op (seconds per worker
+        # process, paid by every rank of every gang: docs/BENCHMARKS.md) and adds a frame per
+        # op. Nothing here runs under torch.compile, so there is no Dynamo to keep out.
         return False
 
     def __init__(self, pool: MemoryPool, sites: dict | None = None) -> None:
@@ -180,7 +181,7 @@ class _Recorder(TorchDispatchMode):
         rewritten = masked_fill_form(func, args, kwargs)
         if rewritten is not None:
             func, args, kwargs = rewritten
-        # The arguments flattened once per op (capture's cost is this Python per op, #13).
+        # The arguments flattened once per op (capture's cost is this Python per op).
         flat = leaves((args, kwargs))
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         host = [t for t in tensors if is_host(t)]
@@ -287,7 +288,7 @@ class _Recorder(TorchDispatchMode):
             # A CPU scalar tensor in a device op is passed by value: frozen at capture.
             frozen = {id(t): t.clone() for t in host}
             self._owned.update(_storage_key(c) for c in frozen.values())
-            swap = lambda x: frozen.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+            swap = lambda x: frozen.get(id(x), x) if isinstance(x, torch.Tensor) else x
             return map_leaves(swap, args), map_leaves(swap, kwargs), False, None
         raise GraphCaptureError(
             f"graph capture failed: {func} mixes host tensors with device tensors "
@@ -339,7 +340,8 @@ def _register_hop_rules() -> None:
     torch's own dense implementation, so its aten ops, with every host value they take, are what
     replays. Any other HOP under capture is refused by torch with a clear error."""
     try:
-        from torch._higher_order_ops.flex_attention import flex_attention as flex_hop, sdpa_dense
+        from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
+        from torch._higher_order_ops.flex_attention import sdpa_dense
     except ImportError:  # a torch without flex attention
         return
 
@@ -373,7 +375,7 @@ class EmulatedCapturedGraph(CapturedGraph):
         # What replay needs per op, worked out once (the recorded objects never change): the
         # callable, and the recorded output's leaves, or None for ops whose result is not copied.
         # A replay of the small CPU model is ~100 ops; flattening the recorded output of every op
-        # on every replay was a third of the replay's Python time (#13).
+        # on every replay was a third of the replay's Python time.
         self._plan = [(getattr(op.func, "_op", op.func), op.args, op.kwargs, op.kind,
                        None if op.kind in ("skip", "c10d", "opaque") else leaves(op.out), op.writes)
                       for op in ops]

@@ -16,8 +16,8 @@ by how it is made (backend/graphs/provenance.py), unmarked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

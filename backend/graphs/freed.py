@@ -1,4 +1,4 @@
-"""Memory a captured graph reads but does not own (issue #39): who keeps it alive, where it was
+"""Memory a captured graph reads but does not own: who keeps it alive, where it was
 allocated, and what a replay reads once nothing does.
 
 A real graph's kernels hold raw addresses. Memory that existed before the capture (persistent

@@ -7,7 +7,8 @@ capture runs these Tensor methods are wrapped; host memory (backend/graphs/host.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 

@@ -10,7 +10,8 @@ tests/graphs/test_leaves.py holds it to tree_flatten.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch.utils._pytree import tree_map
 

@@ -1,4 +1,4 @@
-"""Calls that bypass PyTorch's dispatcher under the CPU emulation (issue #32).
+"""Calls that bypass PyTorch's dispatcher under the CPU emulation.
 
 A kernel launched by a C extension, Triton or ctypes on a tensor's raw pointer never reaches a
 TorchDispatchMode, but a real graph captures it like any kernel on the capturing stream and
@@ -19,8 +19,9 @@ import contextlib
 import ctypes
 import threading
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 

@@ -1,5 +1,5 @@
 """The memory pool every capture of one emulated runner shares, as a CUDA graph pool is shared
-(issue #32; DESIGN.md §4: vLLM captures every size into one pool, largest first).
+(DESIGN.md §4: vLLM captures every size into one pool, largest first).
 
 On a GPU, device memory allocated during a capture comes from the graph's private pool. Memory a
 capture frees (its temporaries) goes back to that pool, and a later capture into the same pool

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch._library.custom_ops import _maybe_get_opdef
@@ -274,7 +275,7 @@ def _mark_below_dispatcher() -> None:
 def host_scope(device: torch.device | str | None = "cpu") -> Iterator[None]:
     """Classify the host memory made inside (module doc); a no-op on a GPU, where a tensor's
     device says it."""
-    if device is not None and torch.device(device).type != "cpu" or _active():
+    if (device is not None and torch.device(device).type != "cpu") or _active():
         yield
         return
     _mark_below_dispatcher()

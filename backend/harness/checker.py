@@ -31,15 +31,22 @@ from backend.attention.registry import BackendLoadError, class_family_reason, fa
 from backend.attention.support import unavailable
 from backend.case import Case
 from backend.families.contract import family as family_of
-from backend.harness import step_data
+from backend.harness import memory, step_data
 from backend.harness.checks import CheckAccumulator
-from backend.harness import memory
 from backend.harness.churn import churn
 from backend.harness.distributed import all_gather_objects, gang_id
 from backend.harness.memory import OOM_KIND, CaseMemory, gib, is_oom
 from backend.harness.model import TPLayout, layout_reasons
-from backend.harness.modes import (CUDAGraphMode, UnsupportedModeError, capture_plan, dispatch, is_uniform_decode,
-                                   resolve_capture_sizes, resolve_mode, uniform_decode_query_len)
+from backend.harness.modes import (
+    CUDAGraphMode,
+    UnsupportedModeError,
+    capture_plan,
+    dispatch,
+    is_uniform_decode,
+    resolve_capture_sizes,
+    resolve_mode,
+    uniform_decode_query_len,
+)
 from backend.harness.scratch import SCRATCH, capture_checked, mark_scratch, take_snapshot
 from backend.harness.session import CaptureFailed, GraphKey, Session, attention_config, estimate_bytes
 from backend.harness.session_cache import SessionCache, SessionTooLarge
@@ -49,9 +56,10 @@ from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, pl
 from backend.harness.timing import PHASES, Clock, Span, seconds
 from backend.harness.user_frame import user_frame
 from backend.harness.verdict import status_of
+
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
 # re-exported here for the worker side.
-from backend.rank_merge import consensus_reason, merge_rank_results, plan_of, rank_consensus  # noqa: F401
+from backend.rank_merge import consensus_reason, merge_rank_results, plan_of, rank_consensus
 from backend.result import CaseResult, Status, checks_for
 
 __all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
@@ -274,8 +282,9 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         emulated = getattr(backend_cls, "emulated", None)  # what runs in place of a third party's code
         if callable(emulated) and emulated():
             base = base.replace(versions={**base.versions, "emulated": ", ".join(emulated())})
-        if getattr(backend_cls, "kernels", None):  # "emulated": orch's stand-ins ran, not the backend's kernels
-            base = base.replace(versions={**base.versions, "kernels": backend_cls.kernels})
+        kernels = getattr(backend_cls, "kernels", None)
+        if kernels:  # "emulated": orch's stand-ins ran, not the backend's kernels
+            base = base.replace(versions={**base.versions, "kernels": kernels})
         why = backend_cls.unavailable_reason(device)
         if why:
             return base.replace(status=Status.SKIP, reason=unavailable(why))
@@ -352,7 +361,7 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
 def _safe(fn, *args) -> str:
     try:
         return fn(*args)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a version probe: any failure reads "unknown"
         return "unknown"
 
 
@@ -427,7 +436,7 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
         "graph_shared_steps": float(shared_graph),
     }
     status, reason = status_of(checks, session.unverifiable(k for k in graph_keys if k is not None), kv_jitter,
-                               attn_jitter)  # fmt: skip
+                               attn_jitter)
     return base.replace(status=status, reason=reason, checks=checks, capture_sizes_used=tuple(used), timings=timings)
 
 

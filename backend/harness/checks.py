@@ -117,7 +117,7 @@ def compare_heads(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, 
     `head_offset`: the global index of local head 0 (a tp rank's first head)."""
     if actual.shape != expected.shape:
         raise ValueError(f"shape mismatch {tuple(actual.shape)} vs {tuple(expected.shape)}")
-    layers, t, h, d = expected.shape
+    _layers, t, h, _d = expected.shape
     if actual.numel() == 0:
         return HeadComparison(Comparison(True, 0.0, 0.0, 0.0, None, True), None, None)
     a = actual.detach().to(expected.device).float()
@@ -184,7 +184,7 @@ def quant_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _words(rows: torch.Tensor) -> torch.Tensor:
     """[..., n] integer rows as the widest integer words that tile them (same bytes, 4-8x fewer
-    elements to compare: the KV check compares the whole cache every step, #13)."""
+    elements to compare: the KV check compares the whole cache every step)."""
     row_bytes = rows.shape[-1] * rows.element_size()
     for dtype, size in ((torch.int64, 8), (torch.int32, 4)):
         if row_bytes % size == 0 and rows.is_contiguous() and rows.element_size() < size:
@@ -223,7 +223,7 @@ def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_real: torch.Te
     `before` is scratch (the step's snapshot, discarded after this): its real slots are
     overwritten with `after`'s, so that one whole-cache equality answers "nothing changed outside
     the real slots" (one pass, one host sync); only a cache that did change is reduced per slot to
-    count and locate the writes (#13: the per-slot reduction of every step was the check's cost)."""
+    count and locate the writes (the per-slot reduction of every step was the check's cost)."""
     from backend.attention.kv_cache import dequantize
 
     a = _words(raw(after))

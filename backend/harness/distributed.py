@@ -12,8 +12,9 @@ import queue
 import socket
 import traceback
 import zlib
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,7 +41,7 @@ def free_port() -> int:
 
 
 def init_gang(rank: int, world_size: int, master_addr: str, master_port: int, *,
-              device: torch.device, timeout_s: float = 120) -> None:
+              device: torch.device | str, timeout_s: float = 120) -> None:
     """Join the default process group (no-op for world_size 1). NCCL on cuda, gloo otherwise."""
     for key, value in _NCCL_ENV.items():
         os.environ.setdefault(key, value)
@@ -62,7 +63,7 @@ def init_gang(rank: int, world_size: int, master_addr: str, master_port: int, *,
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
-        **({"device_id": device} if device.type == "cuda" else {}),
+        device_id=device if device.type == "cuda" else None,
     )
     _GANG[0] = f"{master_addr}:{master_port}"
 
@@ -138,7 +139,7 @@ def _gang_entry(rank: int, world_size: int, port: int, results: Any, fn: Callabl
         init_gang(rank, world_size, "127.0.0.1", port, device=device)
         value = fn(rank, world_size, *args)
         results.put((rank, True, value))
-    except BaseException:  # report, never hang the parent
+    except BaseException:  # noqa: BLE001 - report, never hang the parent
         results.put((rank, False, traceback.format_exc()[-4000:]))
     finally:
         destroy_gang()

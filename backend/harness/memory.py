@@ -49,7 +49,7 @@ class MemoryBudget:
         return {"utilization": self.utilization, "share": self.share, "device_bytes": self.device_bytes}
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "MemoryBudget":
+    def from_dict(cls, d: dict | None) -> MemoryBudget:
         return cls(**(d or {}))
 
 
@@ -57,7 +57,7 @@ def device_total(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).total_memory
 
 
-def apply_budget(budget: MemoryBudget, device: torch.device) -> int | None:
+def apply_budget(budget: MemoryBudget, device: torch.device | str) -> int | None:
     """Cap this process's allocator on `device` at the budget; returns it in bytes (None off a GPU:
     host memory is not budgeted). Several workers on one device each cap themselves (Ray's
     fractional GPUs enforce nothing about memory, DESIGN.md §10)."""
@@ -77,7 +77,7 @@ def expandable_segments() -> str:
     A worker's sessions come and go (KV caches of GBs, graph pools), and a freed block of the
     classic allocator is split for later small tensors that then pin the whole segment: on an H100
     the families' tp 1 slice ran out of memory with 58 GiB "reserved but unallocated" and 13 GiB in
-    use, which no empty_cache could give back (issue 37). Expandable segments map and unmap by
+    use, which no empty_cache could give back. Expandable segments map and unmap by
     pages. Set through the API, not the environment: torch, which Ray's workers preload, has read
     PYTORCH_CUDA_ALLOC_CONF before an actor can set it."""
     import os

@@ -21,8 +21,8 @@ the model dtype, then sharded. So the sharded model equals the unsharded one and
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +113,7 @@ def _make_weights_cached(shape: ModelShape, seed: int, device: str) -> list[Laye
 
     # Draw order per layer: norm1, the family's weights, wo, norm2, w1, w2 (fixed: weights follow
     # from the seed, and gqa's are the ones every verdict before families was taken on).
-    layers = []
+    layers: list[LayerWeights] = []
     for _ in range(shape.num_layers):
         norm1 = norm()
         attn = fam.draw(w, norm, shape, len(layers))
@@ -121,7 +121,7 @@ def _make_weights_cached(shape: ModelShape, seed: int, device: str) -> list[Laye
     return layers
 
 
-def _shard_layers(weights: Sequence[LayerWeights], layout: "TPLayout", shape: ModelShape,
+def _shard_layers(weights: Sequence[LayerWeights], layout: TPLayout, shape: ModelShape,
                   device: torch.device) -> list[dict[str, torch.Tensor]]:
     dtype = getattr(torch, shape.dtype)
     fam = family_of(shape.attention)
@@ -139,7 +139,7 @@ def _shard_layers(weights: Sequence[LayerWeights], layout: "TPLayout", shape: Mo
 
 
 @functools.lru_cache(maxsize=2)
-def _device_layers(shape: ModelShape, layout: "TPLayout", device: str) -> tuple[dict[str, torch.Tensor], ...]:
+def _device_layers(shape: ModelShape, layout: TPLayout, device: str) -> tuple[dict[str, torch.Tensor], ...]:
     """A rank's shard of the default weights on `device`, shared by every session of the process
     (backends and kv dtypes differ between sessions, weights do not; copying GBs per session was
     most of a session's build time on the H200)."""
@@ -195,6 +195,7 @@ class TPModel:
     def piece(self, i: int, x: torch.Tensor, attn: torch.Tensor | None):
         """Dense piece i: (*attention inputs, x) for i < num_layers, the model output for the last."""
         if i > 0:
+            assert attn is not None, "every piece after the first takes the previous layer's attention"
             x = self.post_attention(i - 1, x, attn)
         if i < self.shape.num_layers:
             return (*self.pre_attention(i, x), x)
@@ -225,7 +226,7 @@ class TPModel:
         raise AssertionError("unreachable")
 
 
-def reference_forward(weights: list[LayerWeights], shape: ModelShape, x: torch.Tensor,
+def reference_forward(weights: Sequence[LayerWeights], shape: ModelShape, x: torch.Tensor,
                       context: Sequence[Sequence[Sequence[torch.Tensor]]], query_lens: Sequence[int], kv_round,
                       attn_out: list | None = None, q_round=None) -> torch.Tensor:
     """The unsharded model in fp32 with the family's reference attention.
@@ -254,8 +255,8 @@ def reference_forward(weights: list[LayerWeights], shape: ModelShape, x: torch.T
     for i, lw in enumerate(weights):
         h = rnd(rmsnorm(x, lw.norm1))
         attn = rnd(fam.reference(
-            lw.attn, h, context[i], query_lens, lambda plane, v, i=i: kv_round(i, plane, v),
-            None if q_round is None else (lambda q, i=i: q_round(i, q)), shape, rnd))
+            lw.attn, h, context[i], query_lens, functools.partial(kv_round, i),
+            None if q_round is None else functools.partial(q_round, i), shape, rnd))
         if attn_out is not None:
             attn_out.append(attn)
         x = rnd(x + rnd(attn.reshape(t, -1) @ lw.wo.t()))

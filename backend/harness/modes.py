@@ -29,17 +29,18 @@ CudaGraphManager, get_cudagraph_sizes, get_cudagraph_runtime_mode):
   that limit instead of being dropped; its token size is requests * q (a multiple of q).
 - Dispatch pads to the smallest capture size >= N; above the largest, or when nothing matches,
   it runs eager at the unpadded size.
-Not settled (#12): the vLLM source read then (vllm/config/vllm.py _set_cudagraph_sizes,
+Not settled: the vLLM source read then (vllm/config/vllm.py _set_cudagraph_sizes,
 vllm/v1/cudagraph_dispatcher.py initialize_cudagraph_keys) neither appends max_num_batched_tokens
-nor keeps a decode key above q * max_num_seqs; both come from the 0.33/0.34 wheels (#18) and stay.
+nor keeps a decode key above q * max_num_seqs; both come from the 0.33/0.34 wheels and stay.
 """
 
 from __future__ import annotations
 
 import bisect
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, NamedTuple, cast
 
 from backend.attention.support import AttentionCGSupport
 
@@ -300,7 +301,7 @@ def dispatch(mode: CUDAGraphMode, num_tokens: int, uniform_decode: bool,
     mixed = mode.mixed_mode()
     if mixed == CUDAGraphMode.NONE:
         return Dispatch("NONE", num_tokens)
-    return Dispatch(mixed.name, padded, False)
+    return Dispatch(cast(RuntimeMode, mixed.name), padded, False)
 
 
 class CaptureItem(NamedTuple):
@@ -318,7 +319,7 @@ def capture_plan(mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs
     plan: list[CaptureItem] = []
     mixed = mode.mixed_mode()
     if mixed != CUDAGraphMode.NONE:
-        plan += [CaptureItem(mixed.name, s, False) for s in sorted(set(capture_sizes), reverse=True)]
+        plan += [CaptureItem(cast(RuntimeMode, mixed.name), s, False) for s in sorted(set(capture_sizes), reverse=True)]
     if mode.decode_mode() == CUDAGraphMode.FULL and mode.separate_routine():
         plan += [CaptureItem("FULL", s, True)
                  for s in sorted(decode_capture_sizes(capture_sizes, max_num_seqs, query_len), reverse=True)]

@@ -1,4 +1,4 @@
-"""Warm Triton's on-disk kernel cache in parallel, before the worker needs it (#13).
+"""Warm Triton's on-disk kernel cache in parallel, before the worker needs it.
 
 On a fresh GPU machine the first case of each (backend, kv dtype, batch) spends most of its time
 in Triton's JIT (MLIR, LLVM and ptxas: ~24 s of the 290-case tp 1 run's 73 s on the H200, all of it
@@ -85,9 +85,8 @@ def representatives(cases: Iterable[Case], jit_backends: set[str]) -> list[Case]
 def jit_backends(names: Iterable[str]) -> set[str]:
     """The backend names among `names` whose class declares `jit_kernels = True` (one that does
     not load is left to the worker, which reports it)."""
-    from backend.attention.registry import BackendLoadError, get_backend
-
     from backend.attention.capabilities import builtin_families
+    from backend.attention.registry import BackendLoadError, get_backend
 
     out = set()
     for name in set(names):
@@ -229,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     procs = []
     for i, (part, device) in enumerate(zip(parts, devices)):
         proc = ctx.Process(target=_child, args=([c.to_dict() for c in part], device, f"{i + 1}/{len(parts)}",
-                                                args.parent, deadline), daemon=True)  # fmt: skip
+                                                args.parent, deadline), daemon=True)
         proc.start()
         procs.append(proc)
     try:

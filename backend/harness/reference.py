@@ -4,7 +4,7 @@ Deliberately shares no attention math with the providers: a per-request Python l
 `torch.nn.functional.scaled_dot_product_attention` with an explicit bottom-right causal mask,
 GQA by repeating kv heads, on K/V read out of the paged cache one block at a time.
 Its fp8 rounding (`fp8_round`) is its own arithmetic, not the providers' quantiser or torch's
-float8 cast: a broken provider quantiser must disagree with it (issue #17).
+float8 cast: a broken provider quantiser must disagree with it.
 """
 
 from __future__ import annotations

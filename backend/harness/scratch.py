@@ -22,7 +22,7 @@ SCRATCH: dict[tuple, list[torch.Tensor]] = {}
 # The session whose caches the scratch equals byte for byte (a weak reference), or None. A step
 # that passes kv_integrity's "nothing changed outside the real slots" leaves the scratch equal to
 # the caches (kv_integrity copies the real slots into it and compares the rest), so the next
-# step's snapshot only needs the slots its context fill wrote, not a whole-cache copy (#13: 4.3 GB
+# step's snapshot only needs the slots its context fill wrote, not a whole-cache copy (4.3 GB
 # a step at full.yaml's GPU shape). Anything else that may write the caches (a capture, a step
 # that wrote outside its slots, an exception, another session on the same buffers) leaves None.
 SCRATCH_OWNER: list = [None]
@@ -58,11 +58,12 @@ def take_snapshot(caches: list[torch.Tensor], session: Session | None = None,
         bufs = SCRATCH[key] = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in caches]
     partial = False
     # A family with state slots (StepState) writes them outside `written`: a whole copy then.
-    if in_sync and session.family.step_state() is None and all(c.is_contiguous() for c in caches):
+    if (in_sync and session is not None and written is not None and session.family.step_state() is None
+            and all(c.is_contiguous() for c in caches)):
         num_slots = session.family.slot_rows(caches[0]).shape[1]
         partial = written.numel() <= PARTIAL_SNAPSHOT_MAX * num_slots
     for b, c in zip(bufs, caches):
-        if partial:
+        if partial and session is not None and written is not None:
             if written.numel():  # [planes, num_slots, row] views of both (contiguous)
                 rows = session.family.slot_rows(b)
                 rows[:, written] = session.family.slot_rows(c)[:, written]
@@ -76,7 +77,7 @@ def capture_checked(session: Session, keys: set[GraphKey]) -> float:
     the capture itself, on vLLM's dummy batch of slot -1 tokens) writes nothing to the KV cache:
     a write there lands before any step's snapshot, so kv_integrity could not see it (vLLM #39444:
     a warm-up write to slot 0), and it can pre-write the very bytes a later stray write repeats
-    (#32). What a key wrote is kept in session.capture_writes; every step that replays that graph
+    What a key wrote is kept in session.capture_writes; every step that replays that graph
     fails kv_integrity with it. Returns the seconds spent capturing."""
     missing = [k for k in keys if k not in session.graphs]
     if not missing:

@@ -27,12 +27,12 @@ from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
 from backend.families.contract import family as family_of
 from backend.families.contract import layer_metadata
-from backend.graphs.base import GraphCaptureError
+from backend.graphs.base import GraphCaptureError, GraphRunner
 from backend.graphs.provenance import host_scope
-from backend.host_copy import copy_into
 from backend.harness.lru import LRU
 from backend.harness.memory import pool_bytes, tensors_bytes
 from backend.harness.model import TPLayout, TPModel, make_weights
+from backend.host_copy import copy_into
 
 __all__ = ["LRU", "CaptureFailed", "GraphKey", "Session", "StepOutput",
            "attention_config", "estimate_bytes"]
@@ -146,7 +146,7 @@ class Session:
         self.static_attn = torch.zeros(shape.num_layers, self.max_static, self.layout.local_heads,
                                        self.family.out_head_size(shape), dtype=dtype, device=self.device)
         self._runner_factory = runner_factory
-        self._runner = None
+        self._runner: GraphRunner | None = None
         self.graphs: dict[GraphKey, _Full | _Piecewise] = {}
         # The eager side of recent steps (sides.EagerStep), shared by the cudagraph modes of one
         # (batch, seed): keyed by (batch spec, seed, steps, tolerance, step index, gang), LRU-bounded;
@@ -296,7 +296,7 @@ class Session:
     def run_eager(self, x: torch.Tensor, batch: BatchDescription) -> torch.Tensor:
         return self.run_eager_step(x, batch).out
 
-    def run_eager_step(self, x: torch.Tensor, batch: BatchDescription) -> StepOutput:
+    def run_eager_step(self, x: torch.Tensor, batch: BatchDescription | tuple[BatchDescription, ...]) -> StepOutput:
         with host_scope(self.device):  # host memory a build() makes is host memory at a later capture
             md = self.last_metadata = self.builder.build(batch)
         attn = torch.empty(self.shape.num_layers, x.shape[0], self.layout.local_heads,
@@ -308,7 +308,7 @@ class Session:
     def run_graph(self, key: GraphKey, x: torch.Tensor, batch: BatchDescription, pad_seed: int = 0) -> torch.Tensor:
         return self.run_graph_step(key, x, batch, pad_seed).out
 
-    def run_graph_step(self, key: GraphKey, x: torch.Tensor, batch: BatchDescription,
+    def run_graph_step(self, key: GraphKey, x: torch.Tensor, batch: BatchDescription | tuple[BatchDescription, ...],
                        pad_seed: int = 0) -> StepOutput:
         """Replay the graph of `key` on the real batch; its output and attention outputs on the
         real rows (FULL: the attention results the graph refreshed; PIECEWISE: attention's own
@@ -339,6 +339,7 @@ class Session:
                 *inputs, _ = outs
                 results.append(self.model.attention(i, [t[:n] for t in inputs], layer_metadata(md, i),
                                                     self.static_attn[i, :n]))
+        assert outs is not None, "a piecewise entry holds one graph per piece"
         return StepOutput(outs[:n].clone(), _stack(results, n))
 
     def _sync(self) -> None:

@@ -11,16 +11,36 @@ import torch
 
 from backend.case import Case
 from backend.harness import step_data
+from backend.harness.checks import (
+    CheckAccumulator,
+    Comparison,
+    HeadComparison,
+    all_finite,
+    compare,
+    compare_heads,
+    kv_integrity,
+    max_abs_diff,
+    raw,
+    real_slot_values,
+    rows_by_request,
+)
 from backend.harness.churn import poison_free_memory, poison_outputs
-from backend.harness.checks import (CheckAccumulator, Comparison, HeadComparison, all_finite, compare, compare_heads,
-                                    kv_integrity, max_abs_diff, raw, real_slot_values, rows_by_request)
 from backend.harness.scratch import mark_scratch
 from backend.harness.session import GraphKey, Session
 from backend.harness.steps import StepInputs, hash_seed
 from backend.harness.timing import Clock, Span
-from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_DETERMINISM, CHECK_FINITE,
-                            CHECK_KV_INTEGRITY, CHECK_PADDED_FINITE, CHECK_REFERENCE, CHECK_REPLAY,
-                            CHECK_STATE_INTEGRITY)
+from backend.result import (
+    CHECK_ATTN_REFERENCE,
+    CHECK_ATTN_REPLAY,
+    CHECK_DETERMINISM,
+    CHECK_FINITE,
+    CHECK_KV_INTEGRITY,
+    CHECK_PADDED_FINITE,
+    CHECK_REFERENCE,
+    CHECK_REPLAY,
+    CHECK_STATE_INTEGRITY,
+)
+
 
 @dataclass
 class EagerStep:
@@ -93,7 +113,7 @@ def eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[
     second = session.run_eager_step(x, inputs.batches)
     same_out = torch.equal(raw(out_e), raw(second.out)) and torch.equal(raw(first.attention), raw(second.attention))
     kv_jitter = not all(torch.equal(raw(real_slot_values(session.family.slot_rows(caches[i]), real_slots[i])),
-                                    raw(real_kv[i])) for i in paged)
+                                    raw(kv)) for i in paged if (kv := real_kv[i]) is not None)
     if state is not None:
         kv_jitter = kv_jitter or not state.same(owned, state.owned(session, prepared))
     jitter, attn_jitter = (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out),
@@ -155,6 +175,7 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
     family = session.family
     for layer in family.paged_layers(shape):
         after, before, eager_real = caches[layer], snapshot[layer], eager.real_kv[layer]
+        assert eager_real is not None, "eager keeps the real slots of every paged layer"
         real_slots = on_device.group_of(layer).real_slots
         k = kv_integrity(family.slot_rows(after), family.slot_rows(before), eager_real, real_slots,
                          family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer]), tol)
@@ -173,7 +194,9 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
                          f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
     state_check = None
     if prepared is not None:  # the family's state: checked before the scratch is declared in sync
-        state_check = family.step_state().graph_check(case, session, prepared, eager.state, snapshot)
+        state = family.step_state()
+        assert state is not None, "a step is prepared only for a family with state"
+        state_check = state.graph_check(case, session, prepared, eager.state, snapshot)
         outside_ok = outside_ok and state_check[0]
     if outside_ok:  # kv_integrity left the scratch equal to the caches (SCRATCH_OWNER)
         mark_scratch(session)
@@ -193,7 +216,7 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
 def pad_seed(case: Case, step: int, session: Session) -> int:
     """The seed of a replay's padded input rows: new for every replay of the session, so a padded
     token's stray KV write changes bytes every time, whatever an earlier case or warm-up left in
-    the slot it hits (#32: the same pad values wrote the same bytes, and a deterministic stray
+    the slot it hits (the same pad values wrote the same bytes, and a deterministic stray
     write passed on one attempt and failed on another, FLAKY)."""
     session.replays += 1
     return hash_seed(case.seed, step, 31, session.replays)
@@ -225,8 +248,8 @@ def add_step(acc: dict[str, CheckAccumulator], step: int, eager: EagerStep, g: G
     if CHECK_STATE_INTEGRITY in acc and eager.state_check is not None:
         # the eager state against the reference's, then the graph run's against eager's
         worst = max(eager.state_check[2], g.state_check[2] if g.state_check else 0.0)
-        bad = next((c for c in (eager.state_check, g.state_check) if c is not None and not c[0]), None)
-        acc[CHECK_STATE_INTEGRITY].add(step, bad is None, max_abs=worst, detail=bad[1] if bad else "")
+        bad_state = next((sc for sc in (eager.state_check, g.state_check) if sc is not None and not sc[0]), None)
+        acc[CHECK_STATE_INTEGRITY].add(step, bad_state is None, max_abs=worst, detail=bad_state[1] if bad_state else "")
     acc[CHECK_DETERMINISM].add(step, eager.deterministic, max_abs=eager.jitter,
                                detail=f"two eager runs differ (max_abs {eager.jitter:.3g}"
                                       f"{', and their KV writes' if eager.kv_jitter else ''})")

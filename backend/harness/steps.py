@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -263,7 +264,8 @@ def _padding_variant(qs: list[int], kind: str, sizes: set[int], fits, rng: rando
             candidates.append(c)
     ok = [c for c in candidates if fits(c)]
     padded = [c for c in ok if sum(c) not in sizes]
-    return (padded or ok or [None])[0]
+    best = padded or ok
+    return best[0] if best else None
 
 
 @dataclass(frozen=True)
@@ -305,7 +307,7 @@ class StepInputs:
         """What a session's builder takes: every group's batch, in group order."""
         return tuple(g.batch for g in self.groups) if self.groups else (self.batch,)
 
-    def on(self, device: torch.device) -> "DeviceInputs":
+    def on(self, device: torch.device) -> DeviceInputs:
         key = str(device)
         got = self._on_device.get(key)
         if got is None:
@@ -364,10 +366,12 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     kv_gen = torch.Generator(device=device).manual_seed(hash_seed(seed, plan.index, 17))
     family = family_of(shape.attention)
     groups = family.groups(shape)
-    layouts = []
+    layouts: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
     for g, group in enumerate(groups):
         if group.kind == "state":  # a slot per request: the family's plan says which (no blocks, no context)
-            layouts.append((family.step_state().group_batch(plan, shape, g, group), torch.zeros(0, dtype=torch.int64),
+            state = family.step_state()
+            assert state is not None, f"{shape.attention}: a state group needs the family's StepState"
+            layouts.append((state.group_batch(plan, shape, g, group), torch.zeros(0, dtype=torch.int64),
                             None))
         else:
             # Group 0 draws from the step's generator as a single-group step always did (its blocks,
@@ -395,7 +399,7 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
                       tuple(GroupInputs(*lay) for lay in layouts), layer_group)
 
 
-def _group_layout(plan: StepPlan, shape: ModelShape, gen: torch.Generator, window: int | None | bool
+def _group_layout(plan: StepPlan, shape: ModelShape, gen: torch.Generator, window: int | bool | None
                   ) -> tuple[BatchDescription, torch.Tensor, torch.Tensor | None]:
     """One KV-cache group's block table over the step's requests, its new tokens' slots, and the
     slots (and draw rows) of the context it holds. `window`: a sliding-window group whose blocks
@@ -408,7 +412,7 @@ def _group_layout(plan: StepPlan, shape: ModelShape, gen: torch.Generator, windo
     if plan.shuffle_blocks:
         pool = pool[torch.randperm(pool.numel(), generator=gen)]
     # Request r takes the next needed[r] blocks of the pool; vectorised over requests (a Python
-    # loop over 200 requests cost ~10 ms a step).
+    # loop over a GPU batch's requests was a visible part of each step).
     num_reqs = len(plan.query_lens)
     need_t = torch.tensor(needed, dtype=torch.int64)
     first_block = torch.cumsum(need_t, 0) - need_t

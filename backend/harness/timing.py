@@ -14,7 +14,7 @@ PHASES = ("session_s", "inputs_s", "snapshot_s", "eager_s", "reference_s", "chec
 class Clock:
     """Marks between a case's phases (CaseResult.timings). On a GPU a mark is a CUDA event recorded
     on the current stream, never a host sync, so the host queues a step's next work while the
-    device still runs the last (#13: these marks were 6,564 synchronize calls, 9 s of the 290-case
+    device still runs the last (these marks were 6,564 synchronize calls, 9 s of the 290-case
     tp 1 slice on the H200); a span between two marks is then the device's time between them,
     read when the case's timings are (its checks have synced by then). On the CPU a mark is
     perf_counter and a span its difference."""
@@ -22,7 +22,7 @@ class Clock:
     def __init__(self, device: torch.device):
         self.events = device.type == "cuda"
 
-    def now(self) -> "float | torch.cuda.Event":
+    def now(self) -> float | torch.cuda.Event:
         if self.events:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -34,7 +34,7 @@ class Span:
     """The time between two marks of a Clock; float() resolves it (waiting for a GPU event's
     completion once) and keeps the seconds."""
 
-    __slots__ = ("_start", "_end", "_seconds")
+    __slots__ = ("_end", "_seconds", "_start")
 
     def __init__(self, start, end):
         self._start, self._end, self._seconds = start, end, None

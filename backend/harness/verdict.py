@@ -7,9 +7,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backend.harness.checks import failure_reason
-from backend.result import (CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY, CHECK_DETERMINISM, CHECK_FINITE,
-                            CHECK_KV_INTEGRITY, CHECK_PADDED_FINITE, CHECK_REPLAY, CHECK_STATE_INTEGRITY,
-                            UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX, CheckOutcome, Status)
+from backend.result import (
+    CHECK_ATTN_REFERENCE,
+    CHECK_ATTN_REPLAY,
+    CHECK_DETERMINISM,
+    CHECK_FINITE,
+    CHECK_KV_INTEGRITY,
+    CHECK_PADDED_FINITE,
+    CHECK_REPLAY,
+    CHECK_STATE_INTEGRITY,
+    UNVERIFIABLE_ADVICE,
+    UNVERIFIABLE_PREFIX,
+    CheckOutcome,
+    Status,
+)
 
 # state_integrity's detail names which of its parts failed (backend/families/gdn_state.py).
 STATE_GRAPH_ONLY = "the graph run's state differs from eager's"
@@ -57,12 +68,12 @@ def status_of(checks: Sequence[CheckOutcome], unverifiable: Sequence[str], kv_ji
             return Status.PASS, UNVERIFIABLE_PREFIX + unverifiable[0]
         return Status.UNVERIFIABLE, (f"{UNVERIFIABLE_PREFIX}{unverifiable[0]}; the graph side disagreed with eager "
                                      f"from step {min(c.step or 0 for c in failed)} "
-                                     f"({', '.join(c.name for c in failed)}): {UNVERIFIABLE_ADVICE}")  # fmt: skip
+                                     f"({', '.join(c.name for c in failed)}): {UNVERIFIABLE_ADVICE}")
     if not failed:
         return Status.PASS, ""
     det = next((c for c in failed if c.name == CHECK_DETERMINISM), None)
     real = [c for c in failed if c.name != CHECK_DETERMINISM
-            and not (det and explained_by_jitter(c, det, kv_jitter, attn_jitter))]  # fmt: skip
+            and not (det and explained_by_jitter(c, det, kv_jitter, attn_jitter))]
     if real or det is None:
         note = f" (eager also not deterministic, max_abs {det.max_abs_err:.3g})" if det else ""
         return Status.FAIL, failure_reason(real[0]) + note

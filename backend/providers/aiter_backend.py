@@ -26,7 +26,6 @@ from typing import ClassVar
 
 import torch
 
-from backend.providers import aiter_ops_emulated
 from backend.attention.builder import PersistentMetadataBuilder
 from backend.attention.interface import (
     AttentionBackend,
@@ -36,6 +35,7 @@ from backend.attention.interface import (
     AttentionMetadata,
 )
 from backend.attention.kv_cache import dequantize, write_kv
+from backend.providers import aiter_ops_emulated
 
 PARTITION_SIZE = 256  # vLLM's _PARTITION_SIZE_ROCM
 
@@ -110,7 +110,7 @@ def _probe_native() -> str | None:
         return "unavailable: needs ROCm (torch.version.hip is None)"
     try:
         import aiter  # noqa: F401  (JIT-compiles with hipcc at import; fails off ROCm)
-    except Exception as exc:  # ImportError, or the JIT build failing
+    except Exception as exc:  # noqa: BLE001 - ImportError, or the JIT build failing
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return f"unavailable: import aiter failed: {first}"
     return None

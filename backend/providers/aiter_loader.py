@@ -73,14 +73,14 @@ class AiterLoadError(RuntimeError):
 def aiter_package_dir() -> str | None:
     """Directory of the installed `aiter` package, without importing it (None if not installed)."""
     if "aiter" in sys.modules and getattr(sys.modules["aiter"], "__path__", None):
-        return list(sys.modules["aiter"].__path__)[0]
+        return next(iter(sys.modules["aiter"].__path__))
     try:
         spec = importlib.util.find_spec("aiter")
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    return list(spec.submodule_search_locations)[0]
+    return next(iter(spec.submodule_search_locations))
 
 
 def installed_aiter_version(package_dir: str | None = None) -> str | None:
@@ -201,7 +201,7 @@ def native_binding(name: str, package_dir: str | None = None) -> str | None:
         if rel is None:
             continue
         names = [a.asname or a.name for a in node.names]
-        if names == ["*"] and _exports(_parse(package_dir, rel), name) or name in names:
+        if (names == ["*"] and _exports(_parse(package_dir, rel), name)) or name in names:
             bound = rel.replace(os.sep, "/")
     return bound
 
@@ -270,7 +270,7 @@ def _register_namespace_stubs(package_dir: str) -> None:
 
 def _report_gfx950() -> None:
     arch_info = importlib.import_module("aiter.ops.triton.utils._triton.arch_info")
-    arch_info.get_arch = lambda: "gfx950"  # noqa: E731  (module global: get_device() etc. see it too)
+    arch_info.get_arch = lambda: "gfx950"  # a module global: get_device() etc. see it too
 
 
 class _NvidiaLaunch:

@@ -18,11 +18,11 @@ from typing import ClassVar
 
 import torch
 
-from backend.providers.aiter_backend import gather_contiguous_kv
-from backend.providers.aiter_loader import load_aiter_triton, triton_unavailable_reason
 from backend.attention.builder import PersistentMetadataBuilder
 from backend.attention.interface import AttentionBackend, AttentionCGSupport, AttentionImpl
 from backend.attention.kv_cache import write_kv
+from backend.providers.aiter_backend import gather_contiguous_kv
+from backend.providers.aiter_loader import load_aiter_triton, triton_unavailable_reason
 from backend.providers.torch_ops import token_to_request
 
 

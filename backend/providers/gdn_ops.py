@@ -130,11 +130,11 @@ def gdn_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, page: to
     w, A_log, dt_bias = weights["conv_w"], weights["A_log"], weights["dt_bias"]
     scale, pad, km1 = d.head_k_dim ** -0.5, md.pad_slot, d.conv_kernel - 1
     if padded_conv_unwritten:
-        def conv_window_(window, weight, idx):  # noqa: E306 - the broken kernel's conv
+        def conv_window_(window, weight, idx):  # the broken kernel's conv
             cx = conv_window(window, weight)
             return torch.where(_valid(idx, pad).view(-1, 1, 1), cx, torch.full_like(cx, float("nan")))
     else:
-        def conv_window_(window, weight, idx):  # noqa: E306
+        def conv_window_(window, weight, idx):
             return conv_window(window, weight)
     res = torch.zeros(out.shape[0], d.num_v_heads, d.head_v_dim, dtype=torch.float32, device=out.device)
     lead = 0  # tokens of the decode / verify rows

@@ -94,7 +94,7 @@ def decompressed_prefill(q: torch.Tensor, kv_cache: torch.Tensor, md: MLAMetadat
     [num_prefill_tokens, Hl, V]: per request, its whole sequence decompressed and attended
     causally (bottom-right). Requests' queries are padded to the host max_query_len (graph-safe
     varlen: no host read of the boundaries)."""
-    nd, npf, dt, npt = md.num_decodes, md.num_prefills, md.num_decode_tokens, md.num_prefill_tokens
+    nd, npf, _, npt = md.num_decodes, md.num_prefills, md.num_decode_tokens, md.num_prefill_tokens
     h, v_dim = q.shape[1], dims.v_head_dim
     if not npf or not npt:
         return torch.zeros(0, h, v_dim, dtype=torch.float32, device=q.device)

@@ -6,7 +6,7 @@ query_lens; the one host value that reaches a shape is the gather length, the me
 (FlashAttention's max_seqlen_k, the partition count of paged decode). A graph freezes it at
 capture, where the builder sets it to max_model_len (vLLM's capture batch, DESIGN.md §4a), an
 upper bound of every replay; eager steps and the attention between piecewise graphs gather only
-the blocks their batch can reach (#13: at the GPU shape a 200-request decode step gathered every
+the blocks their batch can reach (at the GPU shape a 200-request decode step gathered every
 request's 4096 positions, 6.7 GB of fp32 K/V, for contexts of ~2048).
 """
 

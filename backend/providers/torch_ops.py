@@ -41,7 +41,7 @@ def gather_paged(cache: torch.Tensor, block_rows: torch.Tensor, length: int,
     The result is a view of kv-head-major storage ([Hkv, C, length, D]): the blocks are selected
     straight out of a head-first view of the cache, one copy in the cache dtype (2 or 1 bytes an
     element), then dequantised; masked_attention multiplies per (kv head, token) and takes that
-    layout as it is (#13: before, a position-major gather was reordered by a second copy, and
+    layout as it is (before, a position-major gather was reordered by a second copy, and
     before that copied again in fp32 inside each einsum)."""
     block_size, hkv, d = cache.shape[1], cache.shape[2], cache.shape[3]
     nblocks = -(-length // block_size)
@@ -63,7 +63,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     (padded requests have seq_len 0).
 
     Batched over (kv head, token): k/v as gather_paged returns them ([Hkv, C, L, D] storage) go
-    into the matmuls without a copy; one softmax pass over the fp32 scores (#13: it was five).
+    into the matmuls without a copy; one softmax pass over the fp32 scores (it was five).
     """
     c, h, d = q.shape
     hkv = k.shape[2]

@@ -18,7 +18,7 @@ from orchestrator.outputs import gather
 from orchestrator.store import ResultStore
 
 
-def main(db: str | None = None, run_id: str | None = None, out_dir: str | None = None, **judging) -> int:
+def main(db: str | None = None, run_id: int | str | None = None, out_dir: str | None = None, **judging) -> int:
     """`judging`: the options of judging.CLI_KEYS given; the others are the run's own."""
     asked = Judging.from_cli(judging)
     out_dir = out_dir or defaults.dashboard_out()

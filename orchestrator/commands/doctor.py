@@ -6,7 +6,7 @@ token auth, NCCL/RCCL switches, Triton cache, and the installed amd-aiter agains
 With --matrix: which providers the matrix can use here (its cases expanded exactly as `orch run`
 expands them) and which are skipped, with the reason. The exit code is the one `orch run` would
 get for the reasons doctor can see: 0 when the runnable part can run (a provider that cannot run
-here is skipped by the run too, #33: doctor said 1 where the run passed), 3 for `--devices gpu`
+here is skipped by the run too: doctor must not say 1 where the run passes), 3 for `--devices gpu`
 without a GPU, 1 when a provider the run uses fails to load its kernels; a matrix that does not
 load is bad input (2). Nothing here starts Ray or touches a GPU beyond reading its properties.
 """
@@ -18,6 +18,7 @@ import importlib.metadata
 import json
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -291,6 +292,7 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
     from backend.families.contract.registry import FAMILY_NAMES
     from backend.harness.distributed import _NCCL_ENV
     from backend.graphs.cuda import graph_kind
+    from backend.harness.distributed import _NCCL_ENV
 
     env = dict(os.environ if env is None else env)
     gpu = torch.cuda.is_available()
@@ -388,10 +390,10 @@ def render(report: DoctorReport) -> None:
         m = report.matrix
         section("matrix")
         t.add_row("file", f"{m.path} ({m.device_class}): {m.runnable} cases run here, {m.skipped} skipped")
-        for p in m.usable:
-            t.add_row(p.provider, f"[green]runs {p.runs} case(s) here[/]" + (f" ({p.skipped} skipped)" if p.skipped else ""))
-        for p in m.unusable:
-            t.add_row(p.provider, f"[yellow]skipped here ({p.skipped} case(s)): {p.reason}[/]")
+        for u in m.usable:
+            t.add_row(u.provider, f"[green]runs {u.runs} case(s) here[/]" + (f" ({u.skipped} skipped)" if u.skipped else ""))
+        for u in m.unusable:
+            t.add_row(u.provider, f"[yellow]skipped here ({u.skipped} case(s)): {u.reason}[/]")
         for line in m.problems:
             t.add_row("[red]problem[/]", line)
         if not m.problems:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from backend.case import Case
@@ -74,7 +74,7 @@ def _history(db: str | None) -> tuple[dict[str, float], dict[str, int]]:
 
 
 def _memory(cases: Sequence[Case], needs: dict[str, int]) -> dict:
-    """What one worker needs for these cases, from their recorded device memory (issue 37), and
+    """What one worker needs for these cases, from their recorded device memory, and
     how many workers `--workers-per-gpu auto` would put on each of this machine's GPUs."""
     from backend.attention.capabilities import driver_gpu_memory, local_gpu_count
     from orchestrator.executor.packing import DEFAULT_UTILIZATION, auto_per_gpu, worker_need
@@ -101,7 +101,7 @@ def _wall(cases: Sequence[Case], est: dict[str, float], device_class: str, worke
 
 
 def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str | None = None,
-               workers: int | None = None, db: str | None = None) -> dict:  # fmt: skip
+               workers: int | None = None, db: str | None = None) -> dict:
     from orchestrator.scheduling.wall import case_durations
 
     if workers is not None and workers < 1:
@@ -114,7 +114,7 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
     history, needs = _history(db)
     est = {cid: round(float(v), 3) for cid, v in case_durations(cases, history).items()}
     modes = {c.case_id: resolved_mode(c) for c in cases}
-    by_tp: Counter = Counter()
+    by_tp: dict[str, float] = defaultdict(float)
     for c in cases:
         by_tp[str(c.tp)] += est[c.case_id]
     downgrades = [(c.mode, modes[c.case_id][0], c.backend, c.axes.get("attention") or "gqa") for c in cases if modes[c.case_id][0] not in (c.mode, "ERROR")]

@@ -39,7 +39,7 @@ def _text(view: RunView, verbose: bool = False) -> str:
     if verbose:
         order = {c: i for i, c in enumerate(_LISTED)}
         rows = sorted((cid for cid, c in gate.classification.items() if c in order),
-                      key=lambda c: (order[gate.classification[c]], c))  # fmt: skip
+                      key=lambda c: (order[gate.classification[c]], c))
         for cid in rows:
             r = by_id.get(cid)
             out.append(f"{gate.classification[cid]:<12} {cid}  {' '.join((r.reason if r else 'no result').split())[:80]}")
@@ -69,7 +69,7 @@ def render(view: RunView, fmt: str, verbose: bool = False) -> str:
              "known_failures": view.known.source if view.known is not None else None,
              "suggested_known_failures": [e.to_yaml() for e in gate_notes.suggestions(view)]},
             indent=2, sort_keys=True, default=str,
-        )  # fmt: skip
+        )
     if fmt == "md":
         return summary.render(view.run, view.results, view.gate) + gate_notes.markdown(view)
     if fmt == "junit":
@@ -78,7 +78,7 @@ def render(view: RunView, fmt: str, verbose: bool = False) -> str:
     return _text(view, verbose)
 
 
-def main(db: str | None = None, run_id: str | None = None, fmt: str = "text", output: str | None = None,
+def main(db: str | None = None, run_id: int | str | None = None, fmt: str = "text", output: str | None = None,
          verbose: bool = False, **judging) -> int:
     """Every format carries the verdict, so every format exits by it (0 passed, 1 failed, 3 only
     not-run). `judging`: the options of judging.CLI_KEYS given; the others are the run's own.

@@ -47,7 +47,7 @@ from orchestrator.errors import InputError, OrchError
 from orchestrator.flakiness import DEFAULT_WINDOW
 from orchestrator.run_output import final_line, last_lines, time_line
 from orchestrator.run_request import RunRequest
-from orchestrator.store.options import RunOptions
+from orchestrator.store.options import NewRun, RunOptions
 
 if TYPE_CHECKING:
     from backend.case import Case
@@ -135,7 +135,7 @@ def _plan(req: RunRequest, matrix: str) -> tuple[list[Case], list[SkippedCase], 
     options = RunOptions(out=os.path.abspath(out_dir), filter=req.filter_expr, backend=req.backend,
                          matrix_cases=len(m.cases) + len(m.skipped), allow_empty=j.allow_empty, require=j.require,
                          allow_unverifiable=j.allow_unverifiable, known_failures=os.path.abspath(known) if known else "",
-                         flaky_window=j.flaky_window or DEFAULT_WINDOW, flaky_threshold=j.flaky_threshold)  # fmt: skip
+                         flaky_window=j.flaky_window or DEFAULT_WINDOW, flaky_threshold=j.flaky_threshold)
     return list(cases), list(skipped), options, out_dir
 
 
@@ -165,7 +165,7 @@ def _main(req: RunRequest) -> int:
             resumed = store.run(resume_id)  # exit 2 if absent, before any lock
             if req.label is not None and req.label != resumed.label:
                 raise InputError(f"--resume {resume_id}: run {resume_id} is labelled {resumed.label!r}, "
-                                 f"not {req.label!r} (a run keeps its label)")  # fmt: skip
+                                 f"not {req.label!r} (a run keeps its label)")
             note = store.acquire_writer(resume_id, sys.argv)
             run_id = resume_id
             if note:
@@ -180,16 +180,15 @@ def _main(req: RunRequest) -> int:
         paths = artifacts.output_paths(out_dir, req.junit_path, req.summary_path)
         artifacts.check_writable(paths)  # a read-only --out is exit 3 now, before any work
         artifacts.clear(paths)  # an earlier run's outputs never outlive the start of this one
-        rid = req.resume_id if req.resume_id is not None else store.create_run(
-            matrix=req.matrix or "", cases=[*cases, *(s.case for s in skipped)], argv=sys.argv, cluster=req.address,
-            devices=req.devices, versions=_versions(), baseline=req.judging.baseline, label=req.label or "",
-            lock_writer=True, options=options,
-        )  # fmt: skip
+        new = NewRun(matrix=req.matrix or "", cases=[*cases, *(s.case for s in skipped)], argv=sys.argv,
+                     cluster=req.address, devices=req.devices, versions=_versions(), baseline=req.judging.baseline,
+                     label=req.label or "", options=options)
+        rid = req.resume_id if req.resume_id is not None else store.create_run(new, lock_writer=True)
         run_id = rid
         store.record_many(rid, [(CaseResult(
             case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,
             repro=s.case.repro_command(), axes=s.case.axes,
-        ), True) for s in skipped])  # fmt: skip
+        ), True) for s in skipped])
         interrupted: KeyboardInterrupt | None = None
         try:
             _execute(store, rid, cases, req, phases)
@@ -246,11 +245,11 @@ def _resume(store, run_id: int, req: RunRequest) -> tuple[list, list]:
     run = store.run(run_id)  # InputError if absent
     if req.matrix is not None and not same_matrix(req.matrix, run):
         raise InputError(f"--resume {run_id}: run {run_id} ran {run.matrix}, not {req.matrix} "
-                         f"(leave MATRIX out to finish run {run_id} with its own)")  # fmt: skip
+                         f"(leave MATRIX out to finish run {run_id} with its own)")
     missing = set(store.missing_case_ids(run_id))
     if not missing and run.status == "finished":
         raise InputError(f"--resume {run_id}: run {run_id} is finished, every one of its {run.num_cases} cases has a "
-                         f"verdict; nothing to resume (`orch gate --run {run_id}` prints its verdict)")  # fmt: skip
+                         f"verdict; nothing to resume (`orch gate --run {run_id}` prints its verdict)")
     skipped = []
     try:  # which missing cases cannot run here today (a provider gone): recorded as skips
         m = load_matrix(req.matrix or run.matrix, devices=req.devices, backend_override=req.backend)
@@ -391,7 +390,7 @@ def _on_cluster(store, run_id: int, cases, req: RunRequest, work: _Work) -> dict
 
     try:
         return Executor(cluster, config, on_results=on_results, history=work.history, deferral=work.deferral,
-                        on_notice=_err).run(cases)  # fmt: skip
+                        on_notice=_err).run(cases)
     finally:
         progress.close()
         t_end = time.monotonic()

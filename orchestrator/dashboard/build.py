@@ -122,7 +122,7 @@ def case_entry(r: CaseResult, view: RunView, hist: dict, labels: dict[int, str] 
                 "name": c.name, "passed": c.passed, "summary": c.summary(), "step": c.step,
                 "max_abs": _num(c.max_abs_err), "max_rel": _num(c.max_rel_err), "mismatch": _num(c.mismatch_frac),
                 "first_bad": list(c.first_bad) if c.first_bad else None, "bitwise": c.bitwise, "detail": c.detail,
-            }  # fmt: skip
+            }
             for c in r.checks
         ],
         "timings": {k: _num(v) for k, v in t.items()},
@@ -149,7 +149,7 @@ def _flakiness(case_id: str, view: RunView) -> dict[str, Any] | None:
 
 
 def page_data(view: RunView, hist: dict[str, list[tuple[int, str, str]]], runs: list[dict] | None = None,
-              labels: dict[int, str] | None = None) -> dict[str, Any]:  # fmt: skip
+              labels: dict[int, str] | None = None) -> dict[str, Any]:
     """Everything the page shows, JSON-able. `hist`: store.status_history(); `labels`: run id ->
     label of the runs in it."""
     pending_state = "pending" if view.run.status == "running" else "missing"
@@ -158,7 +158,7 @@ def page_data(view: RunView, hist: dict[str, list[tuple[int, str, str]]], runs: 
         axes = with_k({k: v for k, v in p.items() if k != "case_id"})
         cases.append({"id": p["case_id"], "axes": axes, "state": pending_state, "cls": pending_state, "change": "",
                       "reason": "no result yet" if pending_state == "pending" else "planned, never finished",
-                      "downgraded": False, "checks": [], "history": _history(p["case_id"], view.run.id, hist, labels)})  # fmt: skip
+                      "downgraded": False, "checks": [], "history": _history(p["case_id"], view.run.id, hist, labels)})
     run = view.run
     return {
         "run": {
@@ -167,7 +167,7 @@ def page_data(view: RunView, hist: dict[str, list[tuple[int, str, str]]], runs: 
             "finished_at": run.finished_at, "versions": run.versions, "num_cases": run.num_cases,
             "num_results": run.num_results, "label": run.label, "device_model": run.device_model,
             "selection": selection(run),
-        },  # fmt: skip
+        },
         "gate": {**view.gate.to_dict(), "baseline": view.baseline_given},
         "baseline_where": view.baseline.where,  # "run 3 (latest labelled 'main')"
         "baseline_note": view.baseline.note,  # why a label found no baseline

@@ -1,5 +1,5 @@
 """The page's data, packed for the wire: full.yaml's 2,185 cases as plain view-model dicts made a
-3.9 MB page (#41); packed, a page under 1 MB. dashboard.js `unpack` restores the same dicts, so
+3.9 MB page; packed, a page under 1 MB. dashboard.js `unpack` restores the same dicts, so
 the view model (build.py `case_entry`) stays the one place a field is added: a new field travels
 as it is, and only these known ones are packed.
 

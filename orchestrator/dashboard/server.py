@@ -27,7 +27,7 @@ _EMPTY_PAGE = """<!doctype html><meta charset="utf-8"><meta http-equiv="refresh"
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "DashboardServer"
+    server: DashboardServer
 
     def log_message(self, format: str, *args: object) -> None:  # quiet: one line per request is noise
         pass
@@ -87,11 +87,12 @@ class DashboardServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        assert isinstance(host, str), "an AF_INET server: its address is (str, int)"
         return f"http://{host}:{port}/"
 
 
 def make_server(db: str, host: str = "127.0.0.1", port: int = 0, baseline: str | None = None,
-                known_failures: str | None = None) -> DashboardServer:  # fmt: skip
+                known_failures: str | None = None) -> DashboardServer:
     """Validate the inputs now (bad known-failures file or baseline = exit 2 before serving)."""
     known = load(known_failures)
     with ResultStore(db, readonly=True) as store:

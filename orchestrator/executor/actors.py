@@ -15,8 +15,9 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 DEFAULT_RUNNER = "backend.harness.checker:run_case"
 # Multicast paths have broken NCCL on the lent machines; every actor runs without them.
@@ -206,7 +207,7 @@ class CaseWorker:
             case = Case.from_dict(d)
             if desync:  # the gang is out of step: later cases are not run on it (driver requeues)
                 out.append(CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=desync, error_kind="gang",
-                                      requested_mode=case.mode, axes=case.axes, worker=self.info_.label).to_dict())  # fmt: skip
+                                      requested_mode=case.mode, axes=case.axes, worker=self.info_.label).to_dict())
                 continue
             t0 = time.monotonic()
             print(f"[orch] case {case.case_id} rank {rank}", flush=True)
@@ -225,12 +226,12 @@ class CaseWorker:
                     case_id=case.case_id, status=Status.ERROR, reason=f"{type(e).__name__}: {first}",
                     requested_mode=case.mode, error_kind="exception", log_tail=tb[-LOG_TAIL_BYTES:],
                     repro=case.repro_command(), axes=case.axes, timings={"total_s": time.monotonic() - t0},
-                )  # fmt: skip
+                )
             if world > 1:
                 desync = self._barrier(case.case_id, not raised)
                 if desync and not raised:  # its collectives may have paired with the wrong case
                     res = CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=desync, error_kind="gang",
-                                     requested_mode=case.mode, axes=case.axes)  # fmt: skip
+                                     requested_mode=case.mode, axes=case.axes)
             changes: dict[str, Any] = {"worker": self.info_.label}
             if not res.device:
                 changes["device"] = self.device

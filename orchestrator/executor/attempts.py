@@ -124,7 +124,7 @@ class Attempts:
             if t is None:
                 break
             if (t.tp != width or t.id in self.singles or total + t.est_s >= target_s
-                    or self.avoid(t.id) == worker):  # fmt: skip
+                    or self.avoid(t.id) == worker):
                 self.dispatcher.requeue(t)
                 break
             self.taken(t)
@@ -162,7 +162,7 @@ class Attempts:
         """Out of memory on a worker of `width` of `per_gpu` shares: run again on a whole GPU,
         where only an out-of-memory is its verdict (`oom`)."""
         self.widened[task.id] = (f"out of device memory on a worker of {width}/{per_gpu} of a GPU "
-                                 f"({first_line(res.reason)}): rerun on a whole GPU")  # fmt: skip
+                                 f"({first_line(res.reason)}): rerun on a whole GPU")
         self.requeue(task, dataclasses.replace(task, tp=per_gpu))
 
     def not_run(self, case: Case, reason: str, kind: ErrorKind = ErrorKind.PLACEMENT) -> None:
@@ -174,14 +174,14 @@ class Attempts:
         else:
             res = CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=f"not run: {reason}",
                              requested_mode=case.mode, error_kind=kind.value, repro=case.repro_command(),
-                             axes=case.axes)  # fmt: skip
+                             axes=case.axes)
         self.emit(res, True)
 
     def skip_placement(self, case: Case, reason: str) -> None:
         """A case that cannot run here at all (tp larger than any node): SKIP."""
         self.emit(CaseResult(case_id=case.case_id, status=Status.SKIP, reason=reason, requested_mode=case.mode,
                              error_kind=ErrorKind.PLACEMENT.value, repro=case.repro_command(), axes=case.axes),
-                  True)  # fmt: skip
+                  True)
 
     def _give_up(self, task: Task, reason: str, kind: ErrorKind = ErrorKind.PLACEMENT) -> None:
         self.dispatcher.done(task, 0.0)

@@ -23,9 +23,15 @@ CPU_PER_WORKER = 0.25
 CONNECT_TIMEOUT_S = 3.0
 
 
-class DeviceKind(enum.StrEnum):
-    """What the workers run on: GPUs, or CPU workers with graphs emulated. A StrEnum: it is the
-    plain string wherever it is shown, stored or compared."""
+class DeviceKind(str, enum.Enum):
+    """What the workers run on: GPUs, or CPU workers with graphs emulated. It is the plain string
+    wherever it is shown, stored or compared (enum.StrEnum's behaviour, which Python 3.10 lacks)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
     GPU = "gpu"
     CPU = "cpu"
@@ -86,7 +92,7 @@ def _check_reachable(address: str) -> None:
 
 
 def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min_slots: int = 1,
-               per_gpu: int = 1, max_gpus: int | None = None) -> tuple[NodeSlots, ...]:  # fmt: skip
+               per_gpu: int = 1, max_gpus: int | None = None) -> tuple[NodeSlots, ...]:
     """Slots per alive node. GPU: `per_gpu` per GPU (--workers-per-gpu), `workers` in all at most.
     CPU: `workers` (default max(cores, min_slots), so the largest gang of the matrix fits) spread
     over nodes as far as their CPUs allow. `max_gpus` (`orch run --max-gpus`): this run's share of
@@ -158,7 +164,7 @@ class LocalLayout:
         return f"{self.workers} CPU worker(s){capped}"
 
 
-def local_layout(device_kind: str, workers: int | None, min_slots: int, *, cpus: int, gpus: int) -> LocalLayout:
+def local_layout(device_kind: DeviceKind | str, workers: int | None, min_slots: int, *, cpus: int, gpus: int) -> LocalLayout:
     if device_kind == "gpu":
         return LocalLayout(DeviceKind.GPU, min(gpus, workers) if workers is not None else gpus, 0)
     cap = int(cpus / CPU_PER_WORKER)  # node_slots: a node holds at most this many CPU workers
@@ -180,7 +186,7 @@ def embedded_init_kwargs(num_gpus: int, *, preload: bool = True) -> dict:
 
 
 def connect(address: str = "local", *, devices: str = "auto", workers: int | None = None, min_slots: int = 1,
-            workers_per_gpu: int = 1, max_gpus: int | None = None) -> ClusterInfo:  # fmt: skip
+            workers_per_gpu: int = 1, max_gpus: int | None = None) -> ClusterInfo:
     """Start embedded Ray (`local`) or join (`auto`, HOST:PORT, or RAY_ADDRESS) and count slots.
 
     Reuses an already-initialised Ray in this process (tests share one session cluster).
@@ -217,7 +223,7 @@ def connect(address: str = "local", *, devices: str = "auto", workers: int | Non
         if owned:
             ray.shutdown()
         raise InfraError(f"the Ray cluster offers no {kind} worker slots")
-    return ClusterInfo(address=address, device_kind=kind, nodes=nodes, owned=owned, workers_per_gpu=per_gpu)
+    return ClusterInfo(address=address, device_kind=DeviceKind(kind), nodes=nodes, owned=owned, workers_per_gpu=per_gpu)
 
 
 def held_by_others(info: ClusterInfo, ours: float) -> tuple[float, float]:

@@ -50,4 +50,4 @@ def group_key(case: Case) -> str:
     m = case.model
     family = "" if m.attention == "gqa" else f"{m.attention}{list(m.dims)}|"  # gqa keys as before
     return (f"{family}{case.backend}|tp{case.tp}|{case.kv_cache_dtype}|{m.num_heads}x{m.num_kv_heads}x"
-            f"{m.head_size}|{m.dtype}|{m.num_layers}|{m.max_model_len}|{len(case.capture_sizes)}")  # fmt: skip
+            f"{m.head_size}|{m.dtype}|{m.num_layers}|{m.max_model_len}|{len(case.capture_sizes)}")

@@ -92,7 +92,7 @@ def placement_state(pg: Any) -> str:
 
     try:
         return str(placement_group_table(pg).get("stats", {}).get("scheduling_state", ""))
-    except Exception:  # the GCS is unreachable: treat as unknown (the deadline decides)
+    except Exception:  # noqa: BLE001 - the GCS is unreachable: treat as unknown (the deadline decides)
         return ""
 
 
@@ -157,7 +157,7 @@ def reform(gang: Gang, tp: int) -> tuple[list[Gang], list[list[Any]]]:
     for start in range(0, gang.tp, tp):
         part = Gang(spec=spec, node=gang.node, node_id=gang.node_id, pg=gang.pg, pg_size=gang.pg_size,
                     state=GangState.LEAVING, actors=gang.actors[start:start + tp],
-                    infos=gang.infos[start:start + tp])  # fmt: skip
+                    infos=gang.infos[start:start + tp])
         new.append(part)
         refs.append([a.leave_gang.remote() for a in part.actors])
     gang.state = GangState.DEAD
@@ -173,11 +173,11 @@ def teardown(gang: Gang, remove_pg: bool = True) -> None:
     for a in gang.actors:
         try:
             ray.kill(a, no_restart=True)
-        except Exception:  # already dead
+        except Exception:  # noqa: BLE001 - already dead
             pass
     if remove_pg:
         try:
             remove_placement_group(gang.pg)
-        except Exception:  # node gone with it
+        except Exception:  # noqa: BLE001 - node gone with it
             pass
     gang.state = GangState.DEAD

@@ -144,6 +144,6 @@ class MemoryOptions:
     gpu_memory: int | None = None  # bytes each GPU is taken to have (None: its real size)
 
     @classmethod
-    def parse(cls, workers_per_gpu, utilization, gpu_memory) -> "MemoryOptions":
+    def parse(cls, workers_per_gpu, utilization, gpu_memory) -> MemoryOptions:
         return cls(parse_workers_per_gpu(workers_per_gpu), check_utilization(float(utilization)),
                    parse_gib(gpu_memory, "--gpu-memory"))

@@ -89,11 +89,11 @@ class GangPool:
         """The actors' MemoryBudget (backend/harness/memory.py), as hashable items."""
         share = width / self.per_gpu if tp == 1 else 1.0
         return (("utilization", self.config.gpu_memory_utilization), ("share", share),
-                ("device_bytes", self.config.gpu_memory_bytes))  # fmt: skip
+                ("device_bytes", self.config.gpu_memory_bytes))
 
     def spec(self, tp: int, width: int, log_dir: str) -> GangSpec:
         return GangSpec(tp, self.cluster.device_kind, self.config.runner, log_dir, self.cluster.cpu_per_worker,
-                        gpu_share=width / self.per_gpu if tp == 1 else 1.0, memory=self.memory(tp, width))  # fmt: skip
+                        gpu_share=width / self.per_gpu if tp == 1 else 1.0, memory=self.memory(tp, width))
 
     # -- what is held ---------------------------------------------------------------------------
 
@@ -108,7 +108,7 @@ class GangPool:
         as if those gangs were torn down)."""
         gone = {id(g) for g in without}
         pgs = {id(g.pg): g.pg_size * self.gang_width(g) // g.spec.tp for g in self.gangs
-               if g.node == node and g.state != GangState.DEAD and id(g) not in gone}  # fmt: skip
+               if g.node == node and g.state != GangState.DEAD and id(g) not in gone}
         return sum(pgs.values())
 
     def free(self, node: int) -> int:
@@ -116,7 +116,7 @@ class GangPool:
         if not self.alive[node]:
             return 0
         busy = sum(self.gang_width(g) for g in self.gangs
-                   if g.node == node and g.state not in (GangState.DEAD, GangState.IDLE))  # fmt: skip
+                   if g.node == node and g.state not in (GangState.DEAD, GangState.IDLE))
         free = self.cluster.nodes[node].slots - busy
         cores = self.cluster.nodes[node].cores
         if cores and busy:  # CPU: a second gang only while the ranks fit in the cores (NodeSlots)
@@ -131,7 +131,7 @@ class GangPool:
         """What our placed gangs reserve, in the resource other drivers compete for."""
         per = (lambda g: g.spec.gpu_share) if self.gpu else (lambda g: self.cluster.cpu_per_worker)
         pgs = {id(g.pg): g.pg_size * per(g) for g in self.gangs
-               if g.state not in (GangState.DEAD, GangState.PLACING)}  # fmt: skip
+               if g.state not in (GangState.DEAD, GangState.PLACING)}
         return sum(pgs.values())
 
     def node_lost(self, node: int) -> list[Gang]:

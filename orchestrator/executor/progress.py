@@ -25,13 +25,14 @@ class Progress:
         self._bar = None
         if self.live and self.total and not quiet:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as Bar
 
             self._bar = Bar(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[counts]}"), TimeRemainingColumn(),
                 console=Console(file=self.stream), transient=False,
-            )  # fmt: skip
+            )
             self._task = self._bar.add_task(label, total=self.total, counts="")
             self._bar.start()
 
@@ -52,7 +53,7 @@ class Progress:
             elapsed = time.monotonic() - self._t0
             eta = elapsed / self.done * (self.total - self.done)
             print(f"orch: {self.done}/{self.total} ({pct}%) {self._counts_text()} elapsed {elapsed:.0f}s eta {eta:.0f}s",
-                  file=self.stream, flush=True)  # fmt: skip
+                  file=self.stream, flush=True)
             while self._next_pct <= pct:
                 self._next_pct += 10
 

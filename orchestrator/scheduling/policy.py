@@ -111,7 +111,7 @@ class Dispatcher:
         self.nodes = list(nodes)
         # id -> 0 (waiting in the sorted arrays) or k > 0 (waiting, requeued with token k).
         self._live: dict[str, int] = {t.id: 0 for t in tasks}
-        alive = lambda t: self._live.get(t.id) == 0  # noqa: E731
+        alive = lambda t: self._live.get(t.id) == 0
         by_kind: dict[tuple[int, int], list[Task]] = {}
         by_group: dict[tuple[int, str], list[Task]] = {}
         for t in tasks:
@@ -137,7 +137,7 @@ class Dispatcher:
 
     # -- queue -----------------------------------------------------------------------------------
     def _requeued_best(self, tier: int, max_tp: int, limit_s: float = math.inf) -> Task | None:
-        best = None
+        best: Task | None = None
         for (t_tier, tp), heap in self._requeued.items():
             if t_tier != tier or tp > max_tp:
                 continue
@@ -145,6 +145,7 @@ class Dispatcher:
                 heapq.heappop(heap)  # stale: dispatched again, or requeued once more
             if not heap:
                 continue
+            t: Task | None
             if limit_s == math.inf:
                 t = heap[0][2]
             else:  # EASY backfill on a reserved node only: a linear look is fine
@@ -222,9 +223,9 @@ class Dispatcher:
             return None
         if self._reserved is not None and self._live.get(self._reserved[1].id) is None:
             self._reserved = None  # the gang started (here or elsewhere)
-        if self.reserve and self._reserved is None and head.tp > 1 and head.tp > free_gpus and self._urgent(head):
-            if all(g - b < head.tp for g, b in zip(self.nodes, self._busy)):
-                self._reserve(head, now)
+        if (self.reserve and self._reserved is None and head.tp > 1 and head.tp > free_gpus and self._urgent(head)
+                and all(g - b < head.tp for g, b in zip(self.nodes, self._busy))):
+            self._reserve(head, now)
         if self._reserved is not None and self._reserved[0] == node:
             gang = self._reserved[1]
             if free_gpus >= gang.tp:
@@ -277,7 +278,7 @@ class Dispatcher:
         if self._flat:
             return
         self._flat = True
-        alive = lambda t: self._live.get(t.id) == 0  # noqa: E731
+        alive = lambda t: self._live.get(t.id) == 0
         by_tp: dict[int, list[Task]] = {}
         for r in self._ranked.values():
             for t in r.tasks:

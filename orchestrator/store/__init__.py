@@ -11,13 +11,13 @@
 """
 
 from orchestrator.store.api import APP_ID, ResultStore, RunInfo, device_model, file_sha
-from orchestrator.store.lock import WriterBusy
 from orchestrator.store.location import mask, mask_argv
-from orchestrator.store.options import RunOptions
+from orchestrator.store.lock import WriterBusy
+from orchestrator.store.options import NewRun, RunOptions
 from orchestrator.store.refs import Baseline, find_baseline, resolve_baseline
 from orchestrator.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 __all__ = [
-    "APP_ID", "MIGRATIONS", "SCHEMA_VERSION", "Baseline", "ResultStore", "RunInfo", "RunOptions", "WriterBusy", "device_model",
+    "APP_ID", "MIGRATIONS", "SCHEMA_VERSION", "Baseline", "NewRun", "ResultStore", "RunInfo", "RunOptions", "WriterBusy", "device_model",
     "file_sha", "find_baseline", "mask", "mask_argv", "resolve_baseline",
-]  # fmt: skip
+]

@@ -29,7 +29,7 @@ from backend.result import CaseResult, CheckOutcome, Status
 from orchestrator.errors import InputError
 from orchestrator.store import lock
 from orchestrator.store.location import Location, mask, mask_argv, parse
-from orchestrator.store.options import RunOptions
+from orchestrator.store.options import NewRun, RunOptions
 from orchestrator.store.schema import _RESULT_COLS, MIGRATIONS, SCHEMA_VERSION
 
 APP_ID = "orch-results"  # meta.app: tells our databases from any other
@@ -221,24 +221,13 @@ class ResultStore:
 
     # -- writing (the driver) ----------------------------------------------------------------
 
-    def create_run(
-        self,
-        *,
-        matrix: str,
-        cases: Sequence[Case],
-        argv: list[str] | None = None,
-        cluster: str = "",
-        devices: str = "",
-        versions: dict | None = None,
-        baseline: str | None = None,
-        label: str = "",
-        lock_writer: bool = False,
-        options: RunOptions | None = None,
-    ) -> int:
+    def create_run(self, run: NewRun, *, lock_writer: bool = False) -> int:
         """A new run with its planned cases, in one transaction. lock_writer: this store becomes
         the run's writer in the same transaction (`orch run`; release_writer at its end)."""
+        matrix, cases, cluster, devices, versions, baseline, label, options = (
+            run.matrix, run.cases, run.cluster, run.devices, run.versions, run.baseline, run.label, run.options)
         est = self.durations()
-        argv = mask_argv(argv or [])
+        argv = mask_argv(list(run.argv))
         locked_id = None
         try:
             with self._db.transaction():
@@ -249,7 +238,7 @@ class ResultStore:
                      json.dumps(versions or {}, sort_keys=True), json.dumps(argv),
                      mask(baseline) if baseline is not None else None, label or "",
                      (options or RunOptions()).to_json()),
-                ).fetchone()  # fmt: skip
+                ).fetchone()
                 run_id = int(row["id"])
                 self._db.executemany(
                     'INSERT INTO cases(run_id, case_id, axes, "case", est_s, pos) VALUES (?, ?, ?, ?, ?, ?)',
@@ -258,7 +247,7 @@ class ResultStore:
                          est.get(c.case_id), i)
                         for i, c in enumerate(cases, 1)
                     ],
-                )  # fmt: skip
+                )
                 if lock_writer:
                     if not self._db.lock_run(run_id):  # a fresh id: only a foreign session could hold it
                         raise lock.WriterBusy(f"run {run_id} is locked by another session", source=self.path)
@@ -338,14 +327,14 @@ class ResultStore:
             result.device, json.dumps(result.versions, sort_keys=True), result.log_tail, result.repro,
             result.attempts, result.worker, json.dumps(result.axes, sort_keys=True, default=str), now, int(final),
             json.dumps(result.memory, sort_keys=True),
-        )  # fmt: skip
+        )  # fmt: skip # the row in the table's column order
         return [
             (self._UPSERT, row),
             ("INSERT INTO attempt_log(run_id, case_id, attempt, status, reason, worker, device, finished_at)"
              " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
              (run_id, result.case_id, result.attempts, result.status.value, result.reason, result.worker,
               result.device, now)),
-        ]  # fmt: skip
+        ]
 
     def finish_run(self, run_id: int, status: str) -> None:
         """Close the run, with the device model most of its cases ran on (the dashboard and
@@ -354,7 +343,7 @@ class ResultStore:
         models = Counter(device_model(r["device"]) for r in rows)
         model = models.most_common(1)[0][0] if models else ""
         self._write([("UPDATE runs SET status = ?, finished_at = ?, device_model = ? WHERE id = ?",
-                      (status, time.time(), model, run_id))])  # fmt: skip
+                      (status, time.time(), model, run_id))])
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -366,7 +355,7 @@ class ResultStore:
             devices=r["devices"], versions=json.loads(r["versions"]), argv=json.loads(r["argv"]),
             baseline=r["baseline"], num_cases=r["num_cases"], num_results=r["num_results"],
             label=r["label"], device_model=r["device_model"], options=RunOptions.from_json(r["options"]),
-        )  # fmt: skip
+        )
 
     _RUN_SELECT = (
         "SELECT runs.*, (SELECT count(*) FROM cases WHERE cases.run_id = runs.id) AS num_cases,"
@@ -387,7 +376,7 @@ class ResultStore:
         return [self._run_from_row(r) for r in self._sql(self._RUN_SELECT + " ORDER BY id")]
 
     def labelled_runs(self, label: str, *, limit: int = 1, before: float | None = None,
-                      exclude: int | None = None) -> list[RunInfo]:  # fmt: skip
+                      exclude: int | None = None) -> list[RunInfo]:
         """Finished runs with this label, the latest finished first; `before`: finished before
         that time (a run's baseline is what was known when it started, so it never changes)."""
         sql = self._RUN_SELECT + " WHERE label = ? AND status = 'finished'"
@@ -473,7 +462,7 @@ class ResultStore:
         rows = self._sql(f"SELECT case_id, {n} AS n FROM results WHERE {n} IS NOT NULL ORDER BY finished_at")
         return {r["case_id"]: int(r["n"]) for r in rows}
 
-    def same_database(self, other: "ResultStore") -> bool:
+    def same_database(self, other: ResultStore) -> bool:
         return self._db.same_database(other._db)
 
     def close(self) -> None:
@@ -481,7 +470,7 @@ class ResultStore:
             self._unlock_quietly(run_id)
         self._db.close()
 
-    def __enter__(self) -> "ResultStore":
+    def __enter__(self) -> ResultStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

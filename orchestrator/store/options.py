@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from orchestrator.flakiness import DEFAULT_WINDOW
+
+if TYPE_CHECKING:
+    from backend.case import Case
 
 
 @dataclass(frozen=True)
@@ -35,3 +40,20 @@ class RunOptions:
         known = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in known}
         return cls(**{**d, "require": tuple(d.get("require", ()))})
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """What a new run is stored with (ResultStore.create_run): the matrix and its planned cases,
+    and what `orch run` was asked (its command line, --address, --devices, --baseline, --label,
+    the options that judge it)."""
+
+    matrix: str
+    cases: Sequence[Case]
+    argv: Sequence[str] = ()
+    cluster: str = ""
+    devices: str = ""
+    versions: dict[str, str] | None = None
+    baseline: str | None = None  # as given (its password masked when stored)
+    label: str = ""
+    options: RunOptions | None = None

@@ -75,7 +75,7 @@ class PostgresDB:
             text = self._clean(e)
             if "does not exist" in text and "database" in text:
                 raise InputError(f"no such PostgreSQL database ({text}); create it first (createdb)",
-                                 source=self.display) from None  # fmt: skip
+                                 source=self.display) from None
             raise InfraError(f"results database unreachable: {text}", source=self.display) from None
         if not readonly:
             self.con.execute("SET synchronous_commit = on")

@@ -24,7 +24,6 @@ from orchestrator.errors import InputError
 from orchestrator.store.api import ResultStore, RunInfo
 from orchestrator.store.location import is_postgres_url, mask
 
-
 # A reference ending so names a store even when the file is missing (an error, not a label).
 STORE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
@@ -54,7 +53,7 @@ def parse_ref(spec: str) -> RunRef:
 
 
 def same_matrix(a: RunInfo, b: RunInfo) -> bool:
-    return os.path.normpath(a.matrix) == os.path.normpath(b.matrix) or bool(a.matrix_sha) and a.matrix_sha == b.matrix_sha
+    return os.path.normpath(a.matrix) == os.path.normpath(b.matrix) or (bool(a.matrix_sha) and a.matrix_sha == b.matrix_sha)
 
 
 @contextlib.contextmanager
@@ -108,7 +107,7 @@ def find_baseline(spec: str | None, store: ResultStore, current_run: int) -> Bas
     with open_store(ref, store) as other:
         if other is not store and other.same_database(store) and ref.selector == "latest":
             raise InputError("--baseline is the same database as --db; give a run id or a label instead",
-                             source=mask(str(ref.store)))  # fmt: skip
+                             source=mask(str(ref.store)))
         where = "" if other is store else f" of {other.path}"
         if ref.run_id is not None or ref.selector == "latest":
             run = select_run(other, ref.selector)
@@ -123,7 +122,7 @@ def find_baseline(spec: str | None, store: ResultStore, current_run: int) -> Bas
         if not found:
             on = f" on {current.device_model}" if current.device_model else ""
             return Baseline(None, note=f"no baseline: no run labelled {label!r}{where} of {current.matrix}{on} "
-                                       f"finished before run {current.id} started; gated without one")  # fmt: skip
+                                       f"finished before run {current.id} started; gated without one")
         run = found[0]
         return Baseline(tuple(other.results(run.id)), run, f"run {run.id}{where} (latest labelled {label!r})")
 
@@ -133,9 +132,9 @@ def history_runs(store: ResultStore, current: RunInfo, label: str, limit: int, *
     started, of its matrix, on its device model when known (an H100 run is not gated by MI300X
     history). The baseline is the first; the flakiness window (flakiness.py) is all of them."""
     candidates = store.labelled_runs(label, limit=max(100, 5 * limit), before=current.started_at,
-                                     exclude=current.id if same_store else None)  # fmt: skip
+                                     exclude=current.id if same_store else None)
     found = [r for r in candidates if same_matrix(r, current)
-             and (not current.device_model or r.device_model in ("", current.device_model))]  # fmt: skip
+             and (not current.device_model or r.device_model in ("", current.device_model))]
     return found[:limit]
 
 

@@ -136,7 +136,7 @@ _RESULT_COLS = (
     "run_id", "case_id", "status", "reason", "checks", "requested_mode", "resolved_mode", "downgraded",
     "graph_kind", "provider", "capture_sizes", "error_kind", "timings", "device", "versions", "log_tail",
     "repro", "attempts", "worker", "axes", "finished_at", "final", "memory",
-)  # fmt: skip
+)  # fmt: skip # the columns in the table's order, packed
 
 
 _PG_SUBSTITUTIONS = (

@@ -118,7 +118,7 @@ def test_flex_declares_vllms_own_support_and_kv_dtypes():
 
 @needs_vllm
 def test_unknown_vllm_name_is_bad_input_with_the_closest_name():
-    # #41: it used to be 75 skips ("vLLM has no attention backend 'NOPE'") and a green gate.
+    # It used to be 75 skips ("vLLM has no attention backend 'NOPE'") and a green gate.
     from orchestrator.errors import InputError
     from orchestrator.matrix import load_matrix
 
@@ -133,8 +133,8 @@ def test_cache_view_is_vllms_storage_in_our_layout():
     K of (block b, offset n, head h) is vLLM's [b, h, n, :D], V its [b, h, n, D:]."""
     from vllm.v1.kv_cache_layout import KVCacheLayout
 
-    from backend.harness.session import attention_config
     from backend.harness.model import TPLayout
+    from backend.harness.session import attention_config
 
     config = attention_config(SHAPE, TPLayout(1, 0, 8, 2, 16), "auto", SIZES, "cpu")
     ours = adapter.allocate_vllm_kv_cache(config, KVCacheLayout.LBNHC)

@@ -4,8 +4,6 @@ family (sliding windows per layer, builders per KV-cache group over shared metad
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -46,9 +44,8 @@ def _flex(mode, batch, **dims):
 @pytest.mark.parametrize("layout, mode, batch", [("hybrid", "FULL", SWA_DECODE), ("merged", "PIECEWISE", SWA_MIXED)])
 def test_flex_attention_runs_the_swa_family_per_group_on_cpu(layout, mode, batch):
     # (CPU flex is slow: one graph mode per layout; the GPU run covers every mode, gpu_vllm.py)
-    for mode, batch in ((mode, batch),):
-        r = run_case(_flex(mode, batch, kv_groups=layout), device=torch.device("cpu"))
-        assert r.status == Status.PASS, f"{layout} {mode}/{batch.name}: {r.reason}"
+    r = run_case(_flex(mode, batch, kv_groups=layout), device=torch.device("cpu"))
+    assert r.status == Status.PASS, f"{layout} {mode}/{batch.name}: {r.reason}"
 
 
 def test_the_layers_windows_reach_vllms_impls(monkeypatch):
@@ -65,7 +62,7 @@ def test_the_layers_windows_reach_vllms_impls(monkeypatch):
 
 def test_sinks_with_a_vllm_backend_that_has_none_is_bad_input(tmp_path, capsys):
     from orchestrator.cli import main
-    from tests.matrix.helpers import BASE, replace, write
+    from tests.matrix.helpers import replace, write
 
     doc = replace("  backend: [torch]", "  backend: [torch]\n  attention: [swa_sinks]") + \
         "families:\n  swa_sinks:\n    axes: {backend: ['vllm:FLEX_ATTENTION']}\n"

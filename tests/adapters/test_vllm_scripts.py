@@ -80,7 +80,7 @@ def test_the_device_folder_holds_orchs_own_deps_and_not_ray():
     # 0.33's own pins (transformers <5.21, llguidance <1.8, xgrammar 0.2.8) and the server modules its config imports
     ("0.33.0", {"transformers==5.20.2", "llguidance==1.7.6", "xgrammar==0.2.8", "oss-harmony==0.0.11",
                 "fastapi==0.136.3", "openai==3.60.0"}, {"transformers==5.22.2", "xgrammar==0.2.9"}),
-    # The seed's releases: transformers 4.x (>=4.55.2) and what their old config imports (issue 34)
+    # The seed's releases: transformers 4.x (>=4.55.2) and what their old config imports
     ("0.10.2", {"transformers==4.57.6", "tokenizers==0.22.2", "huggingface_hub==0.36.2", "pybase64==1.5.1",
                 "blake3==1.0.11"}, {"transformers==5.22.2", "xgrammar==0.2.9", "aiohttp==3.14.5"}),
     ("0.11.0", {"transformers==4.57.6", "aiohttp==3.14.5", "msgspec==0.23.0"}, {"pybase64==1.5.1", "llguidance==1.9.1"}),
@@ -118,7 +118,7 @@ def test_install_site_puts_a_release_and_its_pinned_extras_in_their_own_target_d
     build.install_site(str(folder), "0.10.2", str(tmp_path / "site"))
     assert (tmp_path / "site" / "vllm" / "__init__.py").read_text() == "VERSION = '0.10.2'\n"
     assert (tmp_path / "site" / "fakeextra" / "__init__.py").read_text() == "VERSION = '2.0'\n"
-    assert build.site_dir("0.10.2").endswith(f"{os.sep}.vllm-0.10.2") and _ROOT == Path(build.site_dir("0.10.2")).parent
+    assert build.site_dir("0.10.2").endswith(f"{os.sep}.vllm-0.10.2") and Path(build.site_dir("0.10.2")).parent == _ROOT
     with pytest.raises(RuntimeError, match="pip install into"):
         build.install_site(str(folder), "0.10.3", str(tmp_path / "site2"))
 

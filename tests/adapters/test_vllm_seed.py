@@ -1,4 +1,4 @@
-"""The seed on its own code (issue 34): vLLM 0.10.2's ROCM_AITER_FA red, 0.11.0's green, through the
+"""The seed on its own code: vLLM 0.10.2's ROCM_AITER_FA red, 0.11.0's green, through the
 adapter's old interface (backend/adapters/vllm/old.py) and ROCM_AITER_FA's ROCm-only ops over orch's
 AITER emulation (rocm_ops.py).
 

@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import torch
 
-from backend.providers import aiter_ops_emulated
 from backend.attention.interface import AttentionCGSupport
+from backend.providers import aiter_ops_emulated
 from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from backend.providers import aiter_ops_emulated as ops
 from backend.harness.reference import reference_attention
+from backend.providers import aiter_ops_emulated as ops
 
 SENTINEL = 7.0
 
@@ -15,7 +15,7 @@ def _packed(qlens, klens, h=4, hkv=2, d=8, seed=0):
     q = torch.randn(sum(qlens), h, d, generator=g)
     k = torch.randn(sum(klens), hkv, d, generator=g)
     v = torch.randn(sum(klens), hkv, d, generator=g)
-    cu = lambda xs: torch.tensor([0, *torch.tensor(xs).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
+    cu = lambda xs: torch.tensor([0, *torch.tensor(xs).cumsum(0).tolist()], dtype=torch.int32)
     return q, k, v, cu(qlens), cu(klens)
 
 

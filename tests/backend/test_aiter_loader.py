@@ -7,6 +7,7 @@ import torch
 
 from backend.providers import aiter_loader as L
 
+
 @pytest.mark.parametrize("q_dim, v_dim, given, expect", [
     (192, 128, None, "non-pe tiles"),   # MLA prefill: the json's pe tiles overflow an H100's smem
     (128, 128, None, None),             # q as wide as v: aiter picks its own config

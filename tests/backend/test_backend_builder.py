@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from backend.attention.builder import PersistentMetadataBuilder
-import pytest
-
 from backend.attention.kv_cache import allocate_kv_cache, fp8_dtype, quantize_fp8, write_kv
 from tests.backend.attn_batches import make_config, make_step
 
@@ -75,7 +74,7 @@ def test_kv_write_fp8_round_trip_with_scales():
 
 
 def _select_per_row_write(cache, key, value, slot_mapping, k_scale, v_scale):
-    """The KV write as it was before #13 made it one pass: every redirected row read back and
+    """The KV write as it was before it became one pass: every redirected row read back and
     selected per row. Its bytes are the contract."""
     for c, x, scale in ((cache[0], key, k_scale), (cache[1], value, v_scale)):
         raw = c.flatten(0, 1).view(torch.uint8 if c.element_size() == 1 else torch.int16)

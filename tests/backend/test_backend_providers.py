@@ -60,8 +60,8 @@ def test_reference_catches_a_wrong_row():
 class _NoHostSync(TorchDispatchMode):
     """Raises on the ops a graph capture cannot contain (as the CPU graph emulation does)."""
 
-    FORBIDDEN = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
-                 torch.ops.aten.masked_select.default}
+    FORBIDDEN = frozenset({torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+                           torch.ops.aten.masked_select.default})
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in self.FORBIDDEN:

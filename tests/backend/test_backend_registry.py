@@ -63,5 +63,5 @@ def test_bad_backends_fail_with_one_line(name, message):
 def test_module_that_raises_on_import_is_a_load_error(tmp_path, monkeypatch):
     (tmp_path / "exploding_backend.py").write_text("raise RuntimeError('boom\\nsecond line')\n")
     monkeypatch.chdir(tmp_path)  # import paths resolve from the working directory
-    with pytest.raises(BackendLoadError, match="^cannot import 'exploding_backend': boom$"):
+    with pytest.raises(BackendLoadError, match=r"^cannot import 'exploding_backend': boom$"):
         get_backend("exploding_backend:Backend")

@@ -81,7 +81,7 @@ def test_plugins_are_read_from_their_class():
     (None, None),                                                                     # no topology: cannot tell
 ])
 def test_kfd_topology_counts_gpu_nodes(tmp_path, nodes, expected):
-    # The driver of orch run asks ROCm's sysfs instead of importing torch (issue 13).
+    # The driver of orch run asks ROCm's sysfs instead of importing torch.
     from backend.attention.capabilities import kfd_gpu_count
 
     root = tmp_path / "nodes"

@@ -186,7 +186,7 @@ def test_doctor_screen_fits_one_screen(plain_doctor):
 @pytest.mark.skipif(torch.version.hip is not None, reason="the aiter provider can run on ROCm")
 def test_doctor_matrix_with_a_provider_skipped_here_exits_0_and_names_it(tmp_path):
     # `orch run` skips aiter's cases here and runs torch's: doctor says the same and exits 0
-    # (#33: it exited 1 on the box where the run passed). tests/executor/test_newcomer.py runs both.
+    # (it exited 1 on the box where the run passed). tests/executor/test_newcomer.py runs both.
     from orchestrator.matrix import load_matrix
 
     path = _matrix(tmp_path, ["torch", "aiter"])
@@ -219,7 +219,7 @@ def test_doctor_matrix_of_runnable_providers_exits_0(tmp_path):
 
 
 def test_doctor_output_is_not_padded_when_redirected(plain_doctor):
-    # rich filled every line to 100 columns when stdout was a file or a pipe (#33).
+    # rich filled every line to 100 columns when stdout was a file or a pipe.
     proc = plain_doctor
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()

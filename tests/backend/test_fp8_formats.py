@@ -44,7 +44,7 @@ def test_cpu_caches_use_e4m3fn():
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
 def test_fp8_lookup_is_bitwise_the_conversion(dtype):
-    """kv_cache.fp8_to_float (a table by byte on the CPU, #13) gives x.float()'s bits for every
+    """kv_cache.fp8_to_float (a table by byte on the CPU) gives x.float()'s bits for every
     one of the 256 values (NaN and -0 included) and for a strided view of a cache."""
     from backend.attention.kv_cache import dequantize, fp8_to_float
 

@@ -1,4 +1,4 @@
-"""The torch provider's gather length (#13): the blocks the metadata's host max_seq_len reaches in
+"""The torch provider's gather length: the blocks the metadata's host max_seq_len reaches in
 eager steps, max_model_len in vLLM's capture batch, so that what a graph freezes covers any replay."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_the_length_is_a_frozen_host_value_that_max_model_len_makes_safe():
     that the capture batch's max_model_len gives eager's answer."""
     step = make_step(CONFIG, (1, 2), (40, 60), seed=3)
     md = PersistentMetadataBuilder(CONFIG).build(step.batch)
-    attn = lambda m: paged_causal_attention(step.query, step.kv_cache[0], step.kv_cache[1], m,  # noqa: E731
+    attn = lambda m: paged_causal_attention(step.query, step.kv_cache[0], step.kv_cache[1], m,
                                             step.k_scale, step.v_scale, CONFIG.scale)
     eager = attn(md)
     frozen_short = attn(dataclasses.replace(md, max_seq_len=20))

@@ -17,14 +17,14 @@ CAPTURE_SIZES = (1, 2, 4, 8, 16, 32)
 # is captured on vLLM's one-token-per-request dummy batch: the #22721 trap).
 DECODE = BatchSpec("decode3", (1, 1, 1), (40, 20, 70))
 MIXED = BatchSpec("mixed6", (1, 4, 1), (40, 20, 70))
-# As matrices/full.yaml (issue #17: fp8 tolerances set from what correct providers measure; fp8's
-# rtol 5e-2 since the GPU figures, as tests/families/conftest.py has it). #39's per-step scales put
+# As matrices/full.yaml (fp8 tolerances set from what correct providers measure; fp8's
+# rtol 5e-2 since the GPU figures, as tests/families/conftest.py has it). Per-step scales put
 # aiter-emulated's k = 1 fp8 prefill rows (its own K/V attended before quantisation) at 6% on one
 # head, inside the matrix's threshold (7%), outside the old 4%.
 TOL = {"auto": Tolerance(2e-2, 2e-2), "fp8": Tolerance(2e-2, 5e-2)}
 
 
-# Devices the #39 mutants' tests run on: the CPU (the emulation) and, on a GPU machine, a GPU too
+# Devices the graph-memory mutants' tests run on: the CPU (the emulation) and, on a GPU machine, a GPU too
 # (benchmarks/gpu_round_three.sh: real graphs, the churn, NCCL gangs where there are two GPUs).
 CPU = torch.device("cpu")
 DEVICES = [CPU] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backend.case import BatchSpec
-from backend.harness import checker, step_data  # noqa: F401  (functions patch their internals)
+from backend.harness import checker, step_data  # tests patch their internals
 from backend.harness.checker import PHASES, SessionCache, run_case
 from backend.result import CORE_CHECKS, Status
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
@@ -91,7 +91,6 @@ def test_modes_share_one_session_and_its_graphs():
 
 
 def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run(monkeypatch):
-    from backend.harness import step_data
     from backend.harness.session import LRU
 
     monkeypatch.setattr(step_data, "REFERENCES", LRU(64))
@@ -128,7 +127,6 @@ GRAPH_SHARING = [
 
 @pytest.mark.parametrize("backend, batch, first_mode, mode, status", GRAPH_SHARING)
 def test_modes_that_dispatch_a_step_alike_share_its_graph_side(monkeypatch, backend, batch, first_mode, mode, status):
-    from backend.harness import step_data
     from backend.harness.session import LRU
 
     monkeypatch.setattr(step_data, "REFERENCES", LRU(64))
@@ -168,8 +166,6 @@ def test_a_case_run_again_runs_its_graph_side_again():
 def test_nothing_memoised_in_one_gang_is_reused_in_another(monkeypatch):
     """A reuse skips the step's collectives, so every rank of a gang must reuse alike: what a rank
     memoised counts only in the gang (backend.harness.distributed.gang_id) it memoised it in."""
-    from backend.harness import step_data
-    from backend.harness.session import LRU
 
     cache = SessionCache(capacity=1)
     monkeypatch.setattr(checker, "gang_id", lambda: "127.0.0.1:1111")
@@ -182,7 +178,6 @@ def test_nothing_memoised_in_one_gang_is_reused_in_another(monkeypatch):
 
 
 def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
-    from backend.harness import step_data
     from backend.harness.session import LRU
 
     monkeypatch.setattr(step_data, "REFERENCES", LRU(64))
@@ -202,9 +197,7 @@ def test_backends_share_the_reference_but_not_the_eager_side(monkeypatch):
 
 def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeypatch):
     """Inputs depend on (plan, shape, seed, device) only: every mode, kv dtype and backend of a
-    batch reads one draw per step (#13), equal to a fresh draw after the cases used it."""
-    from backend.harness import step_data
-    from backend.harness.session import LRU
+    batch reads one draw per step, equal to a fresh draw after the cases used it."""
     from backend.harness.steps import make_step_inputs
 
     monkeypatch.setattr(step_data, "INPUTS", step_data.new_inputs_cache())
@@ -227,8 +220,6 @@ def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeyp
 
 
 def test_step_inputs_cache_is_bounded_by_bytes(monkeypatch):
-    from backend.harness import step_data
-    from backend.harness.session import LRU
     from backend.harness.steps import plan_steps
 
     keys = [(p, seed) for seed in range(4) for p in plan_steps(MIXED, TINY, (1, 2, 4, 8, 16, 32), 6, seed)]
@@ -267,8 +258,8 @@ VERDICT_SCENARIOS = {
 }
 
 
-from backend.attention.interface import AttentionCGSupport  # noqa: E402
-from backend.providers.torch_backend import TorchBackend  # noqa: E402
+from backend.attention.interface import AttentionCGSupport  # noqa: E402 - beside the tests that use it
+from backend.providers.torch_backend import TorchBackend  # noqa: E402 - beside the tests that use it
 
 
 class NoFp8Backend(TorchBackend):

@@ -6,9 +6,18 @@ import pytest
 import torch
 
 from backend.case import Tolerance
-from backend.harness.checker import merge_rank_results
-from backend.harness.checks import CheckAccumulator, compare, compare_heads, failure_reason, kv_integrity, quant_steps, raw, real_slot_values
 from backend.families import family
+from backend.harness.checker import merge_rank_results
+from backend.harness.checks import (
+    CheckAccumulator,
+    compare,
+    compare_heads,
+    failure_reason,
+    kv_integrity,
+    quant_steps,
+    raw,
+    real_slot_values,
+)
 from backend.result import CaseResult, Status
 
 
@@ -97,7 +106,7 @@ def _outside_by_slot(after, before, real):
 
 
 # (name, writes as (kv, block, offset, value)): kv_integrity's one-equality fast path must give the
-# per-slot reduction's answer, whether or not anything outside the real slots changed (#13).
+# per-slot reduction's answer, whether or not anything outside the real slots changed.
 _WRITES = [
     ("real slots only", [(0, 1, 1, 3.0), (1, 1, 2, -1.0)]),
     ("same bytes outside", [(0, 2, 0, None)]),  # rewritten with its own value: no change

@@ -1,4 +1,4 @@
-"""The dummy step a GPU replay is churned with (backend/harness/churn.py, issue 39) runs in every
+"""The dummy step a GPU replay is churned with (backend/harness/churn.py) runs in every
 family's sessions: on the H100 it was first run after round three merged, and every MLA case of a
 FULL mode (a mixed dummy batch, which MLA's capture builder refuses) and every hybrid_gdn k > 0
 case (a batch whose requests were not 1 + k tokens long) became an ERROR of the harness. The

@@ -1,4 +1,4 @@
-"""A worker's memory budget (issue 37; backend/harness/memory.py, session.SessionCache): sessions are
+"""A worker's memory budget (backend/harness/memory.py, session.SessionCache): sessions are
 kept by their measured bytes, a session that cannot fit alone is refused before it is built, and an
 out-of-memory inside a case reruns it once on a cleared worker; only a case that runs out again
 alone is ERROR kind `oom`, never FAIL or FLAKY. CPU sessions are measured by their tensors' sizes,
@@ -10,7 +10,7 @@ import pytest
 
 from backend.harness import checker, step_data
 from backend.harness.checker import SessionCache, run_case
-from backend.harness.memory import GiB, MemoryBudget, OOM_KIND, is_oom
+from backend.harness.memory import OOM_KIND, GiB, MemoryBudget, is_oom
 from backend.harness.session_cache import SessionTooLarge
 from backend.result import Status
 from tests.checker.conftest import DECODE, make_case

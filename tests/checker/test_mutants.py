@@ -8,8 +8,8 @@ a checker that flags a mutant everywhere is as broken as one that flags it nowhe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 
@@ -86,7 +86,7 @@ MUTANTS = {
     "control: the torch impl through the same custom op and forward context": Expect(
         "tests.mutants.customop_seed:ControlBackend",
         lambda mode, kv, kind: False, Status.PASS, ""),
-    # Near-threshold (issue #17), where benchmarks/gpu_tolerances.py REACHABLE says: red there,
+    # Near-threshold, where benchmarks/gpu_tolerances.py REACHABLE says: red there,
     # green elsewhere (auto kv has both scales 1.0, so V's scale cannot be wrong).
     "V dequantised with K's scale": Expect(
         "tests.mutants.near_threshold:VWithKScale",
@@ -166,14 +166,14 @@ def test_replay_reason_names_the_requests_of_the_bad_rows(sessions):
 def test_customop_seed_needs_the_body_recorded(monkeypatch):
     """Break the emulation on purpose: record custom ops as one opaque call (the body re-runs at
     replay, reading the live forward context) and the seed in a custom op passes FULL: the silent
-    green of issue #16. The real recorder turns the same cell red. On the CPU device (the emulated
+    green it once gave. The real recorder turns the same cell red. On the CPU device (the emulated
     runner) also on a GPU machine, where the default device would capture real CUDA graphs, which
     need no recorder (there the mutant is red: test_mutants' table)."""
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from backend.harness.checker import SessionCache
     from backend.graphs import emulated, provenance
+    from backend.harness.checker import SessionCache
 
     case = make_case("tests.mutants.customop_seed:Backend", "FULL", "auto", MIXED)
     cpu = torch.device("cpu")
@@ -186,7 +186,7 @@ def test_customop_seed_needs_the_body_recorded(monkeypatch):
         return out
 
     monkeypatch.setattr(emulated._Recorder, "_custom_op", opaque)
-    # and the host-provenance mode hands the op itself on, not its body (#39 runs the body there)
+    # and the host-provenance mode hands the op itself on, not its body (the other modes run the body there)
     monkeypatch.setattr(provenance, "custom_op_body", lambda func: None)
     r = run_case(case, device=cpu, sessions=SessionCache(capacity=2))
     assert r.status == Status.PASS, r.reason

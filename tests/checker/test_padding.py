@@ -1,4 +1,4 @@
-"""Issue #39: the values padded requests get are a backend capability (vLLM's cg_pad_seq_lens /
+"""The values padded requests get are a backend capability (vLLM's cg_pad_seq_lens /
 cg_pad_block_table, tests/v1/attention/test_cg_padding.py): declared by builders, the maximum of
 each taken over a session's builders, padded with by the runner roles, crossed by the matrix; the
 checks hold for any pair a correct backend is given; a builder that declares a pair and pads with

@@ -1,4 +1,4 @@
-"""Issue #39: the ranks of a tp gang must agree on their resolved mode and on the graph every step
+"""The ranks of a tp gang must agree on their resolved mode and on the graph every step
 dispatches to (vLLM #45094, a pipeline split-brain). The merge (torch-free, the driver's) checks it
 as `rank_consensus`; each rank also exchanges its plan before any collective of the case, so a gang
 that disagrees fails at once instead of pairing its collectives wrongly."""

@@ -7,8 +7,9 @@ import json
 from backend.harness.checker import run_case_local
 from backend.result import CORE_CHECKS
 from orchestrator.cli import main
-from orchestrator.matrix import load_matrix
 from orchestrator.commands.repro import verdict_line
+from orchestrator.matrix import load_matrix
+from orchestrator.store import NewRun
 
 SMOKE = "matrices/smoke.yaml"
 CASE_ID = "tp1-FULL-auto-decode_7-torch-s0"
@@ -53,7 +54,7 @@ def test_case_looked_up_in_the_results_store(capsys, tmp_path):
     case = make_case("torch", "PIECEWISE", "auto", DECODE)
     db = str(tmp_path / "results.db")
     with ResultStore(db) as store:
-        store.create_run(matrix="tests/tiny.yaml", cases=[case])
+        store.create_run(NewRun(matrix="tests/tiny.yaml", cases=[case]))
     assert main(["repro", case.case_id, "--db", db, "--devices", "cpu"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"PASS {case.case_id}"
     assert main(["repro", case.case_id + "x", "--db", db]) == 2

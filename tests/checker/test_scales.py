@@ -1,4 +1,4 @@
-"""Issue #39: fp8 KV scales that a graph cannot freeze unseen. Each step draws its own scales and
+"""The fp8 KV scales that a graph cannot freeze unseen. Each step draws its own scales and
 graphs are captured under scales no step draws, so a graph holding a host copy of the scale it
 was captured under disagrees with eager in every step of every case, in any order of cases on a
 worker (before, the case after a same-seed case captured its graphs under its own scales and
@@ -33,8 +33,8 @@ def test_a_host_frozen_scale_fails_whatever_ran_before_on_the_worker(order, devi
 
 def test_every_step_draws_its_own_scales_and_captures_draw_none_of_them():
     from backend.attention.kv_cache import fp8_dtype
-    from backend.harness.checker import _session_plan
     from backend.attention.registry import get_backend
+    from backend.harness.checker import _session_plan
 
     fmax = torch.finfo(fp8_dtype(CPU)).max
     seen = []

@@ -1,5 +1,5 @@
 """The step snapshot after a verified step copies only the slots the context fill wrote
-(scratch.take_snapshot, #13). Whatever the path, the snapshot must equal the caches byte for byte when
+(scratch.take_snapshot). Whatever the path, the snapshot must equal the caches byte for byte when
 it is taken: checked on every step of a sequence of cases that shares one session, with graphs
 captured in between, a backend that writes outside its slots, and another session on the same
 scratch buffers; and the verdicts must be those of the whole-cache copy."""
@@ -15,7 +15,8 @@ from backend.harness import checker, scratch, sides
 from backend.harness.checker import SessionCache, run_case
 from backend.harness.checks import raw
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
-from tests.families.conftest import DECODE as MLA_DECODE, make_case as make_mla_case
+from tests.families.conftest import DECODE as MLA_DECODE
+from tests.families.conftest import make_case as make_mla_case
 
 BIG = dataclasses.replace(TINY, num_blocks=256)  # contexts well under a quarter of the cache: partial copies
 SEQUENCE = [  # (backend, mode, kv, batch): the worker's order, modes of a batch in a row

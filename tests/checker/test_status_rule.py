@@ -36,7 +36,7 @@ def _bad(name, err=None, detail="", step=2):
     ([DET, _bad("kv_integrity", detail="step 2: slot 3")], (), False, 0.0, Status.FAIL, "kv_integrity check failed"),
     ([DET, _bad("attn_replay", 0.3)], (), False, 0.1, Status.FLAKY, "also failed: attn_replay"),
     ([DET, _bad("attn_replay", 0.3)], (), False, 0.0, Status.FAIL, "attn_replay check failed"),
-])  # fmt: skip
+])  # fmt: skip # a table: one row per line, as it reads
 def test_status_of(checks, notes, kv_jitter, attn_jitter, status, reason):
     got_status, got_reason = status_of(checks, notes, kv_jitter, attn_jitter)
     assert got_status == status

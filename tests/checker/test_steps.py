@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from backend.case import BatchSpec
 from backend.harness.steps import make_step_inputs, plan_steps
 from tests.checker.conftest import CAPTURE_SIZES, DECODE, MIXED, TINY
-from backend.case import BatchSpec
 
 PREFILL = BatchSpec("prefill", (5, 9), (5, 40))
 

@@ -1,4 +1,4 @@
-"""A deterministic stray KV write fails on every attempt, in every mode that pads (#32 part 3).
+"""A deterministic stray KV write fails on every attempt, in every mode that pads.
 
 The padded_slot_write mutant writes a padded token's K/V through slot -1 (the cache's last slot).
 It was green in one mode and FLAKY in another: the capture's warm-up ran it on the same padded

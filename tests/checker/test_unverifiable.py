@@ -1,4 +1,4 @@
-"""Issues #32 and #39: a kernel launched behind PyTorch's dispatcher. A real graph captures it; the
+"""A kernel launched behind PyTorch's dispatcher. A real graph captures it; the
 CPU emulation replays a ctypes launch (the case passes, as on a GPU) and says `emulation:
 unverifiable` for a launch it cannot see (numpy's C code on raw addresses). Where every check passed
 that is a pass the gate counts apart; where the replay disagreed it is UNVERIFIABLE, which fails the
@@ -11,7 +11,7 @@ import pytest
 from backend.harness.checker import run_case, run_case_local
 from backend.result import UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX, Status
 from orchestrator.errors import ExitCode
-from orchestrator.gate import evaluate
+from orchestrator.gate import GateRules, evaluate
 from tests.checker.conftest import CPU, DECODE, GANG_DEVICES, MIXED, make_case
 
 
@@ -26,7 +26,7 @@ def test_a_ctypes_launch_on_raw_pointers_replays_like_a_kernel(mode):
 @pytest.mark.parametrize("backend", ["CExtensionBackend", "PoisonedCExtensionBackend"])
 def test_a_disagreement_on_a_launch_the_emulation_cannot_see_is_unverifiable_and_gates(backend):
     r = run_case(make_case(f"tests.mutants.raw_pointer:{backend}", "FULL", batch=DECODE), device=CPU)
-    # #39: the emulation saw the replay disagree; it cannot say why, but it is never a pass.
+    # The emulation saw the replay disagree; it cannot say why, but it is never a pass.
     assert r.status == Status.UNVERIFIABLE and not r.unverifiable, (r.status, r.reason)
     assert r.reason.startswith(UNVERIFIABLE_PREFIX) and r.reason.endswith(UNVERIFIABLE_ADVICE)
     assert "Tensor.data_ptr() at raw_pointer.py" in r.reason
@@ -38,7 +38,7 @@ def test_a_disagreement_on_a_launch_the_emulation_cannot_see_is_unverifiable_and
     assert gate.classification[r.case_id] == "unverifiable" and gate.exit_code == ExitCode.GATE_FAILED
     assert gate.unverifiable == (r.case_id,) and gate.counts["pass"] == 0
     assert "1 unverifiable (run on a GPU to decide)" in gate.verdict()
-    allowed = evaluate([r], allow_unverifiable=True)
+    allowed = evaluate([r], rules=GateRules(allow_unverifiable=True))
     assert allowed.exit_code == ExitCode.OK and allowed.unverifiable == (r.case_id,)
     assert "1 unverifiable allowed" in allowed.verdict()
     # Eager runs it for real: without graphs there is nothing to be unsure about.
@@ -48,7 +48,7 @@ def test_a_disagreement_on_a_launch_the_emulation_cannot_see_is_unverifiable_and
 
 def test_a_pass_on_a_launch_the_emulation_cannot_see_stays_a_pass_counted_apart():
     """A pointer taken and nothing launched on it (an alignment check): the replay agrees, PASS with
-    the reason prefix, counted apart and not gating (as since #32)."""
+    the reason prefix, counted apart and not gating."""
     r = run_case(make_case("tests.mutants.raw_pointer:AlignmentCheckBackend", "FULL", batch=DECODE), device=CPU)
     assert r.status == Status.PASS and r.unverifiable and r.reason.startswith(UNVERIFIABLE_PREFIX), r.reason
     gate = evaluate([r])

@@ -8,8 +8,8 @@ import torch
 
 from backend.case import BatchSpec
 from backend.harness.checker import run_case
-from backend.result import Status
 from backend.harness.session import LRU
+from backend.result import Status
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
 
 BIG_CONTEXT = BatchSpec("decode1", (1,), (40,))

@@ -10,7 +10,7 @@ from tests.results import samples
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import pytest
 from playwright.sync_api import expect
 
 from backend.result import Status
-from orchestrator.dashboard.server import make_server
 from orchestrator.artifacts import write_outputs
-from orchestrator.store import ResultStore
+from orchestrator.dashboard.server import make_server
+from orchestrator.store import NewRun, ResultStore
 from tests.results import samples
 
 pytestmark = pytest.mark.browser
@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Expected display state per case of the sample run (the gate's xfail shows as known-fail).
 STATE_COUNTS = {"pass": 25, "fail": 2, "error": 1, "timeout": 1, "flaky": 1, "known-fail": 1, "skip": 1}
 COLOURS = {"pass": "rgb(46, 158, 72)", "fail": "rgb(214, 45, 45)", "error": "rgb(122, 31, 162)",
-           "timeout": "rgb(230, 126, 0)", "flaky": "rgb(227, 192, 0)", "skip": "rgb(201, 204, 209)"}  # fmt: skip
+           "timeout": "rgb(230, 126, 0)", "flaky": "rgb(227, 192, 0)", "skip": "rgb(201, 204, 209)"}
 
 
 def chip(page, case_id):
@@ -46,7 +46,7 @@ def static_page(page, sample_db, tmp_path):
 
 def test_grid_cells_states_and_colours(static_page):
     page = static_page
-    assert chips(page).count() == 31  # the skipped case is hidden until asked for (#41)
+    assert chips(page).count() == 31  # the skipped case is hidden until asked for
     assert page.locator('.chip[data-state="skip"]').count() == 0
     page.locator("#f-skips").check()
     assert chips(page).count() == 32 and page.locator("#skip-count").inner_text() == "(1)"
@@ -144,7 +144,7 @@ def test_served_page_matches_and_refreshes_live(page, server):
     # A run in progress: the page shows pending cells, then picks up results as the driver commits.
     cases = samples.make_cases()
     with ResultStore(db) as s:
-        rid = s.create_run(matrix="matrices/sample.yaml", cases=cases)
+        rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases))
         for c in cases[:5]:
             s.record(rid, samples.result_for(c))
         page.goto(srv.url)

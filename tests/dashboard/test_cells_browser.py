@@ -1,4 +1,4 @@
-"""A dashboard cell at a glance (#41), in real headless Chromium: one colour per cell (its worst
+"""A dashboard cell at a glance, in real headless Chromium: one colour per cell (its worst
 case) with its counts, its cases labelled by backend, provider and seed in the cell's detail,
 skipped cases hidden until asked for, the legend above the grid, counts not shown as seconds."""
 
@@ -9,7 +9,7 @@ import pytest
 from backend.case import BatchSpec, Case
 from backend.result import Status
 from orchestrator.artifacts import write_outputs
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results.samples import _checks, result_for
 
 pytestmark = pytest.mark.browser
@@ -25,7 +25,7 @@ def _db(tmp_path) -> str:
              for b in ("torch", "aiter-emulated") for seed in (0, 1)]
     skips = [Case("aiter-triton", 1, "NONE", "fp8", BATCH, matrix="m.yaml")]
     with ResultStore(path) as s:
-        rid = s.create_run(matrix="m.yaml", cases=[*cases, *skips])
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=[*cases, *skips]))
         for c in cases:
             if c.case_id == FAILING:
                 r = result_for(c, Status.FAIL, reason="replay differs", checks=_checks("replay"), provider=c.backend)

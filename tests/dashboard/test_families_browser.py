@@ -11,7 +11,7 @@ import pytest
 from backend.case import BatchSpec, Case, ModelShape
 from backend.result import Status
 from orchestrator.artifacts import write_outputs
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results.samples import _checks, result_for
 
 BATCH = BatchSpec("dec4", (1, 1, 1, 1), (17, 33, 40, 64))
@@ -26,7 +26,7 @@ def write_db(tmp_path) -> str:
     cases = [dataclasses.replace(Case("torch", 1, mode, "auto", BATCH, matrix="matrices/f.yaml"), **extra)
              for mode in ("NONE", "FULL") for extra in ({}, {"model": MLA_SHAPE})]
     with ResultStore(path) as s:
-        rid = s.create_run(matrix="matrices/f.yaml", cases=cases)
+        rid = s.create_run(NewRun(matrix="matrices/f.yaml", cases=cases))
         for c in cases:
             bad = c.case_id == FAILING_MLA
             s.record(rid, result_for(c, Status.FAIL, reason="finite: NaN", checks=_checks("finite")) if bad

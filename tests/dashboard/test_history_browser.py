@@ -7,7 +7,7 @@ import pytest
 
 from backend.result import Status
 from orchestrator.artifacts import write_outputs
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results import samples
 
 pytestmark = pytest.mark.browser
@@ -20,16 +20,16 @@ def test_history_by_device_flakiness_and_mute_in_the_detail(page, tmp_path):
     db = str(tmp_path / "r.db")
     # C's history on main: failed on an H100, then passed, failed, passed on CPU; it fails in pr-7.
     runs = [("main", H100, Status.FAIL), ("main", "cpu", Status.PASS), ("main", "cpu", Status.FAIL),
-            ("main", "cpu", Status.PASS), ("pr-7", "cpu", Status.FAIL)]  # fmt: skip
+            ("main", "cpu", Status.PASS), ("pr-7", "cpu", Status.FAIL)]
     with ResultStore(db) as s:
         for label, device, status in runs:
-            rid = s.create_run(matrix="matrices/sample.yaml", cases=CASES, label=label)
+            rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=CASES, label=label))
             s.record_many(rid, [(samples.result_for(c, status if c.case_id == C else Status.PASS, device=device), True)
-                                for c in CASES])  # fmt: skip
+                                for c in CASES])
             s.finish_run(rid, "finished")
         kf = tmp_path / "kf.yaml"
         kf.write_text(f'- case: "{C}"\n  reason: flips on CPU\n  link: https://example.invalid/9\n'
-                      f'  until: 2999-01-01\n  mute: true\n')  # fmt: skip
+                      f'  until: 2999-01-01\n  mute: true\n')
         write_outputs(s, rid, out_dir=str(tmp_path / "out"), baseline="main", known_failures=str(kf))
     page.goto((tmp_path / "out" / "dashboard" / "index.html").as_uri())
     page.locator(f'.chip[data-case-id="{C}"]').click()

@@ -8,7 +8,7 @@ import pytest
 from backend.case import BatchSpec, Case
 from backend.result import Status
 from orchestrator.artifacts import write_outputs
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results.samples import result_for
 
 pytestmark = pytest.mark.browser
@@ -24,9 +24,9 @@ def muted_page(page, tmp_path):
     cases = [Case("torch", 1, mode, "auto", BATCH, matrix="m.yaml") for mode in ("NONE", "FULL", "FULL_DECODE_ONLY")]
     kf = tmp_path / "kf.yaml"
     kf.write_text(f'- case: "{MUTED}"\n  reason: flips under FULL\n  link: https://example.invalid/5\n'
-                  f'  until: 2999-01-31\n  mute: true\n')  # fmt: skip
+                  f'  until: 2999-01-31\n  mute: true\n')
     with ResultStore(db) as s:
-        rid = s.create_run(matrix="m.yaml", cases=cases)
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=cases))
         for c in cases:
             bad = c.case_id in (MUTED, GATING)
             s.record(rid, result_for(c, Status.ERROR if bad else Status.PASS, checks=(),

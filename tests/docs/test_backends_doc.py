@@ -1,4 +1,4 @@
-"""docs/BACKENDS.md's minimal backend, run exactly as printed (#41): its code block is written to a
+"""docs/BACKENDS.md's minimal backend, run exactly as printed: its code block is written to a
 module of its own and its `orch run` command run on the session's Ray cluster with the real
 checker; then the two ways the doc says to break it turn the cells it names red."""
 

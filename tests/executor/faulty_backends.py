@@ -63,13 +63,13 @@ def fault_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None,
         reason = f"rank={rank} world={world_size} device={device} sum={int(t.item())} pid={os.getpid()}"
         return CaseResult(case.case_id, Status.PASS, reason=reason, requested_mode=case.mode, axes=case.axes)
     return CaseResult(case.case_id, status, reason=f"{kind} pid={os.getpid()}", requested_mode=case.mode,
-                      axes=case.axes, timings={"total_s": 0.001})  # fmt: skip
+                      axes=case.axes, timings={"total_s": 0.001})
 
 
 def fail_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
     """Fails every case at once: a run whose gate fails, in seconds."""
     return CaseResult(case.case_id, Status.FAIL, reason=f"fail pid={os.getpid()}", requested_mode=case.mode,
-                      axes=case.axes, timings={"total_s": 0.001})  # fmt: skip
+                      axes=case.axes, timings={"total_s": 0.001})
 
 
 def hold_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
@@ -79,7 +79,7 @@ def hold_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, 
     while case.tp == 1:
         time.sleep(1)
     return CaseResult(case.case_id, Status.PASS, reason="held runner", requested_mode=case.mode, axes=case.axes,
-                      timings={"total_s": 0.001})  # fmt: skip
+                      timings={"total_s": 0.001})
 
 
 def env_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
@@ -87,14 +87,14 @@ def env_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, s
     batch.description (the actors' env forwarding)."""
     name = case.batch.description
     return CaseResult(case.case_id, Status.PASS, reason=f"{name}={os.environ.get(name)}", requested_mode=case.mode,
-                      axes=case.axes, timings={"total_s": 0.001})  # fmt: skip
+                      axes=case.axes, timings={"total_s": 0.001})
 
 
 def slow_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
     """Passes after 0.25 s: a run long enough to be killed in the middle (resume test)."""
     time.sleep(0.25)
     return CaseResult(case.case_id, Status.PASS, reason=f"slow pid={os.getpid()}", requested_mode=case.mode,
-                      axes=case.axes, timings={"total_s": 0.25})  # fmt: skip
+                      axes=case.axes, timings={"total_s": 0.25})
 
 
 def hold_path(gcs_address: str) -> str:
@@ -131,7 +131,7 @@ def held_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, 
 
 # --- backend-level faults: the torch provider with a forward that breaks (via --backend) -------
 
-from backend.providers.torch_backend import TorchBackend, TorchImpl  # noqa: E402
+from backend.providers.torch_backend import TorchBackend, TorchImpl  # noqa: E402 - beside the backend-level faults below
 
 
 class _CrashImpl(TorchImpl):

@@ -37,14 +37,14 @@ def main() -> None:
                 raise TimeoutError("no case finished within 60 s: nothing was running to lose")
             cluster.remove_node(doomed, allow_graceful=False)
             removal["removed"] = True
-        except BaseException as e:  # reported in RESULT: a daemon thread's error is otherwise lost
+        except BaseException as e:  # noqa: BLE001 - reported in RESULT: a daemon thread's error is otherwise lost
             removal["error"] = f"{type(e).__name__}: {e}"
 
     killer = threading.Thread(target=kill_later, daemon=True)
     killer.start()
     # Singles (no batching) so both nodes hold work when one goes away.
     executor = Executor(info, ExecConfig(runner="tests.executor.faulty_backends:fault_runner", batch_target_s=0.0,
-                                         retries=1, poll_s=0.2), on_result=on_result)  # fmt: skip
+                                         retries=1, poll_s=0.2), on_result=on_result)
     final = executor.run(cases)
     killer.join(5)
     # The GCS's own view of the removed node (it may notice after the executor did, through the
@@ -59,7 +59,7 @@ def main() -> None:
         "nodes": [n.node_id for n in info.nodes], "keep": keep.node_id, "doomed": doomed.node_id,
         "dead": dead,
         "requeued_after_loss": sorted(executor.attempts.lost), "removed": removal["removed"], "removal_error": removal["error"],
-        "results": {k: [v.status.value, v.attempts, v.worker] for k, v in final.items()}}))  # fmt: skip
+        "results": {k: [v.status.value, v.attempts, v.worker] for k, v in final.items()}}))
     ray.shutdown()
     cluster.shutdown()
 

@@ -33,4 +33,4 @@ def shared_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None
                       reason="replay: graph replay differs from eager at step 1" if bad else "",
                       checks=(check,), requested_mode=case.mode, resolved_mode=case.mode, axes=case.axes,
                       device=_device(device),
-                      timings={"total_s": HOLD_S}, repro=case.repro_command())  # fmt: skip
+                      timings={"total_s": HOLD_S}, repro=case.repro_command())

@@ -1,4 +1,4 @@
-"""#13: the actors take the driver's Triton cache settings (actors.FORWARDED_ENV); issue 34: and the
+"""The actors take the driver's Triton cache settings (actors.FORWARDED_ENV) and the
 vLLM release it names (ORCH_VLLM), so workers import the release the driver planned with.
 
 The workers of a joined cluster are its nodes' processes, started with the nodes' environment; a

@@ -40,7 +40,7 @@ UNRELEASED = {"unreleased": 3 << 30}
     # a gang whose barrier tripped: the rank that left early is the verdict; none: innocent
     ([_r(E, "exception", "boom"), _r(N, "", "out of step")], False, Action.ATTEMPT, E, "exception", True),
     ([_r(N, "", "out of step"), _r(N, "", "out of step")], False, Action.OUT_OF_STEP, None, None, True),
-])  # fmt: skip
+])  # fmt: skip # a table: one row per line, as it reads
 def test_classify(ranks, narrower, action, status, kind, recycle):
     seen = classify(ranks, "gpu0", narrower)
     assert (seen.action, seen.recycle) == (action, recycle)
@@ -92,7 +92,7 @@ def _res(task: Task, status, kind="", worker="w1", reason="") -> CaseResult:
     (F, F, F, 2),
     (F, E, E, 2),          # two different failures stay a failure: the retry's
     (T, T, T, 2),
-])  # fmt: skip
+])  # fmt: skip # a table: one row per line, as it reads
 def test_a_failure_runs_once_more_and_the_attempts_combine(first, second, final, attempts):
     at, t = _setup(("a", 1, 1.0, "g"))
     task = _run(at, t["a"])
@@ -111,7 +111,7 @@ def test_a_failure_runs_once_more_and_the_attempts_combine(first, second, final,
 @pytest.mark.parametrize("status, kind, retries, retried", [
     (F, "", 0, False), (E, "capture", 1, False), (E, "oom", 1, False), (Status.UNVERIFIABLE, "", 1, False),
     (E, "crash", 1, True),
-])  # fmt: skip
+])  # fmt: skip # a table: one row per line, as it reads
 def test_what_is_not_retried(status, kind, retries, retried):
     at, t = _setup(("a", 1, 1.0, "g"), retries=retries)
     task = _run(at, t["a"])
@@ -187,7 +187,7 @@ def test_widen_runs_the_case_again_on_a_whole_gpu_and_says_so():
     (("b",), None, 1.0, ["a"]),              # the next one runs alone: the batch ends there
     ((), "b", 1.0, ["a"]),                   # a retry does not join its first attempt's worker
     ((), None, 0.2, ["a"]),                  # a long first case runs alone
-])  # fmt: skip
+])  # fmt: skip # a table: one row per line, as it reads
 def test_batch(singles, avoid, target, expected):
     at, t = _setup(("a", 1, 0.3, "g"), ("b", 1, 0.15, "g"), ("c", 1, 0.1, "g"), ("d", 2, 0.01, "g"))
     at.singles.update(t[s].id for s in singles)

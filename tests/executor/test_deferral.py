@@ -1,4 +1,4 @@
-"""#13: on a cold GPU machine the warm-up helpers compile the JIT backends' kernels while the worker
+"""On a cold GPU machine the warm-up helpers compile the JIT backends' kernels while the worker
 runs the other backends' cases; those of the JIT backends wait until the warm-up is over (or
 nothing else is left). Real Ray (the session cluster), one worker, the fault runner."""
 

@@ -1,4 +1,4 @@
-"""A backend engineer's first day (#41), each friction as the issue reproduced it, on the real CLI,
+"""A backend engineer's first day, each friction as the issue reproduced it, on the real CLI,
 real SQLite and (where cases run) the session's Ray cluster: a run of nothing but skips is no
 pass, and orch gate / orch report say the same; a misspelt vllm: name is bad input with the
 closest name; --backend on a multi-family matrix skips what it cannot run, with the reason, for
@@ -18,7 +18,7 @@ import pytest
 from junitparser import JUnitXml
 
 from orchestrator.cli import main
-from orchestrator.store import ResultStore, RunOptions
+from orchestrator.store import NewRun, ResultStore, RunOptions
 from tests.results import samples
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -146,7 +146,7 @@ def test_a_misspelt_vllm_name_in_a_matrix_names_its_line(tmp_path, capsys, no_vl
     m = tmp_path / "m.yaml"
     m.write_text(f"extends: {os.path.join(REPO, 'matrices/vllm.yaml')}\nname: mine\naxes:\n"
                  "  backend: [vllm:FLEX_ATTENTION, vllm:flex_attn]\n")
-    rc, out, err = _cli(capsys, "plan", str(m), "--devices", "cpu")
+    rc, _out, err = _cli(capsys, "plan", str(m), "--devices", "cpu")
     assert rc == 2 and err.startswith(f"orch: {m}:4: axes.backend[1]: vllm:flex_attn is not an attention backend")
     assert "did you mean vllm:FLEX_ATTENTION?" in err and err.count("\n") == 1
 
@@ -213,7 +213,7 @@ def test_resume_writes_into_the_runs_own_out(ray_cluster, tmp_path, capsys, monk
     db, first = str(tmp_path / "r.db"), tmp_path / "first-out"
     cases = select(load_matrix(SMOKE, devices="cpu").cases, SMALL)
     with ResultStore(db) as s:
-        rid = s.create_run(matrix=SMOKE, cases=cases, options=RunOptions(out=str(first), filter=SMALL, matrix_cases=90))
+        rid = s.create_run(NewRun(matrix=SMOKE, cases=cases, options=RunOptions(out=str(first), filter=SMALL, matrix_cases=90)))
         s.record(rid, samples.result_for(cases[0]))
         s.finish_run(rid, "interrupted")
     rc, out, _ = _cli(capsys, "run", "--resume", str(rid), "--db", db, "--devices", "cpu", "--no-progress")
@@ -232,7 +232,7 @@ def _readme_commands() -> list[str]:
 
 def test_the_readmes_two_commands_in_order_in_a_clean_clone(ray_cluster, tmp_path):
     """The main job leaves orch-results.db and orch-out/ in the checkout; the tests that run
-    orch's commands with their default paths must not read them (before #41 the third `orch plan`
+    orch's commands with their default paths must not read them (the third `orch plan` once
     of test_plan_estimates_the_wall_time_on_the_workers_apart_from_the_sum did). Cheap: the main
     job on a slice of full.yaml (the same command, on the session cluster), then the tests of the
     CLI's contract, in a copy of the tracked tree."""
@@ -243,7 +243,7 @@ def test_the_readmes_two_commands_in_order_in_a_clean_clone(ray_cluster, tmp_pat
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", REPO, str(clone)], check=True, timeout=120)
     # ... as this checkout's tree is now (what is committed, and what is not yet).
     changed = subprocess.run(["git", "ls-files", "-mo", "--exclude-standard"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.split()  # fmt: skip
+                             check=True).stdout.split()
     for f in changed:
         if os.path.isfile(os.path.join(REPO, f)):
             os.makedirs(clone / os.path.dirname(f), exist_ok=True)
@@ -255,10 +255,10 @@ def test_the_readmes_two_commands_in_order_in_a_clean_clone(ray_cluster, tmp_pat
     job = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", "matrices/full.yaml", "--filter",
                           "attention=gqa tp=1 mode=NONE kv=auto batch=decode_7 backend=torch", "--address", address,
                           "--devices", "cpu", "--no-progress"], cwd=clone, env=env, capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
+                         timeout=600)
     assert job.returncode == 0, job.stdout[-1000:] + job.stderr[-1000:]
     assert (clone / "orch-results.db").is_file() and (clone / "orch-out" / "summary.md").is_file()
     suite = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                             "tests/results/test_cli_contract.py"], cwd=clone, env=env, capture_output=True, text=True,
-                           timeout=600)  # fmt: skip
+                           timeout=600)
     assert suite.returncode == 0, suite.stdout[-3000:]

@@ -1,4 +1,4 @@
-"""#17: a tp gang that cannot come up is an infrastructure outcome of its cases (requeued once on a
+"""A tp gang that cannot come up is an infrastructure outcome of its cases (requeued once on a
 new gang, then NOT_RUN "gang", which the gate fails as exit 3), never a crash or error blamed on
 the cases; tp 1 cases on the same run are unaffected. Real Ray (the session cluster), actors
 that break on purpose (tests/executor/faulty_actors.py)."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from backend.result import Status
+from orchestrator.errors import ExitCode
 from orchestrator.executor import gangs
 from orchestrator.executor.cluster import connect
 from orchestrator.executor.executor import ExecConfig, Executor
-from orchestrator.errors import ExitCode
 from orchestrator.gate import evaluate
 from tests.executor import faulty_actors
 from tests.executor.conftest import session_node
@@ -61,7 +61,7 @@ def test_a_gang_that_cannot_come_up_is_not_run_not_a_crash(ray_cluster, monkeypa
 
 
 def test_the_check_would_catch_a_setup_failure_filed_as_a_crash(ray_cluster, monkeypatch):
-    # Break the executor on purpose (file set-up failures as crashes of the batch, as before #17)
+    # Break the executor on purpose (file set-up failures as crashes of the batch, as it once did)
     # and run the same assertions as the test above: they must reject it. Asserting on what the
     # patch itself does would only show the patch works.
     from orchestrator.executor import executor as ex

@@ -26,7 +26,7 @@ def _run(tmp_path, name: str, plugin: str, baseline: str | None = None) -> tuple
     out = tmp_path / name
     code = run_cmd.main("matrices/smoke.yaml", backend=f"tests.executor.{plugin}:MyBackend", filter_expr=FILTER,
                         db=str(tmp_path / "r.db"), out_dir=str(out), devices="cpu", baseline=baseline,
-                        no_progress=True)  # fmt: skip
+                        no_progress=True)
     return code, str(out)
 
 
@@ -140,7 +140,7 @@ def test_store_keeps_all_three_runs(runs):
 
 
 def test_a_tp2_allreduce_skipped_behind_a_raw_pointer_fails_orch_run_on_cpu(ray_cluster, tmp_path):
-    """Issue #39: the tp 2 custom all-reduce that records its buffer's address while capturing and
+    """The tp 2 custom all-reduce that records its buffer's address while capturing and
     skips the reduction. Its replay disagrees with eager on the CPU emulation, which cannot follow
     the pointer: UNVERIFIABLE, so `orch run` exits 1 (it passed before, exit 0); `orch gate
     --allow-unverifiable` passes the same run and still lists the case."""

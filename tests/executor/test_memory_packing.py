@@ -1,4 +1,4 @@
-"""Issue 37 on real Ray: an out-of-memory of the harness is never the backend's verdict (the gate
+"""On real Ray: an out-of-memory of the harness is never the backend's verdict (the gate
 lists it as infrastructure), and several workers share each GPU (fractional GPUs, whole devices
 for a gang's ranks), each with its share of the memory budget."""
 
@@ -13,8 +13,8 @@ import pytest
 from junitparser import Error, JUnitXml
 
 from orchestrator.commands import run as run_cmd
-from orchestrator.executor.packing import GiB, WorkerNeed, auto_per_gpu, parse_gib, parse_workers_per_gpu, slot_width
 from orchestrator.errors import InputError
+from orchestrator.executor.packing import GiB, WorkerNeed, auto_per_gpu, parse_gib, parse_workers_per_gpu, slot_width
 from orchestrator.store import ResultStore
 
 FILTER = "attention=gqa kv_cache_dtype=auto cudagraph_mode=FULL batch=decode_7,mixed_small"  # tp 1 x2, tp 2 x1

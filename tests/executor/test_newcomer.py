@@ -1,4 +1,4 @@
-"""A newcomer's first hour (#33), on the real CLI, the session's Ray cluster, real SQLite and real
+"""A newcomer's first hour, on the real CLI, the session's Ray cluster, real SQLite and real
 signals: `--resume` with another matrix, an interrupted run's outputs and exit code, every
 subcommand exiting by the verdict it prints, a run's last lines sized for a CI log with its skips
 grouped by reason, `orch doctor --matrix` agreeing with `orch run`. Synchronised on result rows
@@ -22,7 +22,7 @@ from backend.result import Status
 from orchestrator.cli import cli, main
 from orchestrator.filters import select
 from orchestrator.matrix import load_matrix
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results import samples
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -53,7 +53,7 @@ def half_run(tmp_path):
     db = tmp_path / "r.db"
     cases = select(load_matrix(SMOKE, devices="cpu").cases, SMALL)
     with ResultStore(str(db)) as s:
-        rid = s.create_run(matrix=SMOKE, cases=cases)
+        rid = s.create_run(NewRun(matrix=SMOKE, cases=cases))
         s.record(rid, samples.result_for(cases[0]))
         s.finish_run(rid, "interrupted")
     return db, tmp_path / "out", cases
@@ -70,7 +70,7 @@ def test_resume_with_another_matrix_is_one_line_exit_2_and_runs_nothing(half_run
     assert code == 2
     assert err.splitlines() == ["orch: --resume 1: run 1 ran matrices/smoke.yaml, not matrices/full.yaml "
                                 "(leave MATRIX out to finish run 1 with its own)"]
-    assert _attempts(db) == 1  # nothing ran (before #33: run 1's cases, without a word about full.yaml)
+    assert _attempts(db) == 1  # nothing ran (not run 1's cases, without a word about full.yaml)
 
 
 def test_resume_finishes_a_run_with_its_own_matrix_then_says_it_is_finished(half_run, ray_cluster, capsys, monkeypatch):
@@ -103,7 +103,7 @@ def _earlier_green_run(db: str, out: str) -> None:
 
     cases = select(load_matrix(SMOKE, devices="cpu").cases, SMALL)
     with ResultStore(db) as s:
-        rid = s.create_run(matrix=SMOKE, cases=cases)
+        rid = s.create_run(NewRun(matrix=SMOKE, cases=cases))
         s.record_many(rid, [(samples.result_for(c), True) for c in cases])
         s.finish_run(rid, "finished")
         assert write_outputs(s, rid, out_dir=out).passed
@@ -119,7 +119,7 @@ def test_an_interrupted_run_writes_its_outputs_marked_interrupted(ray_cluster, t
     child = subprocess.Popen(  # the held runner passes the tp 2 cases and never finishes a tp 1 case
         [sys.executable, "-m", "orchestrator.cli", "run", SMOKE, *_run_args(db, out, "--address", address)],
         cwd=REPO, env={**os.environ, "ORCH_RUNNER": "tests.executor.faulty_backends:hold_runner"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline, done = time.monotonic() + 180, 0
         while time.monotonic() < deadline and child.poll() is None and done < gangs:
@@ -138,7 +138,7 @@ def test_an_interrupted_run_writes_its_outputs_marked_interrupted(ray_cluster, t
             child.communicate()
     assert child.returncode == code, err
     # Ray's banners (token auth...) only with -v: every stderr line is orch's (continuations
-    # indented); what the run concluded is on stdout (#41: `orch run | tee log` kept nothing).
+    # indented); what the run concluded is on stdout (`orch run | tee log` kept nothing).
     assert all(ln.startswith(("orch: ", "    ")) for ln in err.splitlines()), err
     lines = stdout.splitlines()
     with ResultStore(db) as s:
@@ -167,7 +167,7 @@ def _passing_store(tmp_path) -> str:
     path = str(tmp_path / "pass.db")
     cases = samples.make_cases()
     with ResultStore(path) as s:
-        rid = s.create_run(matrix="matrices/sample.yaml", cases=cases)
+        rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases))
         s.record_many(rid, [(samples.result_for(c), True) for c in cases])
         s.finish_run(rid, "finished")
     return path
@@ -289,7 +289,7 @@ def test_doctor_and_run_agree_on_a_matrix_with_a_provider_skipped_here(ray_clust
     matrix = tmp_path / "m.yaml"
     matrix.write_text(f"extends: {os.path.join(REPO, 'matrices/full.yaml')}\nname: agree\ninclude: []\naxes:\n"
                       "  tp: [1]\n  cudagraph_mode: [FULL]\n  kv_cache_dtype: [auto]\n  batch: [decode_7]\n"
-                      "  backend: [torch, aiter]\n  seed: [0]\n  spec_tokens: [0]\n")  # fmt: skip
+                      "  backend: [torch, aiter]\n  seed: [0]\n  spec_tokens: [0]\n")
     run_code, _, err = _cli(capsys, "run", str(matrix), *_run_args(tmp_path / "r.db", tmp_path / "out"))  # the checker
     doctor_code, out, _ = _cli(capsys, "doctor", "--matrix", str(matrix), "--json")
     assert run_code == doctor_code == 0, err

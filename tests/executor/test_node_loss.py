@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.xdist_group("ray")
 def test_cases_of_a_lost_node_are_rescheduled_without_blame():
     p = subprocess.run([sys.executable, "-m", "tests.executor.node_loss_script"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+                       text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""})
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
     assert set(out["nodes"]) == {out["keep"], out["doomed"]}

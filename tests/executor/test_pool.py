@@ -37,7 +37,7 @@ def _gang(pool: GangPool, tp: int, state=I, node=0, share=1.0, group="", pg=None
     (4, 1, 0, 1), (4, 2, 0, 8),            # a gang's ranks take whole devices: tp x N slots
     (4, 1, 30, 3),                         # a 30 GiB case on three of four shares of 80 GiB x 0.9
     (4, 1, 200, 4),                        # never wider than the whole GPU
-])  # fmt: skip
+])  # fmt: skip # a table: one row per line, as it reads
 def test_case_width(per_gpu, tp, need_gib, width):
     case = _case(tp)
     pool = _pool(slots=(8 * per_gpu,), per_gpu=per_gpu, memory_needs={case.case_id: need_gib * GiB},
@@ -48,7 +48,7 @@ def test_case_width(per_gpu, tp, need_gib, width):
 @pytest.mark.parametrize("kind, per_gpu, tp, share, width", [
     ("gpu", 4, 1, 0.25, 1), ("gpu", 4, 1, 0.75, 3), ("gpu", 4, 1, 1.0, 4), ("gpu", 4, 2, 1.0, 8),
     ("cpu", 1, 1, 1.0, 1), ("cpu", 1, 4, 1.0, 4),
-])  # fmt: skip
+])  # fmt: skip # a table: one row per line, as it reads
 def test_gang_width(kind, per_gpu, tp, share, width):
     pool = _pool(kind, slots=(8,), per_gpu=per_gpu)
     assert pool.gang_width(_gang(pool, tp, share=share)) == width
@@ -69,7 +69,7 @@ def test_too_wide_names_the_largest_node():
     ("cpu", 2, [], 8),                        # the core cap applies once something runs
     ("cpu", 2, [(1, B)], 1),
     ("cpu", 2, [(4, B)], 0),                  # a tp 4 gang alone on 2 cores
-])  # fmt: skip
+])  # fmt: skip # a table: one row per line, as it reads
 def test_free(kind, cores, gangs, free):
     pool = _pool(kind, slots=(8,), cores=cores)
     for tp, state in gangs:

@@ -241,8 +241,8 @@ def test_warm_kernels_runs_a_cases_steps_and_graphs_without_checks(full_cases):
     kernels), the graphs the case dispatches to captured, no context written."""
     import torch
 
-    from backend.harness.checker import SessionCache, _dispatch_plan, _session_plan, warm_kernels
     from backend.attention.registry import get_backend
+    from backend.harness.checker import SessionCache, _dispatch_plan, _session_plan, warm_kernels
     from tests.executor.jit_backend import CountingJitBackend
 
     case = dataclasses.replace(_tiny_cases(full_cases, "tests.executor.jit_backend:CountingJitBackend", 5)[0],

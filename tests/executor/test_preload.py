@@ -1,4 +1,4 @@
-"""#13 start-up: the embedded cluster's workers import torch before they take an actor.
+"""Start-up: the embedded cluster's workers import torch before they take an actor.
 
 `cluster.connect("local")` starts Ray with the raylet's `preload_python_modules`, so a worker
 actor finds torch already imported (the worker did it before taking the actor; whether that saves

@@ -1,4 +1,4 @@
-"""#13: worker processes are reused across tp phases. An idle gang whose ranks divide into the tp
+"""Worker processes are reused across tp phases. An idle gang whose ranks divide into the tp
 the next case needs is split (every rank leaves its process group, the new gangs join on fresh
 ports) instead of being torn down for new actors. Real Ray (the session cluster), the fault
 runner (tests/executor/faulty_backends.py): "rank" cases all-reduce over the gang they were given."""
@@ -68,7 +68,7 @@ def test_a_crash_in_a_re_formed_gang_is_still_a_crash_and_later_cases_run(ray_cl
         + [make_case("ok", 10 + i) for i in range(4)]
     # One case per call, so every worker the crash case kills is one of its recorded attempts
     # (in a batch it would also take a worker down before it is run alone).
-    final, pids, created, attempts = _run(monkeypatch, cases, reuse=True, max_batch=1)
+    final, _pids, created, attempts = _run(monkeypatch, cases, reuse=True, max_batch=1)
     crash = final["tp1-FULL-auto-crash-torch-s2"]
     assert crash.status == Status.ERROR and crash.error_kind == "crash", crash
     assert crash.log_tail.startswith("[orch] case tp1-FULL-auto-crash-torch-s2") and "about to crash" in crash.log_tail

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from orchestrator.commands import run as run_cmd
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.executor.faulty_backends import hold_path
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _orch(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
 @pytest.mark.slow
@@ -47,7 +47,7 @@ def test_resume_after_sigkill_runs_only_the_missing_cases(ray_cluster, tmp_path)
     address = ray_cluster.get_runtime_context().gcs_address
     db = str(tmp_path / "r.db")
     args = ["run", "matrices/smoke.yaml", "--db", db, "--out", str(tmp_path / "out"), "--devices", "cpu",
-            "--address", address, "--no-progress", "--workers", "2"]  # fmt: skip
+            "--address", address, "--no-progress", "--workers", "2"]
     env = {"ORCH_RUNNER": "tests.executor.faulty_backends:held_runner"}
     # The workers stop making progress once 5 results are stored, until the hold file goes: the
     # kill lands in the middle of the run on a fast machine as on a loaded one (no race with a poll).
@@ -78,7 +78,7 @@ def test_resume_after_sigkill_runs_only_the_missing_cases(ray_cluster, tmp_path)
     assert 0 < len(missing_before) < len(planned)
 
     resumed = _orch(*args, "--resume", str(rid), env=env)
-    out, err = resumed.communicate(timeout=240)
+    _out, err = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, err[-2000:]
     with sqlite3.connect(db) as con:
         rows = con.execute("SELECT case_id, count(*) FROM results WHERE run_id = ? GROUP BY case_id", (rid,)).fetchall()
@@ -88,7 +88,7 @@ def test_resume_after_sigkill_runs_only_the_missing_cases(ray_cluster, tmp_path)
     assert all(n == 1 for n in attempts.values())  # nothing ran twice: the resume ran only the missing
     assert status == "finished"
     assert f"resuming run {rid} (matrices/smoke.yaml): {len(missing_before)} cases without a final verdict" in err
-    # Into run 1's own --out (given again here): its summary is run 1's, finished (#41).
+    # Into run 1's own --out (given again here): its summary is run 1's, finished.
     assert open(tmp_path / "out" / "summary.md").read().startswith(f"## ✅ orch run {rid} — `matrices/smoke.yaml`\n")
 
 
@@ -98,8 +98,8 @@ def test_unreachable_cluster_is_exit_3_in_one_line(tmp_path):
         port = s.getsockname()[1]
     t0 = time.monotonic()
     p = _orch("run", "matrices/smoke.yaml", "--db", str(tmp_path / "r.db"), "--out", str(tmp_path / "o"),
-              "--devices", "cpu", "--address", f"127.0.0.1:{port}")  # fmt: skip
-    out, err = p.communicate(timeout=60)
+              "--devices", "cpu", "--address", f"127.0.0.1:{port}")
+    _out, err = p.communicate(timeout=60)
     assert p.returncode == 3
     lines = [l for l in err.splitlines() if l.strip()]
     assert len(lines) == 1 and "unreachable" in lines[0] and f"127.0.0.1:{port}" in lines[0], err
@@ -122,7 +122,7 @@ def test_orch_run_with_a_broken_backend_fails_the_gate(ray_cluster, tmp_path, sc
     db = str(tmp_path / "r.db")
     code = run_cmd.main("matrices/smoke.yaml", backend=f"tests.executor.faulty_backends:{cls}",
                         filter_expr="attention=gqa tp=1 cudagraph_mode=NONE kv_cache_dtype=auto batch=decode_7",
-                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", timeout_s=timeout_s, no_progress=True)  # fmt: skip
+                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", timeout_s=timeout_s, no_progress=True)
     assert code == 1
     with ResultStore(db) as store:
         (res,) = store.results(store.latest_run_id())
@@ -141,7 +141,7 @@ def test_a_device_error_recycles_the_worker_in_every_mode(ray_cluster, tmp_path,
     db = str(tmp_path / "r.db")
     code = run_cmd.main("matrices/smoke.yaml", backend="tests.executor.faulty_backends:DeviceErrorBackend",
                         filter_expr=f"attention=gqa tp=1 cudagraph_mode={mode} kv_cache_dtype=auto batch=decode_7",
-                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", no_progress=True)  # fmt: skip
+                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", no_progress=True)
     assert code == 1
     with ResultStore(db) as store:
         rid = store.latest_run_id()
@@ -158,7 +158,7 @@ def test_a_capture_error_is_reported_once_and_keeps_the_worker(ray_cluster, tmp_
     db = str(tmp_path / "r.db")
     code = run_cmd.main("matrices/smoke.yaml", backend="tests.executor.faulty_backends:CaptureErrorBackend",
                         filter_expr="attention=gqa tp=1 cudagraph_mode=FULL,PIECEWISE kv_cache_dtype=auto batch=decode_7,mixed_small",
-                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", workers=1, no_progress=True)  # fmt: skip
+                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", workers=1, no_progress=True)
     assert code == 1
     with ResultStore(db) as store:
         results = {r.axes["cudagraph_mode"] + "/" + r.axes["batch"]: r for r in store.results(store.latest_run_id())}
@@ -177,10 +177,10 @@ def test_a_capture_error_is_reported_once_and_keeps_the_worker(ray_cluster, tmp_
 def test_resume_reruns_a_case_whose_retry_never_ran(ray_cluster, tmp_path, monkeypatch):
     """A driver killed between a case's failed first attempt and its retry: the resume must run it
     again (before: the first attempt's row counted as done, and the gate saw a lone failure)."""
+    from backend.result import Status
     from orchestrator.filters import select
     from orchestrator.matrix import load_matrix
     from tests.results.samples import result_for
-    from backend.result import Status
 
     db = str(tmp_path / "r.db")
     flt = "tp=1 cudagraph_mode=NONE,FULL kv_cache_dtype=auto"
@@ -188,12 +188,12 @@ def test_resume_reruns_a_case_whose_retry_never_ran(ray_cluster, tmp_path, monke
     assert len(cases) >= 3
     half, absent = cases[0], cases[1]
     with ResultStore(db) as store:
-        rid = store.create_run(matrix="matrices/smoke.yaml", cases=cases)
+        rid = store.create_run(NewRun(matrix="matrices/smoke.yaml", cases=cases))
         store.record(rid, result_for(half, Status.FAIL, reason="first attempt"), final=False)
         store.record_many(rid, [(result_for(c), True) for c in cases[2:]])
     monkeypatch.setenv(run_cmd.RUNNER_ENV, "tests.executor.faulty_backends:slow_runner")
     code = run_cmd.main("matrices/smoke.yaml", filter_expr=flt, db=db, out_dir=str(tmp_path / "out"),
-                        devices="cpu", resume_run=str(rid), no_progress=True)  # fmt: skip
+                        devices="cpu", resume_run=str(rid), no_progress=True)
     assert code == 0
     with ResultStore(db) as store:
         assert store.missing_case_ids(rid) == []
@@ -207,7 +207,7 @@ def test_resume_reruns_a_case_whose_retry_never_ran(ray_cluster, tmp_path, monke
 
 @pytest.mark.slow
 def test_the_driver_of_orch_run_does_not_import_torch(ray_cluster, tmp_path):
-    # #13 start-up: plan, Ray, dispatch, the gang merge (smoke.yaml has tp 2 cases), the store and
+    # Start-up: plan, Ray, dispatch, the gang merge (smoke.yaml has tp 2 cases), the store and
     # the outputs run in a driver that never imports torch/triton/aiter; only the actors do.
     address = ray_cluster.get_runtime_context().gcs_address
     code = f"""

@@ -68,9 +68,9 @@ def ray_head():
     head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=1", "--num-gpus=2",
                              "--node-ip-address=127.0.0.1", f"--temp-dir={tmp}", "--include-dashboard=false",
                              "--disable-usage-stats"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True)
     address = f"127.0.0.1:{port}"
-    probe = "import ray; ray.init(address=%r, log_to_driver=False); assert ray.cluster_resources().get('GPU') == 2" % address
+    probe = f"import ray; ray.init(address={address!r}, log_to_driver=False); assert ray.cluster_resources().get('GPU') == 2"
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -105,7 +105,7 @@ def _driver(name: str, address: str, env: dict, db: str, out: str) -> subprocess
     return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", "matrices/smoke.yaml", "--address", address,
                              "--db", db, "--out", out, "--no-progress", *args], cwd=REPO,
                             env={**env, "ORCH_RUNNER": "tests.executor.shared_runner:shared_runner"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_three_drivers_share_one_cluster_and_one_database(ray_head, pg_url, pg_server, tmp_path):

@@ -44,7 +44,7 @@ def test_a_placement_held_up_by_another_job_waits_says_so_and_frees_idle_gangs(r
         t0 = time.monotonic()
         # The tp 1 case first (longest estimate): its gang is idle when the tp 2 placement waits.
         final = Executor(cluster, config, history={one.case_id: 5.0, two.case_id: 0.01},
-                         on_notice=notices.append).run([one, two])  # fmt: skip
+                         on_notice=notices.append).run([one, two])
         took = time.monotonic() - t0
         before_release = not released
     finally:

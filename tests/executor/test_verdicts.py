@@ -43,7 +43,7 @@ OOM = "oom"
 
 
 @pytest.mark.parametrize("first, retry, want, want_kind", [
-    # An attempt that ran out of device memory observed nothing of the backend (issue 37): the
+    # An attempt that ran out of device memory observed nothing of the backend: the
     # other attempt's verdict is the case's, never FLAKY.
     ((E, OOM), (P, ""), P, ""),
     ((E, OOM), (F, ""), F, ""),

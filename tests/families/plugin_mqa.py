@@ -1,4 +1,4 @@
-"""A family from outside orch's tree (#41): multi-query attention, every query head over ONE kv
+"""A family from outside orch's tree: multi-query attention, every query head over ONE kv
 head, registered with no edit to backend/: the matrix names this spec by import path
 (`attention: [tests.families.plugin_mqa:SPEC]`), or an installed distribution by an
 `orch.families` entry point. Torch-free, as a spec must be (the planner reads it); the family and

@@ -58,7 +58,7 @@ def test_broken_family_matrix_exits_2_with_file_and_line(tmp_path, capsys, doc, 
 
 
 def test_backend_override_that_implements_no_family_of_the_matrix(tmp_path, capsys):
-    # #41: a --backend's missing family is its cases' skip reason, as a plugin's always was (it was
+    # A --backend's missing family is its cases' skip reason, as a plugin's always was (it was
     # exit 2 for a builtin); and a run of nothing but those skips fails its gate.
     path = write(tmp_path, replace("  backend: [torch]", "  backend: [torch]\n  attention: [mla]"))
     m = load_matrix(path, devices="cpu", backend_override="aiter-triton-pa")

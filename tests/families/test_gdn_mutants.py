@@ -9,8 +9,8 @@ padded rows a larger step wrote are replayed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 

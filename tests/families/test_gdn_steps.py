@@ -3,10 +3,12 @@ their state slots, grow by their accepted length, and finished requests' slots g
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from backend.families import family
 from backend.case import BatchSpec
+from backend.families import family
 from tests.families.conftest import GDN_DECODE, GDN_MIXED, TINY_GDN
 
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -26,7 +28,7 @@ def rows(plan):
 @pytest.mark.parametrize("batch", [GDN_DECODE, GDN_MIXED], ids=["decode", "mixed"])
 def test_requests_continue_with_their_slots_and_grow_by_their_accepted_length(batch, k):
     steps = plans(batch, k)
-    for before, after in zip(steps, steps[1:]):
+    for before, after in itertools.pairwise(steps):
         a, b = rows(before), rows(after)
         continued = set(a) & set(b)
         assert continued, "no request continued"
@@ -51,7 +53,7 @@ def test_a_finished_requests_slots_go_to_the_next_prompt():
     (a recycled slot, its leftover state to be read as zeros), the one-token prompt among them."""
     steps = plans(GDN_MIXED, 0, steps=5)
     seen_one_token = False
-    for before, after in zip(steps, steps[1:]):
+    for before, after in itertools.pairwise(steps):
         a, b = rows(before), rows(after)
         gone = set(a) - set(b)
         new = [rid for rid in b if rid not in a]

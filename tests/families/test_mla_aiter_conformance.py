@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from backend.providers import aiter_ops_emulated
 from backend.providers import aiter_loader as L
+from backend.providers import aiter_ops_emulated
 from tests.backend.test_aiter_conformance import Recorder, conformance_errors
 from tests.families.test_mla_ops import BATCHES, make_config, run_op
 

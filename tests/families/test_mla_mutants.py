@@ -6,8 +6,8 @@ FULL_DECODE_ONLY and FULL_AND_PIECEWISE, and mixed batches never replay a FULL g
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 

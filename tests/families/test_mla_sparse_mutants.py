@@ -14,7 +14,7 @@ import pytest
 
 from backend.harness.checker import run_case, run_case_local
 from backend.result import Status
-from tests.families.test_mla_sparse import DECODE, MIXED, make_case, sparse_sessions  # noqa: F401
+from tests.families.test_mla_sparse import DECODE, MIXED, make_case, sparse_sessions  # noqa: F401 - a pytest fixture, used by name
 
 # FULL resolves to FULL_AND_PIECEWISE for a UNIFORM_BATCH provider (the same graphs): not run twice here.
 MODES = ("NONE", "PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
@@ -60,7 +60,7 @@ MUTANTS = {
 
 
 @pytest.mark.parametrize("name", MUTANTS)
-def test_mla_sparse_mutant_red_exactly_where_reachable(name, sparse_sessions):  # noqa: F811
+def test_mla_sparse_mutant_red_exactly_where_reachable(name, sparse_sessions):  # noqa: F811 - the imported fixture, by name
     exp = MUTANTS[name]
     seen = []
     for k in exp.ks:
@@ -77,7 +77,7 @@ def test_mla_sparse_mutant_red_exactly_where_reachable(name, sparse_sessions):  
     assert any(seen) and (not all(seen) or exp.flagged("NONE", "mixed", 0))
 
 
-def test_hardcoded_topk_is_named_by_the_contract_on_short_contexts(sparse_sessions):  # noqa: F811
+def test_hardcoded_topk_is_named_by_the_contract_on_short_contexts(sparse_sessions):  # noqa: F811 - the imported fixture, by name
     """Every step's sequences within top-k (max_model_len 16 bounds the later steps' draws): the
     outputs are right (a wider buffer picks no more), the buffer's width is still a violation."""
     import dataclasses
@@ -94,7 +94,7 @@ def test_hardcoded_topk_is_named_by_the_contract_on_short_contexts(sparse_sessio
 
 
 @pytest.mark.slow
-def test_mla_sparse_allreduce_capture_red_at_tp2(sparse_sessions):  # noqa: F811
+def test_mla_sparse_allreduce_capture_red_at_tp2(sparse_sessions):  # noqa: F811 - the imported fixture, by name
     """vLLM #41835: a custom all-reduce whose capture leaves the sparse MLA's projection unreduced:
     red at tp 2 where a graph holds the all-reduce, green in eager there and at tp 1 (the correct
     provider's tp 2 cases are the matrix's)."""

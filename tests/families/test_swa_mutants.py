@@ -4,8 +4,8 @@ correct providers green over seeds 0, 1, 2 (DESIGN.md §9b-9c)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 
@@ -43,7 +43,7 @@ MUTANTS = {
     "sink multiplied by the softmax scale": Expect(
         "tests.mutants.swa_kernels:SinkScaled", lambda m, kv, b: True, Status.FAIL, "attn_reference",
         first_any=("reference",)),
-    # #39: with sinks near N(0, 1) both moved a head 2.5-3.6%, inside the ~4% threshold.
+    # With sinks near N(0, 1) both moved a head 2.5-3.6%, inside the ~4% threshold.
     "sink counted twice": Expect(
         "tests.mutants.swa_kernels:SinkTwice", lambda m, kv, b: True, Status.FAIL, "attn_reference",
         first_any=("reference",)),
@@ -141,7 +141,7 @@ def test_swa_on_a_tp_gang():
 
 
 def test_sinks_carry_a_real_share_and_sink_bugs_pass_the_tolerance_at_every_context():
-    """#39 (benchmarks/sink_share.py, its full table in docs/FAMILIES.md): at the shortest, a middle
+    """Sinks with a real share (benchmarks/sink_share.py, its full table in docs/FAMILIES.md): at the shortest, a middle
     and the longest context the matrix's swa_sinks batches use, on the CPU and the GPU shape, some
     heads' sinks hold 20-80% of a row's mass, and a sink counted twice or taken without its exp2
     conversion moves the worst head by several times the per-head threshold (before: under it at

@@ -74,8 +74,8 @@ def test_two_and_three_d_paths_agree_with_each_other(segments, with_sinks):
 
 
 def _config() -> AttentionConfig:
-    from backend.harness.session import attention_config
     from backend.harness.model import TPLayout
+    from backend.harness.session import attention_config
 
     return attention_config(TINY_SWA, TPLayout(1, 0, 4, 2, 16), "auto", (1, 2, 4, 8), "cpu")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -466,9 +466,9 @@ def _linalg(checked: bool) -> Callable[[torch.device], Instance]:
     def build(device) -> Instance:
         a = torch.eye(3, device=device) * 4
         if checked:
-            run = lambda: torch.linalg.cholesky(a)  # noqa: E731  its error check reads `info` on the host
+            run = lambda: torch.linalg.cholesky(a)  # its error check reads `info` on the host
         else:
-            run = lambda: torch.linalg.cholesky_ex(a).L  # noqa: E731  `info` stays on the device
+            run = lambda: torch.linalg.cholesky_ex(a).L  # `info` stays on the device
         return Instance(run, lambda: a.mul_(4), lambda: torch.linalg.cholesky(a))
     return build
 

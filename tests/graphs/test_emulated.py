@@ -172,7 +172,7 @@ def test_graph_safe_alternatives_capture(runner):
 
     def fn():
         y.copy_(x)
-        y[x > 2] = 7.0  # a boolean mask with a scalar: masked_fill_ on a GPU, no sync (#32)
+        y[x > 2] = 7.0  # a boolean mask with a scalar: masked_fill_ on a GPU, no sync
         return torch.where(x > 1, x, torch.zeros_like(x)) + x.masked_fill(x < 1, 5.0) + y
 
     graph = runner.capture(fn)
@@ -193,8 +193,8 @@ def test_flex_attention_hop_is_recorded_through_its_dense_implementation(runner)
     tensors and a live query. Its dense path upcasts bf16 with `to.dtype`, whose schema marks a
     possible alias: treated as a view, the replay reused the capture's query (a false red on
     every FULL cell of vllm:FLEX_ATTENTION)."""
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
     import torch.nn.attention.flex_attention as fa
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     old = fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
     fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # eager flex without its torch.compile wrapper
@@ -228,7 +228,7 @@ def test_flex_attention_hop_is_recorded_through_its_dense_implementation(runner)
 
 def test_capture_does_not_import_dynamo():
     """The recorder opts out of TorchDispatchMode's Dynamo guard: importing torch._dynamo cost
-    every worker process 1.5-4.4 s at its first capture on the 2-core machine (#13)."""
+    every worker process 1.5-4.4 s at its first capture on the 2-core machine."""
     import subprocess
     import sys
     from pathlib import Path

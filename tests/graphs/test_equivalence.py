@@ -54,7 +54,7 @@ def test_real_runner_survives_a_failed_capture_and_shares_one_pool():
     assert not torch.cuda.is_current_stream_capturing()
     graphs = {}
     for n in (8, 4):  # largest first, one pool
-        fn = (lambda n: lambda: x[:n] * scale)(n)
+        fn = (lambda m: lambda: x[:m] * scale)(n)
         runner.warmup(fn)
         graphs[n] = runner.capture(fn)
     x.add_(1)

@@ -2,7 +2,7 @@
 nothing behind in the process (backend/graphs/cuda.py `_undo_failed_capture`): its graph memory
 pool is given back when the session goes, and the default CUDA generator leaves capture mode. On
 an H100 each such failure kept 2-4 GiB reserved for good (38 GiB after nine, 1.7 GiB allocated)
-and the next random op of the worker failed (issue 37). Real CUDA graphs only: the CPU emulation
+and the next random op of the worker failed. Real CUDA graphs only: the CPU emulation
 has no allocator pools."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def test_leaves_are_pytrees_leaves(name):
 @pytest.mark.parametrize("name", list(TREES))
 def test_map_leaves_rebuilds_what_tree_map_rebuilds(name):
     tree = TREES[name]
-    fn = lambda x: ("seen", x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+    fn = lambda x: ("seen", x) if isinstance(x, torch.Tensor) else x
     got, want = map_leaves(fn, tree), tree_map(fn, tree)
     assert type(got) is type(want)
     assert tree_flatten(got)[1] == tree_flatten(want)[1]

@@ -1,10 +1,11 @@
-"""Issue #32's emulation mechanisms one by one (the probes in probes.py show them against real
+"""The emulation's mechanisms one by one (the probes in probes.py show them against real
 graphs): host memory found by how it is made, the shared pool and its uninitialised memory, ctypes
 launches, and what is refused or rewritten as a GPU would."""
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 
 import pytest
@@ -54,7 +55,7 @@ def test_host_work_on_unmarked_host_tensors_runs_once_at_capture():
     graph = runner.capture(fn)
     lens.fill_(10)
     assert graph.replay().tolist() == [1, 3, 6]  # the capture's one result, copied again
-    # The same staging dropped after the capture: the copy node reads freed pinned memory (#39).
+    # The same staging dropped after the capture: the copy node reads freed pinned memory.
     kept.clear()
     assert graph.replay().tolist() != [1, 3, 6] and "reads memory nothing kept alive" in graph.freed_reads[0]
 
@@ -94,7 +95,7 @@ def test_live_outputs_of_a_pool_never_share_memory_and_every_replay_is_right():
         assert torch.allclose(g.outputs, (x * i).sin() * 2 + i), i
     live = list(runner.pool._live.values())
     spans = sorted((b.start, b.end) for b in live)
-    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))
 
 
 def test_a_freed_temporary_is_given_to_the_next_capture_and_its_replay_writes_there():

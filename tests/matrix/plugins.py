@@ -29,7 +29,7 @@ class CrashingCheckBackend(AttentionBackend):
 NOT_A_CLASS = 42
 
 
-from backend.providers.torch_swa import TorchSWABackend  # noqa: E402
+from backend.providers.torch_swa import TorchSWABackend  # noqa: E402 - beside the plugin backends below
 
 
 class NoSinksBackend(TorchSWABackend):

@@ -7,7 +7,7 @@ import dataclasses
 
 from backend.case import BatchSpec, Case
 from backend.result import Status
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results.samples import _checks, result_for
 
 BATCH = BatchSpec("dec4", (1, 1, 1, 1), (17, 33, 40, 64))
@@ -24,7 +24,7 @@ def write_db(tmp_path) -> str:
     path = str(tmp_path / "spec.db")
     cs = cases()
     with ResultStore(path) as s:
-        rid = s.create_run(matrix="matrices/spec.yaml", cases=cs)
+        rid = s.create_run(NewRun(matrix="matrices/spec.yaml", cases=cs))
         for c in cs:
             if c.case_id == FAILING_K2:
                 r = result_for(c, Status.FAIL, reason="replay: graph replay differs from eager at step 1",

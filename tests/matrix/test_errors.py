@@ -69,7 +69,7 @@ def test_broken_matrix_exits_2_with_file_and_line(tmp_path, capsys, doc, needle)
 
 
 # An unknown key near a real one gets difflib's suggestion from the keys allowed where it stands
-# (#33: a misspelt axis was "unknown key" alone); a key near none gets no guess.
+# (a misspelt axis was "unknown key" alone); a key near none gets no guess.
 SUGGESTIONS = {
     "misspelt axis": (replace("  kv_cache_dtype: [auto, fp8]", "  kv_cache_dtypes: [auto, fp8]  #!"),
                       "axes: unknown key 'kv_cache_dtypes' (did you mean 'kv_cache_dtype'?)"),

@@ -83,6 +83,6 @@ def test_the_names_orch_knows_are_the_installed_vllm_registries():
         pytest.skip("needs vllm 0.34.0 importable (docs/VLLM.md)")
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, MambaAttentionBackendEnum
 
-    assert names.ATTENTION_034 == tuple(AttentionBackendEnum.__members__)
-    assert names.MAMBA_034 == tuple(MambaAttentionBackendEnum.__members__)
+    assert tuple(AttentionBackendEnum.__members__) == names.ATTENTION_034
+    assert tuple(MambaAttentionBackendEnum.__members__) == names.MAMBA_034
     assert set(names.registry()[0]) == set(names.KNOWN_034) and "GDN_ATTN" in names.KNOWN_034

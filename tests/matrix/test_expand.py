@@ -43,7 +43,7 @@ EXPANSION = [
      {(8, "FULL", 0): {"steps": 9}}),
     ("single-valued axes fill a new combination", [], [{"tp": 4, "cudagraph_mode": "NONE", "seed": 3}],
      [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0), (4, "NONE", 3)], {}),
-    # A list value means "any of" (#41): one entry stands for one per value.
+    # A list value means "any of": one entry stands for one per value.
     ("exclude with a list drops a match of any of its values", [{"tp": [1, 2], "cudagraph_mode": "FULL"}], [],
      [(1, "NONE", 0), (2, "NONE", 0)], {}),
     ("exclude with two lists drops their product", [{"tp": [2], "cudagraph_mode": ["NONE", "FULL"]}], [],
@@ -229,7 +229,7 @@ axes:
 
 
 def test_narrowing_an_axis_under_full_drops_its_include_rows_that_no_longer_fit(tmp_path):
-    # #41: this failed inside full.yaml ("full.yaml:215: include[0]: adds a new combination but does
+    # This failed inside full.yaml ("full.yaml:215: include[0]: adds a new combination but does
     # not say which cudagraph_mode"); the fix, `include: []`, was a comment in smoke.yaml.
     import os
 

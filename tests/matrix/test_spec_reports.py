@@ -3,13 +3,12 @@ dashboard's page data; a k = 2 failure must never be folded into the k = 0 cell.
 
 from __future__ import annotations
 
-
 import xml.etree.ElementTree as ET
 
 from orchestrator import summary
+from orchestrator.artifacts import write_outputs
 from orchestrator.dashboard.build import with_k
 from orchestrator.gate import evaluate
-from orchestrator.artifacts import write_outputs
 from orchestrator.store import ResultStore
 from tests.dashboard.wire import page_data
 from tests.matrix import spec_samples as S

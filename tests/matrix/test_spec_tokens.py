@@ -178,7 +178,7 @@ def test_k_that_fits_only_one_device_class_is_an_error_on_both(tmp_path):
         assert e.value.line == marked_line(doc)
 
 
-# Capture sizes per case k (issue #12): `default` is vLLM's grid for that k, computed torch-free at
+# Capture sizes per case k: `default` is vLLM's grid for that k, computed torch-free at
 # expansion; a written list is kept; both are rounded only at resolution (backend/harness/modes.py).
 DEFAULT_K = replace("capture_sizes: [1, 2, 4, 8, 16, 32]", "capture_sizes: default",
                     replace("max_num_seqs: 16}", "max_num_seqs: 4}", K_AXIS))

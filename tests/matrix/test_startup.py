@@ -1,4 +1,4 @@
-"""Start-up (#13): loading and expanding a matrix, and the commands that only read the store,
+"""Start-up: loading and expanding a matrix, and the commands that only read the store,
 do not import torch (1-2 s of a 2-core machine's start-up) or any kernel library. Behaviour in a
 fresh interpreter, not a time: the figures are benchmarks/startup_bench.py's."""
 

@@ -1,4 +1,4 @@
-"""The capture procedure as vLLM does it (DESIGN.md §4a, issue #18), each rule pinned to its source:
+"""The capture procedure as vLLM does it (DESIGN.md §4a), each rule pinned to its source:
 
 - dummy batch: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._dummy_run (V1) and
   vllm/v1/worker/gpu/cudagraph_utils.py CudaGraphManager.capture_graph / prepare_inputs_to_capture
@@ -20,11 +20,11 @@ import torch
 
 from backend.attention.builder import PersistentMetadataBuilder
 from backend.attention.interface import AttentionConfig
+from backend.attention.registry import get_backend
 from backend.harness.checker import SessionCache, run_case
 from backend.harness.modes import vllm_capture_sizes
-from backend.result import Status
 from backend.harness.session import GraphKey, Session
-from backend.attention.registry import get_backend
+from backend.result import Status
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
 
 
@@ -165,8 +165,8 @@ def test_a_full_graph_keeps_its_capture_metadata_alive():
     # seed's per-step cu_seq_lens block went to the step's fresh copy, and the seed passed FULL
     # mixed batches on an H100 (backend/graphs/cuda.py). The session must hold the metadata as
     # long as the graph (both builds of it: the one the capture was handed and the last one, which
-    # a backend reading a forward context reads); the emulation now reads freed memory as poison
-    # (#39), but this holds the session to it directly.
+    # a backend reading a forward context reads); the emulation now reads freed memory as poison,
+    # but this holds the session to it directly.
     import gc
     import weakref
 

@@ -6,8 +6,18 @@ import pytest
 
 from backend.attention.interface import AttentionCGSupport as S
 from backend.case import default_capture_sizes
-from backend.harness.modes import (CaptureItem, CUDAGraphMode as M, Dispatch, UnsupportedModeError, capture_plan,
-                           decode_capture_sizes, dispatch, is_uniform_decode, pad_to_capture_size, resolve_mode)
+from backend.harness.modes import (
+    CaptureItem,
+    Dispatch,
+    UnsupportedModeError,
+    capture_plan,
+    decode_capture_sizes,
+    dispatch,
+    is_uniform_decode,
+    pad_to_capture_size,
+    resolve_mode,
+)
+from backend.harness.modes import CUDAGraphMode as M
 
 ERR = "error"
 
@@ -92,7 +102,7 @@ def test_padding_to_capture_sizes():
 def test_decode_graphs_keyed_by_requests_first_size_above_the_limit_lands_on_it():
     # vLLM (V1 _dummy_run, V2 CudaGraphManager.capture_graph): num_reqs = min(cdiv(s, q), max_num_seqs)
     assert decode_capture_sizes([1, 2, 4, 8, 16, 24], max_num_seqs=16) == [1, 2, 4, 8, 16]
-    # 16 and 24 both give 12 requests: captured at the limit (ours dropped them before #18)
+    # 16 and 24 both give 12 requests: captured at the limit (ours once dropped them)
     assert decode_capture_sizes([1, 2, 4, 8, 16, 24], max_num_seqs=12) == [1, 2, 4, 8, 12]
     assert is_uniform_decode([1, 1, 1]) and not is_uniform_decode([1, 3]) and not is_uniform_decode([])
 

@@ -8,17 +8,29 @@ spec-decode downgrade and its warning)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
 from backend.attention.interface import AttentionCGSupport as S
 from backend.case import BatchSpec
 from backend.harness.checker import SessionCache, run_case
-from backend.harness.modes import (CUDAGraphMode as M, Dispatch, UnsupportedModeError, capture_plan, decode_capture_sizes,
-                           dispatch, is_uniform_decode, resolve_capture_sizes, resolve_mode,
-                           spec_decode_capture_sizes, uniform_decode_query_len, vllm_capture_sizes)
-from backend.result import Status
+from backend.harness.modes import CUDAGraphMode as M
+from backend.harness.modes import (
+    Dispatch,
+    UnsupportedModeError,
+    capture_plan,
+    decode_capture_sizes,
+    dispatch,
+    is_uniform_decode,
+    resolve_capture_sizes,
+    resolve_mode,
+    spec_decode_capture_sizes,
+    uniform_decode_query_len,
+    vllm_capture_sizes,
+)
 from backend.harness.steps import plan_steps, verify_rows
+from backend.result import Status
 from tests.checker.conftest import CAPTURE_SIZES, DECODE, MIXED, TINY, make_case
 
 # (requested, support) -> resolved, for k > 0 with piecewise available. Differs from k = 0 only
@@ -187,7 +199,7 @@ def test_uniform_verify_steps_pad_and_grow():
     assert all(set(p.query_lens) == {4} for p in plans), "verify batches stay uniform"
     assert plans[2].num_tokens not in CAPTURE_SIZES, "step 2 prefers a padded token count"
     steps = set()
-    for a, b in zip(plans[2:], plans[3:]):
+    for a, b in itertools.pairwise(plans[2:]):
         steps |= {y - x for x, y in zip(a.seq_lens, b.seq_lens)}
     assert steps and steps <= {1, 2, 3, 4}
     assert plan_steps(DECODE, TINY, CAPTURE_SIZES, 3, seed=1) == plan_steps(DECODE, TINY, CAPTURE_SIZES, 3, 1, 0)
@@ -290,7 +302,7 @@ def test_verify_steps_replay_a_padded_decode_graph_after_a_larger_step():
         counts = [len(p.query_lens) for p in plan_steps(batch, model, sizes, steps, seed, k)]
         keys = decode_graph_requests(sizes, model.max_num_seqs, 1 + k)
         n = batch.num_reqs
-        possible = any(1 <= m and m not in keys and any(r > m for r in keys) for m in (n - 1, n - 2))
+        possible = any(m >= 1 and m not in keys and any(r > m for r in keys) for m in (n - 1, n - 2))
         assert _pads_after_larger(counts, keys) == possible, (name, counts, keys)
         reached += possible
         if batch.name == "decode_7" and k == 2:

@@ -7,7 +7,7 @@ does, and returns without reducing; eager steps reduce. At tp 2 every replay ret
 partial sum. On a GPU the replay check fails. Under the CPU emulation the address leaves the
 dispatcher untaken (backend/graphs/opaque.py): the emulation cannot know what the pointer was for,
 but it sees the replay disagree with eager, so the verdict is UNVERIFIABLE ("run on a GPU to
-decide"), which fails the gate: before #39 it was a PASS and the gate passed.
+decide"), which fails the gate: it once was a PASS and the gate passed.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from tests.mutants.seed_aiter_fa import SeedBuilder, SeedImpl
 # vLLM's forward context (set per step by the model runner) and static forward context (layer
 # name -> layer): what the op body reads instead of taking the metadata as an argument.
 _FORWARD_CONTEXT: dict[str, object] = {"metadata": None}
-_LAYERS: dict[str, "_ViaOp"] = {}
+_LAYERS: dict[str, _ViaOp] = {}
 
 
 @torch.library.custom_op("orch_mutant::attention_via_context", mutates_args=("kv_cache", "output"))

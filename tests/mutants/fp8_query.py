@@ -11,8 +11,8 @@ provider with its query rounded to the cache's fp8 (static scale QUERY_SCALE) on
 from __future__ import annotations
 
 from backend.attention.kv_cache import fp8_dtype
-from backend.providers.torch_backend import TorchBackend, TorchImpl
 from backend.harness.reference import fp8_round
+from backend.providers.torch_backend import TorchBackend, TorchImpl
 
 QUERY_SCALE = 0.5
 

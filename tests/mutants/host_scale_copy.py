@@ -6,7 +6,7 @@ keep the old floats).
 The Impl refreshes its float copies whenever it runs eagerly (a host sync, allowed outside a
 capture) and quantises and dequantises with tensors made from them, so a capture freezes the floats
 of the eager run before it (the warm-up). Eager is right in every step; a replay is right only
-while the live scales equal the ones the graph was captured under. Before #39 a graph captured
+while the live scales equal the ones the graph was captured under. Once, a graph captured
 under the previous case's scales passed whenever that case had the same seed: the case that
 captured failed, the one after it passed, depending on the order cases reached a worker.
 """

@@ -5,7 +5,7 @@ the same class: ROCm/aiter#5393, NVIDIA/TensorRT-LLM#14297).
 `Backend` scales each output row by a per-size device vector of ones from an `lru_cache(maxsize=1)`:
 eager is right. The warm-up before each capture fills the cache (a miss), the capture reads the
 cached tensor (a hit) and records only its address; the next call with another size evicts it, the
-allocator hands its block to something else, and every replay reads that. Before #39 the replay ran
+allocator hands its block to something else, and every replay reads that. Once, the replay ran
 right after capture with little allocated in between and read the right bytes (red on an H200 in
 FULL, green in FULL_AND_PIECEWISE by luck), and the CPU emulation kept every captured tensor alive:
 green everywhere. `Fixed` keeps the same vectors in a persistent buffer of the Impl: green.

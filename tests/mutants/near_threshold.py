@@ -1,4 +1,4 @@
-"""Near-threshold bugs (issue #17): wrong by an amount the old tolerances and the residual-stream
+"""Near-threshold bugs: wrong by an amount the old tolerances and the residual-stream
 comparison let through at the GPU shape (measured on the H200). Each is the `torch` provider with
 one thing off, identically in eager and graphs, so only the reference check can see it:
 
@@ -15,10 +15,8 @@ one thing off, identically in eager and graphs, so only the reference check can 
 
 from __future__ import annotations
 
-import torch
-
-from backend.providers.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
 from backend.graphs import is_capturing
+from backend.providers.torch_backend import TorchBackend, TorchImpl, paged_causal_attention
 
 
 class VWithKScaleImpl(TorchImpl):

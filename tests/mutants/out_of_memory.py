@@ -1,4 +1,4 @@
-"""Not a bug of the backend: the harness's own device memory running out inside a case (issue 37).
+"""Not a bug of the backend: the harness's own device memory running out inside a case.
 
 On an 80 GB H100 the families' tp 1 slice ran out of memory ~170 times because the worker had
 cached too many sessions, and the gate reported it as the backends' failures and flakes. These

@@ -1,5 +1,5 @@
 """A correct backend whose Impl finishes its output with a copy on raw pointers, behind PyTorch's
-dispatcher (issue #32): the output goes to a scratch buffer by address and is copied back. On a
+dispatcher: the output goes to a scratch buffer by address and is copied back. On a
 GPU a kernel launched this way (a C extension, Triton, ctypes) is captured like any other. Under
 the CPU emulation: the ctypes form is recorded and replayed (PASS, as on a GPU); the numpy form
 (numpy's C code copying between addresses: a C extension the emulation cannot see into) is

@@ -6,7 +6,7 @@ Here the captured path writes the rows of decode tokens only: a mixed graph's pr
 what the output buffer held. Eager writes every row. That buffer is the session's static attention
 output, which held the previous replay's (or the PIECEWISE run's) values: finite, and where a
 replay of the same batch wrote them, right. The checker fills the real rows with NaN before every
-replay (#39): a FULL graph's prefill rows read NaN, and `finite` fails on the graph side.
+replay: a FULL graph's prefill rows read NaN, and `finite` fails on the graph side.
 """
 
 from __future__ import annotations

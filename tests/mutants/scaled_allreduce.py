@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from backend.providers.torch_backend import TorchBackend
-from backend.harness.distributed import all_reduce_
 from backend.graphs import is_capturing
+from backend.harness.distributed import all_reduce_
+from backend.providers.torch_backend import TorchBackend
 
 
 def _scaled(t: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ FULL replays through a mixed graph is right: its rows all take the decode kernel
 is the same code at UNIFORM_SINGLE_TOKEN_DECODE, as #25104 (vLLM 0.11.0) lowered it: FULL
 resolves to FULL_AND_PIECEWISE, mixed batches run attention eagerly, and it is green everywhere.
 
-Until the released code was run through orch (issue 34), the model's prefill branch attended every
+Until the released code was run through orch, the model's prefill branch attended every
 row with the per-step lengths, so its decode rows were wrong too and FULL decode batches were red:
 vLLM 0.10.2 is green there (docs/VLLM.md "Where the model differed").
 """

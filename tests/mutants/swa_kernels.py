@@ -6,7 +6,7 @@
 - SinkTwice: the sink added twice to the softmax denominator.
 - SinkNoExp2: a kernel whose softmax runs in exp2 (logits times log2 e) adds exp2(sink), without
   the conversion: the sink counts as sink * ln 2. Both were within the tolerance with sinks near
-  N(0, 1) (#39); with sinks that carry a real share of a row's mass, red everywhere.
+  N(0, 1); with sinks that carry a real share of a row's mass, red everywhere.
 - WindowOffByOne: the window admits i - j <= W, one key too many.
 - GroupWindow: the window read from the KV-cache group's spec, not the layer (vLLM #51756): right
   while each group holds one layer kind (hybrid), wrong for the full layers of a merged group.

@@ -6,7 +6,8 @@ No Ray and no torch: results are plain dataclasses, exactly what workers send ba
 from __future__ import annotations
 
 from backend.case import BatchSpec, Case
-from backend.result import CheckOutcome, CaseResult, Status
+from backend.result import CaseResult, CheckOutcome, Status
+from orchestrator.store import NewRun
 
 XSS = "<script>alert(1)</script><img src=x onerror=alert(2)>"
 BATCHES = (BatchSpec("decode4", (1, 1, 1, 1), (17, 33, 5, 64)), BatchSpec("mixed", (1, 7, 1), (40, 7, 9)))
@@ -117,11 +118,11 @@ def write_sample_db(tmp_path, **run_kw) -> tuple[str, str]:
     path = str(tmp_path / "r.db")
     cases = make_cases()
     with ResultStore(path) as s:
-        b = s.create_run(matrix="matrices/sample.yaml", cases=cases)
+        b = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases))
         for r in make_baseline(cases):
             s.record(b, r)
         s.finish_run(b, "finished")
-        rid = s.create_run(matrix="matrices/sample.yaml", cases=cases, baseline="1", **run_kw)
+        rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, baseline="1", **run_kw))
         for r in make_results(cases):
             s.record(rid, r)
         s.finish_run(rid, "finished")

@@ -1,4 +1,4 @@
-"""The CLI as a newcomer and a CI log meet it (#33), on real stores (SQLite) and the real CLI:
+"""The CLI as a newcomer and a CI log meet it, on real stores (SQLite) and the real CLI:
 every option explained, output folded to a CI log's size, summaries that say what they left out,
 interrupted runs that say so, default output folders that git ignores. The walk of every
 subcommand against a passing and a failing store, and everything that needs Ray, is in
@@ -17,7 +17,7 @@ from junitparser import JUnitXml
 from backend.case import BatchSpec, Case
 from backend.result import Status
 from orchestrator.cli import cli, main
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results.samples import result_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,7 +39,7 @@ def _store(tmp_path, *, passed=(), downgraded=(), skipped=(), missing=(), status
     path = str(tmp_path / "r.db")
     planned = [*passed, *downgraded, *(c for c, _ in skipped), *missing]
     with ResultStore(path) as s:
-        rid = s.create_run(matrix="m.yaml", cases=planned)
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=planned))
         s.record_many(rid, [(result_for(c), True) for c in passed]
                       + [(result_for(c, resolved_mode="FULL_AND_PIECEWISE", downgraded=True), True) for c in downgraded]
                       + [(result_for(c, Status.SKIP, reason=why, checks=()), True) for c, why in skipped])
@@ -64,7 +64,7 @@ def test_workers_help_states_the_default_the_run_uses():
     assert default_cpu_workers(2, 8) == 8 and default_cpu_workers(16, 8) == 16
     layout = local_layout("cpu", None, 8, cpus=2, gpus=0)
     assert (layout.workers, layout.parallel) == (8, 2)
-    assert "8 CPU worker(s), at most 2 running at once (2 cores)" == layout.describe()
+    assert layout.describe() == "8 CPU worker(s), at most 2 running at once (2 cores)"
 
 
 def test_gate_folds_hundreds_of_missing_cases_into_one_line(tmp_path, capsys):
@@ -74,7 +74,7 @@ def test_gate_folds_hundreds_of_missing_cases_into_one_line(tmp_path, capsys):
     lines = out.splitlines()
     assert code == 1 and len(lines) == 3, out
     assert lines[0] == "missing 700: tp1-FULL-auto-b0000-aiter-emulated-s0, tp1-FULL-auto-b0001-aiter-emulated-s0, " \
-                       "tp1-FULL-auto-b0002-aiter-emulated-s0 and 697 more"  # fmt: skip
+                       "tp1-FULL-auto-b0002-aiter-emulated-s0 and 697 more"
     assert lines[-1] == "run 1 INTERRUPTED (3 of 703 cases recorded): gate FAILED: 700 missing; 3 ran (3 pass)"
     code, out, _ = _run(capsys, "gate", "--db", db, "-v")
     assert code == 1 and len([ln for ln in out.splitlines() if ln.startswith("missing: ")]) == 700
@@ -96,7 +96,7 @@ def test_summary_says_how_many_each_list_left_out(tmp_path, capsys):
     # with its remainder, and the skips are grouped by reason.
     skipped = [(c, f"unavailable: reason {i % 30:02d}") for i, c in enumerate(_cases(90, backend="aiter", prefix="s"))]
     db = _store(tmp_path, passed=_cases(3, backend="torch"), downgraded=_cases(74), skipped=skipped,
-                missing=_cases(40, backend="torch", prefix="m"), status="interrupted")  # fmt: skip
+                missing=_cases(40, backend="torch", prefix="m"), status="interrupted")
     code, md, _ = _run(capsys, "report", "--db", db, "--format", "md")
     assert code == 1
     down = md[md.index("### Downgraded modes (74)"): md.index("### Skipped")]

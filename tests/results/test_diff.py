@@ -9,7 +9,7 @@ import pytest
 
 from backend.result import CheckOutcome, Status
 from orchestrator.cli import main as cli_main
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results import samples
 
 CASES = samples.make_cases()
@@ -19,7 +19,7 @@ FULL_FP8 = [c for c in CASES if c.mode == "FULL" and c.kv_cache_dtype == "fp8"]
 def _write(path: str, changes: dict[str, dict], versions: dict | None = None, label: str = "") -> None:
     """A store with one finished run: every case passes unless `changes` says otherwise."""
     with ResultStore(path) as s:
-        rid = s.create_run(matrix="matrices/sample.yaml", cases=CASES, label=label, versions=versions or {})
+        rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=CASES, label=label, versions=versions or {}))
         worker = {"versions": versions} if versions else {}  # what the workers ran with
         s.record_many(rid, [(samples.result_for(c, **{**worker, **changes.get(c.case_id, {})}), True) for c in CASES])
         s.finish_run(rid, "finished")
@@ -62,7 +62,7 @@ def test_a_case_only_on_one_side_is_listed_and_is_no_regression(tmp_path, capsys
     a, b = str(tmp_path / "a.db"), str(tmp_path / "b.db")
     _write(a, {})
     with ResultStore(b) as s:
-        rid = s.create_run(matrix="matrices/sample.yaml", cases=CASES[1:])
+        rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=CASES[1:]))
         s.record_many(rid, [(samples.result_for(c), True) for c in CASES[1:]])
     code, out, _ = _diff(capsys, a, b, "-v")
     assert code == 0 and f"pass -> absent  1: {CASES[0].case_id}" in out and f"    {CASES[0].case_id}" in out
@@ -72,7 +72,7 @@ def test_diff_across_sqlite_and_postgresql_with_versions_side_by_side(tmp_path, 
     a = str(tmp_path / "pinned.db")
     _write(a, {}, versions={"torch": "2.13.0", "vllm": "0.34.0"}, label="pinned")
     _write(pg_url, {c.case_id: {"status": Status.ERROR} for c in FULL_FP8[:1]},
-           versions={"torch": "2.14.0", "vllm": "0.34.0"}, label="nightly")  # fmt: skip
+           versions={"torch": "2.14.0", "vllm": "0.34.0"}, label="nightly")
     code, out, _ = _diff(capsys, f"{a}#pinned", f"{pg_url}#nightly")
     assert code == 1 and pg_server.password not in out
     assert "  torch  2.13.0 | 2.14.0  *" in out and "  vllm   0.34.0 | 0.34.0\n" in out
@@ -83,11 +83,11 @@ def test_diff_across_sqlite_and_postgresql_with_versions_side_by_side(tmp_path, 
 
 
 @pytest.mark.parametrize("argv, needle", [(["1", "9"], "no run 9"), (["1", "nolabel"], "no finished run labelled 'nolabel'"),
-                                          (["{tmp}/missing.db", "1"], "no results database here")])  # fmt: skip
+                                          (["{tmp}/missing.db", "1"], "no results database here")])
 def test_a_bad_run_reference_is_exit_2_in_one_line(tmp_path, capsys, argv, needle):
     db = str(tmp_path / "r.db")
     _write(db, {})
-    code, out, err = _diff(capsys, "--db", db, *[a.format(tmp=tmp_path) for a in argv])
+    code, _out, err = _diff(capsys, "--db", db, *[a.format(tmp=tmp_path) for a in argv])
     assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from backend.result import Status
 from orchestrator.errors import ExitCode
-from orchestrator.gate import evaluate
+from orchestrator.gate import GateRules, evaluate
 from orchestrator.known_failures import parse
 from tests.results import samples
 
@@ -24,7 +24,7 @@ SCENARIOS = {
     "fail without baseline": (Status.FAIL, NO_BASE, False, "fail", ExitCode.GATE_FAILED),
     "error without baseline": (Status.ERROR, NO_BASE, False, "error", ExitCode.GATE_FAILED),
     "timeout without baseline": (Status.TIMEOUT, NO_BASE, False, "timeout", ExitCode.GATE_FAILED),
-    # A run of nothing but skips is no pass (#41: a CI job whose GPU broke went green): the
+    # A run of nothing but skips is no pass (a CI job whose GPU broke went green): the
     # empty-run rule, tested on its own below.
     "skip alone: nothing ran": (Status.SKIP, NO_BASE, False, "skip", ExitCode.GATE_FAILED),
     "flaky is listed, not gating": (Status.FLAKY, Status.PASS, False, "flaky", ExitCode.OK),
@@ -43,7 +43,7 @@ SCENARIOS = {
     "not run is infrastructure": (Status.NOT_RUN, NO_BASE, False, "not-run", ExitCode.INFRA_ERROR),
     "not run though it passed before": (Status.NOT_RUN, Status.PASS, False, "not-run", ExitCode.INFRA_ERROR),
     "not run is never a known failure": (Status.NOT_RUN, NO_BASE, True, "not-run", ExitCode.INFRA_ERROR),
-    # #39: the emulation saw the replay disagree on graphs it cannot follow: never a pass, nothing
+    # The emulation saw the replay disagree on graphs it cannot follow: never a pass, nothing
     # decided to compare with a baseline or match with a known failure; gating unless allowed.
     "unverifiable gates": (Status.UNVERIFIABLE, NO_BASE, False, "unverifiable", ExitCode.GATE_FAILED),
     "unverifiable is no old failure": (Status.UNVERIFIABLE, Status.FAIL, False, "unverifiable", ExitCode.GATE_FAILED),
@@ -65,7 +65,7 @@ def test_gate_scenario(name):
 def test_a_real_failure_beside_a_not_run_case_is_exit_1():
     d = CASES[1]
     out = evaluate([samples.result_for(C, Status.NOT_RUN, error_kind="placement", reason="not run: placement"),
-                    samples.result_for(d, Status.FAIL)])  # fmt: skip
+                    samples.result_for(d, Status.FAIL)])
     assert out.exit_code == ExitCode.GATE_FAILED
     assert out.not_run == (C.case_id,) and out.gating == (d.case_id, C.case_id)
     assert "1 not run (infrastructure)" in out.verdict() and "1 new failure," in out.verdict()
@@ -124,7 +124,7 @@ def test_evaluate_is_pure():
 
 
 def test_a_pass_unverifiable_on_the_emulation_is_counted_apart_from_pass_and_listed():
-    """Issue #32: a pass the CPU emulation cannot vouch for is neither pass nor a gate failure;
+    """A pass the CPU emulation cannot vouch for is neither pass nor a gate failure;
     the summary lists it and JUnit flags it."""
     from backend.result import UNVERIFIABLE_PREFIX
     from orchestrator.summary import _section
@@ -139,7 +139,7 @@ def test_a_pass_unverifiable_on_the_emulation_is_counted_apart_from_pass_and_lis
     assert evaluate([r], known=KNOWN).classification == {C.case_id: "fixed"}
 
 
-# --- the empty-run rule (orchestrator/empty_run.py, #41) ------------------------------------------
+# --- the empty-run rule (orchestrator/empty_run.py) ------------------------------------------
 
 GPU = "unavailable: needs a CUDA/ROCm GPU (Triton)"
 
@@ -186,7 +186,7 @@ EMPTY_SCENARIOS = {
 @pytest.mark.parametrize("name", list(EMPTY_SCENARIOS))
 def test_empty_run_scenario(name):
     results, require, allow_empty, code, text = EMPTY_SCENARIOS[name]
-    out = evaluate(results(), require=require, allow_empty=allow_empty)
+    out = evaluate(results(), rules=GateRules(require=tuple(require), allow_empty=allow_empty))
     assert out.exit_code == code
     assert text in out.verdict(), out.verdict()
     assert (out.exit_code == ExitCode.OK) == out.passed and all(c in ("skip", "pass", "not-run") for c in out.classification.values())
@@ -199,7 +199,7 @@ def test_a_run_still_writing_is_not_judged_empty():
 
 
 def test_an_unverifiable_case_fails_the_gate_unless_allowed_and_is_listed_either_way():
-    """Issue #39: a disagreement the emulation saw is never a green; --allow-unverifiable stops it
+    """A disagreement the emulation saw is never a green; --allow-unverifiable stops it
     gating, not being listed (summary, JUnit, the gate's own lists)."""
     from backend.result import UNVERIFIABLE_ADVICE, UNVERIFIABLE_PREFIX
     from orchestrator import junit, summary
@@ -212,7 +212,7 @@ def test_an_unverifiable_case_fails_the_gate_unless_allowed_and_is_listed_either
                   status="finished", cluster="", devices="cpu", versions={}, argv=[], baseline=None,
                   num_cases=2, num_results=2)
     for allow, code in ((False, ExitCode.GATE_FAILED), (True, ExitCode.OK)):
-        out = evaluate([r, ok], allow_unverifiable=allow)
+        out = evaluate([r, ok], rules=GateRules(allow_unverifiable=allow))
         assert out.exit_code == code and out.unverifiable == (C.case_id,) and out.counts["unverifiable"] == 1
         assert out.gating == (() if allow else (C.case_id,))
         assert ("1 unverifiable allowed" in out.verdict()) == allow

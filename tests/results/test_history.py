@@ -12,10 +12,10 @@ from orchestrator import flakiness, suggest
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import ExitCode, InputError
 from orchestrator.gate import evaluate
-from orchestrator.known_failures import parse
 from orchestrator.judging import Judging
+from orchestrator.known_failures import parse
 from orchestrator.outputs import gather
-from orchestrator.store import ResultStore, find_baseline
+from orchestrator.store import NewRun, ResultStore, find_baseline
 from tests.results import samples
 
 CASES = samples.make_cases()
@@ -23,12 +23,12 @@ C = CASES[0]
 
 
 def _run(store, statuses: dict[str, Status] | None = None, *, label="main", matrix="matrices/sample.yaml",
-         device="cpu", finish=True) -> int:  # fmt: skip
+         device="cpu", finish=True) -> int:
     """A run of the sample matrix: every case passes unless `statuses` says otherwise."""
     statuses = statuses or {}
-    rid = store.create_run(matrix=matrix, cases=CASES, label=label)
+    rid = store.create_run(NewRun(matrix=matrix, cases=CASES, label=label))
     store.record_many(rid, [(samples.result_for(c, statuses.get(c.case_id, Status.PASS), device=device), True)
-                            for c in CASES])  # fmt: skip
+                            for c in CASES])
     if finish:
         store.finish_run(rid, "finished")
     return rid
@@ -140,7 +140,7 @@ def test_a_case_flaky_over_the_window_does_not_gate_one_steady_before_does(tmp_p
 
 
 def test_muted_cases_run_report_their_status_and_never_gate():
-    kf = parse(f'- case: "tp1-*"\n  reason: r\n  link: https://example.invalid/1\n  until: 2999-01-01\n  mute: true\n')
+    kf = parse('- case: "tp1-*"\n  reason: r\n  link: https://example.invalid/1\n  until: 2999-01-01\n  mute: true\n')
     results = [samples.result_for(c, Status.FAIL if c.tp == 1 else Status.PASS) for c in CASES]
     out = evaluate(results, known=kf)
     tp1 = [c.case_id for c in CASES if c.tp == 1]

@@ -13,7 +13,7 @@ from orchestrator.artifacts import write_outputs
 from orchestrator.cli import main as cli_main
 from orchestrator.commands.repro import _from_store
 from orchestrator.errors import InputError
-from orchestrator.store import ResultStore, RunOptions
+from orchestrator.store import NewRun, ResultStore, RunOptions
 from tests.results import samples
 
 
@@ -55,8 +55,8 @@ def _labelled_store(tmp_path) -> str:
     cases = samples.make_cases()
     with ResultStore(db) as s:
         for label, results in (("main", samples.make_baseline(cases)), ("pr-101", samples.make_results(cases)),
-                               ("pr-102", [samples.result_for(c) for c in cases])):  # fmt: skip
-            rid = s.create_run(matrix="matrices/sample.yaml", cases=cases, label=label)
+                               ("pr-102", [samples.result_for(c) for c in cases])):
+            rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, label=label))
             s.record_many(rid, [(r, True) for r in results])
             s.finish_run(rid, "finished")
     return db
@@ -89,9 +89,9 @@ def test_commands_writing_into_a_runs_out_dir_default_to_that_run(tmp_path, caps
     assert code == 0 and said.strip().endswith("(run 3)")
     # Outputs of another store's run 2 (another matrix) are not this store's run 2.
     with ResultStore(str(tmp_path / "other.db")) as s:
-        rid = s.create_run(matrix="matrices/other.yaml", cases=samples.make_cases("matrices/other.yaml"))
+        rid = s.create_run(NewRun(matrix="matrices/other.yaml", cases=samples.make_cases("matrices/other.yaml")))
         s.finish_run(rid, "finished")
-        rid = s.create_run(matrix="matrices/other.yaml", cases=samples.make_cases("matrices/other.yaml"))
+        rid = s.create_run(NewRun(matrix="matrices/other.yaml", cases=samples.make_cases("matrices/other.yaml")))
         s.finish_run(rid, "finished")
         write_outputs(s, rid, out_dir=str(tmp_path / "foreign"))
     code, said, _ = _cli(capsys, "dashboard", "--db", db, "--out", str(tmp_path / "foreign" / "dashboard"))
@@ -102,8 +102,7 @@ def test_commands_writing_into_a_runs_out_dir_default_to_that_run(tmp_path, caps
 def test_a_resume_is_judged_as_its_run_was_a_gone_file_before_any_case(tmp_path, capsys):
     db, kf = str(tmp_path / "r.db"), tmp_path / "kf.yaml"  # the file the run applied, gone since
     with ResultStore(db) as s:
-        rid = s.create_run(matrix="matrices/sample.yaml", cases=samples.make_cases(),
-                           options=RunOptions(known_failures=str(kf)))  # fmt: skip
+        rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=samples.make_cases(), options=RunOptions(known_failures=str(kf))))
         s.finish_run(rid, "interrupted")
     code, out, err = _cli(capsys, "run", "--resume", str(rid), "--db", db, "--out", str(tmp_path / "o"))
     assert code == 2 and out == "" and err.splitlines()[-1] == \

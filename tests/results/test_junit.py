@@ -93,7 +93,7 @@ def test_a_not_run_case_is_an_error_in_junit_and_its_own_section_in_the_summary(
 
     cases = samples.make_cases()[:2]
     results = [samples.result_for(cases[0], Status.NOT_RUN, reason="not run: needs 8 GPUs on one node (no placement within 30s)",
-                                  error_kind="placement", checks=()), samples.result_for(cases[1])]  # fmt: skip
+                                  error_kind="placement", checks=()), samples.result_for(cases[1])]
     gate = evaluate(results)
     path = str(tmp_path / "junit.xml")
     junit.write(path, results, gate, suite_name="m.yaml")
@@ -111,7 +111,7 @@ def test_a_not_run_case_is_an_error_in_junit_and_its_own_section_in_the_summary(
 
 def test_suite_statistics_counted_once_not_per_case(monkeypatch):
     """junitparser's add_testcase recounts the suite on every call: building full.yaml's 1,730
-    cases took 9-20 s (#13). The counts are computed once per suite, whatever the case count."""
+    cases took 9-20 s. The counts are computed once per suite, whatever the case count."""
     from junitparser import TestSuite
 
     calls = []

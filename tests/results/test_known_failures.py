@@ -7,6 +7,7 @@ import pytest
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import InputError
 from orchestrator.known_failures import load, parse
+from orchestrator.store import NewRun
 
 GOOD = """\
 # fp8 under FULL is tracked upstream
@@ -70,7 +71,7 @@ def test_bad_file_through_the_cli_is_exit_2(tmp_path, capsys):
     db = str(tmp_path / "r.db")
     with ResultStore(db) as s:
         cases = samples.make_cases()
-        rid = s.create_run(matrix="m.yaml", cases=cases)
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=cases))
         s.record(rid, samples.result_for(cases[0]))
     kf = tmp_path / "kf.yaml"
     kf.write_text("- case: a\n  reason: b\n  bogus: c\n")

@@ -1,4 +1,4 @@
-"""A case's device memory (issue 37) in every output that shows a run: the report, the summary,
+"""A case's device memory in every output that shows a run: the report, the summary,
 the dashboard's view model, and `orch plan`'s per-worker need, from the store's recorded needs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from backend.result import Status
 from orchestrator.cli import main
 from orchestrator.dashboard.build import page_data
 from orchestrator.outputs import gather, memory_line
-from orchestrator.store import ResultStore
+from orchestrator.store import NewRun, ResultStore
 from tests.results.samples import result_for
 
 GIB = 1024**3
@@ -27,7 +27,7 @@ def _store(tmp_path) -> tuple[str, list[Case]]:
            {"session": GIB}]  # a CPU result: its session only
     path = str(tmp_path / "r.db")
     with ResultStore(path) as s:
-        rid = s.create_run(matrix="m.yaml", cases=cases)
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=cases))
         s.record_many(rid, [(result_for(c, Status.PASS).replace(memory=m), True) for c, m in zip(cases, mem)])
         s.finish_run(rid, "finished")
     return path, cases
@@ -52,7 +52,7 @@ def test_the_report_summary_and_dashboard_show_the_runs_device_memory(tmp_path, 
 def test_a_run_without_gpu_figures_prints_no_memory_line(tmp_path):
     cases = _cases()
     with ResultStore(str(tmp_path / "r.db")) as s:
-        rid = s.create_run(matrix="m.yaml", cases=cases)
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=cases))
         s.record_many(rid, [(result_for(c, Status.PASS).replace(memory={"session": GIB}), True) for c in cases])
         assert memory_line(s.results(rid)) == ""
 
@@ -60,7 +60,7 @@ def test_a_run_without_gpu_figures_prints_no_memory_line(tmp_path):
 def test_plan_says_what_a_worker_needs_from_the_recorded_needs(tmp_path, capsys):
     db = str(tmp_path / "r.db")
     with ResultStore(db) as s:
-        rid = s.create_run(matrix="matrices/smoke.yaml", cases=[])
+        rid = s.create_run(NewRun(matrix="matrices/smoke.yaml", cases=[]))
         s.record_many(rid, [(result_for(Case("torch", 1, "FULL", "auto", BatchSpec("decode_7", (1,), (8,)),
                                              matrix="m.yaml")).replace(case_id="tp1-FULL-auto-decode_7-torch-s0",
                                                                         memory={"needs": 5 * GIB}), True)])

@@ -24,7 +24,7 @@ def _kf(tmp_path) -> str:
                     f'- case: "{GLOB}"\n  reason: noisy\n  link: https://example.invalid/8\n'
                     f'  until: 2999-02-28\n  mute: true\n'
                     f'- case: "tp1-PIECEWISE-auto-decode4-*"\n  reason: noisy\n  link: https://example.invalid/8\n'
-                    f'  until: 2999-02-28\n  mute: true\n')  # fmt: skip
+                    f'  until: 2999-02-28\n  mute: true\n')
     return str(path)
 
 

@@ -1,4 +1,4 @@
-"""Case.to_dict and CaseResult.to_dict are hand-written for speed (#13: they run per case in the
+"""Case.to_dict and CaseResult.to_dict are hand-written for speed (they run per case in the
 driver); they must stay exactly dataclasses.asdict, and round-trip through from_dict."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 from backend.result import Status
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import InfraError, InputError
-from orchestrator.store import MIGRATIONS, SCHEMA_VERSION, ResultStore, resolve_baseline
+from orchestrator.store import MIGRATIONS, SCHEMA_VERSION, NewRun, ResultStore, resolve_baseline
 from tests.results import samples
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,7 +27,7 @@ def cases():
 def test_results_round_trip_exactly(tmp_path, cases):
     results = samples.make_results(cases)
     with ResultStore(str(tmp_path / "r.db")) as store:
-        rid = store.create_run(matrix="m.yaml", cases=cases, argv=["orch", "run"], devices="cpu", versions={"torch": "2.13"})
+        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases, argv=["orch", "run"], devices="cpu", versions={"torch": "2.13"}))
         for r in results:
             store.record(rid, r)
         store.finish_run(rid, "finished")
@@ -41,7 +41,7 @@ def test_results_round_trip_exactly(tmp_path, cases):
 def test_record_upserts_latest_attempt_and_keeps_the_attempt_log(tmp_path, cases):
     c = cases[0]
     with ResultStore(str(tmp_path / "r.db")) as store:
-        rid = store.create_run(matrix="m.yaml", cases=cases)
+        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases))
         store.record(rid, samples.result_for(c, Status.TIMEOUT, attempts=1))
         store.record(rid, samples.result_for(c, Status.PASS, attempts=2))
         [only] = store.results(rid)
@@ -51,7 +51,7 @@ def test_record_upserts_latest_attempt_and_keeps_the_attempt_log(tmp_path, cases
 
 def test_missing_case_ids_drive_resume(tmp_path, cases):
     with ResultStore(str(tmp_path / "r.db")) as store:
-        rid = store.create_run(matrix="m.yaml", cases=cases)
+        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases))
         for r in samples.make_results(cases)[:10]:
             store.record(rid, r)
         assert store.missing_case_ids(rid) == [c.case_id for c in cases[10:]]
@@ -62,14 +62,14 @@ def test_history_and_durations_across_runs(tmp_path, cases):
     with ResultStore(str(tmp_path / "r.db")) as store:
         statuses = [Status.PASS, Status.FAIL, Status.FAIL]
         for i, st in enumerate(statuses):
-            rid = store.create_run(matrix="m.yaml", cases=cases)
+            rid = store.create_run(NewRun(matrix="m.yaml", cases=cases))
             store.record(rid, samples.result_for(c, st, timings={"total_s": 10.0 + i}))
         hist = store.history(c.case_id)
         assert [(run, r.status) for run, r in hist] == [(3, Status.FAIL), (2, Status.FAIL), (1, Status.PASS)]
         assert store.history(c.case_id, limit=1)[0][0] == 3
         assert store.durations() == {c.case_id: 12.0}
         # A skip has no meaningful duration and must not replace the last real one.
-        rid = store.create_run(matrix="m.yaml", cases=cases)
+        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases))
         store.record(rid, samples.result_for(c, Status.SKIP, timings={"total_s": 0.0}))
         assert store.durations() == {c.case_id: 12.0}
 
@@ -77,12 +77,12 @@ def test_history_and_durations_across_runs(tmp_path, cases):
 def test_resolve_baseline_by_run_id_and_by_other_db(tmp_path, cases):
     other = tmp_path / "main.db"
     with ResultStore(str(other)) as s:
-        rid = s.create_run(matrix="m.yaml", cases=cases)
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=cases))
         s.record(rid, samples.result_for(cases[0], Status.FAIL))
     with ResultStore(str(tmp_path / "r.db")) as store:
-        r1 = store.create_run(matrix="m.yaml", cases=cases)
+        r1 = store.create_run(NewRun(matrix="m.yaml", cases=cases))
         store.record(r1, samples.result_for(cases[1]))
-        r2 = store.create_run(matrix="m.yaml", cases=cases)
+        r2 = store.create_run(NewRun(matrix="m.yaml", cases=cases))
         assert [r.case_id for r in resolve_baseline("1", store, r2)] == [cases[1].case_id]
         assert [r.status for r in resolve_baseline(str(other), store, r2)] == [Status.FAIL]
         assert resolve_baseline(None, store, r2) is None
@@ -95,11 +95,11 @@ WRITER = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, {repo!r})
-    from orchestrator.store import ResultStore
+    from orchestrator.store import NewRun, ResultStore
     from tests.results import samples
     cases = samples.make_cases()
     store = ResultStore({db!r})
-    rid = store.create_run(matrix="m.yaml", cases=cases)
+    rid = store.create_run(NewRun(matrix="m.yaml", cases=cases))
     for i, r in enumerate(samples.make_results(cases)):
         if i == 13:
             os._exit(9)  # the driver dies mid-run: no close, no finish_run, no atexit
@@ -173,7 +173,7 @@ def test_migrates_a_version_1_database_keeping_its_data(tmp_path, cases):
     con.executescript(MIGRATIONS[0])
     con.execute("INSERT INTO meta VALUES ('app', 'orch-results'), ('schema_version', '1')")
     con.execute("INSERT INTO runs(matrix, matrix_sha, git_sha, started_at, status, cluster, devices, versions, argv)"
-                " VALUES ('old.yaml', '', '', 1.0, 'finished', '', 'cpu', '{}', '[]')")  # fmt: skip
+                " VALUES ('old.yaml', '', '', 1.0, 'finished', '', 'cpu', '{}', '[]')")
     con.commit()
     con.close()
     with pytest.raises(InputError, match="old schema"):
@@ -181,7 +181,7 @@ def test_migrates_a_version_1_database_keeping_its_data(tmp_path, cases):
     with ResultStore(db) as store:
         assert store.schema_version() == SCHEMA_VERSION
         assert store.run(1).matrix == "old.yaml"
-        rid = store.create_run(matrix="m.yaml", cases=cases)
+        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases))
         store.record(rid, samples.result_for(cases[0]))
         assert store.attempt_log(rid, cases[0].case_id)[0]["status"] == "pass"
 
@@ -208,7 +208,7 @@ def test_missing_db_for_readers_is_input_error(tmp_path, capsys):
 def test_a_first_attempt_awaiting_its_retry_is_not_a_final_verdict(tmp_path, cases):
     # Before: a failed first attempt counted as done, so --resume after a driver kill skipped it.
     with ResultStore(str(tmp_path / "r.db")) as store:
-        rid = store.create_run(matrix="m.yaml", cases=cases[:3])
+        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases[:3]))
         store.record(rid, samples.result_for(cases[0], Status.FAIL), final=False)
         store.record(rid, samples.result_for(cases[1]))
         assert store.missing_case_ids(rid) == [cases[0].case_id, cases[2].case_id]
@@ -220,7 +220,7 @@ def test_a_first_attempt_awaiting_its_retry_is_not_a_final_verdict(tmp_path, cas
 def test_group_commit_is_one_transaction_visible_to_a_reader_when_it_returns(tmp_path, cases):
     db = str(tmp_path / "r.db")
     with ResultStore(db) as store:
-        rid = store.create_run(matrix="m.yaml", cases=cases)
+        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases))
         before = os.stat(db + "-wal").st_size
         store.record_many(rid, [(samples.result_for(c), True) for c in cases])
         with ResultStore(db, readonly=True) as reader:  # another connection: committed, not cached
@@ -238,10 +238,10 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, {repo!r})
-    from orchestrator.store import ResultStore
+    from orchestrator.store import NewRun, ResultStore
     from tests.results import samples
     s = ResultStore({db!r})
-    rid = s.create_run(matrix="m.yaml", cases=samples.make_cases()[:2], argv=["holder"], lock_writer=True)
+    rid = s.create_run(NewRun(matrix="m.yaml", cases=samples.make_cases()[:2], argv=["holder"]), lock_writer=True)
     print("locked", rid, flush=True)
     time.sleep(600)
     """
@@ -262,7 +262,7 @@ def test_the_writer_lock_is_per_run_and_a_killed_drivers_is_taken_over(tmp_path,
     try:
         with ResultStore(db) as store:
             # Another driver of the same database writes a run of its own beside the holder...
-            mine = store.create_run(matrix="m.yaml", cases=cases[:2], lock_writer=True)
+            mine = store.create_run(NewRun(matrix="m.yaml", cases=cases[:2]), lock_writer=True)
             assert mine != rid and store.writer_of(mine)["pid"] == os.getpid()
             # ...but the holder's run has one writer: a second one (a --resume beside it) is refused.
             with pytest.raises(InfraError, match=f"another orch driver \\(pid {holder.pid} on .* is writing run {rid} "):
@@ -281,7 +281,7 @@ def test_the_writer_lock_is_per_run_and_a_killed_drivers_is_taken_over(tmp_path,
 def test_a_reused_pid_does_not_keep_a_stale_lock(tmp_path, cases):
     db = str(tmp_path / "r.db")
     with ResultStore(db) as store:
-        rid = store.create_run(matrix="m.yaml", cases=cases[:1], lock_writer=True)
+        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases[:1]), lock_writer=True)
         # The recorded writer: a live process (pid 1) whose start time is not the recorded one.
         store._sql("UPDATE run_writer SET pid = 1, pid_start = 'not-its-start'")
     with ResultStore(db) as store:
@@ -293,7 +293,7 @@ def test_resume_beside_a_live_driver_is_exit_3_in_one_line(tmp_path, capsys):
     holder, rid = _holder(db)
     try:
         code, err = _cli(capsys, "run", "matrices/smoke.yaml", "--db", db, "--out", str(tmp_path / "o"),
-                         "--devices", "cpu", "--resume", str(rid))  # fmt: skip
+                         "--devices", "cpu", "--resume", str(rid))
     finally:
         holder.kill()
         holder.wait()

@@ -16,7 +16,7 @@ import pytest
 from backend.result import Status
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import InfraError, InputError
-from orchestrator.store import SCHEMA_VERSION, ResultStore
+from orchestrator.store import SCHEMA_VERSION, NewRun, ResultStore
 from tests.results import samples
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,10 +40,10 @@ def test_the_store_behaves_the_same_on_both_databases(db):
     cases = samples.make_cases()
     results = samples.make_results(cases)
     with ResultStore(db) as store:
-        b = store.create_run(matrix="m.yaml", cases=cases, label="main")
+        b = store.create_run(NewRun(matrix="m.yaml", cases=cases, label="main"))
         store.record_many(b, [(samples.result_for(c), True) for c in cases])
         store.finish_run(b, "finished")
-        rid = store.create_run(matrix="m.yaml", cases=cases, argv=["orch", "run", "--db", db], versions={"torch": "2.13"})
+        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases, argv=["orch", "run", "--db", db], versions={"torch": "2.13"}))
         store.record(rid, samples.result_for(cases[0], Status.TIMEOUT, attempts=1), final=False)  # retry pending
         store.record_many(rid, [(r, True) for r in results[1:10]])
         assert store.missing_case_ids(rid) == [c.case_id for c in [cases[0], *cases[10:]]]  # the planned order
@@ -86,7 +86,7 @@ def _columns_pg(url: str) -> set[tuple]:
                            "  JOIN information_schema.table_constraints tc ON tc.constraint_name = k.constraint_name"
                            "  WHERE tc.constraint_type = 'PRIMARY KEY' AND k.table_name = c.table_name"
                            "  AND k.column_name = c.column_name)"
-                           " FROM information_schema.columns c WHERE c.table_schema = current_schema()").fetchall()  # fmt: skip
+                           " FROM information_schema.columns c WHERE c.table_schema = current_schema()").fetchall()
     return {(t, c, types[d], bool(nn or pk)) for t, c, d, nn, pk in rows}
 
 
@@ -102,11 +102,11 @@ WRITER = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, {repo!r})
-    from orchestrator.store import ResultStore
+    from orchestrator.store import NewRun, ResultStore
     from tests.results import samples
     cases = samples.make_cases()
     store = ResultStore({db!r})
-    rid = store.create_run(matrix="m.yaml", cases=cases, lock_writer=True)
+    rid = store.create_run(NewRun(matrix="m.yaml", cases=cases), lock_writer=True)
     for i, r in enumerate(samples.make_results(cases)):
         if i == 13:
             os._exit(9)  # the driver dies mid-run: no close, no finish_run, no atexit
@@ -131,10 +131,10 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, {repo!r})
-    from orchestrator.store import ResultStore
+    from orchestrator.store import NewRun, ResultStore
     from tests.results import samples
     s = ResultStore({db!r})
-    rid = s.create_run(matrix="m.yaml", cases=samples.make_cases()[:2], argv=["holder"], lock_writer=True)
+    rid = s.create_run(NewRun(matrix="m.yaml", cases=samples.make_cases()[:2], argv=["holder"]), lock_writer=True)
     print("locked", rid, flush=True)
     time.sleep(600)
     """
@@ -144,10 +144,10 @@ HOLDER = textwrap.dedent(
 def test_the_writer_lock_is_per_run_on_postgresql(pg_url):
     holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(repo=REPO, db=pg_url)], stdout=subprocess.PIPE, text=True)
     try:
-        word, rid = holder.stdout.readline().split()
+        _word, rid = holder.stdout.readline().split()
         rid = int(rid)
         with ResultStore(pg_url) as store:
-            mine = store.create_run(matrix="m.yaml", cases=samples.make_cases()[:2], lock_writer=True)
+            mine = store.create_run(NewRun(matrix="m.yaml", cases=samples.make_cases()[:2]), lock_writer=True)
             assert mine != rid
             with pytest.raises(InfraError, match=f"pid {holder.pid} on .* is writing run {rid} of this database"):
                 store.acquire_writer(rid)
@@ -193,27 +193,26 @@ def test_a_bad_database_is_one_line_with_its_exit_code_and_no_password(pg_server
     url = make(pg_server, pg_url)
     if setup is not None:
         setup(url)
-    got, out, err = _cli(capsys, "report", "--db", url)
+    got, _out, err = _cli(capsys, "report", "--db", url)
     assert got == code and len(err.splitlines()) == 1 and text in err, err
     assert pg_server.password not in err and "not-the-password" not in err
     assert err.startswith(f"orch: postgresql://{pg_server.user}@/")  # the URL, shown without the password
 
 
 def test_orch_db_points_every_command_at_one_store_and_no_output_shows_the_password(pg_server, pg_url, tmp_path,
-                                                                                     monkeypatch, capsys):  # fmt: skip
+                                                                                     monkeypatch, capsys):
     cases = samples.make_cases()
     with ResultStore(pg_url) as store:
-        b = store.create_run(matrix="matrices/sample.yaml", cases=cases, label="main")
+        b = store.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, label="main"))
         store.record_many(b, [(r, True) for r in samples.make_baseline(cases)])
         store.finish_run(b, "finished")
-        rid = store.create_run(matrix="matrices/sample.yaml", cases=cases, argv=["orch", "run", "--db", pg_url],
-                               baseline=pg_url + "#main")  # fmt: skip
+        rid = store.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, argv=["orch", "run", "--db", pg_url], baseline=pg_url + "#main"))
         store.record_many(rid, [(r, True) for r in samples.make_results(cases)])
         store.finish_run(rid, "finished")
     monkeypatch.setenv("ORCH_DB", pg_url)
     seen = []
     for argv in (["report", "--format", "json"], ["report", "--format", "md", "--baseline", "main"], ["gate", "-v"],
-                 ["diff", "main", str(rid)], ["dashboard", "--out", str(tmp_path / "dash")]):  # fmt: skip
+                 ["diff", "main", str(rid)], ["dashboard", "--out", str(tmp_path / "dash")]):
         code, out, err = _cli(capsys, *argv)
         assert code in (0, 1), (argv, err)
         seen.append(out + err)
@@ -233,7 +232,7 @@ def test_drivers_opening_a_fresh_database_at_once_migrate_it_once(pg_server):
         url = pg_server.create_database(f"race{os.getpid()}_{round_}")
         barrier, errors = threading.Barrier(4), []
 
-        def open_it():
+        def open_it(barrier=barrier, url=url, errors=errors):  # bound now: the loop moves on
             barrier.wait()
             try:
                 ResultStore(url).close()
@@ -265,11 +264,11 @@ def test_sqlite_takes_concurrent_drivers_on_one_machine(tmp_path):
         """
         import os, sys, time
         sys.path.insert(0, {repo!r})
-        from orchestrator.store import ResultStore
+        from orchestrator.store import NewRun, ResultStore
         from tests.results import samples
         cases = samples.make_cases()
         s = ResultStore({db!r})
-        rid = s.create_run(matrix="m.yaml", cases=cases, lock_writer=True)
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=cases), lock_writer=True)
         while not os.path.exists({go!r}):
             time.sleep(0.005)
         for r in samples.make_results(cases):

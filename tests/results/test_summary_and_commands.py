@@ -8,9 +8,9 @@ import re
 import pytest
 from junitparser import JUnitXml
 
-from orchestrator.cli import main as cli_main
 from orchestrator.artifacts import write_outputs
-from orchestrator.store import ResultStore
+from orchestrator.cli import main as cli_main
+from orchestrator.store import NewRun, ResultStore
 from tests.results import samples
 
 
@@ -82,11 +82,11 @@ def test_gate_passes_when_only_old_known_and_flaky_remain(tmp_path, capsys):
     cases = samples.make_cases()
     keep = [r for r in samples.make_results(cases) if r.case_id not in (samples.REGRESSION, samples.TIMEOUT, samples.NEW_FAILURE)]
     with ResultStore(path) as s:
-        b = s.create_run(matrix="m.yaml", cases=cases)
+        b = s.create_run(NewRun(matrix="m.yaml", cases=cases))
         for r in samples.make_baseline(cases):
             s.record(b, r)
         s.finish_run(b, "finished")
-        rid = s.create_run(matrix="m.yaml", cases=[c for c in cases if c.case_id in {r.case_id for r in keep}])
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=[c for c in cases if c.case_id in {r.case_id for r in keep}]))
         for r in keep:
             s.record(rid, r)
         s.finish_run(rid, "finished")
@@ -101,7 +101,7 @@ def test_interrupted_run_is_missing_results_and_fails(tmp_path, capsys):
     path = str(tmp_path / "r.db")
     cases = samples.make_cases()
     with ResultStore(path) as s:
-        rid = s.create_run(matrix="m.yaml", cases=cases)
+        rid = s.create_run(NewRun(matrix="m.yaml", cases=cases))
         for c in cases[:5]:
             s.record(rid, samples.result_for(c))
         s.finish_run(rid, "interrupted")
@@ -116,7 +116,7 @@ def test_write_outputs_writes_junit_summary_dashboard_and_step_summary(db, tmp_p
     out = tmp_path / "out"
     with ResultStore(db) as s:
         gate = write_outputs(s, 2, out_dir=str(out), junit_path=None, summary_path=None, baseline="1",
-                             known_failures=str(tmp_path / "kf.yaml"))  # fmt: skip
+                             known_failures=str(tmp_path / "kf.yaml"))
     assert not gate.passed and gate.known_failures == (samples.KNOWN_FAIL,)
     assert (out / "junit.xml").is_file() and (out / "dashboard" / "index.html").is_file()
     md = (out / "summary.md").read_text()

@@ -17,7 +17,7 @@ def full_cpu():
 
 def test_a_gangs_start_up_is_charged_once_per_tp(full_cpu):
     # The model charges it to every gang case: 700 of full.yaml's 815 model seconds on a CPU
-    # before the MLA and swa_sinks blocks (#33), 790 of 927 with them.
+    # before the MLA and swa_sinks blocks, 790 of 927 with them.
     got = case_durations(full_cpu)
     for tp in (1, 2, 4, 8):
         cases = [c for c in full_cpu if c.tp == tp]

@@ -1,5 +1,5 @@
-"""`vllm:NAME`: one of vLLM's own attention backends run in place behind our interface (issues 15,
-34). The checker, modes, reference and reports stay ours; only the unit under test is vLLM's: its
+"""`vllm:NAME`: one of vLLM's own attention backends run in place behind our interface.
+The checker, modes, reference and reports stay ours; only the unit under test is vLLM's: its
 metadata builder, its Impl (with a layer object), its support level and its KV cache layout.
 
 One concern per module:
@@ -35,13 +35,13 @@ from __future__ import annotations
 import functools
 
 from backend.adapters.vllm import release
-from backend.adapters.vllm.cache import allocate_in_layout as allocate_vllm_kv_cache  # noqa: F401
-from backend.adapters.vllm.cache import as_vllm_view  # noqa: F401
-from backend.adapters.vllm.native import ensure_cache_ops, stub_platform_native  # noqa: F401
-from backend.adapters.vllm.native import native_missing_module as _native_missing_module  # noqa: F401
-from backend.adapters.vllm.query import query_quantizer, quantize_query  # noqa: F401
-from backend.adapters.vllm.release import SUPPORTED_RANGE, OLD_RANGE, version_reason  # noqa: F401
-from backend.adapters.vllm.roles import VllmBuilder, VllmImpl  # noqa: F401
+from backend.adapters.vllm.cache import allocate_in_layout as allocate_vllm_kv_cache  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.cache import as_vllm_view  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.native import ensure_cache_ops, stub_platform_native  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.native import native_missing_module as _native_missing_module  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.query import quantize_query, query_quantizer  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.release import OLD_RANGE, SUPPORTED_RANGE, version_reason  # noqa: F401 - the adapter's API, re-exported
+from backend.adapters.vllm.roles import VllmBuilder, VllmImpl  # noqa: F401 - the adapter's API, re-exported
 
 # MLA backends (a family of their own, not bridged yet: see the module docstring).
 MLA_BACKENDS = ("TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "ROCM_AITER_MLA",
@@ -78,7 +78,7 @@ def current_interface():
     return CURRENT, None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_vllm_backend(name: str):
     """(vLLM's backend class, None), or (None, why it cannot be used here)."""
     iface, why = current_interface()
@@ -127,7 +127,7 @@ def make_backend(name: str, family: str = "gqa"):
     return _make_backend(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _unbridged(name: str, family: str):
     """A class for a (vLLM backend, family) pair the adapter does not bridge: its cases skip."""
     import types
@@ -140,7 +140,7 @@ def _unbridged(name: str, family: str):
     return types.new_class(f"Vllm_{name}_{family}", (AttentionBackend,), {}, lambda ns: ns.update(attrs))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _make_backend(name: str):
     from backend.adapters.vllm.roles import make_backend_class
 

@@ -39,7 +39,7 @@ CPU_BACKENDS = ("FLEX_ATTENTION",)
 _TRITON = ("TRITON_ATTN", "ROCM_AITER_UNIFIED_ATTN")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(name: str) -> tuple[Any, str | None]:
     """(vLLM's backend class, None), or (None, why it cannot be used here)."""
     try:

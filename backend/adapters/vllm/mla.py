@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import ClassVar
 
 import torch
 

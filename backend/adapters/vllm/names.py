@@ -25,7 +25,7 @@ ATTENTION_034 = (
     "MINIMAX_M3_SPARSE", "CUTLASS_MSA", "TRITON_MSA", "STEP5_DSA", "KIMI_K3_KV_BALANCED_MLA", "NO_ATTENTION",
     "FLEX_ATTENTION", "HPC_ATTN", "ROCM_AITER_UNIFIED_ATTN", "CPU_ATTN", "CPU_MLA", "AMX_MLA", "TURBOQUANT",
     "ROCM_OCTAVE", "ULTRAQUANT", "CUSTOM",
-)  # fmt: skip
+)  # fmt: skip # vLLM's names in its enum's order, packed
 # Its MambaAttentionBackendEnum members (same file): the state layers' backends of hybrid models.
 MAMBA_034 = ("MAMBA1", "MAMBA2", "SHORT_CONV", "LINEAR", "GDN_ATTN", "CUSTOM")
 KNOWN_034 = tuple(dict.fromkeys(ATTENTION_034 + MAMBA_034))

@@ -84,7 +84,7 @@ def _base_name(name: str) -> str:
     return name.removesuffix("_VLLM_V1")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(name: str) -> tuple[Any, str | None]:
     """(vLLM's backend class, None), or (None, why it cannot be used here)."""
     try:
@@ -138,7 +138,7 @@ def fp8_read_as(name: str) -> torch.dtype | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def impl_kv_dtypes(cls) -> tuple[str, ...]:
     """The old interface declares no cache dtypes; an Impl refuses the ones it does not take when
     it is built (0.10.2's FlexAttentionImpl: NotImplementedError "does not support quantized

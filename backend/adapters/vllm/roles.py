@@ -72,7 +72,7 @@ class Interface:
         """The object whose `supports_quant_query_input` this release's Attention layer reads."""
         return impl
 
-    def run(self, wrapper: "VllmImpl", query, key, value, kv_cache, metadata, output) -> torch.Tensor:
+    def run(self, wrapper: VllmImpl, query, key, value, kv_cache, metadata, output) -> torch.Tensor:
         """One attention call the way this release's layer makes it."""
         raise NotImplementedError
 

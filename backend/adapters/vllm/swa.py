@@ -137,7 +137,7 @@ class VllmSWAImpl(SWAImpl):
         return output
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_swa_backend(name: str) -> type[SWABackend]:
     """Our swa_sinks backend class for vLLM's backend `name` (always a class; unavailable_reason
     says why when it cannot be used here)."""

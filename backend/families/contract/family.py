@@ -169,7 +169,7 @@ class AttentionFamily:
         cache for every layer)."""
         return None
 
-    def step_state(self) -> "StepState | None":
+    def step_state(self) -> StepState | None:
         """The family's per-request state across steps (None: steps are independent)."""
         return None
 

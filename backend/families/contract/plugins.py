@@ -45,7 +45,7 @@ def _check(obj: object, where: str, reserved: Collection[str]) -> FamilySpec:
 def load_path(path: str, reserved: Collection[str] = ()) -> FamilySpec:
     """The FamilySpec at "package.module:ATTR" (the working directory on sys.path, as for plugin
     backends), registered under its name; PluginError in one line."""
-    for name, (spec, source) in _LOADED.items():
+    for spec, source in _LOADED.values():
         if source == path:
             return spec
     module_name, sep, attr = path.partition(":")
