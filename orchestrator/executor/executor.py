@@ -207,7 +207,8 @@ class Executor:
         if choice.kind == ChoiceKind.WAIT:
             return None
         tp = self.attempts.cases[task.id].tp
-        gang, ready = gangs.place(self.pool.spec(tp, task.tp, self.log_dir), node, self.cluster.nodes[node].node_id)
+        spec = self.pool.spec(tp, task.tp, self.log_dir, node)
+        gang, ready = gangs.place(spec, node, self.cluster.nodes[node].node_id)
         self.pool.gangs.append(gang)
         self.jobs.append(_Job(JobKind.PLACE, gang, [ready], time.monotonic() + self.config.placement_timeout_s, []))
         return gang
