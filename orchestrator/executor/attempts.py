@@ -114,10 +114,20 @@ class Attempts:
         return first.worker if first is not None else None
 
     def batch(self, node: int, first: Task, width: int, worker: str, target_s: float, max_batch: int) -> list[Task]:
-        """`first` and, unless it runs alone or is long, more tasks of its group for one call on a
-        worker of `width` slots, while their summed estimate stays under `target_s`."""
+        """`first` and, unless it runs alone, the other waiting cases of its config (its cudagraph
+        modes: they reuse the first's eager steps and reference on this worker, whatever their
+        estimates), then, unless it is long, more tasks of its group for one call on a worker of
+        `width` slots, while their summed estimate stays under `target_s`."""
         batch, total = [first], first.est_s
-        if first.id in self.singles or first.est_s >= target_s:
+        if first.id in self.singles:
+            return batch
+        for sib in self.dispatcher.siblings(first, node):
+            if len(batch) >= max_batch or sib.tp != width or sib.id in self.singles or self.avoid(sib.id) == worker:
+                self.dispatcher.requeue(sib)
+                continue
+            self.taken(sib)
+            batch.append(sib)
+        if first.est_s >= target_s:
             return batch
         while len(batch) < max_batch:
             t = self.dispatcher.next_for(node, width, first.group)
