@@ -130,3 +130,18 @@ def test_a_configs_modes_run_on_one_worker(ray_cluster):
         workers[config_key(c)].add(final[c.case_id].worker)
     assert all(len(w) == 1 for w in workers.values()), dict(workers)
     assert len(set().union(*workers.values())) > 1
+
+
+def test_a_task_that_fills_a_batch_brings_its_config():
+    """The group fill takes c1's first mode after c0's modes; c1's cheap modes come with it,
+    although c2's first mode is longer and would end the fill (budget 10 s)."""
+    est = {"c0": (3.0, 1.5, 1.5), "c1": (2.9, 0.1, 0.1), "c2": (2.8, 0.1, 0.1)}
+    tasks = [Task(f"{c}-m{m}", 1, e, "g", config=c) for c, es in est.items() for m, e in enumerate(es)]
+    cases = {t.id: _case("NONE", seed=i) for i, t in enumerate(tasks)}
+    d = Dispatcher(tasks, [4])
+    at = Attempts(cases, d, retries=1, unit="GPU")
+    at.queue(tasks)
+    first = d.next_for(0, 1)
+    at.taken(first)
+    batch = at.batch(0, first, 1, "w0", 10.0, 64)
+    assert [t.id for t in batch] == ["c0-m0", "c0-m1", "c0-m2", "c1-m0", "c1-m1", "c1-m2"]
