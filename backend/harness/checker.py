@@ -46,7 +46,7 @@ from backend.harness.session import (CaptureFailed, GraphKey, Session, SessionCa
 from backend.harness.sides import add_step, eager_side, graph_side
 from backend.harness.step_data import fill_context, reference_key, set_capture_scales, set_scales, step_inputs
 from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, plan_steps
-from backend.harness.timing import PHASES, Clock, Span, finish_timings, seconds
+from backend.harness.timing import DEVICE_PHASES, PHASES, Clock, Span, finish_timings, seconds
 from backend.harness.user_frame import user_frame
 from backend.harness.verdict import status_of
 # The gang verdict lives in a torch-free module (the driver merges rank results without torch);
@@ -442,6 +442,8 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
     status, reason = status_of(checks, session.unverifiable(k for k in graph_keys if k is not None), kv_jitter,
                                attn_jitter)  # fmt: skip
     timings["result_s"] = spent["result_s"] + (time.perf_counter() - t_result)
+    if clock.events:  # a GPU: the time its own events measured (orchestrator/gpu_share.py)
+        timings["device_s"] = capture_s + sum(spent[k] for k in DEVICE_PHASES)
     timings["total_s"] = time.perf_counter() - t_start  # _run_case adds what follows and other_s
     return base.replace(status=status, reason=reason, checks=checks, capture_sizes_used=tuple(used), timings=timings)
 

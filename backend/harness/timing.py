@@ -15,6 +15,11 @@ import torch
 PHASES = ("plan_s", "memory_s", "session_s", "prepare_s", "inputs_s", "snapshot_s", "eager_s", "reference_s",
           "replay_s", "checks_s", "result_s")
 NAMED = ("capture_s", *PHASES)  # what other_s is the rest of
+# The phases a GPU times with its own events (Clock): their sum, with capture_s, is the case's
+# device_s, what `orch run` reports the GPUs' busy share from (orchestrator/gpu_share.py). An
+# upper bound on the device's busy time: a span between two events also holds what the device
+# waited for the host.
+DEVICE_PHASES = ("prepare_s", "inputs_s", "snapshot_s", "eager_s", "reference_s", "replay_s", "checks_s")
 
 
 class Clock:

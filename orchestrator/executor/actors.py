@@ -160,6 +160,7 @@ class CaseWorker:
         self._memory = dict(memory or {})  # backend.harness.memory.MemoryBudget's fields
         self._budget: int | None = None  # bytes, once applied to the device (_load)
         self._gang: tuple[int, int] = (0, 1)
+        self._nvml: bool | None = None  # torch.cuda.utilization works here (None: not tried yet)
         self.threads = threads
         print(f"[orch] worker {where} pid {os.getpid()} device {self.device} runner {runner} "
               f"preloaded {','.join(preloaded) or '-'} threads {os.environ.get(THREADS_ENV, '?')} "
@@ -211,6 +212,19 @@ class CaseWorker:
             self.threads = limit_threads()
         return self._runner
 
+    def _utilization(self) -> float | None:
+        """The GPU's utilisation as NVML last sampled it (percent, torch.cuda.utilization), read
+        after each case; None on CPU, or for good once it fails (no NVML, no pynvml)."""
+        if self.device == "cpu" or self._nvml is False:
+            return None
+        try:
+            util = float(sys.modules["torch"].cuda.utilization(0))
+        except Exception:  # noqa: BLE001 - optional: no pynvml / NVML here, the run goes on without it
+            self._nvml = False
+            return None
+        self._nvml = True
+        return util
+
     def _barrier(self, case_id: str, ok: bool) -> str:
         """'' when the gang left the case in step, else why not (the batch stops on this gang)."""
         from backend.harness.distributed import case_barrier
@@ -261,6 +275,9 @@ class CaseWorker:
                     res = CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=desync, error_kind="gang",
                                      requested_mode=case.mode, axes=case.axes)  # fmt: skip
             changes: dict[str, Any] = {"worker": self.info_.label}
+            util = self._utilization()
+            if util is not None:
+                changes["timings"] = {**res.timings, "gpu_util": util}
             if not res.device:
                 changes["device"] = self.device
             out.append(res.replace(**changes).to_dict())
