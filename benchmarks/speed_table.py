@@ -20,10 +20,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from backend.harness.timing import NAMED  # noqa: E402
-from backend.result import Status  # noqa: E402
-from orchestrator.diff import compare  # noqa: E402
-from orchestrator.store import ResultStore  # noqa: E402
+from backend.harness.timing import NAMED
+from backend.result import Status
+from orchestrator.diff import compare
+from orchestrator.store import ResultStore
 
 MEDIANS = ("total_s", *NAMED, "other_s")
 CASES = re.compile(r"first to last result ([0-9.]+)s")
@@ -37,7 +37,10 @@ def _latest(db: str):
 
 
 def row(name: str, db: str, log: str) -> list[str]:
-    text = open(log, errors="replace").read() if os.path.exists(log) else ""
+    text = ""
+    if os.path.exists(log):
+        with open(log, errors="replace") as f:
+            text = f.read()
     results = _latest(db)
     ran = [r for r in results if r.status != Status.SKIP]
     passed = [r for r in ran if r.status == Status.PASS]
