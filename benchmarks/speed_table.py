@@ -33,7 +33,10 @@ WALL = re.compile(r"^wall ([0-9.]+) s", re.MULTILINE)
 
 def _latest(db: str):
     with ResultStore(db, readonly=True) as store:
-        return store.results(store.latest_run_id())
+        rid = store.latest_run_id()
+        if rid is None:
+            raise ValueError(f"{db}: no runs")
+        return store.results(rid)
 
 
 def row(name: str, db: str, log: str) -> list[str]:
