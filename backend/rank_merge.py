@@ -72,6 +72,8 @@ def merge_rank_results(results: Sequence[CaseResult]) -> CaseResult:
     timings = dict(worst.timings)
     if all("total_s" in r.timings for r in results):
         timings["total_s"] = max(r.timings["total_s"] for r in results)
+    if all("device_s" in r.timings for r in results):  # GPU-seconds: every rank holds its device
+        timings["device_s"] = sum(r.timings["device_s"] for r in results)
     merged = worst.replace(reason=reason.strip(), worker=",".join(r.worker for r in results if r.worker),
                            timings=timings)
     if not all(r.status in _RAN for r in results):

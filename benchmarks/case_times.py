@@ -4,7 +4,8 @@
 
 Sums each case's own timings (CaseResult.timings: total_s and the checker's phases) over the
 groups named by --by (any axis, or provider), largest first, with the share of the run's case
-time. "other" is total_s minus the phases (graph replays, step planning, Python around them).
+time. "other" is total_s minus the phases (the case's other_s: what no phase names, see
+backend/harness/timing.py).
 """
 
 from __future__ import annotations

@@ -73,15 +73,16 @@ def clear(paths: OutputPaths) -> list[str]:
     return gone
 
 
-def write_view(store: ResultStore, view: RunView, paths: OutputPaths) -> None:
-    """JUnit XML, markdown summary (+ $GITHUB_STEP_SUMMARY), dashboard for a gathered run."""
+def write_view(store: ResultStore, view: RunView, paths: OutputPaths, extra: str = "") -> None:
+    """JUnit XML, markdown summary (+ $GITHUB_STEP_SUMMARY), dashboard for a gathered run.
+    `extra`: markdown the summary ends with (`orch run`: the GPUs' busy share)."""
     try:
         os.makedirs(paths.out_dir, exist_ok=True)
         for p in (paths.junit, paths.summary):
             os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
         junit.write(paths.junit, view.results, view.gate, suite_name=view.run.matrix, run_id=view.run.id,
                     run_status=view.run.status, planned=view.planned)
-        summary.write(paths.summary, summary.render(view.run, view.results, view.gate) + gate_notes.markdown(view))
+        summary.write(paths.summary, summary.render(view.run, view.results, view.gate) + gate_notes.markdown(view) + extra)
         write_dashboard(store, view, paths.dashboard_dir)
     except OSError as e:
         raise InfraError(f"cannot write outputs: {e.strerror}", source=e.filename or paths.out_dir) from None

@@ -313,6 +313,9 @@ def diff(**kwargs):
               help="Dispatch policy to simulate (all: each, side by side).")
 @click.option("--sigma", type=float, default=0.5, show_default=True, help="lognormal sigma of true/estimated duration.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic workload.")
+@click.option("--modes-per-config", type=int, default=1, show_default=True,
+              help="Cases come as configs of this many cudagraph modes that share work on one worker "
+                   "(adds ours-ungrouped: the same dispatcher not keeping them together).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def simulate(**kwargs):
     """Discrete-event simulation of the scheduling policy against hash and static-duration sharding.

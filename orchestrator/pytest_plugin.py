@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from backend.harness.session import SessionCache
+    from backend.harness.session_cache import SessionCache
 
 STATUS_PROP = "orch_status"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from backend.result import Status
 from orchestrator.commands.repro import verdict_line
+from orchestrator.gpu_share import GpuShare
 
 _REPORT = (Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.UNVERIFIABLE, Status.FLAKY, Status.NOT_RUN)
 MAX_REASONS = 5  # skip reasons in the run's last lines; summary.md has them all
@@ -19,8 +20,10 @@ PHASE_LABELS = {
 }  # fmt: skip # a table: one row per line, as it reads
 
 
-def time_line(phases: dict[str, float]) -> str:
-    return "time: " + ", ".join(f"{PHASE_LABELS.get(k, k)} {v:.1f}s" for k, v in phases.items())
+def time_line(phases: dict[str, float], share: GpuShare | None = None) -> str:
+    """'time: load matrix 0.1s, ...'; on GPUs with the busy share they were kept at (gpu_share.py)."""
+    line = "time: " + ", ".join(f"{PHASE_LABELS.get(k, k)} {v:.1f}s" for k, v in phases.items())
+    return f"{line}; {share.line()}" if share is not None else line
 
 
 def last_lines(view, *, verbose: bool) -> tuple[list[str], list[str]]:

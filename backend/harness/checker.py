@@ -53,7 +53,7 @@ from backend.harness.session_cache import SessionCache, SessionTooLarge
 from backend.harness.sides import add_step, eager_side, graph_side
 from backend.harness.step_data import fill_context, reference_key, set_capture_scales, set_scales, step_inputs
 from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, plan_steps
-from backend.harness.timing import PHASES, Clock, Span, seconds
+from backend.harness.timing import DEVICE_PHASES, PHASES, Clock, Span, finish_timings, seconds
 from backend.harness.user_frame import user_frame
 from backend.harness.verdict import status_of
 
@@ -261,6 +261,7 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
     t_start = time.perf_counter()
     key = None
     memory = CaseMemory(device, sessions.budget)
+    t_plan = time.perf_counter()
     sessions.others = (step_data.cached_bytes, step_data.clear_caches)  # beside the sessions, in the budget
     step_data.set_budget(sessions.budget)
     session, built = None, False
@@ -318,17 +319,25 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         built = key not in sessions
         session = sessions.get(key, plan.factory, device=device, estimate=plan.estimate)
         phases: dict[str, list] = {name: [] for name in PHASES}  # spans (Clock), summed at the end
+        phases["memory_s"].append(Span(t_start, t_plan))
+        phases["plan_s"].append(Span(t_plan, t0))
         phases["session_s"].append(Span(t0, time.perf_counter()))
         graph_kind = "none" if mode == CUDAGraphMode.NONE else session.runner.kind
         base = base.replace(graph_kind=graph_kind)
         result = _run_steps(case, session, planned, base, t_start, phases)
+        t_figures = time.perf_counter()
         if result.status == Status.ERROR:
             sessions.drop(key)
         figures = memory.figures(session.memory_bytes(), built)
         if "needs" in figures:
             sessions.note_transient(figures["needs"] - figures.get("session", 0))
-        return result.replace(log_tail=(notes + "\n" + result.log_tail).strip() if notes else result.log_tail,
-                              memory=figures)
+        t_end = time.perf_counter()
+        timings = dict(result.timings)
+        timings["memory_s"] = timings.get("memory_s", 0.0) + (t_end - t_figures)
+        result = result.replace(log_tail=(notes + "\n" + result.log_tail).strip() if notes else result.log_tail,
+                                memory=figures)
+        timings["result_s"] = timings.get("result_s", 0.0) + (time.perf_counter() - t_end)
+        return result.replace(timings=finish_timings(timings, time.perf_counter() - t_start))
     except SessionTooLarge as e:
         return base.replace(status=Status.ERROR, reason=f"{e}", error_kind=OOM_KIND,
                             memory={**memory.figures(None, False), "needs": e.need},
@@ -369,6 +378,7 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
                t_start: float, phases: dict[str, list]) -> CaseResult:
     """`planned`: _dispatch_plan of the resolved mode and sizes."""
     clock = Clock(session.device)
+    t_prepare = clock.now()
     shape = case.model
     plans, dispatches, graph_keys = planned
     set_capture_scales(session, case.kv_cache_dtype)  # before capture: scales no step uses (step_data)
@@ -376,6 +386,7 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
     names = checks_for(session.family.extra_checks)
     acc = {name: CheckAccumulator(name) for name in names}
     state = session.family.step_state()
+    phases["prepare_s"].append(Span(t_prepare, clock.now()))  # capture_s is taken out of it below
     eager_s, replay_s, used, shared, shared_graph = [], [], [], 0, 0
     again = case.case_id in session.cases_run  # a case run again reuses no graph side
     session.cases_run.add(case.case_id)
@@ -424,19 +435,25 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
         kv_jitter = kv_jitter or eager.kv_jitter
         attn_jitter = max(attn_jitter, eager.attn_jitter)
 
+    # The spans first: on a GPU resolving them waits for the device, time its phases already count.
+    spent = {k: round(seconds(v), 6) for k, v in phases.items()}
+    spent["prepare_s"] = max(0.0, spent["prepare_s"] - capture_s)
+    t_result = time.perf_counter()
     checks = tuple(acc[name].outcome() for name in names)
-    spent = {k: round(seconds(v), 6) for k, v in phases.items()}  # resolves the spans first
     timings = {
         "capture_s": capture_s,
         "eager_step_s": seconds(eager_s) / len(eager_s),
         "replay_step_s": seconds(replay_s) / len(replay_s),
-        "total_s": time.perf_counter() - t_start,
         **spent,
         "eager_shared_steps": float(shared),
         "graph_shared_steps": float(shared_graph),
     }
     status, reason = status_of(checks, session.unverifiable(k for k in graph_keys if k is not None), kv_jitter,
                                attn_jitter)
+    timings["result_s"] = spent["result_s"] + (time.perf_counter() - t_result)
+    if clock.events:  # a GPU: the time its own events measured (orchestrator/gpu_share.py)
+        timings["device_s"] = capture_s + sum(spent[k] for k in DEVICE_PHASES)
+    timings["total_s"] = time.perf_counter() - t_start  # _run_case adds what follows and other_s
     return base.replace(status=status, reason=reason, checks=checks, capture_sizes_used=tuple(used), timings=timings)
 
 

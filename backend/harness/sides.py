@@ -95,6 +95,7 @@ def eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[
     """Eager twice from the caches' state `snapshot` (determinism), the reference, and what eager
     wrote; leaves the caches as `snapshot` again. `prepared`: the family StepState's view of the
     step (the state its requests start from), for families whose requests keep state."""
+    t0 = clock.now()  # eager_s: the inputs' move to the device included
     caches = session.kv_caches
     on_device = inputs.on(session.device)
     x = on_device.x
@@ -133,7 +134,7 @@ def eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[
                                    head_offset=heads.start)
     state_check = state.eager_check(case, session, prepared, owned) if state is not None else None
     t4 = clock.now()
-    phases["eager_s"].append(Span(t1, t3))
+    phases["eager_s"].append(Span(t0, t3))
     phases["reference_s"].append(Span(t3, t4))
     return EagerStep(out_e, first.attention, reference, attn_reference, all_finite(out_e, case.model.head_size),
                       deterministic, jitter, attn_jitter, kv_jitter, real_kv, Span(t1, t2), state=owned,
@@ -144,6 +145,7 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
                 eager: EagerStep, clock: Clock, phases: dict[str, list], prepared=None) -> GraphStep:
     """Run the step as the mode dispatches it (eager for NONE, else replay `graph_key`) from the
     caches' state `snapshot` and check it against the eager side."""
+    t0 = clock.now()  # replay_s: the inputs' move to the device and the poisoning included
     shape, tol = case.model, case.tolerance
     caches = session.kv_caches
     on_device = inputs.on(session.device)
@@ -162,6 +164,7 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
         used = d.padded_tokens
         padded = padded_rows(session, graph_key, x.shape[0])
     t2 = clock.now()
+    phases["replay_s"].append(Span(t0, t2))
     out_g = graph_side.out
     replay = compare(out_g, eager.out, tol, shape.head_size, row_scaled_atol=True)
     # The emulation saw the replay read memory nothing kept alive: a failure whatever it read.

@@ -7,8 +7,19 @@ import time
 
 import torch
 
-# Where a case's time goes, beyond capture and the timed steps (CaseResult.timings, seconds).
-PHASES = ("session_s", "inputs_s", "snapshot_s", "eager_s", "reference_s", "checks_s")
+# Where a case's time goes besides capture_s (CaseResult.timings, seconds): capture_s + these +
+# other_s = total_s. plan_s: what the checker decides before the session (backend, layout, plan);
+# memory_s: the case's memory accounting (peak reset, figures); prepare_s: the session's scales
+# and the checks' set-up around the captures; replay_s: the graph side's step (a graph replay, or
+# eager for NONE); result_s: the verdict and the result built from the checks.
+PHASES = ("plan_s", "memory_s", "session_s", "prepare_s", "inputs_s", "snapshot_s", "eager_s", "reference_s",
+          "replay_s", "checks_s", "result_s")
+NAMED = ("capture_s", *PHASES)  # what other_s is the rest of
+# The phases a GPU times with its own events (Clock): their sum, with capture_s, is the case's
+# device_s, what `orch run` reports the GPUs' busy share from (orchestrator/gpu_share.py). An
+# upper bound on the device's busy time: a span between two events also holds what the device
+# waited for the host.
+DEVICE_PHASES = ("prepare_s", "inputs_s", "snapshot_s", "eager_s", "reference_s", "replay_s", "checks_s")
 
 
 class Clock:
@@ -52,3 +63,11 @@ class Span:
 
 def seconds(spans) -> float:
     return sum(float(s) for s in spans)
+
+
+def finish_timings(timings: dict[str, float], total_s: float) -> dict[str, float]:
+    """`timings` with total_s and other_s: what no named phase (NAMED) covers, the harness's own
+    bookkeeping between marks. Never negative: on a GPU the phases are device time between marks
+    and can exceed the host's total by a little where the device ran behind it."""
+    named = sum(float(timings.get(k, 0.0)) for k in NAMED)
+    return {**timings, "total_s": total_s, "other_s": max(0.0, total_s - named)}

@@ -18,10 +18,9 @@ import importlib.metadata
 import json
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from orchestrator.console import echo
 from orchestrator.errors import ExitCode
@@ -287,10 +286,14 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
     import torch
 
     from backend.attention.kv_cache import fp8_dtype
-    from backend.attention.registry import (BUILTIN_BACKENDS, VLLM_BACKENDS, VLLM_FAMILIES, availability,
-                                            family_providers)
+    from backend.attention.registry import (
+        BUILTIN_BACKENDS,
+        VLLM_BACKENDS,
+        VLLM_FAMILIES,
+        availability,
+        family_providers,
+    )
     from backend.families.contract.registry import FAMILY_NAMES
-    from backend.harness.distributed import _NCCL_ENV
     from backend.graphs.cuda import graph_kind
     from backend.harness.distributed import _NCCL_ENV
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import click
 
 from backend.result import CaseResult, Status
+from orchestrator import gpu_share
 from orchestrator.digest import plural
 from orchestrator.errors import InputError, OrchError
 from orchestrator.flakiness import DEFAULT_WINDOW
@@ -157,6 +158,7 @@ def _main(req: RunRequest) -> int:
         artifacts.check_writable(artifacts.output_paths(out_dir, req.junit_path, req.summary_path))
     judging = req.judging  # a resume's: over the run's own (below)
     phases = {"matrix": time.monotonic() - t0}
+    gpus: list[int] = []  # the run's GPUs (_on_cluster appends them; none on CPU workers)
     store = ResultStore(req.db or defaults.db())
     run_id: int | None = None  # set once this driver holds the run's writer lock
     try:
@@ -191,7 +193,7 @@ def _main(req: RunRequest) -> int:
         ), True) for s in skipped])
         interrupted: KeyboardInterrupt | None = None
         try:
-            _execute(store, rid, cases, req, phases)
+            _execute(store, rid, cases, req, phases, gpus)
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (orchestrator/interrupts.py)
             interrupted = e
         except BaseException:
@@ -203,7 +205,8 @@ def _main(req: RunRequest) -> int:
         # as `orch gate --run N` judges it: by its stored options (what was asked here wins).
         t_out = time.monotonic()
         view = gather(store, rid, req.judging)
-        artifacts.write_view(store, view, paths)
+        share = gpu_share.measure(view.results, phases.get("cases"), sum(gpus))
+        artifacts.write_view(store, view, paths, extra=f"\n{share.line()} over the cases phase.\n" if share else "")
         phases["outputs"] = time.monotonic() - t_out
         lines, warnings = last_lines(view, verbose=req.verbose)
         for line in lines:
@@ -211,7 +214,7 @@ def _main(req: RunRequest) -> int:
         for line in warnings:
             _err(line)
         if "cluster" in phases:
-            _out(time_line(phases))
+            _out(time_line(phases, share))
         _out(final_line(view, elapsed=time.monotonic() - t0, out_dir=out_dir,
                         signal_name=signame(interrupted) if interrupted is not None else None))
         return exit_code(interrupted) if interrupted is not None else int(view.gate.exit_code)
@@ -274,9 +277,11 @@ class _Work:
     history: dict[str, float]  # case_id -> last duration (the cost model)
     deferral: Deferral | None  # while the Triton warm-up runs
     per_gpu: int  # workers per GPU, resolved
+    gpus: list[int]  # filled in: the run's GPUs, once connected (orchestrator/gpu_share.py)
 
 
-def _execute(store, run_id: int, cases, req: RunRequest, phases: dict[str, float]) -> dict[str, CaseResult]:
+def _execute(store, run_id: int, cases, req: RunRequest, phases: dict[str, float],
+             gpus: list[int] | None = None) -> dict[str, CaseResult]:
     """Run the cases on Ray. `phases` receives where the wall time went: cluster (connect),
     first_result (from connect to the first result: worker start-up, imports, the first session),
     cases (from then to the last result), shutdown. On this machine's GPUs, Triton's kernel cache is
@@ -289,7 +294,8 @@ def _execute(store, run_id: int, cases, req: RunRequest, phases: dict[str, float
     warmup = _start_precompile(cases, req, log_dir, history, jit)  # before the cluster: its start-up overlaps ours
     results: dict[str, CaseResult] = {}
     try:
-        work = _Work(phases, log_dir, history, _deferral(jit, warmup), _per_gpu(req.memory, cases, store, req.devices))
+        work = _Work(phases, log_dir, history, _deferral(jit, warmup), _per_gpu(req.memory, cases, store, req.devices),
+                     gpus if gpus is not None else [])
         with _ray_logging(req.verbose):
             results = _on_cluster(store, run_id, cases, req, work)
         return results
@@ -368,6 +374,8 @@ def _on_cluster(store, run_id: int, cases, req: RunRequest, work: _Work) -> dict
     phases["cluster"] = t_up - t0
     marks: list[float] = []
     _err(cluster.banner)
+    if cluster.device_kind == "gpu":
+        work.gpus.append(max(1, cluster.total_slots // cluster.workers_per_gpu))
     config = ExecConfig(timeout_s=req.timeout_s, log_dir=work.log_dir, gpu_memory_utilization=req.memory.utilization,
                         gpu_memory_bytes=req.memory.gpu_memory)
     if cluster.device_kind == "gpu" and cluster.workers_per_gpu > 1:

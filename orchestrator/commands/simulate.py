@@ -6,7 +6,12 @@ import json
 
 from orchestrator.errors import ExitCode, InputError
 from orchestrator.scheduling.policy import POLICIES
-from orchestrator.scheduling.simulate import SimResult, simulate, synthetic_workload
+from orchestrator.scheduling.simulate import (
+    SimResult,
+    config_workload,
+    simulate,
+    synthetic_workload,
+)
 
 
 def _check(gpus: int, nodes: int, cases: int, sigma: float) -> None:
@@ -20,20 +25,32 @@ def _check(gpus: int, nodes: int, cases: int, sigma: float) -> None:
         raise InputError(f"--sigma must be in [0, 5], got {sigma}")
 
 
-def run_policies(gpus: int, nodes: int, cases: int, policy: str, sigma: float, seed: int) -> dict[str, SimResult]:
+def run_policies(gpus: int, nodes: int, cases: int, policy: str, sigma: float, seed: int,
+                 modes_per_config: int = 1) -> dict[str, SimResult]:
     _check(gpus, nodes, cases, sigma)
+    if modes_per_config < 1 or modes_per_config > cases:
+        raise InputError(f"--modes-per-config must be in [1, --cases ({cases})], got {modes_per_config}")
     names = POLICIES if policy == "all" else (policy,)
     for name in names:
         if name not in POLICIES:
             raise InputError(f"--policy: unknown {name!r}; choose one of {', '.join(POLICIES)}, all")
     per_node = gpus // nodes
     # A matrix for smaller nodes has no gangs wider than a node.
-    tasks, true = synthetic_workload(cases, seed, sigma, max_tp=per_node)
-    return {name: simulate(tasks, [per_node] * nodes, name, true) for name in names}
+    if modes_per_config == 1:
+        tasks, true = synthetic_workload(cases, seed, sigma, max_tp=per_node)
+        return {name: simulate(tasks, [per_node] * nodes, name, true) for name in names}
+    # Configs of several cudagraph modes sharing eager steps and reference on one worker: "ours"
+    # takes a config's modes together; "ours-ungrouped" is the same dispatcher without that.
+    tasks, true, alone = config_workload(cases // modes_per_config, modes_per_config, seed, sigma, max_tp=per_node)
+    out = {name: simulate(tasks, [per_node] * nodes, name, true, alone) for name in names}
+    if "ours" in out:
+        out["ours-ungrouped"] = simulate(tasks, [per_node] * nodes, "ours", true, alone, group=False)
+    return out
 
 
-def main(gpus: int, nodes: int, cases: int, policy: str, sigma: float, seed: int, as_json: bool) -> int:
-    results = run_policies(gpus, nodes, cases, policy, sigma, seed)
+def main(gpus: int, nodes: int, cases: int, policy: str, sigma: float, seed: int, as_json: bool,
+         modes_per_config: int = 1) -> int:
+    results = run_policies(gpus, nodes, cases, policy, sigma, seed, modes_per_config)
     if as_json:
         print(json.dumps({name: r.to_dict() for name, r in results.items()}, indent=2))
         return ExitCode.OK

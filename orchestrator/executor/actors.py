@@ -23,6 +23,11 @@ DEFAULT_RUNNER = "backend.harness.checker:run_case"
 # Multicast paths have broken NCCL on the lent machines; every actor runs without them.
 ACTOR_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 CPU_ACTOR_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# The torch threads a worker runs (intra-op; inter-op the same, at most 4): its share of its node's
+# cores (threads.worker_threads), set by the driver in actor_env and applied by limit_threads.
+THREADS_ENV = "ORCH_WORKER_THREADS"
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+MAX_INTEROP = 4
 LOG_TAIL_BYTES = 4000
 # Modules Ray's worker processes import before they take an actor (the raylet's
 # `preload_python_modules`, set by cluster.connect for the embedded cluster; a cluster started with
@@ -52,7 +57,7 @@ class WorkerInfo:
     preloaded: tuple[str, ...] = ()  # WORKER_PRELOAD modules already imported when the actor started
 
 
-def actor_env(device_kind: str) -> dict[str, str]:
+def actor_env(device_kind: str, threads: int = 1) -> dict[str, str]:
     """Environment the actor sets on itself first thing in __init__ (before anything imports
     torch or NCCL reads it). Not a Ray runtime_env: an actor with its own runtime_env cannot use
     Ray's prestarted workers and waits for the runtime-env agent (seconds per gang:
@@ -64,6 +69,10 @@ def actor_env(device_kind: str) -> dict[str, str]:
     env.update({name: os.environ[name] for name in FORWARDED_ENV if name in os.environ})
     if device_kind == "cpu":
         env.update(CPU_ACTOR_ENV)
+        threads = 1
+    else:  # a GPU worker's share of its node's cores, for torch and the OpenMP/MKL pools alike
+        env.update({name: str(threads) for name in THREAD_VARS})
+    env[THREADS_ENV] = str(max(1, threads))
     root = os.getcwd()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     return env
@@ -74,6 +83,24 @@ def apply_env(env: dict[str, str]) -> None:
     for p in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
         if p not in sys.path:
             sys.path.insert(0, p)
+
+
+def limit_threads() -> tuple[int, int]:
+    """Apply the worker's thread share (THREADS_ENV) to torch, before torch runs anything: intra-op
+    threads, and inter-op threads where torch still allows it (once its inter-op pool started it
+    refuses). Returns (intra, inter) as torch has them; (0, 0) when torch is not imported yet (the
+    runner's import then reads OMP_NUM_THREADS, and _load applies it again)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return (0, 0)
+    n = max(1, int(os.environ.get(THREADS_ENV, "1") or 1))
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(min(n, MAX_INTEROP))
+    except RuntimeError:  # already set, or inter-op work already ran: keep what torch has
+        pass
+    return (torch.get_num_threads(), torch.get_num_interop_threads())
 
 
 def read_tail(path: str, nbytes: int = LOG_TAIL_BYTES) -> str:
@@ -108,6 +135,7 @@ class CaseWorker:
                  memory: dict[str, Any] | None = None):
         preloaded = tuple(m for m in WORKER_PRELOAD if m in sys.modules)
         apply_env(env if env is not None else actor_env(device_kind))
+        threads = limit_threads()  # torch is usually preloaded (WORKER_PRELOAD): before any work
         import ray
 
         os.makedirs(log_dir, exist_ok=True)
@@ -133,8 +161,11 @@ class CaseWorker:
         self._memory = dict(memory or {})  # backend.harness.memory.MemoryBudget's fields
         self._budget: int | None = None  # bytes, once applied to the device (_load)
         self._gang: tuple[int, int] = (0, 1)
+        self._nvml: bool | None = None  # torch.cuda.utilization works here (None: not tried yet)
+        self.threads = threads
         print(f"[orch] worker {where} pid {os.getpid()} device {self.device} runner {runner} "
-              f"preloaded {','.join(preloaded) or '-'}", flush=True)
+              f"preloaded {','.join(preloaded) or '-'} threads {os.environ.get(THREADS_ENV, '?')} "
+              f"(torch {threads[0]} intra-op, {threads[1]} inter-op)", flush=True)
 
     def info(self) -> WorkerInfo:
         import dataclasses
@@ -179,9 +210,21 @@ class CaseWorker:
                 if self._budget is not None:
                     print(f"[orch] memory budget {gib(self._budget)} ({self._memory})", flush=True)
                 self._sessions = SessionCache(budget=self._budget)
-            if self.device_kind == "cpu" and "torch" in sys.modules:
-                sys.modules["torch"].set_num_threads(1)
+            self.threads = limit_threads()
         return self._runner
+
+    def _utilization(self) -> float | None:
+        """The GPU's utilisation as NVML last sampled it (percent, torch.cuda.utilization), read
+        after each case; None on CPU, or for good once it fails (no NVML, no pynvml)."""
+        if self.device == "cpu" or self._nvml is False:
+            return None
+        try:
+            util = float(sys.modules["torch"].cuda.utilization(0))
+        except Exception:  # noqa: BLE001 - optional: no pynvml / NVML here, the run goes on without it
+            self._nvml = False
+            return None
+        self._nvml = True
+        return util
 
     def _barrier(self, case_id: str, ok: bool) -> str:
         """'' when the gang left the case in step, else why not (the batch stops on this gang)."""
@@ -233,6 +276,9 @@ class CaseWorker:
                     res = CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=desync, error_kind="gang",
                                      requested_mode=case.mode, axes=case.axes)
             changes: dict[str, Any] = {"worker": self.info_.label}
+            util = self._utilization()
+            if util is not None:
+                changes["timings"] = {**res.timings, "gpu_util": util}
             if not res.device:
                 changes["device"] = self.device
             out.append(res.replace(**changes).to_dict())

@@ -115,9 +115,15 @@ class Attempts:
 
     def batch(self, node: int, first: Task, width: int, worker: str, target_s: float, max_batch: int) -> list[Task]:
         """`first` and, unless it runs alone or is long, more tasks of its group for one call on a
-        worker of `width` slots, while their summed estimate stays under `target_s`."""
-        batch, total = [first], first.est_s
-        if first.id in self.singles or first.est_s >= target_s:
+        worker of `width` slots, while their summed estimate stays under `target_s`. Each task comes
+        with the other waiting cases of its config (its cudagraph modes: they reuse its eager steps
+        and reference on this worker), whatever their estimates."""
+        batch = [first]
+        if first.id in self.singles:
+            return batch
+        self._siblings(batch, node, width, worker, max_batch)
+        total = sum(t.est_s for t in batch)
+        if first.est_s >= target_s:
             return batch
         while len(batch) < max_batch:
             t = self.dispatcher.next_for(node, width, first.group)
@@ -129,8 +135,21 @@ class Attempts:
                 break
             self.taken(t)
             batch.append(t)
-            total += t.est_s
+            added = self._siblings(batch, node, width, worker, max_batch)
+            total += t.est_s + sum(s.est_s for s in added)
         return batch
+
+    def _siblings(self, batch: list[Task], node: int, width: int, worker: str, max_batch: int) -> list[Task]:
+        """Append the waiting cases of batch[-1]'s config that may run here; the rest go back."""
+        added = []
+        for sib in self.dispatcher.siblings(batch[-1], node):
+            if len(batch) >= max_batch or sib.tp != width or sib.id in self.singles or self.avoid(sib.id) == worker:
+                self.dispatcher.requeue(sib)
+                continue
+            self.taken(sib)
+            batch.append(sib)
+            added.append(sib)
+        return added
 
     # -- outcomes -------------------------------------------------------------------------------
 

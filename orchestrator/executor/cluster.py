@@ -47,6 +47,9 @@ class NodeSlots:
     # workers rather than eight, a tp 4 gang alone. Fewer processes each import torch, warm up and
     # build their sessions once for more cases. 0 = no cap (GPU slots, or --workers given).
     cores: int = 0
+    # The node's CPUs as Ray counts them: GPU workers divide them between the node's slots
+    # (threads.worker_threads). 0: unknown (one thread per worker).
+    cpus: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,16 @@ class ClusterInfo:
         if self.device_kind == DeviceKind.CPU:
             return f"no GPU: CPU workers, graphs emulated ({self.total_slots} workers on {len(self.nodes)} node(s))"
         per = f", {self.workers_per_gpu} per GPU" if self.workers_per_gpu > 1 else ""
-        return f"{self.total_slots} GPU worker(s){per} on {len(self.nodes)} node(s)"
+        return f"{self.total_slots} GPU worker(s){per} on {len(self.nodes)} node(s), {self.threads_note()}"
+
+    def threads_note(self) -> str:
+        """The torch threads each GPU worker runs (threads.worker_threads), per distinct node shape:
+        '4 torch threads each (16 cores / 4 workers)'."""
+        from orchestrator.executor.threads import worker_threads
+
+        shapes = sorted({(n.cpus, n.slots) for n in self.nodes})
+        parts = [f"{worker_threads(c, s, 1)} torch threads each ({c or '?'} cores / {s} workers)" for c, s in shapes]
+        return "; ".join(parts)
 
     def describe_devices(self) -> str:
         if self.device_kind == DeviceKind.GPU and self.workers_per_gpu > 1:
@@ -110,7 +122,7 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
             k = min(int(n["Resources"].get("GPU", 0)) * per_gpu, left)
             left -= k
             if k > 0:
-                out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k))
+                out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k, cpus=int(n["Resources"].get("CPU", 0))))
         return tuple(out)
     total_cpu = sum(n["Resources"].get("CPU", 0) for n in alive)
     want = min(workers if workers is not None else default_cpu_workers(int(total_cpu), min_slots), cap)
@@ -129,7 +141,7 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
     for n, k in zip(alive, counts):
         if k > 0:
             cores = int(n["Resources"].get("CPU", 0)) if workers is None else 0
-            out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k, cores))
+            out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k, cores, cpus=int(n["Resources"].get("CPU", 0))))
     return tuple(out)
 
 

@@ -25,12 +25,12 @@ from orchestrator.executor import gangs
 from orchestrator.executor.actors import read_tail
 from orchestrator.executor.attempts import Action, Attempts, batch_deadline_s, classify
 from orchestrator.executor.cluster import ClusterInfo
-from orchestrator.executor.config import Deferral, ExecConfig, group_key
+from orchestrator.executor.config import Deferral, ExecConfig, config_key, group_key
 from orchestrator.executor.gangs import Gang, GangState
 from orchestrator.executor.pool import ChoiceKind, GangPool
 from orchestrator.executor.sharing import SharedCluster
 from orchestrator.executor.verdicts import NODE_DEATH, ErrorKind, first_line
-from orchestrator.scheduling.cost import estimate_all
+from orchestrator.scheduling.cost import estimate_all, grouped_estimates
 from orchestrator.scheduling.policy import Dispatcher, Task
 
 __all__ = ["Deferral", "ExecConfig", "Executor", "JobKind", "group_key"]
@@ -101,7 +101,8 @@ class Executor:
 
     def run(self, cases: Sequence[Case]) -> dict[str, CaseResult]:
         """Run every case once (plus retries); returns case_id -> final result."""
-        est = estimate_all(cases, self.history)
+        # A config's later modes are cheap once they follow its first on one worker (Attempts.batch).
+        est = grouped_estimates(cases, estimate_all(cases, self.history), config_key, self.history)
         tasks, skipped = [], []
         for c in cases:
             reason = self.pool.too_wide(c)
@@ -109,7 +110,8 @@ class Executor:
                 skipped.append((c, reason))
                 continue
             later = self.deferral is not None and c.backend in self.deferral.backends
-            tasks.append(Task(c.case_id, self.pool.case_width(c), est[c.case_id], group_key(c), tier=int(later)))
+            tasks.append(Task(c.case_id, self.pool.case_width(c), est[c.case_id], group_key(c), tier=int(later),
+                              config=config_key(c)))
         self.dispatcher = Dispatcher(tasks, self.pool.slots)
         self.attempts = Attempts({c.case_id: c for c in cases}, self.dispatcher, retries=self.config.retries,
                                  unit=self.pool.unit)
@@ -207,7 +209,8 @@ class Executor:
         if choice.kind == ChoiceKind.WAIT:
             return None
         tp = self.attempts.cases[task.id].tp
-        gang, ready = gangs.place(self.pool.spec(tp, task.tp, self.log_dir), node, self.cluster.nodes[node].node_id)
+        spec = self.pool.spec(tp, task.tp, self.log_dir, node)
+        gang, ready = gangs.place(spec, node, self.cluster.nodes[node].node_id)
         self.pool.gangs.append(gang)
         self.jobs.append(_Job(JobKind.PLACE, gang, [ready], time.monotonic() + self.config.placement_timeout_s, []))
         return gang

@@ -41,6 +41,7 @@ class GangSpec:
     cpu_per_worker: float = 0.25
     gpu_share: float = 1.0  # of one GPU per rank (--workers-per-gpu N: 1 / N for a tp 1 worker)
     memory: tuple[tuple[str, object], ...] = ()  # the actors' MemoryBudget items (pool.GangPool.memory)
+    threads: int = 1  # torch/OMP threads per rank: its share of the node's cores (threads.worker_threads)
 
     def bundle(self) -> dict[str, float]:
         return {"GPU": self.gpu_share} if self.device_kind == DeviceKind.GPU else {"CPU": self.cpu_per_worker}
@@ -105,7 +106,7 @@ def start_actors(gang: Gang) -> list[Any]:
     gpu = spec.device_kind == DeviceKind.GPU
     resources = {"num_gpus": spec.gpu_share, "num_cpus": 0} if gpu else {"num_cpus": spec.cpu_per_worker}
     cls = ray.remote(CaseWorker)
-    env = actor_env(spec.device_kind)  # applied by the actor itself: no runtime_env (start-up)
+    env = actor_env(spec.device_kind, spec.threads)  # applied by the actor itself: no runtime_env (start-up)
     for rank in range(spec.tp):
         label = f"{spec.device_kind}-g{gang.id}r{rank}"
         actor = cls.options(

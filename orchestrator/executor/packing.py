@@ -19,6 +19,11 @@ from orchestrator.errors import InputError
 
 GiB = 1024**3
 MAX_PER_GPU = 8
+# `auto` leaves each worker at least this many of the host's cores for its torch threads (every GPU
+# worker runs its share of the node's cores: threads.worker_threads). In the issue's H100 runs of
+# the torch slice with the threads set by hand, 4 workers of 4 threads beat 8 workers of 2 (cases
+# phase 74 s against 93 s on 16 cores): a case's host work is a few threaded ops at a time.
+MIN_THREADS_PER_WORKER = 4
 DEFAULT_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default (backend/harness/memory.py)
 # What a worker holds beyond its largest case's needs: its CUDA context and kernels (~0.5 GiB),
 # the allocator's fragmentation and a second session while the first is evicted.
@@ -122,14 +127,17 @@ class Packing:
 def auto_per_gpu(need: WorkerNeed, device_bytes: int | None, utilization: float, cores: int, gpus: int) -> Packing:
     """Workers per GPU for `auto`: as many as the device's budget holds at the median recorded
     need (cases that need more run on wider workers: slot_width), no more than the host's cores
-    allow (one per worker, one left for the driver and Ray), at most MAX_PER_GPU."""
+    allow (MIN_THREADS_PER_WORKER each; a host too small for two such workers per GPU: one per
+    core, one left for the driver and Ray), at most MAX_PER_GPU."""
     if gpus < 1:
         return Packing(1, "no GPU")
     if not need.bytes or not device_bytes:
         why = need.describe() if not need.bytes else "the device's memory is unknown here"
         return Packing(1, f"1 per GPU: {why}")
     by_memory = int(device_bytes * utilization // worker_bytes(need.sized()))
-    by_cores = max(1, (cores - 1) // gpus)
+    by_cores = max(1, cores // (gpus * MIN_THREADS_PER_WORKER))
+    if by_cores < 2:  # a small host: the old rule (cores - 1 workers, one thread each)
+        by_cores = max(1, (cores - 1) // gpus)
     n = max(1, min(by_memory, by_cores, MAX_PER_GPU))
     return Packing(n, f"{n} per GPU: memory allows {by_memory} ({need.describe()}; "
                       f"{device_bytes / GiB:.0f} GiB x {utilization:g}), cores {by_cores}, cap {MAX_PER_GPU}")

@@ -21,6 +21,7 @@ from orchestrator.executor import gangs
 from orchestrator.executor.cluster import ClusterInfo, DeviceKind
 from orchestrator.executor.gangs import Gang, GangSpec, GangState
 from orchestrator.executor.packing import slot_width
+from orchestrator.executor.threads import CPU_WORKER_THREADS, worker_threads
 
 if TYPE_CHECKING:
     from orchestrator.executor.config import ExecConfig
@@ -91,9 +92,18 @@ class GangPool:
         return (("utilization", self.config.gpu_memory_utilization), ("share", share),
                 ("device_bytes", self.config.gpu_memory_bytes))
 
-    def spec(self, tp: int, width: int, log_dir: str) -> GangSpec:
+    def threads(self, node: int, tp: int, width: int) -> int:
+        """Torch threads for each rank of a gang placed on `node` (threads.worker_threads): a GPU
+        worker's share of the node's cores by the slots it holds; a CPU worker one."""
+        if not self.gpu:
+            return CPU_WORKER_THREADS
+        n = self.cluster.nodes[node]
+        return worker_threads(n.cpus, n.slots, width if tp == 1 else self.per_gpu)
+
+    def spec(self, tp: int, width: int, log_dir: str, node: int = 0) -> GangSpec:
         return GangSpec(tp, self.cluster.device_kind, self.config.runner, log_dir, self.cluster.cpu_per_worker,
-                        gpu_share=width / self.per_gpu if tp == 1 else 1.0, memory=self.memory(tp, width))
+                        gpu_share=width / self.per_gpu if tp == 1 else 1.0, memory=self.memory(tp, width),
+                        threads=self.threads(node, tp, width))
 
     # -- what is held ---------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ median observed/model ratio, calibrating a matrix to the machine from one earlie
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from backend.case import Case
 
@@ -34,6 +34,13 @@ FP8_FACTOR = 1.3
 ALLREDUCE_S_PER_LAYER_RANK = 2e-4
 # Fraction of the way the model moves toward an observed duration.
 HISTORY_WEIGHT = 0.75
+# What a config's later cudagraph mode costs, as a fraction of its estimate, when it runs right
+# after another mode of the config on the same worker (Dispatcher.siblings): the worker reuses the
+# first mode's step inputs, eager steps, reference and session (backend/harness/checker.py). A
+# factor, not the model's terms: the model prices per-case work, not the host time a memo saves,
+# and the store's timings say what a case cost as it ran, not what it would have cost alone. In
+# the issue's H100 figures a lone case's inputs + eager + reference are about half of it.
+LATER_MODE_FACTOR = 0.5
 
 _DECODE_FULL_MODES = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
@@ -118,4 +125,24 @@ def estimate_all(cases: Sequence[Case], history: Mapping[str, float] | None = No
     for c in cases:
         observed = history.get(c.case_id) if history else None
         out[c.case_id] = blend(model_seconds(c) * scale, observed)
+    return out
+
+
+def grouped_estimates(cases: Sequence[Case], estimates: Mapping[str, float], config_of: Callable[[Case], str],
+                      history: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Estimates once a config's cases run together on one worker (Dispatcher.siblings): the
+    longest of each config keeps its estimate (it pays the shared work), each other case without
+    history LATER_MODE_FACTOR of it. A case with history keeps its blend: its observed duration
+    already says whether it shared work."""
+    by_config: dict[str, list[Case]] = {}
+    for c in cases:
+        by_config.setdefault(config_of(c), []).append(c)
+    out = dict(estimates)
+    for members in by_config.values():
+        if len(members) < 2:
+            continue
+        lead = max(members, key=lambda c: (estimates[c.case_id], c.case_id))
+        for c in members:
+            if c is not lead and not (history and history.get(c.case_id, 0) > 0):
+                out[c.case_id] = estimates[c.case_id] * LATER_MODE_FACTOR
     return out

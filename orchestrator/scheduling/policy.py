@@ -37,6 +37,9 @@ class Task:
     # Dispatched only while no task of a lower tier is waiting that fits (the executor puts cases
     # whose kernels a warm-up is still compiling in tier 1); longest first within a tier.
     tier: int = 0
+    # Cases that share eager steps and the reference on one worker (a config's cudagraph modes:
+    # the harness memoises them per session): Dispatcher.siblings hands them out together.
+    config: str = ""
 
 
 def _validate(tasks: Sequence[Task], nodes: Sequence[int]) -> None:
@@ -123,6 +126,10 @@ class Dispatcher:
         self._flat = False  # lift_tiers() was called: every task ranks as tier 0
         self._ranked = {k: _Ranked(ts, alive) for k, ts in by_kind.items()}  # (tier, tp) -> waiting
         self._groups = {k: _Ranked(ts, alive) for k, ts in by_group.items()}
+        self._configs: dict[str, list[Task]] = {}  # config -> its tasks, longest first
+        for t in sorted(tasks, key=lambda t: (-t.est_s, t.id)):
+            if t.config:
+                self._configs.setdefault(t.config, []).append(t)
         # Requeued tasks (retries, and the executor giving back what did not suit a batch): a
         # max-heap per (tier, tp), entries (-est, token, task), live while _live[id] == token.
         self._requeued: dict[tuple[int, int], list[tuple[float, int, Task]]] = {}
@@ -241,6 +248,20 @@ class Dispatcher:
         t = self._pick(free_gpus, last_group)
         return self._take(t, node, now) if t is not None else None
 
+    def siblings(self, task: Task, node: int, now: float | None = None) -> list[Task]:
+        """Take the waiting tasks of `task`'s config that fit where it runs (same tp, not
+        requeued: a retry goes wherever it may), longest first, for the same worker: the first
+        of them paid the config's eager steps and reference, the others reuse them (the cost
+        model prices them so: cost.grouped_estimates). [] for a task of no config."""
+        if not task.config:
+            return []
+        now = time.monotonic() if now is None else now
+        out = []
+        for t in self._configs.get(task.config, ()):
+            if t.id != task.id and t.tp == task.tp and self._live.get(t.id) == 0:
+                out.append(self._take(t, node, now))
+        return out
+
     def _take(self, t: Task, node: int, now: float) -> Task:
         del self._live[t.id]
         self._waiting_gpu_s -= t.est_s * t.tp
@@ -328,6 +349,10 @@ class _StaticDispatcher:
 
     def _assign(self, tasks: Sequence[Task]) -> list[tuple[Task, tuple[int, int]]]:
         raise NotImplementedError
+
+    def siblings(self, task: Task, node: int, now: float | None = None) -> list[Task]:
+        """The anchors decide every task's GPU up front: nothing moves with its config."""
+        return []
 
     def _slots(self) -> list[tuple[int, int]]:
         return [(n, g) for n, count in enumerate(self.nodes) for g in range(count)]

@@ -7,6 +7,10 @@ node and for every node that was told None (a decline can be lifted by a complet
 Static dispatchers (`node_local = True`) only change their answer for a node when that node's own
 tasks finish, so only that node is asked; that keeps 20k-case runs fast.
 It does not credit graph reuse (same-group tasks run no faster): the comparison is about packing.
+Work shared within a config (its cudagraph modes' eager steps and reference) is modelled when the
+tasks carry a config and `alone` durations are given: the dispatcher's `siblings` run right after
+the task they follow on the same GPUs at their `true` (cheap) duration; a config task that runs
+without its config's first before it on that worker costs its `alone` duration.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.scheduling.cost import LATER_MODE_FACTOR
 from orchestrator.scheduling.policy import Task, make_dispatcher
 
 # Share of cases per tp size in the synthetic matrix (most cases are tp1; gangs are the minority
@@ -72,13 +77,18 @@ def simulate(
     nodes: Sequence[int],
     policy: str,
     true_durations: Mapping[str, float],
+    alone: Mapping[str, float] | None = None,
+    group: bool = True,
 ) -> SimResult:
-    """Run `policy` over `tasks` on `nodes` (GPUs per node); tasks take `true_durations[id]`."""
+    """Run `policy` over `tasks` on `nodes` (GPUs per node); tasks take `true_durations[id]`.
+    `alone`: what a config's task costs when it does not follow another of its config on its
+    worker (config_workload); `group` False: the config's siblings are not taken together."""
     dispatcher = make_dispatcher(policy, tasks, nodes)
+    alone = alone or {}
     node_local = getattr(dispatcher, "node_local", False)
     free = list(nodes)
     last_group: list[str | None] = [None] * len(nodes)
-    events: list[tuple[float, int, int, Task]] = []
+    events: list[tuple[float, int, int, list[Task]]] = []
     seq = 0
     waiting: set[int] = set()  # nodes with free GPUs that were last told None
     busy_gpu_s = 0.0
@@ -95,9 +105,10 @@ def simulate(
                 raise AssertionError(f"{policy} gave {t.id} (tp={t.tp}) to node {node} with {free[node]} free")
             free[node] -= t.tp
             last_group[node] = t.group
-            d = true_durations[t.id]
+            job = [t, *(dispatcher.siblings(t, node, now=now) if group and t.config else ())]
+            d = alone.get(t.id, true_durations[t.id]) + sum(true_durations[s.id] for s in job[1:])
             busy_gpu_s += d * t.tp
-            heapq.heappush(events, (now + d, seq, node, t))
+            heapq.heappush(events, (now + d, seq, node, job))
             seq += 1
         waiting.discard(node)
 
@@ -105,17 +116,18 @@ def simulate(
         fill(n)
     makespan = 0.0
     while events:
-        now, _, node, t = heapq.heappop(events)
+        now, _, node, job = heapq.heappop(events)
         makespan = now
-        free[node] += t.tp
-        dispatcher.done(t, true_durations[t.id])
+        free[node] += job[0].tp
+        for t in job:
+            dispatcher.done(t, true_durations[t.id])
         fill(node)
         if not node_local and dispatcher.remaining():
             for n in sorted(waiting):
                 fill(n)
     if dispatcher.remaining():
         raise AssertionError(f"{policy} left {dispatcher.remaining()} tasks undispatched with every GPU idle")
-    lb = lower_bound(tasks, nodes, true_durations)
+    lb = lower_bound(tasks, nodes, _best_case(tasks, true_durations, alone))
     util = busy_gpu_s / (makespan * sum(nodes)) if makespan > 0 else 0.0
     return SimResult(policy, makespan, lb, makespan / lb if lb > 0 else 1.0, util)
 
@@ -142,3 +154,38 @@ def synthetic_workload(
         tasks.append(t)
         true[t.id] = est * (rng.lognormvariate(0.0, sigma) if sigma > 0 else 1.0)
     return tasks, true
+
+
+def _best_case(tasks: Sequence[Task], true: Mapping[str, float], alone: Mapping[str, float]) -> dict[str, float]:
+    """Durations no schedule can beat: every config's first task alone, its others shared."""
+    out = dict(true)
+    firsts: dict[str, Task] = {}
+    for t in tasks:
+        if t.config and t.id in alone:
+            best = firsts.get(t.config)
+            if best is None or alone[t.id] - true[t.id] < alone[best.id] - true[best.id]:
+                firsts[t.config] = t
+    for t in firsts.values():
+        out[t.id] = alone[t.id]
+    return out
+
+
+def config_workload(n_configs: int, modes: int, seed: int = 0, sigma: float = 0.5, max_tp: int = 8,
+                    later_factor: float = LATER_MODE_FACTOR) -> tuple[list[Task], dict[str, float], dict[str, float]]:
+    """synthetic_workload's configs, each as `modes` cudagraph modes of one estimate: a mode that
+    follows another of its config on the same worker takes `later_factor` of its duration (the
+    memoised eager steps and reference), one that runs first or alone all of it. Returns (tasks,
+    true durations when shared, durations alone); the estimates are grouped as the executor's
+    (cost.grouped_estimates: the first mode full, the others `later_factor`)."""
+    base, base_true = synthetic_workload(n_configs, seed, sigma, max_tp)
+    tasks: list[Task] = []
+    true: dict[str, float] = {}
+    alone: dict[str, float] = {}
+    for b in base:
+        for m in range(modes):
+            factor = 1.0 if m == 0 else later_factor
+            t = Task(id=f"{b.id}-m{m}", tp=b.tp, est_s=b.est_s * factor, group=b.group, config=b.id)
+            tasks.append(t)
+            alone[t.id] = base_true[b.id]
+            true[t.id] = base_true[b.id] * later_factor
+    return tasks, true, alone

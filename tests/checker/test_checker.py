@@ -10,6 +10,7 @@ import torch
 from backend.case import BatchSpec
 from backend.harness import checker, step_data  # tests patch their internals
 from backend.harness.checker import PHASES, SessionCache, run_case
+from backend.harness.timing import NAMED, finish_timings
 from backend.result import CORE_CHECKS, Status
 from tests.checker.conftest import DECODE, MIXED, TINY, make_case
 
@@ -40,8 +41,8 @@ def test_result_records_everything(sessions):
     assert r.provider == "torch"
     assert (r.device.startswith("NVIDIA") or "cuda" in r.device) if on_gpu else r.device == "cpu", r.device
     assert r.capture_sizes_used[0] == 8 and len(r.capture_sizes_used) == case.steps
-    assert set(r.timings) == {"capture_s", "eager_step_s", "replay_step_s", "total_s", "eager_shared_steps",
-                              "graph_shared_steps", *PHASES}
+    assert set(r.timings) == {"capture_s", "eager_step_s", "replay_step_s", "total_s", "other_s",
+                              "eager_shared_steps", "graph_shared_steps", *PHASES}
     assert {"torch", "python", "orch"} <= set(r.versions)
     assert r.repro == case.repro_command() and r.axes == case.axes
     replay = next(c for c in r.checks if c.name == "replay")
@@ -357,3 +358,30 @@ def test_reference_rounds_the_query_of_a_backend_that_declares_an_fp8_query():
     # kv auto: nothing is rounded, nothing is declared
     assert _attn_reference_error("tests.mutants.fp8_query:QueryFp8Declared", "auto") == \
         _attn_reference_error("torch", "auto")
+
+
+@pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
+def test_the_phases_name_every_millisecond(mode):
+    """A case's total is its named phases plus other_s, and other_s is a small rest: a fresh
+    session (built, captured) and the next mode of the config (memoised eager and reference)."""
+    cache = SessionCache(capacity=1)
+    for m in (mode, "FULL"):
+        t = run_case(make_case("torch", m, "auto", MIXED), sessions=cache).timings
+        named = sum(t[k] for k in NAMED)
+        assert abs(named + t["other_s"] - t["total_s"]) < 1e-9, t
+        assert 0 <= t["other_s"] <= 0.1 * t["total_s"] + 0.005, t
+
+
+FINISH = [
+    # (name, named phases, total, other_s)
+    ("the rest is other", {"capture_s": 0.1, "eager_s": 0.2}, 0.4, 0.1),
+    ("nothing named", {}, 0.3, 0.3),
+    ("device phases past the host's total: 0", {"replay_s": 0.5}, 0.4, 0.0),
+    ("unnamed keys are not phases", {"eager_step_s": 0.3, "checks_s": 0.1}, 0.2, 0.1),
+]
+
+
+@pytest.mark.parametrize("name,timings,total,other", FINISH, ids=[f[0] for f in FINISH])
+def test_finish_timings(name, timings, total, other):
+    out = finish_timings(timings, total)
+    assert out["total_s"] == total and out["other_s"] == pytest.approx(other)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 from backend.result import CaseResult, Status
@@ -22,8 +23,10 @@ def run(case, *, rank: int = 0, world_size: int = 1, device=None, **_):
     ctx = ray.get_runtime_context()
     gpus = [str(g) for g in ctx.get_accelerator_ids().get("GPU", ())]
     share = ctx.get_assigned_resources().get("GPU", 0.0)
+    torch = sys.modules.get("torch")  # preloaded by Ray's workers in the threads test only
     line = {"case": case.case_id, "tp": case.tp, "rank": rank, "pid": os.getpid(), "gpus": gpus, "share": share,
-            "start": start, "end": time.time()}
+            "start": start, "end": time.time(), "omp": os.environ.get("OMP_NUM_THREADS"),
+            "torch_threads": torch.get_num_threads() if torch is not None else None}
     with open(os.environ["ORCH_PACKING_LOG"], "a") as f:
         f.write(json.dumps(line) + "\n")
     if case.case_id in os.environ.get("ORCH_PACKING_OOM", "").split(",") and share < 1.0:

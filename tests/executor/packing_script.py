@@ -19,12 +19,15 @@ import sys
 def main() -> None:
     per_gpu, log = int(sys.argv[1]), sys.argv[2]
     wide = sys.argv[3:] == ["wide"]
+    # `threads`: 12 cores and torch preloaded in Ray's workers (as `orch run`'s cluster does), so
+    # each worker's torch threads show its share of the cores (tests/executor/test_threads.py).
+    threads = sys.argv[3:] == ["threads"]
     os.environ["ORCH_PACKING_LOG"] = log  # before ray.init: the workers inherit the raylet's env
     from orchestrator.matrix import load_matrix
 
     m = load_matrix("matrices/smoke.yaml", devices="cpu")
-    tp1 = [c for c in m.cases if c.tp == 1][: 8 if wide else 16]
-    tp2 = [] if wide else [c for c in m.cases if c.tp == 2][:2]
+    tp1 = [c for c in m.cases if c.tp == 1][: 8 if wide else 4 if threads else 16]
+    tp2 = [] if wide else [c for c in m.cases if c.tp == 2][: 1 if threads else 2]
     if wide:
         os.environ["ORCH_PACKING_OOM"] = tp1[1].case_id
     import ray
@@ -33,14 +36,15 @@ def main() -> None:
     from orchestrator.executor.cluster import connect
     from orchestrator.executor.executor import ExecConfig, Executor
 
-    ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, object_store_memory=256 * 1024**2,
-             log_to_driver=False)
+    extra = {"_system_config": {"preload_python_modules": ["torch"]}} if threads else {}
+    ray.init(address="local", num_cpus=12 if threads else 4, num_gpus=2, include_dashboard=False,
+             object_store_memory=256 * 1024**2, log_to_driver=False, **extra)
     specs = []
     real_start = gangs.start_actors
 
     def recording(gang):
         specs.append({"tp": gang.spec.tp, "gpu_share": gang.spec.gpu_share, "bundle": gang.spec.bundle(),
-                      "memory": dict(gang.spec.memory)})
+                      "memory": dict(gang.spec.memory), "threads": gang.spec.threads})
         return real_start(gang)
 
     gangs.start_actors = recording

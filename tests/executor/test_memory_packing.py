@@ -131,17 +131,18 @@ def test_slot_width(name, need, device, util, per_gpu, expected):
 NEED = WorkerNeed(bytes=int(10 * GiB), case_id="tp1-FULL-auto-decode_64-torch-s0", recorded=10, cases=12)
 AUTO = [
     # (name, need, device bytes, utilization, cores, gpus, expected workers per GPU)
-    ("H100, 16 cores: memory allows 5", NEED, 80 * GiB, 0.9, 16, 1, 5),
-    ("H200: memory allows 9, the cap is 8", NEED, 141 * GiB, 0.9, 16, 1, 8),
-    ("few cores: the cores decide", NEED, 141 * GiB, 0.9, 4, 1, 3),
-    ("8 GPUs sharing 64 cores: memory allows 5, cores 7", NEED, 80 * GiB, 0.9, 64, 8, 5),
+    ("H100, 16 cores: memory allows 5, cores 4 of 4 threads", NEED, 80 * GiB, 0.9, 16, 1, 4),
+    ("H200, 64 cores: memory allows 9, the cap is 8", NEED, 141 * GiB, 0.9, 64, 1, 8),
+    ("few cores: one thread each, one core left", NEED, 141 * GiB, 0.9, 4, 1, 3),
+    ("8 GPUs sharing 128 cores: memory allows 5, cores 4", NEED, 80 * GiB, 0.9, 128, 8, 4),
+    ("8 GPUs sharing 256 cores: memory allows 5", NEED, 80 * GiB, 0.9, 256, 8, 5),
     ("24 GiB card: one", NEED, 24 * GiB, 0.9, 16, 1, 1),
     ("nothing recorded: one", WorkerNeed(0, "", 0, 12), 80 * GiB, 0.9, 16, 1, 1),
     ("device size unknown: one", NEED, None, 0.9, 16, 1, 1),
     # Sized for the median case (the H100's families: most cases need 2-5 GiB, a few 17-21): the
     # large ones take several shares (slot_width) instead of every worker being sized for them.
     ("median 4 GiB, largest 20: sized for the median", WorkerNeed(int(20 * GiB), "big", 10, 10, int(4 * GiB)),
-     80 * GiB, 0.9, 16, 1, 8),
+     80 * GiB, 0.9, 64, 1, 8),
 ]
 
 

@@ -29,7 +29,7 @@ SHIPPED = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, 
 MATRICES = [p for p in SHIPPED if not _is_known_failures(os.path.join(REPO, p))]
 # Hiding vllm changes only what a `vllm:` backend resolves to: the matrices naming one load both ways
 # (with vllm importable: skipped where it is not), the others with vllm as it is here, the same load.
-NAMES_VLLM = [p for p in MATRICES if "vllm:" in open(os.path.join(REPO, p)).read()]  # noqa: SIM115
+NAMES_VLLM = [p for p in MATRICES if "vllm:" in open(os.path.join(REPO, p)).read()]
 CASES = ([(m, "vllm as here") for m in MATRICES if m not in NAMES_VLLM]
          + [(m, state) for m in NAMES_VLLM for state in ("vllm importable", "vllm hidden")])
 

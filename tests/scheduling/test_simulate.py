@@ -116,3 +116,24 @@ def test_cli_bad_input_exits_2_with_one_line(capsys, args, message):
     assert orch(["simulate", "--cases", "10", *args] if "--cases" not in args else ["simulate", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_a_configs_modes_kept_together_share_their_work():
+    """Configs of 5 modes whose later modes cost half after the first on one worker: ours keeps
+    each config together and stays near the bound; without that every mode pays the whole."""
+    from orchestrator.scheduling.simulate import config_workload
+
+    tasks, true, alone = config_workload(100, 5, seed=3, sigma=0.5, max_tp=8)
+    grouped = simulate(tasks, [8] * 2, "ours", true, alone)
+    scattered = simulate(tasks, [8] * 2, "ours", true, alone, group=False)
+    assert grouped.ratio <= 1.05
+    assert grouped.makespan * 1.3 < scattered.makespan
+
+
+def test_simulate_cli_models_configs(capsys):
+    assert orch(["simulate", "--gpus", "8", "--nodes", "1", "--cases", "100", "--modes-per-config", "5",
+                 "--policy", "ours", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert set(rows) == {"ours", "ours-ungrouped"} and rows["ours"]["makespan"] < rows["ours-ungrouped"]["makespan"]
+    assert orch(["simulate", "--cases", "4", "--modes-per-config", "0"]) == 2
+    assert "--modes-per-config" in capsys.readouterr().err

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The gate at GPU speed, on the lent GPU machine, in one device call (< 10 min with a warm Triton
+# cache): each slice with one worker per GPU (the default) and with `--workers-per-gpu auto`, side
+# by side, and whether their verdicts are identical.
+#   carry .whl (../shared/tools/device-wheels), then, on a fresh machine:
+#     STEPS=warmup bash benchmarks/gpu_speed.sh     the families' slice once: compiles the Triton
+#                                                   kernels into the cache and records the cases'
+#                                                   memory needs and durations (auto packs by them)
+#   then, on the same warm machine:
+#     bash benchmarks/gpu_speed.sh                  STEPS="torch families" (default)
+# torch     --filter 'tp=1 backend=torch' (245 cases), 1 worker per GPU then auto
+# families  --filter 'tp=1 backend=torch,aiter-triton,aiter-triton-pa' (520 cases), 1 then auto
+# Both runs of a slice start from a copy of the warm-up's store when there is one (the same
+# history and memory needs), else from an empty one. RUN_ARGS: more `orch run` options for every
+# run; AUTO: what the second run of each slice passes to --workers-per-gpu (default auto).
+# For a dry run elsewhere: DEVICES=cpu MATRIX=matrices/smoke.yaml TORCH_FILTER=... FAMILY_FILTER=...
+# Writes $OUT/speed.md (benchmarks/speed_table.py: wall, cases phase, GPU busy, per-phase medians,
+# verdicts 1 vs auto), $OUT/speed.log (each run's worker, time: and last lines) and
+# $OUT/speed.tgz (the stores and logs).
+set -u
+. benchmarks/gpu_env.sh
+R=/tmp/orch-speed; mkdir -p "$R"
+log=$OUT/speed.log
+touch "$log"; gpu_header "$log"
+step() { echo "== $* ($(date -u +%T))" >> "$log"; }
+pack() { tar czf "$OUT/speed.tgz" -C "$R" --exclude='*-out' . 2>/dev/null; }
+TORCH=${TORCH_FILTER:-tp=1 backend=torch}
+FAMILIES=${FAMILY_FILTER:-tp=1 backend=torch,aiter-triton,aiter-triton-pa}
+MATRIX=${MATRIX:-matrices/full.yaml}
+# Per-run limits that keep the four runs inside one 10-minute call (the issue's H100 figures:
+# torch slice 70 s with one worker, families' 151 s).
+declare -A LIMIT=([warmup]=540 [torch]=110 [families]=170)
+STEPS=${STEPS:-torch families}
+orch_run() {  # NAME LIMIT FILTER [ARGS...]: one run into $R/NAME.db, its output in $R/NAME.log
+  local name=$1 limit=$2 filter=$3; shift 3
+  rm -f "$R/$name.db"
+  [ -f "$R/warmup.db" ] && [ "$name" != warmup ] && cp "$R/warmup.db" "$R/$name.db"
+  step "orch run $MATRIX --filter '$filter' ${RUN_ARGS:-} $* ($name)"
+  /usr/bin/time -f "wall %e s, max rss %M KB" timeout "$limit" python3 -m orchestrator.cli run \
+      "$MATRIX" --filter "$filter" --devices "${DEVICES:-gpu}" --db "$R/$name.db" \
+      --known-failures matrices/known-failures.yaml --no-progress --out "$R/$name-out" ${RUN_ARGS:-} "$@" \
+      > "$R/$name.log" 2>&1
+  echo "rc=$?" >> "$R/$name.log"
+  grep -v "^    repro:" "$R/$name.log" | grep -E "GPU worker|workers per GPU|time:|^run [0-9]+|rc=|wall" | tail -6 >> "$log"
+  single_file_db "$R/$name.db"
+}
+
+rows=(); pairs=()
+for s in $STEPS; do
+  case $s in
+    warmup) orch_run warmup "${LIMIT[warmup]}" "$FAMILIES"; rows+=("warmup=$R/warmup.db:$R/warmup.log") ;;
+    torch|families)
+      filter=$TORCH; [ "$s" = families ] && filter=$FAMILIES
+      orch_run "$s-1" "${LIMIT[$s]}" "$filter" --workers-per-gpu 1
+      orch_run "$s-auto" "${LIMIT[$s]}" "$filter" --workers-per-gpu "${AUTO:-auto}"
+      rows+=("$s-1=$R/$s-1.db:$R/$s-1.log" "$s-auto=$R/$s-auto.db:$R/$s-auto.log")
+      pairs+=(--same "$s-1,$s-auto") ;;
+  esac
+  pack
+done
+python3 benchmarks/speed_table.py "${rows[@]}" "${pairs[@]}" --out "$OUT/speed.md" >> "$log" 2>&1
+step done
+pack

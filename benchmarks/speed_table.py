@@ -1,0 +1,98 @@
+"""The speed of `orch run`s side by side, as benchmarks/gpu_speed.sh collects them: a markdown table
+of wall time, cases phase, GPU busy share, per-phase medians, and whether each run's verdicts equal
+its baseline's.
+
+    python benchmarks/speed_table.py NAME=DB:LOG [NAME=DB:LOG ...] [--same A,B ...] [--out table.md]
+
+DB: the run's results store (its latest run); LOG: its `orch run` output (the `time:` line, the
+`wall` line /usr/bin/time appends). --same A,B: compare A's and B's verdicts case by case
+(benchmarks/diff_verdicts.py: status, and the name and outcome of every check).
+Medians are over the run's passing cases, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from backend.harness.timing import NAMED
+from backend.result import Status
+from orchestrator.diff import compare
+from orchestrator.store import ResultStore
+
+MEDIANS = ("total_s", *NAMED, "other_s")
+CASES = re.compile(r"first to last result ([0-9.]+)s")
+BUSY = re.compile(r"(GPU busy [0-9]+%[^;\n]*(?:; NVML [0-9]+%)?\))")
+WALL = re.compile(r"^wall ([0-9.]+) s", re.MULTILINE)
+
+
+def _latest(db: str):
+    with ResultStore(db, readonly=True) as store:
+        rid = store.latest_run_id()
+        if rid is None:
+            raise ValueError(f"{db}: no runs")
+        return store.results(rid)
+
+
+def row(name: str, db: str, log: str) -> list[str]:
+    text = ""
+    if os.path.exists(log):
+        with open(log, errors="replace") as f:
+            text = f.read()
+    results = _latest(db)
+    ran = [r for r in results if r.status != Status.SKIP]
+    passed = [r for r in ran if r.status == Status.PASS]
+    cases, busy, wall = CASES.search(text), BUSY.search(text), WALL.search(text)
+    meds = [f"{statistics.median(r.timings.get(k, 0.0) for r in passed) * 1e3:.0f}" if passed else "-" for k in MEDIANS]
+    return [name, f"{len(ran)}", wall.group(1) if wall else "-", cases.group(1) if cases else "-",
+            busy.group(1) if busy else "n/a", *meds]
+
+
+def same(a: str, b: str) -> str:
+    diff = compare(_latest(a), _latest(b), checks=True)
+    if not diff.changes:
+        return f"identical ({diff.same} cases)"
+    return f"DIFFER in {len(diff.changes)} cases: " + ", ".join(c.case_id for c in diff.changes[:5])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", metavar="NAME=DB:LOG")
+    ap.add_argument("--same", action="append", default=[], metavar="A,B")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+    runs: dict[str, tuple[str, str]] = {}
+    for spec in args.runs:
+        name, _, rest = spec.partition("=")
+        db, _, log = rest.partition(":")
+        runs[name] = (db, log)
+    head = ["run", "cases", "wall s", "cases phase s", "GPU busy",
+            *[f"{k.removesuffix('_s')} ms" for k in MEDIANS]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, (db, log) in runs.items():
+        try:
+            lines.append("| " + " | ".join(row(name, db, log)) + " |")
+        except Exception as e:
+            lines.append(f"| {name} | {type(e).__name__}: {e} |")
+    lines.append("")
+    for pair in args.same:
+        a, _, b = pair.partition(",")
+        try:
+            lines.append(f"- verdicts {a} vs {b}: {same(runs[a][0], runs[b][0])}")
+        except Exception as e:
+            lines.append(f"- verdicts {a} vs {b}: not compared ({type(e).__name__}: {e})")
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
