@@ -14,8 +14,15 @@ from collections.abc import Sequence
 
 from backend.result import CHECK_RANK_CONSENSUS, CaseResult, CheckOutcome, Status
 
-_SEVERITY = {Status.ERROR: 7, Status.TIMEOUT: 6, Status.FAIL: 5, Status.UNVERIFIABLE: 4, Status.FLAKY: 3, Status.SKIP: 1,
-             Status.PASS: 0}
+_SEVERITY = {
+    Status.ERROR: 7,
+    Status.TIMEOUT: 6,
+    Status.FAIL: 5,
+    Status.UNVERIFIABLE: 4,
+    Status.FLAKY: 3,
+    Status.SKIP: 1,
+    Status.PASS: 0,
+}
 # Ranks with these verdicts planned and ran their steps: their plans are comparable. (An error, a
 # timeout or a skip may have stopped a rank before it planned anything.)
 _RAN = frozenset({Status.PASS, Status.FAIL, Status.FLAKY, Status.UNVERIFIABLE})
@@ -28,7 +35,7 @@ def plan_of(r: CaseResult) -> Plan:
 
 
 def _ranks_by(values: Sequence) -> str:
-    """"ranks [0, 2] X, ranks [1] Y" for the ranks' values, in first-rank order."""
+    """ "ranks [0, 2] X, ranks [1] Y" for the ranks' values, in first-rank order."""
     groups: dict = {}
     for rank, v in enumerate(values):
         groups.setdefault(v, []).append(rank)
@@ -74,14 +81,18 @@ def merge_rank_results(results: Sequence[CaseResult]) -> CaseResult:
         timings["total_s"] = max(r.timings["total_s"] for r in results)
     if all("device_s" in r.timings for r in results):  # GPU-seconds: every rank holds its device
         timings["device_s"] = sum(r.timings["device_s"] for r in results)
-    merged = worst.replace(reason=reason.strip(), worker=",".join(r.worker for r in results if r.worker),
-                           timings=timings)
+    merged = worst.replace(
+        reason=reason.strip(), worker=",".join(r.worker for r in results if r.worker), timings=timings
+    )
     if not all(r.status in _RAN for r in results):
         return merged
     check = rank_consensus([plan_of(r) for r in results])
     checks = tuple(c for c in worst.checks if c.name != CHECK_RANK_CONSENSUS) + (check,)
     if check.passed:
         return merged.replace(checks=checks)
-    own = "" if worst.status == Status.FAIL and worst.reason.startswith(CHECK_RANK_CONSENSUS) else \
-        f" (worst rank's own verdict: {merged.status.value}{': ' + merged.reason if merged.reason else ''})"
+    own = (
+        ""
+        if worst.status == Status.FAIL and worst.reason.startswith(CHECK_RANK_CONSENSUS)
+        else f" (worst rank's own verdict: {merged.status.value}{': ' + merged.reason if merged.reason else ''})"
+    )
     return merged.replace(status=Status.FAIL, reason=consensus_reason(check) + own, checks=checks)

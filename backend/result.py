@@ -56,8 +56,17 @@ CHECK_ATTN_REPLAY = "attn_replay"  # graph attention vs eager's, per head
 # owns unchanged, owned slots' new state against the reference's and eager's, the state metadata's
 # padding contract (docs/CHECKER.md "state_integrity"). Reported only by cases of such a family.
 CHECK_STATE_INTEGRITY = "state_integrity"
-CHECK_NAMES = (CHECK_REFERENCE, CHECK_REPLAY, CHECK_FINITE, CHECK_KV_INTEGRITY, CHECK_STATE_INTEGRITY,
-               CHECK_DETERMINISM, CHECK_PADDED_FINITE, CHECK_ATTN_REFERENCE, CHECK_ATTN_REPLAY)
+CHECK_NAMES = (
+    CHECK_REFERENCE,
+    CHECK_REPLAY,
+    CHECK_FINITE,
+    CHECK_KV_INTEGRITY,
+    CHECK_STATE_INTEGRITY,
+    CHECK_DETERMINISM,
+    CHECK_PADDED_FINITE,
+    CHECK_ATTN_REFERENCE,
+    CHECK_ATTN_REPLAY,
+)
 # A tp gang's own check (backend/rank_merge.py), not a rank's: every rank resolved the same mode and
 # dispatched every step to the same graph (vLLM #45094: one pipeline rank PIECEWISE, another NONE).
 CHECK_RANK_CONSENSUS = "rank_consensus"

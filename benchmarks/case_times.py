@@ -32,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k.strip() for k in args.by.split(",") if k.strip()]
     groups: dict[tuple[str, ...], list] = defaultdict(list)
     for r in results:
-        groups[tuple((r.provider or r.axes.get("backend", "?")) if k == "provider" else str(r.axes.get(k, "?"))
-                     for k in keys)].append(r)
+        groups[
+            tuple(
+                (r.provider or r.axes.get("backend", "?")) if k == "provider" else str(r.axes.get(k, "?")) for k in keys
+            )
+        ].append(r)
     total = sum(r.timings.get("total_s", 0.0) for r in results) or 1.0
     head = keys + ["cases", "total_s", "share", "per case"] + [c.removesuffix("_s") for c in COLUMNS] + ["other"]
     print(f"run {run_id}: {len(results)} cases, {total:.1f} s of case time\n")
@@ -42,8 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     for key, rs in rows:
         t = sum(r.timings.get("total_s", 0.0) for r in rs)
         parts = [sum(r.timings.get(c, 0.0) for r in rs) for c in COLUMNS]
-        print("| " + " | ".join(key) + f" | {len(rs)} | {t:.2f} | {100 * t / total:.0f}% | {1000 * t / len(rs):.0f} ms | "
-              + " | ".join(f"{p:.2f}" for p in parts) + f" | {t - sum(parts):.2f} |")
+        print(
+            "| "
+            + " | ".join(key)
+            + f" | {len(rs)} | {t:.2f} | {100 * t / total:.0f}% | {1000 * t / len(rs):.0f} ms | "
+            + " | ".join(f"{p:.2f}" for p in parts)
+            + f" | {t - sum(parts):.2f} |"
+        )
     return 0
 
 

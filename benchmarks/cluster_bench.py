@@ -121,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--devices", default="gpu" if os.path.exists("/dev/nvidia0") else "cpu")
     ap.add_argument("--profile-init", action="store_true")
-    ap.add_argument("--no-preload", action="store_true", help="start Ray without the worker preload (as before fb7ab84)")
+    ap.add_argument(
+        "--no-preload", action="store_true", help="start Ray without the worker preload (as before fb7ab84)"
+    )
     ap.add_argument("--init-kw", default="{}", help="extra ray.init keywords, JSON")
     args = ap.parse_args(argv)
     INIT_KW.update(json.loads(args.init_kw))
@@ -138,12 +140,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {n} | error: {r['error']} |")
                 continue
             rows.append(r)
-            print(f"| {n} | " + " | ".join(f"{r[k]:.2f}" for k in keys) + f" | {r['prestarted']} | "
-                  f"{sum(r[k] for k in keys[:-1]):.2f} |", flush=True)
+            print(
+                f"| {n} | " + " | ".join(f"{r[k]:.2f}" for k in keys) + f" | {r['prestarted']} | "
+                f"{sum(r[k] for k in keys[:-1]):.2f} |",
+                flush=True,
+            )
         if len(rows) > 1:
             med = {k: statistics.median(r[k] for r in rows) for k in keys}
-            print(f"| {n} median | " + " | ".join(f"{med[k]:.2f}" for k in keys) + " | | "
-                  f"{sum(med[k] for k in keys[:-1]):.2f} |")
+            print(
+                f"| {n} median | " + " | ".join(f"{med[k]:.2f}" for k in keys) + " | | "
+                f"{sum(med[k] for k in keys[:-1]):.2f} |"
+            )
     return 0
 
 

@@ -54,12 +54,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = [{"case": c.case_id, "before": c.before, "after": c.after} for c in result.changes]
     if args.json:
-        print(json.dumps({"cases_before": result.cases_before, "cases_after": result.cases_after, "differences": rows}, indent=1))
+        print(
+            json.dumps(
+                {"cases_before": result.cases_before, "cases_after": result.cases_after, "differences": rows}, indent=1
+            )
+        )
     else:
         for r in rows:
             print(f"{r['case']}: {r['before'] or 'absent'} -> {r['after'] or 'absent'}")
-        print(f"{result.cases_before} cases before, {result.cases_after} after, {result.same} with the same verdict, "
-              f"{len(rows)} different")
+        print(
+            f"{result.cases_before} cases before, {result.cases_after} after, {result.same} with the same verdict, "
+            f"{len(rows)} different"
+        )
     return 1 if rows else 0
 
 

@@ -73,9 +73,13 @@ def measure(cluster, cases, history, *, store_path: str | None, group: bool = Tr
     final = Executor(cluster, ExecConfig(runner=RUNNER), history=history, **hooks).run(cases)
     t1 = time.perf_counter()
     assert len(final) == len(cases) and all(r.status == Status.PASS for r in final.values())
-    out = {"cases": len(cases), "total_s": round(t1 - t0, 3), "cases_per_s_total": round(len(cases) / (t1 - t0), 1),
-           "cases_per_s_after_first": round((len(cases) - 1) / max(1e-9, t1 - first[0]), 1),
-           "first_result_s": round(first[0] - t0, 3)}
+    out = {
+        "cases": len(cases),
+        "total_s": round(t1 - t0, 3),
+        "cases_per_s_total": round(len(cases) / (t1 - t0), 1),
+        "cases_per_s_after_first": round((len(cases) - 1) / max(1e-9, t1 - first[0]), 1),
+        "first_result_s": round(first[0] - t0, 3),
+    }
     if store is not None:
         # Every result durable: the store holds exactly one final row per case.
         assert len(store.missing_case_ids(run_id)) == 0 and store.run(run_id).num_results == len(cases)
@@ -84,8 +88,11 @@ def measure(cluster, cases, history, *, store_path: str | None, group: bool = Tr
     return out
 
 
-MODES = {"no_store": {"store": False}, "sqlite_per_result": {"store": True, "group": False},
-         "sqlite_group_commit": {"store": True, "group": True}}
+MODES = {
+    "no_store": {"store": False},
+    "sqlite_per_result": {"store": True, "group": False},
+    "sqlite_group_commit": {"store": True, "group": True},
+}
 
 
 def _one(cluster, mode: str, cases, history, d: str, i: int) -> dict:
@@ -105,8 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or args.cases < 1 or args.repeat < 1 or args.workers < 1:
-        print(f"dispatch_bench: bad arguments ({', '.join(bad) or 'cases, repeat and workers must be >= 1'})",
-              file=sys.stderr)
+        print(
+            f"dispatch_bench: bad arguments ({', '.join(bad) or 'cases, repeat and workers must be >= 1'})",
+            file=sys.stderr,
+        )
         return 2
     from orchestrator.executor.cluster import connect, disconnect
 
@@ -135,12 +144,20 @@ def main(argv: list[str] | None = None) -> int:
                         runs[mode].append({**_one(cluster, mode, cases, history, d, i), "cluster_s": round(up, 3)})
                     finally:
                         disconnect(cluster)
-    out: dict = {"workers": args.workers, "cpus": os.cpu_count(), "load_avg_1m_at_start": load,
-                 "cluster": "shared" if args.shared_cluster else "fresh per measurement", "repeat": args.repeat}
+    out: dict = {
+        "workers": args.workers,
+        "cpus": os.cpu_count(),
+        "load_avg_1m_at_start": load,
+        "cluster": "shared" if args.shared_cluster else "fresh per measurement",
+        "repeat": args.repeat,
+    }
     for mode in modes:
         best = max(runs[mode], key=lambda r: r["cases_per_s_total"])
-        out[mode] = {**best, "all_cases_per_s_total": [r["cases_per_s_total"] for r in runs[mode]],
-                     "all_cases_per_s_after_first": [r["cases_per_s_after_first"] for r in runs[mode]]}
+        out[mode] = {
+            **best,
+            "all_cases_per_s_total": [r["cases_per_s_total"] for r in runs[mode]],
+            "all_cases_per_s_after_first": [r["cases_per_s_after_first"] for r in runs[mode]],
+        }
     print(json.dumps(out, indent=2))
     if os.environ.get("OUT"):
         os.makedirs(os.environ["OUT"], exist_ok=True)

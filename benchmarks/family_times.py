@@ -33,11 +33,24 @@ def table(results) -> dict:
         counts = defaultdict(int)
         for r in rs:
             counts[r.status.value] += 1
-        rows[f"{family}/{provider}"] = {"family": family, "provider": provider, "cases": len(rs), **counts,
-                                        "mean_s": statistics.fmean(ran) if ran else None,
-                                        "median_s": statistics.median(ran) if ran else None}
-    mean = lambda fam: statistics.fmean([t for r in results if (r.axes.get("attention") or "gqa") == fam
-                                         and r.status.value != "skip" for t in [r.timings.get("total_s")] if t] or [0])
+        rows[f"{family}/{provider}"] = {
+            "family": family,
+            "provider": provider,
+            "cases": len(rs),
+            **counts,
+            "mean_s": statistics.fmean(ran) if ran else None,
+            "median_s": statistics.median(ran) if ran else None,
+        }
+    mean = lambda fam: statistics.fmean(
+        [
+            t
+            for r in results
+            if (r.axes.get("attention") or "gqa") == fam and r.status.value != "skip"
+            for t in [r.timings.get("total_s")]
+            if t
+        ]
+        or [0]
+    )
     base = mean("gqa")
     ratios = {fam: (mean(fam) / base if base else None) for fam in sorted({v["family"] for v in rows.values()})}
     return {"rows": rows, "mean_s_by_family": {f: mean(f) for f in ratios}, "ratio_to_gqa": ratios}
@@ -62,13 +75,21 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(t, indent=1))
         return 0
-    print(f"{'family/provider':34} {'cases':>5} {'pass':>5} {'fail':>4} {'err':>4} {'skip':>5} {'mean s':>8} {'median s':>8}")
+    print(
+        f"{'family/provider':34} {'cases':>5} {'pass':>5} {'fail':>4} {'err':>4} {'skip':>5} {'mean s':>8} {'median s':>8}"
+    )
     for key, v in t["rows"].items():
         fmt = lambda x: f"{x:8.3f}" if x is not None else "       -"
-        print(f"{key:34} {v['cases']:5} {v.get('pass', 0):5} {v.get('fail', 0):4} {v.get('error', 0):4} "
-              f"{v.get('skip', 0):5} {fmt(v['mean_s'])} {fmt(v['median_s'])}")
-    print("mean s per case by family: " + ", ".join(f"{f} {m:.3f}" for f, m in t["mean_s_by_family"].items())
-          + "; ratio to gqa: " + ", ".join(f"{f} {r:.2f}" for f, r in t["ratio_to_gqa"].items() if r is not None))
+        print(
+            f"{key:34} {v['cases']:5} {v.get('pass', 0):5} {v.get('fail', 0):4} {v.get('error', 0):4} "
+            f"{v.get('skip', 0):5} {fmt(v['mean_s'])} {fmt(v['median_s'])}"
+        )
+    print(
+        "mean s per case by family: "
+        + ", ".join(f"{f} {m:.3f}" for f, m in t["mean_s_by_family"].items())
+        + "; ratio to gqa: "
+        + ", ".join(f"{f} {r:.2f}" for f, r in t["ratio_to_gqa"].items() if r is not None)
+    )
     return 0
 
 

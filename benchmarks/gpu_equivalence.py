@@ -83,8 +83,12 @@ def emulation_ok(name: str, emulated: str, golden: str) -> bool:
 
 def markdown(golden: dict, emulated: dict[str, str]) -> str:
     descriptions = {p.name: p.description for p in PROGRAMS}
-    lines = [f"Source: {golden['source']} ({golden.get('device') or 'no device'}, torch {golden.get('torch')}).", "",
-             "| probe | what it does | CUDA graph | emulated |", "|---|---|---|---|"]
+    lines = [
+        f"Source: {golden['source']} ({golden.get('device') or 'no device'}, torch {golden.get('torch')}).",
+        "",
+        "| probe | what it does | CUDA graph | emulated |",
+        "|---|---|---|---|",
+    ]
     derived = set(golden.get("derived", ()))
     for name, verdict in golden["verdicts"].items():
         verdict += " (derived)" if name in derived else ""
@@ -119,20 +123,37 @@ def main(argv: list[str] | None = None) -> int:
         for name, verdict in real.items():
             table[name][kind] = verdict
         errors.update({f"{k}/{kind}": v for k, v in real_errors.items()})
-        golden = {"source": "recorded", "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                  "hip": torch.version.hip, "verdicts": real, "errors": real_errors}
+        golden = {
+            "source": "recorded",
+            "device": torch.cuda.get_device_name(0),
+            "torch": torch.__version__,
+            "hip": torch.version.hip,
+            "verdicts": real,
+            "errors": real_errors,
+        }
         args.out.write_text(json.dumps(golden, indent=2) + "\n")
         args.out.with_suffix(".md").write_text(markdown(golden, emulated))
     else:
         golden = json.loads(REPO_GOLDEN.read_text())
 
     disagree = [n for n in table if not emulation_ok(n, emulated[n], golden["verdicts"].get(n, "missing"))]
-    report = {"programs": table, "golden": golden, "disagree": disagree, "errors": errors,
-              "conservative": {k: list(v) for k, v in CONSERVATIVE.items()}}
+    report = {
+        "programs": table,
+        "golden": golden,
+        "disagree": disagree,
+        "errors": errors,
+        "conservative": {k: list(v) for k, v in CONSERVATIVE.items()},
+    }
     (args.out.parent / "probe_comparison.json").write_text(json.dumps(report, indent=2) + "\n")
     repo = json.loads(REPO_GOLDEN.read_text())
-    side = {name: {**verdicts, **({"derived": repo["verdicts"].get(name)} if name in repo.get("derived", {}) else {}),
-                   "agrees": name not in disagree} for name, verdicts in table.items()}
+    side = {
+        name: {
+            **verdicts,
+            **({"derived": repo["verdicts"].get(name)} if name in repo.get("derived", {}) else {}),
+            "agrees": name not in disagree,
+        }
+        for name, verdicts in table.items()
+    }
     (args.out.parent / "probe_verdicts.json").write_text(json.dumps(side, indent=2) + "\n")
 
     width = max(len(p) for p in table)
@@ -141,9 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         mark = "" if name not in disagree else "  <-- emulation disagrees"
         print(f"{name:<{width}}  golden={golden['verdicts'].get(name, 'missing'):<13}  {cells}{mark}")
     derived = golden.get("derived", {})
-    print(f"golden source: {golden['source']}" + (f" ({len(derived)} derived, not recorded)" if derived else "")
-          + f"; {len(table) - len(disagree)}/{len(table)} probes agree; "
-          f"errors: {len(errors)}; wrote {args.out.parent}")
+    print(
+        f"golden source: {golden['source']}"
+        + (f" ({len(derived)} derived, not recorded)" if derived else "")
+        + f"; {len(table) - len(disagree)}/{len(table)} probes agree; "
+        f"errors: {len(errors)}; wrote {args.out.parent}"
+    )
     return 0 if not disagree else 1
 
 

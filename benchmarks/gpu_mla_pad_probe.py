@@ -44,12 +44,30 @@ def run(pad_seq_len: int, device: str = "cuda") -> dict:
     splits = 4
     logits = torch.empty(b, heads, splits, lora + 1, dtype=torch.float32, device=device)
     one = torch.ones(1, dtype=torch.float32, device=device)
-    decode_attention_fwd(q, cache, cache[..., :lora], o, lse, table, seq_lens, logits, splits,
-                         (128 + 64) ** -0.5, page, k_scale=one, v_scale=one, is_mla=True)
+    decode_attention_fwd(
+        q,
+        cache,
+        cache[..., :lora],
+        o,
+        lse,
+        table,
+        seq_lens,
+        logits,
+        splits,
+        (128 + 64) ** -0.5,
+        page,
+        k_scale=one,
+        v_scale=one,
+        is_mla=True,
+    )
     torch.cuda.synchronize()
     nan = torch.isnan(o.float()).flatten(1).float().mean(1).tolist()
-    return {"pad_seq_len": pad_seq_len, "nan_fraction_per_row": nan,
-            "lse_pad_row": float(lse[-1].float().mean()), "finite_real_rows": bool(torch.isfinite(o[:2]).all())}
+    return {
+        "pad_seq_len": pad_seq_len,
+        "nan_fraction_per_row": nan,
+        "lse_pad_row": float(lse[-1].float().mean()),
+        "finite_real_rows": bool(torch.isfinite(o[:2]).all()),
+    }
 
 
 def main(argv=None) -> int:
@@ -58,6 +76,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         import torch
+
         if not torch.cuda.is_available():
             print("gpu_mla_pad_probe: needs a CUDA GPU", file=sys.stderr)
             return 3
@@ -71,11 +90,18 @@ def main(argv=None) -> int:
     stage2 = t._fwd_kernel_stage2
     source = inspect.getsource(getattr(stage2, "fn", stage2))  # a Triton JITFunction wraps the Python one
     rows = [run(0), run(1)]
-    found = rows[0]["nan_fraction_per_row"][-1] == 1.0 and rows[0]["finite_real_rows"] \
+    found = (
+        rows[0]["nan_fraction_per_row"][-1] == 1.0
+        and rows[0]["finite_real_rows"]
         and rows[1]["nan_fraction_per_row"][-1] == 0.0
-    report = {"divides_by_e_sum": "acc / e_sum" in source, "runs": rows,
-              "verdict": "vLLM's stage-2 reduce gives 0/0 = NaN on a seq_len-0 row (its V2 padding); seq_len 1 is "
-                         "finite" if found else "NOT the 0/0 mechanism: look at orch's padding values"}
+    )
+    report = {
+        "divides_by_e_sum": "acc / e_sum" in source,
+        "runs": rows,
+        "verdict": "vLLM's stage-2 reduce gives 0/0 = NaN on a seq_len-0 row (its V2 padding); seq_len 1 is finite"
+        if found
+        else "NOT the 0/0 mechanism: look at orch's padding values",
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))

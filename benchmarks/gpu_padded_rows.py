@@ -44,8 +44,12 @@ def probe(provider: str, kv: str, q: int, n: int, p: int, device: torch.device, 
         return {"status": "skip", "reason": reason}
     qlens, slens = [q] * n, [60 + 5 * i for i in range(n)]
     ks, vs = (0.05, 0.08) if kv == "fp8" else (1.0, 1.0)
-    step = _to(make_step(dataclasses.replace(config, device=torch.device("cpu")), qlens, slens, seed=3,
-                         k_scale=ks, v_scale=vs), device)
+    step = _to(
+        make_step(
+            dataclasses.replace(config, device=torch.device("cpu")), qlens, slens, seed=3, k_scale=ks, v_scale=vs
+        ),
+        device,
+    )
     builder, impl = backend.builder_cls(config), backend.impl_cls(config)
     t, tp = n * q, p * q
     g = torch.Generator().manual_seed(5)
@@ -58,16 +62,33 @@ def probe(provider: str, kv: str, q: int, n: int, p: int, device: torch.device, 
     if device.type == "cuda":
         torch.cuda.synchronize()
     eager = out.clone()
-    r = {"status": "ok", "eager_nonfinite_padded": nonfinite_rows(eager[t:]),
-         "eager_nonfinite_real": nonfinite_rows(eager[:t])}
+    r = {
+        "status": "ok",
+        "eager_nonfinite_padded": nonfinite_rows(eager[t:]),
+        "eager_nonfinite_real": nonfinite_rows(eager[:t]),
+    }
     if provider == "aiter-triton" and device.type == "cuda":  # the kernel alone, without our mask
         from backend.providers.aiter_loader import load_aiter_triton
+
         raw_out = torch.full_like(out, float("nan"))
         load_aiter_triton().unified_attention(
-            q=qq, k=step.kv_cache[0], v=step.kv_cache[1], out=raw_out, cu_seqlens_q=md.query_start_loc,
-            max_seqlen_q=min(config.max_num_tokens, config.max_model_len), seqused_k=md.seq_lens,
-            max_seqlen_k=config.max_model_len, softmax_scale=config.scale, causal=True, window_size=(-1, -1),
-            block_table=md.block_table, softcap=0.0, q_descale=None, k_descale=step.k_scale, v_descale=step.v_scale)
+            q=qq,
+            k=step.kv_cache[0],
+            v=step.kv_cache[1],
+            out=raw_out,
+            cu_seqlens_q=md.query_start_loc,
+            max_seqlen_q=min(config.max_num_tokens, config.max_model_len),
+            seqused_k=md.seq_lens,
+            max_seqlen_k=config.max_model_len,
+            softmax_scale=config.scale,
+            causal=True,
+            window_size=(-1, -1),
+            block_table=md.block_table,
+            softcap=0.0,
+            q_descale=None,
+            k_descale=step.k_scale,
+            v_descale=step.v_scale,
+        )
         torch.cuda.synchronize()
         r["raw_kernel_nonfinite_padded"] = nonfinite_rows(raw_out[t:])
     if device.type != "cuda":
@@ -87,8 +108,11 @@ def probe(provider: str, kv: str, q: int, n: int, p: int, device: torch.device, 
     builder.build(step.batch, tp, p)
     graph.replay()
     torch.cuda.synchronize()
-    r.update(graph_nonfinite_padded=nonfinite_rows(out[t:]), graph_nonfinite_real=nonfinite_rows(out[:t]),
-             replay_vs_eager_max_abs=float((out[:t].float() - eager[:t].float()).abs().max()))
+    r.update(
+        graph_nonfinite_padded=nonfinite_rows(out[t:]),
+        graph_nonfinite_real=nonfinite_rows(out[:t]),
+        replay_vs_eager_max_abs=float((out[:t].float() - eager[:t].float()).abs().max()),
+    )
     return r
 
 
@@ -108,7 +132,9 @@ def main(argv=None) -> int:
                     except Exception as exc:
                         r = {"status": "error", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
                     # raw_kernel_*: AITER's behaviour, reported; the provider's rows are what must be finite
-                    bad += r.get("status") == "error" or any(v for k, v in r.items() if "nonfinite" in k and "raw" not in k)
+                    bad += r.get("status") == "error" or any(
+                        v for k, v in r.items() if "nonfinite" in k and "raw" not in k
+                    )
                     print(f"{provider:14s} {kv:4s} len={model_len} q={q} n={n} P={p} {json.dumps(r)}", flush=True)
     print(f"cells with non-finite rows or errors: {bad}")
     return 1 if bad else 0

@@ -56,15 +56,27 @@ def main() -> int:
     ap.add_argument("--devices", default="auto")
     ap.add_argument("--limit", type=int, default=0, help="first N cases of the ordered slice (0: all)")
     ap.add_argument("--top", type=int, default=30)
-    ap.add_argument("--solo-rank", action="store_true",
-                    help="tp > 1 cases: run rank 0 alone (no gang; verdicts meaningless, costs per rank)")
+    ap.add_argument(
+        "--solo-rank",
+        action="store_true",
+        help="tp > 1 cases: run rank 0 alone (no gang; verdicts meaningless, costs per rank)",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
-    ap.add_argument("--bare", action="store_true",
-                    help="first run the slice unprofiled in fresh sessions: its wall time by provider")
-    ap.add_argument("--kernels", action="store_true",
-                    help="then run the slice again under torch.profiler: device time against wall time")
-    ap.add_argument("--syncs", action="store_true",
-                    help="then run the slice again counting host syncs (torch's sync debug mode) and where")
+    ap.add_argument(
+        "--bare",
+        action="store_true",
+        help="first run the slice unprofiled in fresh sessions: its wall time by provider",
+    )
+    ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="then run the slice again under torch.profiler: device time against wall time",
+    )
+    ap.add_argument(
+        "--syncs",
+        action="store_true",
+        help="then run the slice again counting host syncs (torch's sync debug mode) and where",
+    )
     args = ap.parse_args()
     if args.threads:
         import torch
@@ -82,7 +94,11 @@ def main() -> int:
     totals: dict[str, float] = defaultdict(float)
     profiler = cProfile.Profile()
     t0, cpu0 = time.perf_counter(), time.process_time()
-    print(f"{'case':58} {'status':6} {'total':>7} " + " ".join(f"{p[:-2]:>9}" for p in ("capture_s", *PHASES)) + "   other")
+    print(
+        f"{'case':58} {'status':6} {'total':>7} "
+        + " ".join(f"{p[:-2]:>9}" for p in ("capture_s", *PHASES))
+        + "   other"
+    )
     for case in cases:
         profiler.enable()
         r = run_case(case, sessions=sessions, world_size=case.tp if args.solo_rank else 1)
@@ -94,11 +110,17 @@ def main() -> int:
             totals[name] += v
         totals["other"] += other
         totals["total_s"] += t.get("total_s", 0.0)
-        print(f"{case.case_id:58} {r.status.value:6} {t.get('total_s', 0.0):7.3f} "
-              + " ".join(f"{v:9.3f}" for v in parts) + f" {other:7.3f}" + (f"  {r.reason[:80]}" if r.reason else ""))
+        print(
+            f"{case.case_id:58} {r.status.value:6} {t.get('total_s', 0.0):7.3f} "
+            + " ".join(f"{v:9.3f}" for v in parts)
+            + f" {other:7.3f}"
+            + (f"  {r.reason[:80]}" if r.reason else "")
+        )
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    print(f"\n{len(cases)} cases in {wall:.1f} s ({len(cases) / wall:.2f} cases/s), {cpu:.1f} s of CPU in this "
-          f"process ({cpu / max(len(cases), 1) * 1000:.0f} ms a case, under the profiler); sessions built {sessions.misses}")
+    print(
+        f"\n{len(cases)} cases in {wall:.1f} s ({len(cases) / wall:.2f} cases/s), {cpu:.1f} s of CPU in this "
+        f"process ({cpu / max(len(cases), 1) * 1000:.0f} ms a case, under the profiler); sessions built {sessions.misses}"
+    )
     print("seconds by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(totals.items(), key=lambda kv: -kv[1])))
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.top)
@@ -138,8 +160,10 @@ def bare_pass(cases, solo_rank: bool) -> None:
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        print(f"bare [{label}]: {len(group)} cases in {wall:.2f} s ({wall * 1e3 / max(len(group), 1):.1f} ms a case); "
-              + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
+        print(
+            f"bare [{label}]: {len(group)} cases in {wall:.2f} s ({wall * 1e3 / max(len(group), 1):.1f} ms a case); "
+            + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+        )
     wall = time.perf_counter() - t_all
     print(f"bare: {len(cases)} cases in {wall:.2f} s, no profiler, fresh sessions, sessions built {sessions.misses}\n")
     sessions.clear()
@@ -176,14 +200,18 @@ def kernel_floor(cases, sessions, solo_rank: bool) -> None:
                 by_name[ev.name[:70]] += us
         total_wall += wall
         total_device += device_us / 1e6
-        print(f"\nkernel floor [{label}]: {len(group)} cases, wall {wall:.2f} s under the profiler, device time "
-              f"{device_us / 1e6:.3f} s ({device_us / 1e3 / max(len(group), 1):.2f} ms a case); "
-              f"wall / device = {wall / max(device_us / 1e6, 1e-9):.1f}")
+        print(
+            f"\nkernel floor [{label}]: {len(group)} cases, wall {wall:.2f} s under the profiler, device time "
+            f"{device_us / 1e6:.3f} s ({device_us / 1e3 / max(len(group), 1):.2f} ms a case); "
+            f"wall / device = {wall / max(device_us / 1e6, 1e-9):.1f}"
+        )
         for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:20]:
             print(f"  {us / 1e3:10.2f} ms  {name}")
-    print(f"\nkernel floor: {len(cases)} cases, wall {total_wall:.2f} s under the profiler, device time "
-          f"{total_device:.3f} s ({total_device * 1e3 / max(len(cases), 1):.2f} ms a case); "
-          f"wall / device = {total_wall / max(total_device, 1e-9):.1f}")
+    print(
+        f"\nkernel floor: {len(cases)} cases, wall {total_wall:.2f} s under the profiler, device time "
+        f"{total_device:.3f} s ({total_device * 1e3 / max(len(cases), 1):.2f} ms a case); "
+        f"wall / device = {total_wall / max(total_device, 1e-9):.1f}"
+    )
 
 
 def count_syncs(cases, sessions, solo_rank: bool, top: int) -> None:
@@ -204,7 +232,7 @@ def count_syncs(cases, sessions, solo_rank: bool, top: int) -> None:
         count[0] += 1
         ours = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root + "/backend/")]
         where = ours[-1] if ours else None
-        sites[f"{where.filename[len(root) + 1:]}:{where.lineno} {where.name}" if where else "outside backend/"] += 1
+        sites[f"{where.filename[len(root) + 1 :]}:{where.lineno} {where.name}" if where else "outside backend/"] += 1
 
     groups = _by_provider(cases)
     with warnings.catch_warnings():

@@ -64,8 +64,9 @@ def check(provider: str, spec: str, device: torch.device) -> dict:
     reason = backend.unavailable_reason(device) or "; ".join(backend.unsupported_reasons(config))
     if reason:
         return {"status": "skip", "reason": reason}
-    step = make_step(dataclasses.replace(config, device=torch.device("cpu")), qlens, slens, seed=1,
-                     k_scale=ks, v_scale=vs)
+    step = make_step(
+        dataclasses.replace(config, device=torch.device("cpu")), qlens, slens, seed=1, k_scale=ks, v_scale=vs
+    )
     step = _to(step, device)
     builder, impl = backend.builder_cls(config), backend.impl_cls(config)
     t = sum(qlens)
@@ -78,8 +79,11 @@ def check(provider: str, spec: str, device: torch.device) -> dict:
     impl.forward(q, k, v, step.kv_cache, md, step.k_scale, step.v_scale, out)
     ref = reference_from_cache(step.query, step.kv_cache, step.batch, config.scale, step.k_scale, step.v_scale)
     eager = out[:t].float().clone()
-    result = {"status": "ok", "max_abs_err": (eager - ref).abs().max().item(),
-              "finite": bool(torch.isfinite(out.float()).all())}
+    result = {
+        "status": "ok",
+        "max_abs_err": (eager - ref).abs().max().item(),
+        "finite": bool(torch.isfinite(out.float()).all()),
+    }
     support = backend.cudagraph_support
     decode_only = all(x == 1 for x in qlens)
     if device.type != "cuda":
@@ -130,8 +134,11 @@ def main(argv=None) -> int:
             try:
                 r = check(provider, spec, device)
             except Exception as exc:
-                r = {"status": "error", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0],
-                     "trace": traceback.format_exc()[-2000:]}
+                r = {
+                    "status": "error",
+                    "reason": f"{type(exc).__name__}: {exc}".splitlines()[0],
+                    "trace": traceback.format_exc()[-2000:],
+                }
             results[provider][spec] = r
             line = {k: v for k, v in r.items() if k != "trace"}
             print(f"{provider:16s} {spec:14s} {json.dumps(line)}", flush=True)

@@ -78,8 +78,7 @@ def table(release: str, rows: list[dict]) -> list[str]:
     cols = list(dict.fromkeys((r["kv"], r["batch"]) for r in rows))
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     cell = {(r["mode"], r["kv"], r["batch"]): r for r in rows}
-    out = ["| mode -> resolved | " + " | ".join(f"{kv} {b}" for kv, b in cols) + " |",
-           "|---|" + "---|" * len(cols)]
+    out = ["| mode -> resolved | " + " | ".join(f"{kv} {b}" for kv, b in cols) + " |", "|---|" + "---|" * len(cols)]
     for mode in modes:
         resolved = next((r["resolved"] for r in rows if r["mode"] == mode and r["resolved"]), "")
         cells = []
@@ -101,9 +100,24 @@ def run_release(release: str, a, out_dir: Path, builder) -> tuple[list[dict], di
         paths.insert(0, site)
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
     dest = out_dir / release
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_vllm.py"), "--matrix", a.matrix, "--backend", BACKEND,
-           "--devices", a.devices, "--filter", a.filter, "--mutant", "", "--out-dir", str(dest),
-           "--budget-s", str(a.budget_s)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gpu_vllm.py"),
+        "--matrix",
+        a.matrix,
+        "--backend",
+        BACKEND,
+        "--devices",
+        a.devices,
+        "--filter",
+        a.filter,
+        "--mutant",
+        "",
+        "--out-dir",
+        str(dest),
+        "--budget-s",
+        str(a.budget_s),
+    ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     (out_dir / f"{release}.log").write_text("\n".join(lines) + "\n")
@@ -115,11 +129,29 @@ def run_release(release: str, a, out_dir: Path, builder) -> tuple[list[dict], di
     rows = []
     for row in doc["rows"]:
         versions = by_id.get(row["case_id"], {}).get("versions", {})
-        rows.append({**row, "has_prefill": row["kind"] != "decode", "vllm": versions.get("vllm", ""),
-                     "kernels": versions.get("kernels", "")})
+        rows.append(
+            {
+                **row,
+                "has_prefill": row["kind"] != "decode",
+                "vllm": versions.get("vllm", ""),
+                "kernels": versions.get("kernels", ""),
+            }
+        )
     for s in doc["skipped"]:
-        rows.append({"case_id": s["case_id"], "status": "skip", "reason": s["reason"], "mode": "", "kv": "",
-                     "batch": "", "resolved": "", "has_prefill": False, "vllm": "", "kernels": ""})
+        rows.append(
+            {
+                "case_id": s["case_id"],
+                "status": "skip",
+                "reason": s["reason"],
+                "mode": "",
+                "kv": "",
+                "batch": "",
+                "resolved": "",
+                "has_prefill": False,
+                "vllm": "",
+                "kernels": "",
+            }
+        )
     summary = next((ln for ln in reversed(lines) if ln.startswith("gpu_vllm: gate") or "no runnable" in ln), "")
     return rows, doc, summary
 
@@ -132,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", default="auto", choices=("auto", "cpu", "gpu"))
     ap.add_argument("--install", default=None, help="a folder of wheels (.whl-seed) to install each release from first")
     ap.add_argument("--out-dir", default=os.environ.get("OUT") or "gpu_seed-out")
-    ap.add_argument("--budget-s", type=float, default=230.0, help="per release: no case starts after this (default 230)")
+    ap.add_argument(
+        "--budget-s", type=float, default=230.0, help="per release: no case starts after this (default 230)"
+    )
     a = ap.parse_args(argv)
     releases = [r.strip() for r in a.releases.split(",") if r.strip()]
     builder = _builder()
@@ -141,13 +175,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_seed: --releases {a.releases}: the seed's releases are {RED} and {GREEN}", file=sys.stderr)
         return 2
     if a.install and not Path(a.install).is_dir():
-        print(f"gpu_seed: --install {a.install}: no such folder (build it: python benchmarks/build_vllm_wheel.py --seed)",
-              file=sys.stderr)
+        print(
+            f"gpu_seed: --install {a.install}: no such folder (build it: python benchmarks/build_vllm_wheel.py --seed)",
+            file=sys.stderr,
+        )
         return 2
     missing = [r for r in releases if not a.install and not (Path(builder.site_dir(r)) / "vllm").is_dir()]
     if missing:
-        print(f"gpu_seed: no .vllm-{missing[0]}/ here: build the releases' target dirs first "
-              "(python benchmarks/build_vllm_wheel.py --seed --site), or give --install FOLDER", file=sys.stderr)
+        print(
+            f"gpu_seed: no .vllm-{missing[0]}/ here: build the releases' target dirs first "
+            "(python benchmarks/build_vllm_wheel.py --seed --site), or give --install FOLDER",
+            file=sys.stderr,
+        )
         return 2
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -167,21 +206,26 @@ def main(argv: list[str] | None = None) -> int:
         problems += [f"vllm {release} {case}: {why}" for case, why in misses]
         kernels = ", ".join(sorted({r["kernels"] for r in ran if r["kernels"]})) or "vLLM's"
         verdict = "as expected" if not misses else f"NOT as expected ({len(misses)} cells)"
-        head = (f"## vllm {release}: ROCM_AITER_FA declares {DECLARED[release]}; {len(ran)} cases, "
-                f"{len(fails)} FAIL; kernels: {kernels}; device {doc['device']}; {verdict}")
+        head = (
+            f"## vllm {release}: ROCM_AITER_FA declares {DECLARED[release]}; {len(ran)} cases, "
+            f"{len(fails)} FAIL; kernels: {kernels}; device {doc['device']}; {verdict}"
+        )
         lines = [head, "", *table(release, [r for r in rows if r["status"] != "skip"]), ""]
         lines += [f"- FAIL `{r['case_id']}`: {r['reason']}" for r in fails]
         md += lines + [""]
         print("\n".join(lines), flush=True)
         print(f"({tail})\n", flush=True)
     (out_dir / "gpu_seed.md").write_text("\n".join(md) + "\n")
-    (out_dir / "gpu_seed.json").write_text(json.dumps({"releases": everything, "problems": problems,
-                                                       "wall_s": time.perf_counter() - t0}, indent=1))
+    (out_dir / "gpu_seed.json").write_text(
+        json.dumps({"releases": everything, "problems": problems, "wall_s": time.perf_counter() - t0}, indent=1)
+    )
     for p in problems:
         print(f"gpu_seed: {p}", file=sys.stderr)
     status = "both releases as expected" if not problems else f"{len(problems)} cells not as expected"
-    print(f"gpu_seed: {status}; {time.perf_counter() - t0:.1f} s; wrote {out_dir / 'gpu_seed.md'} and "
-          f"{out_dir / 'gpu_seed.json'}")
+    print(
+        f"gpu_seed: {status}; {time.perf_counter() - t0:.1f} s; wrote {out_dir / 'gpu_seed.md'} and "
+        f"{out_dir / 'gpu_seed.json'}"
+    )
     return 1 if problems else 0
 
 

@@ -82,7 +82,7 @@ def reference(q, k, v, sink, context: int):
     qf, kf, vf = q.float(), k.float(), v.float()
     rep = HEADS // KV_HEADS
     kf, vf = kf.repeat_interleave(rep, dim=1), vf.repeat_interleave(rep, dim=1)
-    s = torch.einsum("qhd,khd->hqk", qf, kf) * D ** -0.5
+    s = torch.einsum("qhd,khd->hqk", qf, kf) * D**-0.5
     pos_q = torch.arange(q.shape[0], device=q.device)[:, None] + context
     pos_k = torch.arange(k.shape[0], device=q.device)[None, :]
     s = s.masked_fill(pos_k > pos_q, float("-inf"))
@@ -102,7 +102,7 @@ def model_fp8_p(q, k, v, sink, context: int, fp8):
     qf, kf, vf = q.float(), k.float(), v.float()
     rep = HEADS // KV_HEADS
     kf, vf = kf.repeat_interleave(rep, dim=1), vf.repeat_interleave(rep, dim=1)
-    s = torch.einsum("qhd,khd->hqk", qf, kf) * D ** -0.5
+    s = torch.einsum("qhd,khd->hqk", qf, kf) * D**-0.5
     pos_q = torch.arange(q.shape[0], device=q.device)[:, None] + context
     pos_k = torch.arange(k.shape[0], device=q.device)[None, :]
     s = s.masked_fill(pos_k > pos_q, float("-inf"))
@@ -123,8 +123,12 @@ def judge(out, ref) -> dict:
     s = rms.mean(-1, keepdim=True)
     bad = err > ATOL * s + RTOL * rms
     rel = err / rms.clamp(min=1e-12)
-    return {"max_rel": round(float(rel.max()), 4), "median_rel": round(float(rel.median()), 4),
-            "bad_fraction": round(float(bad.float().mean()), 5), "bad": int(bad.sum())}
+    return {
+        "max_rel": round(float(rel.max()), 4),
+        "median_rel": round(float(rel.median()), 4),
+        "bad_fraction": round(float(bad.float().mean()), 5),
+        "bad": int(bad.sum()),
+    }
 
 
 def kernel(q, kc, vc, scales, seq_len: int, context: int, sink, fp8_query: bool, fp8):
@@ -146,13 +150,25 @@ def kernel(q, kc, vc, scales, seq_len: int, context: int, sink, fp8_query: bool,
     sinks = None if sink is None else sink.float().contiguous()
     descale_shape = (1, KV_HEADS)
     unified_attention(
-        q=q_in, k=kc, v=vc, out=out,
-        cu_seqlens_q=torch.tensor([0, query_len], dtype=torch.int32, device=device), max_seqlen_q=query_len,
-        seqused_k=torch.tensor([seq_len], dtype=torch.int32, device=device), max_seqlen_k=seq_len,
-        softmax_scale=D ** -0.5, causal=True, window_size=(-1, -1), block_table=table, softcap=0,
-        q_descale=q_descale, k_descale=k_scale.reshape(1, 1).float().expand(descale_shape),
+        q=q_in,
+        k=kc,
+        v=vc,
+        out=out,
+        cu_seqlens_q=torch.tensor([0, query_len], dtype=torch.int32, device=device),
+        max_seqlen_q=query_len,
+        seqused_k=torch.tensor([seq_len], dtype=torch.int32, device=device),
+        max_seqlen_k=seq_len,
+        softmax_scale=D**-0.5,
+        causal=True,
+        window_size=(-1, -1),
+        block_table=table,
+        softcap=0,
+        q_descale=q_descale,
+        k_descale=k_scale.reshape(1, 1).float().expand(descale_shape),
         v_descale=v_scale.reshape(1, 1).float().expand(descale_shape),
-        sinks=sinks, kv_quant_mode=KVQuantMode.FP8_PER_TENSOR)
+        sinks=sinks,
+        kv_quant_mode=KVQuantMode.FP8_PER_TENSOR,
+    )
     torch.cuda.synchronize()
     return out
 
@@ -168,8 +184,12 @@ def paged(x_fp8, seq_len: int):
     return cache
 
 
-SCENARIOS = (("decode_window", 128, 1), ("decode_long", 3000, 1), ("prefill_from_0", 256, 256),
-             ("chunked_prefill", 2000, 12))
+SCENARIOS = (
+    ("decode_window", 128, 1),
+    ("decode_long", 3000, 1),
+    ("prefill_from_0", 256, 256),
+    ("chunked_prefill", 2000, 12),
+)
 
 
 def scenario(name: str, seq_len: int, query_len: int, sinks: list[str], device: str) -> list[dict]:
@@ -191,10 +211,15 @@ def scenario(name: str, seq_len: int, query_len: int, sinks: list[str], device: 
         row_max = scores[..., :seq_len].amax(-1)
         gap = (sink.view(-1, 1) - row_max) if sink is not None else torch.zeros_like(row_max)
         share = torch.softmax(scores, -1)[..., -1] if sink is not None else torch.zeros_like(row_max)
-        row = {"scenario": name, "sink": text, "gap_median": round(float(gap.median()), 2),
-               "gap_max": round(float(gap.max()), 2), "sink_share_median": round(float(share.median()), 3),
-               "model_fp8_p": judge(model_fp8_p(q_deq, k_deq, v_deq, sink, context, fp8), ref_q8),
-               "model_unrounded": judge(model_fp8_p(q_deq, k_deq, v_deq, sink, context, torch.float32), ref_q8)}
+        row = {
+            "scenario": name,
+            "sink": text,
+            "gap_median": round(float(gap.median()), 2),
+            "gap_max": round(float(gap.max()), 2),
+            "sink_share_median": round(float(share.median()), 3),
+            "model_fp8_p": judge(model_fp8_p(q_deq, k_deq, v_deq, sink, context, fp8), ref_q8),
+            "model_unrounded": judge(model_fp8_p(q_deq, k_deq, v_deq, sink, context, torch.float32), ref_q8),
+        }
         if device == "cuda":
             kc, vc = paged(k8, seq_len), paged(v8, seq_len)
             scales = (q_scale, k_scale, v_scale)
@@ -226,13 +251,20 @@ def main(argv=None) -> int:
         except ImportError as e:
             print(f"gpu_sinks_fp8_probe: {e}", file=sys.stderr)
             return 3
-    rows = [r for name, seq_len, query_len in SCENARIOS
-            for r in scenario(name, seq_len, query_len, a.sinks.split(","), device)]
+    rows = [
+        r
+        for name, seq_len, query_len in SCENARIOS
+        for r in scenario(name, seq_len, query_len, a.sinks.split(","), device)
+    ]
     key = "kernel_fp8_query" if device == "cuda" else "model_fp8_p"
     fails = [r for r in rows if r[key]["bad"]]
-    report = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "heads": [HEADS, KV_HEADS, D], "tolerance": [ATOL, RTOL], "rows": rows,
-              "failing": [(r["scenario"], r["sink"]) for r in fails]}
+    report = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "heads": [HEADS, KV_HEADS, D],
+        "tolerance": [ATOL, RTOL],
+        "rows": rows,
+        "failing": [(r["scenario"], r["sink"]) for r in fails],
+    }
     if device == "cuda":
         report["bf16_query_failing"] = [(r["scenario"], r["sink"]) for r in rows if r["kernel_bf16_query"]["bad"]]
         report["model_predicts"] = [(r["scenario"], r["sink"]) for r in rows if r["model_fp8_p"]["bad"]]

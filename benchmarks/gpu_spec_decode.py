@@ -41,23 +41,38 @@ PROVIDERS = ("torch", "aiter-triton")
 BATCHES = ("decode_7", "decode_64", "mixed_small")
 KS = (1, 3)
 MUTANT_KS = (0, 2)
-MUTANTS = ("tests.mutants.seed_aiter_fa:Backend", "tests.mutants.seed_aiter_fa:FixedBackend",
-           "tests.mutants.one_query_token:Backend", "tests.mutants.partition_frozen:Backend",
-           "tests.mutants.partition_frozen:HonestBackend", "tests.mutants.decode_branch_spec:Backend",
-           "tests.mutants.overstated_support:Backend", "tests.mutants.overstated_support:HonestBackend")
-VERDICT = {"pass": "pass", "fail": "**FAIL**", "error": "**ERROR**", "timeout": "**TIMEOUT**", "skip": "skip",
-           "flaky": "flaky"}
+MUTANTS = (
+    "tests.mutants.seed_aiter_fa:Backend",
+    "tests.mutants.seed_aiter_fa:FixedBackend",
+    "tests.mutants.one_query_token:Backend",
+    "tests.mutants.partition_frozen:Backend",
+    "tests.mutants.partition_frozen:HonestBackend",
+    "tests.mutants.decode_branch_spec:Backend",
+    "tests.mutants.overstated_support:Backend",
+    "tests.mutants.overstated_support:HonestBackend",
+)
+VERDICT = {
+    "pass": "pass",
+    "fail": "**FAIL**",
+    "error": "**ERROR**",
+    "timeout": "**TIMEOUT**",
+    "skip": "skip",
+    "flaky": "flaky",
+}
 
 
 def slice_matrix(full: Path, out_dir: Path, batches, kvs, ks) -> Path:
     """A matrix over full.yaml narrowed to this benchmark's slice (its exclude list replaced)."""
+
     def flow(values) -> str:
         return "[" + ", ".join(str(v) for v in values) + "]"
 
-    text = (f"extends: {json.dumps(str(full.resolve()))}\nname: spec-decode-bench\n"
-            f"axes:\n  attention: [gqa]\n  tp: [1]\n  cudagraph_mode: {flow(MODES)}\n  kv_cache_dtype: {flow(kvs)}\n"
-            f"  batch: {flow(batches)}\n  backend: {flow(PROVIDERS)}\n  seed: [0]\n  spec_tokens: {flow(ks)}\n"
-            "exclude: []\ninclude: []\nconstraints: []\n")
+    text = (
+        f"extends: {json.dumps(str(full.resolve()))}\nname: spec-decode-bench\n"
+        f"axes:\n  attention: [gqa]\n  tp: [1]\n  cudagraph_mode: {flow(MODES)}\n  kv_cache_dtype: {flow(kvs)}\n"
+        f"  batch: {flow(batches)}\n  backend: {flow(PROVIDERS)}\n  seed: [0]\n  spec_tokens: {flow(ks)}\n"
+        "exclude: []\ninclude: []\nconstraints: []\n"
+    )
     path = out_dir / "spec_decode_matrix.yaml"
     path.write_text(text)
     return path
@@ -66,16 +81,22 @@ def slice_matrix(full: Path, out_dir: Path, batches, kvs, ks) -> Path:
 def markdown(rows: list[dict], device: str) -> str:
     """Per backend: rows (k, requested mode), columns (kv, batch); a cell is the verdict, with
     `-> MODE` when the mode was resolved to another one."""
-    out = [f"Device: {device}. Cell: verdict (-> resolved mode where vLLM's rules change it); "
-           "sizes: padded token count per step (0 = eager).", ""]
+    out = [
+        f"Device: {device}. Cell: verdict (-> resolved mode where vLLM's rules change it); "
+        "sizes: padded token count per step (0 = eager).",
+        "",
+    ]
     for backend in dict.fromkeys(r["backend"] for r in rows):
         mine = [r for r in rows if r["backend"] == backend]
         cols = list(dict.fromkeys((r["kv"], r["batch"]) for r in mine))
         keys = list(dict.fromkeys((r["k"], r["mode"]) for r in mine))
         cell = {(r["k"], r["mode"], r["kv"], r["batch"]): r for r in mine}
-        out += [f"**{backend.replace('tests.mutants.', 'mutant ')}**", "",
-                "| k | mode | " + " | ".join(f"{kv} {b}" for kv, b in cols) + " |",
-                "|---|---|" + "---|" * len(cols)]
+        out += [
+            f"**{backend.replace('tests.mutants.', 'mutant ')}**",
+            "",
+            "| k | mode | " + " | ".join(f"{kv} {b}" for kv, b in cols) + " |",
+            "|---|---|" + "---|" * len(cols),
+        ]
         for k, mode in keys:
             cells = []
             for kv, b in cols:
@@ -91,9 +112,12 @@ def markdown(rows: list[dict], device: str) -> str:
             out.append(f"| {k} | {mode} | " + " | ".join(cells) + " |")
         ran = [r for r in mine if r["status"] != "skip"]
         verdicts = collections.Counter(r["status"] for r in mine)
-        out += ["", f"{len(mine)} cases ({', '.join(f'{v} {n}' for v, n in sorted(verdicts.items()))}); "
-                    f"wall {sum(r['wall_s'] for r in ran):.1f} s, of it capture {sum(r['capture_s'] for r in ran):.1f} s.",
-                ""]
+        out += [
+            "",
+            f"{len(mine)} cases ({', '.join(f'{v} {n}' for v, n in sorted(verdicts.items()))}); "
+            f"wall {sum(r['wall_s'] for r in ran):.1f} s, of it capture {sum(r['capture_s'] for r in ran):.1f} s.",
+            "",
+        ]
     return "\n".join(out)
 
 
@@ -101,9 +125,11 @@ def compare(rows: list[dict], other_path: str) -> list[str]:
     # Keyed by (backend, case id): every mutant class is called Backend, so ids alone collide.
     other = {(r["backend"], r["case"]): r["status"] for r in json.loads(Path(other_path).read_text())}
     # A cell skipped on either side (aiter-triton on CPU) has no verdict to compare.
-    return [f"{r['backend']} {r['case']}: {other[(r['backend'], r['case'])]} there, {r['status']} here"
-            for r in rows if other.get((r["backend"], r["case"]), r["status"]) not in (r["status"], "skip")
-            and r["status"] != "skip"]
+    return [
+        f"{r['backend']} {r['case']}: {other[(r['backend'], r['case'])]} there, {r['status']} here"
+        for r in rows
+        if other.get((r["backend"], r["case"]), r["status"]) not in (r["status"], "skip") and r["status"] != "skip"
+    ]
 
 
 def main(argv=None) -> int:
@@ -135,8 +161,10 @@ def main(argv=None) -> int:
         print(f"gpu_spec_decode: {e}", file=sys.stderr)
         return 2
     cases = {(c.backend, c.spec_tokens, c.mode, c.kv_cache_dtype, c.batch.name): c for c in m.cases}
-    skipped = {(s.case.backend, s.case.spec_tokens, s.case.mode, s.case.kv_cache_dtype, s.case.batch.name): s
-               for s in m.skipped}
+    skipped = {
+        (s.case.backend, s.case.spec_tokens, s.case.mode, s.case.kv_cache_dtype, s.case.batch.name): s
+        for s in m.skipped
+    }
     sessions = SessionCache(capacity=16)
     rows = []
 
@@ -144,10 +172,25 @@ def main(argv=None) -> int:
         key = (base_backend or backend, k, mode, kv, batch)
         if key in skipped:  # e.g. aiter-triton on a machine without a GPU
             s = skipped[key].case
-            rows.append({"case": s.case_id, "backend": backend, "mode": mode, "kv": kv, "batch": batch, "k": k,
-                         "status": "skip", "resolved": "", "graph": "", "sizes_used": [],
-                         "configured_sizes": list(s.capture_sizes), "reason": skipped[key].reason, "device": "",
-                         "wall_s": 0.0, "capture_s": 0.0})
+            rows.append(
+                {
+                    "case": s.case_id,
+                    "backend": backend,
+                    "mode": mode,
+                    "kv": kv,
+                    "batch": batch,
+                    "k": k,
+                    "status": "skip",
+                    "resolved": "",
+                    "graph": "",
+                    "sizes_used": [],
+                    "configured_sizes": list(s.capture_sizes),
+                    "reason": skipped[key].reason,
+                    "device": "",
+                    "wall_s": 0.0,
+                    "capture_s": 0.0,
+                }
+            )
             print(f"skip  {s.case_id}: {skipped[key].reason[:100]}", flush=True)
             return
         case = cases[key]
@@ -155,14 +198,29 @@ def main(argv=None) -> int:
             case = dataclasses.replace(case, backend=backend)
         t0 = time.perf_counter()
         r = run_case(case, sessions=sessions)
-        row = {"case": case.case_id, "backend": backend, "mode": mode, "kv": kv, "batch": batch, "k": k,
-               "status": r.status.value, "resolved": r.resolved_mode, "graph": r.graph_kind,
-               "sizes_used": list(r.capture_sizes_used), "configured_sizes": list(case.capture_sizes),
-               "reason": r.reason, "device": r.device, "wall_s": round(time.perf_counter() - t0, 3),
-               "capture_s": round(r.timings.get("capture_s", 0.0), 3)}
+        row = {
+            "case": case.case_id,
+            "backend": backend,
+            "mode": mode,
+            "kv": kv,
+            "batch": batch,
+            "k": k,
+            "status": r.status.value,
+            "resolved": r.resolved_mode,
+            "graph": r.graph_kind,
+            "sizes_used": list(r.capture_sizes_used),
+            "configured_sizes": list(case.capture_sizes),
+            "reason": r.reason,
+            "device": r.device,
+            "wall_s": round(time.perf_counter() - t0, 3),
+            "capture_s": round(r.timings.get("capture_s", 0.0), 3),
+        }
         rows.append(row)
-        print(f"{row['status']:5} {row['case']} -> {row['resolved']} {row['sizes_used']} {row['wall_s']}s "
-              f"{row['reason'][:100]}", flush=True)
+        print(
+            f"{row['status']:5} {row['case']} -> {row['resolved']} {row['sizes_used']} {row['wall_s']}s "
+            f"{row['reason'][:100]}",
+            flush=True,
+        )
 
     for backend in PROVIDERS:
         for k in KS:
@@ -189,9 +247,11 @@ def main(argv=None) -> int:
             print("  " + line)
     bad = [r for r in rows if r["backend"] in PROVIDERS and r["status"] not in ("pass", "skip")]
     skipped_rows = [r for r in rows if r["backend"] in PROVIDERS and r["status"] == "skip"]
-    print(f"correct providers: {len(bad)} not passing, {len(skipped_rows)} skipped "
-          f"(e.g. {skipped_rows[0]['reason'][:80] if skipped_rows else '-'}) of "
-          f"{sum(r['backend'] in PROVIDERS for r in rows)}; tables in {out_dir / 'spec_decode.md'}")
+    print(
+        f"correct providers: {len(bad)} not passing, {len(skipped_rows)} skipped "
+        f"(e.g. {skipped_rows[0]['reason'][:80] if skipped_rows else '-'}) of "
+        f"{sum(r['backend'] in PROVIDERS for r in rows)}; tables in {out_dir / 'spec_decode.md'}"
+    )
     return 1 if bad else 0
 
 

@@ -27,8 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: repo root importable
 
-MUTANTS = {"vllm:TRITON_ATTN": "tests.mutants.vllm_backends:TritonPrefillDropped",
-           "vllm:FLEX_ATTENTION": "tests.mutants.vllm_backends:FlexPrefillDropped"}
+MUTANTS = {
+    "vllm:TRITON_ATTN": "tests.mutants.vllm_backends:TritonPrefillDropped",
+    "vllm:FLEX_ATTENTION": "tests.mutants.vllm_backends:FlexPrefillDropped",
+}
 MUTANT_FILTER = "tp=1 mode=PIECEWISE,FULL kv=auto k=0 batch=decode_7,mixed_small"
 DECODE_GRAPH_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
@@ -45,10 +47,23 @@ def mutant_expected(case) -> str:
 
 def _row(case, r) -> dict:
     t = r.timings
-    return {"case_id": case.case_id, "mode": case.mode, "resolved": r.resolved_mode or "", "downgraded": r.downgraded,
-            "kv": case.kv_cache_dtype, "batch": case.batch.name, "kind": case.batch.kind, "k": case.spec_tokens, "status": r.status.value,
-            "graph": r.graph_kind or "", "capture_s": t.get("capture_s", 0.0), "eager_ms": t.get("eager_step_s", 0.0) * 1e3,
-            "replay_ms": t.get("replay_step_s", 0.0) * 1e3, "total_s": t.get("total_s", 0.0), "reason": r.reason}
+    return {
+        "case_id": case.case_id,
+        "mode": case.mode,
+        "resolved": r.resolved_mode or "",
+        "downgraded": r.downgraded,
+        "kv": case.kv_cache_dtype,
+        "batch": case.batch.name,
+        "kind": case.batch.kind,
+        "k": case.spec_tokens,
+        "status": r.status.value,
+        "graph": r.graph_kind or "",
+        "capture_s": t.get("capture_s", 0.0),
+        "eager_ms": t.get("eager_step_s", 0.0) * 1e3,
+        "replay_ms": t.get("replay_step_s", 0.0) * 1e3,
+        "total_s": t.get("total_s", 0.0),
+        "reason": r.reason,
+    }
 
 
 def _run(label: str, cases, device, sessions, deadline: float, clock=time.perf_counter):
@@ -62,30 +77,45 @@ def _run(label: str, cases, device, sessions, deadline: float, clock=time.perf_c
         r = run_case(case, device=device, sessions=sessions)
         row = _row(case, r)
         mode = row["resolved"] + (" (downgraded)" if r.downgraded else "")
-        print(f"{label} {row['status'].upper():5} {case.case_id}  {case.mode} -> {mode}  graph {row['graph']}  "
-              f"capture {row['capture_s']:.2f}s eager {row['eager_ms']:.1f}ms replay {row['replay_ms']:.1f}ms  "
-              f"{r.reason[:200]}", flush=True)
+        print(
+            f"{label} {row['status'].upper():5} {case.case_id}  {case.mode} -> {mode}  graph {row['graph']}  "
+            f"capture {row['capture_s']:.2f}s eager {row['eager_ms']:.1f}ms replay {row['replay_ms']:.1f}ms  "
+            f"{r.reason[:200]}",
+            flush=True,
+        )
         results.append(r)
         rows.append(row)
     return results, rows, not_run
 
 
 def markdown(meta: dict, rows: list[dict], mutant_rows: list[dict]) -> str:
-    out = [f"# gpu_vllm: {meta['backend']} over {meta['matrix']} ({meta['filter']})", "",
-           f"device {meta['device']}; versions {json.dumps(meta['versions'])}; emulated: {meta['emulated'] or 'none'}", "",
-           f"**{meta['verdict']}** in {meta['wall_s']:.1f} s: "
-           + (", ".join(f"{k} {v}" for k, v in sorted(meta['counts'].items())) or "-")
-           + f"; {len(meta['skipped'])} skipped by the matrix; {len(meta['not_run'])} not run (budget)", "",
-           "| case | mode -> resolved | kv | batch | k | status | graph | capture s | eager ms | replay ms | reason |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        f"# gpu_vllm: {meta['backend']} over {meta['matrix']} ({meta['filter']})",
+        "",
+        f"device {meta['device']}; versions {json.dumps(meta['versions'])}; emulated: {meta['emulated'] or 'none'}",
+        "",
+        f"**{meta['verdict']}** in {meta['wall_s']:.1f} s: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(meta["counts"].items())) or "-")
+        + f"; {len(meta['skipped'])} skipped by the matrix; {len(meta['not_run'])} not run (budget)",
+        "",
+        "| case | mode -> resolved | kv | batch | k | status | graph | capture s | eager ms | replay ms | reason |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['case_id']} | {r['mode']} -> {r['resolved']}{' (downgraded)' if r['downgraded'] else ''} | "
-                   f"{r['kv']} | {r['batch']} | {r['k']} | {r['status']} | {r['graph']} | {r['capture_s']:.2f} | "
-                   f"{r['eager_ms']:.2f} | {r['replay_ms']:.2f} | {r['reason'][:120].replace('|', '/')} |")
+        out.append(
+            f"| {r['case_id']} | {r['mode']} -> {r['resolved']}{' (downgraded)' if r['downgraded'] else ''} | "
+            f"{r['kv']} | {r['batch']} | {r['k']} | {r['status']} | {r['graph']} | {r['capture_s']:.2f} | "
+            f"{r['eager_ms']:.2f} | {r['replay_ms']:.2f} | {r['reason'][:120].replace('|', '/')} |"
+        )
     if mutant_rows or meta.get("mutant"):
         m = meta["mutant"]
-        out += ["", f"## broken backend {m['backend']} ({m['filter']}): {m['verdict']}", "",
-                "| case | status | expected | reason |", "|---|---|---|---|"]
+        out += [
+            "",
+            f"## broken backend {m['backend']} ({m['filter']}): {m['verdict']}",
+            "",
+            "| case | status | expected | reason |",
+            "|---|---|---|---|",
+        ]
         for r in mutant_rows:
             out.append(f"| {r['case_id']} | {r['status']} | {r['expected']} | {r['reason'][:120].replace('|', '/')} |")
     return "\n".join(out) + "\n"
@@ -98,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filter", default="tp=1")
     ap.add_argument("--devices", default="auto", choices=("auto", "cpu", "gpu"))
     ap.add_argument("--out-dir", default=os.environ.get("OUT") or "gpu_vllm-out")
-    ap.add_argument("--mutant", default=None, help="a broken backend to run after (default: the backend's "
-                    "PrefillDropped in tests/mutants/vllm_backends.py; '' = none)")
+    ap.add_argument(
+        "--mutant",
+        default=None,
+        help="a broken backend to run after (default: the backend's "
+        "PrefillDropped in tests/mutants/vllm_backends.py; '' = none)",
+    )
     ap.add_argument("--mutant-filter", default=MUTANT_FILTER)
     ap.add_argument("--budget-s", type=float, default=400.0, help="no case starts after this (default 400)")
     a = ap.parse_args(argv)
@@ -149,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     for case, row in zip(m_cases, m_rows):
         row["expected"] = mutant_expected(case)
     red_where_expected = bool(m_rows) and all(r["status"] == r["expected"] for r in m_rows)
-    m_verdict = ("red exactly where expected" if red_where_expected else "NOT as expected") if m_rows else \
-        ("no runnable cases: " + (m_skipped[0].reason if m_skipped else "none selected"))
+    m_verdict = (
+        ("red exactly where expected" if red_where_expected else "NOT as expected")
+        if m_rows
+        else ("no runnable cases: " + (m_skipped[0].reason if m_skipped else "none selected"))
+    )
     wall = time.perf_counter() - t0
 
     emulated = ()
@@ -160,17 +197,39 @@ def main(argv: list[str] | None = None) -> int:
         emulated = get_backend(a.backend).emulated() if a.backend.startswith("vllm:") else ()
     except Exception:  # reporting only
         pass
-    meta = {"matrix": a.matrix, "backend": a.backend, "filter": a.filter, "device": str(device),
-            "versions": versions(), "emulated": ", ".join(emulated), "wall_s": wall, "budget_s": a.budget_s,
-            "counts": dict(counts), "verdict": verdict, "not_run": not_run,
-            "skipped": [{"case_id": s.case.case_id, "reason": s.reason} for s in skipped],
-            "mutant": {"backend": mutant, "filter": a.mutant_filter, "verdict": m_verdict, "not_run": m_not_run}}
-    (out_dir / "gpu_vllm.json").write_text(json.dumps({**meta, "rows": rows, "mutant_rows": m_rows,
-                                                       "results": [r.to_dict() for r in results],
-                                                       "mutant_results": [r.to_dict() for r in m_results]}, indent=1))
+    meta = {
+        "matrix": a.matrix,
+        "backend": a.backend,
+        "filter": a.filter,
+        "device": str(device),
+        "versions": versions(),
+        "emulated": ", ".join(emulated),
+        "wall_s": wall,
+        "budget_s": a.budget_s,
+        "counts": dict(counts),
+        "verdict": verdict,
+        "not_run": not_run,
+        "skipped": [{"case_id": s.case.case_id, "reason": s.reason} for s in skipped],
+        "mutant": {"backend": mutant, "filter": a.mutant_filter, "verdict": m_verdict, "not_run": m_not_run},
+    }
+    (out_dir / "gpu_vllm.json").write_text(
+        json.dumps(
+            {
+                **meta,
+                "rows": rows,
+                "mutant_rows": m_rows,
+                "results": [r.to_dict() for r in results],
+                "mutant_results": [r.to_dict() for r in m_results],
+            },
+            indent=1,
+        )
+    )
     (out_dir / "gpu_vllm.md").write_text(markdown(meta, rows, m_rows))
-    print(f"gpu_vllm: {verdict}: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "-")
-          + f"; {len(skipped)} skipped, {len(not_run)} not run (budget); {wall:.1f} s")
+    print(
+        f"gpu_vllm: {verdict}: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "-")
+        + f"; {len(skipped)} skipped, {len(not_run)} not run (budget); {wall:.1f} s"
+    )
     if mutant:
         print(f"gpu_vllm: mutant {mutant}: {m_verdict}")
     print(f"gpu_vllm: wrote {out_dir / 'gpu_vllm.json'} and {out_dir / 'gpu_vllm.md'}")

@@ -47,8 +47,11 @@ def load(path: str, latest_only: bool) -> tuple[dict, int]:
             for r in store.results(rid):
                 results[r.case_id] = r
                 oom += _oom(r)
-                oom += sum(any(t in a["reason"] for t in OOM_TEXT) for a in store.attempt_log(rid, r.case_id)
-                           if a["attempt"] < r.attempts)
+                oom += sum(
+                    any(t in a["reason"] for t in OOM_TEXT)
+                    for a in store.attempt_log(rid, r.case_id)
+                    if a["attempt"] < r.attempts
+                )
         return results, oom
 
 
@@ -81,14 +84,21 @@ def main(argv=None) -> int:
         other, oom = load(path, latest_only=False)
         report["oom"][path] = oom
         shared = sorted(set(ref) & set(other))
-        report["diffs"][path] = {"shared": len(shared), "differ": [
-            {"case": c, "ref": _verdict(ref[c]), "other": _verdict(other[c])}
-            for c in shared if _verdict(ref[c]) != _verdict(other[c])]}
+        report["diffs"][path] = {
+            "shared": len(shared),
+            "differ": [
+                {"case": c, "ref": _verdict(ref[c]), "other": _verdict(other[c])}
+                for c in shared
+                if _verdict(ref[c]) != _verdict(other[c])
+            ],
+        }
     if a.json:
         print(json.dumps(report, indent=1))
     else:
-        print(f"{a.ref}: {len(ref)} cases; out-of-memory anywhere: " +
-              ", ".join(f"{os.path.basename(p)} {n}" for p, n in report["oom"].items()))
+        print(
+            f"{a.ref}: {len(ref)} cases; out-of-memory anywhere: "
+            + ", ".join(f"{os.path.basename(p)} {n}" for p, n in report["oom"].items())
+        )
         print(f"{'family/provider':<28} cases  needs med/max GiB  peak reserved med/max  session med/max")
         for key, row in report["memory"].items():
             f = lambda k: f"{row.get(k + '_median_gib', '-')}/{row.get(k + '_max_gib', '-')}"

@@ -76,8 +76,11 @@ def drop(sessions: SessionCache, device, leak_gib: float, history: bool, why: st
         torch.cuda.empty_cache()
     a, r = held(device)
     segs, exp = segments()
-    print(f"-- drop ({why}): {n} sessions dropped; still allocated {a:.2f} reserved {r:.2f} GiB; "
-          f"segments {segs} ({exp} expandable)", flush=True)
+    print(
+        f"-- drop ({why}): {n} sessions dropped; still allocated {a:.2f} reserved {r:.2f} GiB; "
+        f"segments {segs} ({exp} expandable)",
+        flush=True,
+    )
     if history and a > leak_gib:
         largest_live(15)
 
@@ -120,9 +123,12 @@ def main() -> int:
         statuses[res.status.value + (f"/{res.error_kind}" if res.error_kind else "")] += 1
         a, r = held(device)
         segs, exp = segments()
-        print(f"{i:4d} {res.status.value:5s} {res.error_kind or '-':9s} | {a:6.2f} {r:6.2f} | "
-              f"{len(sessions)}/{sessions.held_bytes() / G:6.2f} | {segs} ({exp}) | {case.case_id}"
-              + (f"\n     {res.reason[:300]}" if res.error_kind else ""), flush=True)
+        print(
+            f"{i:4d} {res.status.value:5s} {res.error_kind or '-':9s} | {a:6.2f} {r:6.2f} | "
+            f"{len(sessions)}/{sessions.held_bytes() / G:6.2f} | {segs} ({exp}) | {case.case_id}"
+            + (f"\n     {res.reason[:300]}" if res.error_kind else ""),
+            flush=True,
+        )
         if res.error_kind == memory.OOM_KIND or "out of memory" in res.reason.lower():
             drop(sessions, device, args.leak_gib, args.history, f"after the out-of-memory of case {i}")
         elif i % args.drop_every == 0:

@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     scales = SCALES[1:] if args.quick else SCALES
     seeds = range(1 if args.quick else args.seeds)
     rows = []
-    print(f"{'GPUs':>5} {'nodes':>5} {'cases':>6} {'sigma':>5} {'policy':<16} {'ratio mean':>10} {'worst':>7} {'util':>6} {'sim s':>6}")
+    print(
+        f"{'GPUs':>5} {'nodes':>5} {'cases':>6} {'sigma':>5} {'policy':<16} {'ratio mean':>10} {'worst':>7} {'util':>6} {'sim s':>6}"
+    )
     for gpus, nodes_n, cases in scales:
         nodes = [gpus // nodes_n] * nodes_n
         for sigma in SIGMAS:
@@ -66,10 +68,22 @@ def main(argv: list[str] | None = None) -> int:
                     secs.append(time.perf_counter() - t0)
                     ratios.append(r.ratio)
                     utils.append(r.gpu_utilisation)
-                    rows.append({"gpus": gpus, "nodes": nodes_n, "cases": cases, "sigma": sigma, "seed": seed,
-                                 "policy": name, **r.to_dict(), "sim_seconds": secs[-1]})
-                print(f"{gpus:>5} {nodes_n:>5} {cases:>6} {sigma:>5} {name:<16} {statistics.mean(ratios):>10.3f} "
-                      f"{max(ratios):>7.3f} {statistics.mean(utils):>6.1%} {statistics.mean(secs):>6.2f}")
+                    rows.append(
+                        {
+                            "gpus": gpus,
+                            "nodes": nodes_n,
+                            "cases": cases,
+                            "sigma": sigma,
+                            "seed": seed,
+                            "policy": name,
+                            **r.to_dict(),
+                            "sim_seconds": secs[-1],
+                        }
+                    )
+                print(
+                    f"{gpus:>5} {nodes_n:>5} {cases:>6} {sigma:>5} {name:<16} {statistics.mean(ratios):>10.3f} "
+                    f"{max(ratios):>7.3f} {statistics.mean(utils):>6.1%} {statistics.mean(secs):>6.2f}"
+                )
     print("\ngang behind long work (2 x 8 GPUs, 1017 cases, sigma 0.1):")
     for name in POLICIES:
         ratios = []

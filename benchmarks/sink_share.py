@@ -51,8 +51,15 @@ def contexts(device_class: str) -> tuple[Shape, list[int]]:
     cases = [c for c in (*m.cases, *(s.case for s in m.skipped)) if c.attention == "swa_sinks"]
     model = cases[0].model
     dims = dict(model.dims)
-    shape = Shape(device_class, model.num_heads, model.num_kv_heads, model.head_size, dims["sliding_window"],
-                  model.max_model_len, model.dtype)
+    shape = Shape(
+        device_class,
+        model.num_heads,
+        model.num_kv_heads,
+        model.head_size,
+        dims["sliding_window"],
+        model.max_model_len,
+        model.dtype,
+    )
     return shape, sorted({s for c in cases for s in c.batch.seq_lens})
 
 
@@ -61,7 +68,7 @@ def measure(shape: Shape, n: int, window: int | None, sinks: torch.Tensor, seed:
     q = torch.randn(1, shape.num_heads, shape.head_size, generator=gen)
     k = torch.randn(n, shape.num_kv_heads, shape.head_size, generator=gen)
     v = torch.randn(n, shape.num_kv_heads, shape.head_size, generator=gen)
-    scale = shape.head_size ** -0.5
+    scale = shape.head_size**-0.5
     ok = reference_window_sinks(q, k, v, scale, window, sinks)[0]  # [H, D]
     rms = ok.pow(2).mean(-1).sqrt()
     threshold = (ATOL * rms.mean() + RTOL * rms) / rms
@@ -92,24 +99,38 @@ def table(device_class: str, pick=None) -> list[dict]:
             keys = min(n, shape.window) if window else n
             for label, sinks in (("before", drawn), ("now", now)):
                 m = measure(shape, n, window, sinks)
-                rows.append({"shape": device_class, "seq_len": n, "layer": kind, "keys": keys, "sinks": label,
-                             "share_max": float(m["share"].max()), "share_median": float(m["share"].median()),
-                             "heads_20_80": int(((m["share"] > 0.2) & (m["share"] < 0.8)).sum()),
-                             "threshold": float(m["threshold"].median()),
-                             **{f"{bug}_worst": float(m[bug].max()) for bug in BUGS},
-                             **{f"{bug}_heads_red": int((m[bug] > m["threshold"]).sum()) for bug in BUGS},
-                             "heads": shape.num_heads})
+                rows.append(
+                    {
+                        "shape": device_class,
+                        "seq_len": n,
+                        "layer": kind,
+                        "keys": keys,
+                        "sinks": label,
+                        "share_max": float(m["share"].max()),
+                        "share_median": float(m["share"].median()),
+                        "heads_20_80": int(((m["share"] > 0.2) & (m["share"] < 0.8)).sum()),
+                        "threshold": float(m["threshold"].median()),
+                        **{f"{bug}_worst": float(m[bug].max()) for bug in BUGS},
+                        **{f"{bug}_heads_red": int((m[bug] > m["threshold"]).sum()) for bug in BUGS},
+                        "heads": shape.num_heads,
+                    }
+                )
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    out = ["| shape | seq_len | layer (keys) | sinks | sink share: max / median, heads at 20-80% | worst head error: "
-           "twice / no exp2 (heads over the threshold) | threshold |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| shape | seq_len | layer (keys) | sinks | sink share: max / median, heads at 20-80% | worst head error: "
+        "twice / no exp2 (heads over the threshold) | threshold |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['shape']} | {r['seq_len']} | {r['layer']} ({r['keys']}) | {r['sinks']} | "
-                   f"{r['share_max']:.1%} / {r['share_median']:.1%}, {r['heads_20_80']}/{r['heads']} | "
-                   f"{r['twice_worst']:.1%} / {r['no_exp2_worst']:.1%} ({r['twice_heads_red']} / "
-                   f"{r['no_exp2_heads_red']} of {r['heads']}) | {r['threshold']:.1%} |")
+        out.append(
+            f"| {r['shape']} | {r['seq_len']} | {r['layer']} ({r['keys']}) | {r['sinks']} | "
+            f"{r['share_max']:.1%} / {r['share_median']:.1%}, {r['heads_20_80']}/{r['heads']} | "
+            f"{r['twice_worst']:.1%} / {r['no_exp2_worst']:.1%} ({r['twice_heads_red']} / "
+            f"{r['no_exp2_heads_red']} of {r['heads']}) | {r['threshold']:.1%} |"
+        )
     return "\n".join(out) + "\n"
 
 

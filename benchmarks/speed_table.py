@@ -49,8 +49,14 @@ def row(name: str, db: str, log: str) -> list[str]:
     passed = [r for r in ran if r.status == Status.PASS]
     cases, busy, wall = CASES.search(text), BUSY.search(text), WALL.search(text)
     meds = [f"{statistics.median(r.timings.get(k, 0.0) for r in passed) * 1e3:.0f}" if passed else "-" for k in MEDIANS]
-    return [name, f"{len(ran)}", wall.group(1) if wall else "-", cases.group(1) if cases else "-",
-            busy.group(1) if busy else "n/a", *meds]
+    return [
+        name,
+        f"{len(ran)}",
+        wall.group(1) if wall else "-",
+        cases.group(1) if cases else "-",
+        busy.group(1) if busy else "n/a",
+        *meds,
+    ]
 
 
 def same(a: str, b: str) -> str:
@@ -71,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, rest = spec.partition("=")
         db, _, log = rest.partition(":")
         runs[name] = (db, log)
-    head = ["run", "cases", "wall s", "cases phase s", "GPU busy",
-            *[f"{k.removesuffix('_s')} ms" for k in MEDIANS]]
+    head = ["run", "cases", "wall s", "cases phase s", "GPU busy", *[f"{k.removesuffix('_s')} ms" for k in MEDIANS]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, (db, log) in runs.items():
         try:

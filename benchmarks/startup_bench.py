@@ -45,17 +45,23 @@ def _env() -> dict[str, str]:
 
 
 def probe(name: str, devices: str) -> dict:
-    code = textwrap.dedent(f"""
+    code = (
+        textwrap.dedent(f"""
         import json, sys, time
         DEVICES = {devices!r}
         t0 = time.perf_counter()
-    """) + PROBES[name] + textwrap.dedent(f"""
+    """)
+        + PROBES[name]
+        + textwrap.dedent(f"""
 
         dt = time.perf_counter() - t0
         n = len(m.cases) if "m" in dir() else None
         print(json.dumps({{"s": dt, "cases": n, "heavy": sorted(x for x in {HEAVY!r} if x in sys.modules)}}))
     """)
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300
+    )
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -63,15 +69,27 @@ def probe(name: str, devices: str) -> dict:
 
 def wall(argv: list[str]) -> dict:
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", *argv], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *argv],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return {"s": time.perf_counter() - t0, "rc": done.returncode}
 
 
 def slowest_imports(devices: str, top: int = 12) -> list[dict]:
     code = f"from orchestrator.matrix import load_matrix\nload_matrix({MATRIX!r}, devices={devices!r})"
-    done = subprocess.run([sys.executable, "-X", "importtime", "-c", code], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     rows = []
     for line in done.stderr.splitlines():
         parts = line.removeprefix("import time:").split("|")
@@ -93,32 +111,47 @@ def run(devices: str, repeat: int) -> dict:
         if errors:
             out["probes"][name] = {"error": errors[0]}
             continue
-        out["probes"][name] = {"median_s": round(statistics.median(s["s"] for s in samples), 4),
-                               "min_s": round(min(s["s"] for s in samples), 4),
-                               "cases": samples[0]["cases"], "heavy_modules": samples[0]["heavy"]}
-    for name, argv in (("plan_json", ["plan", MATRIX, "--json", "--devices", devices]),
-                       ("plan_text", ["plan", MATRIX, "--devices", devices])):
+        out["probes"][name] = {
+            "median_s": round(statistics.median(s["s"] for s in samples), 4),
+            "min_s": round(min(s["s"] for s in samples), 4),
+            "cases": samples[0]["cases"],
+            "heavy_modules": samples[0]["heavy"],
+        }
+    for name, argv in (
+        ("plan_json", ["plan", MATRIX, "--json", "--devices", devices]),
+        ("plan_text", ["plan", MATRIX, "--devices", devices]),
+    ):
         samples = [wall(argv) for _ in range(repeat)]
-        out["probes"][name] = {"median_s": round(statistics.median(s["s"] for s in samples), 4),
-                               "rc": samples[0]["rc"]}
+        out["probes"][name] = {"median_s": round(statistics.median(s["s"] for s in samples), 4), "rc": samples[0]["rc"]}
     out["slowest_imports_of_load"] = slowest_imports(devices)
     return out
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# orch start-up ({report['python']}, {report['host_cpus']} CPUs)", "",
-             "| devices | step | median s | min s | cases | heavy modules loaded |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# orch start-up ({report['python']}, {report['host_cpus']} CPUs)",
+        "",
+        "| devices | step | median s | min s | cases | heavy modules loaded |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in report["runs"]:
         for name, p in r["probes"].items():
             if "error" in p:
                 lines.append(f"| {r['devices']} | {name} | error: {p['error']} | | | |")
                 continue
             heavy = ", ".join(p.get("heavy_modules", [])) or ("-" if "heavy_modules" in p else "")
-            lines.append(f"| {r['devices']} | {name} | {p['median_s']:.3f} | {p.get('min_s', '')} | "
-                         f"{p.get('cases') or ''} | {heavy} |")
+            lines.append(
+                f"| {r['devices']} | {name} | {p['median_s']:.3f} | {p.get('min_s', '')} | "
+                f"{p.get('cases') or ''} | {heavy} |"
+            )
     for r in report["runs"]:
-        lines += ["", f"Slowest top-level imports of `load` ({r['devices']}):", "",
-                  "| module | cumulative ms |", "|---|---|"]
+        lines += [
+            "",
+            f"Slowest top-level imports of `load` ({r['devices']}):",
+            "",
+            "| module | cumulative ms |",
+            "|---|---|",
+        ]
         lines += [f"| {x['module']} | {x['cumulative_ms']:.0f} |" for x in r["slowest_imports_of_load"]]
     return "\n".join(lines) + "\n"
 
@@ -131,8 +164,13 @@ def main() -> int:
     out_dir = os.environ.get("OUT") or os.path.join(REPO, "orch-out", "startup")
     os.makedirs(out_dir, exist_ok=True)
     devices = ("cpu", "gpu") if args.devices == "both" else (args.devices,)
-    report = {"python": sys.version.split()[0], "host_cpus": os.cpu_count(), "matrix": MATRIX,
-              "repeat": args.repeat, "runs": [run(d, args.repeat) for d in devices]}
+    report = {
+        "python": sys.version.split()[0],
+        "host_cpus": os.cpu_count(),
+        "matrix": MATRIX,
+        "repeat": args.repeat,
+        "runs": [run(d, args.repeat) for d in devices],
+    }
     with open(os.path.join(out_dir, "startup.json"), "w") as f:
         json.dump(report, f, indent=1)
     with open(os.path.join(out_dir, "startup.md"), "w") as f:
@@ -141,7 +179,11 @@ def main() -> int:
         p = r["probes"]
         fig = {k: (v.get("median_s") if "error" not in v else "error") for k, v in p.items()}
         heavy = p.get("expand", {}).get("heavy_modules")
-        print(f"{r['devices']}: " + ", ".join(f"{k} {v}" for k, v in fig.items()) + f" s; expand imports {heavy or 'nothing heavy'}")
+        print(
+            f"{r['devices']}: "
+            + ", ".join(f"{k} {v}" for k, v in fig.items())
+            + f" s; expand imports {heavy or 'nothing heavy'}"
+        )
     print(f"wrote {out_dir}/startup.json and startup.md")
     return 0
 

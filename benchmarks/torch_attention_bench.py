@@ -24,10 +24,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from backend.providers import torch_ops
 
-GPU_SHAPES = [(404, 32, 8, 128, 4096, torch.bfloat16), (404, 32, 8, 128, 4096, torch.float8_e4m3fn),
-              (200, 32, 8, 128, 4096, torch.bfloat16), (200, 32, 8, 128, 2048, torch.bfloat16)]
-CPU_SHAPES = [(64, 8, 2, 16, 512, torch.bfloat16), (256, 8, 2, 16, 512, torch.bfloat16),
-              (256, 8, 2, 16, 512, torch.float8_e4m3fn)]
+GPU_SHAPES = [
+    (404, 32, 8, 128, 4096, torch.bfloat16),
+    (404, 32, 8, 128, 4096, torch.float8_e4m3fn),
+    (200, 32, 8, 128, 4096, torch.bfloat16),
+    (200, 32, 8, 128, 2048, torch.bfloat16),
+]
+CPU_SHAPES = [
+    (64, 8, 2, 16, 512, torch.bfloat16),
+    (256, 8, 2, 16, 512, torch.bfloat16),
+    (256, 8, 2, 16, 512, torch.float8_e4m3fn),
+]
 
 
 def _load(path: str):
@@ -57,13 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         per = max(1, torch_ops.CHUNK_BYTES // (length * hkv * d * 8 + h * length * 12))
         outs = {}
         for name, mod in impls:
+
             def run():
                 out = []
                 for s in range(0, c, per):
-                    k = mod.gather_paged(cache, rows[s:s + per], length, scale)
-                    v = mod.gather_paged(cache, rows[s:s + per], length, scale)
-                    out.append(mod.masked_attention(q[s:s + per], k, v, mask[s:s + per], 0.1))
+                    k = mod.gather_paged(cache, rows[s : s + per], length, scale)
+                    v = mod.gather_paged(cache, rows[s : s + per], length, scale)
+                    out.append(mod.masked_attention(q[s : s + per], k, v, mask[s : s + per], 0.1))
                 return torch.cat(out)
+
             outs[name] = run()
             if dev == "cuda":
                 torch.cuda.synchronize()

@@ -40,14 +40,20 @@ class OutputPaths:
 
 
 def output_paths(out_dir: str, junit_path: str | None = None, summary_path: str | None = None) -> OutputPaths:
-    return OutputPaths(out_dir, junit_path or os.path.join(out_dir, "junit.xml"),
-                       summary_path or os.path.join(out_dir, "summary.md"), os.path.join(out_dir, "dashboard"))
+    return OutputPaths(
+        out_dir,
+        junit_path or os.path.join(out_dir, "junit.xml"),
+        summary_path or os.path.join(out_dir, "summary.md"),
+        os.path.join(out_dir, "dashboard"),
+    )
 
 
 def check_writable(paths: OutputPaths) -> None:
     """Every folder the outputs go to exists (created if need be) and takes a new file; else
     InfraError (exit 3) naming it. Called before the first case runs."""
-    folders = [paths.out_dir, paths.dashboard_dir] + [os.path.dirname(os.path.abspath(p)) for p in (paths.junit, paths.summary)]
+    folders = [paths.out_dir, paths.dashboard_dir] + [
+        os.path.dirname(os.path.abspath(p)) for p in (paths.junit, paths.summary)
+    ]
     for folder in dict.fromkeys(os.path.abspath(f) for f in folders):
         try:
             os.makedirs(folder, exist_ok=True)
@@ -80,9 +86,18 @@ def write_view(store: ResultStore, view: RunView, paths: OutputPaths, extra: str
         os.makedirs(paths.out_dir, exist_ok=True)
         for p in (paths.junit, paths.summary):
             os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-        junit.write(paths.junit, view.results, view.gate, suite_name=view.run.matrix, run_id=view.run.id,
-                    run_status=view.run.status, planned=view.planned)
-        summary.write(paths.summary, summary.render(view.run, view.results, view.gate) + gate_notes.markdown(view) + extra)
+        junit.write(
+            paths.junit,
+            view.results,
+            view.gate,
+            suite_name=view.run.matrix,
+            run_id=view.run.id,
+            run_status=view.run.status,
+            planned=view.planned,
+        )
+        summary.write(
+            paths.summary, summary.render(view.run, view.results, view.gate) + gate_notes.markdown(view) + extra
+        )
         write_dashboard(store, view, paths.dashboard_dir)
     except OSError as e:
         raise InfraError(f"cannot write outputs: {e.strerror}", source=e.filename or paths.out_dir) from None

@@ -25,17 +25,22 @@ DASHBOARD_SHOWN = f"{OUT_ENV}/dashboard, else {OUT}/dashboard"  # orch dashboard
 _DB_HELP = "Results store to read: a SQLite file or a postgresql:// URL."
 _RUN_HELP = "Run: an id in --db, or a label (its latest finished run) [default: the latest run]."
 _JUDGED_HELP = " [default: what the run was judged with]"
-_BASELINE_HELP = ("Gate against a baseline: a run id in --db, a label (the latest finished run so labelled, same "
-                  "matrix), another store (its latest run), or STORE#RUN / STORE#LABEL.")
-_KNOWN_HELP = ("YAML of known failures (case-id glob, reason, link, until, optional mute): matching failures do "
-               "not gate.")
+_BASELINE_HELP = (
+    "Gate against a baseline: a run id in --db, a label (the latest finished run so labelled, same "
+    "matrix), another store (its latest run), or STORE#RUN / STORE#LABEL."
+)
+_KNOWN_HELP = (
+    "YAML of known failures (case-id glob, reason, link, until, optional mute): matching failures do not gate."
+)
 _NO_KNOWN_HELP = "Apply no known-failures file."
 _NO_BASELINE_HELP = "Gate without a baseline."
 _WINDOW_HELP = "Runs of history (the baseline's label, else the run's) that score each case's flakiness [default: 20]."
 _THRESHOLD_HELP = "A failing case whose flakiness score (0-1) over the window is above this is flaky, not gating."
 _VERBOSE_HELP = "Every case that did not pass on its own line (default: one line per kind, with a count and a few ids)."
-_REQUIRE_HELP = ("A slice that must have run (the --filter language; repeatable): the gate fails when no case of it "
-                 "ran, e.g. --require backend=aiter-triton on a GPU runner.")
+_REQUIRE_HELP = (
+    "A slice that must have run (the --filter language; repeatable): the gate fails when no case of it "
+    "ran, e.g. --require backend=aiter-triton on a GPU runner."
+)
 _ALLOW_EMPTY_HELP = "Let a run in which nothing ran pass (by default it fails: every case skipped is not a pass)."
 
 
@@ -64,8 +69,12 @@ def _flaky_options(f, judged: bool = False):
 
 def _judged_flaky_options(f):
     return _flaky_options(f, judged=True)
-_ALLOW_UNVERIFIABLE_HELP = ("Do not fail the gate on unverifiable cases (the CPU emulation saw the replay disagree on "
-                            "graphs it cannot follow); they are still listed: run them on a GPU to decide.")
+
+
+_ALLOW_UNVERIFIABLE_HELP = (
+    "Do not fail the gate on unverifiable cases (the CPU emulation saw the replay disagree on "
+    "graphs it cannot follow); they are still listed: run them on a GPU to decide."
+)
 
 
 def _dispatch(command: str, **kwargs) -> None:
@@ -90,13 +99,34 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("matrix", type=_MATRIX)
-@click.option("--filter", "filter_expr", default=None, help="Select cases: substring/glob of the case id, or axis=value[,value] terms joined by spaces.")
+@click.option(
+    "--filter",
+    "filter_expr",
+    default=None,
+    help="Select cases: substring/glob of the case id, or axis=value[,value] terms joined by spaces.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="Device class whose model shape to use.")
+@click.option(
+    "--devices",
+    type=click.Choice(["auto", "cpu", "gpu"]),
+    default="auto",
+    show_default=True,
+    help="Device class whose model shape to use.",
+)
 @click.option("--backend", default=None, help="Override the backend axis, as `orch run --backend` does.")
-@click.option("--workers", type=int, default=None, help="Workers to estimate the wall time for (default: what `orch run` would start here).")
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Workers to estimate the wall time for (default: what `orch run` would start here).",
+)
 @_db_option("Results store whose past durations calibrate the estimate (read only; skipped if absent).")
-@click.option("-v", "--verbose", is_flag=True, help="List every case (id, k, resolved mode, estimate) and every skipped case with its reason.")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="List every case (id, k, resolved mode, estimate) and every skipped case with its reason.",
+)
 def plan(**kwargs):
     """Expand MATRIX: how many cases run and which skip (grouped by reason), counts per axis, mode
     downgrades, and the expected wall time on the workers `orch run` would start here.
@@ -115,42 +145,115 @@ def plan(**kwargs):
 @click.option("--backend", default=None, help="Override the backend axis: a provider name or package.module:Class.")
 @click.option("--filter", "filter_expr", default=None, help="Select cases (see `orch plan --help`).")
 @_db_option("Results store: a SQLite file, or a postgresql://USER:PASSWORD@HOST/DB URL shared by many drivers.")
-@click.option("--label", default=None, help="Name this run's line of history (e.g. the branch): `--baseline LABEL` and the flakiness window find runs by it.")
-@click.option("--out", "out_dir", default=None, show_default=OUT_SHOWN,
-              help="Directory for JUnit, summary and dashboard (--resume: the run's own).")
-@click.option("--address", default="local", show_default=True, help="local (embedded Ray), auto (RAY_ADDRESS / running cluster) or HOST:PORT.")
-@click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: GPUs if any, else CPU workers with emulated graphs.")
-@click.option("--workers", type=int, default=None,
-              help="Worker processes (default: one per GPU; without GPUs one per CPU core but at least the "
-                   "largest tp of the matrix, with no more ranks running at once than cores).")
-@click.option("--timeout", "timeout_s", type=float, default=None, help="Per-case deadline in seconds (overrides the matrix).")
+@click.option(
+    "--label",
+    default=None,
+    help="Name this run's line of history (e.g. the branch): `--baseline LABEL` and the flakiness window find runs by it.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default=None,
+    show_default=OUT_SHOWN,
+    help="Directory for JUnit, summary and dashboard (--resume: the run's own).",
+)
+@click.option(
+    "--address",
+    default="local",
+    show_default=True,
+    help="local (embedded Ray), auto (RAY_ADDRESS / running cluster) or HOST:PORT.",
+)
+@click.option(
+    "--devices",
+    type=click.Choice(["auto", "cpu", "gpu"]),
+    default="auto",
+    show_default=True,
+    help="auto: GPUs if any, else CPU workers with emulated graphs.",
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Worker processes (default: one per GPU; without GPUs one per CPU core but at least the "
+    "largest tp of the matrix, with no more ranks running at once than cores).",
+)
+@click.option(
+    "--timeout", "timeout_s", type=float, default=None, help="Per-case deadline in seconds (overrides the matrix)."
+)
 @click.option("--junit", "junit_path", default=None, help="Write JUnit XML here (default OUT/junit.xml).")
-@click.option("--summary", "summary_path", default=None, help="Write a markdown summary here (default OUT/summary.md; also $GITHUB_STEP_SUMMARY).")
+@click.option(
+    "--summary",
+    "summary_path",
+    default=None,
+    help="Write a markdown summary here (default OUT/summary.md; also $GITHUB_STEP_SUMMARY).",
+)
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
-@click.option("--known-failures", "known_failures", default=None,
-              help=_KNOWN_HELP + " [default: the file the matrix names (`known_failures:`)]")
+@click.option(
+    "--known-failures",
+    "known_failures",
+    default=None,
+    help=_KNOWN_HELP + " [default: the file the matrix names (`known_failures:`)]",
+)
 @_no_known_option
 @_flaky_options
-@click.option("--max-gpus", "max_gpus", type=int, default=None,
-              help="At most this many GPUs for this run on a cluster other drivers share (workers where it has no GPU); tp larger than it is skipped.")
+@click.option(
+    "--max-gpus",
+    "max_gpus",
+    type=int,
+    default=None,
+    help="At most this many GPUs for this run on a cluster other drivers share (workers where it has no GPU); tp larger than it is skipped.",
+)
 @click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
-@click.option("--resume", "resume_run", default=None, metavar="RUN_ID",
-              help="Finish run RUN_ID from its own plan: only the cases without a verdict. MATRIX may be left out; given, it must be the run's.")
-@click.option("--no-progress", is_flag=True, help="No progress lines (the bar on a terminal, a line per 10% elsewhere).")
+@click.option(
+    "--resume",
+    "resume_run",
+    default=None,
+    metavar="RUN_ID",
+    help="Finish run RUN_ID from its own plan: only the cases without a verdict. MATRIX may be left out; given, it must be the run's.",
+)
+@click.option(
+    "--no-progress", is_flag=True, help="No progress lines (the bar on a terminal, a line per 10% elsewhere)."
+)
 @click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP)
 @click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP)
-@click.option("-v", "--verbose", is_flag=True,
-              help="Every case that did not pass (fail, error, timeout, unverifiable, flaky, not-run) with its reason "
-                   "and repro at the end, instead of one line per kind; and Ray's own log lines.")
-@click.option("--workers-per-gpu", "workers_per_gpu", default="1", show_default=True, metavar="N|auto",
-              help="Workers sharing each GPU (Ray fractional GPUs, each within its memory budget); auto: as many as "
-                   "the cases' recorded memory needs and the host's cores allow (docs/EXECUTION.md, GPU memory).")
-@click.option("--gpu-memory-utilization", "gpu_memory_utilization", type=float, default=0.9, show_default=True,
-              help="Fraction of its share of the GPU a worker may use, as vLLM's option of that name.")
-@click.option("--gpu-memory", "gpu_memory", default=None, metavar="GIB",
-              help="Treat each GPU as having this much memory (e.g. 24, to behave like a 24 GiB card); default: its real size.")
-@click.option("--precompile-jobs", "precompile_jobs", type=int, default=None,
-              help="Helper processes that warm Triton's kernel cache at the start of a local GPU run (0: off; default ORCH_PRECOMPILE_JOBS, else 1 when the run has cases of other backends to run meanwhile, up to 3 when not).")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Every case that did not pass (fail, error, timeout, unverifiable, flaky, not-run) with its reason "
+    "and repro at the end, instead of one line per kind; and Ray's own log lines.",
+)
+@click.option(
+    "--workers-per-gpu",
+    "workers_per_gpu",
+    default="1",
+    show_default=True,
+    metavar="N|auto",
+    help="Workers sharing each GPU (Ray fractional GPUs, each within its memory budget); auto: as many as "
+    "the cases' recorded memory needs and the host's cores allow (docs/EXECUTION.md, GPU memory).",
+)
+@click.option(
+    "--gpu-memory-utilization",
+    "gpu_memory_utilization",
+    type=float,
+    default=0.9,
+    show_default=True,
+    help="Fraction of its share of the GPU a worker may use, as vLLM's option of that name.",
+)
+@click.option(
+    "--gpu-memory",
+    "gpu_memory",
+    default=None,
+    metavar="GIB",
+    help="Treat each GPU as having this much memory (e.g. 24, to behave like a 24 GiB card); default: its real size.",
+)
+@click.option(
+    "--precompile-jobs",
+    "precompile_jobs",
+    type=int,
+    default=None,
+    help="Helper processes that warm Triton's kernel cache at the start of a local GPU run (0: off; default ORCH_PRECOMPILE_JOBS, else 1 when the run has cases of other backends to run meanwhile, up to 3 when not).",
+)
 def run(**kwargs):
     """Run MATRIX on Ray and gate on the results.
 
@@ -180,8 +283,19 @@ def run(**kwargs):
 @click.option("--matrix", type=_MATRIX, default=None, help="Matrix the case comes from (default: looked up in --db).")
 @click.option("--backend", default=None, help="Override the backend: a provider name or package.module:Class.")
 @_db_option("Results store to look the case up in when --matrix is not given.")
-@click.option("--run", "run_id", default=None, help="Look the case up in this run of --db: an id or a label (its latest finished run) [default: the latest run that has it].")
-@click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="auto: the first GPU if any, else CPU with emulated graphs.")
+@click.option(
+    "--run",
+    "run_id",
+    default=None,
+    help="Look the case up in this run of --db: an id or a label (its latest finished run) [default: the latest run that has it].",
+)
+@click.option(
+    "--devices",
+    type=click.Choice(["auto", "cpu", "gpu"]),
+    default="auto",
+    show_default=True,
+    help="auto: the first GPU if any, else CPU with emulated graphs.",
+)
 @click.option("--json", "as_json", is_flag=True, help="The CaseResult as JSON.")
 def repro(**kwargs):
     """Re-run one case in this process (tp > 1: a local gang of processes) and print its verdict.
@@ -195,11 +309,21 @@ def repro(**kwargs):
 
 @cli.command()
 @_db_option(_DB_HELP)
-@click.option("--run", "run_id", default=None,
-              help=_RUN_HELP[:-len(" [default: the latest run].")] + " [default: with --output into a run's out dir, "
-                   "that run; else the latest].")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "junit"]), default="text", show_default=True,
-              help="text: for a terminal or CI log; json: everything; md: the CI summary; junit: JUnit XML.")
+@click.option(
+    "--run",
+    "run_id",
+    default=None,
+    help=_RUN_HELP[: -len(" [default: the latest run].")] + " [default: with --output into a run's out dir, "
+    "that run; else the latest].",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "md", "junit"]),
+    default="text",
+    show_default=True,
+    help="text: for a terminal or CI log; json: everything; md: the CI summary; junit: JUnit XML.",
+)
 @click.option("--baseline", default=None, help=_BASELINE_HELP + _JUDGED_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP + _JUDGED_HELP)
 @_judged_options
@@ -247,14 +371,20 @@ def gate(**kwargs):
 
 @cli.command()
 @_db_option(_DB_HELP)
-@click.option("--run", "run_id", default=None,
-              help=_RUN_HELP[:-len(" [default: the latest run].")] + " [default: the run whose outputs --out holds, "
-                   "else the latest].")
+@click.option(
+    "--run",
+    "run_id",
+    default=None,
+    help=_RUN_HELP[: -len(" [default: the latest run].")] + " [default: the run whose outputs --out holds, "
+    "else the latest].",
+)
 @click.option("--baseline", default=None, help=_BASELINE_HELP + _JUDGED_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP + _JUDGED_HELP)
 @_judged_options
 @click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
-@click.option("--out", "out_dir", default=None, show_default=DASHBOARD_SHOWN, help="Directory to write index.html into.")
+@click.option(
+    "--out", "out_dir", default=None, show_default=DASHBOARD_SHOWN, help="Directory to write index.html into."
+)
 def dashboard(**kwargs):
     """Write the self-contained static dashboard (opens from disk; a CI artifact). Exit 0 when
     written, whatever the run's verdict (the page shows it; `orch gate` exits by it).
@@ -268,7 +398,9 @@ def dashboard(**kwargs):
 
 @cli.command()
 @_db_option(_DB_HELP)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback: this machine only).")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback: this machine only)."
+)
 @click.option("--port", type=int, default=8265 + 1000, show_default=True, help="Port to listen on.")
 @click.option("--baseline", default=None, help=_BASELINE_HELP)
 @click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
@@ -309,13 +441,23 @@ def diff(**kwargs):
 @click.option("--gpus", type=int, default=512, show_default=True, help="GPUs in all.")
 @click.option("--nodes", type=int, default=64, show_default=True, help="Nodes the GPUs are spread over (evenly).")
 @click.option("--cases", type=int, default=20000, show_default=True, help="Cases in the synthetic matrix.")
-@click.option("--policy", type=click.Choice(["ours", "hash", "static-duration", "all"]), default="all", show_default=True,
-              help="Dispatch policy to simulate (all: each, side by side).")
+@click.option(
+    "--policy",
+    type=click.Choice(["ours", "hash", "static-duration", "all"]),
+    default="all",
+    show_default=True,
+    help="Dispatch policy to simulate (all: each, side by side).",
+)
 @click.option("--sigma", type=float, default=0.5, show_default=True, help="lognormal sigma of true/estimated duration.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic workload.")
-@click.option("--modes-per-config", type=int, default=1, show_default=True,
-              help="Cases come as configs of this many cudagraph modes that share work on one worker "
-                   "(adds ours-ungrouped: the same dispatcher not keeping them together).")
+@click.option(
+    "--modes-per-config",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Cases come as configs of this many cudagraph modes that share work on one worker "
+    "(adds ours-ungrouped: the same dispatcher not keeping them together).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def simulate(**kwargs):
     """Discrete-event simulation of the scheduling policy against hash and static-duration sharding.
@@ -328,10 +470,20 @@ def simulate(**kwargs):
 
 
 @cli.command()
-@click.option("--matrix", type=_MATRIX, default=None,
-              help="Which providers of MATRIX run here and which are skipped (why); exit 0 when what runs here can run, as `orch run` would.")
+@click.option(
+    "--matrix",
+    type=_MATRIX,
+    default=None,
+    help="Which providers of MATRIX run here and which are skipped (why); exit 0 when what runs here can run, as `orch run` would.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--devices", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True, help="Device class to check the matrix for.")
+@click.option(
+    "--devices",
+    type=click.Choice(["auto", "cpu", "gpu"]),
+    default="auto",
+    show_default=True,
+    help="Device class to check the matrix for.",
+)
 def doctor(**kwargs):
     """What a run here gets: platform, GPUs and arch, visible-device variables as Ray sets them,
     fp8 dtype, providers and why one cannot run, graph kind, Ray auth, NCCL/RCCL, Triton, aiter.

@@ -23,7 +23,8 @@ def echo(*renderables: Any, file: TextIO | None = None, markup: bool = True, min
         Console(file=file, width=width, markup=markup, highlight=False).print(*renderables)
         return
     buf = io.StringIO()
-    Console(file=buf, width=PIPE_WIDTH, force_terminal=False, no_color=True, markup=markup,
-            highlight=False).print(*renderables)
+    Console(file=buf, width=PIPE_WIDTH, force_terminal=False, no_color=True, markup=markup, highlight=False).print(
+        *renderables
+    )
     file.write("".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines()))
     file.flush()

@@ -31,7 +31,7 @@ class Group:
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:
-    """"1 case", "2 cases", "1 new failure", "0 flaky" (`many` where "s" is not the plural)."""
+    """ "1 case", "2 cases", "1 new failure", "0 flaky" (`many` where "s" is not the plural)."""
     return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
@@ -82,7 +82,7 @@ def downgrade_lines(downgrades: Iterable[tuple[str, ...]]) -> list[str]:
 
 
 def sample(ids: Sequence[str], n: int = SAMPLE) -> str:
-    """"a, b, c and 679 more": the first `n` ids and how many were left out."""
+    """ "a, b, c and 679 more": the first `n` ids and how many were left out."""
     shown = ", ".join(ids[:n])
     return shown + (f" and {len(ids) - n} more" if len(ids) > n else "")
 

@@ -34,7 +34,7 @@ class Unran:
     reasons: tuple[tuple[str, int], ...]  # (short skip reason, cases), most first
 
     def line(self) -> str:
-        """"nothing ran: 75 skipped (needs a CUDA/ROCm GPU (Triton): 75)"."""
+        """ "nothing ran: 75 skipped (needs a CUDA/ROCm GPU (Triton): 75)"."""
         what = "nothing ran" if not self.require else f"required `{self.require}` did not run"
         if not self.cases:
             return f"{what}: no case of this run matches it"
@@ -58,12 +58,14 @@ def _unran(results: Sequence[CaseResult], require: str) -> Unran | None:
     if any(r.status not in _DID_NOT_RUN for r in results):
         return None
     reasons = Counter(short_reason(r.reason) for r in results if r.status == Status.SKIP)
-    return Unran(require, len(results), sum(reasons.values()),
-                 tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))))
+    return Unran(
+        require, len(results), sum(reasons.values()), tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    )
 
 
-def unran(results: Sequence[CaseResult], *, require: Sequence[str] = (), allow_empty: bool = False,
-          whole_run: bool = True) -> tuple[Unran, ...]:
+def unran(
+    results: Sequence[CaseResult], *, require: Sequence[str] = (), allow_empty: bool = False, whole_run: bool = True
+) -> tuple[Unran, ...]:
     """The slices that should have run and did not: the whole run (unless `allow_empty`, or
     `whole_run` False: something else gates already), then each `require` filter."""
     from orchestrator.filters import parse_filter

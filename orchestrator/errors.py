@@ -42,4 +42,3 @@ class InputError(OrchError):
 
 class InfraError(OrchError):
     exit_code = ExitCode.INFRA_ERROR
-

@@ -105,8 +105,10 @@ def _check_value(key: str, value: str, raw: str) -> None:
         try:
             family_spec(value)
         except UnknownFamily:
-            raise InputError(f"{raw!r}: {value!r} is not an attention family ({', '.join(FAMILY_NAMES)}, "
-                             "or a plugin's)", source="--filter") from None
+            raise InputError(
+                f"{raw!r}: {value!r} is not an attention family ({', '.join(FAMILY_NAMES)}, or a plugin's)",
+                source="--filter",
+            ) from None
         return
     known = _KNOWN_VALUES.get(key)
     if known is not None and value not in known:

@@ -37,8 +37,10 @@ class Flakiness:
     score: float
 
     def describe(self) -> str:
-        return (f"flakiness {self.score:.2f} over its last {self.runs} run(s): {self.flips} pass/fail flip(s), "
-                f"{self.retried} flaky on retry")
+        return (
+            f"flakiness {self.score:.2f} over its last {self.runs} run(s): {self.flips} pass/fail flip(s), "
+            f"{self.retried} flaky on retry"
+        )
 
     def to_dict(self) -> dict:
         return {"runs": self.runs, "flips": self.flips, "retried": self.retried, "score": round(self.score, 3)}

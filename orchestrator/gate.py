@@ -126,7 +126,11 @@ class GateOutcome:
         """The case ids that failed the gate, worst class first."""
         gating = gating_classes(self.allow_unverifiable)
         return tuple(
-            cid for cls in CLASSIFICATIONS if cls in gating for cid, c in sorted(self.classification.items()) if c == cls
+            cid
+            for cls in CLASSIFICATIONS
+            if cls in gating
+            for cid, c in sorted(self.classification.items())
+            if c == cls
         )
 
     def ran(self) -> str:
@@ -159,12 +163,18 @@ class GateOutcome:
             tail = f" ({', '.join(extra)} not gating)" if extra else ""
             return f"gate PASSED: {self.ran()}, no new failures{tail}"
         parts = []
-        for name, many, ids in (("regression", None, self.regressions), ("new failure", None, self.new_failures),
-                                ("missing", "missing", self.missing),
-                                ("not run (infrastructure)", "not run (infrastructure)", self.not_run),
-                                ("out of memory (infrastructure)", "out of memory (infrastructure)", self.oom),
-                                ("unverifiable (run on a GPU to decide)", "unverifiable (run on a GPU to decide)",
-                                 () if self.allow_unverifiable else self.unverifiable)):
+        for name, many, ids in (
+            ("regression", None, self.regressions),
+            ("new failure", None, self.new_failures),
+            ("missing", "missing", self.missing),
+            ("not run (infrastructure)", "not run (infrastructure)", self.not_run),
+            ("out of memory (infrastructure)", "out of memory (infrastructure)", self.oom),
+            (
+                "unverifiable (run on a GPU to decide)",
+                "unverifiable (run on a GPU to decide)",
+                () if self.allow_unverifiable else self.unverifiable,
+            ),
+        ):
             if ids:
                 parts.append(plural(len(ids), name, many))
         lines = [f"{', '.join(parts)}; {self.ran()}"] if parts else []
@@ -198,7 +208,10 @@ class GateOutcome:
 
 
 def classify(
-    r: CaseResult, base: CaseResult | None, have_baseline: bool, known: KnownFailure | None,
+    r: CaseResult,
+    base: CaseResult | None,
+    have_baseline: bool,
+    known: KnownFailure | None,
     history_flaky: bool = False,
 ) -> Classification:
     if r.status == Status.SKIP:
@@ -269,8 +282,13 @@ def evaluate(
             old = known.expired_match(r.case_id)
             if old is not None:
                 expired[r.case_id] = old
-        classification[r.case_id] = classify(r, base.get(r.case_id), baseline is not None, entry,
-                                             history_flaky=r.status in FAILING and r.case_id in flaky_history)
+        classification[r.case_id] = classify(
+            r,
+            base.get(r.case_id),
+            baseline is not None,
+            entry,
+            history_flaky=r.status in FAILING and r.case_id in flaky_history,
+        )
     for cid in missing:
         classification.setdefault(cid, C.MISSING)
 

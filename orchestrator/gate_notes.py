@@ -46,8 +46,10 @@ def lines(view: RunView, *, with_entries: bool = True, verbose: bool = False, wi
     muted section of its own (summary.md)."""
     gate, out = view.gate, []
     if view.known is not None:  # which file applied: --known-failures, or the one the matrix names
-        out.append(f"known failures: {view.known.source} ({len(view.known.entries)} "
-                   f"entr{'y' if len(view.known.entries) == 1 else 'ies'})")
+        out.append(
+            f"known failures: {view.known.source} ({len(view.known.entries)} "
+            f"entr{'y' if len(view.known.entries) == 1 else 'ies'})"
+        )
     if view.baseline.note:
         out.append(view.baseline.note)
     elif view.baseline.where:
@@ -78,6 +80,12 @@ def markdown(view: RunView) -> str:
         return ""
     md = ["", "### History and known failures", ""] + [f"- {n}" for n in notes]
     if found:
-        md += ["", "Paste-ready known-failures entries (narrowed to the axes that failed; fill in reason and link):",
-               "", "```yaml", *suggest.render(found).splitlines(), "```"]
+        md += [
+            "",
+            "Paste-ready known-failures entries (narrowed to the axes that failed; fill in reason and link):",
+            "",
+            "```yaml",
+            *suggest.render(found).splitlines(),
+            "```",
+        ]
     return "\n".join(md) + "\n"

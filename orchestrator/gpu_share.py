@@ -28,8 +28,10 @@ class GpuShare:
     def line(self) -> str:
         """'GPU busy 43% (device time 53.1s of 1 GPU x 124.7s; NVML 38%)'."""
         nvml = f"; NVML {self.sampled:.0f}%" if self.sampled is not None else ""
-        return (f"GPU busy {self.busy:.0%} (device time {self.device_s:.1f}s of {self.gpus} GPU"
-                f"{'s' if self.gpus != 1 else ''} x {self.cases_s:.1f}s{nvml})")
+        return (
+            f"GPU busy {self.busy:.0%} (device time {self.device_s:.1f}s of {self.gpus} GPU"
+            f"{'s' if self.gpus != 1 else ''} x {self.cases_s:.1f}s{nvml})"
+        )
 
 
 def measure(results: Iterable[CaseResult], cases_s: float | None, gpus: int) -> GpuShare | None:

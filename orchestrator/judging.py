@@ -21,8 +21,17 @@ from orchestrator.store import RunInfo
 from orchestrator.store.location import MASK, Location, parse
 
 # The CLI options a Judging is built from (`from_cli` takes exactly these keys).
-CLI_KEYS = ("baseline", "no_baseline", "known_failures", "no_known_failures", "flaky_window", "flaky_threshold",
-            "require", "allow_empty", "allow_unverifiable")
+CLI_KEYS = (
+    "baseline",
+    "no_baseline",
+    "known_failures",
+    "no_known_failures",
+    "flaky_window",
+    "flaky_threshold",
+    "require",
+    "allow_empty",
+    "allow_unverifiable",
+)
 
 
 @dataclass(frozen=True)
@@ -44,11 +53,15 @@ class Judging:
         baseline = _one_of(options, "baseline", "no_baseline")
         known = _one_of(options, "known_failures", "no_known_failures")
         flaky = flakiness.options(options.get("flaky_window"), options.get("flaky_threshold"))
-        return cls(baseline=baseline, known_failures=known,
-                   flaky_window=flaky["flaky_window"] if options.get("flaky_window") is not None else None,
-                   flaky_threshold=flaky["flaky_threshold"], require=tuple(options.get("require") or ()),
-                   allow_empty=bool(options.get("allow_empty")),
-                   allow_unverifiable=bool(options.get("allow_unverifiable")))
+        return cls(
+            baseline=baseline,
+            known_failures=known,
+            flaky_window=flaky["flaky_window"] if options.get("flaky_window") is not None else None,
+            flaky_threshold=flaky["flaky_threshold"],
+            require=tuple(options.get("require") or ()),
+            allow_empty=bool(options.get("allow_empty")),
+            allow_unverifiable=bool(options.get("allow_unverifiable")),
+        )
 
     @property
     def rules(self) -> GateRules:
@@ -78,8 +91,10 @@ def unmasked(baseline: str, db: Location, run_id: int) -> str:
     where, sep, selector = baseline.rpartition("#") if "#" in baseline else (baseline, "", "")
     if parse(where).display == db.display:
         return db.target + sep + selector
-    raise InputError(f"run {run_id} was gated against {baseline}, whose password is not stored: give --baseline "
-                     "again (or --no-baseline)")
+    raise InputError(
+        f"run {run_id} was gated against {baseline}, whose password is not stored: give --baseline "
+        "again (or --no-baseline)"
+    )
 
 
 def _one_of(options: Mapping[str, Any], key: str, off: str) -> str | None:

@@ -131,7 +131,9 @@ def _testcase(r: CaseResult, cls: Classification, gate: GateOutcome) -> TestCase
 
 def _missing_testcase(case_id: str, axes: dict) -> TestCase:
     k = int(axes.get("spec_tokens", 0) or 0)
-    tc = TestCase(case_id, f"orch.tp{axes.get('tp', '?')}.{axes.get('cudagraph_mode', '?')}" + (f".k{k}" if k else ""), 0.0)
+    tc = TestCase(
+        case_id, f"orch.tp{axes.get('tp', '?')}.{axes.get('cudagraph_mode', '?')}" + (f".k{k}" if k else ""), 0.0
+    )
     el = Error("[missing] no result: the run stopped before this case finished", "missing")
     el.text = "planned but never finished: `orch run --resume RUN_ID` runs it"
     tc.result = [el]
@@ -144,8 +146,15 @@ def _unran_testcase(line: str, require: str) -> TestCase:
     return tc
 
 
-def build(results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, run_id: int | None = None,
-          run_status: str | None = None, planned: Sequence[dict] = ()) -> JUnitXml:
+def build(
+    results: Sequence[CaseResult],
+    gate: GateOutcome,
+    *,
+    suite_name: str,
+    run_id: int | None = None,
+    run_status: str | None = None,
+    planned: Sequence[dict] = (),
+) -> JUnitXml:
     """`planned`: the run's planned cases without a result (RunView.planned: case_id + axes);
     those the gate counts as missing become <error type="missing"> testcases."""
     suite = TestSuite(suite_name or "orch")
@@ -157,9 +166,11 @@ def build(results: Sequence[CaseResult], gate: GateOutcome, *, suite_name: str, 
     missing = set(gate.missing)
     # One add_testcases call: junitparser's add_testcase recounts the whole suite on every call
     # (quadratic in the number of cases: docs/BENCHMARKS.md).
-    suite.add_testcases([_testcase(r, gate.classification.get(r.case_id, Classification(r.status.value)), gate) for r in results]
-                        + [_missing_testcase(p["case_id"], p) for p in planned if p["case_id"] in missing]
-                        + [_unran_testcase(u.line(), u.require) for u in gate.unran])
+    suite.add_testcases(
+        [_testcase(r, gate.classification.get(r.case_id, Classification(r.status.value)), gate) for r in results]
+        + [_missing_testcase(p["case_id"], p) for p in planned if p["case_id"] in missing]
+        + [_unran_testcase(u.line(), u.require) for u in gate.unran]
+    )
     xml = JUnitXml()
     xml.add_testsuite(suite)
     xml.update_statistics()

@@ -122,7 +122,10 @@ def parse(text: str, source: str = "<known-failures>") -> KnownFailures:
             fields[key] = v
         for required in _REQUIRED:
             if required not in fields:
-                why = {"link": " (the ticket that tracks it)", "until": " (a date YYYY-MM-DD after which it gates again)"}
+                why = {
+                    "link": " (the ticket that tracks it)",
+                    "until": " (a date YYYY-MM-DD after which it gates again)",
+                }
                 raise _err(source, item, f"known failure is missing '{required}'{why.get(required, '')}")
         raw = _scalar(source, fields["until"], "until")
         try:

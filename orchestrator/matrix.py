@@ -76,8 +76,9 @@ def resolve_device_class(devices: str) -> str:
     raise InputError(f"--devices: expected cpu, gpu or auto, got {devices!r}")
 
 
-def load_matrix(path: str, *, devices: str = "auto", backend_override: str | None = None,
-                backend_checks: bool = True) -> Matrix:
+def load_matrix(
+    path: str, *, devices: str = "auto", backend_override: str | None = None, backend_checks: bool = True
+) -> Matrix:
     """The matrix as runnable cases and skips. backend_checks=False stops before the backend
     classes are imported (and torch with them): backend names are not resolved and skips say
     only what the file and the model shape decide (heads vs tp, constraints). `devices` must then
@@ -145,16 +146,25 @@ class _Loader:
         used = [b for e in self.doc.include for b in e.values("batch")]
         for i, name in enumerate(self.doc.axes.batch):
             if name not in names:
-                raise self.err(("axes", "batch", i), f"no batch spec named {name!r} under batches: (have {', '.join(names)})")
+                raise self.err(
+                    ("axes", "batch", i), f"no batch spec named {name!r} under batches: (have {', '.join(names)})"
+                )
         for family, block in self.doc.families.items():
             for i, name in enumerate(block.axes.batch or ()):
                 if name not in names:
-                    raise self.err(("families", family, "axes", "batch", i), f"no batch spec named {name!r} under batches:")
+                    raise self.err(
+                        ("families", family, "axes", "batch", i), f"no batch spec named {name!r} under batches:"
+                    )
         for family in self.families:
             used += [(name, family) for name in self.family_axes(family)["batch"]]
-        entries: list[tuple[tuple[str | int, ...], Any]] = [((key, i), e.when if key == "constraints" else e) for key in ("exclude", "include", "constraints")
-                   for i, e in enumerate(getattr(self.doc, key))]
-        entries += [(("families", f, "exclude", i), e) for f, b in self.doc.families.items() for i, e in enumerate(b.exclude)]
+        entries: list[tuple[tuple[str | int, ...], Any]] = [
+            ((key, i), e.when if key == "constraints" else e)
+            for key in ("exclude", "include", "constraints")
+            for i, e in enumerate(getattr(self.doc, key))
+        ]
+        entries += [
+            (("families", f, "exclude", i), e) for f, b in self.doc.families.items() for i, e in enumerate(b.exclude)
+        ]
         for where, match in entries:
             for j, name in enumerate(match.values("batch")):
                 if name not in names:
@@ -180,8 +190,11 @@ class _Loader:
         if m.num_blocks:
             need = m.blocks_for(s)
             if need > m.num_blocks - 1:
-                raise self.err(loc, f"needs {need} KV-cache blocks of {m.block_size} tokens; model num_blocks "
-                                    f"{m.num_blocks} leaves {m.num_blocks - 1} (block 0 is the null block)")
+                raise self.err(
+                    loc,
+                    f"needs {need} KV-cache blocks of {m.block_size} tokens; model num_blocks "
+                    f"{m.num_blocks} leaves {m.num_blocks - 1} (block 0 is the null block)",
+                )
         return BatchSpec(name, q, s, block.description)
 
     def capture_sizes(self, m: ModelShape, spec_tokens: int = 0) -> tuple[int, ...]:
@@ -247,12 +260,22 @@ class _Loader:
             return
         for i, family in enumerate(self.families):
             names = self.family_axes(family)["backend"]
-            ok = [n for n in names if not family_reason(n, family) and self._implements(n, family, self._backend_loc(n, family))]
+            ok = [
+                n
+                for n in names
+                if not family_reason(n, family) and self._implements(n, family, self._backend_loc(n, family))
+            ]
             if not ok:
-                where = (("families", family, "axes", "backend") if family in self.doc.families
-                         and self.doc.families[family].axes.backend else ("axes", "backend"))
-                raise self.err(where, f"no backend here implements the {family} attention family "
-                                      f"({', '.join(names)}); axes.attention[{i}] names it")
+                where = (
+                    ("families", family, "axes", "backend")
+                    if family in self.doc.families and self.doc.families[family].axes.backend
+                    else ("axes", "backend")
+                )
+                raise self.err(
+                    where,
+                    f"no backend here implements the {family} attention family "
+                    f"({', '.join(names)}); axes.attention[{i}] names it",
+                )
 
     def feature_reason(self, name: str, family: str, caps: Any) -> str | None:
         """Why backend `name` (which implements `family`) cannot run this matrix's shape of it: a
@@ -322,19 +345,30 @@ class _Loader:
             if only:
                 m = self.model_of(family)
                 first = next(s.reason for s in skipped if s.case.attention == family)
-                where = ("families", family, "axes", "tp") if family in doc.families and \
-                    doc.families[family].axes.tp else ("axes", "tp")
-                raise self.err(where, f"nothing runnable for {family}: {first} (model num_heads {m.num_heads}, "
-                                      f"num_kv_heads {m.num_kv_heads})")
+                where = (
+                    ("families", family, "axes", "tp")
+                    if family in doc.families and doc.families[family].axes.tp
+                    else ("axes", "tp")
+                )
+                raise self.err(
+                    where,
+                    f"nothing runnable for {family}: {first} (model num_heads {m.num_heads}, "
+                    f"num_kv_heads {m.num_kv_heads})",
+                )
         name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
-        return Matrix(self.path, name, self.device_class, tuple(runnable), tuple(skipped),
-                      S.known_failures_file(self.tree))
+        return Matrix(
+            self.path, name, self.device_class, tuple(runnable), tuple(skipped), S.known_failures_file(self.tree)
+        )
 
     def _backend_loc(self, name: str, family: str) -> tuple:
         block = self.doc.families.get(family)
         if block is not None and block.axes.backend and name in block.axes.backend:
             return ("families", family, "axes", "backend", block.axes.backend.index(name))
-        return ("axes", "backend", self.doc.axes.backend.index(name)) if name in self.doc.axes.backend else ("axes", "backend")
+        return (
+            ("axes", "backend", self.doc.axes.backend.index(name))
+            if name in self.doc.axes.backend
+            else ("axes", "backend")
+        )
 
     def inherited_include(self) -> T.Node | None:
         """The include list's node when this file did not write it (an `extends:` parent did)."""
@@ -362,9 +396,12 @@ class _Loader:
             return self.err(("include", e.index), str(e))
         ext = self.tree.value.get("extends")
         row = node.value[e.index] if isinstance(node.value, list) and e.index < len(node.value) else node
-        return InputError(f"include[{e.index}] (inherited from {row.src}:{row.line}) {e}; this file narrows the axes "
-                          f"it extends: `include: []` here drops the inherited include rows",
-                          source=self.path, line=ext.line if ext is not None else None)
+        return InputError(
+            f"include[{e.index}] (inherited from {row.src}:{row.line}) {e}; this file narrows the axes "
+            f"it extends: `include: []` here drops the inherited include rows",
+            source=self.path,
+            line=ext.line if ext is not None else None,
+        )
 
     def expand_cases(self, per_family: list[dict[str, list]], includes: list[dict]) -> list[tuple[dict, Case]]:
         """Product (family by family), exclude, include -> (combination, Case), ids unique, k fitted
@@ -379,13 +416,17 @@ class _Loader:
         if size > MAX_COMBINATIONS:
             raise self.err(("axes",), f"the product has {size} combinations (limit {MAX_COMBINATIONS})")
         exclude = [e.axes() for e in doc.exclude]
-        exclude += [{**e.axes(), "attention": [family]} for family, block in doc.families.items() for e in block.exclude]
+        exclude += [
+            {**e.axes(), "attention": [family]} for family, block in doc.families.items() for e in block.exclude
+        ]
         try:
             combos = expand(per_family, exclude, includes)
         except IncompleteInclude as e:
             raise self.include_error(e) from None
         if not combos:
-            raise self.err(("exclude",) if doc.exclude else ("axes",), "the product is empty: exclude removes every combination")
+            raise self.err(
+                ("exclude",) if doc.exclude else ("axes",), "the product is empty: exclude removes every combination"
+            )
 
         batches: dict[tuple[str, str], BatchSpec] = {}
         capture: dict[tuple[str, int], tuple[int, ...]] = {}
@@ -399,18 +440,29 @@ class _Loader:
             if (family, k) not in capture:
                 capture[(family, k)] = self.capture_sizes(model, k)
             case = Case(
-                backend=combo["backend"], tp=combo["tp"], mode=combo["cudagraph_mode"],
-                kv_cache_dtype=combo["kv_cache_dtype"], batch=batches[(combo["batch"], family)], seed=combo["seed"],
-                model=model, capture_sizes=capture[(family, k)], steps=combo.get("steps", doc.steps),
+                backend=combo["backend"],
+                tp=combo["tp"],
+                mode=combo["cudagraph_mode"],
+                kv_cache_dtype=combo["kv_cache_dtype"],
+                batch=batches[(combo["batch"], family)],
+                seed=combo["seed"],
+                model=model,
+                capture_sizes=capture[(family, k)],
+                steps=combo.get("steps", doc.steps),
                 tolerance=self.tolerance(combo["kv_cache_dtype"], family),
                 timeout_s=float(combo.get("timeout_s", doc.timeout_s)),
-                matrix=self.path, tier=doc.tier, spec_tokens=k, cg_padding=padding.parse(combo["cg_padding"]),
+                matrix=self.path,
+                tier=doc.tier,
+                spec_tokens=k,
+                cg_padding=padding.parse(combo["cg_padding"]),
             )
             self.check_spec(combo, case)
             cid = case.case_id
             if cid in seen:
                 where = ("include", combo["_include"]) if "_include" in combo else ("axes", "backend")
-                raise self.err(where, f"duplicate case id {cid} (two combinations, or two backends with one class name)")
+                raise self.err(
+                    where, f"duplicate case id {cid} (two combinations, or two backends with one class name)"
+                )
             seen[cid] = n
             out.append((combo, case))
         return out
@@ -426,7 +478,9 @@ class _Loader:
             return
         if "_include" in combo:
             i = combo["_include"]
-            loc: tuple[str | int, ...] = ("include", i, "spec_tokens") if self.doc.include[i].spec_tokens is not None else ("include", i)
+            loc: tuple[str | int, ...] = (
+                ("include", i, "spec_tokens") if self.doc.include[i].spec_tokens is not None else ("include", i)
+            )
         else:
             block = self.doc.families.get(case.attention)
             if block is not None and block.axes.spec_tokens and k in block.axes.spec_tokens:

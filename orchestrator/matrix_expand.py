@@ -45,8 +45,11 @@ def fits(entry: Mapping[str, Any], values: Mapping[str, Sequence[Any]]) -> bool:
     return all(v in values[k] for k, v in entry.items() if k in values)
 
 
-def expand(axes: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Sequence[Any]]],
-           exclude: Sequence[Mapping[str, Any]], include: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def expand(
+    axes: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Sequence[Any]]],
+    exclude: Sequence[Mapping[str, Any]],
+    include: Sequence[Mapping[str, Any]],
+) -> list[dict[str, Any]]:
     """Cartesian product of `axes` (in key order; a list of axes mappings: the concatenation of
     their products, one per attention family), minus every combination an `exclude` entry
     matches (all of its keys equal, a list: any of), then GitHub Actions `include`, entry by
@@ -77,8 +80,11 @@ def expand(axes: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Sequence[An
                 if k in new:
                     continue
                 if len(values[k]) != 1:
-                    raise IncompleteInclude(index, f"adds a new combination but does not say which {k} "
-                                                   f"(axis has {', '.join(map(str, values[k]))})")
+                    raise IncompleteInclude(
+                        index,
+                        f"adds a new combination but does not say which {k} "
+                        f"(axis has {', '.join(map(str, values[k]))})",
+                    )
                 new[k] = values[k][0]
             new["_include"] = index
             combos.append(new)

@@ -37,8 +37,9 @@ def family_shape(tree: T.Node, doc: S.MatrixDoc, family: str, device_class: str)
     loc_own = ("families", family, "model")
     for key in own:
         if key in derived:
-            raise _err(tree, (*loc_own, key), f"{key} is derived for the {family} family "
-                                              f"({_derived_note(fs)}); remove it")
+            raise _err(
+                tree, (*loc_own, key), f"{key} is derived for the {family} family ({_derived_note(fs)}); remove it"
+            )
         if key not in _GENERIC and key not in fs.dim_names:
             close = difflib.get_close_matches(key, [*_GENERIC, *fs.dim_names], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -50,7 +51,9 @@ def family_shape(tree: T.Node, doc: S.MatrixDoc, family: str, device_class: str)
         value = merged.pop(d.name, d.default)
         why = d.check(value)
         if why:
-            loc: tuple[str | int, ...] = (*loc_own, d.name) if d.name in own else (("families", family) if block else ("axes", "attention"))
+            loc: tuple[str | int, ...] = (
+                (*loc_own, d.name) if d.name in own else (("families", family) if block else ("axes", "attention"))
+            )
             raise _err(tree, loc, why)
         dims[d.name] = value
     generic = {**merged, **fs.derive(dims)}

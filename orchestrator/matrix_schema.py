@@ -186,8 +186,12 @@ class Axes(_Model):
 _T = typing.TypeVar("_T")
 # A value, or a non-empty list of them meaning "any of" (exclude, include, constraints); held as a
 # list either way (a plain value is a list of one).
-AnyOf = Annotated[list[_T], BeforeValidator(lambda v: v if isinstance(v, list) else [v]),
-                  Field(min_length=1, max_length=10_000), AfterValidator(_no_duplicates)]
+AnyOf = Annotated[
+    list[_T],
+    BeforeValidator(lambda v: v if isinstance(v, list) else [v]),
+    Field(min_length=1, max_length=10_000),
+    AfterValidator(_no_duplicates),
+]
 
 
 class _Match(_Model):
@@ -346,8 +350,11 @@ def _keys_at(loc: tuple) -> tuple[str, ...]:
     for part in (*loc, None):
         while typing.get_origin(t) is Annotated or typing.get_origin(t) in (typing.Union, type(int | None)):
             args = typing.get_args(t)
-            t = args[0] if typing.get_origin(t) is Annotated else next(
-                (a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), args[0])
+            t = (
+                args[0]
+                if typing.get_origin(t) is Annotated
+                else next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), args[0])
+            )
         if part is None:
             break
         if isinstance(t, type) and issubclass(t, BaseModel):

@@ -107,7 +107,9 @@ def parse_yaml(text: str, src: str) -> Node:
     except RecursionError:
         raise InputError("document nested too deeply", source=src) from None
     if not isinstance(tree.value, dict):
-        raise InputError("a matrix file must be a mapping (key: value), not a " + _kind(tree.value), source=src, line=tree.line)
+        raise InputError(
+            "a matrix file must be a mapping (key: value), not a " + _kind(tree.value), source=src, line=tree.line
+        )
     return tree
 
 
@@ -162,7 +164,9 @@ def locate(root: Node, loc: tuple) -> Node:
     """Deepest node along a pydantic error location; unknown parts (union tags) are skipped."""
     node = root
     for part in loc:
-        if (isinstance(node.value, dict) and part in node.value) or (isinstance(node.value, list) and isinstance(part, int) and 0 <= part < len(node.value)):
+        if (isinstance(node.value, dict) and part in node.value) or (
+            isinstance(node.value, list) and isinstance(part, int) and 0 <= part < len(node.value)
+        ):
             node = node.value[part]
     return node
 
@@ -193,8 +197,11 @@ def select_device(root: Node, device_class: str) -> Node:
         if not is_per_device(node):
             return node
         if device_class not in node.value:
-            raise MissingVariant(f"{field} has no {device_class!r} variant (give cpu: and gpu:, or one plain value)",
-                                 source=node.src, line=node.line)
+            raise MissingVariant(
+                f"{field} has no {device_class!r} variant (give cpu: and gpu:, or one plain value)",
+                source=node.src,
+                line=node.line,
+            )
         return node.value[device_class]
 
     top = dict(root.value)
@@ -209,8 +216,14 @@ def select_device(root: Node, device_class: str) -> Node:
         picked = {}
         for name, block in families.value.items():
             if isinstance(block.value, dict):
-                block = Node({k: pick(v, f"families.{name}.{k}") if k in FAMILY_PER_DEVICE_KEYS else v
-                              for k, v in block.value.items()}, block.src, block.line)
+                block = Node(
+                    {
+                        k: pick(v, f"families.{name}.{k}") if k in FAMILY_PER_DEVICE_KEYS else v
+                        for k, v in block.value.items()
+                    },
+                    block.src,
+                    block.line,
+                )
             picked[name] = block
         top["families"] = Node(picked, families.src, families.line)
     return Node(top, root.src, root.line)

@@ -60,7 +60,7 @@ RUN_STATES = {"interrupted": "INTERRUPTED", "failed": "FAILED", "running": "RUNN
 
 
 def run_state(run: RunInfo) -> str:
-    """"" for a finished run, else what every output must call it: INTERRUPTED (Ctrl-C, SIGTERM),
+    """ "" for a finished run, else what every output must call it: INTERRUPTED (Ctrl-C, SIGTERM),
     FAILED (the driver stopped on an error), RUNNING (results still arriving)."""
     return RUN_STATES.get(run.status, "")
 
@@ -96,8 +96,11 @@ def skips(results: Sequence[CaseResult]) -> list[tuple[str, str]]:
 
 def downgrades(results: Sequence[CaseResult]) -> list[tuple[str, str, str, str]]:
     """(requested, resolved, backend, attention family) per downgraded case, for digest.downgrade_groups."""
-    return [(r.requested_mode, r.resolved_mode, str(r.axes.get("backend", "?")), str(r.axes.get("attention") or "gqa"))
-            for r in results if r.downgraded]
+    return [
+        (r.requested_mode, r.resolved_mode, str(r.axes.get("backend", "?")), str(r.axes.get("attention") or "gqa"))
+        for r in results
+        if r.downgraded
+    ]
 
 
 def pick_run(store: ResultStore, run: int | str | None) -> int:
@@ -138,11 +141,28 @@ def gather(store: ResultStore, run: int | str | None, asked: Judging | None = No
     # A running run's unfinished cases are pending, not missing: only a closed run can miss results.
     # Nor can a running run be judged empty: its cases may still come.
     closed = info.status != "running"
-    gate = evaluate(results, baseline=base, known=known, missing=missing if closed else (),
-                    flaky_history=flakiness.over_threshold(scores, judging.flaky_threshold),
-                    rules=judging.rules, judge_empty=closed)
-    return RunView(info, tuple(results), gate, tuple(planned_missing), base is not None, known, found, scores,
-                   tuple(r.id for r in window), window_label, judging)
+    gate = evaluate(
+        results,
+        baseline=base,
+        known=known,
+        missing=missing if closed else (),
+        flaky_history=flakiness.over_threshold(scores, judging.flaky_threshold),
+        rules=judging.rules,
+        judge_empty=closed,
+    )
+    return RunView(
+        info,
+        tuple(results),
+        gate,
+        tuple(planned_missing),
+        base is not None,
+        known,
+        found,
+        scores,
+        tuple(r.id for r in window),
+        window_label,
+        judging,
+    )
 
 
 def shown_path(path: str) -> str:
@@ -161,6 +181,8 @@ def memory_line(results: Sequence[CaseResult]) -> str:
     peak = max(measured, key=lambda r: r.memory.get("peak_reserved", 0))
     need = max(measured, key=lambda r: r.memory.get("needs", 0))
     budget = max((r.memory.get("budget", 0) for r in measured), default=0)
-    text = (f"device memory: peak reserved {peak.memory.get('peak_reserved', 0) / gib:.2f} GiB ({peak.case_id}), "
-            f"largest need {need.memory.get('needs', 0) / gib:.2f} GiB ({need.case_id})")
+    text = (
+        f"device memory: peak reserved {peak.memory.get('peak_reserved', 0) / gib:.2f} GiB ({peak.case_id}), "
+        f"largest need {need.memory.get('needs', 0) / gib:.2f} GiB ({need.case_id})"
+    )
     return text + (f", worker budget {budget / gib:.2f} GiB" if budget else "")

@@ -32,7 +32,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--orch-filter", default=None, help="Select cases (as `orch run --filter`).")
     group.addoption("--orch-backend", default=None, help="Override the backend axis.")
     group.addoption("--orch-devices", default="auto", choices=["auto", "cpu", "gpu"])
-    group.addoption("--orch-results", default=None, metavar="PATH", help="Write {case_id: status} JSON (controller only).")
+    group.addoption(
+        "--orch-results", default=None, metavar="PATH", help="Write {case_id: status} JSON (controller only)."
+    )
 
 
 def _gpu_ids() -> list[str]:
@@ -44,7 +46,11 @@ def _gpu_ids() -> list[str]:
     nvidia = glob.glob("/proc/driver/nvidia/gpus/*")
     if nvidia:
         return [str(i) for i in range(len(nvidia))]
-    amd = [p for p in glob.glob("/sys/class/kfd/kfd/topology/nodes/*/gpu_id") if Path(p).read_text().strip() not in ("", "0")]
+    amd = [
+        p
+        for p in glob.glob("/sys/class/kfd/kfd/topology/nodes/*/gpu_id")
+        if Path(p).read_text().strip() not in ("", "0")
+    ]
     return [str(i) for i in range(len(amd))]
 
 
@@ -146,7 +152,9 @@ class OrchMatrixPlugin:
 
         path = config.getoption("orch_matrix")
         try:
-            m = load_matrix(path, devices=config.getoption("orch_devices"), backend_override=config.getoption("orch_backend"))
+            m = load_matrix(
+                path, devices=config.getoption("orch_devices"), backend_override=config.getoption("orch_backend")
+            )
             flt = config.getoption("orch_filter")
             cases, skipped = select(m.cases, flt), select(m.skipped, flt)
         except OrchError as e:
@@ -155,7 +163,11 @@ class OrchMatrixPlugin:
         for c in cases:
             items.append(CaseItem.from_parent(parent, name=c.case_id, nodeid=c.case_id, case=c))
         for s in skipped:
-            items.append(CaseItem.from_parent(parent, name=s.case.case_id, nodeid=s.case.case_id, case=s.case, skip_reason=s.reason))
+            items.append(
+                CaseItem.from_parent(
+                    parent, name=s.case.case_id, nodeid=s.case.case_id, case=s.case, skip_reason=s.reason
+                )
+            )
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         status = dict(report.user_properties).get(STATUS_PROP)

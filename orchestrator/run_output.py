@@ -53,15 +53,22 @@ def last_lines(view, *, verbose: bool) -> tuple[list[str], list[str]]:
     out += gate_notes.lines(view)
     groups = digest.skip_lines(skips(view.results))
     if groups:
-        out.append(f"skipped {sum(1 for r in view.results if r.status == Status.SKIP)} by reason:\n    "
-                   + "\n    ".join(groups[:MAX_REASONS]
-                                   + ([f"... and {len(groups) - MAX_REASONS} more reasons (summary.md)"]
-                                      if len(groups) > MAX_REASONS else [])))
+        out.append(
+            f"skipped {sum(1 for r in view.results if r.status == Status.SKIP)} by reason:\n    "
+            + "\n    ".join(
+                groups[:MAX_REASONS]
+                + (
+                    [f"... and {len(groups) - MAX_REASONS} more reasons (summary.md)"]
+                    if len(groups) > MAX_REASONS
+                    else []
+                )
+            )
+        )
     return out, [f"warning: {line}" for line in digest.downgrade_lines(downgrades(view.results))]
 
 
 def final_line(view, *, elapsed: float, out_dir: str, signal_name: str | None) -> str:
-    """"run 3 (6 of 90 cases, --filter 'tp=1'): 4 ran (pass 4), 2 skipped, 12.3s -> gate PASSED: ..."."""
+    """ "run 3 (6 of 90 cases, --filter 'tp=1'): 4 ran (pass 4), 2 skipped, 12.3s -> gate PASSED: ..."."""
     from orchestrator.outputs import selection
 
     ran = view.ran()
@@ -74,6 +81,8 @@ def final_line(view, *, elapsed: float, out_dir: str, signal_name: str | None) -
     run = f"run {view.run.id}" + (f" ({sel})" if sel else "")
     if signal_name is None:
         return f"{run}: {what}, {elapsed:.1f}s -> {view.gate.verdict()} (outputs in {out_dir})"
-    return (f"{run} INTERRUPTED by {signal_name} after {elapsed:.1f}s: {what}, "
-            f"{len(view.gate.missing)} missing -> {view.gate.verdict()} (outputs in {out_dir}, marked INTERRUPTED); "
-            f"finish it with `orch run --resume {view.run.id}`")
+    return (
+        f"{run} INTERRUPTED by {signal_name} after {elapsed:.1f}s: {what}, "
+        f"{len(view.gate.missing)} missing -> {view.gate.verdict()} (outputs in {out_dir}, marked INTERRUPTED); "
+        f"finish it with `orch run --resume {view.run.id}`"
+    )

@@ -34,7 +34,9 @@ class RunRequest:
     resume_id: int | None = None  # --resume RUN_ID
     no_progress: bool = False
     verbose: bool = False
-    memory: MemoryOptions = field(default_factory=MemoryOptions)  # --workers-per-gpu, --gpu-memory-utilization, --gpu-memory
+    memory: MemoryOptions = field(
+        default_factory=MemoryOptions
+    )  # --workers-per-gpu, --gpu-memory-utilization, --gpu-memory
     judging: Judging = field(default_factory=Judging)  # what judges the run (judging.py): as asked here
 
     @classmethod
@@ -42,8 +44,9 @@ class RunRequest:
         """From `orch run`'s option names (cli.py; tests pass the same keywords), checked."""
         opts = dict(options)
         judging = Judging.from_cli({k: opts.pop(k) for k in CLI_KEYS if k in opts})
-        memory = MemoryOptions.parse(opts.pop("workers_per_gpu", "1"), opts.pop("gpu_memory_utilization", 0.9),
-                                     opts.pop("gpu_memory", None))
+        memory = MemoryOptions.parse(
+            opts.pop("workers_per_gpu", "1"), opts.pop("gpu_memory_utilization", 0.9), opts.pop("gpu_memory", None)
+        )
         resume = opts.pop("resume_run", None)
         fields = {f.name for f in dataclasses.fields(cls)} - {"memory", "judging", "resume_id"}
         unknown = set(opts) - fields

@@ -43,10 +43,12 @@ class Suggestion:
         reason = " ".join(self.reason.split()).replace('"', "'")
         if len(reason) > 100:  # a start for the author, cut at a word
             reason = reason[:100].rsplit(" ", 1)[0] + " ..."
-        return (f'- case: "{self.pattern}"   # {len(self.cases)} failing case(s)\n'
-                f'  reason: "TODO: why ({reason})"\n'
-                f'  link: "TODO: the ticket"\n'
-                f"  until: {self.until.isoformat()}\n")
+        return (
+            f'- case: "{self.pattern}"   # {len(self.cases)} failing case(s)\n'
+            f'  reason: "TODO: why ({reason})"\n'
+            f'  link: "TODO: the ticket"\n'
+            f"  until: {self.until.isoformat()}\n"
+        )
 
 
 def _seg(value) -> str:
@@ -55,6 +57,7 @@ def _seg(value) -> str:
 
 def glob_for(axes: dict, wild: frozenset[str]) -> str:
     """The case-id glob of `axes` (backend.case.Case.case_id's layout) with the `wild` axes as *."""
+
     def v(name: str) -> str:
         return "*" if name in wild else _seg(axes.get(name))
 
@@ -72,8 +75,9 @@ def glob_for(axes: dict, wild: frozenset[str]) -> str:
     return f"{head}tp{v('tp')}-{v('cudagraph_mode')}-{kv}-{v('batch')}-{_seg(label)}-s{v('seed')}"
 
 
-def cover(failing: Sequence[CaseResult], passing: Sequence[CaseResult],
-          limit: int | None = None) -> list[tuple[str, list[CaseResult]]]:
+def cover(
+    failing: Sequence[CaseResult], passing: Sequence[CaseResult], limit: int | None = None
+) -> list[tuple[str, list[CaseResult]]]:
     """Greedy: the first failure not yet covered, all its axes spelled out, then each axis in
     WIDEN_ORDER widened to * while the glob matches no pass; the glob covers what it matches.
     At most `limit` globs (each costs a pass over the run's passes per axis)."""
@@ -99,8 +103,13 @@ def cover(failing: Sequence[CaseResult], passing: Sequence[CaseResult],
     return out
 
 
-def suggest(results: Sequence[CaseResult], new_failures: Sequence[str], *,
-            today: dt.date | None = None, days: int = DEFAULT_DAYS) -> list[Suggestion]:
+def suggest(
+    results: Sequence[CaseResult],
+    new_failures: Sequence[str],
+    *,
+    today: dt.date | None = None,
+    days: int = DEFAULT_DAYS,
+) -> list[Suggestion]:
     """Entries for the `new_failures` (case ids; the gate's gating failures) of a run."""
     wanted = set(new_failures)
     until = (today or dt.date.today()) + dt.timedelta(days=days)
@@ -122,7 +131,11 @@ def suggest(results: Sequence[CaseResult], new_failures: Sequence[str], *,
         if left <= 0:
             break
         for pattern, covered in cover(sorted(failing, key=lambda r: r.case_id), passing + others, left):
-            out.append(Suggestion(pattern, tuple(r.case_id for r in covered), covered[0].reason or covered[0].status.value, until))
+            out.append(
+                Suggestion(
+                    pattern, tuple(r.case_id for r in covered), covered[0].reason or covered[0].status.value, until
+                )
+            )
     return out
 
 

@@ -59,7 +59,9 @@ def _case_block(r: CaseResult, extra: str = "") -> list[str]:
     return lines
 
 
-def _section(title: str, ids: Sequence[str], by_id: dict[str, CaseResult], gate: GateOutcome, note: str = "") -> list[str]:
+def _section(
+    title: str, ids: Sequence[str], by_id: dict[str, CaseResult], gate: GateOutcome, note: str = ""
+) -> list[str]:
     if not ids:
         return []
     out = [f"### {title} ({len(ids)})", ""]
@@ -73,7 +75,11 @@ def _section(title: str, ids: Sequence[str], by_id: dict[str, CaseResult], gate:
         extra = ""
         kf = gate.known_reasons.get(cid)
         if gate.classification.get(cid) == C.MUTED:
-            extra = f" (muted, its status {r.status.value}" + (f"; {kf.reason}, {kf.link}, until {kf.until}" if kf else "") + ")"
+            extra = (
+                f" (muted, its status {r.status.value}"
+                + (f"; {kf.reason}, {kf.link}, until {kf.until}" if kf else "")
+                + ")"
+            )
         elif kf is not None:
             extra = f" (known: {kf.reason}" + (f", {kf.link}" if kf.link else "") + ")"
         base = gate.baseline_status.get(cid)
@@ -96,6 +102,7 @@ def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
     case was skipped gets no grid (the Skipped section names it and why)."""
     out: list[str] = []
     worst = {c: i for i, c in enumerate(CLASSIFICATIONS)}
+
     # One grid per (attention family, backend): gqa's first, then by cases run (most first); a
     # group whose every case was skipped gets none.
     def group(r: CaseResult) -> tuple[str, str]:
@@ -105,7 +112,9 @@ def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
     for family, backend in sorted(ran, key=lambda g: (g[0] != "gqa", -ran[g], str(g))):
         rs = [r for r in results if group(r) == (family, backend)]
         rows = _order(((r.axes.get("tp"), r.axes.get("cudagraph_mode"), _k(r)) for r in rs), ())
-        rows = sorted(rows, key=lambda t: (t[0] or 0, CUDAGRAPH_MODES.index(t[1]) if t[1] in CUDAGRAPH_MODES else 99, t[2]))
+        rows = sorted(
+            rows, key=lambda t: (t[0] or 0, CUDAGRAPH_MODES.index(t[1]) if t[1] in CUDAGRAPH_MODES else 99, t[2])
+        )
         with_k = any(k for _, _, k in rows)
         kvs = _order((r.axes.get("kv_cache_dtype") for r in rs), KV_CACHE_DTYPES)
         batches = list(dict.fromkeys(r.axes.get("batch") for r in rs))
@@ -113,7 +122,13 @@ def grid(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
         cells: dict[tuple, Classification] = {}
         down: set[tuple] = set()
         for r in rs:
-            key = (r.axes.get("tp"), r.axes.get("cudagraph_mode"), _k(r), r.axes.get("kv_cache_dtype"), r.axes.get("batch"))
+            key = (
+                r.axes.get("tp"),
+                r.axes.get("cudagraph_mode"),
+                _k(r),
+                r.axes.get("kv_cache_dtype"),
+                r.axes.get("batch"),
+            )
             cls = gate.classification.get(r.case_id, Classification(r.status.value))
             if key not in cells or worst[cls] < worst[cells[key]]:
                 cells[key] = cls
@@ -139,8 +154,14 @@ def _skipped(results: Sequence[CaseResult]) -> list[str]:
     groups = digest.skip_groups(skips(results))
     if not groups:
         return []
-    out = [f"### Skipped ({sum(g.count for g in groups)})", "", "Cannot run here; not gating.", "",
-           "| cases | reason | backends |", "|---:|---|---|"]
+    out = [
+        f"### Skipped ({sum(g.count for g in groups)})",
+        "",
+        "Cannot run here; not gating.",
+        "",
+        "| cases | reason | backends |",
+        "|---:|---|---|",
+    ]
     for g in groups[:MAX_PER_SECTION]:
         out.append(f"| {g.count} | {_text(g.what).replace('|', '&#124;')} | {', '.join(g.backends)} |")
     if len(groups) > MAX_PER_SECTION:
@@ -152,8 +173,12 @@ def _skipped(results: Sequence[CaseResult]) -> list[str]:
 def _downgraded(results: Sequence[CaseResult], gate: GateOutcome) -> list[str]:
     if not gate.downgraded:
         return []
-    out = [f"### Downgraded modes ({len(gate.downgraded)})", "",
-           "Resolved against the backend's declared support, as vLLM does; not gating.", ""]
+    out = [
+        f"### Downgraded modes ({len(gate.downgraded)})",
+        "",
+        "Resolved against the backend's declared support, as vLLM does; not gating.",
+        "",
+    ]
     out += [f"- {_text(line)}" for line in digest.downgrade_lines(downgrades(results))]
     return out + [""]
 
@@ -164,12 +189,17 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
     icon = "⛔" if state else "✅" if gate.passed else "❌"
     out = [f"## {icon} orch run {run.id} — `{run.matrix}`" + (f" — {state}" if state else ""), ""]
     if state:
-        out += [f"> **{state}**: {run.num_results} of {run.num_cases} planned cases have a result; the rest are "
-                f"listed as missing. Finish the run with `orch run --resume {run.id}`.", ""]
+        out += [
+            f"> **{state}**: {run.num_results} of {run.num_cases} planned cases have a result; the rest are "
+            f"listed as missing. Finish the run with `orch run --resume {run.id}`.",
+            "",
+        ]
     out += [f"**{_text(headline(run, gate))}**", ""]
     ran = [r for r in results if r.status.value != "skip"]
     by_status = Counter(r.status.value for r in ran)
-    what_ran = f"**{len(ran)} ran**" + (f" ({', '.join(f'{n} {k}' for k, n in sorted(by_status.items()))})" if ran else "")
+    what_ran = f"**{len(ran)} ran**" + (
+        f" ({', '.join(f'{n} {k}' for k, n in sorted(by_status.items()))})" if ran else ""
+    )
     what_ran += f" · {len(results) - len(ran)} skipped" + (f" · {len(gate.missing)} missing" if gate.missing else "")
     out += [what_ran, ""]
     sel = selection(run)
@@ -181,7 +211,11 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
     if counts:
         out += ["| " + " | ".join(f"{SYMBOL[c]} {c}" for c, _ in counts) + " |", "|" + "---|" * len(counts)]
         out += ["| " + " | ".join(str(n) for _, n in counts) + " |", ""]
-    meta = [f"devices: {run.devices or '?'}", f"git: `{run.git_sha[:12]}`" if run.git_sha else "git: not a checkout", f"status: {run.status}"]
+    meta = [
+        f"devices: {run.devices or '?'}",
+        f"git: `{run.git_sha[:12]}`" if run.git_sha else "git: not a checkout",
+        f"status: {run.status}",
+    ]
     if run.baseline:
         meta.append(f"baseline: `{run.baseline}`")
     out += [" · ".join(meta), ""]
@@ -189,29 +223,63 @@ def render(run: RunInfo, results: Sequence[CaseResult], gate: GateOutcome) -> st
         out += [memory_line(results), ""]
     plain_failed = tuple(c for c in gate.new_failures if gate.classification[c] != C.NEW)
     out += _section("Regressions", gate.regressions, by_id, gate, "Passed in the baseline, fail now.")
-    out += _section("New failures", tuple(c for c in gate.new_failures if c not in plain_failed), by_id, gate,
-                    "Failing cases the baseline did not run.")
+    out += _section(
+        "New failures",
+        tuple(c for c in gate.new_failures if c not in plain_failed),
+        by_id,
+        gate,
+        "Failing cases the baseline did not run.",
+    )
     out += _section("Failures", plain_failed, by_id, gate)
-    out += _section("Not run (infrastructure)", gate.not_run, by_id, gate,
-                    "Required cases that never ran (placement, tp gang): the machines, not the code; exit 3.")
-    out += _section("Out of memory (infrastructure)", gate.oom, by_id, gate,
-                    "Ran out of device memory again when rerun alone on a cleared worker: the harness's memory, "
-                    "not the backend; exit 3 (docs/EXECUTION.md, GPU memory).")
+    out += _section(
+        "Not run (infrastructure)",
+        gate.not_run,
+        by_id,
+        gate,
+        "Required cases that never ran (placement, tp gang): the machines, not the code; exit 3.",
+    )
+    out += _section(
+        "Out of memory (infrastructure)",
+        gate.oom,
+        by_id,
+        gate,
+        "Ran out of device memory again when rerun alone on a cleared worker: the harness's memory, "
+        "not the backend; exit 3 (docs/EXECUTION.md, GPU memory).",
+    )
     out += _section("Missing results", gate.missing, by_id, gate, "Planned but never finished: `orch run --resume`.")
     out += _section("Old failures (not gating)", gate.old_failures, by_id, gate, "Also failing in the baseline.")
     out += _section("Flaky (not gating)", gate.flaky, by_id, gate)
-    out += _section("Unverifiable: the replay disagreed on graphs the CPU emulation cannot follow"
-                    + (" (allowed, not gating)" if gate.allow_unverifiable else ""), gate.unverifiable, by_id, gate,
-                    "Never a pass: run these on a GPU to decide"
-                    + (" (the run said --allow-unverifiable)." if gate.allow_unverifiable else
-                       " (or gate with --allow-unverifiable)."))
-    out += _section("Passed, unverifiable on the CPU emulation (not gating)", gate.pass_unverifiable, by_id, gate,
-                    "Passed, but the emulation says what it could not follow: run these on a GPU.")
-    out += _section("Fixed known failures", gate.fixed, by_id, gate, "These pass now: remove their known-failures entries.")
+    out += _section(
+        "Unverifiable: the replay disagreed on graphs the CPU emulation cannot follow"
+        + (" (allowed, not gating)" if gate.allow_unverifiable else ""),
+        gate.unverifiable,
+        by_id,
+        gate,
+        "Never a pass: run these on a GPU to decide"
+        + (
+            " (the run said --allow-unverifiable)."
+            if gate.allow_unverifiable
+            else " (or gate with --allow-unverifiable)."
+        ),
+    )
+    out += _section(
+        "Passed, unverifiable on the CPU emulation (not gating)",
+        gate.pass_unverifiable,
+        by_id,
+        gate,
+        "Passed, but the emulation says what it could not follow: run these on a GPU.",
+    )
+    out += _section(
+        "Fixed known failures", gate.fixed, by_id, gate, "These pass now: remove their known-failures entries."
+    )
     out += _section("Known failures (xfail)", gate.known_failures, by_id, gate)
-    out += _section("Muted (not gating)", gate.muted, by_id, gate,
-                    "Matched by a known-failures entry with `mute: true`: run and reported with their own status, "
-                    "never gating.")
+    out += _section(
+        "Muted (not gating)",
+        gate.muted,
+        by_id,
+        gate,
+        "Matched by a known-failures entry with `mute: true`: run and reported with their own status, never gating.",
+    )
     out += _downgraded(results, gate)
     out += _skipped(results)
     out += ["### Grid", ""] + grid(results, gate)

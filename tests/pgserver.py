@@ -27,7 +27,10 @@ def find_bin() -> str | None:
     on_path = shutil.which("initdb")
     if on_path and shutil.which("pg_ctl"):
         return os.path.dirname(on_path)
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0,
+    )
     return os.path.dirname(found[-1]) if found else None
 
 
@@ -52,8 +55,19 @@ class PgServer:
         return self.url(name)
 
     def stop(self) -> None:
-        subprocess.run([*self.as_user, os.path.join(self.bindir, "pg_ctl"), "-D", os.path.join(self.root, "data"),
-                        "-m", "immediate", "stop"], capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                *self.as_user,
+                os.path.join(self.bindir, "pg_ctl"),
+                "-D",
+                os.path.join(self.root, "data"),
+                "-m",
+                "immediate",
+                "stop",
+            ],
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -83,11 +97,30 @@ def start() -> PgServer:
         shutil.chown(pwfile, "nobody")
     server = PgServer(root, bindir, password, as_user)
     steps = (
-        [os.path.join(bindir, "initdb"), "-D", os.path.join(root, "data"), "-U", server.user, "--auth=scram-sha-256",
-         f"--pwfile={pwfile}", "-E", "UTF8", "--no-sync"],
+        [
+            os.path.join(bindir, "initdb"),
+            "-D",
+            os.path.join(root, "data"),
+            "-U",
+            server.user,
+            "--auth=scram-sha-256",
+            f"--pwfile={pwfile}",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ],
         # fsync off: a test server's data dies with the session; it changes nothing the store relies on.
-        [os.path.join(bindir, "pg_ctl"), "-D", os.path.join(root, "data"), "-l", os.path.join(root, "log"), "-w",
-         "-o", f"-c listen_addresses='' -c unix_socket_directories={root} -c port={server.port} -c fsync=off", "start"],
+        [
+            os.path.join(bindir, "pg_ctl"),
+            "-D",
+            os.path.join(root, "data"),
+            "-l",
+            os.path.join(root, "log"),
+            "-w",
+            "-o",
+            f"-c listen_addresses='' -c unix_socket_directories={root} -c port={server.port} -c fsync=off",
+            "start",
+        ],
     )
     for cmd in steps:
         p = subprocess.run([*as_user, *cmd], capture_output=True, text=True, timeout=120)

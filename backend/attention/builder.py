@@ -45,8 +45,9 @@ class PersistentMetadataBuilder(AttentionMetadataBuilder):
         if not 0 <= num_tokens <= padded_tokens <= c.max_num_tokens:
             raise ValueError(f"tokens {num_tokens} (padded {padded_tokens}) exceed max_num_tokens {c.max_num_tokens}")
 
-    def build(self, batch: BatchDescription, num_padded_tokens: int | None = None,
-              num_padded_reqs: int | None = None) -> AttentionMetadata:
+    def build(
+        self, batch: BatchDescription, num_padded_tokens: int | None = None, num_padded_reqs: int | None = None
+    ) -> AttentionMetadata:
         n, t = batch.num_reqs, batch.num_tokens
         padded_tokens = t if num_padded_tokens is None else num_padded_tokens
         padded_reqs = n if num_padded_reqs is None else num_padded_reqs
@@ -55,11 +56,17 @@ class PersistentMetadataBuilder(AttentionMetadataBuilder):
             raise ValueError(f"seq_len {max(batch.seq_lens)} exceeds max_model_len {self.config.max_model_len}")
         if batch.slot_mapping.shape[0] != t:
             raise ValueError(f"slot_mapping has {batch.slot_mapping.shape[0]} entries for {t} tokens")
-        return self._write(batch.query_lens, batch.seq_lens, batch.block_table, batch.slot_mapping,
-                           padded_tokens, padded_reqs, for_capture=False)
+        return self._write(
+            batch.query_lens,
+            batch.seq_lens,
+            batch.block_table,
+            batch.slot_mapping,
+            padded_tokens,
+            padded_reqs,
+            for_capture=False,
+        )
 
-    def build_for_capture(self, num_tokens: int, uniform_query_len: int = 0,
-                          style: str = "v2") -> AttentionMetadata:
+    def build_for_capture(self, num_tokens: int, uniform_query_len: int = 0, style: str = "v2") -> AttentionMetadata:
         """vLLM's capture dummy batch (DESIGN.md §4a), pinned in tests/backend/test_capture_batch.py.
 
         Requests (V1 gpu_model_runner._dummy_run, V2 cudagraph_utils.capture_graph):
@@ -73,8 +80,9 @@ class PersistentMetadataBuilder(AttentionMetadataBuilder):
         = each request's query len, host max_seq_len = max_model_len, block-table rows on the null
         block. Slots are -1: capture must not write the cache the checker later compares."""
         c = self.config
-        query_lens, seq_lens, block_table, slots, host_max_query_len = capture_batch(c, num_tokens, uniform_query_len,
-                                                                                     style)
+        query_lens, seq_lens, block_table, slots, host_max_query_len = capture_batch(
+            c, num_tokens, uniform_query_len, style
+        )
         n = len(query_lens)
         self._check(n, num_tokens, n, num_tokens)
         md = self._write(query_lens, seq_lens, block_table, slots, num_tokens, n, for_capture=True)
@@ -82,9 +90,16 @@ class PersistentMetadataBuilder(AttentionMetadataBuilder):
         md.max_seq_len = c.max_model_len
         return md
 
-    def _write(self, query_lens: list[int], seq_lens: list[int], block_table: torch.Tensor,
-               slot_mapping: torch.Tensor, padded_tokens: int, padded_reqs: int,
-               for_capture: bool) -> AttentionMetadata:
+    def _write(
+        self,
+        query_lens: list[int],
+        seq_lens: list[int],
+        block_table: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        padded_tokens: int,
+        padded_reqs: int,
+        for_capture: bool,
+    ) -> AttentionMetadata:
         n, t = len(query_lens), int(sum(query_lens))
         qlens = torch.tensor(query_lens, dtype=torch.int32)
         qsl = torch.zeros(n + 1, dtype=torch.int32)
@@ -92,7 +107,7 @@ class PersistentMetadataBuilder(AttentionMetadataBuilder):
         # Host -> device copies into the persistent storage (queued, no host sync on a GPU);
         # tails reset to padding.
         copy_into(self.query_start_loc[: n + 1], qsl)
-        self.query_start_loc[n + 1:].fill_(t)
+        self.query_start_loc[n + 1 :].fill_(t)
         copy_into(self.seq_lens[:n], torch.tensor(seq_lens, dtype=torch.int32))
         pad_seq_len, pad_block = self.cg_padding
         self.seq_lens[n:].fill_(pad_seq_len)
@@ -121,8 +136,9 @@ class PersistentMetadataBuilder(AttentionMetadataBuilder):
         )
 
 
-def capture_batch(c: AttentionConfig, num_tokens: int, uniform_query_len: int = 0, style: str = "v2"
-                  ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor, int]:
+def capture_batch(
+    c: AttentionConfig, num_tokens: int, uniform_query_len: int = 0, style: str = "v2"
+) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor, int]:
     """vLLM's capture dummy batch (PersistentMetadataBuilder.build_for_capture says which):
     (query_lens, seq_lens, block_table, slot_mapping of -1s, host max_query_len)."""
     if style not in ("v1", "v2"):

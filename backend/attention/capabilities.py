@@ -135,7 +135,7 @@ class Capabilities:
 
 
 def device_class(device) -> str:
-    """"gpu" for a CUDA/ROCm torch.device (or its string), else "cpu"."""
+    """ "gpu" for a CUDA/ROCm torch.device (or its string), else "cpu"."""
     return "gpu" if str(getattr(device, "type", device)).startswith("cuda") else "cpu"
 
 
@@ -204,28 +204,47 @@ _KV = ("auto", "fp8")
 _CG = AttentionCGSupport
 # (provider, family) -> what its class declares. A provider is a name with one class per family
 # it implements (registry._BUILTIN_PATHS); MLA classes declare at most UNIFORM_BATCH, as vLLM's.
-BUILTIN_CAPABILITIES: dict[tuple[str, str], Capabilities] = {(c.name, c.family): c for c in (
-    Capabilities("torch", _CG.ALWAYS, _KV, _ALL, torch_unavailable),
-    Capabilities("aiter", _CG.UNIFORM_BATCH, _KV, _HALF, aiter_native_unavailable),
-    Capabilities("aiter-emulated", _CG.UNIFORM_BATCH, _KV, _ALL, _always),
-    Capabilities("aiter-triton", _CG.ALWAYS, _KV, _HALF, aiter_triton_unavailable, jit_kernels=True),
-    Capabilities("aiter-triton-pa", _CG.UNIFORM_SINGLE_TOKEN_DECODE, _KV, _HALF, aiter_triton_unavailable,
-                 jit_kernels=True),
-    Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="mla"),
-    Capabilities("aiter", _CG.UNIFORM_BATCH, _KV, _HALF, aiter_native_unavailable, family="mla"),
-    Capabilities("aiter-emulated", _CG.UNIFORM_BATCH, _KV, _ALL, _always, family="mla"),
-    # decode_attention_fwd_grouped_rope takes no fp8 scales: a bf16/fp16 latent cache only.
-    Capabilities("aiter-triton", _CG.UNIFORM_BATCH, ("auto",), _HALF, aiter_triton_unavailable,
-                 jit_kernels=True, family="mla"),
-    # swa_sinks: ALWAYS, as vLLM's TRITON_ATTN and ROCM_AITER_UNIFIED_ATTN declare.
-    Capabilities("torch", _CG.ALWAYS, _KV, _ALL, torch_unavailable, family="swa_sinks", features=("sinks",)),
-    Capabilities("aiter-triton", _CG.ALWAYS, _KV, _HALF, aiter_triton_unavailable, jit_kernels=True,
-                 family="swa_sinks", features=("sinks",)),
-    # hybrid_gdn: UNIFORM_BATCH, as vLLM's GDN backend declares (the minimum over the groups).
-    Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="hybrid_gdn"),
-    # mla_sparse: UNIFORM_BATCH, as vLLM's sparse MLA backends declare.
-    Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="mla_sparse"),
-)}
+BUILTIN_CAPABILITIES: dict[tuple[str, str], Capabilities] = {
+    (c.name, c.family): c
+    for c in (
+        Capabilities("torch", _CG.ALWAYS, _KV, _ALL, torch_unavailable),
+        Capabilities("aiter", _CG.UNIFORM_BATCH, _KV, _HALF, aiter_native_unavailable),
+        Capabilities("aiter-emulated", _CG.UNIFORM_BATCH, _KV, _ALL, _always),
+        Capabilities("aiter-triton", _CG.ALWAYS, _KV, _HALF, aiter_triton_unavailable, jit_kernels=True),
+        Capabilities(
+            "aiter-triton-pa", _CG.UNIFORM_SINGLE_TOKEN_DECODE, _KV, _HALF, aiter_triton_unavailable, jit_kernels=True
+        ),
+        Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="mla"),
+        Capabilities("aiter", _CG.UNIFORM_BATCH, _KV, _HALF, aiter_native_unavailable, family="mla"),
+        Capabilities("aiter-emulated", _CG.UNIFORM_BATCH, _KV, _ALL, _always, family="mla"),
+        # decode_attention_fwd_grouped_rope takes no fp8 scales: a bf16/fp16 latent cache only.
+        Capabilities(
+            "aiter-triton",
+            _CG.UNIFORM_BATCH,
+            ("auto",),
+            _HALF,
+            aiter_triton_unavailable,
+            jit_kernels=True,
+            family="mla",
+        ),
+        # swa_sinks: ALWAYS, as vLLM's TRITON_ATTN and ROCM_AITER_UNIFIED_ATTN declare.
+        Capabilities("torch", _CG.ALWAYS, _KV, _ALL, torch_unavailable, family="swa_sinks", features=("sinks",)),
+        Capabilities(
+            "aiter-triton",
+            _CG.ALWAYS,
+            _KV,
+            _HALF,
+            aiter_triton_unavailable,
+            jit_kernels=True,
+            family="swa_sinks",
+            features=("sinks",),
+        ),
+        # hybrid_gdn: UNIFORM_BATCH, as vLLM's GDN backend declares (the minimum over the groups).
+        Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="hybrid_gdn"),
+        # mla_sparse: UNIFORM_BATCH, as vLLM's sparse MLA backends declare.
+        Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="mla_sparse"),
+    )
+}
 
 
 def builtin_families(name: str) -> tuple[str, ...]:
@@ -246,10 +265,16 @@ def of_class(cls: type, label: str) -> Capabilities:
 
     dtypes = getattr(cls, "supported_dtypes", None)
     names = _ALL if dtypes is None else tuple(str(d).removeprefix("torch.") for d in dtypes)
-    return Capabilities(label, AttentionCGSupport(int(cls.cudagraph_support)),
-                        tuple(getattr(cls, "supported_kv_cache_dtypes", ())), names, unavailable,
-                        bool(getattr(cls, "jit_kernels", False)), getattr(cls, "family", "gqa"),
-                        tuple(getattr(cls, "features", ())))
+    return Capabilities(
+        label,
+        AttentionCGSupport(int(cls.cudagraph_support)),
+        tuple(getattr(cls, "supported_kv_cache_dtypes", ())),
+        names,
+        unavailable,
+        bool(getattr(cls, "jit_kernels", False)),
+        getattr(cls, "family", "gqa"),
+        tuple(getattr(cls, "features", ())),
+    )
 
 
 def _missing(name: str, package: bool = False) -> bool:
@@ -263,12 +288,16 @@ def _missing(name: str, package: bool = False) -> bool:
     return spec is None or (package and not spec.submodule_search_locations)
 
 
-def mismatches(declared: Capabilities, actual: Capabilities, device_classes: tuple[str, ...] = ("cpu", "gpu")) -> list[str]:
+def mismatches(
+    declared: Capabilities, actual: Capabilities, device_classes: tuple[str, ...] = ("cpu", "gpu")
+) -> list[str]:
     """How a declaration differs from what its class says (one line each; [] when they agree).
     ASK_CLASS agrees with any answer: the caller asks the class then."""
-    out = [f"{declared.name}: {field} declared {getattr(declared, field)!r}, class says {getattr(actual, field)!r}"
-           for field in ("cudagraph_support", "kv_cache_dtypes", "dtypes", "jit_kernels", "family", "features")
-           if getattr(declared, field) != getattr(actual, field)]
+    out = [
+        f"{declared.name}: {field} declared {getattr(declared, field)!r}, class says {getattr(actual, field)!r}"
+        for field in ("cudagraph_support", "kv_cache_dtypes", "dtypes", "jit_kernels", "family", "features")
+        if getattr(declared, field) != getattr(actual, field)
+    ]
     for dc in device_classes:
         mine, theirs = declared.unavailable_reason(dc), actual.unavailable_reason(dc)
         if mine != ASK_CLASS and mine != theirs:

@@ -109,8 +109,11 @@ class StatePage:
         """[num_slots, Hv, Dv, Dk] (a strided view of the page)."""
         d, n = self.dims, page.shape[0]
         used = d.num_v_heads * d.head_v_dim * d.head_k_dim * _size(self.state_dtype)
-        return page[:, self.conv_bytes:self.conv_bytes + used].view(self.state_dtype).view(
-            n, d.num_v_heads, d.head_v_dim, d.head_k_dim)
+        return (
+            page[:, self.conv_bytes : self.conv_bytes + used]
+            .view(self.state_dtype)
+            .view(n, d.num_v_heads, d.head_v_dim, d.head_k_dim)
+        )
 
 
 def _size(dtype: torch.dtype) -> int:
@@ -198,10 +201,10 @@ class GDNMetadataBuilder:
     def _build(self, cm: CommonAttentionMetadata, capture: bool) -> GDNMetadata:
         k, n = self.config.spec_tokens, cm.num_reqs
         qsl_cpu = cm.query_start_loc_cpu
-        q = (qsl_cpu[1:n + 1] - qsl_cpu[:n]).tolist()
+        q = (qsl_cpu[1 : n + 1] - qsl_cpu[:n]).tolist()
         # A capture's rows are decodes whatever its seq_lens (V2: seq_len = query len; vLLM's builder
         # masks its "no prior state" test with is_prefilling, None at capture).
-        ctx = [1] * n if capture else (cm.seq_lens_cpu[:n] - qsl_cpu[1:n + 1] + qsl_cpu[:n]).tolist()
+        ctx = [1] * n if capture else (cm.seq_lens_cpu[:n] - qsl_cpu[1 : n + 1] + qsl_cpu[:n]).tolist()
         drafts = None
         if k > 0:
             if capture:  # vLLM: num_decode_draft_tokens_cpu = diff(query_start_loc_cpu) - 1
@@ -214,10 +217,18 @@ class GDNMetadataBuilder:
         table = cm.block_table_tensor
         rows = self.request_rows(cm)
         lead_tokens = int(qsl_cpu[lead]) if n else 0
-        md = GDNMetadata(num_prefills=prefills, num_prefill_tokens=(int(qsl_cpu[n]) if n else 0) - lead_tokens,
-                         num_decodes=0, num_decode_tokens=0, num_spec_decodes=0, num_spec_decode_tokens=0,
-                         num_actual_tokens=cm.num_padded_tokens, num_reqs=n, num_padded_reqs=cm.num_padded_reqs,
-                         for_capture=cm.for_capture)
+        md = GDNMetadata(
+            num_prefills=prefills,
+            num_prefill_tokens=(int(qsl_cpu[n]) if n else 0) - lead_tokens,
+            num_decodes=0,
+            num_decode_tokens=0,
+            num_spec_decodes=0,
+            num_spec_decode_tokens=0,
+            num_actual_tokens=cm.num_padded_tokens,
+            num_reqs=n,
+            num_padded_reqs=cm.num_padded_reqs,
+            for_capture=cm.for_capture,
+        )
         if spec:
             md.num_spec_decodes, md.num_spec_decode_tokens = lead, lead_tokens
         else:
@@ -228,14 +239,15 @@ class GDNMetadataBuilder:
             self._eager(md, cm, table, lead, n, ctx, spec)
         return md
 
-    def _stage(self, md: GDNMetadata, cm: CommonAttentionMetadata, table: torch.Tensor, lead: int, rows: int,
-               spec: bool) -> None:
+    def _stage(
+        self, md: GDNMetadata, cm: CommonAttentionMetadata, table: torch.Tensor, lead: int, rows: int, spec: bool
+    ) -> None:
         """A decode-only batch (what a FULL graph holds): the persistent buffers, [:lead] the real
         rows, [lead:rows] the padding rules."""
         qsl = cm.query_start_loc
         if spec:
             idx = self.spec_state_indices
-            copy_into(idx[:lead], table[:lead, :idx.shape[1]])
+            copy_into(idx[:lead], table[:lead, : idx.shape[1]])
             self.pad_indices(idx[lead:rows])
             self.spec_sequence_masks[:lead].fill_(True)
             self.spec_sequence_masks[lead:rows].fill_(False)
@@ -243,44 +255,54 @@ class GDNMetadataBuilder:
             if cm.num_accepted_tokens is not None:
                 copy_into(acc[:lead], cm.num_accepted_tokens[:lead])
             else:  # the capture batch: each row's query len (vLLM derives it from query_start_loc)
-                copy_into(acc[:lead], qsl[1:lead + 1] - qsl[:lead])
+                copy_into(acc[:lead], qsl[1 : lead + 1] - qsl[:lead])
             self.pad_accepted(acc[lead:rows])
             sq = self.spec_query_start_loc
-            copy_into(sq[:lead + 1], qsl[:lead + 1])
-            sq[lead + 1:rows + 1].copy_(qsl[lead:lead + 1].expand(rows - lead))
+            copy_into(sq[: lead + 1], qsl[: lead + 1])
+            sq[lead + 1 : rows + 1].copy_(qsl[lead : lead + 1].expand(rows - lead))
             md.spec_state_indices_tensor, md.spec_sequence_masks = idx[:rows], self.spec_sequence_masks[:rows]
-            md.num_accepted_tokens, md.spec_query_start_loc = acc[:rows], sq[:rows + 1]
+            md.num_accepted_tokens, md.spec_query_start_loc = acc[:rows], sq[: rows + 1]
             return
         idx = self.non_spec_state_indices
         copy_into(idx[:lead], table[:lead, 0])
         self.pad_indices(idx[lead:rows])
         nq = self.non_spec_query_start_loc
-        copy_into(nq[:lead + 1], qsl[:lead + 1])
-        nq[lead + 1:rows + 1].copy_(qsl[lead:lead + 1].expand(rows - lead))
-        md.non_spec_state_indices_tensor, md.non_spec_query_start_loc = idx[:rows], nq[:rows + 1]
+        copy_into(nq[: lead + 1], qsl[: lead + 1])
+        nq[lead + 1 : rows + 1].copy_(qsl[lead : lead + 1].expand(rows - lead))
+        md.non_spec_state_indices_tensor, md.non_spec_query_start_loc = idx[:rows], nq[: rows + 1]
 
-    def _eager(self, md: GDNMetadata, cm: CommonAttentionMetadata, table: torch.Tensor, lead: int, n: int,
-               ctx: list[int], spec: bool) -> None:
+    def _eager(
+        self,
+        md: GDNMetadata,
+        cm: CommonAttentionMetadata,
+        table: torch.Tensor,
+        lead: int,
+        n: int,
+        ctx: list[int],
+        spec: bool,
+    ) -> None:
         """A batch with prefill rows: never in a FULL graph (UNIFORM_BATCH), fresh tensors are fine."""
         qsl, dev = cm.query_start_loc, cm.query_start_loc.device
         k = self.config.spec_tokens
         first = lead if spec else 0  # non-spec: decodes and prefills are one group, decodes first
         if spec and lead:
-            md.spec_state_indices_tensor = table[:lead, :1 + k].to(torch.int32)
+            md.spec_state_indices_tensor = table[:lead, : 1 + k].to(torch.int32)
             md.spec_sequence_masks = torch.arange(n, device=dev) < lead
             md.num_accepted_tokens = cm.num_accepted_tokens[:lead].to(torch.int32)
-            md.spec_query_start_loc = qsl[:lead + 1]
+            md.spec_query_start_loc = qsl[: lead + 1]
         md.non_spec_state_indices_tensor = table[first:n, 0].to(torch.int32)
-        md.non_spec_query_start_loc = qsl[first:n + 1] - qsl[first]
+        md.non_spec_query_start_loc = qsl[first : n + 1] - qsl[first]
         md.has_initial_state = torch.tensor([c > 0 for c in ctx[first:]], dtype=torch.bool).to(dev)
 
     def build_for_capture(self, cm: CommonAttentionMetadata) -> GDNMetadata:
         """vLLM's assertion: FULL graphs of GDN are decode only. The capture's state indices are all
         padding: making a graph writes no state (the capture's slots are -1 for the KV cache too)."""
         if cm.num_reqs > self.max_bs or cm.num_padded_tokens > self.max_bs:
-            raise AssertionError(f"GDN only supports decode-only full CUDAGraph capture. Make sure batch size "
-                                 f"({cm.num_reqs}) <= cudagraph capture sizes ({self.max_bs}), and number of "
-                                 f"tokens ({cm.num_padded_tokens}) <= cudagraph capture sizes ({self.max_bs}).")
+            raise AssertionError(
+                f"GDN only supports decode-only full CUDAGraph capture. Make sure batch size "
+                f"({cm.num_reqs}) <= cudagraph capture sizes ({self.max_bs}), and number of "
+                f"tokens ({cm.num_padded_tokens}) <= cudagraph capture sizes ({self.max_bs})."
+            )
         k, n = self.config.spec_tokens, cm.num_reqs
         pads = torch.full((n, 1 + k), PAD_SLOT, dtype=torch.int32, device=cm.block_table_tensor.device)
         return self._build(dataclasses.replace(cm, block_table_tensor=pads, num_accepted_tokens=None), capture=True)
@@ -296,12 +318,19 @@ def request_buffer_problems(md, pad_slot: int) -> list[str]:
     rows, real = md.num_padded_reqs, md.num_reqs
     out = []
     spec = md.spec_state_indices_tensor is not None and md.num_spec_decodes
-    named = ((("spec_state_indices_tensor", md.spec_state_indices_tensor, rows),
-              ("spec_sequence_masks", md.spec_sequence_masks, rows),
-              ("num_accepted_tokens", md.num_accepted_tokens, rows),
-              ("spec_query_start_loc", md.spec_query_start_loc, rows + 1)) if spec else
-             (("non_spec_state_indices_tensor", md.non_spec_state_indices_tensor, rows),
-              ("non_spec_query_start_loc", md.non_spec_query_start_loc, rows + 1)))
+    named = (
+        (
+            ("spec_state_indices_tensor", md.spec_state_indices_tensor, rows),
+            ("spec_sequence_masks", md.spec_sequence_masks, rows),
+            ("num_accepted_tokens", md.num_accepted_tokens, rows),
+            ("spec_query_start_loc", md.spec_query_start_loc, rows + 1),
+        )
+        if spec
+        else (
+            ("non_spec_state_indices_tensor", md.non_spec_state_indices_tensor, rows),
+            ("non_spec_query_start_loc", md.non_spec_query_start_loc, rows + 1),
+        )
+    )
     for name, t, want in named:
         if t is None:
             continue
@@ -312,8 +341,10 @@ def request_buffer_problems(md, pad_slot: int) -> list[str]:
     host = {name: t.detach().cpu() for name, t, _ in named if t is not None}
     idx = host.get("spec_state_indices_tensor", host.get("non_spec_state_indices_tensor"))
     if idx is not None and bool((idx[real:] != pad_slot).any()):
-        out.append(f"padded requests {real}..{rows - 1}: state index {int(idx[real:].flatten()[0])}, "
-                   f"not the padding {pad_slot}")
+        out.append(
+            f"padded requests {real}..{rows - 1}: state index {int(idx[real:].flatten()[0])}, "
+            f"not the padding {pad_slot}"
+        )
     acc = host.get("num_accepted_tokens")
     if acc is not None and bool((acc[real:] != 1).any()):
         out.append(f"padded requests {real}..{rows - 1}: num_accepted_tokens {int(acc[real:][0])}, not 1")
@@ -321,7 +352,7 @@ def request_buffer_problems(md, pad_slot: int) -> list[str]:
     if mask is not None and bool(mask[real:].any()):
         out.append(f"padded requests {real}..{rows - 1}: spec_sequence_masks True, not False")
     qsl = host.get("spec_query_start_loc", host.get("non_spec_query_start_loc"))
-    if qsl is not None and bool((qsl[real + 1:] != qsl[real]).any()):
+    if qsl is not None and bool((qsl[real + 1 :] != qsl[real]).any()):
         out.append(f"query_start_loc's tail after request {real - 1} does not repeat its last value {int(qsl[real])}")
     return out
 
@@ -334,8 +365,17 @@ class GDNImpl:
         self.config = config
         self.dims = GDNDims.of(config)
 
-    def forward(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, page: torch.Tensor,
-                layout: StatePage, md, weights: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        mixed_qkv: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        page: torch.Tensor,
+        layout: StatePage,
+        md,
+        weights: dict[str, torch.Tensor],
+        out: torch.Tensor,
+    ) -> torch.Tensor:
         """mixed_qkv [T, C], b/a [T, Hv] (the step's padded rows) -> out [T, Hv, Dv] (the core's
         output before the gated norm; rows of padded tokens may hold anything). weights: conv_w
         [C, K], A_log [Hv], dt_bias [Hv] (the rank's)."""

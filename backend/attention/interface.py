@@ -128,12 +128,12 @@ class AttentionMetadataBuilder:
         self.config = config
         self.cg_padding = (self.cg_pad_seq_lens, self.cg_pad_block_table)
 
-    def build(self, batch: BatchDescription, num_padded_tokens: int | None = None,
-              num_padded_reqs: int | None = None) -> AttentionMetadata:
+    def build(
+        self, batch: BatchDescription, num_padded_tokens: int | None = None, num_padded_reqs: int | None = None
+    ) -> AttentionMetadata:
         raise NotImplementedError
 
-    def build_for_capture(self, num_tokens: int, uniform_query_len: int = 0,
-                          style: str = "v2") -> AttentionMetadata:
+    def build_for_capture(self, num_tokens: int, uniform_query_len: int = 0, style: str = "v2") -> AttentionMetadata:
         """The dummy batch vLLM captures with (DESIGN.md §4a): a uniform-decode graph gets
         cdiv(num_tokens, q) requests of q = uniform_query_len tokens and host max_query_len q; a
         mixed graph (uniform_query_len 0) spreads num_tokens over min(num_tokens, max_num_seqs)
@@ -146,9 +146,17 @@ class AttentionImpl:
     def __init__(self, config: AttentionConfig):
         self.config = config
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: torch.Tensor, metadata: AttentionMetadata, k_scale: torch.Tensor,
-                v_scale: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        k_scale: torch.Tensor,
+        v_scale: torch.Tensor,
+        output: torch.Tensor,
+    ) -> torch.Tensor:
         """Write this step's K/V into kv_cache at metadata.slot_mapping (skipping -1), then
         attend; write into `output` [num_padded_tokens, H, D] and return it. Rows of padded
         tokens may hold anything finite."""

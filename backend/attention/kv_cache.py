@@ -58,8 +58,10 @@ def dequantize(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
 # x.float() gives, NaN payloads included). On the CPU x.float() converts float8 one element at a
 # time, ~20x slower than bf16, and the providers' gathers dequantise every token's K/V: a lookup
 # by byte is ~2x faster there. Built at import, outside any graph capture.
-_FP8_TABLES = {dt: torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dt).float()
-               for dt in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)}
+_FP8_TABLES = {
+    dt: torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dt).float()
+    for dt in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+}
 
 
 def fp8_to_float(x: torch.Tensor) -> torch.Tensor:
@@ -79,8 +81,14 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
     return t.view(_SAME_SIZE_INT[t.element_size()])
 
 
-def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
-             k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+def write_kv(
+    kv_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
     """Scatter this step's K/V [T, Hkv, D] into the cache at slot_mapping [T'] (T' <= T).
 
     Slots of -1 write nothing, graph-safely: no host sync, no boolean-mask indexing. A -1 slot is
@@ -103,11 +111,15 @@ def write_slots(cache: torch.Tensor, x: torch.Tensor, slot_mapping: torch.Tensor
     try:
         flat = cache.view(num_slots, *cache.shape[2:])  # [num_slots, Hkv, D]
     except RuntimeError:
-        raise ValueError("kv_cache blocks and slots must flatten without a copy (the write goes through "
-                         "a flat view)") from None
+        raise ValueError(
+            "kv_cache blocks and slots must flatten without a copy (the write goes through a flat view)"
+        ) from None
     x = x[:n]
-    new = quantize_fp8(x, scale, flat.dtype) if flat.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) \
+    new = (
+        quantize_fp8(x, scale, flat.dtype)
+        if flat.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
         else x.to(flat.dtype)
+    )
     raw = _raw(flat)
     null = raw[:1].clone()  # slot 0 as it was
     raw.index_copy_(0, index, _raw(new))

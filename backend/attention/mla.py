@@ -56,8 +56,9 @@ class MLADims:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
-def split_decodes_and_prefills(query_lens: Sequence[int], threshold: int, require_uniform: bool = True
-                               ) -> tuple[int, int, int, int]:
+def split_decodes_and_prefills(
+    query_lens: Sequence[int], threshold: int, require_uniform: bool = True
+) -> tuple[int, int, int, int]:
     """vllm/v1/attention/backends/utils.py split_decodes_and_prefills on host query lens of a
     reordered batch (decodes first): (num_decodes, num_prefills, num_decode_tokens,
     num_prefill_tokens). With `require_uniform` (query_len_support UNIFORM, as TritonMLA and
@@ -114,11 +115,18 @@ class MLAMetadataBuilder(PersistentMetadataBuilder):
             # len 0) and tokens belong to the decode part, as captured (vLLM: "ensures
             # num_decodes matches the captured size").
             nd, ndt = md.num_padded_reqs, md.num_padded_tokens
-        return MLAMetadata(**vars(md), num_decodes=nd, num_prefills=npf, num_decode_tokens=ndt,
-                           num_prefill_tokens=npt, reorder_threshold=self.reorder_threshold)
+        return MLAMetadata(
+            **vars(md),
+            num_decodes=nd,
+            num_prefills=npf,
+            num_decode_tokens=ndt,
+            num_prefill_tokens=npt,
+            reorder_threshold=self.reorder_threshold,
+        )
 
-    def _write(self, query_lens, seq_lens, block_table, slot_mapping, padded_tokens, padded_reqs,
-               for_capture) -> MLAMetadata:
+    def _write(
+        self, query_lens, seq_lens, block_table, slot_mapping, padded_tokens, padded_reqs, for_capture
+    ) -> MLAMetadata:
         # Every build (a step's, and the capture batch's) goes through here: the split is computed
         # on the host values the common builder wrote.
         md = super()._write(query_lens, seq_lens, block_table, slot_mapping, padded_tokens, padded_reqs, for_capture)
@@ -127,10 +135,12 @@ class MLAMetadataBuilder(PersistentMetadataBuilder):
     def build_for_capture(self, num_tokens: int, uniform_query_len: int = 0, style: str = "v2") -> MLAMetadata:
         # MLACommonMetadataBuilder.build_for_cudagraph_capture's assertions, in their words.
         if uniform_query_len <= 0 or uniform_query_len > self.reorder_threshold:
-            raise AssertionError("MLA only supports decode-only full CUDAGraph capture. Make sure all "
-                                 f"cudagraph capture sizes <= max_num_seq (a {num_tokens}-token "
-                                 f"{'mixed' if uniform_query_len <= 0 else f'q = {uniform_query_len}'} "
-                                 f"graph, reorder threshold {self.reorder_threshold})")
+            raise AssertionError(
+                "MLA only supports decode-only full CUDAGraph capture. Make sure all "
+                f"cudagraph capture sizes <= max_num_seq (a {num_tokens}-token "
+                f"{'mixed' if uniform_query_len <= 0 else f'q = {uniform_query_len}'} "
+                f"graph, reorder threshold {self.reorder_threshold})"
+            )
         return super().build_for_capture(num_tokens, uniform_query_len, style)
 
 
@@ -139,9 +149,18 @@ class MLAImpl(AttentionImpl):
         super().__init__(config)
         self.dims = MLADims.of(config)
 
-    def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                metadata: MLAMetadata, k_scale: torch.Tensor, output: torch.Tensor, w_uk_t: torch.Tensor,
-                w_uv: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        kv_c: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: MLAMetadata,
+        k_scale: torch.Tensor,
+        output: torch.Tensor,
+        w_uk_t: torch.Tensor,
+        w_uv: torch.Tensor,
+    ) -> torch.Tensor:
         """Write [kv_c | k_pe] at metadata.slot_mapping (skipping -1), then attend: decode tokens
         absorbed, prefill tokens decompressed; write `output` [num_padded_tokens, Hl, V] and return
         it. Rows of padded tokens may hold anything finite."""

@@ -88,14 +88,19 @@ class SparseMLAMetadataBuilder(MLAMetadataBuilder):
         md = super()._write(query_lens, seq_lens, block_table, slot_mapping, padded_tokens, padded_reqs, for_capture)
         rows = [r for r, q in enumerate(query_lens) for _ in range(q)]
         pad_rows, pad_lens = self.padded_tokens(md, query_lens)
-        copy_into(self.req_id_per_token[:md.num_padded_tokens], torch.tensor(rows + pad_rows, dtype=torch.int32))
-        copy_into(self.token_seq_lens[:md.num_padded_tokens],
-                  torch.tensor(token_seq_lens(query_lens, seq_lens) + pad_lens, dtype=torch.int32))
-        self.req_id_per_token[md.num_padded_tokens:].fill_(0)
-        self.token_seq_lens[md.num_padded_tokens:].fill_(0)
-        sparse = SparseMLAMetadata(**vars(md), token_seq_lens=self.token_seq_lens[:md.num_padded_tokens],
-                                   req_id_per_token=self.req_id_per_token[:md.num_padded_tokens],
-                                   index_topk=self.index.index_topk)
+        copy_into(self.req_id_per_token[: md.num_padded_tokens], torch.tensor(rows + pad_rows, dtype=torch.int32))
+        copy_into(
+            self.token_seq_lens[: md.num_padded_tokens],
+            torch.tensor(token_seq_lens(query_lens, seq_lens) + pad_lens, dtype=torch.int32),
+        )
+        self.req_id_per_token[md.num_padded_tokens :].fill_(0)
+        self.token_seq_lens[md.num_padded_tokens :].fill_(0)
+        sparse = SparseMLAMetadata(
+            **vars(md),
+            token_seq_lens=self.token_seq_lens[: md.num_padded_tokens],
+            req_id_per_token=self.req_id_per_token[: md.num_padded_tokens],
+            index_topk=self.index.index_topk,
+        )
         self.last = sparse
         return sparse
 
@@ -106,13 +111,26 @@ class SparseMLAImpl(MLAImpl):
         self.index = IndexerDims.of(config)
         # The top-k indices (request-local positions, -1: none), shared by every layer as vLLM's
         # topk_indices_buffer is: persistent, so a graph writes and reads the storage it captured.
-        self.topk_indices = torch.full((config.max_num_tokens, self.index.index_topk), -1, dtype=torch.int32,
-                                       device=config.device)
+        self.topk_indices = torch.full(
+            (config.max_num_tokens, self.index.index_topk), -1, dtype=torch.int32, device=config.device
+        )
 
-    def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, k_index: torch.Tensor,
-                kv_cache: torch.Tensor, metadata: SparseMLAMetadata, k_scale: torch.Tensor, v_scale: torch.Tensor,
-                output: torch.Tensor, w_uk_t: torch.Tensor, w_uv: torch.Tensor, index_q: torch.Tensor,
-                index_w: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        kv_c: torch.Tensor,
+        k_pe: torch.Tensor,
+        k_index: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: SparseMLAMetadata,
+        k_scale: torch.Tensor,
+        v_scale: torch.Tensor,
+        output: torch.Tensor,
+        w_uk_t: torch.Tensor,
+        w_uv: torch.Tensor,
+        index_q: torch.Tensor,
+        index_w: torch.Tensor,
+    ) -> torch.Tensor:
         """Write [kv_c | k_pe] (plane 0, k_scale) and the indexer key k_index [T, L + R] (plane 1,
         v_scale) at slot_mapping; pick each token's top-k into topk_indices (index_q [Hi, Di],
         index_w [Hi]: the layer's indexer query and head weights); attend the picked keys
@@ -153,9 +171,19 @@ class Buffers:
     @classmethod
     def of(cls, md: SparseMLAMetadata, topk_buffer: torch.Tensor) -> Buffers:
         n = md.num_padded_tokens
-        return cls(md.num_actual_tokens, n, md.num_reqs, md.num_padded_reqs, md.index_topk,
-                   md.seq_lens.tolist(), md.query_lens.tolist(), md.block_table.shape[0],
-                   md.token_seq_lens.tolist(), md.req_id_per_token.tolist(), topk_buffer[:n].to("cpu", torch.int64))
+        return cls(
+            md.num_actual_tokens,
+            n,
+            md.num_reqs,
+            md.num_padded_reqs,
+            md.index_topk,
+            md.seq_lens.tolist(),
+            md.query_lens.tolist(),
+            md.block_table.shape[0],
+            md.token_seq_lens.tolist(),
+            md.req_id_per_token.tolist(),
+            topk_buffer[:n].to("cpu", torch.int64),
+        )
 
 
 def problems(b: Buffers, model_topk: int) -> list[str]:
@@ -163,8 +191,10 @@ def problems(b: Buffers, model_topk: int) -> list[str]:
     row and the value; [] when they keep it. Rows: tokens [0, num_padded_tokens)."""
     out: list[str] = []
     if b.index_topk != model_topk or b.topk.shape[1] != model_topk:
-        out.append(f"topk_indices: sized for index_topk {b.topk.shape[1]} (metadata {b.index_topk}), "
-                   f"the model's is {model_topk}")
+        out.append(
+            f"topk_indices: sized for index_topk {b.topk.shape[1]} (metadata {b.index_topk}), "
+            f"the model's is {model_topk}"
+        )
     live = b.num_reqs
     for t in range(b.num_padded_tokens):
         req, length = b.req_id_per_token[t], b.token_seq_lens[t]

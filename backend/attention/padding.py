@@ -21,8 +21,10 @@ DEFAULT = (0, -1)
 
 
 def declared(builder: Any) -> tuple[int, int]:
-    return (int(getattr(builder, "cg_pad_seq_lens", DEFAULT[0])),
-            int(getattr(builder, "cg_pad_block_table", DEFAULT[1])))
+    return (
+        int(getattr(builder, "cg_pad_seq_lens", DEFAULT[0])),
+        int(getattr(builder, "cg_pad_block_table", DEFAULT[1])),
+    )
 
 
 def _all(builder: Any) -> Iterator[Any]:

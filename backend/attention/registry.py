@@ -43,12 +43,24 @@ BUILTIN_BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in _BUI
 # "vllm:NAME" is vLLM's own backend NAME run in place (backend/adapters/vllm/); reserved, so it
 # is never read as the import path "module vllm, attribute NAME". Doctor lists these.
 VLLM_PREFIX = "vllm:"
-VLLM_BACKENDS: tuple[str, ...] = ("vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN",
-                                  "vllm:ROCM_AITER_FA", "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN",
-                                  "vllm:GDN_ATTN", "vllm:FLASHMLA_SPARSE", "vllm:ROCM_AITER_MLA_SPARSE")
+VLLM_BACKENDS: tuple[str, ...] = (
+    "vllm:FLEX_ATTENTION",
+    "vllm:TRITON_ATTN",
+    "vllm:FLASH_ATTN",
+    "vllm:ROCM_AITER_FA",
+    "vllm:TRITON_MLA",
+    "vllm:ROCM_AITER_UNIFIED_ATTN",
+    "vllm:GDN_ATTN",
+    "vllm:FLASHMLA_SPARSE",
+    "vllm:ROCM_AITER_MLA_SPARSE",
+)
 # The family a vLLM backend of that list is bridged for, where it is not gqa (what doctor asks).
-VLLM_FAMILIES: dict[str, str] = {"vllm:TRITON_MLA": "mla", "vllm:GDN_ATTN": "hybrid_gdn",
-                                 "vllm:FLASHMLA_SPARSE": "mla_sparse", "vllm:ROCM_AITER_MLA_SPARSE": "mla_sparse"}
+VLLM_FAMILIES: dict[str, str] = {
+    "vllm:TRITON_MLA": "mla",
+    "vllm:GDN_ATTN": "hybrid_gdn",
+    "vllm:FLASHMLA_SPARSE": "mla_sparse",
+    "vllm:ROCM_AITER_MLA_SPARSE": "mla_sparse",
+}
 
 
 def family_providers(family: str) -> tuple[str, ...]:
@@ -72,7 +84,8 @@ def _import_class(path: str) -> type:
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise BackendLoadError(
-            f"unknown backend {path!r}: expected one of {', '.join(BUILTIN_BACKENDS)} or 'package.module:Class'")
+            f"unknown backend {path!r}: expected one of {', '.join(BUILTIN_BACKENDS)} or 'package.module:Class'"
+        )
     # Like pytest/uvicorn: resolve import paths relative to the working directory, so that
     # `tests.mutants.x:Cls` works from the repo root without installing anything.
     cwd = os.getcwd()
@@ -113,7 +126,7 @@ def get_backend(name: str, family: str = "gqa") -> type[AttentionBackend]:
         raise BackendLoadError(f"empty backend name: expected one of {', '.join(BUILTIN_BACKENDS)}")
     name = name.strip()
     if name.startswith(VLLM_PREFIX):  # vLLM's own backend by its registry name
-        vllm_name = name[len(VLLM_PREFIX):].strip()
+        vllm_name = name[len(VLLM_PREFIX) :].strip()
         if not vllm_name:
             raise BackendLoadError(f"empty vLLM backend name in {name!r}: expected e.g. vllm:FLEX_ATTENTION")
         from backend.adapters.vllm import make_backend  # imports vllm only when the class is used
@@ -157,7 +170,7 @@ def check_name(name: str) -> None:
     of the names orch knows), with the closest name (backend/adapters/vllm/names.py): a typo is bad
     input, in a matrix as on the command line, never a run of skips. Other names load later."""
     if isinstance(name, str) and name.strip().startswith(VLLM_PREFIX):
-        vllm_name = name.strip()[len(VLLM_PREFIX):].strip()
+        vllm_name = name.strip()[len(VLLM_PREFIX) :].strip()
         if not vllm_name:
             raise BackendLoadError(f"empty vLLM backend name in {name!r}: expected e.g. vllm:FLEX_ATTENTION")
         from backend.adapters.vllm.names import name_error

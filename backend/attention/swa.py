@@ -55,20 +55,45 @@ class SWAMetadataBuilder:
         context = cm.seq_lens_cpu[:n] - (qsl[1:] - qsl[:-1])
         if n and int(context.min()) < 0:
             r = int(torch.argmin(context))
-            raise ValueError(f"{'capture batch' if cm.for_capture else 'batch'} request {r}: seq_len "
-                             f"{int(cm.seq_lens_cpu[r])} < query_len {int(qsl[r + 1] - qsl[r])} in the common "
-                             f"metadata this group's builder was given")
-        return SWAMetadata(num_tokens, n, cm.num_padded_tokens, cm.num_padded_reqs, cm.max_query_len, cm.max_seq_len,
-                           cm.query_start_loc, cm.seq_lens, cm.query_lens, cm.block_table_tensor, cm.slot_mapping,
-                           self.config.sliding_window, cm.for_capture)
+            raise ValueError(
+                f"{'capture batch' if cm.for_capture else 'batch'} request {r}: seq_len "
+                f"{int(cm.seq_lens_cpu[r])} < query_len {int(qsl[r + 1] - qsl[r])} in the common "
+                f"metadata this group's builder was given"
+            )
+        return SWAMetadata(
+            num_tokens,
+            n,
+            cm.num_padded_tokens,
+            cm.num_padded_reqs,
+            cm.max_query_len,
+            cm.max_seq_len,
+            cm.query_start_loc,
+            cm.seq_lens,
+            cm.query_lens,
+            cm.block_table_tensor,
+            cm.slot_mapping,
+            self.config.sliding_window,
+            cm.for_capture,
+        )
 
     def build_for_capture(self, cm: CommonAttentionMetadata) -> SWAMetadata:
         return self.build(cm)
 
 
 class SWAImpl(AttentionImpl):
-    def forward(self, query, key, value, kv_cache, metadata: SWAMetadata, k_scale, v_scale, output,
-                window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        kv_cache,
+        metadata: SWAMetadata,
+        k_scale,
+        v_scale,
+        output,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Write this step's K/V at metadata.slot_mapping (skipping -1), then attend with the
         layer's window and sinks; write `output` [num_padded_tokens, Hl, D] and return it. Rows
         past num_actual_tokens (padded tokens) may hold anything finite."""

@@ -44,8 +44,10 @@ def uncovered(md, tokens: int) -> str | None:
     per = idx.shape[1] if idx.dim() == 2 else 1
     if idx.shape[0] * per >= tokens:
         return None
-    return (f"{name} has {idx.shape[0]} rows of {per} token{'s' if per != 1 else ''} for the step's {tokens} tokens "
-            f"({md.num_spec_decodes} spec decodes, {md.num_decodes} decodes)")
+    return (
+        f"{name} has {idx.shape[0]} rows of {per} token{'s' if per != 1 else ''} for the step's {tokens} tokens "
+        f"({md.num_spec_decodes} spec decodes, {md.num_decodes} decodes)"
+    )
 
 
 class StateGroupsBuilder(GroupedMetadataBuilder):
@@ -61,14 +63,19 @@ class StateGroupsBuilder(GroupedMetadataBuilder):
         built, problems = [], []
         for g, builder in enumerate(self.builders):
             before = {name: getattr(common, name).clone() for name in SHARED}
-            cm = dataclasses.replace(common, block_table_tensor=self.block_tables[g][:common.num_padded_reqs],
-                                     slot_mapping=self.slot_mappings[g][:common.num_padded_tokens])
+            cm = dataclasses.replace(
+                common,
+                block_table_tensor=self.block_tables[g][: common.num_padded_reqs],
+                slot_mapping=self.slot_mappings[g][: common.num_padded_tokens],
+            )
             built.append(builder.build_for_capture(cm))
             changed = [name for name in SHARED if not torch.equal(before[name], getattr(common, name))]
-            later = [grp.name for grp in self.groups[g + 1:]]
+            later = [grp.name for grp in self.groups[g + 1 :]]
             if changed and later:
-                problems.append(f"group {self.groups[g].name}'s capture build wrote the shared {', '.join(changed)}, "
-                                f"which {', '.join(later)} then built from")
+                problems.append(
+                    f"group {self.groups[g].name}'s capture build wrote the shared {', '.join(changed)}, "
+                    f"which {', '.join(later)} then built from"
+                )
         self.capture_problems[common.num_padded_tokens] = tuple(problems)
         return LayerMetadata(built[g] for g in self.layer_group)
 

@@ -54,7 +54,9 @@ def kv_cache_groups(shape) -> tuple[KVCacheGroup, ...]:
     state dtype, then the attention layers' group."""
     state = gdn_layers(shape)
     kinds = list(dict.fromkeys(layer_state_dtype(shape, i) for i in state))  # first-layer order
-    groups = [KVCacheGroup(f"state_{k}", tuple(i for i in state if layer_state_dtype(shape, i) == k), kind="state")
-              for k in kinds]
+    groups = [
+        KVCacheGroup(f"state_{k}", tuple(i for i in state if layer_state_dtype(shape, i) == k), kind="state")
+        for k in kinds
+    ]
     attention = tuple(i for i in range(shape.num_layers) if is_attention_layer(shape, i))
     return (*groups, KVCacheGroup("full", attention))

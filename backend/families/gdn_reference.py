@@ -43,8 +43,9 @@ def _l2(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + EPS)
 
 
-def recurrent(s: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-              beta: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def recurrent(
+    s: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """s [Hv, Dv, Dk]; q, k [L, Hv, Dk] (normalised, q scaled); v [L, Hv, Dv]; g, beta [L, Hv] ->
     outputs [L, Hv, Dv] and the state after every token."""
     outs, states = [], []
@@ -57,16 +58,23 @@ def recurrent(s: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return torch.stack(outs), states
 
 
-def chunked(s: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-            beta: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked(
+    s: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk: int = CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same recurrence a chunk at a time, head by head: with Γ the decay since the chunk's
     start and u the values the state actually adds, u solves a unit lower-triangular system, and
     the outputs and the chunk's final state are sums over it. Returns outputs, final state."""
     outs = []
     for h0 in range(0, q.shape[0], chunk):
-        qc, kc, vc = q[h0:h0 + chunk], k[h0:h0 + chunk], v[h0:h0 + chunk]
-        gam = torch.cumsum(g[h0:h0 + chunk], 0)  # [n, Hv] log decay since the chunk's start
-        bc = beta[h0:h0 + chunk]
+        qc, kc, vc = q[h0 : h0 + chunk], k[h0 : h0 + chunk], v[h0 : h0 + chunk]
+        gam = torch.cumsum(g[h0 : h0 + chunk], 0)  # [n, Hv] log decay since the chunk's start
+        bc = beta[h0 : h0 + chunk]
         n = qc.shape[0]
         heads = []
         new_s = torch.empty_like(s)
@@ -78,8 +86,9 @@ def chunked(s: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             kk = kc[:, h] @ kc[:, h].T
             a = torch.tril(bc[:, h][:, None] * rel * kk, diagonal=-1)
             rhs = bc[:, h][:, None] * (vc[:, h] - torch.exp(gh)[:, None] * (kc[:, h] @ s[h].T))
-            u = torch.linalg.solve_triangular(torch.eye(n, dtype=a.dtype, device=a.device) + a, rhs, upper=False,
-                                              unitriangular=True)
+            u = torch.linalg.solve_triangular(
+                torch.eye(n, dtype=a.dtype, device=a.device) + a, rhs, upper=False, unitriangular=True
+            )
             heads.append(torch.exp(gh)[:, None] * (qc[:, h] @ s[h].T) + (rel * (qc[:, h] @ kc[:, h].T)) @ u)
             new_s[h] = torch.exp(gh[-1]) * s[h] + (u * torch.exp(gh[-1] - gh)[:, None]).T @ kc[:, h]
         outs.append(torch.stack(heads, 1))
@@ -112,21 +121,21 @@ def reference_layer(weights: dict, h: torch.Tensor, ctx: StateContext, query_len
     post_conv, post_state = ctx.conv.clone(), ctx.state.clone()
     outs, start = [], 0
     for r, ql in enumerate(query_lens):
-        xs = x[start:start + ql]
+        xs = x[start : start + ql]
         acc = ctx.accepted[r] if ctx.spec[r] else 1
         if ctx.fresh[r]:
             hist = torch.zeros(kw - 1, c, device=h.device)
             s0 = torch.zeros(hv, dv, dk, device=h.device)
         else:
-            hist = ctx.conv[r, 0, acc - 1:acc - 1 + kw - 1]
+            hist = ctx.conv[r, 0, acc - 1 : acc - 1 + kw - 1]
             s0 = ctx.state[r, acc - 1]
         window = torch.cat([hist, xs])
-        conv = F.silu(sum(window[j:j + ql] * weights["conv_w"][:, j] for j in range(kw)))
-        q = _l2(conv[:, :hk * dk].unflatten(-1, (hk, dk))) * dk ** -0.5
-        k = _l2(conv[:, hk * dk:2 * hk * dk].unflatten(-1, (hk, dk)))
-        v = conv[:, 2 * hk * dk:].unflatten(-1, (hv, dv))
+        conv = F.silu(sum(window[j : j + ql] * weights["conv_w"][:, j] for j in range(kw)))
+        q = _l2(conv[:, : hk * dk].unflatten(-1, (hk, dk))) * dk**-0.5
+        k = _l2(conv[:, hk * dk : 2 * hk * dk].unflatten(-1, (hk, dk)))
+        v = conv[:, 2 * hk * dk :].unflatten(-1, (hv, dv))
         q, k = (t.repeat_interleave(hv // hk, dim=1) for t in (q, k))
-        gr, br = g[start:start + ql], beta[start:start + ql]
+        gr, br = g[start : start + ql], beta[start : start + ql]
         if ql > CHUNK:  # long rows: the chunked form (tested equal); the recurrence is O(L) launches
             o, final = chunked(s0, q, k, v, gr, br)
             states = [final]
@@ -137,12 +146,12 @@ def reference_layer(weights: dict, h: torch.Tensor, ctx: StateContext, query_len
         if ctx.spec[r]:  # the state after token t in column t; the conv buffer shifted by the accepted
             for t, st in enumerate(states):
                 post_state[r, t] = st
-            post_conv[r, 0] = torch.cat([ctx.conv[r, 0, acc:acc + kw - 2], xs])
+            post_conv[r, 0] = torch.cat([ctx.conv[r, 0, acc : acc + kw - 2], xs])
         else:
             post_state[r, 0] = states[-1]
-            post_conv[r, 0, :kw - 1] = window[-(kw - 1):]
+            post_conv[r, 0, : kw - 1] = window[-(kw - 1) :]
         # the core's output is an activation the model stores (vLLM's core_attn_out: model dtype)
-        outs.append(gated_rmsnorm(rnd(o), z[start:start + ql], weights["gnorm"]))
+        outs.append(gated_rmsnorm(rnd(o), z[start : start + ql], weights["gnorm"]))
         start += ql
     ctx.post_conv, ctx.post_state = post_conv, post_state
     return torch.cat(outs) if outs else h.new_zeros(0, hv, dv)

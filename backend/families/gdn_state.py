@@ -74,17 +74,23 @@ class GDNState(StepState):
 
     def plan_steps(self, batch, shape, capture_sizes, num_steps, seed, spec_tokens):
         slots = 1 + shape.max_num_seqs * (1 + spec_tokens)
-        return plan_steps(batch, shape, capture_sizes, num_steps, seed, spec_tokens,
-                          len(self._state_groups(shape)), slots)
+        return plan_steps(
+            batch, shape, capture_sizes, num_steps, seed, spec_tokens, len(self._state_groups(shape)), slots
+        )
 
     def group_batch(self, plan, shape, group_index, group):
         ordinal = [g for g, _ in self._state_groups(shape)].index(group_index)
         carry = plan.carry
         table = torch.tensor(carry.slots[ordinal], dtype=torch.int32).view(len(plan.query_lens), -1)
         spec = any(d >= 0 for d in carry.drafts)
-        return BatchDescription(list(plan.query_lens), list(plan.seq_lens), table,
-                                torch.full((sum(plan.query_lens),), -1, dtype=torch.int64),
-                                list(carry.accepted) if spec else None, list(carry.drafts) if spec else None)
+        return BatchDescription(
+            list(plan.query_lens),
+            list(plan.seq_lens),
+            table,
+            torch.full((sum(plan.query_lens),), -1, dtype=torch.int64),
+            list(carry.accepted) if spec else None,
+            list(carry.drafts) if spec else None,
+        )
 
     # ---- the state a step starts from, and the reference after it -------------------------------
     def _pre(self, case, session, plans, index: int) -> dict:
@@ -111,14 +117,21 @@ class GDNState(StepState):
                     continue
                 gen = torch.Generator().manual_seed(hash_seed(case.seed, rid, layer, 71 + index))
                 convs.append(torch.randn(cols, width, c, generator=gen))
-                states.append(DRAWN_STATE_SCALE * torch.randn(cols, shape.num_heads, shape.head_size, dk,
-                                                              generator=gen))
+                states.append(
+                    DRAWN_STATE_SCALE * torch.randn(cols, shape.num_heads, shape.head_size, dk, generator=gen)
+                )
             dev = session.device
             # A continuing request's state is the last step's (on the device), a new one's drawn here.
-            conv = (torch.stack([t.to(dev) for t in convs]).to(page.conv_dtype).float() if convs
-                    else torch.zeros(0, cols, width, c, device=dev))
-            state = (torch.stack([t.to(dev) for t in states]).to(page.state_dtype).float() if states
-                     else torch.zeros(0, device=dev))
+            conv = (
+                torch.stack([t.to(dev) for t in convs]).to(page.conv_dtype).float()
+                if convs
+                else torch.zeros(0, cols, width, c, device=dev)
+            )
+            state = (
+                torch.stack([t.to(dev) for t in states]).to(page.state_dtype).float()
+                if states
+                else torch.zeros(0, device=dev)
+            )
             spec = tuple(dr >= 0 for dr in carry.drafts)
             out[layer] = StateContext(conv, state, carry.fresh, spec, carry.accepted)
         return out
@@ -165,8 +178,10 @@ class GDNState(StepState):
                 page.conv(cache).index_copy_(0, idx, pre_conv.to(page.conv_dtype))
                 page.state(cache).index_copy_(0, idx, pre_state.to(page.state_dtype))
             pc, ps = post_full[layer]
-            post[layer] = (pc.index_select(3, channels).reshape(n * cols, *pre_conv.shape[1:]),
-                           ps[:, :, heads].reshape(n * cols, *pre_state.shape[1:]))
+            post[layer] = (
+                pc.index_select(3, channels).reshape(n * cols, *pre_conv.shape[1:]),
+                ps[:, :, heads].reshape(n * cols, *pre_state.shape[1:]),
+            )
             owned[layer] = idx
         return Prepared(contexts, owned, post, groups)
 
@@ -188,8 +203,14 @@ class GDNState(StepState):
                 worst = max(worst, c.max_abs)
                 if not c.ok:
                     slot = int(prepared.owned[layer][c.first_bad[0] // _rows_per_slot(got)]) if c.first_bad else -1
-                    return False, (f"layer {layer}: eager {name} state against the reference's, slot {slot} "
-                                   f"(max_abs {c.max_abs:.3g})"), worst
+                    return (
+                        False,
+                        (
+                            f"layer {layer}: eager {name} state against the reference's, slot {slot} "
+                            f"(max_abs {c.max_abs:.3g})"
+                        ),
+                        worst,
+                    )
         return True, "", worst
 
     def graph_check(self, case, session, prepared, owned, snapshot):
@@ -212,13 +233,21 @@ class GDNState(StepState):
             n_out = int(changed.sum())
             if n_out:
                 first = int(torch.argmax(changed.to(torch.uint8)))
-                return False, (f"layer {layer}: {n_out} state slot{'s' if n_out != 1 else ''} written outside the "
-                               f"step's {idx.numel()} owned slots (first slot {first})"), worst
+                return (
+                    False,
+                    (
+                        f"layer {layer}: {n_out} state slot{'s' if n_out != 1 else ''} written outside the "
+                        f"step's {idx.numel()} owned slots (first slot {first})"
+                    ),
+                    worst,
+                )
             now = cache.index_select(0, idx)
             if not torch.equal(now, owned[layer]):
                 page = _page(session, layer)
-                for name, got, want in (("conv", page.conv(now), page.conv(owned[layer])),
-                                        ("recurrent", page.state(now), page.state(owned[layer]))):
+                for name, got, want in (
+                    ("conv", page.conv(now), page.conv(owned[layer])),
+                    ("recurrent", page.state(now), page.state(owned[layer])),
+                ):
                     c = _compare(got, want.float(), case)
                     worst = max(worst, c.max_abs)
                     if not c.ok:
@@ -230,8 +259,9 @@ class GDNState(StepState):
                 continue
             checked_groups.add(group)
             gmd = md[layer] if isinstance(md, tuple) else md
-            problems = request_buffer_problems(gmd, getattr(gmd, "pad_slot", -1)) \
-                if hasattr(gmd, "num_prefills") else []
+            problems = (
+                request_buffer_problems(gmd, getattr(gmd, "pad_slot", -1)) if hasattr(gmd, "num_prefills") else []
+            )
             short = uncovered(gmd, getattr(gmd, "num_actual_tokens", 0)) if hasattr(gmd, "num_prefills") else None
             problems = [short, *problems] if short else problems
             if problems:
@@ -247,8 +277,9 @@ def _compare(got: torch.Tensor, want: torch.Tensor, case):
     """State values compared as the model's outputs are: per row (a slot's conv buffer, a slot's head
     of the recurrent state), atol scaled by the row's magnitude."""
     rows = got.shape[0] * _rows_per_slot(got)
-    return compare(got.float().reshape(rows, -1), want.float().reshape(rows, -1), case.tolerance, 1,
-                   row_scaled_atol=True)
+    return compare(
+        got.float().reshape(rows, -1), want.float().reshape(rows, -1), case.tolerance, 1, row_scaled_atol=True
+    )
 
 
 STATE = GDNState()

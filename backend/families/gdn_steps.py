@@ -49,8 +49,16 @@ class _Req:
     recycled: bool = False
 
 
-def plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes, num_steps: int, seed: int, spec_tokens: int,
-               state_groups: int, num_slots: int) -> list[StepPlan]:
+def plan_steps(
+    batch: BatchSpec,
+    shape: ModelShape,
+    capture_sizes,
+    num_steps: int,
+    seed: int,
+    spec_tokens: int,
+    state_groups: int,
+    num_slots: int,
+) -> list[StepPlan]:
     rng = random.Random(f"gdn-steps-{seed}-{batch.name}-{spec_tokens}")
     cols, dq = 1 + spec_tokens, 1 + spec_tokens
     pools = []
@@ -59,8 +67,12 @@ def plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes, num_steps: in
         random.Random(f"gdn-slots-{seed}-{g}").shuffle(free)
         pools.append(free)
     # Under spec decode a decode row (one token over context) verifies 1 + k; a prompt stays as it is.
-    qs, ss = zip(*[(dq, min(shape.max_model_len, s + spec_tokens)) if q == 1 and s > 1 else (q, s)
-                   for q, s in zip(batch.query_lens, batch.seq_lens)])
+    qs, ss = zip(
+        *[
+            (dq, min(shape.max_model_len, s + spec_tokens)) if q == 1 and s > 1 else (q, s)
+            for q, s in zip(batch.query_lens, batch.seq_lens)
+        ]
+    )
     fresh_lens = [q for q, s in zip(qs, ss) if q == s] or [1]
     next_id = [0]
 
@@ -145,9 +157,11 @@ def _plan(index: int, reqs: list[_Req], spec_tokens: int) -> StepPlan:
     order = sorted(range(len(reqs)), key=lambda i: (not (reqs[i].q == dq and not reqs[i].fresh), reqs[i].q))
     rows = [reqs[i] for i in order]
     carry = Carry(
-        ids=tuple(r.rid for r in rows), fresh=tuple(r.fresh for r in rows),
+        ids=tuple(r.rid for r in rows),
+        fresh=tuple(r.fresh for r in rows),
         recycled=tuple(r.recycled and r.fresh for r in rows),
         accepted=tuple(r.accepted for r in rows),
         drafts=tuple(spec_tokens if (spec_tokens and r.q == dq and not r.fresh) else -1 for r in rows),
-        slots=tuple(tuple(r.slots[g] for r in rows) for g in range(len(rows[0].slots) if rows else 0)))
+        slots=tuple(tuple(r.slots[g] for r in rows) for g in range(len(rows[0].slots) if rows else 0)),
+    )
     return StepPlan(index, tuple(r.q for r in rows), tuple(r.s for r in rows), True, carry)

@@ -29,7 +29,7 @@ class GQA(AttentionFamily):
     num_planes: ClassVar[int] = 2
 
     def scale(self, shape) -> float:
-        return shape.head_size ** -0.5
+        return shape.head_size**-0.5
 
     def out_head_size(self, shape) -> int:
         return shape.head_size
@@ -46,7 +46,7 @@ class GQA(AttentionFamily):
 
     def rank_context(self, values, layout):
         heads = layout.kv_heads  # a range: the rank's kv heads are a slice (a view, no copy)
-        return [v[:, heads.start:heads.stop] for v in values]
+        return [v[:, heads.start : heads.stop] for v in values]
 
     def write(self, cache, values, slots, k_scale, v_scale):
         write_kv(cache, values[0], values[1], slots, k_scale, v_scale)
@@ -66,8 +66,8 @@ class GQA(AttentionFamily):
         qkv = h @ lw["wqkv"].t()
         a, b = layout.local_heads * d, layout.local_kv_heads * d
         q = qkv[:, :a].reshape(t, layout.local_heads, d).contiguous()
-        k = qkv[:, a:a + b].reshape(t, layout.local_kv_heads, d).contiguous()
-        v = qkv[:, a + b:].reshape(t, layout.local_kv_heads, d).contiguous()
+        k = qkv[:, a : a + b].reshape(t, layout.local_kv_heads, d).contiguous()
+        v = qkv[:, a + b :].reshape(t, layout.local_kv_heads, d).contiguous()
         return q, k, v
 
     def attend(self, impl, lw, inputs, cache, metadata, k_scale, v_scale, out):

@@ -71,8 +71,16 @@ class HybridGDN(GQA):
             elif own is not None:
                 caches.append(own(config))
             else:
-                caches.append(allocate_kv_cache(config, tuple(backend_cls.kv_cache_shape(
-                    config.num_blocks, shape.block_size, config.num_kv_heads, shape.head_size))))
+                caches.append(
+                    allocate_kv_cache(
+                        config,
+                        tuple(
+                            backend_cls.kv_cache_shape(
+                                config.num_blocks, shape.block_size, config.num_kv_heads, shape.head_size
+                            )
+                        ),
+                    )
+                )
         return caches
 
     def config_dims(self, shape):
@@ -116,10 +124,13 @@ class HybridGDN(GQA):
         z = c_all + torch.arange(vh.start * dv, vh.stop * dv)
         heads = torch.arange(vh.start, vh.stop)
         return {
-            "kind": "gdn", "state_dtype": weights["state_dtype"],
+            "kind": "gdn",
+            "state_dtype": weights["state_dtype"],
             "w_qkvz": weights["w_qkvz"][torch.cat([ch, z])],
             "w_ba": weights["w_ba"][torch.cat([heads, hv_all + heads])],
-            "conv_w": weights["conv_w"][ch], "A_log": weights["A_log"][heads], "dt_bias": weights["dt_bias"][heads],
+            "conv_w": weights["conv_w"][ch],
+            "A_log": weights["A_log"][heads],
+            "dt_bias": weights["dt_bias"][heads],
             "gnorm": weights["gnorm"],
         }
 
@@ -130,8 +141,12 @@ class HybridGDN(GQA):
         qkvz = h @ lw["w_qkvz"].t()
         c = qkvz.shape[1] - hv * dv
         ba = h @ lw["w_ba"].t()
-        return (qkvz[:, :c].contiguous(), qkvz[:, c:].reshape(-1, hv, dv).contiguous(), ba[:, :hv].contiguous(),
-                ba[:, hv:].contiguous())
+        return (
+            qkvz[:, :c].contiguous(),
+            qkvz[:, c:].reshape(-1, hv, dv).contiguous(),
+            ba[:, :hv].contiguous(),
+            ba[:, hv:].contiguous(),
+        )
 
     def attend(self, impl, lw, inputs, cache, metadata, k_scale, v_scale, out):
         if lw["kind"] == "attention":
@@ -159,8 +174,13 @@ class HybridGDN(GQA):
         return kv_cache_groups(shape)
 
     def make_builder(self, backend_cls, config, shape):
-        return StateGroupsBuilder(backend_cls, config, self.groups(shape), shape.num_layers,
-                                  group_builder=lambda g, c: backend_cls.group_builder(g.kind, c))
+        return StateGroupsBuilder(
+            backend_cls,
+            config,
+            self.groups(shape),
+            shape.num_layers,
+            group_builder=lambda g, c: backend_cls.group_builder(g.kind, c),
+        )
 
     def order_rows(self, query_lens, seq_lens, spec_tokens):
         # the family's StepState plans (and orders) its own steps: gdn_steps.py

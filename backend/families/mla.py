@@ -82,8 +82,8 @@ class MLA(AttentionFamily):
         d, t = MLADims.of(shape), h.shape[0]
         q = (h @ lw["wq"].t()).view(t, layout.local_heads, -1).contiguous()
         ckv = h @ lw["w_kv_a"].t()
-        kv_c = rmsnorm(ckv[:, :d.kv_lora_rank], lw["kv_norm"]).contiguous()
-        k_pe = ckv[:, d.kv_lora_rank:].contiguous()
+        kv_c = rmsnorm(ckv[:, : d.kv_lora_rank], lw["kv_norm"]).contiguous()
+        k_pe = ckv[:, d.kv_lora_rank :].contiguous()
         return q, kv_c, k_pe
 
     def attend(self, impl, lw, inputs, cache, metadata, k_scale, v_scale, out):
@@ -96,14 +96,17 @@ class MLA(AttentionFamily):
         if round_query is not None:
             q = round_query(q)
         ckv = rnd(h @ weights["w_kv_a"].t())
-        kv_c = rnd(rmsnorm(ckv[:, :d.kv_lora_rank], weights["kv_norm"]))
-        new = round_new(0, torch.cat([kv_c, ckv[:, d.kv_lora_rank:]], dim=-1))
+        kv_c = rnd(rmsnorm(ckv[:, : d.kv_lora_rank], weights["kv_norm"]))
+        new = round_new(0, torch.cat([kv_c, ckv[:, d.kv_lora_rank :]], dim=-1))
         rows = (torch.cat([c, n]) for c, n in zip(context[0], split_by(new, query_lens)))  # one at a time
         w_uk, w_uv = split_kv_b(weights["w_kv_b"], nh, d)
         scale = self.scale(shape)
-        outs = [reference_absorbed(qr, r, w_uk, w_uv, d, scale) if ql == 1
-                else reference_decompressed(qr, r, w_uk, w_uv, d, scale)
-                for qr, r, ql in zip(split_by(q, query_lens), rows, query_lens)]
+        outs = [
+            reference_absorbed(qr, r, w_uk, w_uv, d, scale)
+            if ql == 1
+            else reference_decompressed(qr, r, w_uk, w_uv, d, scale)
+            for qr, r, ql in zip(split_by(q, query_lens), rows, query_lens)
+        ]
         return torch.cat(outs) if outs else q.new_zeros(0, nh, d.v_head_dim)
 
     def order_rows(self, query_lens, seq_lens, spec_tokens):
@@ -117,7 +120,7 @@ class MLA(AttentionFamily):
 def split_kv_b(w_kv_b: torch.Tensor, num_heads: int, d: MLADims) -> tuple[torch.Tensor, torch.Tensor]:
     """kv_b_proj's weight [H * (P + V), L] -> W_UK [L, H, P], W_UV [L, H, V] (vLLM's split)."""
     w = w_kv_b.t().reshape(d.kv_lora_rank, num_heads, d.qk_nope_head_dim + d.v_head_dim)
-    return w[..., :d.qk_nope_head_dim], w[..., d.qk_nope_head_dim:]
+    return w[..., : d.qk_nope_head_dim], w[..., d.qk_nope_head_dim :]
 
 
 def _causal(q_len: int, s: int, device) -> torch.Tensor:
@@ -126,34 +129,39 @@ def _causal(q_len: int, s: int, device) -> torch.Tensor:
     return cols <= rows + (s - q_len)  # [q, s] bottom-right
 
 
-def reference_absorbed(q: torch.Tensor, rows: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, d: MLADims,
-                       scale: float) -> torch.Tensor:
+def reference_absorbed(
+    q: torch.Tensor, rows: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, d: MLADims, scale: float
+) -> torch.Tensor:
     """One request, absorbed (decode) form, fp32: q [q, H, P + R], rows [s, L + R] -> [q, H, V]."""
     q32, r32 = q.float(), rows.float()
-    ql = torch.einsum("qhp,lhp->qhl", q32[..., :d.qk_nope_head_dim], w_uk.float())
-    qq = torch.cat([ql, q32[..., d.qk_nope_head_dim:]], dim=-1).transpose(0, 1)  # [H, q, L + R]
+    ql = torch.einsum("qhp,lhp->qhl", q32[..., : d.qk_nope_head_dim], w_uk.float())
+    qq = torch.cat([ql, q32[..., d.qk_nope_head_dim :]], dim=-1).transpose(0, 1)  # [H, q, L + R]
     k = r32[None].expand(qq.shape[0], -1, -1)  # MQA: one row for every head
-    o_lat = F.scaled_dot_product_attention(qq, k, k[..., :d.kv_lora_rank],
-                                           attn_mask=_causal(q.shape[0], rows.shape[0], q.device), scale=scale)
+    o_lat = F.scaled_dot_product_attention(
+        qq, k, k[..., : d.kv_lora_rank], attn_mask=_causal(q.shape[0], rows.shape[0], q.device), scale=scale
+    )
     return torch.einsum("hql,lhv->qhv", o_lat, w_uv.float())
 
 
-def reference_decompressed(q: torch.Tensor, rows: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, d: MLADims,
-                           scale: float) -> torch.Tensor:
+def reference_decompressed(
+    q: torch.Tensor, rows: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, d: MLADims, scale: float
+) -> torch.Tensor:
     """One request, decompressed (prefill) form, fp32: q [q, H, P + R], rows [s, L + R] -> [q, H, V]."""
     q32, r32 = q.float(), rows.float()
-    kv_c, k_pe = r32[:, :d.kv_lora_rank], r32[:, d.kv_lora_rank:]
+    kv_c, k_pe = r32[:, : d.kv_lora_rank], r32[:, d.kv_lora_rank :]
     h = q.shape[1]
     k_nope = torch.einsum("sl,lhp->hsp", kv_c, w_uk.float())
     k = torch.cat([k_nope, k_pe[None].expand(h, -1, -1)], dim=-1)  # [H, s, P + R]
     v = torch.einsum("sl,lhv->hsv", kv_c, w_uv.float())
-    o = F.scaled_dot_product_attention(q32.transpose(0, 1), k, v,
-                                       attn_mask=_causal(q.shape[0], rows.shape[0], q.device), scale=scale)
+    o = F.scaled_dot_product_attention(
+        q32.transpose(0, 1), k, v, attn_mask=_causal(q.shape[0], rows.shape[0], q.device), scale=scale
+    )
     return o.transpose(0, 1)
 
 
-def reference_requests(q: Sequence[torch.Tensor], rows: Sequence[torch.Tensor], w_uk, w_uv, d: MLADims,
-                       scale: float, form: str) -> list[torch.Tensor]:
+def reference_requests(
+    q: Sequence[torch.Tensor], rows: Sequence[torch.Tensor], w_uk, w_uv, d: MLADims, scale: float, form: str
+) -> list[torch.Tensor]:
     """Every request in one form ("absorbed" | "decompressed"): the agreement test's entry."""
     fn = reference_absorbed if form == "absorbed" else reference_decompressed
     return [fn(qr, r, w_uk, w_uv, d, scale) for qr, r in zip(q, rows)]

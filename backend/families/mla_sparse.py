@@ -65,14 +65,15 @@ class MLASparse(MLA):
     def draw(self, w, norm, shape, layer):
         ix = IndexerDims.of(shape)
         # w() is rounded to the model dtype already: the rank's copies (cast to it) are these values
-        return {**super().draw(w, norm, shape, layer),
-                "w_ik": w(ix.index_head_dim, shape.hidden_size),
-                "index_q": w(ix.index_n_heads, ix.index_head_dim),
-                "index_w": w(ix.index_n_heads, 1).view(-1)}
+        return {
+            **super().draw(w, norm, shape, layer),
+            "w_ik": w(ix.index_head_dim, shape.hidden_size),
+            "index_q": w(ix.index_n_heads, ix.index_head_dim),
+            "index_w": w(ix.index_n_heads, 1).view(-1),
+        }
 
     def shard(self, weights, layout, shape):
-        return {**super().shard(weights, layout, shape),
-                **{k: weights[k] for k in ("w_ik", "index_q", "index_w")}}
+        return {**super().shard(weights, layout, shape), **{k: weights[k] for k in ("w_ik", "index_q", "index_w")}}
 
     def _index_row(self, h, w_ik, shape):
         """[T, L + R]: the indexer key in the first Di values of its cache row, zeros after."""
@@ -85,8 +86,21 @@ class MLASparse(MLA):
 
     def attend(self, impl, lw, inputs, cache, metadata, k_scale, v_scale, out):
         q, kv_c, k_pe, k_index = inputs
-        return impl.forward(q, kv_c, k_pe, k_index, cache, metadata, k_scale, v_scale, out, lw["w_uk_t"],
-                            lw["w_uv"], lw["index_q"], lw["index_w"])
+        return impl.forward(
+            q,
+            kv_c,
+            k_pe,
+            k_index,
+            cache,
+            metadata,
+            k_scale,
+            v_scale,
+            out,
+            lw["w_uk_t"],
+            lw["w_uv"],
+            lw["index_q"],
+            lw["index_w"],
+        )
 
     def reference(self, weights, h, context, query_lens, round_new, round_query, shape, rnd):
         d, ix, t, nh = MLADims.of(shape), IndexerDims.of(shape), h.shape[0], shape.num_heads
@@ -94,17 +108,22 @@ class MLASparse(MLA):
         if round_query is not None:
             q = round_query(q)
         ckv = rnd(h @ weights["w_kv_a"].t())
-        kv_c = rnd(rmsnorm(ckv[:, :d.kv_lora_rank], weights["kv_norm"]))
-        new_lat = round_new(0, torch.cat([kv_c, ckv[:, d.kv_lora_rank:]], dim=-1))
+        kv_c = rnd(rmsnorm(ckv[:, : d.kv_lora_rank], weights["kv_norm"]))
+        new_lat = round_new(0, torch.cat([kv_c, ckv[:, d.kv_lora_rank :]], dim=-1))
         new_idx = round_new(1, rnd(self._index_row(h, weights["w_ik"], shape)))
         w_uk, w_uv = split_kv_b(weights["w_kv_b"], nh, d)
         scale = self.scale(shape)
         outs = []
-        for qr, ctx_lat, ctx_idx, lat, idx, ql in zip(split_by(q, query_lens), context[0], context[1],
-                                                      split_by(new_lat, query_lens), split_by(new_idx, query_lens),
-                                                      query_lens):
+        for qr, ctx_lat, ctx_idx, lat, idx, ql in zip(
+            split_by(q, query_lens),
+            context[0],
+            context[1],
+            split_by(new_lat, query_lens),
+            split_by(new_idx, query_lens),
+            query_lens,
+        ):
             rows = torch.cat([ctx_lat, lat])  # [s, L + R]
-            keys = torch.cat([ctx_idx, idx])[:, :ix.index_head_dim]
+            keys = torch.cat([ctx_idx, idx])[:, : ix.index_head_dim]
             mask = picked_mask(keys, ctx_lat.shape[0], ql, weights["index_q"], weights["index_w"], ix.index_topk)
             outs.append(sparse_absorbed(qr, rows, mask, w_uk, w_uv, d, scale))
         return torch.cat(outs) if outs else q.new_zeros(0, nh, d.v_head_dim)
@@ -113,8 +132,9 @@ class MLASparse(MLA):
         return CHECKS
 
 
-def picked_mask(keys: torch.Tensor, context: int, query_len: int, index_q: torch.Tensor, index_w: torch.Tensor,
-                topk: int) -> torch.Tensor:
+def picked_mask(
+    keys: torch.Tensor, context: int, query_len: int, index_q: torch.Tensor, index_w: torch.Tensor, topk: int
+) -> torch.Tensor:
     """One request's selection, densely: keys [s, Di] (s = context + query_len) -> bool [query_len, s],
     True where query row i attends position j. Every score is computed, every candidate ranked
     against every other (no sort: the provider sorts): j' outranks j when j' is one of the step's
@@ -126,23 +146,33 @@ def picked_mask(keys: torch.Tensor, context: int, query_len: int, index_q: torch
     new = pos >= context
     a, b = pos[:, None], pos[None, :]  # a outranks b?
     cached_pair = ~new[:, None] & ~new[None, :]
-    beats = (new[:, None] & ~new[None, :]) | (new[:, None] & new[None, :] & (a > b)) \
+    beats = (
+        (new[:, None] & ~new[None, :])
+        | (new[:, None] & new[None, :] & (a > b))
         | (cached_pair & ((score[:, None] > score[None, :]) | ((score[:, None] == score[None, :]) & (a < b))))
+    )
     last = context + torch.arange(query_len, device=keys.device)  # query row i's last candidate
     # rank of j among row i's candidates (positions <= last[i]): how many of them outrank it
     rank = torch.cumsum(beats.to(torch.int64), dim=0)[last]  # [query_len, s]
     return (b <= last[:, None]) & (rank < topk)
 
 
-def sparse_absorbed(q: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, w_uk: torch.Tensor,
-                    w_uv: torch.Tensor, d: MLADims, scale: float) -> torch.Tensor:
+def sparse_absorbed(
+    q: torch.Tensor,
+    rows: torch.Tensor,
+    mask: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    d: MLADims,
+    scale: float,
+) -> torch.Tensor:
     """One request, fp32: dense absorbed MLA (mla.py's reference_absorbed) with query row i masked
     to the positions mask[i] picked -> [q, H, V]."""
     q32, r32 = q.float(), rows.float()
-    ql = torch.einsum("qhp,lhp->qhl", q32[..., :d.qk_nope_head_dim], w_uk.float())
-    qq = torch.cat([ql, q32[..., d.qk_nope_head_dim:]], dim=-1).transpose(0, 1)  # [H, q, L + R]
+    ql = torch.einsum("qhp,lhp->qhl", q32[..., : d.qk_nope_head_dim], w_uk.float())
+    qq = torch.cat([ql, q32[..., d.qk_nope_head_dim :]], dim=-1).transpose(0, 1)  # [H, q, L + R]
     s = torch.einsum("hqd,sd->hqs", qq, r32) * scale
     s = s.masked_fill(~mask[None], float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row that picked nothing attends nothing
-    o_lat = torch.einsum("hqs,sl->hql", p, r32[:, :d.kv_lora_rank])
+    o_lat = torch.einsum("hqs,sl->hql", p, r32[:, : d.kv_lora_rank])
     return torch.einsum("hql,lhv->qhv", o_lat, w_uv.float())

@@ -42,8 +42,11 @@ class SparseChecks(StepState):
     def plan_steps(self, batch, shape, capture_sizes, num_steps, seed, spec_tokens):
         from backend.families.contract import family
 
-        plans = (plan_verify_steps(batch, shape, capture_sizes, num_steps, seed, spec_tokens) if spec_tokens > 0
-                 else _plan_steps(batch, shape, capture_sizes, num_steps, seed))
+        plans = (
+            plan_verify_steps(batch, shape, capture_sizes, num_steps, seed, spec_tokens)
+            if spec_tokens > 0
+            else _plan_steps(batch, shape, capture_sizes, num_steps, seed)
+        )
         order = family(shape.attention).order_rows
         return [StepPlan(p.index, *order(p.query_lens, p.seq_lens, spec_tokens), p.shuffle_blocks) for p in plans]
 
@@ -63,8 +66,11 @@ class SparseChecks(StepState):
         if b is None:
             return False, f"{side}: no sparse metadata was built (the provider's builder is not mla_sparse's)", 0.0
         found = problems(b, IndexerDims.of(case.model).index_topk)
-        return (not found, f"{side}: {found[0]}" + (f" (+{len(found) - 1} more)" if len(found) > 1 else "")
-                if found else "", 0.0)
+        return (
+            not found,
+            f"{side}: {found[0]}" + (f" (+{len(found) - 1} more)" if len(found) > 1 else "") if found else "",
+            0.0,
+        )
 
     def eager_check(self, case, session, prepared, owned):
         return self._contract(case, owned, "eager")
@@ -78,8 +84,11 @@ class SparseChecks(StepState):
         diff = (b.topk[:n] != owned.topk[:n]).any(dim=1).nonzero()
         if diff.numel():
             t = int(diff[0])
-            return False, (f"graph: topk_indices[{t}] = {b.topk[t].tolist()[:8]}, eager picked "
-                           f"{owned.topk[t].tolist()[:8]}"), worst
+            return (
+                False,
+                (f"graph: topk_indices[{t}] = {b.topk[t].tolist()[:8]}, eager picked {owned.topk[t].tolist()[:8]}"),
+                worst,
+            )
         return True, "", worst
 
 

@@ -27,6 +27,7 @@ from backend.families.contract.spec import Dim, FamilySpec
 
 # ---- gqa: plain grouped-query paged attention (the family orch started with) -----------------
 
+
 def _gqa_layout(shape, tp: int) -> list[str]:
     """vLLM's rules: q heads split by tp; kv heads split, or replicated when tp exceeds them."""
     h, kv = shape.num_heads, shape.num_kv_heads
@@ -64,6 +65,7 @@ GQA = FamilySpec(
 
 # ---- mla: multi-head latent attention (DeepSeek V3/R1, Kimi K2) ----------------------------------
 
+
 def _heads_only_layout(shape, tp: int) -> list[str]:
     """q heads split by tp; the cache (one latent row per token, or the family's kv heads when
     tp exceeds them) is replicated on every rank, so heads are the only constraint."""
@@ -78,7 +80,7 @@ def _heads_only_layout(shape, tp: int) -> list[str]:
 MLA = FamilySpec(
     name="mla",
     description="multi-head latent attention: one latent row [kv_c | k_pe] per token, decode absorbed, "
-                "prefill decompressed",
+    "prefill decompressed",
     impl="backend.families.mla:MLA",
     dims=(
         Dim("kv_lora_rank", 512, 1, 4096, doc="latent width L (the cache row's kv_c part; V is the latent)"),
@@ -89,15 +91,27 @@ MLA = FamilySpec(
     derive=lambda d: {"num_kv_heads": 1, "head_size": d["kv_lora_rank"] + d["qk_rope_head_dim"]},
     defaults={
         # DeepSeek-V3 per rank at tp 8 (128 heads / 8): what one MI355X rank runs.
-        "gpu": {"num_heads": 16, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-                "v_head_dim": 128},
+        "gpu": {
+            "num_heads": 16,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 128,
+            "v_head_dim": 128,
+        },
         # Small enough for the 2-core CI box; 8 heads keep tp 8 valid (one head a rank).
         # max_model_len 128 and max_num_seqs 64 (the MLA batches: at most 64 requests, sequences
         # of 100): AITER's page-size-1 kv_indices hold max_num_seqs x (1 + k) x max_model_len
         # slots, and the emulated mla_decode_fwd scores every one of them each call (at
         # full.yaml's 256 x 512, the slowest MLA cases on the CPU box by far).
-        "cpu": {"num_heads": 8, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
-                "v_head_dim": 16, "max_model_len": 128, "max_num_seqs": 64},
+        "cpu": {
+            "num_heads": 8,
+            "kv_lora_rank": 32,
+            "qk_rope_head_dim": 16,
+            "qk_nope_head_dim": 16,
+            "v_head_dim": 16,
+            "max_model_len": 128,
+            "max_num_seqs": 64,
+        },
     },
     layout_reasons=_heads_only_layout,
 )
@@ -105,36 +119,50 @@ MLA = FamilySpec(
 
 # ---- mla_sparse: DeepSeek sparse attention (V3.2's DSA): an indexer and a top-k over MLA ---------
 
+
 def _mla_sparse_shape(shape) -> list[str]:
     dims = dict(shape.dims)
     row = dims.get("kv_lora_rank", 0) + dims.get("qk_rope_head_dim", 0)
     reasons = []
     if dims.get("index_head_dim", 0) > row:
-        reasons.append(f"index_head_dim {dims.get('index_head_dim')} exceeds the latent row {row} "
-                       "(the indexer's cache plane is a row of the same width)")
+        reasons.append(
+            f"index_head_dim {dims.get('index_head_dim')} exceeds the latent row {row} "
+            "(the indexer's cache plane is a row of the same width)"
+        )
     return reasons
 
 
 MLA_SPARSE = FamilySpec(
     name="mla_sparse",
     description="DeepSeek sparse attention: MLA over the index_topk tokens a lightning indexer picks per query "
-                "token (causal), the indexer's keys in a cache of their own",
+    "token (causal), the indexer's keys in a cache of their own",
     impl="backend.families.mla_sparse:MLASparse",
-    dims=(*MLA.dims,
-          Dim("index_n_heads", 64, 1, 1024, doc="indexer heads Hi (a score is the weighted sum of their ReLU'd dots)"),
-          Dim("index_head_dim", 128, 1, 1024, doc="indexer key/query size Di (at most kv_lora_rank + qk_rope_head_dim)"),
-          Dim("index_topk", 2048, 1, 1 << 16, doc="K: tokens each query token attends (all of a shorter context)")),
+    dims=(
+        *MLA.dims,
+        Dim("index_n_heads", 64, 1, 1024, doc="indexer heads Hi (a score is the weighted sum of their ReLU'd dots)"),
+        Dim("index_head_dim", 128, 1, 1024, doc="indexer key/query size Di (at most kv_lora_rank + qk_rope_head_dim)"),
+        Dim("index_topk", 2048, 1, 1 << 16, doc="K: tokens each query token attends (all of a shorter context)"),
+    ),
     derive=MLA.derive,
     defaults={
         # DeepSeek-V3.2's MLA per rank at tp 8, its indexer (64 x 128), top-k 256 so that contexts of a
         # few hundred tokens are above it and short ones below (the model's 2048 needs 2K+ contexts).
-        "gpu": {**MLA.defaults["gpu"], "index_n_heads": 64, "index_head_dim": 128, "index_topk": 256,
-                "num_layers": 2},
+        "gpu": {**MLA.defaults["gpu"], "index_n_heads": 64, "index_head_dim": 128, "index_topk": 256, "num_layers": 2},
         # Small for the 2-core CI box: one layer (the family's cost is the gather of every context
         # row), 4 heads (tp 2 keeps two), top-k 16 against contexts of 3 to 100.
-        "cpu": {"num_heads": 4, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
-                "index_n_heads": 2, "index_head_dim": 16, "index_topk": 16, "num_layers": 1, "max_model_len": 128,
-                "max_num_seqs": 16},
+        "cpu": {
+            "num_heads": 4,
+            "kv_lora_rank": 32,
+            "qk_rope_head_dim": 16,
+            "qk_nope_head_dim": 16,
+            "v_head_dim": 16,
+            "index_n_heads": 2,
+            "index_head_dim": 16,
+            "index_topk": 16,
+            "num_layers": 1,
+            "max_model_len": 128,
+            "max_num_seqs": 16,
+        },
     },
     layout_reasons=_heads_only_layout,
     shape_reasons=_mla_sparse_shape,
@@ -154,8 +182,9 @@ def _swa_shape(shape) -> list[str]:
     if window >= shape.max_model_len:
         reasons.append(f"sliding_window {window} must be below max_model_len {shape.max_model_len}")
     if pattern == "alternate" and shape.num_layers < 4:
-        reasons.append(f"layer_pattern alternate needs num_layers >= 4 (two window and two full layers), "
-                       f"got {shape.num_layers}")
+        reasons.append(
+            f"layer_pattern alternate needs num_layers >= 4 (two window and two full layers), got {shape.num_layers}"
+        )
     if dims.get("kv_groups") == "hybrid" and pattern != "alternate":
         reasons.append(f"kv_groups hybrid needs layers of both kinds (layer_pattern alternate), got {pattern}")
     return reasons
@@ -164,24 +193,38 @@ def _swa_shape(shape) -> list[str]:
 SWA_SINKS = FamilySpec(
     name="swa_sinks",
     description="gpt-oss attention: sliding-window and full layers alternating, a learned sink per query "
-                "head, one KV-cache group per layer kind",
+    "head, one KV-cache group per layer kind",
     impl="backend.families.swa_sinks:SWASinks",
     dims=(
         Dim("sliding_window", 128, 1, 1 << 20, doc="W: a query at position i sees key j iff 0 <= i - j < W"),
-        Dim("layer_pattern", "alternate", choices=LAYER_PATTERNS,
-            doc="alternate: window on even layers, full on odd (gpt-oss); or every layer one kind"),
+        Dim(
+            "layer_pattern",
+            "alternate",
+            choices=LAYER_PATTERNS,
+            doc="alternate: window on even layers, full on odd (gpt-oss); or every layer one kind",
+        ),
         Dim("sinks", 1, 0, 1, doc="1: a learned sink logit per query head in every layer"),
-        Dim("kv_groups", "hybrid", choices=KV_GROUPS,
+        Dim(
+            "kv_groups",
+            "hybrid",
+            choices=KV_GROUPS,
             doc="hybrid: one KV-cache group per layer kind (vLLM's hybrid manager); merged: one group "
-                "(--disable-hybrid-kv-cache-manager)"),
+            "(--disable-hybrid-kv-cache-manager)",
+        ),
     ),
     defaults={
         # gpt-oss: 64 q heads, 8 kv heads, head dim 64, window 128.
         "gpu": {"num_heads": 64, "num_kv_heads": 8, "head_size": 64, "num_layers": 4, "sliding_window": 128},
         # max_model_len 320: the swa batches' longest CPU sequence is 300; the torch provider
         # gathers max_model_len keys a token (a static shape, as a graph needs).
-        "cpu": {"num_heads": 8, "num_kv_heads": 2, "head_size": 16, "num_layers": 4, "sliding_window": 32,
-                "max_model_len": 320},
+        "cpu": {
+            "num_heads": 8,
+            "num_kv_heads": 2,
+            "head_size": 16,
+            "num_layers": 4,
+            "sliding_window": 32,
+            "max_model_len": 320,
+        },
     },
     layout_reasons=_gqa_layout,
     shape_reasons=_swa_shape,
@@ -222,28 +265,60 @@ def _hybrid_shape(shape) -> list[str]:
 HYBRID_GDN = FamilySpec(
     name="hybrid_gdn",
     description="Qwen3-Next's hybrid: GatedDeltaNet layers (causal conv1d + gated delta rule, a state slot per "
-                "request that lives across steps) beside full-attention layers, one KV-cache group per kind",
+    "request that lives across steps) beside full-attention layers, one KV-cache group per kind",
     impl="backend.families.hybrid_gdn:HybridGDN",
     dims=(
-        Dim("num_k_heads", 16, 1, 1024, doc="GDN key (and query) heads; the value heads are num_heads, each key "
-                                            "head serving num_heads / num_k_heads of them (GQA-like)"),
+        Dim(
+            "num_k_heads",
+            16,
+            1,
+            1024,
+            doc="GDN key (and query) heads; the value heads are num_heads, each key "
+            "head serving num_heads / num_k_heads of them (GQA-like)",
+        ),
         Dim("head_k_dim", 128, 1, 1024, doc="GDN key/query head size; the value head size is head_size"),
-        Dim("conv_kernel", 4, 2, 8, doc="the causal conv1d's width (SiLU after it); its state is the last "
-                                        "conv_kernel - 1 inputs (+ k under spec decode)"),
-        Dim("state_dtype", "mixed", choices=STATE_DTYPES,
+        Dim(
+            "conv_kernel",
+            4,
+            2,
+            8,
+            doc="the causal conv1d's width (SiLU after it); its state is the last "
+            "conv_kernel - 1 inputs (+ k under spec decode)",
+        ),
+        Dim(
+            "state_dtype",
+            "mixed",
+            choices=STATE_DTYPES,
             doc="the recurrent state's dtype (vLLM's mamba_ssm_cache_dtype); mixed: float32 and bfloat16 on "
-                "alternating GDN layers, two state groups (vLLM groups layers by spec)"),
+            "alternating GDN layers, two state groups (vLLM groups layers by spec)",
+        ),
         Dim("full_attention_interval", 4, 2, 64, doc="every interval-th layer is full attention (Qwen3-Next: 4)"),
     ),
     defaults={
         # Qwen3-Next's GDN layer (16 key heads, 32 value heads, 128/128); its attention layers at
         # the same width in orch's one head layout (Qwen3-Next: 16 x 256 query heads, 2 kv heads).
         # max_num_seqs 64: state slots are 1 + 64 x (1 + k), 2 MB each in fp32 at this shape.
-        "gpu": {"num_heads": 32, "num_kv_heads": 4, "head_size": 128, "num_layers": 4, "num_k_heads": 16,
-                "head_k_dim": 128, "max_num_seqs": 64, "max_model_len": 2048},
+        "gpu": {
+            "num_heads": 32,
+            "num_kv_heads": 4,
+            "head_size": 128,
+            "num_layers": 4,
+            "num_k_heads": 16,
+            "head_k_dim": 128,
+            "max_num_seqs": 64,
+            "max_model_len": 2048,
+        },
         # Small for the 2-core CI box: 3 GDN layers and 1 attention layer, 4 value / 2 key heads.
-        "cpu": {"num_heads": 4, "num_kv_heads": 2, "head_size": 16, "num_layers": 4, "num_k_heads": 2,
-                "head_k_dim": 16, "max_num_seqs": 16, "max_model_len": 128},
+        "cpu": {
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "head_size": 16,
+            "num_layers": 4,
+            "num_k_heads": 2,
+            "head_k_dim": 16,
+            "max_num_seqs": 16,
+            "max_model_len": 128,
+        },
     },
     layout_reasons=_hybrid_layout,
     shape_reasons=_hybrid_shape,

@@ -54,22 +54,22 @@ class SWASinks(GQA):
     def shard(self, weights, layout, shape):
         out = super().shard(weights, layout, shape)
         if "sinks" in weights:
-            out["sinks"] = weights["sinks"][layout.q_heads.start:layout.q_heads.stop]
+            out["sinks"] = weights["sinks"][layout.q_heads.start : layout.q_heads.stop]
         out["window"] = weights["window"]
         return out
 
     def attend(self, impl, lw, inputs, cache, metadata, k_scale, v_scale, out):
         q, k, v = inputs
-        return impl.forward(q, k, v, cache, metadata, k_scale, v_scale, out, window=lw["window"],
-                            sinks=lw.get("sinks"))
+        return impl.forward(q, k, v, cache, metadata, k_scale, v_scale, out, window=lw["window"], sinks=lw.get("sinks"))
 
     def reference(self, weights, h, context, query_lens, round_new, round_query, shape, rnd):
         q, k, v = self.reference_qkv(weights, h, round_new, round_query, shape, rnd)
         sinks = weights.get("sinks")
         outs, start = [], 0
         for ks, vs, ql in zip(_with_new(context[0], k, query_lens), _with_new(context[1], v, query_lens), query_lens):
-            outs.append(reference_window_sinks(q[start:start + ql], ks, vs, self.scale(shape), weights["window"],
-                                               sinks))
+            outs.append(
+                reference_window_sinks(q[start : start + ql], ks, vs, self.scale(shape), weights["window"], sinks)
+            )
             start += ql
         return torch.cat(outs) if outs else q.new_zeros(0, *q.shape[1:])
 
@@ -80,18 +80,35 @@ class SWASinks(GQA):
             # One group: its spec's window is the first layer's; blocks kept unless every layer
             # slides (one SlidingWindowSpec group frees them, as the hybrid window group does).
             all_slide = all(w is not None for w in windows)
-            return (KVCacheGroup("merged" if len(set(windows)) > 1 else "all", tuple(range(shape.num_layers)),
-                                 windows[0], frees_outside_window=all_slide),)
+            return (
+                KVCacheGroup(
+                    "merged" if len(set(windows)) > 1 else "all",
+                    tuple(range(shape.num_layers)),
+                    windows[0],
+                    frees_outside_window=all_slide,
+                ),
+            )
         kinds = list(dict.fromkeys(windows))  # first-layer order: gpt-oss's window group first
-        return tuple(KVCacheGroup("sliding_window" if w is not None else "full",
-                                  tuple(i for i, x in enumerate(windows) if x == w), w, frees_outside_window=w is not None)
-                     for w in kinds)
+        return tuple(
+            KVCacheGroup(
+                "sliding_window" if w is not None else "full",
+                tuple(i for i, x in enumerate(windows) if x == w),
+                w,
+                frees_outside_window=w is not None,
+            )
+            for w in kinds
+        )
 
     def make_builder(self, backend_cls, config, shape):
-        return GroupedMetadataBuilder(backend_cls, config, self.groups(shape), shape.num_layers,
-                                      group_config=lambda c, g: dataclasses.replace(
-                                          c, sliding_window=g.sliding_window,
-                                          kv_spec="sliding_window" if g.frees_outside_window else "full"))
+        return GroupedMetadataBuilder(
+            backend_cls,
+            config,
+            self.groups(shape),
+            shape.num_layers,
+            group_config=lambda c, g: dataclasses.replace(
+                c, sliding_window=g.sliding_window, kv_spec="sliding_window" if g.frees_outside_window else "full"
+            ),
+        )
 
 
 # The keys a row attends range from a few to max_model_len. Sinks ~N(0, 1) against logits ~N(0, 1)
@@ -119,8 +136,9 @@ def sink_logits(shape, drawn: torch.Tensor) -> torch.Tensor:
     return sinks.to(getattr(torch, shape.dtype)).float()
 
 
-def reference_window_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,
-                           sinks: torch.Tensor | None) -> torch.Tensor:
+def reference_window_sinks(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None, sinks: torch.Tensor | None
+) -> torch.Tensor:
     """One request, fp32: q [q, H, D] (its last q positions), k/v [s, Hkv, D] its whole sequence.
     Explicit softmax with the sink as one more logit per head (value 0), then dropped."""
     q_len, s = q.shape[0], k.shape[0]

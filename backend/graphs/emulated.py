@@ -58,8 +58,9 @@ from backend.graphs.pool import MemoryPool
 from backend.graphs.provenance import BUILTIN_NAMESPACES, custom_op_body, host_scope, making_host
 from backend.graphs.syncs import host_sync_reason, masked_fill_form
 
-_EMPTY_OPS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
-                        "aten::new_empty_strided"})
+_EMPTY_OPS = frozenset(
+    {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided"}
+)
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -82,8 +83,9 @@ def _storage_key(t: torch.Tensor) -> int:
         return 0
 
 
-def _written_args(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
-                  tensors: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+def _written_args(
+    func: torch._ops.OpOverload, args: tuple, kwargs: dict, tensors: list[torch.Tensor] | None = None
+) -> list[torch.Tensor]:
     if func.namespace == "c10d":  # not marked mutable, but writes its tensor arguments
         return _tensors((args, kwargs)) if tensors is None else list(tensors)
     written = []
@@ -123,6 +125,7 @@ def _copy_leaves(recorded: list, fresh: list) -> None:
 class _Snapshot:
     """A tensor's bytes before the capture first wrote it, and where they were: restored into that
     storage region also when the op resized the tensor (an `out=` argument)."""
+
     tensor: torch.Tensor
     saved: torch.Tensor
     key: int
@@ -142,7 +145,7 @@ class _Snapshot:
         if storage.nbytes() > self.nbytes:
             # grown by a resize: on a GPU new memory from the graph's pool, the old bytes copied
             # into it and nothing computed after them
-            torch.empty(0, dtype=torch.uint8).set_(storage)[self.nbytes:].fill_(0xFF)
+            torch.empty(0, dtype=torch.uint8).set_(storage)[self.nbytes :].fill_(0xFF)
 
 
 class _Recorder(TorchDispatchMode):
@@ -210,8 +213,17 @@ class _Recorder(TorchDispatchMode):
             # Snapshot tensors that outlive the capture before their first write (see module doc).
             if id(t) not in self._snapshotted and _storage_key(t) not in self.fresh_storages:
                 self._snapshotted.add(id(t))
-                self.snapshots.append(_Snapshot(t, t.detach().clone(), _storage_key(t), t.untyped_storage().nbytes(),
-                                                t.storage_offset(), tuple(t.shape), tuple(t.stride())))
+                self.snapshots.append(
+                    _Snapshot(
+                        t,
+                        t.detach().clone(),
+                        _storage_key(t),
+                        t.untyped_storage().nbytes(),
+                        t.storage_offset(),
+                        tuple(t.shape),
+                        tuple(t.stride()),
+                    )
+                )
 
     def _alias(self, x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
@@ -232,8 +244,11 @@ class _Recorder(TorchDispatchMode):
     def _append(self, op: _Op, writes: list[torch.Tensor]) -> None:
         """Record an op on the recorder's own aliases of pool memory (pool.py: holding the
         caller's tensor objects would keep their blocks from ever being freed)."""
-        op.args, op.kwargs, op.out = map_leaves(self._alias, op.args), map_leaves(self._alias, op.kwargs), \
-            map_leaves(self._alias, op.out)
+        op.args, op.kwargs, op.out = (
+            map_leaves(self._alias, op.args),
+            map_leaves(self._alias, op.kwargs),
+            map_leaves(self._alias, op.out),
+        )
         op.writes = self.pool.keys_of(writes)
         self.ops.append(op)
 
@@ -251,7 +266,8 @@ class _Recorder(TorchDispatchMode):
         if body is None:
             raise GraphCaptureError(
                 f"cannot emulate: custom op {func} has no Python body to record through "
-                "(registered without torch.library.custom_op); its host reads would not be frozen")
+                "(registered without torch.library.custom_op); its host reads would not be frozen"
+            )
         with self:
             return body(*args, **kwargs)
 
@@ -268,14 +284,16 @@ class _Recorder(TorchDispatchMode):
                 if not non_blocking:
                     raise GraphCaptureError(
                         f"host sync during graph capture: {func} blocking host->device copy (the copy waits "
-                        "for the stream; a graph captures only non_blocking host->device copies)")
+                        "for the stream; a graph captures only non_blocking host->device copies)"
+                    )
                 if not is_pinned_host(src):
                     # Recorded on an H100 (torch 2.11, tests/graphs/golden_cuda.json): capture
                     # fails. pytorch/pytorch#166765 had it captured and replaying the buffer's
                     # current values on older releases; the recording is what we hold to.
                     raise GraphCaptureError(
                         f"graph capture failed: {func} non_blocking host->device copy from pageable "
-                        "(unpinned) host memory")
+                        "(unpinned) host memory"
+                    )
                 # non_blocking from pinned memory: the graph's copy node reads the buffer at replay
                 return args, kwargs, False, None
         if len(host) == len(_tensors((args, kwargs))):
@@ -292,7 +310,8 @@ class _Recorder(TorchDispatchMode):
             return map_leaves(swap, args), map_leaves(swap, kwargs), False, None
         raise GraphCaptureError(
             f"graph capture failed: {func} mixes host tensors with device tensors "
-            f"(host shape {tuple(host[0].shape)}; a GPU op refuses CPU tensors)")
+            f"(host shape {tuple(host[0].shape)}; a GPU op refuses CPU tensors)"
+        )
 
     def _classify(self, func, args, kwargs, out, tensors: list[torch.Tensor] | None = None) -> str:
         if func.namespace == "c10d":
@@ -360,8 +379,14 @@ _register_hop_rules()
 
 
 class EmulatedCapturedGraph(CapturedGraph):
-    def __init__(self, ops: list[_Op], outputs: object, pool: MemoryPool | None = None,
-                 unverifiable: tuple[str, ...] = (), external: list | None = None):
+    def __init__(
+        self,
+        ops: list[_Op],
+        outputs: object,
+        pool: MemoryPool | None = None,
+        unverifiable: tuple[str, ...] = (),
+        external: list | None = None,
+    ):
         self._ops = ops
         self.outputs = outputs
         self._pool = pool or MemoryPool()
@@ -376,9 +401,17 @@ class EmulatedCapturedGraph(CapturedGraph):
         # callable, and the recorded output's leaves, or None for ops whose result is not copied.
         # A replay of the small CPU model is ~100 ops; flattening the recorded output of every op
         # on every replay was a third of the replay's Python time.
-        self._plan = [(getattr(op.func, "_op", op.func), op.args, op.kwargs, op.kind,
-                       None if op.kind in ("skip", "c10d", "opaque") else leaves(op.out), op.writes)
-                      for op in ops]
+        self._plan = [
+            (
+                getattr(op.func, "_op", op.func),
+                op.args,
+                op.kwargs,
+                op.kind,
+                None if op.kind in ("skip", "c10d", "opaque") else leaves(op.out),
+                op.writes,
+            )
+            for op in ops
+        ]
 
     @property
     def num_ops(self) -> int:
@@ -444,5 +477,6 @@ class EmulatedGraphRunner(GraphRunner):
             recorder.restore()
             self.pool.end_capture()
         recorder.external.evict_per_call()
-        return EmulatedCapturedGraph(recorder.ops, outputs, self.pool, tuple(recorder.opaque.notes()),
-                                     recorder.external.entries())
+        return EmulatedCapturedGraph(
+            recorder.ops, outputs, self.pool, tuple(recorder.opaque.notes()), recorder.external.entries()
+        )

@@ -147,12 +147,19 @@ class ExternalMemory:
         if entry is None:
             site, ref = self._sites.get(key, (None, None))
             warmup = ref is not None and not ref.expired()
-            where = f"allocated at {site} (in the warm-up before the capture)" if warmup else \
-                f"allocated before the capture, read at {caller_site()}"
+            where = (
+                f"allocated at {site} (in the warm-up before the capture)"
+                if warmup
+                else f"allocated before the capture, read at {caller_site()}"
+            )
             shape = ", ".join(map(str, t.shape))
             _prune()
-            entry = _REGISTRY[key] = _External(key, f"[{shape}] {str(t.dtype).removeprefix('torch.')}", where,
-                                               origin=weakref.ref(t) if warmup else None)
+            entry = _REGISTRY[key] = _External(
+                key,
+                f"[{shape}] {str(t.dtype).removeprefix('torch.')}",
+                where,
+                origin=weakref.ref(t) if warmup else None,
+            )
         if key not in self._keys:
             self._keys.append(key)
         a = t.detach()
@@ -175,8 +182,10 @@ class ExternalMemory:
             for cache in caches:
                 cache.cache_clear()
             if caches:
-                entry.site += (f", held only by the lru_cache of {caches[0].__qualname__}: evicted, as a busy "
-                               "engine's calls with other shapes evict it")
+                entry.site += (
+                    f", held only by the lru_cache of {caches[0].__qualname__}: evicted, as a busy "
+                    "engine's calls with other shapes evict it"
+                )
 
 
 def _bounded_caches_only(t: torch.Tensor) -> list:
@@ -216,5 +225,7 @@ def freed_reads(entries: list[_External]) -> list[str]:
 
 
 def freed_note(entry: _External) -> str:
-    return (f"reads memory nothing kept alive after the capture: a {entry.what} tensor {entry.site}; a real "
-            "graph reads whatever the allocator put there since (ROCm/aiter#5193)")
+    return (
+        f"reads memory nothing kept alive after the capture: a {entry.what} tensor {entry.site}; a real "
+        "graph reads whatever the allocator put there since (ROCm/aiter#5193)"
+    )

@@ -23,6 +23,7 @@ def _refuse_host_read(what: str, original: Callable[..., Any]) -> Callable[..., 
         if what == "cpu":
             raise GraphCaptureError("host sync during graph capture: Tensor.cpu() copies device->host")
         raise GraphCaptureError(f"host sync during graph capture: `.{what}()`: a host read of a device tensor")
+
     return refuse
 
 
@@ -51,10 +52,12 @@ def _refuse_to_host(original: Callable[..., Any]) -> Callable[..., Any]:
             raise GraphCaptureError(
                 "host sync during graph capture: Tensor.to(cpu) copies device->host (under the emulation "
                 "a same-device .to(x.device) names cpu too and is refused with it; drop it, on a GPU it "
-                "is a no-op)")
+                "is a no-op)"
+            )
         if target is not None:
             raise GraphCaptureError(f"host sync during graph capture: Tensor.to({target}) copies device->host")
         return original(self, *a, **k)
+
     return to
 
 
@@ -73,5 +76,3 @@ def no_host_reads() -> Iterator[None]:
                 delattr(torch.Tensor, name)
             else:
                 setattr(torch.Tensor, name, original)
-
-

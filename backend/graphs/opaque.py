@@ -52,8 +52,7 @@ class OpaqueCalls:
         lo = storage.data_ptr()
         if any(e.lo == lo for e in self.escapes):
             return
-        frame = next((f for f in reversed(traceback.extract_stack())
-                      if "backend/graphs/" not in f.filename), None)
+        frame = next((f for f in reversed(traceback.extract_stack()) if "backend/graphs/" not in f.filename), None)
         where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" if frame else "?"
         self.escapes.append(Escape(lo, lo + storage.nbytes(), t, where))
 
@@ -72,9 +71,11 @@ class OpaqueCalls:
         places = list(dict.fromkeys(e.where for e in self.escapes if not e.taken))
         if not places:
             return []
-        return [f"a device tensor's raw pointer left the dispatcher during capture (Tensor.data_ptr() at "
-                f"{', '.join(places)}) and no ctypes call the emulation records took it: a real graph "
-                "captures a kernel a C extension launches on it, the emulation cannot replay one"]
+        return [
+            f"a device tensor's raw pointer left the dispatcher during capture (Tensor.data_ptr() at "
+            f"{', '.join(places)}) and no ctypes call the emulation records took it: a real graph "
+            "captures a kernel a C extension launches on it, the emulation cannot replay one"
+        ]
 
 
 def _pointers(args: tuple) -> Iterator[int]:

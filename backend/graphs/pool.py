@@ -184,7 +184,7 @@ class MemoryPool:
             src_lo, dst_lo = lo - block.start, lo - other.start
             n = min(hi - lo, block.data.numel() - src_lo, other.data.numel() - dst_lo)
             if n > 0:
-                other.data[dst_lo:dst_lo + n].copy_(block.data[src_lo:src_lo + n])
+                other.data[dst_lo : dst_lo + n].copy_(block.data[src_lo : src_lo + n])
 
     def keys_of(self, tensors: list[torch.Tensor]) -> tuple[int, ...]:
         """The pool storages among `tensors` (what a recorded op writes), for propagate."""

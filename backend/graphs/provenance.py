@@ -103,8 +103,10 @@ def _factory(func: Callable, args: tuple, kwargs: dict) -> Any:
     if host is False and func in _FROM_DATA and is_capturing():
         # torch.tensor(data, device=cuda): the data is put in host memory, then copied with a
         # blocking copy, which a capturing stream refuses.
-        raise GraphCaptureError(f"host sync during graph capture: {func.__name__}(python data, device=...) "
-                                "copies host->device with a blocking copy")
+        raise GraphCaptureError(
+            f"host sync during graph capture: {func.__name__}(python data, device=...) "
+            "copies host->device with a blocking copy"
+        )
     if not host:
         return func(*args, **kwargs) if pinned else None
     with _host_allocation():
@@ -186,16 +188,48 @@ def _is_pinned(func: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 _FROM_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
-_FACTORIES = (torch.tensor, torch.as_tensor, torch.asarray, torch.zeros, torch.ones, torch.empty, torch.full,
-              torch.arange, torch.linspace, torch.logspace, torch.eye, torch.empty_strided, torch.rand,
-              torch.randn, torch.randint, torch.randperm, torch.scalar_tensor)
+_FACTORIES = (
+    torch.tensor,
+    torch.as_tensor,
+    torch.asarray,
+    torch.zeros,
+    torch.ones,
+    torch.empty,
+    torch.full,
+    torch.arange,
+    torch.linspace,
+    torch.logspace,
+    torch.eye,
+    torch.empty_strided,
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+    torch.scalar_tensor,
+)
 _T = torch._C.TensorBase  # the mode is handed these methods, also where torch.Tensor wraps one
-_LIKE = (torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like, torch.randn_like,
-         torch.randint_like, _T.new_zeros, _T.new_ones, _T.new_empty, _T.new_full, _T.new_tensor,
-         _T.new_empty_strided)
+_LIKE = (
+    torch.zeros_like,
+    torch.ones_like,
+    torch.empty_like,
+    torch.full_like,
+    torch.rand_like,
+    torch.randn_like,
+    torch.randint_like,
+    _T.new_zeros,
+    _T.new_ones,
+    _T.new_empty,
+    _T.new_full,
+    _T.new_tensor,
+    _T.new_empty_strided,
+)
 _HANDLERS: dict[Callable, Callable[[Callable, tuple, dict], Any]] = {
-    **{f: _factory for f in _FACTORIES}, **{f: _like for f in _LIKE},
-    _T.to: _to, _T.cpu: _cpu, _T.pin_memory: _pin_memory, _T.is_pinned: _is_pinned,
+    **{f: _factory for f in _FACTORIES},
+    **{f: _like for f in _LIKE},
+    _T.to: _to,
+    _T.cpu: _cpu,
+    _T.pin_memory: _pin_memory,
+    _T.is_pinned: _is_pinned,
 }
 
 
@@ -258,6 +292,7 @@ def _marking(make: Callable) -> Callable:
     def made(*args: Any, **kwargs: Any) -> torch.Tensor:
         t = make(*args, **kwargs)
         return mark_host(t) if _active() else t
+
     made._orch_host = True  # type: ignore[attr-defined]
     return made
 

@@ -16,15 +16,27 @@ from backend.graphs.host import is_host
 from backend.graphs.leaves import leaves
 
 # Ops whose result depends on tensor data on the host (a device->host sync on a GPU).
-HOST_SYNC_OPS = frozenset({
-    "aten::_local_scalar_dense", "aten::is_nonzero", "aten::nonzero", "aten::masked_select",
-    "aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
-    "aten::unique_dim_consecutive", "aten::equal", "aten::bincount", "aten::argwhere",
-    "aten::allclose", "aten::item",  # aten::item is seen when dispatched inside an op's body
-    # torch.linalg's error checks (cholesky, inv, solve, ...: `info` read on the host); the `_ex`
-    # forms return `info` instead and capture.
-    "aten::_linalg_check_errors",
-})
+HOST_SYNC_OPS = frozenset(
+    {
+        "aten::_local_scalar_dense",
+        "aten::is_nonzero",
+        "aten::nonzero",
+        "aten::masked_select",
+        "aten::_unique",
+        "aten::_unique2",
+        "aten::unique_dim",
+        "aten::unique_consecutive",
+        "aten::unique_dim_consecutive",
+        "aten::equal",
+        "aten::bincount",
+        "aten::argwhere",
+        "aten::allclose",
+        "aten::item",  # aten::item is seen when dispatched inside an op's body
+        # torch.linalg's error checks (cholesky, inv, solve, ...: `info` read on the host); the `_ex`
+        # forms return `info` instead and capture.
+        "aten::_linalg_check_errors",
+    }
+)
 # What a backend wrote that reached each sync op: the aten name alone does not say `.item()`.
 _PYTHON_FORM = {
     "aten::_local_scalar_dense": "`.item()` (or int()/float()/bool() of a tensor)",
@@ -36,9 +48,16 @@ _PYTHON_FORM = {
     "aten::equal": "`torch.equal()`",
     "aten::allclose": "`torch.allclose()`",
     "aten::bincount": "`bincount()` (its output size is read from the data)",
-    **{op: "`unique()` (its output size is read from the data)"
-       for op in ("aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
-                  "aten::unique_dim_consecutive")},
+    **{
+        op: "`unique()` (its output size is read from the data)"
+        for op in (
+            "aten::_unique",
+            "aten::_unique2",
+            "aten::unique_dim",
+            "aten::unique_consecutive",
+            "aten::unique_dim_consecutive",
+        )
+    },
 }
 _BOOL_INDEX_OPS = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})
 _PUT_OPS = frozenset({"aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})
@@ -56,10 +75,15 @@ def host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict, fla
         if lo == hi:
             return f"{func} with min == max (the range is read from the data on the host)"
     if any(isinstance(x, torch.Generator) for x in (leaves((args, kwargs)) if flat is None else flat)):
-        return (f"{func} with an explicit torch.Generator (a CUDA graph refuses a generator it was "
-                "not given through register_generator_state)")
-    if name == "aten::repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor") \
-            and kwargs.get("output_size") is None:
+        return (
+            f"{func} with an explicit torch.Generator (a CUDA graph refuses a generator it was "
+            "not given through register_generator_state)"
+        )
+    if (
+        name == "aten::repeat_interleave"
+        and func._overloadname in ("Tensor", "self_Tensor")
+        and kwargs.get("output_size") is None
+    ):
         return f"{func} without output_size (output shape depends on tensor data)"
     if name in _BOOL_INDEX_OPS:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
@@ -92,7 +116,7 @@ def masked_fill_form(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> 
         # sync rule (a conservative capture error)
         if ix.dtype != torch.bool or is_host(ix) or mask is not None:
             return None
-        if tuple(ix.shape) != tuple(self.shape[dims:dims + ix.dim()]):
+        if tuple(ix.shape) != tuple(self.shape[dims : dims + ix.dim()]):
             return None
         mask, dims = ix, dims + ix.dim()
     if mask is None:

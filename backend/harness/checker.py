@@ -68,8 +68,10 @@ LOG_TAIL_CHARS = 4000
 # What CUDA/HIP say when a capturing stream meets a device->host sync; the emulation names the op
 # itself (backend/graphs/syncs.py), a GPU does not.
 CUDA_CAPTURE_SYNC = re.compile(r"stream is capturing|StreamCapture(Unsupported|Invalidated)", re.IGNORECASE)
-CUDA_CAPTURE_HINT = ("usually a host read of a device tensor in that line: `.item()`, `.tolist()`, `.cpu()`, "
-                     "`nonzero`, a Python `if` on a tensor")
+CUDA_CAPTURE_HINT = (
+    "usually a host read of a device tensor in that line: `.item()`, `.tolist()`, `.cpu()`, "
+    "`nonzero`, a Python `if` on a tensor"
+)
 BUDGET_PREFIX = "out of memory budget"  # SessionTooLarge's reason: refused before anything was built
 
 
@@ -98,8 +100,14 @@ def device_label(device: torch.device) -> str:
     return str(device)
 
 
-def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.device | None = None,
-             sessions: SessionCache | None = None) -> CaseResult:
+def run_case(
+    case: Case,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | None = None,
+    sessions: SessionCache | None = None,
+) -> CaseResult:
     """Run one case on one rank of its tp gang (the gang must already be initialised for tp > 1).
 
     Device memory is the worker's, not the case's (backend/harness/memory.py): a case that runs
@@ -124,13 +132,14 @@ def run_case(case: Case, *, rank: int = 0, world_size: int = 1, device: torch.de
     if left > memory.UNRELEASED_LIMIT:
         # Nothing of this process is clean any more: the executor recycles the worker and reruns
         # the case on a fresh one (orchestrator/executor/verdicts.py).
-        return result.replace(reason=f"{result.reason}; the worker could not give back {gib(left)} after dropping "
-                                     f"its sessions: recycled", memory={**result.memory, "unreleased": int(left)})
+        return result.replace(
+            reason=f"{result.reason}; the worker could not give back {gib(left)} after dropping its sessions: recycled",
+            memory={**result.memory, "unreleased": int(left)},
+        )
     if world_size != 1:
         return result
     again = _run_case(case, rank, world_size, device, sessions)
-    note = (f"out of device memory with {held} cached session(s) ({result.reason}); "
-            f"rerun once on a cleared worker")
+    note = f"out of device memory with {held} cached session(s) ({result.reason}); rerun once on a cleared worker"
     if again.error_kind == OOM_KIND:
         needs = again.memory.get("needs") or again.memory.get("peak_allocated")
         budget = again.memory.get("budget")
@@ -163,8 +172,12 @@ class _SessionPlan:
 def _session_plan(case: Case, backend_cls, rank: int, device: torch.device) -> _SessionPlan:
     """The resolved mode and sizes of a case and the session it runs in (raises
     UnsupportedModeError)."""
-    res = resolve_mode(case.mode, backend_cls.cudagraph_support,
-                       backend_name=getattr(backend_cls, "name", case.backend_label), spec_tokens=case.spec_tokens)
+    res = resolve_mode(
+        case.mode,
+        backend_cls.cudagraph_support,
+        backend_name=getattr(backend_cls, "name", case.backend_label),
+        spec_tokens=case.spec_tokens,
+    )
     # vLLM settles the sizes with the mode (resolve_cudagraph_mode_and_sizes): with k > 0 and a
     # FULL decode mode the V1 runner rounds them to multiples of 1 + k.
     capture = resolve_capture_sizes(case.capture_sizes, res.resolved, case.spec_tokens, case.model.capture_style)
@@ -174,21 +187,53 @@ def _session_plan(case: Case, backend_cls, rank: int, device: torch.device) -> _
     # KV caches are GBs at production shapes, and building one dominated GPU cases).
     # Static buffers must hold the largest graph the mode captures: with k > 0 a split-mode
     # decode graph (requests * (1 + k) tokens) can lie above the largest capture size.
-    top = max((s.size for s in capture_plan(mode, sizes, case.model.max_num_seqs,
-                                            uniform_decode_query_len(case.spec_tokens))), default=0)
+    top = max(
+        (
+            s.size
+            for s in capture_plan(mode, sizes, case.model.max_num_seqs, uniform_decode_query_len(case.spec_tokens))
+        ),
+        default=0,
+    )
     max_tokens = top if top > max(sizes, default=0) else 0
     k = case.spec_tokens if getattr(backend_cls, "sizes_by_spec_tokens", False) else 0
-    key = (case.backend, case.model, case.tp, rank, case.kv_cache_dtype, sizes, max_tokens, k, str(device),
-           case.cg_padding)
+    key = (
+        case.backend,
+        case.model,
+        case.tp,
+        rank,
+        case.kv_cache_dtype,
+        sizes,
+        max_tokens,
+        k,
+        str(device),
+        case.cg_padding,
+    )
 
     def factory() -> Session:
-        return Session(backend_cls, case.model, case.tp, rank, case.kv_cache_dtype, sizes, device,
-                       max_tokens=max_tokens, spec_tokens=k, cg_padding=case.cg_padding)
+        return Session(
+            backend_cls,
+            case.model,
+            case.tp,
+            rank,
+            case.kv_cache_dtype,
+            sizes,
+            device,
+            max_tokens=max_tokens,
+            spec_tokens=k,
+            cg_padding=case.cg_padding,
+        )
 
     layout = TPLayout(case.tp, rank, case.model.num_heads, case.model.num_kv_heads, case.model.head_size)
     config = attention_config(case.model, layout, case.kv_cache_dtype, sizes, device)
-    return _SessionPlan(mode, sizes, "; ".join(n for n in (res.message, capture.note) if n), res.downgraded, key,
-                        factory, estimate_bytes(backend_cls, config, case.model.num_layers))
+    return _SessionPlan(
+        mode,
+        sizes,
+        "; ".join(n for n in (res.message, capture.note) if n),
+        res.downgraded,
+        key,
+        factory,
+        estimate_bytes(backend_cls, config, case.model.num_layers),
+    )
 
 
 def _dispatch_plan(case: Case, mode: CUDAGraphMode, sizes: tuple[int, ...]):
@@ -198,12 +243,17 @@ def _dispatch_plan(case: Case, mode: CUDAGraphMode, sizes: tuple[int, ...]):
     fresh_prefill = family_of(case.attention).fresh_prompts_are_prefills
 
     def uniform(p) -> bool:  # V2: a row without context (a prompt's first chunk) is not a decode
-        return is_uniform_decode(p.query_lens, q) and not (fresh_prefill and any(
-            s == ql for ql, s in zip(p.query_lens, p.seq_lens)))
+        return is_uniform_decode(p.query_lens, q) and not (
+            fresh_prefill and any(s == ql for ql, s in zip(p.query_lens, p.seq_lens))
+        )
 
     dispatches = [dispatch(mode, p.num_tokens, uniform(p), sizes, case.model.max_num_seqs, q) for p in plans]
-    keys = [GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode, q if d.uniform_decode else 1)
-            if d.runtime_mode != "NONE" else None for d in dispatches]
+    keys = [
+        GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode, q if d.uniform_decode else 1)
+        if d.runtime_mode != "NONE"
+        else None
+        for d in dispatches
+    ]
     return plans, dispatches, keys
 
 
@@ -227,12 +277,17 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
     backend_cls = get_backend(case.backend, case.attention)
     if class_family_reason(backend_cls, case.backend_label, case.attention):
         return False
-    if case.tp != 1 or backend_cls.unavailable_reason(device) or layout_reasons(case.model, 1) \
-            or batch_reasons(case.batch, case.model):
+    if (
+        case.tp != 1
+        or backend_cls.unavailable_reason(device)
+        or layout_reasons(case.model, 1)
+        or batch_reasons(case.batch, case.model)
+    ):
         return False
     layout = TPLayout(1, 0, case.model.num_heads, case.model.num_kv_heads, case.model.head_size)
-    if backend_cls.unsupported_reasons(attention_config(case.model, layout, case.kv_cache_dtype,
-                                                        case.capture_sizes, device)):
+    if backend_cls.unsupported_reasons(
+        attention_config(case.model, layout, case.kv_cache_dtype, case.capture_sizes, device)
+    ):
         return False
     try:
         plan = _session_plan(case, backend_cls, 0, device)
@@ -255,9 +310,17 @@ def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) ->
 
 
 def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sessions: SessionCache) -> CaseResult:
-    base = CaseResult(case_id=case.case_id, status=Status.ERROR, requested_mode=case.mode,
-                      repro=case.repro_command(), axes=case.axes, device=_safe(device_label, device),
-                      versions=versions(), provider=case.backend_label, worker=f"rank{rank}")
+    base = CaseResult(
+        case_id=case.case_id,
+        status=Status.ERROR,
+        requested_mode=case.mode,
+        repro=case.repro_command(),
+        axes=case.axes,
+        device=_safe(device_label, device),
+        versions=versions(),
+        provider=case.backend_label,
+        worker=f"rank{rank}",
+    )
     t_start = time.perf_counter()
     key = None
     memory = CaseMemory(device, sessions.budget)
@@ -267,8 +330,9 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
     session, built = None, False
     try:
         if world_size != case.tp:
-            return base.replace(reason=f"invalid case: tp {case.tp} but the gang has {world_size} ranks",
-                                error_kind="exception")
+            return base.replace(
+                reason=f"invalid case: tp {case.tp} but the gang has {world_size} ranks", error_kind="exception"
+            )
         why = family_reason(case.backend, case.attention)
         if why:
             return base.replace(status=Status.SKIP, reason=f"unsupported: {why}")
@@ -306,8 +370,9 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
             return base.replace(status=Status.SKIP, reason=f"unsupported: {e}")
         mode, sizes, notes, key = plan.mode, plan.sizes, plan.notes, plan.key
         planned = _dispatch_plan(case, mode, sizes)
-        base = base.replace(resolved_mode=mode.name, downgraded=plan.downgraded,
-                            step_graphs=tuple(step_graph(k) for k in planned[2]))
+        base = base.replace(
+            resolved_mode=mode.name, downgraded=plan.downgraded, step_graphs=tuple(step_graph(k) for k in planned[2])
+        )
         if world_size > 1:
             # Before any collective of the case: ranks that planned different graphs would pair
             # their collectives wrongly (a hang, or a silent mix). Every rank sees every plan, so
@@ -334,14 +399,19 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
         t_end = time.perf_counter()
         timings = dict(result.timings)
         timings["memory_s"] = timings.get("memory_s", 0.0) + (t_end - t_figures)
-        result = result.replace(log_tail=(notes + "\n" + result.log_tail).strip() if notes else result.log_tail,
-                                memory=figures)
+        result = result.replace(
+            log_tail=(notes + "\n" + result.log_tail).strip() if notes else result.log_tail, memory=figures
+        )
         timings["result_s"] = timings.get("result_s", 0.0) + (time.perf_counter() - t_end)
         return result.replace(timings=finish_timings(timings, time.perf_counter() - t_start))
     except SessionTooLarge as e:
-        return base.replace(status=Status.ERROR, reason=f"{e}", error_kind=OOM_KIND,
-                            memory={**memory.figures(None, False), "needs": e.need},
-                            timings={"total_s": time.perf_counter() - t_start})
+        return base.replace(
+            status=Status.ERROR,
+            reason=f"{e}",
+            error_kind=OOM_KIND,
+            memory={**memory.figures(None, False), "needs": e.need},
+            timings={"total_s": time.perf_counter() - t_start},
+        )
     except Exception as e:  # noqa: BLE001 - the verdict must come back, whatever the case did
         oom = is_oom(e)  # the harness's memory, wherever it ran out: never the backend's verdict
         capture = not oom and (isinstance(e, CaptureFailed) or type(e).__name__ == "GraphCaptureError")
@@ -363,8 +433,14 @@ def _run_case(case: Case, rank: int, world_size: int, device: torch.device, sess
             tail += f"\nfirst frame outside orch: {frame.where()}" + (f"\n    {frame.source}" if frame.source else "")
         kind = OOM_KIND if oom else "capture" if capture else "exception"
         held = session.memory_bytes() if session is not None else None
-        return base.replace(status=Status.ERROR, reason=reason, error_kind=kind, log_tail=tail,
-                            timings={"total_s": time.perf_counter() - t_start}, memory=memory.figures(held, built))
+        return base.replace(
+            status=Status.ERROR,
+            reason=reason,
+            error_kind=kind,
+            log_tail=tail,
+            timings={"total_s": time.perf_counter() - t_start},
+            memory=memory.figures(held, built),
+        )
 
 
 def _safe(fn, *args) -> str:
@@ -374,15 +450,18 @@ def _safe(fn, *args) -> str:
         return "unknown"
 
 
-def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
-               t_start: float, phases: dict[str, list]) -> CaseResult:
+def _run_steps(
+    case: Case, session: Session, planned: tuple, base: CaseResult, t_start: float, phases: dict[str, list]
+) -> CaseResult:
     """`planned`: _dispatch_plan of the resolved mode and sizes."""
     clock = Clock(session.device)
     t_prepare = clock.now()
     shape = case.model
     plans, dispatches, graph_keys = planned
     set_capture_scales(session, case.kv_cache_dtype)  # before capture: scales no step uses (step_data)
-    capture_s = capture_checked(session, {k for k in graph_keys if k is not None})  # before any snapshot: capture runs the model
+    capture_s = capture_checked(
+        session, {k for k in graph_keys if k is not None}
+    )  # before any snapshot: capture runs the model
     names = checks_for(session.family.extra_checks)
     acc = {name: CheckAccumulator(name) for name in names}
     state = session.family.step_state()
@@ -409,14 +488,18 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
             ref_key = reference_key(case, session, plan.index)
             inputs = step_inputs(plan, shape, case.seed, session.device)
             set_scales(case, session, plan.index)
-            context, ctx_slots = fill_context(session, inputs, reference=eager is None and ref_key not in step_data.REFERENCES)
+            context, ctx_slots = fill_context(
+                session, inputs, reference=eager is None and ref_key not in step_data.REFERENCES
+            )
             # The state every request starts the step from (after the context fill, before the snapshot).
             prepared = state.prepare(case, session, inputs, plans) if state is not None else None
             if prepared is not None:
                 context = prepared.merge(context)
             t1 = clock.now()
             phases["inputs_s"].append(Span(t0, t1))
-            snapshot = take_snapshot(session.kv_caches, session, ctx_slots)  # eager and the graph run both start from it
+            snapshot = take_snapshot(
+                session.kv_caches, session, ctx_slots
+            )  # eager and the graph run both start from it
             t0 = clock.now()
             phases["snapshot_s"].append(Span(t1, t0))
             if eager is None:
@@ -448,8 +531,9 @@ def _run_steps(case: Case, session: Session, planned: tuple, base: CaseResult,
         "eager_shared_steps": float(shared),
         "graph_shared_steps": float(shared_graph),
     }
-    status, reason = status_of(checks, session.unverifiable(k for k in graph_keys if k is not None), kv_jitter,
-                               attn_jitter)
+    status, reason = status_of(
+        checks, session.unverifiable(k for k in graph_keys if k is not None), kv_jitter, attn_jitter
+    )
     timings["result_s"] = spent["result_s"] + (time.perf_counter() - t_result)
     if clock.events:  # a GPU: the time its own events measured (orchestrator/gpu_share.py)
         timings["device_s"] = capture_s + sum(spent[k] for k in DEVICE_PHASES)
@@ -473,13 +557,28 @@ def run_case_local(case: Case, *, device: torch.device | None = None) -> CaseRes
 
     try:
         if device.type == "cuda" and torch.cuda.device_count() < case.tp:
-            return CaseResult(case_id=case.case_id, status=Status.SKIP, requested_mode=case.mode,
-                              reason=f"unavailable: tp {case.tp} needs {case.tp} GPUs, {torch.cuda.device_count()} here",
-                              repro=case.repro_command(), axes=case.axes, versions=versions())
-        dicts = run_local_gang(_gang_rank, case.tp, case.to_dict(), device.type, timeout_s=case.timeout_s + 60,
-                               device_type=device.type)
+            return CaseResult(
+                case_id=case.case_id,
+                status=Status.SKIP,
+                requested_mode=case.mode,
+                reason=f"unavailable: tp {case.tp} needs {case.tp} GPUs, {torch.cuda.device_count()} here",
+                repro=case.repro_command(),
+                axes=case.axes,
+                versions=versions(),
+            )
+        dicts = run_local_gang(
+            _gang_rank, case.tp, case.to_dict(), device.type, timeout_s=case.timeout_s + 60, device_type=device.type
+        )
     except GangError as e:
-        return CaseResult(case_id=case.case_id, status=Status.ERROR, reason=f"gang failed: {str(e).splitlines()[0][:300]}",
-                          error_kind="crash", log_tail=str(e)[-LOG_TAIL_CHARS:], requested_mode=case.mode,
-                          repro=case.repro_command(), axes=case.axes, versions=versions())
+        return CaseResult(
+            case_id=case.case_id,
+            status=Status.ERROR,
+            reason=f"gang failed: {str(e).splitlines()[0][:300]}",
+            error_kind="crash",
+            log_tail=str(e)[-LOG_TAIL_CHARS:],
+            requested_mode=case.mode,
+            repro=case.repro_command(),
+            axes=case.axes,
+            versions=versions(),
+        )
     return merge_rank_results([CaseResult.from_dict(d) for d in dicts])

@@ -36,8 +36,9 @@ class Comparison:
     bad_rows: tuple[int, ...] = ()  # every row with a bad element (read only when there is one)
 
 
-def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_size: int,
-            *, row_scaled_atol: bool = False) -> Comparison:
+def compare(
+    actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_size: int, *, row_scaled_atol: bool = False
+) -> Comparison:
     """actual/expected [T, C] (or [T, H, D]) -> Comparison over every element. Computed on
     `expected`'s device; one host sync for all the numbers."""
     device = expected.device
@@ -55,8 +56,9 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, head_s
     close = diff <= atol + tol.rtol * b.abs()
     rel = diff / b.abs().clamp_min(max(tol.atol, 1e-12))
     bad = ~close
-    max_abs, max_rel, frac, any_bad = torch.stack([diff.max(), rel.max(), bad.float().mean(),
-                                                   bad.any().float()]).tolist()
+    max_abs, max_rel, frac, any_bad = torch.stack(
+        [diff.max(), rel.max(), bad.float().mean(), bad.any().float()]
+    ).tolist()
     first_bad, bad_rows = None, ()
     if any_bad:
         flat = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
@@ -81,8 +83,10 @@ def rows_by_request(rows: tuple[int, ...], query_lens) -> str:
     for row in rows:
         req = next((i for i, (lo, hi) in enumerate(bounds) if lo <= row < hi), None)
         per[req] = per.get(req, 0) + 1
-    parts = [f"{i} (q {query_lens[i]})" if n == query_lens[i] else f"{i} ({n} of q {query_lens[i]})"
-             for i, n in sorted((i, n) for i, n in per.items() if i is not None)]
+    parts = [
+        f"{i} (q {query_lens[i]})" if n == query_lens[i] else f"{i} ({n} of q {query_lens[i]})"
+        for i, n in sorted((i, n) for i, n in per.items() if i is not None)
+    ]
     shown = parts[:6] + ([f"... {len(parts) - 6} more"] if len(parts) > 6 else [])
     text = f"bad rows {len(rows)}/{start} in request{'s' if len(parts) > 1 else ''} " + ", ".join(shown)
     return text + (f", {per[None]} past the last request" if None in per else "")
@@ -101,8 +105,9 @@ class HeadComparison:
     worst_head: int | None  # the global head with the largest RMS error (any layer, any row)
 
 
-def compare_heads(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, *,
-                  head_offset: int = 0) -> HeadComparison:
+def compare_heads(
+    actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, *, head_offset: int = 0
+) -> HeadComparison:
     """Attention outputs [layers, T, H, D], each (row, head) vector judged on its own:
 
         bad when rms(a - b) > atol * s + rtol * rms(b),   s = mean over the row's heads of rms(b)
@@ -129,17 +134,18 @@ def compare_heads(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, 
     floor = tol.atol * ref.mean(dim=-1, keepdim=True).clamp_min(1e-12)  # [L, T, 1]
     bad = ~(err <= floor + tol.rtol * ref)
     rel = err / torch.maximum(ref, floor)
-    max_abs, max_rel, frac, any_bad, worst = torch.stack([
-        err.max(), rel.max(), bad.float().mean(), bad.any().float(),
-        err.amax(dim=(0, 1)).argmax().float()]).tolist()
+    max_abs, max_rel, frac, any_bad, worst = torch.stack(
+        [err.max(), rel.max(), bad.float().mean(), bad.any().float(), err.amax(dim=(0, 1)).argmax().float()]
+    ).tolist()
     first_bad, layer = None, None
     if any_bad:
         flat = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
         layer, rest = divmod(flat, t * h)
         row, head = divmod(rest, h)
         first_bad = (row, head_offset + head)
-    return HeadComparison(Comparison(not any_bad, max_abs, max_rel, frac, first_bad, bitwise), layer,
-                          head_offset + int(worst))
+    return HeadComparison(
+        Comparison(not any_bad, max_abs, max_rel, frac, first_bad, bitwise), layer, head_offset + int(worst)
+    )
 
 
 def all_finite(t: torch.Tensor, head_size: int) -> Comparison:
@@ -211,8 +217,14 @@ def real_slot_values(rows: torch.Tensor, real_slots: torch.Tensor) -> torch.Tens
     return rows[:, real_slots].clone()
 
 
-def kv_integrity(after: torch.Tensor, before: torch.Tensor, eager_real: torch.Tensor, real_slots: torch.Tensor,
-                 scales: tuple[torch.Tensor, ...], tol: Tolerance) -> KVComparison:
+def kv_integrity(
+    after: torch.Tensor,
+    before: torch.Tensor,
+    eager_real: torch.Tensor,
+    real_slots: torch.Tensor,
+    scales: tuple[torch.Tensor, ...],
+    tol: Tolerance,
+) -> KVComparison:
     """One layer's cache as [planes, num_slots, row] (AttentionFamily.slot_rows: GQA K and V, MLA
     the latent row), `scales` the scale tensor of each plane: bytes outside real_slots unchanged
     from `before`; the real slots equal the eager run's `eager_real` (real_slot_values of the
@@ -270,9 +282,18 @@ class CheckAccumulator:
         self.bitwise: bool | None = None
         self.details: list[str] = []
 
-    def add(self, step: int, ok: bool, *, max_abs: float | None = None, max_rel: float | None = None,
-            mismatch: float | None = None, first_bad: tuple[int, int] | None = None,
-            bitwise: bool | None = None, detail: str = "") -> None:
+    def add(
+        self,
+        step: int,
+        ok: bool,
+        *,
+        max_abs: float | None = None,
+        max_rel: float | None = None,
+        mismatch: float | None = None,
+        first_bad: tuple[int, int] | None = None,
+        bitwise: bool | None = None,
+        detail: str = "",
+    ) -> None:
         if max_abs is not None:
             self.max_abs = max(self.max_abs or 0.0, max_abs)
         if max_rel is not None:
@@ -288,8 +309,16 @@ class CheckAccumulator:
                 self.details.append(f"step {step}: {detail}")
 
     def add_comparison(self, step: int, c: Comparison, *, record_bitwise: bool = False, detail: str = "") -> None:
-        self.add(step, c.ok, max_abs=c.max_abs, max_rel=c.max_rel, mismatch=c.mismatch_frac,
-                 first_bad=c.first_bad, bitwise=c.bitwise if record_bitwise else None, detail=detail)
+        self.add(
+            step,
+            c.ok,
+            max_abs=c.max_abs,
+            max_rel=c.max_rel,
+            mismatch=c.mismatch_frac,
+            first_bad=c.first_bad,
+            bitwise=c.bitwise if record_bitwise else None,
+            detail=detail,
+        )
 
     def outcome(self) -> CheckOutcome:
         return CheckOutcome(

@@ -61,8 +61,14 @@ def dummy_step(session: Session, n: int, size: int) -> None:
     c = next(r * q for r in (1, 2, 3) if r * q not in (n, size))
     md = session.builder.build_for_capture(c, q, session.shape.capture_style)  # the step's build() rewrites it
     x = torch.randn(c, session.shape.hidden_size, dtype=session.model.dtype, device=session.device)
-    attn = torch.empty(session.shape.num_layers, c, session.layout.local_heads,
-                       session.family.out_head_size(session.shape), dtype=session.model.dtype, device=session.device)
+    attn = torch.empty(
+        session.shape.num_layers,
+        c,
+        session.layout.local_heads,
+        session.family.out_head_size(session.shape),
+        dtype=session.model.dtype,
+        device=session.device,
+    )
     session.model.forward(x, md, attn, [])
 
 

@@ -40,8 +40,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_gang(rank: int, world_size: int, master_addr: str, master_port: int, *,
-              device: torch.device | str, timeout_s: float = 120) -> None:
+def init_gang(
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    *,
+    device: torch.device | str,
+    timeout_s: float = 120,
+) -> None:
     """Join the default process group (no-op for world_size 1). NCCL on cuda, gloo otherwise."""
     for key, value in _NCCL_ENV.items():
         os.environ.setdefault(key, value)
@@ -130,8 +137,9 @@ def case_barrier(case_id: str, ok: bool = True) -> bool:
     return bad == 0
 
 
-def _gang_entry(rank: int, world_size: int, port: int, results: Any, fn: Callable, args: tuple,
-                device_type: str) -> None:
+def _gang_entry(
+    rank: int, world_size: int, port: int, results: Any, fn: Callable, args: tuple, device_type: str
+) -> None:
     # Many ranks on few cores: one intra-op thread per rank avoids oversubscription.
     torch.set_num_threads(1)
     try:
@@ -149,8 +157,7 @@ class GangError(RuntimeError):
     """A rank of a local gang died or raised; the message holds its traceback tail."""
 
 
-def run_local_gang(fn: Callable, world_size: int, *args: Any, timeout_s: float = 600,
-                   device_type: str = "cpu") -> list:
+def run_local_gang(fn: Callable, world_size: int, *args: Any, timeout_s: float = 600, device_type: str = "cpu") -> list:
     """Run fn(rank, world_size, *args) in world_size spawned processes joined in a gang on
     127.0.0.1 (gloo on CPU; device_type "cuda": rank r on cuda:r over NCCL); returns the ranks'
     return values in rank order. fn and args must be picklable (fn a module-level function).
@@ -160,9 +167,10 @@ def run_local_gang(fn: Callable, world_size: int, *args: Any, timeout_s: float =
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_gang_entry, args=(r, world_size, port, results, fn, args, device_type),
-                         daemon=True)
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_gang_entry, args=(r, world_size, port, results, fn, args, device_type), daemon=True)
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     values: dict[int, Any] = {}

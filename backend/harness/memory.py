@@ -84,8 +84,9 @@ def expandable_segments() -> str:
 
     if "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
         return f"PYTORCH_CUDA_ALLOC_CONF={os.environ['PYTORCH_CUDA_ALLOC_CONF']} (as given)"
-    setter = (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-              or getattr(torch._C, "_cuda_cudaCachingAllocator_set_allocator_settings", None))
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
+        torch._C, "_cuda_cudaCachingAllocator_set_allocator_settings", None
+    )
     if setter is None:
         return "expandable segments unavailable in this torch"
     setter("expandable_segments:True")
@@ -170,9 +171,12 @@ class CaseMemory:
             out["session"] = int(session)
         if self.cuda:
             peak_alloc = torch.cuda.max_memory_allocated(self.device)
-            out.update(peak_allocated=int(peak_alloc), peak_reserved=int(torch.cuda.max_memory_reserved(self.device)),
-                       worker_reserved_at_start=int(self.start_reserved),
-                       worker_allocated_at_start=int(self.start_allocated))
+            out.update(
+                peak_allocated=int(peak_alloc),
+                peak_reserved=int(torch.cuda.max_memory_reserved(self.device)),
+                worker_reserved_at_start=int(self.start_reserved),
+                worker_allocated_at_start=int(self.start_allocated),
+            )
             above = max(0, peak_alloc - self.start_allocated - (session if built_here else 0))
             out["needs"] = int(session + above)
         if self.budget:

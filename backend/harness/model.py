@@ -121,8 +121,9 @@ def _make_weights_cached(shape: ModelShape, seed: int, device: str) -> list[Laye
     return layers
 
 
-def _shard_layers(weights: Sequence[LayerWeights], layout: TPLayout, shape: ModelShape,
-                  device: torch.device) -> list[dict[str, torch.Tensor]]:
+def _shard_layers(
+    weights: Sequence[LayerWeights], layout: TPLayout, shape: ModelShape, device: torch.device
+) -> list[dict[str, torch.Tensor]]:
     dtype = getattr(torch, shape.dtype)
     fam = family_of(shape.attention)
     out_cols = _head_cols(layout.q_heads, fam.out_head_size(shape))
@@ -130,12 +131,17 @@ def _shard_layers(weights: Sequence[LayerWeights], layout: TPLayout, shape: Mode
     def dev(t):  # tensors to the rank's device and dtype; a family's host values (a window) as they are
         return t.to(device=device, dtype=dtype).contiguous() if isinstance(t, torch.Tensor) else t
 
-    return [{
-        "norm1": dev(lw.norm1), "norm2": dev(lw.norm2),
-        **{k: dev(v) for k, v in fam.shard(lw.attn, layout, shape).items()},
-        "wo": dev(lw.wo[:, out_cols]),  # row-parallel shard: [hidden, Hl*Dv]
-        "w1": dev(lw.w1), "w2": dev(lw.w2),
-    } for lw in weights]
+    return [
+        {
+            "norm1": dev(lw.norm1),
+            "norm2": dev(lw.norm2),
+            **{k: dev(v) for k, v in fam.shard(lw.attn, layout, shape).items()},
+            "wo": dev(lw.wo[:, out_cols]),  # row-parallel shard: [hidden, Hl*Dv]
+            "w1": dev(lw.w1),
+            "w2": dev(lw.w2),
+        }
+        for lw in weights
+    ]
 
 
 @functools.lru_cache(maxsize=2)
@@ -143,9 +149,7 @@ def _device_layers(shape: ModelShape, layout: TPLayout, device: str) -> tuple[di
     """A rank's shard of the default weights on `device`, shared by every session of the process
     (backends and kv dtypes differ between sessions, weights do not; copying GBs per session was
     most of a session's build time on the H200)."""
-    return tuple(_shard_layers(make_weights(shape, device=device), layout, shape,
-                               torch.device(device)))
-
+    return tuple(_shard_layers(make_weights(shape, device=device), layout, shape, torch.device(device)))
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -158,9 +162,16 @@ class TPModel:
     `impl` (the backend under test) with per-layer paged caches and k/v scale tensors owned here,
     so graphs captured over them read live contents (never rebind them: copy values in)."""
 
-    def __init__(self, shape: ModelShape, layout: TPLayout, impl, kv_caches: Sequence[torch.Tensor],
-                 device: torch.device, weights: list[LayerWeights] | None = None,
-                 all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    def __init__(
+        self,
+        shape: ModelShape,
+        layout: TPLayout,
+        impl,
+        kv_caches: Sequence[torch.Tensor],
+        device: torch.device,
+        weights: list[LayerWeights] | None = None,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.shape, self.layout, self.impl = shape, layout, impl
         self.family = family_of(shape.attention)
         self.all_reduce = all_reduce or all_reduce_
@@ -205,11 +216,11 @@ class TPModel:
         # The CPU emulation classifies host memory wherever the backend runs, eager calls too: a
         # host buffer an Impl makes on its first (eager) call is read by a later capture.
         with host_scope(self.device):
-            return self.family.attend(self.impl, self.layers[i], inputs, self.kv_caches[i], metadata,
-                                      self.k_scales[i], self.v_scales[i], out)
+            return self.family.attend(
+                self.impl, self.layers[i], inputs, self.kv_caches[i], metadata, self.k_scales[i], self.v_scales[i], out
+            )
 
-    def forward(self, x: torch.Tensor, metadata, attn_bufs: torch.Tensor,
-                attn_out: list | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, metadata, attn_bufs: torch.Tensor, attn_out: list | None = None) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]; attn_bufs [num_layers, T, Hl, Dv] are the output buffers
         handed to attention. `attn_out`, when given, receives each layer's attention result [T, Hl, Dv]
         (the tensor the backend returned, which the next piece reads: the checker compares it per
@@ -226,9 +237,16 @@ class TPModel:
         raise AssertionError("unreachable")
 
 
-def reference_forward(weights: Sequence[LayerWeights], shape: ModelShape, x: torch.Tensor,
-                      context: Sequence[Sequence[Sequence[torch.Tensor]]], query_lens: Sequence[int], kv_round,
-                      attn_out: list | None = None, q_round=None) -> torch.Tensor:
+def reference_forward(
+    weights: Sequence[LayerWeights],
+    shape: ModelShape,
+    x: torch.Tensor,
+    context: Sequence[Sequence[Sequence[torch.Tensor]]],
+    query_lens: Sequence[int],
+    kv_round,
+    attn_out: list | None = None,
+    q_round=None,
+) -> torch.Tensor:
     """The unsharded model in fp32 with the family's reference attention.
 
     x [T, hidden] (the model-dtype input). context[layer][plane][req] [ctx_len, *row] fp32: the
@@ -254,9 +272,18 @@ def reference_forward(weights: Sequence[LayerWeights], shape: ModelShape, x: tor
     t = x.shape[0]
     for i, lw in enumerate(weights):
         h = rnd(rmsnorm(x, lw.norm1))
-        attn = rnd(fam.reference(
-            lw.attn, h, context[i], query_lens, functools.partial(kv_round, i),
-            None if q_round is None else functools.partial(q_round, i), shape, rnd))
+        attn = rnd(
+            fam.reference(
+                lw.attn,
+                h,
+                context[i],
+                query_lens,
+                functools.partial(kv_round, i),
+                None if q_round is None else functools.partial(q_round, i),
+                shape,
+                rnd,
+            )
+        )
         if attn_out is not None:
             attn_out.append(attn)
         x = rnd(x + rnd(attn.reshape(t, -1) @ lw.wo.t()))

@@ -108,13 +108,22 @@ class ModeResolution:
     message: str  # the warning for a downgrade; "" when the request stands
 
     def to_dict(self) -> dict[str, object]:
-        return {"requested": self.requested.name, "resolved": self.resolved.name,
-                "downgraded": self.downgraded, "message": self.message}
+        return {
+            "requested": self.requested.name,
+            "resolved": self.resolved.name,
+            "downgraded": self.downgraded,
+            "message": self.message,
+        }
 
 
-def resolve_mode(requested: str | CUDAGraphMode, support: AttentionCGSupport, *,
-                 piecewise_available: bool = True, backend_name: str = "attention",
-                 spec_tokens: int = 0) -> ModeResolution:
+def resolve_mode(
+    requested: str | CUDAGraphMode,
+    support: AttentionCGSupport,
+    *,
+    piecewise_available: bool = True,
+    backend_name: str = "attention",
+    spec_tokens: int = 0,
+) -> ModeResolution:
     """Resolve `requested` against `support` (the minimum over layers), as vLLM does at startup.
 
     piecewise_available: attention can be split out of the graph (vLLM: attention in
@@ -131,8 +140,10 @@ def resolve_mode(requested: str | CUDAGraphMode, support: AttentionCGSupport, *,
 
     if not piecewise_available and mode.has_piecewise():
         target = CUDAGraphMode.FULL_DECODE_ONLY if mode.has_full() else CUDAGraphMode.NONE
-        notes.append(f"CUDAGraphMode.{mode.name} needs attention split out of the graph, which is "
-                     f"unavailable; setting cudagraph_mode={target.name}")
+        notes.append(
+            f"CUDAGraphMode.{mode.name} needs attention split out of the graph, which is "
+            f"unavailable; setting cudagraph_mode={target.name}"
+        )
         mode = target
 
     # 1. Full graphs for mixed batches need ALWAYS; UNIFORM_BATCH does not cover mixed batches.
@@ -157,12 +168,13 @@ def resolve_mode(requested: str | CUDAGraphMode, support: AttentionCGSupport, *,
     # and min_cg_support < UNIFORM_BATCH, and drops to PIECEWISE when attention is a splitting op,
     # else NONE, with the warning below (its wording). Only NEVER or UNIFORM_SINGLE_TOKEN_DECODE
     # can get here, and NEVER has no FULL decode mode left after rule 2.
-    if (spec_tokens > 0 and mode.decode_mode() == CUDAGraphMode.FULL
-            and support < AttentionCGSupport.UNIFORM_BATCH):
+    if spec_tokens > 0 and mode.decode_mode() == CUDAGraphMode.FULL and support < AttentionCGSupport.UNIFORM_BATCH:
         target = CUDAGraphMode.PIECEWISE if piecewise_available else CUDAGraphMode.NONE
-        notes.append(f"CUDAGraphMode.{mode.name} is not supported with spec-decode for attention backend "
-                     f"{backend_name} (support: AttentionCGSupport.{support.name}); "
-                     f"setting cudagraph_mode={target.name}")
+        notes.append(
+            f"CUDAGraphMode.{mode.name} is not supported with spec-decode for attention backend "
+            f"{backend_name} (support: AttentionCGSupport.{support.name}); "
+            f"setting cudagraph_mode={target.name}"
+        )
         mode = target
 
     # 3. Nothing above can leave FULL with NEVER; kept as vLLM's final guard.
@@ -186,8 +198,9 @@ def uniform_decode_query_len(spec_tokens: int = 0) -> int:
     return 1 + spec_tokens
 
 
-def vllm_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int = 0,
-                       limit: int = 512) -> tuple[int, ...]:
+def vllm_capture_sizes(
+    max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int = 0, limit: int = 512
+) -> tuple[int, ...]:
     """vLLM's default capture sizes as configured, before the backend is known (vllm/config/vllm.py
     VllmConfig._set_cudagraph_sizes): the default grid up to min(2 * max_num_seqs * q, limit)
     capped at max_num_batched_tokens, max_num_batched_tokens appended when it fits under that cap.
@@ -217,7 +230,8 @@ def spec_decode_capture_sizes(capture_sizes: Sequence[int], spec_tokens: int) ->
     if not rounded:
         raise UnsupportedModeError(
             f"no valid cudagraph sizes after rounding to multiples of {q} (num_speculative_tokens + 1): "
-            f"lower spec_tokens ({spec_tokens}) or raise the capture sizes (largest {top})")
+            f"lower spec_tokens ({spec_tokens}) or raise the capture sizes (largest {top})"
+        )
     return tuple(rounded)
 
 
@@ -227,8 +241,9 @@ class CaptureSizes:
     note: str  # "" when the configured sizes stand; else what changed and why (shown with the mode)
 
 
-def resolve_capture_sizes(configured: Sequence[int], resolved: str | CUDAGraphMode, spec_tokens: int = 0,
-                          capture_style: str = "v2") -> CaptureSizes:
+def resolve_capture_sizes(
+    configured: Sequence[int], resolved: str | CUDAGraphMode, spec_tokens: int = 0, capture_style: str = "v2"
+) -> CaptureSizes:
     """The capture sizes a resolved mode runs with (vLLM's resolve_cudagraph_mode_and_sizes, after
     the downgrades): the V1 model runner ("v1") rounds them to multiples of q = 1 + k when the
     resolved decode mode is FULL and k > 0 (its dispatcher keys decode graphs by token count and
@@ -243,8 +258,9 @@ def resolve_capture_sizes(configured: Sequence[int], resolved: str | CUDAGraphMo
     if rounded == sizes:
         return CaptureSizes(sizes, "")
     q = uniform_decode_query_len(spec_tokens)
-    return CaptureSizes(rounded, f"capture sizes rounded to multiples of {q} (num_speculative_tokens + 1, "
-                                 f"V1 runner): {list(rounded)}")
+    return CaptureSizes(
+        rounded, f"capture sizes rounded to multiples of {q} (num_speculative_tokens + 1, V1 runner): {list(rounded)}"
+    )
 
 
 def decode_graph_requests(capture_sizes: Sequence[int], max_num_seqs: int, query_len: int = 1) -> list[int]:
@@ -271,8 +287,9 @@ class Dispatch:
     uniform_decode: bool = False  # key of the graph used: True only for a split-mode decode graph
 
 
-def _keys(mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs: int,
-          query_len: int = 1) -> dict[str, set[tuple[int, bool]]]:
+def _keys(
+    mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs: int, query_len: int = 1
+) -> dict[str, set[tuple[int, bool]]]:
     keys: dict[str, set[tuple[int, bool]]] = {"FULL": set(), "PIECEWISE": set()}
     mixed = mode.mixed_mode()
     if mixed != CUDAGraphMode.NONE:
@@ -282,8 +299,14 @@ def _keys(mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs: int,
     return keys
 
 
-def dispatch(mode: CUDAGraphMode, num_tokens: int, uniform_decode: bool,
-             capture_sizes: Sequence[int], max_num_seqs: int, query_len: int = 1) -> Dispatch:
+def dispatch(
+    mode: CUDAGraphMode,
+    num_tokens: int,
+    uniform_decode: bool,
+    capture_sizes: Sequence[int],
+    max_num_seqs: int,
+    query_len: int = 1,
+) -> Dispatch:
     """Pick the graph for one batch (vLLM's CudagraphDispatcher.dispatch). `mode` is resolved;
     `uniform_decode` means every request has query len `query_len` (1 + k)."""
     mode = CUDAGraphMode.parse(mode)
@@ -310,8 +333,9 @@ class CaptureItem(NamedTuple):
     uniform_decode: bool  # True: size / q requests of q tokens; False: min(size, max_num_seqs) requests
 
 
-def capture_plan(mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs: int,
-                 query_len: int = 1) -> list[CaptureItem]:
+def capture_plan(
+    mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs: int, query_len: int = 1
+) -> list[CaptureItem]:
     """What to capture for a resolved mode, in vLLM's order (V2 CudaGraphManager.capture: phase 1
     the mixed-mode graphs, phase 2 the split-mode decode graphs), each group largest-first so later
     (smaller) captures reuse the shared pool the largest one grew."""
@@ -321,6 +345,8 @@ def capture_plan(mode: CUDAGraphMode, capture_sizes: Sequence[int], max_num_seqs
     if mixed != CUDAGraphMode.NONE:
         plan += [CaptureItem(cast(RuntimeMode, mixed.name), s, False) for s in sorted(set(capture_sizes), reverse=True)]
     if mode.decode_mode() == CUDAGraphMode.FULL and mode.separate_routine():
-        plan += [CaptureItem("FULL", s, True)
-                 for s in sorted(decode_capture_sizes(capture_sizes, max_num_seqs, query_len), reverse=True)]
+        plan += [
+            CaptureItem("FULL", s, True)
+            for s in sorted(decode_capture_sizes(capture_sizes, max_num_seqs, query_len), reverse=True)
+        ]
     return plan

@@ -65,8 +65,16 @@ DEFAULT_DEADLINE_S = 300.0
 
 def group_of(case: Case) -> tuple:
     """Cases that need the same kernels, bar the cudagraph mode."""
-    return (case.backend, case.kv_cache_dtype, case.model, case.batch, case.spec_tokens, case.seed, case.steps,
-            case.capture_sizes)
+    return (
+        case.backend,
+        case.kv_cache_dtype,
+        case.model,
+        case.batch,
+        case.spec_tokens,
+        case.seed,
+        case.steps,
+        case.capture_sizes,
+    )
 
 
 def representatives(cases: Iterable[Case], jit_backends: set[str]) -> list[Case]:
@@ -172,8 +180,11 @@ def warm(case_dicts: list[dict], device: str, helper: str, parent: int | None, d
         ran += 1
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        print(f"precompile: {case.case_id} {status} {time.monotonic() - t0:.1f}s "
-              f"(helper {helper}, at {time.monotonic() - t_start:.1f}s)", flush=True)
+        print(
+            f"precompile: {case.case_id} {status} {time.monotonic() - t0:.1f}s "
+            f"(helper {helper}, at {time.monotonic() - t_start:.1f}s)",
+            flush=True,
+        )
     return ran
 
 
@@ -227,8 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     ctx = multiprocessing.get_context("spawn")  # a fresh CUDA context per helper
     procs = []
     for i, (part, device) in enumerate(zip(parts, devices)):
-        proc = ctx.Process(target=_child, args=([c.to_dict() for c in part], device, f"{i + 1}/{len(parts)}",
-                                                args.parent, deadline), daemon=True)
+        proc = ctx.Process(
+            target=_child,
+            args=([c.to_dict() for c in part], device, f"{i + 1}/{len(parts)}", args.parent, deadline),
+            daemon=True,
+        )
         proc.start()
         procs.append(proc)
     try:
@@ -251,8 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(marker, "w", encoding="utf-8") as f:
             f.write("\n".join(c.case_id for c in reps) + "\n")
     how = "covered by the run, " if covered else ""
-    print(f"precompile: done ({failed} helper(s) did not exit cleanly; "
-          f"{how}{'complete, marker ' + marker if complete else 'incomplete, no marker'})", flush=True)
+    print(
+        f"precompile: done ({failed} helper(s) did not exit cleanly; "
+        f"{how}{'complete, marker ' + marker if complete else 'incomplete, no marker'})",
+        flush=True,
+    )
     return 0
 
 

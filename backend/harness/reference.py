@@ -33,7 +33,7 @@ def fp8_round(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype) 
     fmax, min_exp = _FP8_FORMAT[dtype]
     s = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reshape(())
     y = (x.float() / s).clamp(-fmax, fmax)
-    exp = torch.floor(torch.log2(y.abs().clamp_min(2.0 ** min_exp))).clamp_min(min_exp)
+    exp = torch.floor(torch.log2(y.abs().clamp_min(2.0**min_exp))).clamp_min(min_exp)
     step = torch.exp2(exp - _MANTISSA_BITS)
     return (torch.round(y / step) * step).clamp(-fmax, fmax) * s
 
@@ -45,8 +45,9 @@ def _to_float(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
     return x32
 
 
-def request_kv_from_cache(kv_cache: torch.Tensor, block_row: Sequence[int], seq_len: int
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+def request_kv_from_cache(
+    kv_cache: torch.Tensor, block_row: Sequence[int], seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V [seq_len, Hkv, D] of one request, block by block (still in the cache dtype)."""
     block_size = kv_cache.shape[2]
     ks, vs = [], []
@@ -59,9 +60,15 @@ def request_kv_from_cache(kv_cache: torch.Tensor, block_row: Sequence[int], seq_
     return (torch.cat(ks) if ks else empty), (torch.cat(vs) if vs else empty)
 
 
-def reference_attention(query: torch.Tensor, k_ctx: Sequence[torch.Tensor], v_ctx: Sequence[torch.Tensor],
-                        query_lens: Sequence[int], scale: float,
-                        k_scale: float | torch.Tensor = 1.0, v_scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+def reference_attention(
+    query: torch.Tensor,
+    k_ctx: Sequence[torch.Tensor],
+    v_ctx: Sequence[torch.Tensor],
+    query_lens: Sequence[int],
+    scale: float,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
+) -> torch.Tensor:
     """Causal attention for a packed batch, fp32.
 
     query [T, H, D]: tokens of request i are rows sum(query_lens[:i]) .. + query_lens[i].
@@ -77,7 +84,7 @@ def reference_attention(query: torch.Tensor, k_ctx: Sequence[torch.Tensor], v_ct
         s = k.shape[0]
         if q_len > s:
             raise ValueError(f"query len {q_len} exceeds sequence length {s}")
-        q = query[start:start + q_len].to(torch.float32).transpose(0, 1)  # [H, q, D]
+        q = query[start : start + q_len].to(torch.float32).transpose(0, 1)  # [H, q, D]
         rep = h // k.shape[1]
         k32 = _to_float(k, k_scale).repeat_interleave(rep, dim=1).transpose(0, 1)  # [H, s, D]
         v32 = _to_float(v, v_scale).repeat_interleave(rep, dim=1).transpose(0, 1)
@@ -85,13 +92,19 @@ def reference_attention(query: torch.Tensor, k_ctx: Sequence[torch.Tensor], v_ct
         cols = torch.arange(s, device=query.device)[None, :]
         mask = cols <= rows + (s - q_len)  # [q, s] bottom-right causal
         o = F.scaled_dot_product_attention(q, k32, v32, attn_mask=mask, scale=scale)
-        out[start:start + q_len] = o.transpose(0, 1)
+        out[start : start + q_len] = o.transpose(0, 1)
         start += q_len
     return out
 
 
-def reference_from_cache(query: torch.Tensor, kv_cache: torch.Tensor, batch: BatchDescription, scale: float,
-                         k_scale: float | torch.Tensor = 1.0, v_scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+def reference_from_cache(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    batch: BatchDescription,
+    scale: float,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
+) -> torch.Tensor:
     """reference_attention on the K/V a (correct) step left in the cache: query [T, H, D] for the
     real tokens of `batch`; returns [T, H, D] fp32. Read the cache after the step's KV write."""
     ks, vs = [], []

@@ -45,8 +45,9 @@ def _key(caches: list[torch.Tensor]) -> tuple:
     return tuple((tuple(c.shape), c.dtype, str(c.device)) for c in caches)
 
 
-def take_snapshot(caches: list[torch.Tensor], session: Session | None = None,
-              written: torch.Tensor | None = None) -> list[torch.Tensor]:
+def take_snapshot(
+    caches: list[torch.Tensor], session: Session | None = None, written: torch.Tensor | None = None
+) -> list[torch.Tensor]:
     """The caches' state now, in the scratch buffers. With `session` whose caches the scratch
     still equals but for the slots `written` (int64, on the caches' device), only those are copied."""
     key = _key(caches)
@@ -58,8 +59,13 @@ def take_snapshot(caches: list[torch.Tensor], session: Session | None = None,
         bufs = SCRATCH[key] = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in caches]
     partial = False
     # A family with state slots (StepState) writes them outside `written`: a whole copy then.
-    if (in_sync and session is not None and written is not None and session.family.step_state() is None
-            and all(c.is_contiguous() for c in caches)):
+    if (
+        in_sync
+        and session is not None
+        and written is not None
+        and session.family.step_state() is None
+        and all(c.is_contiguous() for c in caches)
+    ):
         num_slots = session.family.slot_rows(caches[0]).shape[1]
         partial = written.numel() <= PARTIAL_SNAPSHOT_MAX * num_slots
     for b, c in zip(bufs, caches):
@@ -101,8 +107,10 @@ def capture_checked(session: Session, keys: set[GraphKey]) -> float:
             changed = (raw(now) != raw(was)).reshape(now.shape[0], now.shape[1], -1).any(dim=-1).any(dim=0)
             n = int(changed.sum())
             session.capture_writes.setdefault(
-                key, f"layer {layer}: {n} slot{'s' if n != 1 else ''} written during its warm-up and capture "
-                     f"(first slot {int(torch.argmax(changed.to(torch.uint8)))}); capture runs on slots of -1")
+                key,
+                f"layer {layer}: {n} slot{'s' if n != 1 else ''} written during its warm-up and capture "
+                f"(first slot {int(torch.argmax(changed.to(torch.uint8)))}); capture runs on slots of -1",
+            )
             was.copy_(now)
     # Nothing written: the scratch still equals the caches byte for byte, so the next step's
     # snapshot copies only the slots it fills (as after a step that passed kv_integrity).

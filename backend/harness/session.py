@@ -34,8 +34,7 @@ from backend.harness.memory import pool_bytes, tensors_bytes
 from backend.harness.model import TPLayout, TPModel, make_weights
 from backend.host_copy import copy_into
 
-__all__ = ["LRU", "CaptureFailed", "GraphKey", "Session", "StepOutput",
-           "attention_config", "estimate_bytes"]
+__all__ = ["LRU", "CaptureFailed", "GraphKey", "Session", "StepOutput", "attention_config", "estimate_bytes"]
 
 WARMUP_ITERS = 1
 # Steps whose eager side a session keeps (a few MB each at GPU shapes): enough for every step of
@@ -82,8 +81,9 @@ class _Piecewise:
     graphs: list = field(default_factory=list)
 
 
-def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, capture_sizes, device,
-                     spec_tokens: int = 0) -> AttentionConfig:
+def attention_config(
+    shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, capture_sizes, device, spec_tokens: int = 0
+) -> AttentionConfig:
     fam = family_of(shape.attention)
     return AttentionConfig(
         num_heads=layout.local_heads,
@@ -107,9 +107,20 @@ def attention_config(shape: ModelShape, layout: TPLayout, kv_cache_dtype: str, c
 
 
 class Session:
-    def __init__(self, backend_cls, shape: ModelShape, tp: int, rank: int, kv_cache_dtype: str,
-                 capture_sizes: tuple[int, ...], device: torch.device, runner_factory=None, max_tokens: int = 0,
-                 spec_tokens: int = 0, cg_padding: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        backend_cls,
+        shape: ModelShape,
+        tp: int,
+        rank: int,
+        kv_cache_dtype: str,
+        capture_sizes: tuple[int, ...],
+        device: torch.device,
+        runner_factory=None,
+        max_tokens: int = 0,
+        spec_tokens: int = 0,
+        cg_padding: tuple[int, int] | None = None,
+    ):
         """max_tokens: the largest graph this session may capture, when above max(capture_sizes):
         a split-mode decode graph of min(cdiv(s, q), max_num_seqs) requests has requests * q
         tokens, up to q - 1 above the size s it came from (modes.decode_capture_sizes).
@@ -132,19 +143,27 @@ class Session:
         elif own is not None:  # a backend with its own layout (backend/adapters/vllm/), seen as ours
             caches = [own(self.config) for _ in range(shape.num_layers)]
         else:
-            cache_shape = backend_cls.kv_cache_shape(self.config.num_blocks, shape.block_size,
-                                                     self.layout.local_kv_heads, shape.head_size)
+            cache_shape = backend_cls.kv_cache_shape(
+                self.config.num_blocks, shape.block_size, self.layout.local_kv_heads, shape.head_size
+            )
             caches = [allocate_kv_cache(self.config, tuple(cache_shape)) for _ in range(shape.num_layers)]
         _fill_garbage(caches, self.family, self.config.dtype)
-        self.model = TPModel(shape, self.layout, self.impl, caches, self.device,
-                             all_reduce=getattr(backend_cls, "tp_all_reduce", None))
+        self.model = TPModel(
+            shape, self.layout, self.impl, caches, self.device, all_reduce=getattr(backend_cls, "tp_all_reduce", None)
+        )
         self.capture_sizes = tuple(capture_sizes)  # as resolved for the case's mode and k
         self.max_static = max(max(capture_sizes, default=1), max_tokens)
         dtype = self.model.dtype
         # Static buffers replays read: never rebound, values copied in [:n].
         self.static_in = torch.zeros(self.max_static, shape.hidden_size, dtype=dtype, device=self.device)
-        self.static_attn = torch.zeros(shape.num_layers, self.max_static, self.layout.local_heads,
-                                       self.family.out_head_size(shape), dtype=dtype, device=self.device)
+        self.static_attn = torch.zeros(
+            shape.num_layers,
+            self.max_static,
+            self.layout.local_heads,
+            self.family.out_head_size(shape),
+            dtype=dtype,
+            device=self.device,
+        )
         self._runner_factory = runner_factory
         self._runner: GraphRunner | None = None
         self.graphs: dict[GraphKey, _Full | _Piecewise] = {}
@@ -188,8 +207,9 @@ class Session:
     # ---- capture ------------------------------------------------------------------------------
     def ensure_graphs(self, keys: set[GraphKey]) -> float:
         """Capture the missing keys; returns the seconds spent (0 if all were cached)."""
-        missing = sorted((k for k in keys if k not in self.graphs),
-                         key=lambda k: (k.uniform_decode, -k.size, k.runtime_mode))
+        missing = sorted(
+            (k for k in keys if k not in self.graphs), key=lambda k: (k.uniform_decode, -k.size, k.runtime_mode)
+        )
         if not missing:
             return 0.0
         t0 = time.perf_counter()
@@ -201,7 +221,9 @@ class Session:
             reserved = torch.cuda.memory_reserved(self.device)
         for key in missing:
             try:
-                self.graphs[key] = self._capture_full(key) if key.runtime_mode == "FULL" else self._capture_piecewise(key)
+                self.graphs[key] = (
+                    self._capture_full(key) if key.runtime_mode == "FULL" else self._capture_piecewise(key)
+                )
             except GraphCaptureError as e:
                 raise CaptureFailed(f"{key.runtime_mode} size {key.size}: {type(e).__name__}: {e}") from e
         self._sync()
@@ -263,6 +285,7 @@ class Session:
         entry = _Piecewise()
         prev_x = x
         for i in range(self.model.num_pieces):
+
             def fn(i=i, xin=prev_x):
                 return self.model.piece(i, xin, attn[i - 1] if i > 0 else None)
 
@@ -299,8 +322,14 @@ class Session:
     def run_eager_step(self, x: torch.Tensor, batch: BatchDescription | tuple[BatchDescription, ...]) -> StepOutput:
         with host_scope(self.device):  # host memory a build() makes is host memory at a later capture
             md = self.last_metadata = self.builder.build(batch)
-        attn = torch.empty(self.shape.num_layers, x.shape[0], self.layout.local_heads,
-                           self.family.out_head_size(self.shape), dtype=self.model.dtype, device=self.device)
+        attn = torch.empty(
+            self.shape.num_layers,
+            x.shape[0],
+            self.layout.local_heads,
+            self.family.out_head_size(self.shape),
+            dtype=self.model.dtype,
+            device=self.device,
+        )
         results: list[torch.Tensor] = []
         out = self.model.forward(x.to(self.device), md, attn, results)
         return StepOutput(out.clone(), _stack(results, x.shape[0]))
@@ -308,8 +337,9 @@ class Session:
     def run_graph(self, key: GraphKey, x: torch.Tensor, batch: BatchDescription, pad_seed: int = 0) -> torch.Tensor:
         return self.run_graph_step(key, x, batch, pad_seed).out
 
-    def run_graph_step(self, key: GraphKey, x: torch.Tensor, batch: BatchDescription | tuple[BatchDescription, ...],
-                       pad_seed: int = 0) -> StepOutput:
+    def run_graph_step(
+        self, key: GraphKey, x: torch.Tensor, batch: BatchDescription | tuple[BatchDescription, ...], pad_seed: int = 0
+    ) -> StepOutput:
         """Replay the graph of `key` on the real batch; its output and attention outputs on the
         real rows (FULL: the attention results the graph refreshed; PIECEWISE: attention's own
         results between the pieces)."""
@@ -325,7 +355,9 @@ class Session:
         entry = self.graphs[key]
         if isinstance(entry, _Full):
             with host_scope(self.device):
-                self.last_metadata = self.builder.build(batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs)
+                self.last_metadata = self.builder.build(
+                    batch, num_padded_tokens=size, num_padded_reqs=entry.padded_reqs
+                )
             out = entry.graph.replay()
             # Copies: the next replay overwrites the graph's outputs.
             return StepOutput(out[:n].clone(), _stack(entry.attention, n))
@@ -337,8 +369,9 @@ class Session:
             outs = graph.replay()
             if i < self.shape.num_layers:
                 *inputs, _ = outs
-                results.append(self.model.attention(i, [t[:n] for t in inputs], layer_metadata(md, i),
-                                                    self.static_attn[i, :n]))
+                results.append(
+                    self.model.attention(i, [t[:n] for t in inputs], layer_metadata(md, i), self.static_attn[i, :n])
+                )
         assert outs is not None, "a piecewise entry holds one graph per piece"
         return StepOutput(outs[:n].clone(), _stack(results, n))
 
@@ -361,7 +394,7 @@ def _fill_garbage(caches: list[torch.Tensor], family, dtype: torch.dtype) -> Non
         gen = torch.Generator(device=cache.device).manual_seed(7)
         for plane in family.planes(cache):
             for start in range(0, plane.shape[0], 8192):
-                part = plane[start:start + 8192]
+                part = plane[start : start + 8192]
                 part.copy_(torch.randn(part.shape, generator=gen, device=cache.device, dtype=dtype).to(cache.dtype))
 
 

@@ -21,8 +21,10 @@ class SessionTooLarge(Exception):
     (the case is ERROR kind `oom`, naming both figures)."""
 
     def __init__(self, need: int, budget: int):
-        super().__init__(f"out of memory budget: the session needs {gib(need)} (KV caches and their snapshot), "
-                         f"the worker's budget is {gib(budget)} (--gpu-memory-utilization x its share of the device)")
+        super().__init__(
+            f"out of memory budget: the session needs {gib(need)} (KV caches and their snapshot), "
+            f"the worker's budget is {gib(budget)} (--gpu-memory-utilization x its share of the device)"
+        )
         self.need, self.budget = need, budget
 
 
@@ -123,8 +125,11 @@ class SessionCache:
         _release(device)
         self.last_release = (reserved, reserved - torch.cuda.memory_reserved(device))
         # The worker's log (its stdout): what eviction gave back, against what the cache still holds.
-        print(f"[orch] sessions evicted ({self.evictions} so far): memory_reserved {gib(reserved)} -> "
-              f"{gib(reserved - self.last_release[1])}, {len(self)} kept holding {gib(self.held_bytes())}", flush=True)
+        print(
+            f"[orch] sessions evicted ({self.evictions} so far): memory_reserved {gib(reserved)} -> "
+            f"{gib(reserved - self.last_release[1])}, {len(self)} kept holding {gib(self.held_bytes())}",
+            flush=True,
+        )
 
     def drop(self, key: Hashable) -> None:
         """Forget a session whose state is suspect (an error mid-case)."""
@@ -142,7 +147,7 @@ def _release(device: torch.device | None) -> None:
     last reference frees nothing until the cyclic collector runs, which CPython does rarely for
     its oldest generation when many objects live long."""
     if device is None:  # host memory: the collector's own pace is enough (a full collection per
-        return          # eviction is paid by every CPU case that builds a session)
+        return  # eviction is paid by every CPU case that builds a session)
     gc.collect()
     torch.cuda.empty_cache()
 

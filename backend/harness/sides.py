@@ -90,8 +90,17 @@ class GraphStep:
     state_check: tuple | None = None  # StepState.graph_check's (ok, detail, max_abs), or None
 
 
-def eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[torch.Tensor], context,
-                clock: Clock, phases: dict[str, list], ref_key: tuple, prepared=None) -> EagerStep:
+def eager_side(
+    case: Case,
+    session: Session,
+    inputs: StepInputs,
+    snapshot: list[torch.Tensor],
+    context,
+    clock: Clock,
+    phases: dict[str, list],
+    ref_key: tuple,
+    prepared=None,
+) -> EagerStep:
     """Eager twice from the caches' state `snapshot` (determinism), the reference, and what eager
     wrote; leaves the caches as `snapshot` again. `prepared`: the family StepState's view of the
     step (the state its requests start from), for families whose requests keep state."""
@@ -106,19 +115,25 @@ def eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[
     first = session.run_eager_step(x, inputs.batches)
     out_e = first.out
     t2 = clock.now()
-    real_kv = [real_slot_values(session.family.slot_rows(c), real_slots[i]) if i in real_slots else None
-               for i, c in enumerate(caches)]
+    real_kv = [
+        real_slot_values(session.family.slot_rows(c), real_slots[i]) if i in real_slots else None
+        for i, c in enumerate(caches)
+    ]
     owned = state.owned(session, prepared) if state is not None else None
     for c, s in zip(caches, snapshot):
         c.copy_(s)
     second = session.run_eager_step(x, inputs.batches)
     same_out = torch.equal(raw(out_e), raw(second.out)) and torch.equal(raw(first.attention), raw(second.attention))
-    kv_jitter = not all(torch.equal(raw(real_slot_values(session.family.slot_rows(caches[i]), real_slots[i])),
-                                    raw(kv)) for i in paged if (kv := real_kv[i]) is not None)
+    kv_jitter = not all(
+        torch.equal(raw(real_slot_values(session.family.slot_rows(caches[i]), real_slots[i])), raw(kv))
+        for i in paged
+        if (kv := real_kv[i]) is not None
+    )
     if state is not None:
         kv_jitter = kv_jitter or not state.same(owned, state.owned(session, prepared))
-    jitter, attn_jitter = (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out),
-                                                      max_abs_diff(first.attention, second.attention))
+    jitter, attn_jitter = (
+        (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out), max_abs_diff(first.attention, second.attention))
+    )
     deterministic = same_out and not kv_jitter
     for c, s in zip(caches, snapshot):
         c.copy_(s)
@@ -130,19 +145,43 @@ def eager_side(case: Case, session: Session, inputs: StepInputs, snapshot: list[
     ref_out, ref_attn = ref
     reference = compare(out_e, ref_out, case.tolerance, case.model.head_size, row_scaled_atol=True)
     heads = session.layout.q_heads
-    attn_reference = compare_heads(first.attention, ref_attn[:, :, heads.start:heads.stop], case.tolerance,
-                                   head_offset=heads.start)
+    attn_reference = compare_heads(
+        first.attention, ref_attn[:, :, heads.start : heads.stop], case.tolerance, head_offset=heads.start
+    )
     state_check = state.eager_check(case, session, prepared, owned) if state is not None else None
     t4 = clock.now()
     phases["eager_s"].append(Span(t0, t3))
     phases["reference_s"].append(Span(t3, t4))
-    return EagerStep(out_e, first.attention, reference, attn_reference, all_finite(out_e, case.model.head_size),
-                      deterministic, jitter, attn_jitter, kv_jitter, real_kv, Span(t1, t2), state=owned,
-                      state_check=state_check)
+    return EagerStep(
+        out_e,
+        first.attention,
+        reference,
+        attn_reference,
+        all_finite(out_e, case.model.head_size),
+        deterministic,
+        jitter,
+        attn_jitter,
+        kv_jitter,
+        real_kv,
+        Span(t1, t2),
+        state=owned,
+        state_check=state_check,
+    )
 
 
-def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInputs, snapshot: list[torch.Tensor],
-                eager: EagerStep, clock: Clock, phases: dict[str, list], prepared=None) -> GraphStep:
+def graph_side(
+    case: Case,
+    session: Session,
+    plan,
+    d,
+    graph_key,
+    inputs: StepInputs,
+    snapshot: list[torch.Tensor],
+    eager: EagerStep,
+    clock: Clock,
+    phases: dict[str, list],
+    prepared=None,
+) -> GraphStep:
     """Run the step as the mode dispatches it (eager for NONE, else replay `graph_key`) from the
     caches' state `snapshot` and check it against the eager side."""
     t0 = clock.now()  # replay_s: the inputs' move to the device and the poisoning included
@@ -180,8 +219,14 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
         after, before, eager_real = caches[layer], snapshot[layer], eager.real_kv[layer]
         assert eager_real is not None, "eager keeps the real slots of every paged layer"
         real_slots = on_device.group_of(layer).real_slots
-        k = kv_integrity(family.slot_rows(after), family.slot_rows(before), eager_real, real_slots,
-                         family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer]), tol)
+        k = kv_integrity(
+            family.slot_rows(after),
+            family.slot_rows(before),
+            eager_real,
+            real_slots,
+            family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer]),
+            tol,
+        )
         outside_ok = outside_ok and not k.outside_changed
         if not k.real_ok and after.is_contiguous():
             # The graph's own K/V (NaN where it read poisoned memory) would be the cache later
@@ -191,10 +236,12 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
                 family.slot_rows(t)[:, real_slots] = eager_real
         if not k.ok and kv_ok:
             kv_ok = False
-            kv_detail = (f"layer {layer}: {k.outside_changed} slots written outside the step's "
-                         f"{real_slots.numel()} real slots (first slot {k.first_outside})"
-                         if k.outside_changed else
-                         f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})")
+            kv_detail = (
+                f"layer {layer}: {k.outside_changed} slots written outside the step's "
+                f"{real_slots.numel()} real slots (first slot {k.first_outside})"
+                if k.outside_changed
+                else f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})"
+            )
     state_check = None
     if prepared is not None:  # the family's state: checked before the scratch is declared in sync
         state = family.step_state()
@@ -204,16 +251,28 @@ def graph_side(case: Case, session: Session, plan, d, graph_key, inputs: StepInp
     if outside_ok:  # kv_integrity left the scratch equal to the caches (SCRATCH_OWNER)
         mark_scratch(session)
     if kv_ok and graph_key in session.capture_writes:  # the graph wrote the cache while it was made
-        kv_ok, kv_detail = False, f"{d.runtime_mode} graph of {d.padded_tokens} tokens: {session.capture_writes[graph_key]}"
+        kv_ok, kv_detail = (
+            False,
+            f"{d.runtime_mode} graph of {d.padded_tokens} tokens: {session.capture_writes[graph_key]}",
+        )
     phases["checks_s"].append(Span(t2, clock.now()))
     return GraphStep(
-        replay=replay, attn_replay=attn_replay, finite=finite, padded=fp,
+        replay=replay,
+        attn_replay=attn_replay,
+        finite=finite,
+        padded=fp,
         padded_detail=f"padded row {x.shape[0] + fp.first_bad[0]} of the {d.padded_tokens}-token graph"
-                      if fp is not None and fp.first_bad else "",
+        if fp is not None and fp.first_bad
+        else "",
         detail=f"{d.runtime_mode} graph of {d.padded_tokens} tokens for {plan.num_tokens}"
-               + (f"; {rows_by_request(replay.bad_rows, plan.query_lens)}" if replay.bad_rows else "")
-               + "".join(f"; {note}" for note in freed),
-        used=used, replay_s=Span(t1, t2), kv_ok=kv_ok, kv_detail=kv_detail, state_check=state_check)
+        + (f"; {rows_by_request(replay.bad_rows, plan.query_lens)}" if replay.bad_rows else "")
+        + "".join(f"; {note}" for note in freed),
+        used=used,
+        replay_s=Span(t1, t2),
+        kv_ok=kv_ok,
+        kv_detail=kv_detail,
+        state_check=state_check,
+    )
 
 
 def pad_seed(case: Case, step: int, session: Session) -> int:
@@ -231,7 +290,7 @@ def padded_rows(session: Session, key: GraphKey, n: int) -> torch.Tensor | None:
     only, so their padded rows are not the backend's output and are not checked."""
     graph = getattr(session.graphs.get(key), "graph", None)
     out = getattr(graph, "outputs", None)
-    return out[n:key.size] if isinstance(out, torch.Tensor) else None
+    return out[n : key.size] if isinstance(out, torch.Tensor) else None
 
 
 def add_step(acc: dict[str, CheckAccumulator], step: int, eager: EagerStep, g: GraphStep) -> None:
@@ -242,26 +301,38 @@ def add_step(acc: dict[str, CheckAccumulator], step: int, eager: EagerStep, g: G
     add_heads(acc[CHECK_ATTN_REPLAY], step, g.attn_replay, record_bitwise=True, detail=g.detail)
     fe, fg = eager.finite, g.finite
     bad = fe if not fe.ok else fg
-    acc[CHECK_FINITE].add(step, fe.ok and fg.ok, mismatch=max(fe.mismatch_frac, fg.mismatch_frac),
-                          first_bad=bad.first_bad, detail="eager" if not fe.ok else "graph")
+    acc[CHECK_FINITE].add(
+        step,
+        fe.ok and fg.ok,
+        mismatch=max(fe.mismatch_frac, fg.mismatch_frac),
+        first_bad=bad.first_bad,
+        detail="eager" if not fe.ok else "graph",
+    )
     if g.padded is not None:
-        acc[CHECK_PADDED_FINITE].add(step, g.padded.ok, mismatch=g.padded.mismatch_frac,
-                                     first_bad=g.padded.first_bad, detail=g.padded_detail)
+        acc[CHECK_PADDED_FINITE].add(
+            step, g.padded.ok, mismatch=g.padded.mismatch_frac, first_bad=g.padded.first_bad, detail=g.padded_detail
+        )
     acc[CHECK_KV_INTEGRITY].add(step, g.kv_ok, detail=g.kv_detail)
     if CHECK_STATE_INTEGRITY in acc and eager.state_check is not None:
         # the eager state against the reference's, then the graph run's against eager's
         worst = max(eager.state_check[2], g.state_check[2] if g.state_check else 0.0)
         bad_state = next((sc for sc in (eager.state_check, g.state_check) if sc is not None and not sc[0]), None)
         acc[CHECK_STATE_INTEGRITY].add(step, bad_state is None, max_abs=worst, detail=bad_state[1] if bad_state else "")
-    acc[CHECK_DETERMINISM].add(step, eager.deterministic, max_abs=eager.jitter,
-                               detail=f"two eager runs differ (max_abs {eager.jitter:.3g}"
-                                      f"{', and their KV writes' if eager.kv_jitter else ''})")
+    acc[CHECK_DETERMINISM].add(
+        step,
+        eager.deterministic,
+        max_abs=eager.jitter,
+        detail=f"two eager runs differ (max_abs {eager.jitter:.3g}"
+        f"{', and their KV writes' if eager.kv_jitter else ''})",
+    )
 
 
-def add_heads(acc: CheckAccumulator, step: int, h: HeadComparison, *, record_bitwise: bool = False,
-               detail: str = "") -> None:
+def add_heads(
+    acc: CheckAccumulator, step: int, h: HeadComparison, *, record_bitwise: bool = False, detail: str = ""
+) -> None:
     """A per-head attention comparison into its accumulator; the failing layer and the worst head
     go in the detail."""
     where = f"layer {h.layer}, worst head {h.worst_head}" if h.layer is not None else ""
-    acc.add_comparison(step, h.comparison, record_bitwise=record_bitwise,
-                       detail=", ".join(p for p in (where, detail) if p))
+    acc.add_comparison(
+        step, h.comparison, record_bitwise=record_bitwise, detail=", ".join(p for p in (where, detail) if p)
+    )

@@ -54,8 +54,7 @@ GPU_INPUTS_FRACTION = 5  # of the device's total memory
 def new_inputs_cache(budget: int = INPUTS_BYTES, max_entry: int | None = None) -> LRU:
     """Step inputs by (plan, shape, seed, device), at most `budget` bytes; an entry above
     `max_entry` (default budget / 8) is not kept (it would evict the small batches that share theirs)."""
-    return LRU(budget, size=lambda inputs: inputs.nbytes,
-               max_item=budget // 8 if max_entry is None else max_entry)
+    return LRU(budget, size=lambda inputs: inputs.nbytes, max_item=budget // 8 if max_entry is None else max_entry)
 
 
 INPUTS = new_inputs_cache()
@@ -119,17 +118,28 @@ def paged_cache_dtype(session: Session) -> torch.dtype:
 
 
 def reference_key(case: Case, session: Session, step: int) -> tuple:
-    return (case.model, case.kv_cache_dtype, case.batch, case.spec_tokens, case.seed, case.steps,
-            session.capture_sizes, step,  # the step plan depends on the (resolved) sizes
-            str(session.device), paged_cache_dtype(session), query_scale(session))
+    return (
+        case.model,
+        case.kv_cache_dtype,
+        case.batch,
+        case.spec_tokens,
+        case.seed,
+        case.steps,
+        session.capture_sizes,
+        step,  # the step plan depends on the (resolved) sizes
+        str(session.device),
+        paged_cache_dtype(session),
+        query_scale(session),
+    )
 
 
 def set_scales(case: Case, session: Session, step: int) -> None:
     """The step's KV scales (every layer's k_scale and v_scale), drawn from the batch, k, seed and
     step: what the eager side and the reference of the step are shared by."""
     batch = zlib.crc32(repr((case.batch.name, case.batch.query_lens, case.batch.seq_lens)).encode())
-    _draw_scales(session, case.kv_cache_dtype, hash_seed(case.seed, batch, case.spec_tokens, step, 977),
-                 FP8_SCALE_RANGE)
+    _draw_scales(
+        session, case.kv_cache_dtype, hash_seed(case.seed, batch, case.spec_tokens, step, 977), FP8_SCALE_RANGE
+    )
 
 
 def set_capture_scales(session: Session, kv_cache_dtype: str) -> None:
@@ -148,8 +158,9 @@ def _draw_scales(session: Session, kv_cache_dtype: str, seed: int, scale_range: 
             copy_into(t, value)  # in place: graphs hold these tensors
 
 
-def fill_context(session: Session, inputs: StepInputs, reference: bool = True
-                  ) -> tuple[list[list[list[torch.Tensor]]], torch.Tensor]:
+def fill_context(
+    session: Session, inputs: StepInputs, reference: bool = True
+) -> tuple[list[list[list[torch.Tensor]]], torch.Tensor]:
     """Write every request's context into the rank's caches through the providers' KV write (the
     family's `write`, which every provider's forward uses for new tokens: its quantiser is under
     test for the context too); return the context as the reference's own fp8 rounding sees it
@@ -167,8 +178,9 @@ def fill_context(session: Session, inputs: StepInputs, reference: bool = True
         if slots.numel():
             held = values if group.ctx_rows is None else [v.index_select(0, group.ctx_rows) for v in values]
             family.write(cache, family.rank_context(held, session.layout), slots, k_scale, v_scale)
-    return (reference_context(session, inputs) if reference else [[] for _ in session.kv_caches]), \
-        on_device.all_ctx_slots
+    return (
+        reference_context(session, inputs) if reference else [[] for _ in session.kv_caches]
+    ), on_device.all_ctx_slots
 
 
 def reference_context(session: Session, inputs: StepInputs) -> list:
@@ -180,8 +192,9 @@ def reference_context(session: Session, inputs: StepInputs) -> list:
     for layer in family.paged_layers(session.shape):
         cache = session.kv_caches[layer]
         scales = family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer])
-        context[layer] = [RoundedContext(v, scale, cache.dtype, inputs.ctx_lens)
-                          for v, scale in zip(inputs.ctx_flat[layer], scales)]
+        context[layer] = [
+            RoundedContext(v, scale, cache.dtype, inputs.ctx_lens) for v, scale in zip(inputs.ctx_flat[layer], scales)
+        ]
     return context
 
 
@@ -219,6 +232,14 @@ def compute_reference(case: Case, session: Session, inputs: StepInputs, context)
 
     # On the session's device (fp32): GPU shapes would make a host reference the slowest part.
     attn: list[torch.Tensor] = []
-    out = reference_forward(session.reference_weights, case.model, inputs.on(session.device).x, context,
-                            inputs.plan.query_lens, kv_round, attn, q_round=q_round)
+    out = reference_forward(
+        session.reference_weights,
+        case.model,
+        inputs.on(session.device).x,
+        context,
+        inputs.plan.query_lens,
+        kv_round,
+        attn,
+        q_round=q_round,
+    )
     return out, torch.stack(attn).to(getattr(torch, case.model.dtype))

@@ -61,7 +61,9 @@ def batch_reasons(batch: BatchSpec, shape: ModelShape) -> list[str]:
         reasons.append(f"batch {batch.name}: {batch.num_reqs} requests > max_num_seqs {shape.max_num_seqs}")
     for q, s in zip(batch.query_lens, batch.seq_lens):
         if not 1 <= q <= s <= shape.max_model_len:
-            reasons.append(f"batch {batch.name}: need 1 <= query_len {q} <= seq_len {s} <= max_model_len {shape.max_model_len}")
+            reasons.append(
+                f"batch {batch.name}: need 1 <= query_len {q} <= seq_len {s} <= max_model_len {shape.max_model_len}"
+            )
             break
     need = shape.blocks_for(batch.seq_lens)
     if need > shape.total_blocks - 1:
@@ -75,22 +77,28 @@ def _kind(query_lens) -> str:
     return "prefill" if all(q > 1 for q in query_lens) else "mixed"
 
 
-def plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ...], num_steps: int,
-               seed: int, spec_tokens: int = 0) -> list[StepPlan]:
+def plan_steps(
+    batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ...], num_steps: int, seed: int, spec_tokens: int = 0
+) -> list[StepPlan]:
     """The case's steps, each step's rows in the order the family's backends get them
     (AttentionFamily.order_rows: MLA's decodes first; gqa's as drawn)."""
     family = family_of(shape.attention)
     state = family.step_state()
     if state is not None:  # requests that continue from step to step: the family plans them
         return state.plan_steps(batch, shape, capture_sizes, num_steps, seed, spec_tokens)
-    plans = (plan_verify_steps(batch, shape, capture_sizes, num_steps, seed, spec_tokens) if spec_tokens > 0
-             else _plan_steps(batch, shape, capture_sizes, num_steps, seed))
-    return [StepPlan(p.index, *family.order_rows(p.query_lens, p.seq_lens, spec_tokens), p.shuffle_blocks)
-            for p in plans]
+    plans = (
+        plan_verify_steps(batch, shape, capture_sizes, num_steps, seed, spec_tokens)
+        if spec_tokens > 0
+        else _plan_steps(batch, shape, capture_sizes, num_steps, seed)
+    )
+    return [
+        StepPlan(p.index, *family.order_rows(p.query_lens, p.seq_lens, spec_tokens), p.shuffle_blocks) for p in plans
+    ]
 
 
-def _plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ...], num_steps: int,
-                seed: int) -> list[StepPlan]:
+def _plan_steps(
+    batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ...], num_steps: int, seed: int
+) -> list[StepPlan]:
     rng = random.Random(f"steps-{seed}-{batch.name}")
     kind = batch.kind
     max_tokens = max(capture_sizes) if capture_sizes and batch.num_tokens <= max(capture_sizes) else None
@@ -145,6 +153,7 @@ def _plan_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, .
 
 # ---- speculative decode (k > 0, DESIGN.md §4b) ----------------------------------------------------
 
+
 def verify_rows(batch: BatchSpec, shape: ModelShape, spec_tokens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The spec's rows under k speculative tokens: a decode row (query len 1, seq len s, context
     s - 1) becomes a verify row of query len 1 + k over the same context (seq len s + k, the
@@ -161,8 +170,9 @@ def verify_rows(batch: BatchSpec, shape: ModelShape, spec_tokens: int) -> tuple[
     return tuple(qs), tuple(ss)
 
 
-def plan_verify_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ...], num_steps: int,
-                      seed: int, spec_tokens: int) -> list[StepPlan]:
+def plan_verify_steps(
+    batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[int, ...], num_steps: int, seed: int, spec_tokens: int
+) -> list[StepPlan]:
     """Steps of a verify batch through the same graphs: step 0 the spec's verify rows; every later
     step grows each verify row's seq_len by its accepted length, 1..k+1 drawn per request (the
     bonus token plus the accepted drafts after rejection sampling), so consecutive replays see new
@@ -199,8 +209,9 @@ def plan_verify_steps(batch: BatchSpec, shape: ModelShape, capture_sizes: tuple[
                 if max_tokens is None or sum(cq) <= max_tokens:
                     options.append((cq, cs))
             if all(r == q for r in qs):  # a uniform verify batch: FULL decode graphs are keyed by requests
-                ranks = count_ranks([len(o[0]) - len(qs) for o in options], len(qs), q, capture_sizes,
-                                    shape.max_num_seqs)
+                ranks = count_ranks(
+                    [len(o[0]) - len(qs) for o in options], len(qs), q, capture_sizes, shape.max_num_seqs
+                )
                 options = [o for _, o in sorted(zip(ranks, options), key=lambda ro: ro[0])]
             else:
                 options = [o for o in options if sum(o[0]) not in sizes] or options
@@ -311,20 +322,33 @@ class StepInputs:
         key = str(device)
         got = self._on_device.get(key)
         if got is None:
-            groups = tuple(DeviceGroup(to_device(g.batch.slot_mapping, device), to_device(g.ctx_slots_flat, device),
-                                       None if g.ctx_rows is None else to_device(g.ctx_rows, device))
-                           for g in self.groups)
-            got = self._on_device[key] = DeviceInputs(to_device(self.x, device),
-                                                      to_device(self.batch.slot_mapping, device),
-                                                      to_device(self.ctx_slots_flat, device), groups,
-                                                      self.layer_group)
+            groups = tuple(
+                DeviceGroup(
+                    to_device(g.batch.slot_mapping, device),
+                    to_device(g.ctx_slots_flat, device),
+                    None if g.ctx_rows is None else to_device(g.ctx_rows, device),
+                )
+                for g in self.groups
+            )
+            got = self._on_device[key] = DeviceInputs(
+                to_device(self.x, device),
+                to_device(self.batch.slot_mapping, device),
+                to_device(self.ctx_slots_flat, device),
+                groups,
+                self.layer_group,
+            )
         return got
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.x, self.batch.block_table, self.batch.slot_mapping, self.ctx_slots_flat,
-                   *(t for planes in self.ctx_flat for t in planes),
-                   *(t for g in self.groups[1:] for t in (g.batch.block_table, g.batch.slot_mapping, g.ctx_slots_flat))]
+        tensors = [
+            self.x,
+            self.batch.block_table,
+            self.batch.slot_mapping,
+            self.ctx_slots_flat,
+            *(t for planes in self.ctx_flat for t in planes),
+            *(t for g in self.groups[1:] for t in (g.batch.block_table, g.batch.slot_mapping, g.ctx_slots_flat)),
+        ]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -346,7 +370,9 @@ class DeviceInputs:
     layer_group: tuple[int, ...] = ()
 
     def group_of(self, layer: int) -> DeviceGroup:
-        return self.groups[self.layer_group[layer]] if self.groups else DeviceGroup(self.real_slots, self.ctx_slots, None)
+        return (
+            self.groups[self.layer_group[layer]] if self.groups else DeviceGroup(self.real_slots, self.ctx_slots, None)
+        )
 
     @property
     def all_ctx_slots(self) -> torch.Tensor:
@@ -356,8 +382,9 @@ class DeviceInputs:
         return torch.cat([g.ctx_slots for g in self.groups])
 
 
-def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
-                     device: torch.device | str = "cpu", *, context: bool = True) -> StepInputs:
+def make_step_inputs(
+    plan: StepPlan, shape: ModelShape, seed: int, device: torch.device | str = "cpu", *, context: bool = True
+) -> StepInputs:
     """Blocks, slots and x on the CPU; context K/V drawn on `device` (GPU shapes hold GBs of
     context: generating it on the host would dominate the step). context=False: no context K/V
     (empty lists; checker.warm_kernels runs steps only for the kernels they launch)."""
@@ -371,13 +398,18 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
         if group.kind == "state":  # a slot per request: the family's plan says which (no blocks, no context)
             state = family.step_state()
             assert state is not None, f"{shape.attention}: a state group needs the family's StepState"
-            layouts.append((state.group_batch(plan, shape, g, group), torch.zeros(0, dtype=torch.int64),
-                            None))
+            layouts.append((state.group_batch(plan, shape, g, group), torch.zeros(0, dtype=torch.int64), None))
         else:
             # Group 0 draws from the step's generator as a single-group step always did (its blocks,
             # then x); every other group gets its own shuffle of the blocks (its layers' caches).
-            layouts.append(_group_layout(plan, shape, gen if g == 0 else torch.Generator().manual_seed(
-                hash_seed(seed, plan.index, 101 + g)), group.frees_outside_window and group.sliding_window))
+            layouts.append(
+                _group_layout(
+                    plan,
+                    shape,
+                    gen if g == 0 else torch.Generator().manual_seed(hash_seed(seed, plan.index, 101 + g)),
+                    group.frees_outside_window and group.sliding_window,
+                )
+            )
         if g == 0:
             dtype = getattr(torch, shape.dtype)
             x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
@@ -391,16 +423,29 @@ def make_step_inputs(plan: StepPlan, shape: ModelShape, seed: int,
     total = sum(ctx_lens)
     rows = family.context_rows(shape)
     paged = set(family.paged_layers(shape))
-    ctx_flat = [[torch.randn(total, *row, generator=kv_gen, device=device) for row in rows] if layer in paged else []
-                for layer in range(shape.num_layers if context else 0)]
-    layer_group = tuple(next(g for g, group in enumerate(groups) if layer in group.layers)
-                        for layer in range(shape.num_layers))
-    return StepInputs(plan, desc, x, ctx_slots, ctx_flat, ctx_lens, ctx_slots_flat,
-                      tuple(GroupInputs(*lay) for lay in layouts), layer_group)
+    ctx_flat = [
+        [torch.randn(total, *row, generator=kv_gen, device=device) for row in rows] if layer in paged else []
+        for layer in range(shape.num_layers if context else 0)
+    ]
+    layer_group = tuple(
+        next(g for g, group in enumerate(groups) if layer in group.layers) for layer in range(shape.num_layers)
+    )
+    return StepInputs(
+        plan,
+        desc,
+        x,
+        ctx_slots,
+        ctx_flat,
+        ctx_lens,
+        ctx_slots_flat,
+        tuple(GroupInputs(*lay) for lay in layouts),
+        layer_group,
+    )
 
 
-def _group_layout(plan: StepPlan, shape: ModelShape, gen: torch.Generator, window: int | bool | None
-                  ) -> tuple[BatchDescription, torch.Tensor, torch.Tensor | None]:
+def _group_layout(
+    plan: StepPlan, shape: ModelShape, gen: torch.Generator, window: int | bool | None
+) -> tuple[BatchDescription, torch.Tensor, torch.Tensor | None]:
     """One KV-cache group's block table over the step's requests, its new tokens' slots, and the
     slots (and draw rows) of the context it holds. `window`: a sliding-window group whose blocks
     wholly outside every query's window are the null block, as vLLM's SlidingWindowManager frees

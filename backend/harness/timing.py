@@ -12,8 +12,19 @@ import torch
 # memory_s: the case's memory accounting (peak reset, figures); prepare_s: the session's scales
 # and the checks' set-up around the captures; replay_s: the graph side's step (a graph replay, or
 # eager for NONE); result_s: the verdict and the result built from the checks.
-PHASES = ("plan_s", "memory_s", "session_s", "prepare_s", "inputs_s", "snapshot_s", "eager_s", "reference_s",
-          "replay_s", "checks_s", "result_s")
+PHASES = (
+    "plan_s",
+    "memory_s",
+    "session_s",
+    "prepare_s",
+    "inputs_s",
+    "snapshot_s",
+    "eager_s",
+    "reference_s",
+    "replay_s",
+    "checks_s",
+    "result_s",
+)
 NAMED = ("capture_s", *PHASES)  # what other_s is the rest of
 # The phases a GPU times with its own events (Clock): their sum, with capture_s, is the case's
 # device_s, what `orch run` reports the GPUs' busy share from (orchestrator/gpu_share.py). An

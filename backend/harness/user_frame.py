@@ -66,7 +66,7 @@ def _short(filename: str) -> str:
         root = root.rstrip(os.sep) + os.sep
         if real.startswith(root) and len(root) > len(best):
             best = root
-    return real[len(best):] if best else filename
+    return real[len(best) :] if best else filename
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

@@ -49,14 +49,17 @@ def explained_by_jitter(check, det, kv_jitter: bool, attn_jitter: float = 0.0) -
 def graph_only(check) -> bool:
     """A failure of the graph run's values alone (eager and the reference agree); a write outside
     the real slots is never one of these. A check's detail is `step N: <what>` (checks.py)."""
-    return check.name in (CHECK_REPLAY, CHECK_ATTN_REPLAY, CHECK_PADDED_FINITE) or \
-        (check.name == CHECK_FINITE and check.detail.rsplit(": ", 1)[-1] == "graph") or \
-        (check.name == CHECK_KV_INTEGRITY and "outside" not in check.detail) or \
-        (check.name == CHECK_STATE_INTEGRITY and STATE_GRAPH_ONLY in check.detail)
+    return (
+        check.name in (CHECK_REPLAY, CHECK_ATTN_REPLAY, CHECK_PADDED_FINITE)
+        or (check.name == CHECK_FINITE and check.detail.rsplit(": ", 1)[-1] == "graph")
+        or (check.name == CHECK_KV_INTEGRITY and "outside" not in check.detail)
+        or (check.name == CHECK_STATE_INTEGRITY and STATE_GRAPH_ONLY in check.detail)
+    )
 
 
-def status_of(checks: Sequence[CheckOutcome], unverifiable: Sequence[str], kv_jitter: bool,
-              attn_jitter: float) -> tuple[Status, str]:
+def status_of(
+    checks: Sequence[CheckOutcome], unverifiable: Sequence[str], kv_jitter: bool, attn_jitter: float
+) -> tuple[Status, str]:
     """A case's status and reason from its checks. `unverifiable`: why the CPU emulation could
     not follow some of its graphs (a launch behind the dispatcher): then it vouches for no pass
     (PASS with the note, counted apart) and for no failure of the graph side alone, but a
@@ -66,14 +69,19 @@ def status_of(checks: Sequence[CheckOutcome], unverifiable: Sequence[str], kv_ji
     if unverifiable and all(graph_only(c) for c in failed):
         if not failed:
             return Status.PASS, UNVERIFIABLE_PREFIX + unverifiable[0]
-        return Status.UNVERIFIABLE, (f"{UNVERIFIABLE_PREFIX}{unverifiable[0]}; the graph side disagreed with eager "
-                                     f"from step {min(c.step or 0 for c in failed)} "
-                                     f"({', '.join(c.name for c in failed)}): {UNVERIFIABLE_ADVICE}")
+        return Status.UNVERIFIABLE, (
+            f"{UNVERIFIABLE_PREFIX}{unverifiable[0]}; the graph side disagreed with eager "
+            f"from step {min(c.step or 0 for c in failed)} "
+            f"({', '.join(c.name for c in failed)}): {UNVERIFIABLE_ADVICE}"
+        )
     if not failed:
         return Status.PASS, ""
     det = next((c for c in failed if c.name == CHECK_DETERMINISM), None)
-    real = [c for c in failed if c.name != CHECK_DETERMINISM
-            and not (det and explained_by_jitter(c, det, kv_jitter, attn_jitter))]
+    real = [
+        c
+        for c in failed
+        if c.name != CHECK_DETERMINISM and not (det and explained_by_jitter(c, det, kv_jitter, attn_jitter))
+    ]
     if real or det is None:
         note = f" (eager also not deterministic, max_abs {det.max_abs_err:.3g})" if det else ""
         return Status.FAIL, failure_reason(real[0]) + note

@@ -40,8 +40,13 @@ from backend.providers import aiter_ops_emulated
 PARTITION_SIZE = 256  # vLLM's _PARTITION_SIZE_ROCM
 
 
-def gather_contiguous_kv(kv_cache: torch.Tensor, metadata: AttentionMetadata, k_scale: torch.Tensor,
-                         v_scale: torch.Tensor, dtype: torch.dtype):
+def gather_contiguous_kv(
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    dtype: torch.dtype,
+):
     """Each request's K/V, packed: (k, v [num_padded_reqs * max_seq_len, Hkv, D] in `dtype`,
     cu_seqlens_k [R+1] int32). Sized by host ints (eager prefill only); entries past
     cu_seqlens_k[-1] are filler that no request reads."""
@@ -68,8 +73,9 @@ class AiterImpl(AttentionImpl):
     def __init__(self, config: AttentionConfig):
         super().__init__(config)
         rows = max(config.max_num_seqs, config.max_num_tokens)
-        nbytes = aiter_ops_emulated.workspace_bytes(rows, config.num_heads, config.head_size,
-                                                    config.max_model_len, config.dtype, PARTITION_SIZE)
+        nbytes = aiter_ops_emulated.workspace_bytes(
+            rows, config.num_heads, config.head_size, config.max_model_len, config.dtype, PARTITION_SIZE
+        )
         # Persistent: a graph captured with it keeps using the same storage.
         self.workspace = torch.empty(nbytes, dtype=torch.uint8, device=config.device)
 
@@ -85,13 +91,39 @@ class AiterImpl(AttentionImpl):
         if metadata.max_query_len > 1:  # host branch: one query len per graph at UNIFORM_BATCH
             k, v, cu_k = gather_contiguous_kv(kv_cache, metadata, k_scale, v_scale, query.dtype)
             ops.flash_attn_varlen_func(
-                q=query, k=k, v=v, cu_seqlens_q=metadata.query_start_loc, cu_seqlens_k=cu_k,
-                max_seqlen_q=metadata.max_query_len, max_seqlen_k=metadata.max_seq_len, min_seqlen_q=1,
-                dropout_p=0.0, softmax_scale=c.scale, causal=True, out=out)
+                q=query,
+                k=k,
+                v=v,
+                cu_seqlens_q=metadata.query_start_loc,
+                cu_seqlens_k=cu_k,
+                max_seqlen_q=metadata.max_query_len,
+                max_seqlen_k=metadata.max_seq_len,
+                min_seqlen_q=1,
+                dropout_p=0.0,
+                softmax_scale=c.scale,
+                causal=True,
+                out=out,
+            )
         ops.paged_attention_v1(
-            out, self.workspace, query, kv_cache[0], kv_cache[1], c.scale, metadata.block_table,
-            metadata.query_start_loc, metadata.seq_lens, c.max_model_len, None,
-            c.kv_cache_dtype, "NHD", 0.0, k_scale, v_scale, None, PARTITION_SIZE)
+            out,
+            self.workspace,
+            query,
+            kv_cache[0],
+            kv_cache[1],
+            c.scale,
+            metadata.block_table,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            c.max_model_len,
+            None,
+            c.kv_cache_dtype,
+            "NHD",
+            0.0,
+            k_scale,
+            v_scale,
+            None,
+            PARTITION_SIZE,
+        )
         return output
 
 
@@ -121,8 +153,9 @@ def _native_ops():
     import aiter
 
     # paged_attention_v1 is registered as torch.ops.aiter.paged_attention_v1 by `import aiter`.
-    return types.SimpleNamespace(flash_attn_varlen_func=aiter.flash_attn_varlen_func,
-                                 paged_attention_v1=torch.ops.aiter.paged_attention_v1)
+    return types.SimpleNamespace(
+        flash_attn_varlen_func=aiter.flash_attn_varlen_func, paged_attention_v1=torch.ops.aiter.paged_attention_v1
+    )
 
 
 class AiterBackend(AttentionBackend):
@@ -150,8 +183,10 @@ def emulated_workset_reason(config: AttentionConfig, nbytes: int, what: str, sha
     the limit), or None."""
     if torch.device(config.device).type == "cpu" or nbytes <= EMULATED_GPU_WORKSET_LIMIT_BYTES:
         return None
-    return (f"aiter-emulated's {what} ~{nbytes / 2**30:.1f} GiB at this shape{' ' + shape if shape else ''}, "
-            f"over its {EMULATED_GPU_WORKSET_LIMIT_BYTES >> 30} GiB limit on a GPU: use aiter-triton there")
+    return (
+        f"aiter-emulated's {what} ~{nbytes / 2**30:.1f} GiB at this shape{' ' + shape if shape else ''}, "
+        f"over its {EMULATED_GPU_WORKSET_LIMIT_BYTES >> 30} GiB limit on a GPU: use aiter-triton there"
+    )
 
 
 class AiterEmulatedBackend(AiterBackend):

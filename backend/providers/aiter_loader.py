@@ -159,12 +159,20 @@ def source_signature(relpath: str, name: str, package_dir: str | None = None) ->
     positional = [(x, P.POSITIONAL_ONLY) for x in a.posonlyargs] + [(x, P.POSITIONAL_OR_KEYWORD) for x in a.args]
     pos_defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
     for (arg, kind), dflt in zip(positional, pos_defaults):
-        params.append(P(arg.arg, kind, default=P.empty if dflt is None else _default(dflt), annotation=ann(arg.annotation)))
+        params.append(
+            P(arg.arg, kind, default=P.empty if dflt is None else _default(dflt), annotation=ann(arg.annotation))
+        )
     if a.vararg:
         params.append(P(a.vararg.arg, P.VAR_POSITIONAL, annotation=ann(a.vararg.annotation)))
     for arg, dflt in zip(a.kwonlyargs, a.kw_defaults):
-        params.append(P(arg.arg, P.KEYWORD_ONLY, default=P.empty if dflt is None else _default(dflt),
-                        annotation=ann(arg.annotation)))
+        params.append(
+            P(
+                arg.arg,
+                P.KEYWORD_ONLY,
+                default=P.empty if dflt is None else _default(dflt),
+                annotation=ann(arg.annotation),
+            )
+        )
     if a.kwarg:
         params.append(P(a.kwarg.arg, P.VAR_KEYWORD, annotation=ann(a.kwarg.annotation)))
     return inspect.Signature(params)
@@ -207,8 +215,11 @@ def native_binding(name: str, package_dir: str | None = None) -> str | None:
 
 
 def _torch_utils(package_dir: str) -> str | None:
-    for base in (package_dir, os.path.join(os.path.dirname(package_dir), "aiter_meta"),
-                 os.path.join(package_dir, "aiter_meta")):
+    for base in (
+        package_dir,
+        os.path.join(os.path.dirname(package_dir), "aiter_meta"),
+        os.path.join(package_dir, "aiter_meta"),
+    ):
         path = os.path.join(base, "csrc", "cpp_itfs", "torch_utils.py")
         if os.path.isfile(path):
             return path
@@ -233,24 +244,38 @@ def native_registration_problems(package_dir: str | None = None) -> tuple[str, .
     registered = False
     for node in _parse(package_dir, rel).body:
         call = node.value if isinstance(node, ast.Expr) else None
-        if (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "direct_register_custom_op"
-                and call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value == fn):
+        if (
+            isinstance(call, ast.Call)
+            and getattr(call.func, "id", None) == "direct_register_custom_op"
+            and call.args
+            and isinstance(call.args[0], ast.Constant)
+            and call.args[0].value == fn
+        ):
             other_lib = any(k.arg == "target_lib" for k in call.keywords) or len(call.args) > 4
             registered = not other_lib and len(call.args) > 1 and getattr(call.args[1], "id", None) == fn
     if not registered:
-        problems.append(f"amd-aiter {v}: aiter/{rel} no longer registers {fn} with "
-                        f"direct_register_custom_op into the default library: torch.ops.aiter.{fn} may not exist")
+        problems.append(
+            f"amd-aiter {v}: aiter/{rel} no longer registers {fn} with "
+            f"direct_register_custom_op into the default library: torch.ops.aiter.{fn} may not exist"
+        )
     utils = _torch_utils(package_dir)
     lib_ok = False
     if utils is not None:
         with open(utils, encoding="utf-8") as f:
             tree = ast.parse(f.read())
-        lib_ok = any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "aiter_lib" for t in n.targets)
-                     and isinstance(n.value, ast.Call) and n.value.args
-                     and isinstance(n.value.args[0], ast.Constant) and n.value.args[0].value == "aiter"
-                     for n in tree.body)
+        lib_ok = any(
+            isinstance(n, ast.Assign)
+            and any(getattr(t, "id", None) == "aiter_lib" for t in n.targets)
+            and isinstance(n.value, ast.Call)
+            and n.value.args
+            and isinstance(n.value.args[0], ast.Constant)
+            and n.value.args[0].value == "aiter"
+            for n in tree.body
+        )
     if not lib_ok:
-        problems.append(f"amd-aiter {v}: csrc/cpp_itfs/torch_utils.py does not define aiter_lib = Library(\"aiter\", ...)")
+        problems.append(
+            f'amd-aiter {v}: csrc/cpp_itfs/torch_utils.py does not define aiter_lib = Library("aiter", ...)'
+        )
     return tuple(problems)
 
 
@@ -346,12 +371,19 @@ def _top_level_names(tree: ast.Module) -> set[str]:
 
 def _check_stubs(pkg: str, v: str) -> PatchCheck:
     needed = _imports_jit(_parse(pkg, "__init__.py"))
-    missing = [m for m in ("ops/triton/__init__.py", *(m.replace("aiter.", "").replace(".", "/") + ".py"
-                                                       for m in _LAUNCHER_MODULES))
-               if not os.path.isfile(os.path.join(pkg, m))]
-    detail = (f"amd-aiter {v}: namespace stubs: aiter/__init__.py "
-              f"{'imports the ROCm JIT (aiter.jit), bypassed' if needed else 'no longer imports the ROCm JIT: the stubs may be dropped'}"
-              + (f"; missing {', '.join(missing)}" if missing else ""))
+    missing = [
+        m
+        for m in (
+            "ops/triton/__init__.py",
+            *(m.replace("aiter.", "").replace(".", "/") + ".py" for m in _LAUNCHER_MODULES),
+        )
+        if not os.path.isfile(os.path.join(pkg, m))
+    ]
+    detail = (
+        f"amd-aiter {v}: namespace stubs: aiter/__init__.py "
+        f"{'imports the ROCm JIT (aiter.jit), bypassed' if needed else 'no longer imports the ROCm JIT: the stubs may be dropped'}"
+        + (f"; missing {', '.join(missing)}" if missing else "")
+    )
     return PatchCheck("namespace-stubs", needed, not missing, detail)
 
 
@@ -365,16 +397,23 @@ def _check_arch(pkg: str, v: str) -> PatchCheck:
     needed = "get_arch" in at_import or bool(via & at_import)
     gfx950_fn = any(isinstance(n, ast.Constant) and n.value == "gfx950" for n in ast.walk(types_tree))
     device_map = any(isinstance(n, ast.Constant) and n.value == "gfx950" for n in ast.walk(arch))
-    problems = [why for ok, why in (
-        ("get_arch" in arch_names, f"aiter/{_ARCH_INFO} defines no get_arch()"),
-        (gfx950_fn, f"aiter/{_TYPES} no longer selects fp8 by 'gfx950'"),
-        (device_map, f"aiter/{_ARCH_INFO} maps no 'gfx950' device"),
-        (os.path.isfile(os.path.join(pkg, _MHA_CONFIG)), f"aiter/{_MHA_CONFIG} missing"),
-    ) if not ok]
-    detail = (f"amd-aiter {v}: arch reported as gfx950: "
-              + ("; ".join(problems) if problems else
-                 "types.py calls get_arch() at import" if needed else
-                 "types.py no longer calls get_arch() at import: the patch may be dropped"))
+    problems = [
+        why
+        for ok, why in (
+            ("get_arch" in arch_names, f"aiter/{_ARCH_INFO} defines no get_arch()"),
+            (gfx950_fn, f"aiter/{_TYPES} no longer selects fp8 by 'gfx950'"),
+            (device_map, f"aiter/{_ARCH_INFO} maps no 'gfx950' device"),
+            (os.path.isfile(os.path.join(pkg, _MHA_CONFIG)), f"aiter/{_MHA_CONFIG} missing"),
+        )
+        if not ok
+    ]
+    detail = f"amd-aiter {v}: arch reported as gfx950: " + (
+        "; ".join(problems)
+        if problems
+        else "types.py calls get_arch() at import"
+        if needed
+        else "types.py no longer calls get_arch() at import: the patch may be dropped"
+    )
     return PatchCheck("arch-gfx950", needed, not problems, detail)
 
 
@@ -401,10 +440,13 @@ def _check_launch_options(pkg: str, v: str) -> PatchCheck:
                 if isinstance(target, ast.Name) and (target.id in top or target.id in local):
                     continue
                 unreachable.append(f"{rel}:{call.lineno} {ast.unparse(target)}[...]")
-    detail = (f"amd-aiter {v}: AMD-only launch options: "
-              + (f"launches the wrapper cannot reach: {', '.join(unreachable)}" if unreachable else
-                 f"still passed: {', '.join(found)}" if found else
-                 "none passed any more: the patch may be dropped"))
+    detail = f"amd-aiter {v}: AMD-only launch options: " + (
+        f"launches the wrapper cannot reach: {', '.join(unreachable)}"
+        if unreachable
+        else f"still passed: {', '.join(found)}"
+        if found
+        else "none passed any more: the patch may be dropped"
+    )
     return PatchCheck("launch-options", bool(found), not unreachable, detail)
 
 
@@ -452,8 +494,11 @@ def load_aiter_triton() -> types.SimpleNamespace:
     return types.SimpleNamespace(
         unified_attention=modules["aiter.ops.triton.unified_attention"].unified_attention,
         paged_attention_decode=modules["aiter.ops.triton.pa_decode"].paged_attention_decode,
-        flash_attn_varlen_func=(mha.flash_attn_varlen_func if torch.version.hip is not None
-                                else _mha_within_cuda_smem(mha.flash_attn_varlen_func, mha._get_config)),
+        flash_attn_varlen_func=(
+            mha.flash_attn_varlen_func
+            if torch.version.hip is not None
+            else _mha_within_cuda_smem(mha.flash_attn_varlen_func, mha._get_config)
+        ),
         decode_attention_fwd_grouped_rope=modules["aiter.ops.triton.mla_decode_rope"].decode_attention_fwd_grouped_rope,
     )
 

@@ -73,12 +73,17 @@ class AiterMLAMetadataBuilder(MLAMetadataBuilder):
         j = torch.arange(total) - indptr[row]
         bs = self.config.block_size
         slots = block_table.to(torch.int64)[req[row], j // bs] * bs + j % bs
-        copy_into(self.kv_indptr[:req.numel() + 1], indptr.to(torch.int32))
-        self.kv_indptr[req.numel() + 1:].fill_(total)
+        copy_into(self.kv_indptr[: req.numel() + 1], indptr.to(torch.int32))
+        self.kv_indptr[req.numel() + 1 :].fill_(total)
         if total:
             copy_into(self.kv_indices[:total], slots.to(torch.int32))
-        return AiterMLAMetadata(**vars(md), qo_indptr=self.qo_indptr[:rows + 1], kv_indptr=self.kv_indptr[:rows + 1],
-                                kv_indices=self.kv_indices, kv_last_page_lens=self.kv_last_page_lens[:rows])
+        return AiterMLAMetadata(
+            **vars(md),
+            qo_indptr=self.qo_indptr[: rows + 1],
+            kv_indptr=self.kv_indptr[: rows + 1],
+            kv_indices=self.kv_indices,
+            kv_last_page_lens=self.kv_last_page_lens[:rows],
+        )
 
 
 def gather_sequences(kv_cache: torch.Tensor, md: MLAMetadata, k_scale) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,20 +120,39 @@ class AiterMLAImpl(MLAImpl):
         if dt:
             qq = mla_ops.absorb_query(q[:dt], w_uk_t, dims)
             o_lat = torch.zeros(dt, qq.shape[1], dims.kv_lora_rank, dtype=q.dtype, device=q.device)
-            ops.mla_decode_fwd(qq, kv_cache.view(-1, 1, 1, dims.row), o_lat, md.qo_indptr, md.kv_indptr,
-                               md.kv_indices, md.kv_last_page_lens, 1, sm_scale=scale,
-                               kv_scale=k_scale if fp8 else None)
+            ops.mla_decode_fwd(
+                qq,
+                kv_cache.view(-1, 1, 1, dims.row),
+                o_lat,
+                md.qo_indptr,
+                md.kv_indptr,
+                md.kv_indices,
+                md.kv_last_page_lens,
+                1,
+                sm_scale=scale,
+                kv_scale=k_scale if fp8 else None,
+            )
             output[:dt].copy_(mla_ops.up_project(o_lat, w_uv))
         if npt:
             latent, cu_k = gather_sequences(kv_cache, md, k_scale)
             k, v = mla_ops.decompress(latent, w_uk_t, w_uv, dims, q.dtype)
-            qsl = md.query_start_loc[md.num_decodes:md.num_decodes + md.num_prefills + 1]
+            qsl = md.query_start_loc[md.num_decodes : md.num_decodes + md.num_prefills + 1]
             out = torch.zeros(npt, q.shape[1], dims.v_head_dim, dtype=q.dtype, device=q.device)
             ops.flash_attn_varlen_func(
-                q=q[dt:dt + npt], k=k, v=v, cu_seqlens_q=qsl - qsl[0], cu_seqlens_k=cu_k,
-                max_seqlen_q=md.max_query_len, max_seqlen_k=md.max_seq_len, min_seqlen_q=0,
-                dropout_p=0.0, softmax_scale=scale, causal=True, out=out)
-            output[dt:dt + npt].copy_(out)
+                q=q[dt : dt + npt],
+                k=k,
+                v=v,
+                cu_seqlens_q=qsl - qsl[0],
+                cu_seqlens_k=cu_k,
+                max_seqlen_q=md.max_query_len,
+                max_seqlen_k=md.max_seq_len,
+                min_seqlen_q=0,
+                dropout_p=0.0,
+                softmax_scale=scale,
+                causal=True,
+                out=out,
+            )
+            output[dt : dt + npt].copy_(out)
         return output
 
 

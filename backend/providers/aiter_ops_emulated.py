@@ -21,18 +21,44 @@ import torch
 from backend.providers.torch_ops import gather_paged, masked_attention, token_chunks, token_to_request
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
-                           min_seqlen_q: int = 0, dropout_p: float = 0.0, softmax_scale: float | None = None,
-                           logits_soft_cap: float = 0.0, causal: bool = False, window_size=(-1, -1),
-                           bias=None, alibi_slopes=None, deterministic: bool = False, return_lse: bool = False,
-                           return_attn_probs: bool = False, how_v3_bf16_cvt: int = 1, block_table=None,
-                           out: torch.Tensor | None = None, cu_seqlens_q_padded=None, cu_seqlens_k_padded=None):
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    min_seqlen_q: int = 0,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float = 0.0,
+    causal: bool = False,
+    window_size=(-1, -1),
+    bias=None,
+    alibi_slopes=None,
+    deterministic: bool = False,
+    return_lse: bool = False,
+    return_attn_probs: bool = False,
+    how_v3_bf16_cvt: int = 1,
+    block_table=None,
+    out: torch.Tensor | None = None,
+    cu_seqlens_q_padded=None,
+    cu_seqlens_k_padded=None,
+):
     """q [Tq, H, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] packed contiguously by cu_seqlens_q/k [B+1]
     (MLA's prefill: D = P + R, Dv = V). Returns out [Tq, H, Dv]."""
-    unsupported = {"dropout_p": dropout_p, "logits_soft_cap": logits_soft_cap, "bias": bias,
-                   "alibi_slopes": alibi_slopes, "block_table": block_table, "return_lse": return_lse,
-                   "return_attn_probs": return_attn_probs, "cu_seqlens_q_padded": cu_seqlens_q_padded,
-                   "cu_seqlens_k_padded": cu_seqlens_k_padded}
+    unsupported = {
+        "dropout_p": dropout_p,
+        "logits_soft_cap": logits_soft_cap,
+        "bias": bias,
+        "alibi_slopes": alibi_slopes,
+        "block_table": block_table,
+        "return_lse": return_lse,
+        "return_attn_probs": return_attn_probs,
+        "cu_seqlens_q_padded": cu_seqlens_q_padded,
+        "cu_seqlens_k_padded": cu_seqlens_k_padded,
+    }
     used = [name for name, val in unsupported.items() if val not in (None, 0.0, False)]
     if used or tuple(window_size) != (-1, -1):
         raise NotImplementedError(f"emulated flash_attn_varlen_func does not model {used or 'window_size'}")
@@ -63,18 +89,42 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     return out
 
 
-def workspace_bytes(num_seqs: int, num_heads: int, head_size: int, max_context_len: int,
-                    out_dtype: torch.dtype, partition_size: int = 256) -> int:
+def workspace_bytes(
+    num_seqs: int,
+    num_heads: int,
+    head_size: int,
+    max_context_len: int,
+    out_dtype: torch.dtype,
+    partition_size: int = 256,
+) -> int:
     """Workspace paged_attention_v1 needs (tmp outputs + exp sums + max logits), as vLLM sizes it."""
     parts = -(-max_context_len // partition_size)
     elem = torch.finfo(out_dtype).bits // 8
     return num_seqs * num_heads * parts * head_size * elem + 2 * num_seqs * num_heads * parts * 4
 
 
-def paged_attention_v1(out, workspace_buffer, query, key_cache, value_cache, scale: float, block_tables,
-                       cu_query_lens, context_lens, max_context_len: int, alibi_slopes, kv_cache_dtype: str,
-                       kv_cache_layout: str, logits_soft_cap: float, k_scale, v_scale, fp8_out_scale=None,
-                       partition_size: int = 256, mtp: int = 1, sliding_window: int = 0):
+def paged_attention_v1(
+    out,
+    workspace_buffer,
+    query,
+    key_cache,
+    value_cache,
+    scale: float,
+    block_tables,
+    cu_query_lens,
+    context_lens,
+    max_context_len: int,
+    alibi_slopes,
+    kv_cache_dtype: str,
+    kv_cache_layout: str,
+    logits_soft_cap: float,
+    k_scale,
+    v_scale,
+    fp8_out_scale=None,
+    partition_size: int = 256,
+    mtp: int = 1,
+    sliding_window: int = 0,
+):
     """Decode attention over the paged NHD cache. query/out [T, H, D]; request r's query row is
     cu_query_lens[r] (or r without cu_query_lens). key_cache [num_blocks, block_size, Hkv, D]."""
     if kv_cache_layout != "NHD":
@@ -91,7 +141,7 @@ def paged_attention_v1(out, workspace_buffer, query, key_cache, value_cache, sca
     covered = min(-(-max_context_len // partition_size) * partition_size, block_tables.shape[1] * block_size)
     if cu_query_lens is not None:
         req, row = token_to_request(cu_query_lens[: num_seqs + 1], t)
-        qlen = (cu_query_lens[1: num_seqs + 1] - cu_query_lens[:num_seqs]).to(torch.int64)[req]
+        qlen = (cu_query_lens[1 : num_seqs + 1] - cu_query_lens[:num_seqs]).to(torch.int64)[req]
         active = (row == 0) & (qlen <= 1) & (qlen >= 1)
     else:
         tokens = torch.arange(t, device=query.device)
@@ -121,15 +171,32 @@ def _segment_sum(values: torch.Tensor, row: torch.Tensor, rows: int) -> torch.Te
         return values.new_zeros((rows, *values.shape[1:])).index_add_(0, row, values)
     ids = torch.arange(rows, device=row.device)
     lo, hi = torch.searchsorted(row, ids), torch.searchsorted(row, ids, right=True)
-    prefix = torch.cat([values.new_zeros((1, *values.shape[1:]), dtype=torch.float64),
-                        values.double().cumsum(0)])
+    prefix = torch.cat([values.new_zeros((1, *values.shape[1:]), dtype=torch.float64), values.double().cumsum(0)])
     return (prefix[hi] - prefix[lo]).to(values.dtype)
 
 
-def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
-                   sm_scale=None, logit_cap=0.0, num_kv_splits=None, num_kv_splits_indptr=None, work_meta_data=None,
-                   work_indptr=None, work_info_set=None, reduce_indptr=None, reduce_final_map=None,
-                   reduce_partial_map=None, q_scale=None, kv_scale=None):
+def mla_decode_fwd(
+    q,
+    kv_buffer,
+    o,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    kv_last_page_lens,
+    max_seqlen_q,
+    sm_scale=None,
+    logit_cap=0.0,
+    num_kv_splits=None,
+    num_kv_splits_indptr=None,
+    work_meta_data=None,
+    work_indptr=None,
+    work_info_set=None,
+    reduce_indptr=None,
+    reduce_final_map=None,
+    reduce_partial_map=None,
+    q_scale=None,
+    kv_scale=None,
+):
     """aiter/mla.py mla_decode_fwd: MQA over a paged latent cache. q [T, H, Dqk]; kv_buffer
     [num_pages, page_size, 1, Dqk]; o [T, H, Dv] (V = each key row's first Dv values, the
     latent); row b owns query tokens qo_indptr[b]..qo_indptr[b+1] and the KV pages
@@ -142,12 +209,14 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     past kv_indptr's last entry masked; no host read of the layout."""
     pages, page_size = kv_buffer.shape[0], kv_buffer.shape[1]
     if page_size != 1 or max_seqlen_q != 1 or logit_cap or q_scale is not None or work_meta_data is not None:
-        raise NotImplementedError("emulated mla_decode_fwd models page size 1, max_seqlen_q 1, no logit cap, "
-                                  "no q_scale, the non-persistent path")
+        raise NotImplementedError(
+            "emulated mla_decode_fwd models page size 1, max_seqlen_q 1, no logit cap, "
+            "no q_scale, the non-persistent path"
+        )
     rows, h, dv = qo_indptr.shape[0] - 1, q.shape[1], o.shape[-1]
     scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
     flat = kv_buffer.view(pages, -1)
-    ends = kv_indptr[1:rows + 1].to(torch.int64)
+    ends = kv_indptr[1 : rows + 1].to(torch.int64)
     first_token = qo_indptr[:rows].to(torch.int64).clamp(max=max(q.shape[0] - 1, 0))
     qr = q[first_token].float()  # [rows, H, Dqk]
     m = torch.full((rows, h), float("-inf"), dtype=torch.float32, device=q.device)
@@ -172,6 +241,6 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     has_keys = den > 0
     res = num / torch.where(has_keys, den, torch.ones_like(den))[..., None]
     target = qo_indptr[:rows].to(torch.int64).clamp(max=max(o.shape[0] - 1, 0))
-    written = has_keys.any(dim=-1) & (qo_indptr[1:rows + 1] > qo_indptr[:rows])
+    written = has_keys.any(dim=-1) & (qo_indptr[1 : rows + 1] > qo_indptr[:rows])
     o[target] = torch.where(written[:, None, None], res.to(o.dtype), o[target])
     return o, None

@@ -33,13 +33,23 @@ class AiterTritonImpl(AttentionImpl):
         t = metadata.num_padded_tokens
         out = output[:t]
         ops.unified_attention(
-            q=query[:t], k=kv_cache[0], v=kv_cache[1], out=out,
+            q=query[:t],
+            k=kv_cache[0],
+            v=kv_cache[1],
+            out=out,
             cu_seqlens_q=metadata.query_start_loc,
             max_seqlen_q=min(c.max_num_tokens, c.max_model_len),
-            seqused_k=metadata.seq_lens, max_seqlen_k=c.max_model_len,
-            softmax_scale=c.scale, causal=True, window_size=(-1, -1),
-            block_table=metadata.block_table, softcap=0.0,
-            q_descale=None, k_descale=k_scale, v_descale=v_scale)
+            seqused_k=metadata.seq_lens,
+            max_seqlen_k=c.max_model_len,
+            softmax_scale=c.scale,
+            causal=True,
+            window_size=(-1, -1),
+            block_table=metadata.block_table,
+            softcap=0.0,
+            q_descale=None,
+            k_descale=k_scale,
+            v_descale=v_scale,
+        )
         keep_padded_rows_finite(out, metadata.query_start_loc)
         return output
 
@@ -74,8 +84,16 @@ class AiterTritonPAImpl(AttentionImpl):
             # The Triton MHA ignores `out=` and returns a new tensor; it computes every row
             # (decode rows included, correctly), padded tokens stay 0.
             res = ops.flash_attn_varlen_func(
-                query, k, v, metadata.query_start_loc, cu_k, metadata.max_query_len,
-                metadata.max_seq_len, softmax_scale=c.scale, causal=True)
+                query,
+                k,
+                v,
+                metadata.query_start_loc,
+                cu_k,
+                metadata.max_query_len,
+                metadata.max_seq_len,
+                softmax_scale=c.scale,
+                causal=True,
+            )
             out.copy_(res)
         # pa_decode: one query row per request (its first token) over the HND view of the cache.
         qsl = metadata.query_start_loc
@@ -83,9 +101,18 @@ class AiterTritonPAImpl(AttentionImpl):
         dec_q = query[first].contiguous()  # [R, H, D]
         dec_out = torch.zeros_like(dec_q)
         ops.paged_attention_decode(
-            dec_out, dec_q, kv_cache[0].permute(0, 2, 1, 3), kv_cache[1].permute(0, 2, 1, 3),
-            metadata.seq_lens, metadata.block_table, c.scale, c.max_model_len,
-            getattr(tl, _TRITON_COMPUTE_TYPE[query.dtype]), k_scale, v_scale)
+            dec_out,
+            dec_q,
+            kv_cache[0].permute(0, 2, 1, 3),
+            kv_cache[1].permute(0, 2, 1, 3),
+            metadata.seq_lens,
+            metadata.block_table,
+            c.scale,
+            c.max_model_len,
+            getattr(tl, _TRITON_COMPUTE_TYPE[query.dtype]),
+            k_scale,
+            v_scale,
+        )
         req, row = token_to_request(qsl, t)
         is_decode = (metadata.query_lens.to(torch.int64)[req] == 1) & (row == 0)
         out.copy_(torch.where(is_decode[:, None, None], dec_out[req], out))

@@ -42,8 +42,11 @@ class AiterTritonMLAImpl(MLAImpl):
         # RoPE is outside the op here (use_rope=False): the kernel never reads these, but the
         # signature types them as tensors, so it gets small ones (never None).
         dev, r = config.device, self.dims.qk_rope_head_dim
-        self._no_rope = (torch.zeros(1, r, dtype=config.dtype, device=dev),
-                         torch.zeros(1, r, dtype=config.dtype, device=dev), torch.zeros(1, dtype=torch.int64, device=dev))
+        self._no_rope = (
+            torch.zeros(1, r, dtype=config.dtype, device=dev),
+            torch.zeros(1, r, dtype=config.dtype, device=dev),
+            torch.zeros(1, dtype=torch.int64, device=dev),
+        )
 
     def forward(self, q, kv_c, k_pe, kv_cache, metadata, k_scale, output, w_uk_t, w_uv):
         ops, dims, scale, md = load_aiter_triton(), self.dims, self.config.scale, metadata
@@ -53,23 +56,46 @@ class AiterTritonMLAImpl(MLAImpl):
             qq = mla_ops.absorb_query(q[:dt], w_uk_t, dims).contiguous()
             o_lat = torch.zeros(dt, qq.shape[1], dims.kv_lora_rank, dtype=q.dtype, device=q.device)
             splits = num_kv_splits(int(md.max_seq_len))
-            logits = torch.empty(dt, qq.shape[1], splits, dims.kv_lora_rank + 1, dtype=torch.float32,
-                                 device=q.device)
+            logits = torch.empty(dt, qq.shape[1], splits, dims.kv_lora_rank + 1, dtype=torch.float32, device=q.device)
             k_buffer = kv_cache.view(-1, 1, dims.row)
             ops.decode_attention_fwd_grouped_rope(
-                qq, k_buffer, k_buffer[..., :dims.kv_lora_rank], o_lat, md.kv_indptr, md.kv_indices, self._no_rope[0],
-                dims.kv_lora_rank, dims.qk_rope_head_dim, self._no_rope[1], self._no_rope[2], logits, splits, scale,
-                logit_cap=0.0, use_rope=False, is_neox_style=False)
+                qq,
+                k_buffer,
+                k_buffer[..., : dims.kv_lora_rank],
+                o_lat,
+                md.kv_indptr,
+                md.kv_indices,
+                self._no_rope[0],
+                dims.kv_lora_rank,
+                dims.qk_rope_head_dim,
+                self._no_rope[1],
+                self._no_rope[2],
+                logits,
+                splits,
+                scale,
+                logit_cap=0.0,
+                use_rope=False,
+                is_neox_style=False,
+            )
             keep_padded_rows_finite(o_lat, md.query_start_loc)
             output[:dt].copy_(mla_ops.up_project(o_lat, w_uv))
         if npt:
             latent, cu_k = gather_sequences(kv_cache, md, k_scale)
             k, v = mla_ops.decompress(latent, w_uk_t, w_uv, dims, q.dtype)
-            qsl = md.query_start_loc[md.num_decodes:md.num_decodes + md.num_prefills + 1]
+            qsl = md.query_start_loc[md.num_decodes : md.num_decodes + md.num_prefills + 1]
             # The Triton MHA returns a new tensor (it ignores out=).
-            res = ops.flash_attn_varlen_func(q[dt:dt + npt], k, v, qsl - qsl[0], cu_k, md.max_query_len,
-                                             md.max_seq_len, softmax_scale=scale, causal=True)
-            output[dt:dt + npt].copy_(res)
+            res = ops.flash_attn_varlen_func(
+                q[dt : dt + npt],
+                k,
+                v,
+                qsl - qsl[0],
+                cu_k,
+                md.max_query_len,
+                md.max_seq_len,
+                softmax_scale=scale,
+                causal=True,
+            )
+            output[dt : dt + npt].copy_(res)
         return output
 
 

@@ -31,11 +31,24 @@ class AiterTritonSWAImpl(SWAImpl):
         t = md.num_padded_tokens
         out = output[:t]
         ops.unified_attention(
-            q=query[:t], k=kv_cache[0], v=kv_cache[1], out=out, cu_seqlens_q=md.query_start_loc,
-            max_seqlen_q=max(int(md.max_query_len), 1), seqused_k=md.seq_lens, max_seqlen_k=max(int(md.max_seq_len), 1),
-            softmax_scale=c.scale, causal=True, window_size=(window - 1, 0) if window else (-1, -1),
-            block_table=md.block_table, softcap=0.0, q_descale=None, k_descale=k_scale, v_descale=v_scale,
-            sinks=None if sinks is None else sinks.float())
+            q=query[:t],
+            k=kv_cache[0],
+            v=kv_cache[1],
+            out=out,
+            cu_seqlens_q=md.query_start_loc,
+            max_seqlen_q=max(int(md.max_query_len), 1),
+            seqused_k=md.seq_lens,
+            max_seqlen_k=max(int(md.max_seq_len), 1),
+            softmax_scale=c.scale,
+            causal=True,
+            window_size=(window - 1, 0) if window else (-1, -1),
+            block_table=md.block_table,
+            softcap=0.0,
+            q_descale=None,
+            k_descale=k_scale,
+            v_descale=v_scale,
+            sinks=None if sinks is None else sinks.float(),
+        )
         keep_padded_rows_finite(out, md.query_start_loc)
         return output
 

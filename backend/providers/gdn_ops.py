@@ -33,9 +33,11 @@ def split_qkv(conv_out: torch.Tensor, d: GDNDims) -> tuple[torch.Tensor, torch.T
     """[..., C] -> q, k [..., Hk, Dk], v [..., Hv, Dv] (fp32)."""
     a, b = d.num_k_heads * d.head_k_dim, 2 * d.num_k_heads * d.head_k_dim
     x = conv_out.float()
-    return (x[..., :a].unflatten(-1, (d.num_k_heads, d.head_k_dim)),
-            x[..., a:b].unflatten(-1, (d.num_k_heads, d.head_k_dim)),
-            x[..., b:].unflatten(-1, (d.num_v_heads, d.head_v_dim)))
+    return (
+        x[..., :a].unflatten(-1, (d.num_k_heads, d.head_k_dim)),
+        x[..., a:b].unflatten(-1, (d.num_k_heads, d.head_k_dim)),
+        x[..., b:].unflatten(-1, (d.num_v_heads, d.head_v_dim)),
+    )
 
 
 def gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
@@ -49,7 +51,7 @@ def conv_window(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     kw = weight.shape[1]
     length = window.shape[1] - kw + 1
     w = weight.float()
-    out = sum(window[:, j:j + length].float() * w[:, j] for j in range(kw))
+    out = sum(window[:, j : j + length].float() * w[:, j] for j in range(kw))
     return F.silu(out)
 
 
@@ -72,8 +74,15 @@ def write_slots(plane: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, pa
     plane.index_copy_(0, safe, torch.where(valid, values.to(plane.dtype), held))
 
 
-def delta_rule(s0: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-               beta: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def delta_rule(
+    s0: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token by token over L (small: a decode's 1, a verify row's 1 + k), vectorised over N rows.
     s0 [N, Hv, Dv, Dk]; q, k [N, L, Hk, Dk]; v [N, L, Hv, Dv]; g, beta [N, L, Hv] -> outputs
     [N, L, Hv, Dv] and the state after each token [N, L, Hv, Dv, Dk]."""
@@ -90,8 +99,16 @@ def delta_rule(s0: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return torch.stack(outs, 1), torch.stack(states, 1)
 
 
-def chunked_delta_rule(s0: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                       beta: torch.Tensor, scale: float, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_delta_rule(
+    s0: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    chunk: int = CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence in chunks (the WY form FLA's chunk kernel computes): s0 [Hv, Dv, Dk]; q, k [L, Hk, Dk];
     v [L, Hv, Dv]; g, beta [L, Hv] -> outputs [L, Hv, Dv] and the final state [Hv, Dv, Dk].
     Within a chunk, with G the cumulative log decay and U the corrected values:
@@ -103,13 +120,14 @@ def chunked_delta_rule(s0: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     v, g, beta = v.transpose(0, 1), g.transpose(0, 1), beta.transpose(0, 1)  # [H, L, Dv], [H, L]
     s, outs = s0, []
     for start in range(0, q.shape[1], chunk):
-        qc, kc, vc = q[:, start:start + chunk], k[:, start:start + chunk], v[:, start:start + chunk]
-        gc, bc = g[:, start:start + chunk].cumsum(-1), beta[:, start:start + chunk]
+        qc, kc, vc = q[:, start : start + chunk], k[:, start : start + chunk], v[:, start : start + chunk]
+        gc, bc = g[:, start : start + chunk].cumsum(-1), beta[:, start : start + chunk]
         n = qc.shape[1]
         lower = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         decay = torch.exp((gc[:, :, None] - gc[:, None, :]).masked_fill(~lower, float("-inf")))  # [H, t, s]
-        a = (bc[:, :, None] * decay * (kc @ kc.transpose(-1, -2))).masked_fill(lower.logical_not().logical_or(
-            torch.eye(n, dtype=torch.bool, device=q.device)), 0.0)
+        a = (bc[:, :, None] * decay * (kc @ kc.transpose(-1, -2))).masked_fill(
+            lower.logical_not().logical_or(torch.eye(n, dtype=torch.bool, device=q.device)), 0.0
+        )
         rhs = bc[..., None] * (vc - torch.exp(gc)[..., None] * (kc @ s.transpose(-1, -2)))
         eye = torch.eye(n, device=q.device).expand_as(a)
         u = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
@@ -119,34 +137,48 @@ def chunked_delta_rule(s0: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     return torch.cat(outs, 1).transpose(0, 1), s
 
 
-def gdn_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, page: torch.Tensor, layout: StatePage,
-             md, weights: dict[str, torch.Tensor], out: torch.Tensor, d: GDNDims,
-             padded_conv_unwritten: bool = False) -> torch.Tensor:
+def gdn_core(
+    mixed_qkv: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    page: torch.Tensor,
+    layout: StatePage,
+    md,
+    weights: dict[str, torch.Tensor],
+    out: torch.Tensor,
+    d: GDNDims,
+    padded_conv_unwritten: bool = False,
+) -> torch.Tensor:
     """The GDN core of one layer over the step (module docstring): out [T, Hv, Dv].
     padded_conv_unwritten: the mutation suite's broken kernel (sglang #30974), whose conv output
     rows of padded requests are never written: NaN there (what a capture's fresh memory holds
     under the CPU emulation; on a GPU whatever the graph pool held), fed to the recurrence."""
     conv_plane, state_plane = layout.conv(page), layout.state(page)  # [slots, W, C], [slots, Hv, Dv, Dk]
     w, A_log, dt_bias = weights["conv_w"], weights["A_log"], weights["dt_bias"]
-    scale, pad, km1 = d.head_k_dim ** -0.5, md.pad_slot, d.conv_kernel - 1
+    scale, pad, km1 = d.head_k_dim**-0.5, md.pad_slot, d.conv_kernel - 1
     if padded_conv_unwritten:
+
         def conv_window_(window, weight, idx):  # the broken kernel's conv
             cx = conv_window(window, weight)
             return torch.where(_valid(idx, pad).view(-1, 1, 1), cx, torch.full_like(cx, float("nan")))
     else:
+
         def conv_window_(window, weight, idx):
             return conv_window(window, weight)
+
     res = torch.zeros(out.shape[0], d.num_v_heads, d.head_v_dim, dtype=torch.float32, device=out.device)
     lead = 0  # tokens of the decode / verify rows
     if md.num_spec_decodes and md.spec_state_indices_tensor is not None:
-        lead = _verify(mixed_qkv, b, a, conv_plane, state_plane, md, w, A_log, dt_bias, res, d, scale, pad,
-                       conv_window_)
+        lead = _verify(
+            mixed_qkv, b, a, conv_plane, state_plane, md, w, A_log, dt_bias, res, d, scale, pad, conv_window_
+        )
     elif md.num_decodes and md.non_spec_state_indices_tensor is not None:
-        lead = _decode(mixed_qkv, b, a, conv_plane, state_plane, md, w, A_log, dt_bias, res, d, scale, pad, km1,
-                       conv_window_)
+        lead = _decode(
+            mixed_qkv, b, a, conv_plane, state_plane, md, w, A_log, dt_bias, res, d, scale, pad, km1, conv_window_
+        )
     if md.num_prefills:
         _prefills(mixed_qkv, b, a, conv_plane, state_plane, md, w, A_log, dt_bias, res, d, scale, pad, km1, lead)
-    out[:res.shape[0]].copy_(res.to(out.dtype))
+    out[: res.shape[0]].copy_(res.to(out.dtype))
     return out
 
 
@@ -209,9 +241,9 @@ def _prefills(x, b, a, conv, state, md, w, A_log, dt_bias, res, d, scale, pad, k
         lo, hi = lead - qsl[first_row] + qsl[r], lead - qsl[first_row] + qsl[r + 1]
         if hi <= lo:
             continue
-        idx = idx_all[r:r + 1]
+        idx = idx_all[r : r + 1]
         buf = read_slots(conv, idx, pad)
-        has = init[r:r + 1].view(1, 1, 1)
+        has = init[r : r + 1].view(1, 1, 1)
         hist = torch.where(has, buf[:, :km1], torch.zeros_like(buf[:, :km1]))
         window = torch.cat([hist, x[lo:hi][None].float()], 1)
         cx = conv_window(window, w)[0]
@@ -219,8 +251,9 @@ def _prefills(x, b, a, conv, state, md, w, A_log, dt_bias, res, d, scale, pad, k
         write_slots(conv, idx, buf, pad)
         q, k, v = split_qkv(cx, d)
         g, beta = gating(a[lo:hi], b[lo:hi], A_log, dt_bias)
-        s0 = torch.where(has.view(1, 1, 1, 1), read_slots(state, idx, pad), torch.zeros(
-            1, *state.shape[1:], device=x.device))[0]
+        s0 = torch.where(
+            has.view(1, 1, 1, 1), read_slots(state, idx, pad), torch.zeros(1, *state.shape[1:], device=x.device)
+        )[0]
         o, s = chunked_delta_rule(s0, q, k, v, g, beta, scale)
         write_slots(state, idx, s[None], pad)
         res[lo:hi] = o

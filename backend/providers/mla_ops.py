@@ -19,8 +19,9 @@ from backend.providers.torch_backend import gather_length
 from backend.providers.torch_ops import gather_paged, token_chunks, token_to_request
 
 
-def write_latent(kv_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor,
-                 k_scale: torch.Tensor) -> None:
+def write_latent(
+    kv_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor
+) -> None:
     """[kv_c | k_pe] [T, L + R] into kv_cache [num_blocks, block_size, L + R] at slot_mapping (-1:
     nothing), quantised with the one per-tensor k_scale for an fp8 cache (vLLM's
     concat_and_cache_mla; here the same slot write every provider's GQA cache uses)."""
@@ -45,8 +46,9 @@ def gather_latent(kv_cache: torch.Tensor, block_rows: torch.Tensor, length: int,
     return gather_paged(kv_cache.unsqueeze(2), block_rows, length, scale).squeeze(2)
 
 
-def absorbed_decode(qq: torch.Tensor, kv_cache: torch.Tensor, md: MLAMetadata, k_scale, scale: float,
-                    dims: MLADims, num_tokens: int) -> torch.Tensor:
+def absorbed_decode(
+    qq: torch.Tensor, kv_cache: torch.Tensor, md: MLAMetadata, k_scale, scale: float, dims: MLADims, num_tokens: int
+) -> torch.Tensor:
     """q' [>= num_tokens, Hl, L + R] of the decode tokens [0, num_tokens) -> o_lat fp32
     [num_tokens, Hl, L]. Token i of a request with query len q and seq len s attends positions
     p < s with p <= s - q + i (a verify row's causal block); padded tokens attend nothing (0)."""
@@ -66,7 +68,8 @@ def absorbed_decode(qq: torch.Tensor, kv_cache: torch.Tensor, md: MLAMetadata, k
         # Keys outside the mask are read as 0, as a kernel that stops at seq_len never reads them:
         # a masked weight of 0 times a NaN left there by an earlier step would still be NaN.
         rows = gather_latent(kv_cache, md.block_table[req[chunk]], length, k_scale).masked_fill(
-            ~mask[..., None], 0.0)  # [C, Lk, L + R]
+            ~mask[..., None], 0.0
+        )  # [C, Lk, L + R]
         scores = torch.matmul(qq[chunk].float() * scale, rows.transpose(1, 2))  # [C, Hl, Lk]
         scores.masked_fill_(~mask[:, None, :], float("-inf"))
         p = torch.softmax(scores, dim=-1)
@@ -75,8 +78,9 @@ def absorbed_decode(qq: torch.Tensor, kv_cache: torch.Tensor, md: MLAMetadata, k
     return out
 
 
-def decompress(latent: torch.Tensor, w_uk_t: torch.Tensor, w_uv: torch.Tensor, dims: MLADims,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def decompress(
+    latent: torch.Tensor, w_uk_t: torch.Tensor, w_uv: torch.Tensor, dims: MLADims, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """latent rows [..., S, L + R] (fp32) -> K [..., S, Hl, P + R], V [..., S, Hl, V] in `dtype`
     (vLLM's forward_mha up-projects kv_c with kv_b_proj in the model dtype; k_pe is shared by
     every head)."""
@@ -88,8 +92,16 @@ def decompress(latent: torch.Tensor, w_uk_t: torch.Tensor, w_uv: torch.Tensor, d
     return torch.cat([k_nope, k_pe], dim=-1), v
 
 
-def decompressed_prefill(q: torch.Tensor, kv_cache: torch.Tensor, md: MLAMetadata, k_scale, scale: float,
-                         dims: MLADims, w_uk_t: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+def decompressed_prefill(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    md: MLAMetadata,
+    k_scale,
+    scale: float,
+    dims: MLADims,
+    w_uk_t: torch.Tensor,
+    w_uv: torch.Tensor,
+) -> torch.Tensor:
     """The prefill requests [num_decodes, num_decodes + num_prefills) of q [T, Hl, P + R] -> fp32
     [num_prefill_tokens, Hl, V]: per request, its whole sequence decompressed and attended
     causally (bottom-right). Requests' queries are padded to the host max_query_len (graph-safe
@@ -113,13 +125,15 @@ def decompressed_prefill(q: torch.Tensor, kv_cache: torch.Tensor, md: MLAMetadat
     idx = (qsl[reqs, None] + i[None, :]).clamp(max=q.shape[0] - 1)  # [Np, max_q] token of each query row
     qp = q[idx].float() * scale  # [Np, max_q, Hl, P + R]
     scores = torch.einsum("rqhd,rshd->rhqs", qp, k.float())
-    mask = (keys[None, None, :] < seq[:, None, None]) \
-        & (keys[None, None, :] <= (seq - qlen)[:, None, None] + i[None, :, None]) \
-        & (i[None, :, None] < qlen[:, None, None])  # [Np, max_q, Lk]
+    mask = (
+        (keys[None, None, :] < seq[:, None, None])
+        & (keys[None, None, :] <= (seq - qlen)[:, None, None] + i[None, :, None])
+        & (i[None, :, None] < qlen[:, None, None])
+    )  # [Np, max_q, Lk]
     scores.masked_fill_(~mask[:, None], float("-inf"))
     p = torch.softmax(scores, dim=-1)
     p.masked_fill_(~mask.any(dim=-1)[:, None, :, None], 0.0)
     o = torch.einsum("rhqs,rshv->rqhv", p, v.float())  # [Np, max_q, Hl, V]
     # Back to the prefill tokens [dt, dt + npt) by gather (no boolean indexing: no host sync).
-    req, pos = token_to_request(qsl[nd:nd + npf + 1] - qsl[nd], npt)
+    req, pos = token_to_request(qsl[nd : nd + npf + 1] - qsl[nd], npt)
     return o[req, pos.clamp(max=max_q - 1)]

@@ -35,9 +35,16 @@ def gather_length(metadata: AttentionMetadata, block_size: int) -> int:
     return min(width, need)
 
 
-def paged_causal_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           metadata: AttentionMetadata, k_scale: torch.Tensor, v_scale: torch.Tensor,
-                           scale: float, diagonal: int = 0) -> torch.Tensor:
+def paged_causal_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    scale: float,
+    diagonal: int = 0,
+) -> torch.Tensor:
     """query [T, H, D] -> fp32 [T, H, D]. Token i of a request with query len q and seq len s
     attends to positions p < s with p <= s - q + i + diagonal (causal, bottom-right aligned; the
     mutation suite's off-by-one mask is diagonal -1)."""
@@ -73,8 +80,7 @@ class TorchImpl(AttentionImpl):
 
     def attend(self, query, kv_cache, metadata, k_scale, v_scale, output):
         t = metadata.num_padded_tokens
-        out = paged_causal_attention(query[:t], kv_cache[0], kv_cache[1], metadata, k_scale, v_scale,
-                                     self.config.scale)
+        out = paged_causal_attention(query[:t], kv_cache[0], kv_cache[1], metadata, k_scale, v_scale, self.config.scale)
         output[:t].copy_(out.to(output.dtype))
         return output
 

@@ -24,8 +24,9 @@ class TorchGDNImpl(GDNImpl):
     padded_conv_unwritten: ClassVar[bool] = False
 
     def forward(self, mixed_qkv, b, a, page, layout, md, weights, out):
-        return gdn_ops.gdn_core(mixed_qkv, b, a, page, layout, md, weights, out, self.dims,
-                                padded_conv_unwritten=self.padded_conv_unwritten)
+        return gdn_ops.gdn_core(
+            mixed_qkv, b, a, page, layout, md, weights, out, self.dims, padded_conv_unwritten=self.padded_conv_unwritten
+        )
 
 
 class TorchHybridImpl(HybridImpl):

@@ -33,13 +33,12 @@ class TorchMLAImpl(MLAImpl):
             output[:dt].copy_(mla_ops.up_project(o_lat.to(q.dtype), w_uv))
         if npt:
             res = mla_ops.decompressed_prefill(q, kv_cache, md, k_scale, scale, dims, w_uk_t, w_uv)
-            output[dt:dt + npt].copy_(res.to(output.dtype))
+            output[dt : dt + npt].copy_(res.to(output.dtype))
         return output
 
     def decode(self, qq, kv_cache, md, k_scale) -> torch.Tensor:
         """The decode tokens' latent output o_lat fp32 [num_decode_tokens, Hl, L]."""
-        return mla_ops.absorbed_decode(qq, kv_cache, md, k_scale, self.config.scale, self.dims,
-                                       md.num_decode_tokens)
+        return mla_ops.absorbed_decode(qq, kv_cache, md, k_scale, self.config.scale, self.dims, md.num_decode_tokens)
 
 
 class TorchMLABackend(MLABackend):

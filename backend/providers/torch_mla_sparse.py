@@ -52,8 +52,9 @@ def select_topk(scores: torch.Tensor, context_lens: torch.Tensor, token_lens: to
 
 
 class TorchSparseMLAImpl(SparseMLAImpl):
-    def forward(self, q, kv_c, k_pe, k_index, kv_cache, metadata, k_scale, v_scale, output, w_uk_t, w_uv,
-                index_q, index_w):
+    def forward(
+        self, q, kv_c, k_pe, k_index, kv_cache, metadata, k_scale, v_scale, output, w_uk_t, w_uv, index_q, index_w
+    ):
         self.write(kv_cache, kv_c, k_pe, k_index, metadata, k_scale, v_scale)
         n = q.shape[0]
         topk = self.topk_for(metadata)[:n]

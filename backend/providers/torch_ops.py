@@ -33,8 +33,9 @@ def token_to_request(cu_seqlens: torch.Tensor, num_tokens: int) -> tuple[torch.T
     return req, tokens - cu[req]
 
 
-def gather_paged(cache: torch.Tensor, block_rows: torch.Tensor, length: int,
-                 scale: torch.Tensor | None) -> torch.Tensor:
+def gather_paged(
+    cache: torch.Tensor, block_rows: torch.Tensor, length: int, scale: torch.Tensor | None
+) -> torch.Tensor:
     """cache [num_blocks, block_size, Hkv, D], block_rows [C, max_blocks] -> fp32 [C, length, Hkv, D]
     (positions 0..length-1 of each row's sequence, dequantised).
 
@@ -54,8 +55,9 @@ def gather_paged(cache: torch.Tensor, block_rows: torch.Tensor, length: int,
     return dequantize(kv, scale).permute(1, 2, 0, 3)
 
 
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Per-token attention over its own keys, fp32.
 
     q [C, H, D], k [C, L, Hkv, D], v [C, L, Hkv, Dv], mask [C, L] (True = attend) -> [C, H, Dv].

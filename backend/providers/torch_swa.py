@@ -44,8 +44,14 @@ def use_3d(md: SWAMetadata, num_heads: int, num_kv_heads: int) -> bool:
     return md.num_padded_reqs * -(-max_q // block_q) <= MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads
 
 
-def combine(scores: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, segments: int,
-            sink_in_every_segment: bool = False, sink_count: int = 1) -> torch.Tensor:
+def combine(
+    scores: torch.Tensor,
+    v: torch.Tensor,
+    sinks: torch.Tensor | None,
+    segments: int,
+    sink_in_every_segment: bool = False,
+    sink_count: int = 1,
+) -> torch.Tensor:
     """softmax(scores + sink) @ v, fp32: scores [Hkv, C, G, L] (-inf where masked), v [Hkv, C, L, D],
     sinks [Hkv, 1, G, 1] or None -> [Hkv, C, G, D]. segments 1: the 2-D path; > 1: the 3-D path
     (per-segment max and sum, merged by log-sum-exp; the sink in segment 0 only, or in every
@@ -70,8 +76,11 @@ def combine(scores: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, s
     vs = v.unflatten(-2, (segments, seg))  # [Hkv, C, S, seg, D]
     m = s.amax(dim=-1)  # [Hkv, C, G, S]
     if sinks is not None:
-        with_sink = torch.maximum(m, sinks[..., 0:1].expand_as(m)) if sink_in_every_segment else \
-            torch.cat([torch.maximum(m[..., :1], sinks), m[..., 1:]], dim=-1)
+        with_sink = (
+            torch.maximum(m, sinks[..., 0:1].expand_as(m))
+            if sink_in_every_segment
+            else torch.cat([torch.maximum(m[..., :1], sinks), m[..., 1:]], dim=-1)
+        )
         m = with_sink
     m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     e = torch.exp(s - m_safe[..., None])
@@ -90,11 +99,23 @@ def combine(scores: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, s
     return out / torch.where(total > 0, total, torch.ones_like(total))
 
 
-def swa_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: SWAMetadata,
-                  k_scale, v_scale, scale: float, window: int | None, sinks: torch.Tensor | None,
-                  segments: int, window_off_by_one: bool = False, sink_scaled: bool = False,
-                  sink_in_every_segment: bool = False, sink_twice: bool = False,
-                  sink_no_exp2: bool = False) -> torch.Tensor:
+def swa_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    md: SWAMetadata,
+    k_scale,
+    v_scale,
+    scale: float,
+    window: int | None,
+    sinks: torch.Tensor | None,
+    segments: int,
+    window_off_by_one: bool = False,
+    sink_scaled: bool = False,
+    sink_in_every_segment: bool = False,
+    sink_twice: bool = False,
+    sink_no_exp2: bool = False,
+) -> torch.Tensor:
     """query [T, H, D] -> fp32 [T, H, D] over the paged cache (the keyword flags are the mutation
     suite's broken kernels: the window one key too wide, the sink times the softmax scale, the sink
     in the denominator twice, the sink taken as a base-2 logit: a kernel that runs its softmax in
@@ -111,7 +132,9 @@ def swa_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     g = h // hkv
     sink = None
     if sinks is not None:
-        sink = sinks.float().view(hkv, 1, g, 1) * (scale if sink_scaled else 1.0) * (math.log(2) if sink_no_exp2 else 1.0)
+        sink = (
+            sinks.float().view(hkv, 1, g, 1) * (scale if sink_scaled else 1.0) * (math.log(2) if sink_no_exp2 else 1.0)
+        )
     out = torch.zeros(t, h, d, dtype=torch.float32, device=query.device)
     per_token = length * hkv * d * 4 * 2 + h * length * 4 * 4
     for chunk in token_chunks(t, per_token):
@@ -127,7 +150,9 @@ def swa_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         qh = (query[chunk].float().view(-1, hkv, g, d) * scale).transpose(0, 1)  # [Hkv, C, G, D]
         kh = k.float().permute(2, 0, 1, 3)  # [Hkv, C, L, D]
         scores = torch.matmul(qh, kh.transpose(-1, -2)).masked_fill(~mask[None, :, None, :], float("-inf"))
-        o = combine(scores, v.float().permute(2, 0, 1, 3), sink, segments, sink_in_every_segment, 2 if sink_twice else 1)
+        o = combine(
+            scores, v.float().permute(2, 0, 1, 3), sink, segments, sink_in_every_segment, 2 if sink_twice else 1
+        )
         out[chunk] = torch.where(real[chunk, None, None], o.transpose(0, 1).reshape(-1, h, d), 0.0)
     return out
 
@@ -147,9 +172,23 @@ class TorchSWAImpl(SWAImpl):
     def attend(self, query, kv_cache, md, k_scale, v_scale, output, window, sinks):
         t = md.num_padded_tokens
         segments = NUM_SEGMENTS if use_3d(md, self.config.num_heads, self.config.num_kv_heads) else 1
-        out = swa_attention(query[:t], kv_cache[0], kv_cache[1], md, k_scale, v_scale, self.config.scale,
-                            self.layer_window(md, window), sinks, segments, self.window_off_by_one, self.sink_scaled,
-                            self.sink_in_every_segment, self.sink_twice, self.sink_no_exp2)
+        out = swa_attention(
+            query[:t],
+            kv_cache[0],
+            kv_cache[1],
+            md,
+            k_scale,
+            v_scale,
+            self.config.scale,
+            self.layer_window(md, window),
+            sinks,
+            segments,
+            self.window_off_by_one,
+            self.sink_scaled,
+            self.sink_in_every_segment,
+            self.sink_twice,
+            self.sink_no_exp2,
+        )
         output[:t].copy_(out.to(output.dtype))
         return output
 

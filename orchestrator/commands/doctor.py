@@ -26,12 +26,26 @@ from orchestrator.console import echo
 from orchestrator.errors import ExitCode
 
 # Variables that pick visible GPUs, and Ray's switches that stop it from setting them.
-VISIBLE_DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-                       "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES")
+VISIBLE_DEVICE_VARS = (
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
+    "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES",
+)
 # NCCL reads these; RCCL (torch's "nccl" backend on ROCm) reads the same NCCL_* names.
-COLLECTIVE_VARS = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
-                   "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG",
-                   "TORCH_NCCL_BLOCKING_WAIT", "RCCL_MSCCL_ENABLE", "HSA_FORCE_FINE_GRAIN_PCIE")
+COLLECTIVE_VARS = (
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
+    "NCCL_P2P_DISABLE",
+    "NCCL_IB_DISABLE",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+    "TORCH_NCCL_BLOCKING_WAIT",
+    "RCCL_MSCCL_ENABLE",
+    "HSA_FORCE_FINE_GRAIN_PCIE",
+)
 RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
@@ -136,14 +150,20 @@ def visible_device_findings(env: Mapping[str, str], platform: str) -> tuple[str,
     hip, rocr, cuda = (env.get(k) for k in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"))
     if platform == "ROCm":
         if rocr is not None and hip is None:
-            out.append("error: ROCR_VISIBLE_DEVICES is set without HIP_VISIBLE_DEVICES: Ray raises "
-                       "'Please use HIP_VISIBLE_DEVICES instead of ROCR_VISIBLE_DEVICES' when it assigns GPUs")
+            out.append(
+                "error: ROCR_VISIBLE_DEVICES is set without HIP_VISIBLE_DEVICES: Ray raises "
+                "'Please use HIP_VISIBLE_DEVICES instead of ROCR_VISIBLE_DEVICES' when it assigns GPUs"
+            )
         elif rocr is not None:
-            out.append("warning: ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES both set: HIP indexes into the "
-                       "devices ROCR leaves, so Ray's HIP ids may name other GPUs; unset ROCR_VISIBLE_DEVICES")
+            out.append(
+                "warning: ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES both set: HIP indexes into the "
+                "devices ROCR leaves, so Ray's HIP ids may name other GPUs; unset ROCR_VISIBLE_DEVICES"
+            )
         if cuda is not None:
-            out.append("warning: CUDA_VISIBLE_DEVICES is set on ROCm: HIP honours it too, and Ray sets only "
-                       "HIP_VISIBLE_DEVICES, so workers may see fewer or other GPUs; unset it")
+            out.append(
+                "warning: CUDA_VISIBLE_DEVICES is set on ROCm: HIP honours it too, and Ray sets only "
+                "HIP_VISIBLE_DEVICES, so workers may see fewer or other GPUs; unset it"
+            )
         if env.get("RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES", "").lower() in ("1", "true"):
             out.append("warning: RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES is on: every worker sees every GPU")
     elif platform == "CUDA":
@@ -159,9 +179,15 @@ def ray_auth_state(env: Mapping[str, str], home: Path) -> str:
     """Token auth as a new local cluster will have it (Ray >= 2.59 turns it on unless
     RAY_AUTH_MODE says otherwise). Names and file presence only, never a token's value."""
     mode = env.get("RAY_AUTH_MODE")
-    token = ("RAY_AUTH_TOKEN set" if env.get("RAY_AUTH_TOKEN") else
-             "RAY_AUTH_TOKEN_PATH set" if env.get("RAY_AUTH_TOKEN_PATH") else
-             "~/.ray/auth_token present" if (home / ".ray" / "auth_token").is_file() else "no token yet")
+    token = (
+        "RAY_AUTH_TOKEN set"
+        if env.get("RAY_AUTH_TOKEN")
+        else "RAY_AUTH_TOKEN_PATH set"
+        if env.get("RAY_AUTH_TOKEN_PATH")
+        else "~/.ray/auth_token present"
+        if (home / ".ray" / "auth_token").is_file()
+        else "no token yet"
+    )
     if mode is None:
         return f"token (default for a new local cluster; RAY_AUTH_MODE unset; {token})"
     return f"{mode.lower()} (RAY_AUTH_MODE={mode}; {token})"
@@ -195,8 +221,15 @@ def _gpus(torch) -> tuple[Gpu, ...]:
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
         arch = (getattr(p, "gcnArchName", "") or "").split(":")[0] if torch.version.hip else f"sm_{p.major}{p.minor}"
-        gpus.append(Gpu(i, p.name, arch, round(p.total_memory / 2 ** 30, 1),
-                        str(fp8_dtype(torch.device("cuda", i))).removeprefix("torch.")))
+        gpus.append(
+            Gpu(
+                i,
+                p.name,
+                arch,
+                round(p.total_memory / 2**30, 1),
+                str(fp8_dtype(torch.device("cuda", i))).removeprefix("torch."),
+            )
+        )
     return tuple(gpus)
 
 
@@ -234,28 +267,38 @@ GDN_OP_NAMES = ("gated_delta", "gdn", "delta_rule", "fused_recurrent")
 def _aiter_gdn_finding(pkg) -> str:
     """Whether the installed amd-aiter has a GatedDeltaNet kernel (by module and file names under
     aiter/: nothing is imported; the package's init needs ROCm)."""
-    found = sorted({str(p.relative_to(pkg)) for p in Path(pkg).rglob("*.py")
-                    if any(n in p.stem.lower() for n in GDN_OP_NAMES)})
+    found = sorted(
+        {str(p.relative_to(pkg)) for p in Path(pkg).rglob("*.py") if any(n in p.stem.lower() for n in GDN_OP_NAMES)}
+    )
     if not found:
-        return ("gdn decode: none in this amd-aiter (no gated-delta-rule module under aiter/): the hybrid_gdn "
-                "family has no aiter provider; its cases run on torch and vllm:GDN_ATTN")
+        return (
+            "gdn decode: none in this amd-aiter (no gated-delta-rule module under aiter/): the hybrid_gdn "
+            "family has no aiter provider; its cases run on torch and vllm:GDN_ATTN"
+        )
     return f"gdn decode: {', '.join(found[:4])} present, not bound yet (hybrid_gdn runs on torch, vllm:GDN_ATTN)"
 
 
-def family_lines(families: Sequence[str], providers_of: Callable[[str], Sequence[str]],
-                 avail: Callable[[str, str], tuple[bool, str]]) -> tuple[FamilyLine, ...]:
+def family_lines(
+    families: Sequence[str], providers_of: Callable[[str], Sequence[str]], avail: Callable[[str, str], tuple[bool, str]]
+) -> tuple[FamilyLine, ...]:
     """Per family, its providers split by whether they run here. `avail(provider, family)` is the
     provider's own check for that family (registry.availability in `collect`)."""
     out = []
     for fam in families:
         checked = [(name, *avail(name, fam)) for name in providers_of(fam)]
-        out.append(FamilyLine(fam, tuple(n for n, ok, _ in checked if ok),
-                              tuple(ProviderLine(n, False, why) for n, ok, why in checked if not ok)))
+        out.append(
+            FamilyLine(
+                fam,
+                tuple(n for n, ok, _ in checked if ok),
+                tuple(ProviderLine(n, False, why) for n, ok, why in checked if not ok),
+            )
+        )
     return tuple(out)
 
 
-def check_matrix(path: str, devices: str, *, gpu_here: bool = True, kernel_load_failed: bool = False,
-                 matrix=None) -> MatrixCheck:
+def check_matrix(
+    path: str, devices: str, *, gpu_here: bool = True, kernel_load_failed: bool = False, matrix=None
+) -> MatrixCheck:
     """What `orch run MATRIX` would use here: providers with runnable cases, providers whose every
     case is skipped (and why), and the problems that would fail the run (with its exit code).
     `matrix`: the file already expanded (collect loads it first, so a bad one fails fast)."""
@@ -269,17 +312,39 @@ def check_matrix(path: str, devices: str, *, gpu_here: bool = True, kernel_load_
     skips = Counter(s.case.backend for s in matrix.skipped)
     names = sorted(set(runs) | set(skips))
     usable = tuple(ProviderUse(n, runs[n], skips[n], "") for n in names if runs[n])
-    unusable = tuple(ProviderUse(n, 0, skips[n], availability(n, device).reason or next(
-        s.reason for s in matrix.skipped if s.case.backend == n)) for n in names if not runs[n])
+    unusable = tuple(
+        ProviderUse(
+            n,
+            0,
+            skips[n],
+            availability(n, device).reason or next(s.reason for s in matrix.skipped if s.case.backend == n),
+        )
+        for n in names
+        if not runs[n]
+    )
     problems: list[tuple[str, int]] = []
     if devices == "gpu" and not gpu_here:
         problems.append(("--devices gpu but there is no GPU here: `orch run` exits 3", ExitCode.INFRA_ERROR))
     triton = sorted({"aiter-triton", "aiter-triton-pa"} & set(runs))
     if triton and kernel_load_failed:
-        problems.append((f"{', '.join(triton)} cannot load AITER's Triton kernels (see triton / aiter above): "
-                         f"their {sum(runs[t] for t in triton)} cases would fail", ExitCode.GATE_FAILED))
-    return MatrixCheck(path, matrix.device_class, tuple(names), usable, unusable, len(matrix.cases),
-                       len(matrix.skipped), tuple(p for p, _ in problems), max((int(c) for _, c in problems), default=0))
+        problems.append(
+            (
+                f"{', '.join(triton)} cannot load AITER's Triton kernels (see triton / aiter above): "
+                f"their {sum(runs[t] for t in triton)} cases would fail",
+                ExitCode.GATE_FAILED,
+            )
+        )
+    return MatrixCheck(
+        path,
+        matrix.device_class,
+        tuple(names),
+        usable,
+        unusable,
+        len(matrix.cases),
+        len(matrix.skipped),
+        tuple(p for p, _ in problems),
+        max((int(c) for _, c in problems), default=0),
+    )
 
 
 def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, devices: str = "auto") -> DoctorReport:
@@ -311,34 +376,59 @@ def collect(env: Mapping[str, str] | None = None, matrix: str | None = None, dev
     used_fp8 = str(fp8_dtype(torch.device(device))).removeprefix("torch.")
     for g in gpus:  # the cache's choice (kv_cache.fp8_dtype) against the arch rule
         if g.fp8_dtype != fp8_dtype_for_arch(g.arch):
-            warnings.append(f"GPU {g.index} ({g.arch}) gets {g.fp8_dtype}, its arch calls for {fp8_dtype_for_arch(g.arch)}")
+            warnings.append(
+                f"GPU {g.index} ({g.arch}) gets {g.fp8_dtype}, its arch calls for {fp8_dtype_for_arch(g.arch)}"
+            )
     if len({g.arch for g in gpus}) > 1:
         warnings.append(f"mixed GPU archs on one node: {', '.join(sorted({g.arch for g in gpus}))}")
-    providers = tuple(ProviderLine(a.provider, a.available, a.reason)
-                      for a in (availability(name, device, VLLM_FAMILIES.get(name, "gqa"))
-                                for name in BUILTIN_BACKENDS + VLLM_BACKENDS))
-    families = family_lines(FAMILY_NAMES, family_providers, lambda name, fam: (
-        (a := availability(name, device, fam)).available, a.reason))
+    providers = tuple(
+        ProviderLine(a.provider, a.available, a.reason)
+        for a in (
+            availability(name, device, VLLM_FAMILIES.get(name, "gqa")) for name in BUILTIN_BACKENDS + VLLM_BACKENDS
+        )
+    )
+    families = family_lines(
+        FAMILY_NAMES, family_providers, lambda name, fam: ((a := availability(name, device, fam)).available, a.reason)
+    )
     triton_ok = any(p.provider == "aiter-triton" and p.available for p in providers)
     aiter_version, aiter_findings = _aiter_findings(triton_ok)
     home = Path(env.get("HOME") or Path.home())
     cache = env.get("TRITON_CACHE_DIR") or str(home / ".triton" / "cache")
     return DoctorReport(
-        platform=platform, torch=torch.__version__, torch_cuda=torch.version.cuda, torch_hip=torch.version.hip,
-        driver=_driver(platform), gpus=gpus, device=device, fp8_dtype=used_fp8,
+        platform=platform,
+        torch=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        torch_hip=torch.version.hip,
+        driver=_driver(platform),
+        gpus=gpus,
+        device=device,
+        fp8_dtype=used_fp8,
         graph_kind=graph_kind(torch.version.hip, gpu),
-        visible_devices={k: env.get(k) for k in VISIBLE_DEVICE_VARS}, ray_sets=ray_visible_var(platform),
-        device_findings=visible_device_findings(env, platform), providers=providers, families=families,
-        ray_version=_version("ray"), ray_auth=ray_auth_state(env, home),
+        visible_devices={k: env.get(k) for k in VISIBLE_DEVICE_VARS},
+        ray_sets=ray_visible_var(platform),
+        device_findings=visible_device_findings(env, platform),
+        providers=providers,
+        families=families,
+        ray_version=_version("ray"),
+        ray_auth=ray_auth_state(env, home),
         collective="RCCL" if platform == "ROCm" else "NCCL" if platform == "CUDA" else "gloo",
-        collective_env={k: env.get(k) for k in COLLECTIVE_VARS}, gang_defaults=dict(_NCCL_ENV),
+        collective_env={k: env.get(k) for k in COLLECTIVE_VARS},
+        gang_defaults=dict(_NCCL_ENV),
         triton_version=_version("triton") or _version("pytorch-triton-rocm"),
         triton_cache_dir=cache + ("" if Path(cache).is_dir() else " (not created yet)"),
-        aiter_version=aiter_version, aiter_findings=aiter_findings,
-        matrix=check_matrix(matrix, devices, gpu_here=gpu,
-                            kernel_load_failed=any(f.startswith("triton kernels: FAILED") for f in aiter_findings),
-                            matrix=planned)
-        if matrix else None, warnings=tuple(warnings))
+        aiter_version=aiter_version,
+        aiter_findings=aiter_findings,
+        matrix=check_matrix(
+            matrix,
+            devices,
+            gpu_here=gpu,
+            kernel_load_failed=any(f.startswith("triton kernels: FAILED") for f in aiter_findings),
+            matrix=planned,
+        )
+        if matrix
+        else None,
+        warnings=tuple(warnings),
+    )
 
 
 def render(report: DoctorReport) -> None:
@@ -372,8 +462,12 @@ def render(report: DoctorReport) -> None:
     section("families")
     said = {p.provider: p.reason for p in report.providers}  # a reason the providers section gave is not repeated
     for f in report.families:
-        why = ", ".join(p.provider if said.get(p.provider) == p.reason else
-                        f"{p.provider} ({p.reason.removeprefix('unavailable: ')})" for p in f.not_here)
+        why = ", ".join(
+            p.provider
+            if said.get(p.provider) == p.reason
+            else f"{p.provider} ({p.reason.removeprefix('unavailable: ')})"
+            for p in f.not_here
+        )
         t.add_row(f.family, f"[green]{', '.join(f.runs_here)}[/]" if f.runs_here else "[red]no provider runs here[/]")
         if why:
             t.add_row("", f"[yellow]not here: {why}[/]")
@@ -394,14 +488,20 @@ def render(report: DoctorReport) -> None:
         section("matrix")
         t.add_row("file", f"{m.path} ({m.device_class}): {m.runnable} cases run here, {m.skipped} skipped")
         for u in m.usable:
-            t.add_row(u.provider, f"[green]runs {u.runs} case(s) here[/]" + (f" ({u.skipped} skipped)" if u.skipped else ""))
+            t.add_row(
+                u.provider, f"[green]runs {u.runs} case(s) here[/]" + (f" ({u.skipped} skipped)" if u.skipped else "")
+            )
         for u in m.unusable:
             t.add_row(u.provider, f"[yellow]skipped here ({u.skipped} case(s)): {u.reason}[/]")
         for line in m.problems:
             t.add_row("[red]problem[/]", line)
         if not m.problems:
-            t.add_row("verdict", "[green]`orch run` can run this matrix here[/]" if m.runnable
-                      else "[yellow]nothing in this matrix runs here: `orch run` would skip every case[/]")
+            t.add_row(
+                "verdict",
+                "[green]`orch run` can run this matrix here[/]"
+                if m.runnable
+                else "[yellow]nothing in this matrix runs here: `orch run` would skip every case[/]",
+            )
     echo(t)
 
 

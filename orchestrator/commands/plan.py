@@ -31,8 +31,17 @@ from orchestrator.errors import ExitCode
 from orchestrator.filters import select
 from orchestrator.matrix import SkippedCase, load_matrix
 
-AXIS_NAMES = ("attention", "tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "spec_tokens",
-              "cg_padding")
+AXIS_NAMES = (
+    "attention",
+    "tp",
+    "cudagraph_mode",
+    "kv_cache_dtype",
+    "batch",
+    "backend",
+    "seed",
+    "spec_tokens",
+    "cg_padding",
+)
 
 
 def resolved_mode(case: Case) -> tuple[str, str, list[int]]:
@@ -45,8 +54,9 @@ def resolved_mode(case: Case) -> tuple[str, str, list[int]]:
 
     cls = get_capabilities(case.backend, case.attention)
     try:
-        res = resolve_mode(case.mode, cls.cudagraph_support, backend_name=case.backend_label,
-                           spec_tokens=case.spec_tokens)
+        res = resolve_mode(
+            case.mode, cls.cudagraph_support, backend_name=case.backend_label, spec_tokens=case.spec_tokens
+        )
         sizes = resolve_capture_sizes(case.capture_sizes, res.resolved, case.spec_tokens, case.model.capture_style)
     except UnsupportedModeError as e:
         return "ERROR", str(e), list(case.capture_sizes)
@@ -83,9 +93,15 @@ def _memory(cases: Sequence[Case], needs: dict[str, int]) -> dict:
     gpus = local_gpu_count()
     device = driver_gpu_memory() if gpus else None
     packing = auto_per_gpu(need, device, DEFAULT_UTILIZATION, os.cpu_count() or 1, gpus) if gpus else None
-    return {"needs_bytes": need.bytes, "largest_case": need.case_id, "recorded": need.recorded,
-            "per_worker_bytes": need.per_worker(), "describe": need.describe(),
-            "auto_workers_per_gpu": packing.per_gpu if packing else None, "auto_why": packing.why if packing else ""}
+    return {
+        "needs_bytes": need.bytes,
+        "largest_case": need.case_id,
+        "recorded": need.recorded,
+        "per_worker_bytes": need.per_worker(),
+        "describe": need.describe(),
+        "auto_workers_per_gpu": packing.per_gpu if packing else None,
+        "auto_why": packing.why if packing else "",
+    }
 
 
 def _wall(cases: Sequence[Case], est: dict[str, float], device_class: str, workers: int | None, history: int) -> dict:
@@ -94,14 +110,28 @@ def _wall(cases: Sequence[Case], est: dict[str, float], device_class: str, worke
     from orchestrator.scheduling.wall import expected_wall
 
     gpus = local_gpu_count() if device_class == "gpu" else 0
-    layout = local_layout(device_class, workers, max((c.tp for c in cases), default=1), cpus=os.cpu_count() or 1, gpus=gpus)
+    layout = local_layout(
+        device_class, workers, max((c.tp for c in cases), default=1), cpus=os.cpu_count() or 1, gpus=gpus
+    )
     wall = expected_wall(cases, est, layout.parallel, layout.workers)
-    return {"est_s": None if wall is None else round(wall, 3), "workers": layout.workers, "parallel": layout.parallel,
-            "device_kind": layout.device_kind, "describe": layout.describe(), "history": history}
+    return {
+        "est_s": None if wall is None else round(wall, 3),
+        "workers": layout.workers,
+        "parallel": layout.parallel,
+        "device_kind": layout.device_kind,
+        "describe": layout.describe(),
+        "history": history,
+    }
 
 
-def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str | None = None,
-               workers: int | None = None, db: str | None = None) -> dict:
+def build_plan(
+    matrix: str,
+    filter_expr: str | None,
+    devices: str,
+    backend: str | None = None,
+    workers: int | None = None,
+    db: str | None = None,
+) -> dict:
     from orchestrator.scheduling.wall import case_durations
 
     if workers is not None and workers < 1:
@@ -117,16 +147,31 @@ def build_plan(matrix: str, filter_expr: str | None, devices: str, backend: str 
     by_tp: dict[str, float] = defaultdict(float)
     for c in cases:
         by_tp[str(c.tp)] += est[c.case_id]
-    downgrades = [(c.mode, modes[c.case_id][0], c.backend, c.axes.get("attention") or "gqa") for c in cases if modes[c.case_id][0] not in (c.mode, "ERROR")]
+    downgrades = [
+        (c.mode, modes[c.case_id][0], c.backend, c.axes.get("attention") or "gqa")
+        for c in cases
+        if modes[c.case_id][0] not in (c.mode, "ERROR")
+    ]
     return {
         "matrix": m.path,
         "name": m.name,
         "device_class": m.device_class,
-        "cases": [{"id": c.case_id, **c.axes, "resolved_mode": modes[c.case_id][0], "mode_note": modes[c.case_id][1],
-                   "capture_sizes": modes[c.case_id][2], "est_s": est[c.case_id]} for c in cases],
+        "cases": [
+            {
+                "id": c.case_id,
+                **c.axes,
+                "resolved_mode": modes[c.case_id][0],
+                "mode_note": modes[c.case_id][1],
+                "capture_sizes": modes[c.case_id][2],
+                "est_s": est[c.case_id],
+            }
+            for c in cases
+        ],
         "skipped": [{"id": s.case.case_id, "reason": s.reason} for s in skipped],
-        "skipped_by_reason": [{"reason": g.what, "count": g.count, "backends": list(g.backends)}
-                              for g in digest.skip_groups((s.reason, s.case.backend) for s in skipped)],
+        "skipped_by_reason": [
+            {"reason": g.what, "count": g.count, "backends": list(g.backends)}
+            for g in digest.skip_groups((s.reason, s.case.backend) for s in skipped)
+        ],
         "downgrades": digest.downgrade_lines(downgrades),
         "counts": counts_per_axis(cases),
         "total_est_s": round(sum(by_tp.values()), 3),
@@ -153,8 +198,10 @@ def _case_lines(plan: dict) -> list[str]:
             est = "-" if c["est_s"] is None else f"{c['est_s']:.2f}"
             lines.append(f"{c['id']:<{width}}  {c['spec_tokens']:>2}  {mode:<{mw}}  {est:>5}")
         if any(c["mode_note"] for c in plan["cases"]):
-            lines.append("* downgraded, unresolved, or capture sizes rounded for spec decode: "
-                         "`orch plan --json` gives each case's mode_note and capture_sizes")
+            lines.append(
+                "* downgraded, unresolved, or capture sizes rounded for spec decode: "
+                "`orch plan --json` gives each case's mode_note and capture_sizes"
+            )
     if plan["skipped"]:
         width = max(len(s["id"]) for s in plan["skipped"])
         lines += [f"skipped: {len(plan['skipped'])}", f"{'case id':<{width}}  reason"]
@@ -165,8 +212,10 @@ def _case_lines(plan: dict) -> list[str]:
 def _print_text(plan: dict, verbose: bool = False) -> None:
     from rich.table import Table
 
-    lines = [f"{plan['matrix']} ({plan['name']}, {plan['device_class']}): "
-             f"{len(plan['cases'])} runnable cases, {len(plan['skipped'])} skipped"]
+    lines = [
+        f"{plan['matrix']} ({plan['name']}, {plan['device_class']}): "
+        f"{len(plan['cases'])} runnable cases, {len(plan['skipped'])} skipped"
+    ]
     if verbose:
         lines += _case_lines(plan)
     if plan["skipped_by_reason"]:
@@ -183,18 +232,27 @@ def _print_text(plan: dict, verbose: bool = False) -> None:
             counts.add_row(axis, "  ".join(f"{v}={n}" for v, n in values.items()))
         echo(counts, markup=False)
     wall = plan["wall"]
-    calibrated = (f"estimates calibrated by {wall['history']} past durations in --db" if wall["history"]
-                  else "estimates from the cost model alone (no past durations in --db yet)")
+    calibrated = (
+        f"estimates calibrated by {wall['history']} past durations in --db"
+        if wall["history"]
+        else "estimates from the cost model alone (no past durations in --db yet)"
+    )
     if wall["est_s"] is None:
-        lines = [f"expected wall time: unknown here (no {wall['device_kind']} worker on this machine; "
-                 f"a cluster run is as long as its workers make it)"]
+        lines = [
+            f"expected wall time: unknown here (no {wall['device_kind']} worker on this machine; "
+            f"a cluster run is as long as its workers make it)"
+        ]
     else:
-        lines = [f"expected wall time: {wall['est_s']:.1f} s for the cases on {wall['describe']}; {calibrated}; "
-                 f"worker start-up not included"]
+        lines = [
+            f"expected wall time: {wall['est_s']:.1f} s for the cases on {wall['describe']}; {calibrated}; "
+            f"worker start-up not included"
+        ]
     lines.append(f"sum of case estimates: {plan['total_est_s']:.1f} s of worker time (per tp below)")
     memory = plan["memory"]
-    lines.append(f"device memory per worker: {memory['describe']}" + (
-        f"; --workers-per-gpu auto: {memory['auto_why']}" if memory["auto_why"] else ""))
+    lines.append(
+        f"device memory per worker: {memory['describe']}"
+        + (f"; --workers-per-gpu auto: {memory['auto_why']}" if memory["auto_why"] else "")
+    )
     _write(lines)
     if plan["cases"]:
         cost = Table()
@@ -207,8 +265,16 @@ def _print_text(plan: dict, verbose: bool = False) -> None:
         _write(["-v lists every case (id, k, resolved mode, estimate) and every skipped case with its reason"])
 
 
-def main(matrix: str, filter_expr: str | None = None, as_json: bool = False, devices: str = "auto",
-         backend: str | None = None, workers: int | None = None, db: str | None = None, verbose: bool = False) -> int:
+def main(
+    matrix: str,
+    filter_expr: str | None = None,
+    as_json: bool = False,
+    devices: str = "auto",
+    backend: str | None = None,
+    workers: int | None = None,
+    db: str | None = None,
+    verbose: bool = False,
+) -> int:
     plan = build_plan(matrix, filter_expr, devices, backend, workers=workers, db=db or defaults.db())
     if as_json:
         print(json.dumps(plan, indent=1))

@@ -15,21 +15,38 @@ from orchestrator.outputs import RunView, downgrades, gather, memory_line, selec
 from orchestrator.store import ResultStore
 
 # Classes the text report lists (worst first), as `orch report` always has.
-_LISTED = (C.REGRESSION, C.NEW, C.FAIL, C.ERROR, C.TIMEOUT, C.NOT_RUN, C.OOM, C.MISSING, C.UNVERIFIABLE,
-           C.OLD_FAILURE, C.FLAKY, C.KNOWN_FAIL, C.FIXED)  # muted: gate_notes, by entry
+_LISTED = (
+    C.REGRESSION,
+    C.NEW,
+    C.FAIL,
+    C.ERROR,
+    C.TIMEOUT,
+    C.NOT_RUN,
+    C.OOM,
+    C.MISSING,
+    C.UNVERIFIABLE,
+    C.OLD_FAILURE,
+    C.FLAKY,
+    C.KNOWN_FAIL,
+    C.FIXED,
+)  # muted: gate_notes, by entry
 
 
 def _text(view: RunView, verbose: bool = False) -> str:
     """Plain lines (no padding, nothing wider than its content): a terminal and a CI log alike.
     Per-case lines only with -v; otherwise one line per class, skip reason and downgrade kind."""
     run, gate = view.run, view.gate
-    out = [f"orch run {run.id}  {run.matrix}  [{run.status}]  devices={run.devices or '?'}  git={run.git_sha[:12] or 'not a checkout'}"]
+    out = [
+        f"orch run {run.id}  {run.matrix}  [{run.status}]  devices={run.devices or '?'}  git={run.git_sha[:12] or 'not a checkout'}"
+    ]
     sel = selection(run)
     if sel:
         out.append(f"selection: {sel}")
     if view.state:
-        out.append(f"{view.state}: {run.num_results} of {run.num_cases} planned cases have a result; "
-                   f"`orch run --resume {run.id}` finishes it")
+        out.append(
+            f"{view.state}: {run.num_results} of {run.num_cases} planned cases have a result; "
+            f"`orch run --resume {run.id}` finishes it"
+        )
     ran = view.ran()
     out.append(f"{len(ran)} ran, {len(view.results) - len(ran)} skipped, {len(gate.missing)} missing")
     out.append(", ".join(f"{k}: {v}" for k, v in gate.counts.items() if v))
@@ -38,11 +55,15 @@ def _text(view: RunView, verbose: bool = False) -> str:
     by_id = {r.case_id: r for r in view.results}
     if verbose:
         order = {c: i for i, c in enumerate(_LISTED)}
-        rows = sorted((cid for cid, c in gate.classification.items() if c in order),
-                      key=lambda c: (order[gate.classification[c]], c))
+        rows = sorted(
+            (cid for cid, c in gate.classification.items() if c in order),
+            key=lambda c: (order[gate.classification[c]], c),
+        )
         for cid in rows:
             r = by_id.get(cid)
-            out.append(f"{gate.classification[cid]:<12} {cid}  {' '.join((r.reason if r else 'no result').split())[:80]}")
+            out.append(
+                f"{gate.classification[cid]:<12} {cid}  {' '.join((r.reason if r else 'no result').split())[:80]}"
+            )
             if r is not None and r.repro:
                 out.append(f"{'':<12} repro: {r.repro}")
     else:
@@ -62,24 +83,45 @@ def _text(view: RunView, verbose: bool = False) -> str:
 def render(view: RunView, fmt: str, verbose: bool = False) -> str:
     if fmt == "json":
         return json.dumps(
-            {"run": view.run.to_dict(), "gate": view.gate.to_dict(), "results": [r.to_dict() for r in view.results],
-             "baseline": {"run": view.baseline.run.id if view.baseline.run else None, "where": view.baseline.where,
-                          "note": view.baseline.note},
-             "flakiness": {cid: f.to_dict() for cid, f in view.flakiness.items()},
-             "known_failures": view.known.source if view.known is not None else None,
-             "suggested_known_failures": [e.to_yaml() for e in gate_notes.suggestions(view)]},
-            indent=2, sort_keys=True, default=str,
+            {
+                "run": view.run.to_dict(),
+                "gate": view.gate.to_dict(),
+                "results": [r.to_dict() for r in view.results],
+                "baseline": {
+                    "run": view.baseline.run.id if view.baseline.run else None,
+                    "where": view.baseline.where,
+                    "note": view.baseline.note,
+                },
+                "flakiness": {cid: f.to_dict() for cid, f in view.flakiness.items()},
+                "known_failures": view.known.source if view.known is not None else None,
+                "suggested_known_failures": [e.to_yaml() for e in gate_notes.suggestions(view)],
+            },
+            indent=2,
+            sort_keys=True,
+            default=str,
         )
     if fmt == "md":
         return summary.render(view.run, view.results, view.gate) + gate_notes.markdown(view)
     if fmt == "junit":
-        return junit.to_string(view.results, view.gate, suite_name=view.run.matrix, run_id=view.run.id,
-                               run_status=view.run.status, planned=view.planned)
+        return junit.to_string(
+            view.results,
+            view.gate,
+            suite_name=view.run.matrix,
+            run_id=view.run.id,
+            run_status=view.run.status,
+            planned=view.planned,
+        )
     return _text(view, verbose)
 
 
-def main(db: str | None = None, run_id: int | str | None = None, fmt: str = "text", output: str | None = None,
-         verbose: bool = False, **judging) -> int:
+def main(
+    db: str | None = None,
+    run_id: int | str | None = None,
+    fmt: str = "text",
+    output: str | None = None,
+    verbose: bool = False,
+    **judging,
+) -> int:
     """Every format carries the verdict, so every format exits by it (0 passed, 1 failed, 3 only
     not-run). `judging`: the options of judging.CLI_KEYS given; the others are the run's own.
     Without --run, a report written into a run's out dir (`-o orch-out/report.md`) is of that run."""

@@ -45,8 +45,14 @@ def _from_matrix(case_id: str, matrix: str, devices: str, backend: str | None) -
         raise InputError(f"no case {case_id!r} in {matrix}{_suggest(case_id, known)}")
     if isinstance(found, SkippedCase):
         c = found.case
-        return CaseResult(case_id=c.case_id, status=Status.SKIP, reason=found.reason, requested_mode=c.mode,
-                          repro=c.repro_command(), axes=c.axes)
+        return CaseResult(
+            case_id=c.case_id,
+            status=Status.SKIP,
+            reason=found.reason,
+            requested_mode=c.mode,
+            repro=c.repro_command(),
+            axes=c.axes,
+        )
     return found
 
 
@@ -73,15 +79,24 @@ def _from_store(case_id: str, db: str, run_ref: str | None = None) -> Case:
     raise InputError(f"no case {case_id!r} in {where}{_suggest(case_id, sorted(set(known)))}; give --matrix")
 
 
-def main(case_id: str, matrix: str | None = None, backend: str | None = None, db: str | None = None,
-         devices: str = "auto", as_json: bool = False, run_id: str | None = None) -> int:
+def main(
+    case_id: str,
+    matrix: str | None = None,
+    backend: str | None = None,
+    db: str | None = None,
+    devices: str = "auto",
+    as_json: bool = False,
+    run_id: str | None = None,
+) -> int:
     import torch
 
     from backend.harness.checker import run_case_local
 
     if matrix and run_id is not None:
         raise InputError("give --matrix or --run, not both (--run looks the case up in that run's plan)")
-    found = _from_matrix(case_id, matrix, devices, backend) if matrix else _from_store(case_id, db or defaults.db(), run_id)
+    found = (
+        _from_matrix(case_id, matrix, devices, backend) if matrix else _from_store(case_id, db or defaults.db(), run_id)
+    )
     if isinstance(found, CaseResult):
         result = found
     else:
@@ -103,8 +118,10 @@ def main(case_id: str, matrix: str | None = None, backend: str | None = None, db
             if result.downgraded:
                 mode += f" -> {result.resolved_mode} (downgraded)"
             sizes = ", ".join(str(s) for s in result.capture_sizes_used)  # none when the case failed to capture
-            click.echo(f"  {mode}, graph {result.graph_kind}, provider {result.provider}, device {result.device}"
-                       + (f", capture sizes per step {sizes} (0 = eager)" if sizes else ""))
+            click.echo(
+                f"  {mode}, graph {result.graph_kind}, provider {result.provider}, device {result.device}"
+                + (f", capture sizes per step {sizes} (0 = eager)" if sizes else "")
+            )
         for check in result.checks:
             click.echo(f"  {check.summary()}")
         if result.status == Status.ERROR and result.log_tail:

@@ -133,10 +133,18 @@ def _plan(req: RunRequest, matrix: str) -> tuple[list[Case], list[SkippedCase], 
     known = j.known_failures if isinstance(j.known_failures, str) else (m.known_failures or "")
     kf.load(known)  # a bad file is exit 2 now, not after the run
     out_dir = req.out_dir or defaults.out()
-    options = RunOptions(out=os.path.abspath(out_dir), filter=req.filter_expr, backend=req.backend,
-                         matrix_cases=len(m.cases) + len(m.skipped), allow_empty=j.allow_empty, require=j.require,
-                         allow_unverifiable=j.allow_unverifiable, known_failures=os.path.abspath(known) if known else "",
-                         flaky_window=j.flaky_window or DEFAULT_WINDOW, flaky_threshold=j.flaky_threshold)
+    options = RunOptions(
+        out=os.path.abspath(out_dir),
+        filter=req.filter_expr,
+        backend=req.backend,
+        matrix_cases=len(m.cases) + len(m.skipped),
+        allow_empty=j.allow_empty,
+        require=j.require,
+        allow_unverifiable=j.allow_unverifiable,
+        known_failures=os.path.abspath(known) if known else "",
+        flaky_window=j.flaky_window or DEFAULT_WINDOW,
+        flaky_threshold=j.flaky_threshold,
+    )
     return list(cases), list(skipped), options, out_dir
 
 
@@ -166,8 +174,10 @@ def _main(req: RunRequest) -> int:
             resume_id = req.resume_id
             resumed = store.run(resume_id)  # exit 2 if absent, before any lock
             if req.label is not None and req.label != resumed.label:
-                raise InputError(f"--resume {resume_id}: run {resume_id} is labelled {resumed.label!r}, "
-                                 f"not {req.label!r} (a run keeps its label)")
+                raise InputError(
+                    f"--resume {resume_id}: run {resume_id} is labelled {resumed.label!r}, "
+                    f"not {req.label!r} (a run keeps its label)"
+                )
             note = store.acquire_writer(resume_id, sys.argv)
             run_id = resume_id
             if note:
@@ -182,15 +192,36 @@ def _main(req: RunRequest) -> int:
         paths = artifacts.output_paths(out_dir, req.junit_path, req.summary_path)
         artifacts.check_writable(paths)  # a read-only --out is exit 3 now, before any work
         artifacts.clear(paths)  # an earlier run's outputs never outlive the start of this one
-        new = NewRun(matrix=req.matrix or "", cases=[*cases, *(s.case for s in skipped)], argv=sys.argv,
-                     cluster=req.address, devices=req.devices, versions=_versions(), baseline=req.judging.baseline,
-                     label=req.label or "", options=options)
+        new = NewRun(
+            matrix=req.matrix or "",
+            cases=[*cases, *(s.case for s in skipped)],
+            argv=sys.argv,
+            cluster=req.address,
+            devices=req.devices,
+            versions=_versions(),
+            baseline=req.judging.baseline,
+            label=req.label or "",
+            options=options,
+        )
         rid = req.resume_id if req.resume_id is not None else store.create_run(new, lock_writer=True)
         run_id = rid
-        store.record_many(rid, [(CaseResult(
-            case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,
-            repro=s.case.repro_command(), axes=s.case.axes,
-        ), True) for s in skipped])
+        store.record_many(
+            rid,
+            [
+                (
+                    CaseResult(
+                        case_id=s.case.case_id,
+                        status=Status.SKIP,
+                        reason=s.reason,
+                        requested_mode=s.case.mode,
+                        repro=s.case.repro_command(),
+                        axes=s.case.axes,
+                    ),
+                    True,
+                )
+                for s in skipped
+            ],
+        )
         interrupted: KeyboardInterrupt | None = None
         try:
             _execute(store, rid, cases, req, phases, gpus)
@@ -215,8 +246,14 @@ def _main(req: RunRequest) -> int:
             _err(line)
         if "cluster" in phases:
             _out(time_line(phases, share))
-        _out(final_line(view, elapsed=time.monotonic() - t0, out_dir=out_dir,
-                        signal_name=signame(interrupted) if interrupted is not None else None))
+        _out(
+            final_line(
+                view,
+                elapsed=time.monotonic() - t0,
+                out_dir=out_dir,
+                signal_name=signame(interrupted) if interrupted is not None else None,
+            )
+        )
         return exit_code(interrupted) if interrupted is not None else int(view.gate.exit_code)
     finally:
         try:
@@ -247,12 +284,16 @@ def _resume(store, run_id: int, req: RunRequest) -> tuple[list, list]:
 
     run = store.run(run_id)  # InputError if absent
     if req.matrix is not None and not same_matrix(req.matrix, run):
-        raise InputError(f"--resume {run_id}: run {run_id} ran {run.matrix}, not {req.matrix} "
-                         f"(leave MATRIX out to finish run {run_id} with its own)")
+        raise InputError(
+            f"--resume {run_id}: run {run_id} ran {run.matrix}, not {req.matrix} "
+            f"(leave MATRIX out to finish run {run_id} with its own)"
+        )
     missing = set(store.missing_case_ids(run_id))
     if not missing and run.status == "finished":
-        raise InputError(f"--resume {run_id}: run {run_id} is finished, every one of its {run.num_cases} cases has a "
-                         f"verdict; nothing to resume (`orch gate --run {run_id}` prints its verdict)")
+        raise InputError(
+            f"--resume {run_id}: run {run_id} is finished, every one of its {run.num_cases} cases has a "
+            f"verdict; nothing to resume (`orch gate --run {run_id}` prints its verdict)"
+        )
     skipped = []
     try:  # which missing cases cannot run here today (a provider gone): recorded as skips
         m = load_matrix(req.matrix or run.matrix, devices=req.devices, backend_override=req.backend)
@@ -280,8 +321,9 @@ class _Work:
     gpus: list[int]  # filled in: the run's GPUs, once connected (orchestrator/gpu_share.py)
 
 
-def _execute(store, run_id: int, cases, req: RunRequest, phases: dict[str, float],
-             gpus: list[int] | None = None) -> dict[str, CaseResult]:
+def _execute(
+    store, run_id: int, cases, req: RunRequest, phases: dict[str, float], gpus: list[int] | None = None
+) -> dict[str, CaseResult]:
     """Run the cases on Ray. `phases` receives where the wall time went: cluster (connect),
     first_result (from connect to the first result: worker start-up, imports, the first session),
     cases (from then to the last result), shutdown. On this machine's GPUs, Triton's kernel cache is
@@ -294,8 +336,14 @@ def _execute(store, run_id: int, cases, req: RunRequest, phases: dict[str, float
     warmup = _start_precompile(cases, req, log_dir, history, jit)  # before the cluster: its start-up overlaps ours
     results: dict[str, CaseResult] = {}
     try:
-        work = _Work(phases, log_dir, history, _deferral(jit, warmup), _per_gpu(req.memory, cases, store, req.devices),
-                     gpus if gpus is not None else [])
+        work = _Work(
+            phases,
+            log_dir,
+            history,
+            _deferral(jit, warmup),
+            _per_gpu(req.memory, cases, store, req.devices),
+            gpus if gpus is not None else [],
+        )
         with _ray_logging(req.verbose):
             results = _on_cluster(store, run_id, cases, req, work)
         return results
@@ -316,8 +364,13 @@ def _per_gpu(memory, cases, store, devices: str) -> int:
 
     gpus = 0 if devices == "cpu" else local_gpu_count()
     device_bytes = memory.gpu_memory or driver_gpu_memory()
-    packing = auto_per_gpu(worker_need((c.case_id for c in cases), store.memory_needs()), device_bytes,
-                           memory.utilization, os.cpu_count() or 1, gpus)
+    packing = auto_per_gpu(
+        worker_need((c.case_id for c in cases), store.memory_needs()),
+        device_bytes,
+        memory.utilization,
+        os.cpu_count() or 1,
+        gpus,
+    )
     if gpus:
         _err(f"workers per GPU: {packing.why}")
     return packing.per_gpu
@@ -337,8 +390,10 @@ def _start_precompile(cases, req: RunRequest, log_dir: str, history, jit: frozen
         return None
     warmup = precompile.start(cases, jobs=jobs, log_dir=log_dir, history=history)
     if warmup is not None:
-        _err(f"precompile: {plural(jobs, 'helper process', 'helper processes')} warming Triton's kernel cache "
-             f"from {plural(warmup.count, 'tp 1 case')} (log {warmup.log_path})")
+        _err(
+            f"precompile: {plural(jobs, 'helper process', 'helper processes')} warming Triton's kernel cache "
+            f"from {plural(warmup.count, 'tp 1 case')} (log {warmup.log_path})"
+        )
     return warmup
 
 
@@ -366,8 +421,14 @@ def _on_cluster(store, run_id: int, cases, req: RunRequest, work: _Work) -> dict
     from orchestrator.interrupts import rearm
 
     t0 = time.monotonic()
-    cluster = connect(req.address, devices=req.devices, workers=req.workers, min_slots=max(c.tp for c in cases),
-                      workers_per_gpu=work.per_gpu, max_gpus=req.max_gpus)
+    cluster = connect(
+        req.address,
+        devices=req.devices,
+        workers=req.workers,
+        min_slots=max(c.tp for c in cases),
+        workers_per_gpu=work.per_gpu,
+        max_gpus=req.max_gpus,
+    )
     rearm()  # ray.init installed its own SIGTERM handler (sys.exit): ours closes the run first
     t_up = time.monotonic()
     phases = work.phases
@@ -376,14 +437,19 @@ def _on_cluster(store, run_id: int, cases, req: RunRequest, work: _Work) -> dict
     _err(cluster.banner)
     if cluster.device_kind == "gpu":
         work.gpus.append(max(1, cluster.total_slots // cluster.workers_per_gpu))
-    config = ExecConfig(timeout_s=req.timeout_s, log_dir=work.log_dir, gpu_memory_utilization=req.memory.utilization,
-                        gpu_memory_bytes=req.memory.gpu_memory)
+    config = ExecConfig(
+        timeout_s=req.timeout_s,
+        log_dir=work.log_dir,
+        gpu_memory_utilization=req.memory.utilization,
+        gpu_memory_bytes=req.memory.gpu_memory,
+    )
     if cluster.device_kind == "gpu" and cluster.workers_per_gpu > 1:
         # Cases measured to need more than one worker's share run on wider workers (packing.slot_width).
         from backend.attention.capabilities import driver_gpu_memory
 
-        config = dataclasses.replace(config, memory_needs=store.memory_needs(),
-                                     device_bytes=config.gpu_memory_bytes or driver_gpu_memory())
+        config = dataclasses.replace(
+            config, memory_needs=store.memory_needs(), device_bytes=config.gpu_memory_bytes or driver_gpu_memory()
+        )
     if os.environ.get(RUNNER_ENV):
         config = dataclasses.replace(config, runner=os.environ[RUNNER_ENV])
     progress = Progress(len(cases), live=sys.stderr.isatty(), quiet=req.no_progress)
@@ -397,8 +463,9 @@ def _on_cluster(store, run_id: int, cases, req: RunRequest, work: _Work) -> dict
                 progress.update(result)
 
     try:
-        return Executor(cluster, config, on_results=on_results, history=work.history, deferral=work.deferral,
-                        on_notice=_err).run(cases)
+        return Executor(
+            cluster, config, on_results=on_results, history=work.history, deferral=work.deferral, on_notice=_err
+        ).run(cases)
     finally:
         progress.close()
         t_end = time.monotonic()

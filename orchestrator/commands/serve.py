@@ -11,8 +11,13 @@ from orchestrator.dashboard.server import make_server
 from orchestrator.interrupts import SIGNALS, trapped
 
 
-def main(db: str | None = None, host: str = "127.0.0.1", port: int = 9265, baseline: str | None = None,
-         known_failures: str | None = None) -> int:
+def main(
+    db: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 9265,
+    baseline: str | None = None,
+    known_failures: str | None = None,
+) -> int:
     server = make_server(db or defaults.db(), host, port, baseline, known_failures)
     # Ctrl-C or SIGTERM is how it stops: exit 0 from the moment it listens. Both are trapped here
     # rather than left to the disposition the process inherited (a parent that blocked or ignored

@@ -25,8 +25,9 @@ def _check(gpus: int, nodes: int, cases: int, sigma: float) -> None:
         raise InputError(f"--sigma must be in [0, 5], got {sigma}")
 
 
-def run_policies(gpus: int, nodes: int, cases: int, policy: str, sigma: float, seed: int,
-                 modes_per_config: int = 1) -> dict[str, SimResult]:
+def run_policies(
+    gpus: int, nodes: int, cases: int, policy: str, sigma: float, seed: int, modes_per_config: int = 1
+) -> dict[str, SimResult]:
     _check(gpus, nodes, cases, sigma)
     if modes_per_config < 1 or modes_per_config > cases:
         raise InputError(f"--modes-per-config must be in [1, --cases ({cases})], got {modes_per_config}")
@@ -48,8 +49,9 @@ def run_policies(gpus: int, nodes: int, cases: int, policy: str, sigma: float, s
     return out
 
 
-def main(gpus: int, nodes: int, cases: int, policy: str, sigma: float, seed: int, as_json: bool,
-         modes_per_config: int = 1) -> int:
+def main(
+    gpus: int, nodes: int, cases: int, policy: str, sigma: float, seed: int, as_json: bool, modes_per_config: int = 1
+) -> int:
     results = run_policies(gpus, nodes, cases, policy, sigma, seed, modes_per_config)
     if as_json:
         print(json.dumps({name: r.to_dict() for name, r in results.items()}, indent=2))

@@ -36,8 +36,21 @@ _ENV = jinja2.Environment(
 
 # Display state of a cell: the status, or the gate's class where it is not the status (known-fail,
 # pass-unverifiable, muted: a muted error is no gating error), or "pending"/"missing" without a result.
-STATES = ("pass", "pass-unverifiable", "fail", "error", "timeout", "unverifiable", "flaky", "known-fail", "muted", "not-run",
-          "skip", "pending", "missing")
+STATES = (
+    "pass",
+    "pass-unverifiable",
+    "fail",
+    "error",
+    "timeout",
+    "unverifiable",
+    "flaky",
+    "known-fail",
+    "muted",
+    "not-run",
+    "skip",
+    "pending",
+    "missing",
+)
 
 
 def json_for_script(data: Any) -> str:
@@ -119,9 +132,16 @@ def case_entry(r: CaseResult, view: RunView, hist: dict, labels: dict[int, str] 
         "error_kind": r.error_kind,
         "checks": [
             {
-                "name": c.name, "passed": c.passed, "summary": c.summary(), "step": c.step,
-                "max_abs": _num(c.max_abs_err), "max_rel": _num(c.max_rel_err), "mismatch": _num(c.mismatch_frac),
-                "first_bad": list(c.first_bad) if c.first_bad else None, "bitwise": c.bitwise, "detail": c.detail,
+                "name": c.name,
+                "passed": c.passed,
+                "summary": c.summary(),
+                "step": c.step,
+                "max_abs": _num(c.max_abs_err),
+                "max_rel": _num(c.max_rel_err),
+                "mismatch": _num(c.mismatch_frac),
+                "first_bad": list(c.first_bad) if c.first_bad else None,
+                "bitwise": c.bitwise,
+                "detail": c.detail,
             }
             for c in r.checks
         ],
@@ -148,24 +168,47 @@ def _flakiness(case_id: str, view: RunView) -> dict[str, Any] | None:
     return {**f.to_dict(), "window": len(view.window), "label": view.window_label}
 
 
-def page_data(view: RunView, hist: dict[str, list[tuple[int, str, str]]], runs: list[dict] | None = None,
-              labels: dict[int, str] | None = None) -> dict[str, Any]:
+def page_data(
+    view: RunView,
+    hist: dict[str, list[tuple[int, str, str]]],
+    runs: list[dict] | None = None,
+    labels: dict[int, str] | None = None,
+) -> dict[str, Any]:
     """Everything the page shows, JSON-able. `hist`: store.status_history(); `labels`: run id ->
     label of the runs in it."""
     pending_state = "pending" if view.run.status == "running" else "missing"
     cases = [case_entry(r, view, hist, labels) for r in view.results]
     for p in view.planned:
         axes = with_k({k: v for k, v in p.items() if k != "case_id"})
-        cases.append({"id": p["case_id"], "axes": axes, "state": pending_state, "cls": pending_state, "change": "",
-                      "reason": "no result yet" if pending_state == "pending" else "planned, never finished",
-                      "downgraded": False, "checks": [], "history": _history(p["case_id"], view.run.id, hist, labels)})
+        cases.append(
+            {
+                "id": p["case_id"],
+                "axes": axes,
+                "state": pending_state,
+                "cls": pending_state,
+                "change": "",
+                "reason": "no result yet" if pending_state == "pending" else "planned, never finished",
+                "downgraded": False,
+                "checks": [],
+                "history": _history(p["case_id"], view.run.id, hist, labels),
+            }
+        )
     run = view.run
     return {
         "run": {
-            "id": run.id, "matrix": run.matrix, "status": run.status, "git_sha": run.git_sha,
-            "devices": run.devices, "cluster": run.cluster, "started_at": run.started_at,
-            "finished_at": run.finished_at, "versions": run.versions, "num_cases": run.num_cases,
-            "num_results": run.num_results, "label": run.label, "device_model": run.device_model,
+            "id": run.id,
+            "matrix": run.matrix,
+            "status": run.status,
+            "git_sha": run.git_sha,
+            "devices": run.devices,
+            "cluster": run.cluster,
+            "started_at": run.started_at,
+            "finished_at": run.finished_at,
+            "versions": run.versions,
+            "num_cases": run.num_cases,
+            "num_results": run.num_results,
+            "label": run.label,
+            "device_model": run.device_model,
             "selection": selection(run),
         },
         "gate": {**view.gate.to_dict(), "baseline": view.baseline_given},
@@ -193,7 +236,9 @@ def render_html(data: dict[str, Any], *, live: bool = False) -> str:
     css = (_HERE / "static" / "dashboard.css").read_text(encoding="utf-8")
     js = (_HERE / "static" / "dashboard.js").read_text(encoding="utf-8")
     return _ENV.get_template("index.html.j2").render(
-        title=f"orch run {data['run']['id']}" + (f" {data['state']}" if data["state"] else "") + f" — {data['run']['matrix']}",
+        title=f"orch run {data['run']['id']}"
+        + (f" {data['state']}" if data["state"] else "")
+        + f" — {data['run']['matrix']}",
         run=data["run"],
         verdict=data["headline"],
         verdict_class="state" if data["state"] else "ok" if data["gate"]["passed"] else "bad",

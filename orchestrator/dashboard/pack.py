@@ -25,8 +25,20 @@ AXIS_NAMES = ("attention", "tp", "cudagraph_mode", "kv_cache_dtype", "batch", "b
 STRING_AXES = ("attention", "cudagraph_mode", "kv_cache_dtype", "batch", "backend")  # interned; the rest ints
 # Fields most checks leave empty last: a row ends at its last value.
 CHECK_FIELDS = ("name", "passed", "max_abs", "max_rel", "mismatch", "bitwise", "step", "first_bad", "detail")
-INTERNED = ("reason", "worker", "provider", "graph_kind", "device", "resolved_mode", "error_kind", "log_tail",
-            "baseline", "change", "state", "cls")
+INTERNED = (
+    "reason",
+    "worker",
+    "provider",
+    "graph_kind",
+    "device",
+    "resolved_mode",
+    "error_kind",
+    "log_tail",
+    "baseline",
+    "change",
+    "state",
+    "cls",
+)
 
 
 def _empty(v: Any) -> bool:
@@ -102,7 +114,16 @@ def pack(data: dict[str, Any]) -> dict[str, Any]:
             if isinstance(e.get(f), str) and e[f]:
                 e[f] = intern(e[f])
         packed.append({k: v for k, v in e.items() if not _empty(v)})
-    return {**data, "cases": packed, "packed": {"axis_names": list(AXIS_NAMES), "check_fields": list(CHECK_FIELDS),
-                                                "string_axes": list(STRING_AXES), "timing_keys": timing_keys,
-                                                "interned": list(INTERNED),
-                                                "strings": list(strings), "versions": common}}
+    return {
+        **data,
+        "cases": packed,
+        "packed": {
+            "axis_names": list(AXIS_NAMES),
+            "check_fields": list(CHECK_FIELDS),
+            "string_axes": list(STRING_AXES),
+            "timing_keys": timing_keys,
+            "interned": list(INTERNED),
+            "strings": list(strings),
+            "versions": common,
+        },
+    }

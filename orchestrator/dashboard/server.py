@@ -91,8 +91,9 @@ class DashboardServer(ThreadingHTTPServer):
         return f"http://{host}:{port}/"
 
 
-def make_server(db: str, host: str = "127.0.0.1", port: int = 0, baseline: str | None = None,
-                known_failures: str | None = None) -> DashboardServer:
+def make_server(
+    db: str, host: str = "127.0.0.1", port: int = 0, baseline: str | None = None, known_failures: str | None = None
+) -> DashboardServer:
     """Validate the inputs now (bad known-failures file or baseline = exit 2 before serving)."""
     known = load(known_failures)
     with ResultStore(db, readonly=True) as store:

@@ -131,8 +131,16 @@ def _free_port() -> int:
 class CaseWorker:
     """Ray actor class (wrapped with ray.remote by gangs.py, with num_gpus/num_cpus/placement)."""
 
-    def __init__(self, *, runner: str, device_kind: str, log_dir: str, label: str, env: dict[str, str] | None = None,
-                 memory: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        *,
+        runner: str,
+        device_kind: str,
+        log_dir: str,
+        label: str,
+        env: dict[str, str] | None = None,
+        memory: dict[str, Any] | None = None,
+    ):
         preloaded = tuple(m for m in WORKER_PRELOAD if m in sys.modules)
         apply_env(env if env is not None else actor_env(device_kind))
         threads = limit_threads()  # torch is usually preloaded (WORKER_PRELOAD): before any work
@@ -153,8 +161,9 @@ class CaseWorker:
         self.device = "cuda:0" if (device_kind == "gpu" and gpu_ids) else "cpu"
         ip = ray.util.get_node_ip_address()
         where = f"gpu{','.join(gpu_ids)}@{ip}" if gpu_ids else f"{label}@{ip}"
-        self.info_ = WorkerInfo(where, ctx.get_node_id(), ip, os.getpid(), gpu_ids, self.device, self.log_path,
-                                preloaded=preloaded)
+        self.info_ = WorkerInfo(
+            where, ctx.get_node_id(), ip, os.getpid(), gpu_ids, self.device, self.log_path, preloaded=preloaded
+        )
         self.runner_path = runner
         self._runner: Callable[..., Any] | None = None
         self._sessions: Any = None
@@ -163,9 +172,12 @@ class CaseWorker:
         self._gang: tuple[int, int] = (0, 1)
         self._nvml: bool | None = None  # torch.cuda.utilization works here (None: not tried yet)
         self.threads = threads
-        print(f"[orch] worker {where} pid {os.getpid()} device {self.device} runner {runner} "
-              f"preloaded {','.join(preloaded) or '-'} threads {os.environ.get(THREADS_ENV, '?')} "
-              f"(torch {threads[0]} intra-op, {threads[1]} inter-op)", flush=True)
+        print(
+            f"[orch] worker {where} pid {os.getpid()} device {self.device} runner {runner} "
+            f"preloaded {','.join(preloaded) or '-'} threads {os.environ.get(THREADS_ENV, '?')} "
+            f"(torch {threads[0]} intra-op, {threads[1]} inter-op)",
+            flush=True,
+        )
 
     def info(self) -> WorkerInfo:
         import dataclasses
@@ -249,8 +261,17 @@ class CaseWorker:
         for d in cases:
             case = Case.from_dict(d)
             if desync:  # the gang is out of step: later cases are not run on it (driver requeues)
-                out.append(CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=desync, error_kind="gang",
-                                      requested_mode=case.mode, axes=case.axes, worker=self.info_.label).to_dict())
+                out.append(
+                    CaseResult(
+                        case_id=case.case_id,
+                        status=Status.NOT_RUN,
+                        reason=desync,
+                        error_kind="gang",
+                        requested_mode=case.mode,
+                        axes=case.axes,
+                        worker=self.info_.label,
+                    ).to_dict()
+                )
                 continue
             t0 = time.monotonic()
             print(f"[orch] case {case.case_id} rank {rank}", flush=True)
@@ -266,15 +287,27 @@ class CaseWorker:
                 print(tb, flush=True)
                 first = (str(e).strip().splitlines() or [""])[0]
                 res = CaseResult(
-                    case_id=case.case_id, status=Status.ERROR, reason=f"{type(e).__name__}: {first}",
-                    requested_mode=case.mode, error_kind="exception", log_tail=tb[-LOG_TAIL_BYTES:],
-                    repro=case.repro_command(), axes=case.axes, timings={"total_s": time.monotonic() - t0},
+                    case_id=case.case_id,
+                    status=Status.ERROR,
+                    reason=f"{type(e).__name__}: {first}",
+                    requested_mode=case.mode,
+                    error_kind="exception",
+                    log_tail=tb[-LOG_TAIL_BYTES:],
+                    repro=case.repro_command(),
+                    axes=case.axes,
+                    timings={"total_s": time.monotonic() - t0},
                 )
             if world > 1:
                 desync = self._barrier(case.case_id, not raised)
                 if desync and not raised:  # its collectives may have paired with the wrong case
-                    res = CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=desync, error_kind="gang",
-                                     requested_mode=case.mode, axes=case.axes)
+                    res = CaseResult(
+                        case_id=case.case_id,
+                        status=Status.NOT_RUN,
+                        reason=desync,
+                        error_kind="gang",
+                        requested_mode=case.mode,
+                        axes=case.axes,
+                    )
             changes: dict[str, Any] = {"worker": self.info_.label}
             util = self._utilization()
             if util is not None:

@@ -70,7 +70,9 @@ def classify(ranks: Sequence[CaseResult], worker: str, narrower: bool) -> Seen:
     if poisons_worker(res):
         recycle = True
         if not oom:  # a sticky fault seen inside a capture is the machine's, not the code's: retried
-            res = res.replace(reason=f"{res.reason} (device error: worker recycled)", error_kind=ErrorKind.EXCEPTION.value)
+            res = res.replace(
+                reason=f"{res.reason} (device error: worker recycled)", error_kind=ErrorKind.EXCEPTION.value
+            )
     return Seen(Action.ATTEMPT, res, recycle)
 
 
@@ -129,8 +131,7 @@ class Attempts:
             t = self.dispatcher.next_for(node, width, first.group)
             if t is None:
                 break
-            if (t.tp != width or t.id in self.singles or total + t.est_s >= target_s
-                    or self.avoid(t.id) == worker):
+            if t.tp != width or t.id in self.singles or total + t.est_s >= target_s or self.avoid(t.id) == worker:
                 self.dispatcher.requeue(t)
                 break
             self.taken(t)
@@ -180,8 +181,10 @@ class Attempts:
     def widen(self, task: Task, res: CaseResult, width: int, per_gpu: int) -> None:
         """Out of memory on a worker of `width` of `per_gpu` shares: run again on a whole GPU,
         where only an out-of-memory is its verdict (`oom`)."""
-        self.widened[task.id] = (f"out of device memory on a worker of {width}/{per_gpu} of a GPU "
-                                 f"({first_line(res.reason)}): rerun on a whole GPU")
+        self.widened[task.id] = (
+            f"out of device memory on a worker of {width}/{per_gpu} of a GPU "
+            f"({first_line(res.reason)}): rerun on a whole GPU"
+        )
         self.requeue(task, dataclasses.replace(task, tp=per_gpu))
 
     def not_run(self, case: Case, reason: str, kind: ErrorKind = ErrorKind.PLACEMENT) -> None:
@@ -191,16 +194,31 @@ class Attempts:
         if first is not None:
             res = first.replace(reason=f"{first.reason}; retry not run: {reason}")
         else:
-            res = CaseResult(case_id=case.case_id, status=Status.NOT_RUN, reason=f"not run: {reason}",
-                             requested_mode=case.mode, error_kind=kind.value, repro=case.repro_command(),
-                             axes=case.axes)
+            res = CaseResult(
+                case_id=case.case_id,
+                status=Status.NOT_RUN,
+                reason=f"not run: {reason}",
+                requested_mode=case.mode,
+                error_kind=kind.value,
+                repro=case.repro_command(),
+                axes=case.axes,
+            )
         self.emit(res, True)
 
     def skip_placement(self, case: Case, reason: str) -> None:
         """A case that cannot run here at all (tp larger than any node): SKIP."""
-        self.emit(CaseResult(case_id=case.case_id, status=Status.SKIP, reason=reason, requested_mode=case.mode,
-                             error_kind=ErrorKind.PLACEMENT.value, repro=case.repro_command(), axes=case.axes),
-                  True)
+        self.emit(
+            CaseResult(
+                case_id=case.case_id,
+                status=Status.SKIP,
+                reason=reason,
+                requested_mode=case.mode,
+                error_kind=ErrorKind.PLACEMENT.value,
+                repro=case.repro_command(),
+                axes=case.axes,
+            ),
+            True,
+        )
 
     def _give_up(self, task: Task, reason: str, kind: ErrorKind = ErrorKind.PLACEMENT) -> None:
         self.dispatcher.done(task, 0.0)

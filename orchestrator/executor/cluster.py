@@ -103,8 +103,14 @@ def _check_reachable(address: str) -> None:
         raise InfraError(f"Ray cluster unreachable at {address}: {e.strerror or e}") from None
 
 
-def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min_slots: int = 1,
-               per_gpu: int = 1, max_gpus: int | None = None) -> tuple[NodeSlots, ...]:
+def node_slots(
+    device_kind: str,
+    workers: int | None,
+    cpu_per_worker: float,
+    min_slots: int = 1,
+    per_gpu: int = 1,
+    max_gpus: int | None = None,
+) -> tuple[NodeSlots, ...]:
     """Slots per alive node. GPU: `per_gpu` per GPU (--workers-per-gpu), `workers` in all at most.
     CPU: `workers` (default max(cores, min_slots), so the largest gang of the matrix fits) spread
     over nodes as far as their CPUs allow. `max_gpus` (`orch run --max-gpus`): this run's share of
@@ -141,7 +147,9 @@ def node_slots(device_kind: str, workers: int | None, cpu_per_worker: float, min
     for n, k in zip(alive, counts):
         if k > 0:
             cores = int(n["Resources"].get("CPU", 0)) if workers is None else 0
-            out.append(NodeSlots(n["NodeID"], n["NodeManagerAddress"], k, cores, cpus=int(n["Resources"].get("CPU", 0))))
+            out.append(
+                NodeSlots(n["NodeID"], n["NodeManagerAddress"], k, cores, cpus=int(n["Resources"].get("CPU", 0)))
+            )
     return tuple(out)
 
 
@@ -172,11 +180,15 @@ class LocalLayout:
     def describe(self) -> str:
         if self.device_kind == DeviceKind.GPU:
             return f"{self.workers} GPU worker(s)"
-        capped = f", at most {self.parallel} running at once ({self.cores} cores)" if self.parallel < self.workers else ""
+        capped = (
+            f", at most {self.parallel} running at once ({self.cores} cores)" if self.parallel < self.workers else ""
+        )
         return f"{self.workers} CPU worker(s){capped}"
 
 
-def local_layout(device_kind: DeviceKind | str, workers: int | None, min_slots: int, *, cpus: int, gpus: int) -> LocalLayout:
+def local_layout(
+    device_kind: DeviceKind | str, workers: int | None, min_slots: int, *, cpus: int, gpus: int
+) -> LocalLayout:
     if device_kind == "gpu":
         return LocalLayout(DeviceKind.GPU, min(gpus, workers) if workers is not None else gpus, 0)
     cap = int(cpus / CPU_PER_WORKER)  # node_slots: a node holds at most this many CPU workers
@@ -190,15 +202,29 @@ def embedded_init_kwargs(num_gpus: int, *, preload: bool = True) -> dict:
     times this same start, and with preload=False the start before the worker preload)."""
     # address="local": a new cluster even where another Ray runs on this machine (a `ray start`
     # head, another user's run); without it ray.init joins that one and rejects num_cpus.
-    kw: dict = dict(address="local", num_cpus=os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
-                    object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False, configure_logging=False)
+    kw: dict = dict(
+        address="local",
+        num_cpus=os.cpu_count() or 1,
+        num_gpus=num_gpus,
+        include_dashboard=False,
+        object_store_memory=OBJECT_STORE_BYTES,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     if preload:
         kw["_system_config"] = {"preload_python_modules": list(WORKER_PRELOAD)}
     return kw
 
 
-def connect(address: str = "local", *, devices: str = "auto", workers: int | None = None, min_slots: int = 1,
-            workers_per_gpu: int = 1, max_gpus: int | None = None) -> ClusterInfo:
+def connect(
+    address: str = "local",
+    *,
+    devices: str = "auto",
+    workers: int | None = None,
+    min_slots: int = 1,
+    workers_per_gpu: int = 1,
+    max_gpus: int | None = None,
+) -> ClusterInfo:
     """Start embedded Ray (`local`) or join (`auto`, HOST:PORT, or RAY_ADDRESS) and count slots.
 
     Reuses an already-initialised Ray in this process (tests share one session cluster).

@@ -49,8 +49,10 @@ def group_key(case: Case) -> str:
     """Cases that can share captured graphs (same SessionCache entry shapes) on one actor."""
     m = case.model
     family = "" if m.attention == "gqa" else f"{m.attention}{list(m.dims)}|"  # gqa keys as before
-    return (f"{family}{case.backend}|tp{case.tp}|{case.kv_cache_dtype}|{m.num_heads}x{m.num_kv_heads}x"
-            f"{m.head_size}|{m.dtype}|{m.num_layers}|{m.max_model_len}|{len(case.capture_sizes)}")
+    return (
+        f"{family}{case.backend}|tp{case.tp}|{case.kv_cache_dtype}|{m.num_heads}x{m.num_kv_heads}x"
+        f"{m.head_size}|{m.dtype}|{m.num_layers}|{m.max_model_len}|{len(case.capture_sizes)}"
+    )
 
 
 def config_key(case: Case) -> str:
@@ -58,5 +60,7 @@ def config_key(case: Case) -> str:
     cudagraph modes (the same session, batch, speculative tokens, seed, steps and tolerance: the
     harness's eager memo key, backend/harness/checker.py _run_steps). The executor hands them to
     one worker together (Dispatcher.siblings, Attempts.batch)."""
-    return (f"{group_key(case)}|{case.batch!r}|k{case.spec_tokens}|s{case.seed}|n{case.steps}|"
-            f"{case.tolerance!r}|{case.cg_padding!r}")
+    return (
+        f"{group_key(case)}|{case.batch!r}|k{case.spec_tokens}|s{case.seed}|n{case.steps}|"
+        f"{case.tolerance!r}|{case.cg_padding!r}"
+    )

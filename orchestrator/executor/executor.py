@@ -110,11 +110,20 @@ class Executor:
                 skipped.append((c, reason))
                 continue
             later = self.deferral is not None and c.backend in self.deferral.backends
-            tasks.append(Task(c.case_id, self.pool.case_width(c), est[c.case_id], group_key(c), tier=int(later),
-                              config=config_key(c)))
+            tasks.append(
+                Task(
+                    c.case_id,
+                    self.pool.case_width(c),
+                    est[c.case_id],
+                    group_key(c),
+                    tier=int(later),
+                    config=config_key(c),
+                )
+            )
         self.dispatcher = Dispatcher(tasks, self.pool.slots)
-        self.attempts = Attempts({c.case_id: c for c in cases}, self.dispatcher, retries=self.config.retries,
-                                 unit=self.pool.unit)
+        self.attempts = Attempts(
+            {c.case_id: c for c in cases}, self.dispatcher, retries=self.config.retries, unit=self.pool.unit
+        )
         for c, reason in skipped:
             self.attempts.skip_placement(c, reason)
         self.attempts.queue(tasks)
@@ -183,8 +192,14 @@ class Executor:
                         break
                     refused.add(task.id)
                     continue
-                batch = self.attempts.batch(node, task, self.pool.gang_width(gang), gang.label,
-                                            self.config.batch_target_s, self.config.max_batch)
+                batch = self.attempts.batch(
+                    node,
+                    task,
+                    self.pool.gang_width(gang),
+                    gang.label,
+                    self.config.batch_target_s,
+                    self.config.max_batch,
+                )
                 if gang.state == GangState.IDLE:
                     self._submit(gang, batch)
                 else:
@@ -336,12 +351,14 @@ class Executor:
         if job.kind == JobKind.PLACE:
             self.attempts.placement_timed_out(g.tp, job.tasks, self.config.placement_timeout_s)
         elif job.kind in SETUP_KINDS:
-            self._setup_failed(job, f"tp{g.tp} gang did not come up within {self.config.setup_timeout_s:.0f}s "
-                                    f"({job.kind.value})")
+            self._setup_failed(
+                job, f"tp{g.tp} gang did not come up within {self.config.setup_timeout_s:.0f}s ({job.kind.value})"
+            )
         else:
             limit = self._timeout(job.tasks[0])
-            self._lost_batch(job, f"no result within {limit:.0f}s: worker killed and recreated", ErrorKind.TIMEOUT,
-                             Status.TIMEOUT)
+            self._lost_batch(
+                job, f"no result within {limit:.0f}s: worker killed and recreated", ErrorKind.TIMEOUT, Status.TIMEOUT
+            )
 
     def _setup_failed(self, job: _Job, reason: str) -> None:
         """Placing, starting or joining a gang failed before any case ran in it: not the cases'
@@ -362,8 +379,9 @@ class Executor:
         from ray.exceptions import ActorUnavailableError
 
         self._refresh_nodes(force=True)
-        return (not self.pool.alive[g.node] or isinstance(err, ActorUnavailableError)
-                or bool(NODE_DEATH.search(str(err))))
+        return (
+            not self.pool.alive[g.node] or isinstance(err, ActorUnavailableError) or bool(NODE_DEATH.search(str(err)))
+        )
 
     def _refresh_nodes(self, force: bool = False) -> None:
         """Stop using nodes the GCS reports dead (checked at most once a second)."""
@@ -388,7 +406,14 @@ class Executor:
         tails = [s[s.rfind(f"[orch] case {t.id} ") :] if f"[orch] case {t.id} " in s else s for s in tails]
         tail = tails[0] if len(tails) == 1 else "\n".join(f"--- rank {r} ---\n{s}" for r, s in enumerate(tails) if s)
         return CaseResult(
-            case_id=case.case_id, status=status, reason=reason, requested_mode=case.mode, error_kind=kind.value,
-            log_tail=tail, repro=case.repro_command(), worker=g.label, axes=case.axes,
+            case_id=case.case_id,
+            status=status,
+            reason=reason,
+            requested_mode=case.mode,
+            error_kind=kind.value,
+            log_tail=tail,
+            repro=case.repro_command(),
+            worker=g.label,
+            axes=case.axes,
             device=g.infos[0].device if g.infos else "",
         )

@@ -116,8 +116,14 @@ def start_actors(gang: Gang) -> list[Any]:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=gang.pg, placement_group_bundle_index=rank
             ),
-        ).remote(runner=spec.runner, device_kind=str(spec.device_kind), log_dir=spec.log_dir, label=label, env=env,
-                 memory=dict(spec.memory))
+        ).remote(
+            runner=spec.runner,
+            device_kind=str(spec.device_kind),
+            log_dir=spec.log_dir,
+            label=label,
+            env=env,
+            memory=dict(spec.memory),
+        )
         gang.actors.append(actor)
     gang.state = GangState.STARTING
     return [a.info.remote() for a in gang.actors]
@@ -156,9 +162,16 @@ def reform(gang: Gang, tp: int) -> tuple[list[Gang], list[list[Any]]]:
     spec = dataclasses.replace(gang.spec, tp=tp)
     new, refs = [], []
     for start in range(0, gang.tp, tp):
-        part = Gang(spec=spec, node=gang.node, node_id=gang.node_id, pg=gang.pg, pg_size=gang.pg_size,
-                    state=GangState.LEAVING, actors=gang.actors[start:start + tp],
-                    infos=gang.infos[start:start + tp])
+        part = Gang(
+            spec=spec,
+            node=gang.node,
+            node_id=gang.node_id,
+            pg=gang.pg,
+            pg_size=gang.pg_size,
+            state=GangState.LEAVING,
+            actors=gang.actors[start : start + tp],
+            infos=gang.infos[start : start + tp],
+        )
         new.append(part)
         refs.append([a.leave_gang.remote() for a in part.actors])
     gang.state = GangState.DEAD

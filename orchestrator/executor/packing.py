@@ -90,11 +90,15 @@ class WorkerNeed:
         if not self.bytes:
             return f"no recorded device memory for these {self.cases} case(s) (a GPU run records it)"
         part = f" ({self.recorded} of {self.cases} cases recorded)" if self.recorded < self.cases else ""
-        text = (f"largest case needs {self.bytes / GiB:.2f} GiB ({self.case_id}); a worker "
-                f"{self.per_worker() / GiB:.2f} GiB with its context and margin{part}")
+        text = (
+            f"largest case needs {self.bytes / GiB:.2f} GiB ({self.case_id}); a worker "
+            f"{self.per_worker() / GiB:.2f} GiB with its context and margin{part}"
+        )
         if self.median and self.median < self.bytes:
-            text += (f"; the median case {self.median / GiB:.2f} GiB, a worker {worker_bytes(self.median) / GiB:.2f} "
-                     f"GiB (larger cases take several workers' shares)")
+            text += (
+                f"; the median case {self.median / GiB:.2f} GiB, a worker {worker_bytes(self.median) / GiB:.2f} "
+                f"GiB (larger cases take several workers' shares)"
+            )
         return text
 
 
@@ -139,8 +143,11 @@ def auto_per_gpu(need: WorkerNeed, device_bytes: int | None, utilization: float,
     if by_cores < 2:  # a small host: the old rule (cores - 1 workers, one thread each)
         by_cores = max(1, (cores - 1) // gpus)
     n = max(1, min(by_memory, by_cores, MAX_PER_GPU))
-    return Packing(n, f"{n} per GPU: memory allows {by_memory} ({need.describe()}; "
-                      f"{device_bytes / GiB:.0f} GiB x {utilization:g}), cores {by_cores}, cap {MAX_PER_GPU}")
+    return Packing(
+        n,
+        f"{n} per GPU: memory allows {by_memory} ({need.describe()}; "
+        f"{device_bytes / GiB:.0f} GiB x {utilization:g}), cores {by_cores}, cap {MAX_PER_GPU}",
+    )
 
 
 @dataclass(frozen=True)
@@ -153,5 +160,8 @@ class MemoryOptions:
 
     @classmethod
     def parse(cls, workers_per_gpu, utilization, gpu_memory) -> MemoryOptions:
-        return cls(parse_workers_per_gpu(workers_per_gpu), check_utilization(float(utilization)),
-                   parse_gib(gpu_memory, "--gpu-memory"))
+        return cls(
+            parse_workers_per_gpu(workers_per_gpu),
+            check_utilization(float(utilization)),
+            parse_gib(gpu_memory, "--gpu-memory"),
+        )

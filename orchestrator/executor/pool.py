@@ -89,8 +89,11 @@ class GangPool:
     def memory(self, tp: int, width: int = 1) -> tuple[tuple[str, object], ...]:
         """The actors' MemoryBudget (backend/harness/memory.py), as hashable items."""
         share = width / self.per_gpu if tp == 1 else 1.0
-        return (("utilization", self.config.gpu_memory_utilization), ("share", share),
-                ("device_bytes", self.config.gpu_memory_bytes))
+        return (
+            ("utilization", self.config.gpu_memory_utilization),
+            ("share", share),
+            ("device_bytes", self.config.gpu_memory_bytes),
+        )
 
     def threads(self, node: int, tp: int, width: int) -> int:
         """Torch threads for each rank of a gang placed on `node` (threads.worker_threads): a GPU
@@ -101,9 +104,16 @@ class GangPool:
         return worker_threads(n.cpus, n.slots, width if tp == 1 else self.per_gpu)
 
     def spec(self, tp: int, width: int, log_dir: str, node: int = 0) -> GangSpec:
-        return GangSpec(tp, self.cluster.device_kind, self.config.runner, log_dir, self.cluster.cpu_per_worker,
-                        gpu_share=width / self.per_gpu if tp == 1 else 1.0, memory=self.memory(tp, width),
-                        threads=self.threads(node, tp, width))
+        return GangSpec(
+            tp,
+            self.cluster.device_kind,
+            self.config.runner,
+            log_dir,
+            self.cluster.cpu_per_worker,
+            gpu_share=width / self.per_gpu if tp == 1 else 1.0,
+            memory=self.memory(tp, width),
+            threads=self.threads(node, tp, width),
+        )
 
     # -- what is held ---------------------------------------------------------------------------
 
@@ -117,16 +127,20 @@ class GangPool:
         """Slots reserved on the node: a pg's every bundle while any gang over it lives (`without`:
         as if those gangs were torn down)."""
         gone = {id(g) for g in without}
-        pgs = {id(g.pg): g.pg_size * self.gang_width(g) // g.spec.tp for g in self.gangs
-               if g.node == node and g.state != GangState.DEAD and id(g) not in gone}
+        pgs = {
+            id(g.pg): g.pg_size * self.gang_width(g) // g.spec.tp
+            for g in self.gangs
+            if g.node == node and g.state != GangState.DEAD and id(g) not in gone
+        }
         return sum(pgs.values())
 
     def free(self, node: int) -> int:
         """Slots the dispatcher may fill: not held by a gang that is busy or coming up."""
         if not self.alive[node]:
             return 0
-        busy = sum(self.gang_width(g) for g in self.gangs
-                   if g.node == node and g.state not in (GangState.DEAD, GangState.IDLE))
+        busy = sum(
+            self.gang_width(g) for g in self.gangs if g.node == node and g.state not in (GangState.DEAD, GangState.IDLE)
+        )
         free = self.cluster.nodes[node].slots - busy
         cores = self.cluster.nodes[node].cores
         if cores and busy:  # CPU: a second gang only while the ranks fit in the cores (NodeSlots)
@@ -140,8 +154,7 @@ class GangPool:
     def ours(self) -> float:
         """What our placed gangs reserve, in the resource other drivers compete for."""
         per = (lambda g: g.spec.gpu_share) if self.gpu else (lambda g: self.cluster.cpu_per_worker)
-        pgs = {id(g.pg): g.pg_size * per(g) for g in self.gangs
-               if g.state not in (GangState.DEAD, GangState.PLACING)}
+        pgs = {id(g.pg): g.pg_size * per(g) for g in self.gangs if g.state not in (GangState.DEAD, GangState.PLACING)}
         return sum(pgs.values())
 
     def node_lost(self, node: int) -> list[Gang]:

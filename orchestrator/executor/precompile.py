@@ -35,8 +35,11 @@ def covered(cases: Sequence[Case], results: Mapping[str, CaseResult]) -> bool:
     `Precompile.stop(covered=True)` lets the helpers leave their marker."""
     tp1 = [c.case_id for c in cases if c.tp == 1]
     return bool(tp1) and all(
-        cid in results and results[cid].status not in (Status.TIMEOUT, Status.NOT_RUN)
-        and results[cid].error_kind != "crash" for cid in tp1)
+        cid in results
+        and results[cid].status not in (Status.TIMEOUT, Status.NOT_RUN)
+        and results[cid].error_kind != "crash"
+        for cid in tp1
+    )
 
 
 def auto_jobs(other_work: bool = False) -> int:
@@ -101,8 +104,9 @@ class Precompile:
             pass
 
 
-def start(cases: Sequence[Case], *, jobs: int, log_dir: str, history: dict[str, float] | None = None,
-          device: str = "cuda") -> Precompile | None:
+def start(
+    cases: Sequence[Case], *, jobs: int, log_dir: str, history: dict[str, float] | None = None, device: str = "cuda"
+) -> Precompile | None:
     """Start the warm-up for the tp 1 cases among `cases`, or None when there is nothing to do
     (jobs < 1, no tp 1 case). Which backends JIT-compile is for the helper to find out (that
     needs their classes, hence torch)."""
@@ -119,9 +123,27 @@ def start(cases: Sequence[Case], *, jobs: int, log_dir: str, history: dict[str, 
     env = dict(os.environ)
     root = os.getcwd()  # import-path backends resolve as in the workers (actors.actor_env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    argv = [sys.executable, "-m", "backend.harness.precompile", "--cases", cases_path, "--jobs", str(jobs),
-            "--parent", str(os.getpid()), "--device", device]
+    argv = [
+        sys.executable,
+        "-m",
+        "backend.harness.precompile",
+        "--cases",
+        cases_path,
+        "--jobs",
+        str(jobs),
+        "--parent",
+        str(os.getpid()),
+        "--device",
+        device,
+    ]
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=env, cwd=root)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            cwd=root,
+        )
     return Precompile(proc, log_path, cases_path, len(tp1))

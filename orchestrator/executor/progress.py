@@ -12,8 +12,15 @@ from backend.result import CaseResult
 
 
 class Progress:
-    def __init__(self, total: int, *, live: bool | None = None, stream: TextIO | None = None, label: str = "cases",
-                 quiet: bool = False):
+    def __init__(
+        self,
+        total: int,
+        *,
+        live: bool | None = None,
+        stream: TextIO | None = None,
+        label: str = "cases",
+        quiet: bool = False,
+    ):
         self.total = max(0, total)
         self.quiet = quiet
         self.stream = stream or sys.stderr
@@ -29,9 +36,13 @@ class Progress:
             from rich.progress import Progress as Bar
 
             self._bar = Bar(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[counts]}"), TimeRemainingColumn(),
-                console=Console(file=self.stream), transient=False,
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[counts]}"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=False,
             )
             self._task = self._bar.add_task(label, total=self.total, counts="")
             self._bar.start()
@@ -52,8 +63,11 @@ class Progress:
         if pct >= self._next_pct or self.done == self.total:
             elapsed = time.monotonic() - self._t0
             eta = elapsed / self.done * (self.total - self.done)
-            print(f"orch: {self.done}/{self.total} ({pct}%) {self._counts_text()} elapsed {elapsed:.0f}s eta {eta:.0f}s",
-                  file=self.stream, flush=True)
+            print(
+                f"orch: {self.done}/{self.total} ({pct}%) {self._counts_text()} elapsed {elapsed:.0f}s eta {eta:.0f}s",
+                file=self.stream,
+                flush=True,
+            )
             while self._next_pct <= pct:
                 self._next_pct += 10
 

@@ -73,6 +73,8 @@ class SharedCluster:
             if now - self._said >= self.config.wait_repeat_s:
                 self._said = now
                 need, held = max(others, key=lambda x: x[0])
-                self.on_notice(f"waiting for {need} {self.unit}(s) on one node: {held[0]:g} of {held[1]:g} held by "
-                               f"other jobs on this cluster ({now - self.waiting_since:.0f}s so far)")
+                self.on_notice(
+                    f"waiting for {need} {self.unit}(s) on one node: {held[0]:g} of {held[1]:g} held by "
+                    f"other jobs on this cluster ({now - self.waiting_since:.0f}s so far)"
+                )
         return True

@@ -40,8 +40,11 @@ STICKY_FAULT = re.compile(
     re.IGNORECASE,
 )
 # torch's fixed advice lines after a CUDA error: not evidence of anything.
-_TORCH_HINTS = re.compile(r"^.*(TORCH_USE_CUDA_DSA|CUDA_LAUNCH_BLOCKING|AMD_SERIALIZE_KERNEL|HIP_LAUNCH_BLOCKING"
-                          r"|might be asynchronously reported).*$", re.MULTILINE)
+_TORCH_HINTS = re.compile(
+    r"^.*(TORCH_USE_CUDA_DSA|CUDA_LAUNCH_BLOCKING|AMD_SERIALIZE_KERNEL|HIP_LAUNCH_BLOCKING"
+    r"|might be asynchronously reported).*$",
+    re.MULTILINE,
+)
 # UNVERIFIABLE is not retried: another CPU worker's emulation cannot follow the same graphs any
 # better; a GPU decides.
 RETRY_STATUSES = (Status.FAIL, Status.ERROR, Status.TIMEOUT)
@@ -100,8 +103,9 @@ def two_attempts(first: CaseResult, res: CaseResult) -> CaseResult:
     two different non-pass verdicts (FAIL then ERROR) stay a failure (the retry's status, if it
     failed), both named in the reason. An attempt that ran out of memory observed nothing of the
     backend: the other attempt's verdict is the case's (never FLAKY for the harness's memory)."""
-    both = (f"{first.status} on {first.worker} ({first.reason}), "
-            f"then {res.status} on {res.worker}" + (f" ({res.reason})" if res.reason else ""))
+    both = f"{first.status} on {first.worker} ({first.reason}), then {res.status} on {res.worker}" + (
+        f" ({res.reason})" if res.reason else ""
+    )
     if (first.error_kind == OOM_KIND) != (res.error_kind == OOM_KIND):
         seen = res if first.error_kind == OOM_KIND else first
         note = f"the other attempt ran out of device memory: {both}"

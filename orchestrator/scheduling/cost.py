@@ -128,8 +128,12 @@ def estimate_all(cases: Sequence[Case], history: Mapping[str, float] | None = No
     return out
 
 
-def grouped_estimates(cases: Sequence[Case], estimates: Mapping[str, float], config_of: Callable[[Case], str],
-                      history: Mapping[str, float] | None = None) -> dict[str, float]:
+def grouped_estimates(
+    cases: Sequence[Case],
+    estimates: Mapping[str, float],
+    config_of: Callable[[Case], str],
+    history: Mapping[str, float] | None = None,
+) -> dict[str, float]:
     """Estimates once a config's cases run together on one worker (Dispatcher.siblings): the
     longest of each config keeps its estimate (it pays the shared work), each other case without
     history LATER_MODE_FACTOR of it. A case with history keeps its blend: its observed duration

@@ -91,7 +91,7 @@ class _Ranked:
 
 
 class Dispatcher:
-    """"ours": longest-expected-first dynamic dispatch (list scheduling), gang-aware.
+    """ "ours": longest-expected-first dynamic dispatch (list scheduling), gang-aware.
 
     Longest expected first, because a long case started late sets the makespan; a node gets the
     longest waiting task that fits its free GPUs, so small cases backfill what a waiting gang
@@ -230,8 +230,14 @@ class Dispatcher:
             return None
         if self._reserved is not None and self._live.get(self._reserved[1].id) is None:
             self._reserved = None  # the gang started (here or elsewhere)
-        if (self.reserve and self._reserved is None and head.tp > 1 and head.tp > free_gpus and self._urgent(head)
-                and all(g - b < head.tp for g, b in zip(self.nodes, self._busy))):
+        if (
+            self.reserve
+            and self._reserved is None
+            and head.tp > 1
+            and head.tp > free_gpus
+            and self._urgent(head)
+            and all(g - b < head.tp for g, b in zip(self.nodes, self._busy))
+        ):
             self._reserve(head, now)
         if self._reserved is not None and self._reserved[0] == node:
             gang = self._reserved[1]

@@ -170,8 +170,14 @@ def _best_case(tasks: Sequence[Task], true: Mapping[str, float], alone: Mapping[
     return out
 
 
-def config_workload(n_configs: int, modes: int, seed: int = 0, sigma: float = 0.5, max_tp: int = 8,
-                    later_factor: float = LATER_MODE_FACTOR) -> tuple[list[Task], dict[str, float], dict[str, float]]:
+def config_workload(
+    n_configs: int,
+    modes: int,
+    seed: int = 0,
+    sigma: float = 0.5,
+    max_tp: int = 8,
+    later_factor: float = LATER_MODE_FACTOR,
+) -> tuple[list[Task], dict[str, float], dict[str, float]]:
     """synthetic_workload's configs, each as `modes` cudagraph modes of one estimate: a mode that
     follows another of its config on the same worker takes `later_factor` of its duration (the
     memoised eager steps and reference), one that runs first or alone all of it. Returns (tasks,

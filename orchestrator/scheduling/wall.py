@@ -42,8 +42,11 @@ def expected_wall(cases: Sequence[Case], estimates: Mapping[str, float], paralle
     than `workers` are left out (the executor skips them). None when there is no worker."""
     if parallel < 1 or workers < 1:
         return None
-    tasks = [Task(c.case_id, min(c.tp, parallel), estimates[c.case_id], f"{c.backend}|tp{c.tp}|{c.kv_cache_dtype}")
-             for c in cases if c.tp <= workers]
+    tasks = [
+        Task(c.case_id, min(c.tp, parallel), estimates[c.case_id], f"{c.backend}|tp{c.tp}|{c.kv_cache_dtype}")
+        for c in cases
+        if c.tp <= workers
+    ]
     if not tasks:
         return 0.0
     return simulate(tasks, [parallel], "ours", estimates).makespan

@@ -180,7 +180,10 @@ class ResultStore:
             )
         if self.readonly:
             if version < SCHEMA_VERSION:  # readable, but our queries need the new tables
-                raise InputError(f"results database has old schema version {version}: open it once with write access to migrate", source=self.path)
+                raise InputError(
+                    f"results database has old schema version {version}: open it once with write access to migrate",
+                    source=self.path,
+                )
             return
         try:
             self._db.configure_writer()
@@ -199,7 +202,9 @@ class ResultStore:
                 if version >= SCHEMA_VERSION:
                     return version
                 self._db.run_statements(MIGRATIONS[version])
-                upsert = "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+                upsert = (
+                    "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+                )
                 self._db.execute(upsert, ("app", APP_ID))
                 self._db.execute(upsert, ("schema_version", str(version + 1)))
             return version + 1
@@ -225,7 +230,15 @@ class ResultStore:
         """A new run with its planned cases, in one transaction. lock_writer: this store becomes
         the run's writer in the same transaction (`orch run`; release_writer at its end)."""
         matrix, cases, cluster, devices, versions, baseline, label, options = (
-            run.matrix, run.cases, run.cluster, run.devices, run.versions, run.baseline, run.label, run.options)
+            run.matrix,
+            run.cases,
+            run.cluster,
+            run.devices,
+            run.versions,
+            run.baseline,
+            run.label,
+            run.options,
+        )
         est = self.durations()
         argv = mask_argv(list(run.argv))
         locked_id = None
@@ -234,17 +247,32 @@ class ResultStore:
                 row = self._db.execute(
                     "INSERT INTO runs(matrix, matrix_sha, git_sha, started_at, status, cluster, devices, versions, argv,"
                     " baseline, label, options) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                    (matrix, file_sha(matrix), _git_sha(), time.time(), cluster, devices,
-                     json.dumps(versions or {}, sort_keys=True), json.dumps(argv),
-                     mask(baseline) if baseline is not None else None, label or "",
-                     (options or RunOptions()).to_json()),
+                    (
+                        matrix,
+                        file_sha(matrix),
+                        _git_sha(),
+                        time.time(),
+                        cluster,
+                        devices,
+                        json.dumps(versions or {}, sort_keys=True),
+                        json.dumps(argv),
+                        mask(baseline) if baseline is not None else None,
+                        label or "",
+                        (options or RunOptions()).to_json(),
+                    ),
                 ).fetchone()
                 run_id = int(row["id"])
                 self._db.executemany(
                     'INSERT INTO cases(run_id, case_id, axes, "case", est_s, pos) VALUES (?, ?, ?, ?, ?, ?)',
                     [
-                        (run_id, c.case_id, json.dumps(c.axes, sort_keys=True), json.dumps(c.to_dict()),
-                         est.get(c.case_id), i)
+                        (
+                            run_id,
+                            c.case_id,
+                            json.dumps(c.axes, sort_keys=True),
+                            json.dumps(c.to_dict()),
+                            est.get(c.case_id),
+                            i,
+                        )
                         for i, c in enumerate(cases, 1)
                     ],
                 )
@@ -330,10 +358,20 @@ class ResultStore:
         )  # fmt: skip # the row in the table's column order
         return [
             (self._UPSERT, row),
-            ("INSERT INTO attempt_log(run_id, case_id, attempt, status, reason, worker, device, finished_at)"
-             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-             (run_id, result.case_id, result.attempts, result.status.value, result.reason, result.worker,
-              result.device, now)),
+            (
+                "INSERT INTO attempt_log(run_id, case_id, attempt, status, reason, worker, device, finished_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    result.case_id,
+                    result.attempts,
+                    result.status.value,
+                    result.reason,
+                    result.worker,
+                    result.device,
+                    now,
+                ),
+            ),
         ]
 
     def finish_run(self, run_id: int, status: str) -> None:
@@ -342,19 +380,37 @@ class ResultStore:
         rows = self._sql("SELECT device FROM results WHERE run_id = ? AND status != 'skip' AND device != ''", (run_id,))
         models = Counter(device_model(r["device"]) for r in rows)
         model = models.most_common(1)[0][0] if models else ""
-        self._write([("UPDATE runs SET status = ?, finished_at = ?, device_model = ? WHERE id = ?",
-                      (status, time.time(), model, run_id))])
+        self._write(
+            [
+                (
+                    "UPDATE runs SET status = ?, finished_at = ?, device_model = ? WHERE id = ?",
+                    (status, time.time(), model, run_id),
+                )
+            ]
+        )
 
     # -- reading -----------------------------------------------------------------------------
 
     @staticmethod
     def _run_from_row(r: Any) -> RunInfo:
         return RunInfo(
-            id=r["id"], matrix=r["matrix"], matrix_sha=r["matrix_sha"], git_sha=r["git_sha"],
-            started_at=r["started_at"], finished_at=r["finished_at"], status=r["status"], cluster=r["cluster"],
-            devices=r["devices"], versions=json.loads(r["versions"]), argv=json.loads(r["argv"]),
-            baseline=r["baseline"], num_cases=r["num_cases"], num_results=r["num_results"],
-            label=r["label"], device_model=r["device_model"], options=RunOptions.from_json(r["options"]),
+            id=r["id"],
+            matrix=r["matrix"],
+            matrix_sha=r["matrix_sha"],
+            git_sha=r["git_sha"],
+            started_at=r["started_at"],
+            finished_at=r["finished_at"],
+            status=r["status"],
+            cluster=r["cluster"],
+            devices=r["devices"],
+            versions=json.loads(r["versions"]),
+            argv=json.loads(r["argv"]),
+            baseline=r["baseline"],
+            num_cases=r["num_cases"],
+            num_results=r["num_results"],
+            label=r["label"],
+            device_model=r["device_model"],
+            options=RunOptions.from_json(r["options"]),
         )
 
     _RUN_SELECT = (
@@ -375,8 +431,9 @@ class ResultStore:
     def runs(self) -> list[RunInfo]:
         return [self._run_from_row(r) for r in self._sql(self._RUN_SELECT + " ORDER BY id")]
 
-    def labelled_runs(self, label: str, *, limit: int = 1, before: float | None = None,
-                      exclude: int | None = None) -> list[RunInfo]:
+    def labelled_runs(
+        self, label: str, *, limit: int = 1, before: float | None = None, exclude: int | None = None
+    ) -> list[RunInfo]:
         """Finished runs with this label, the latest finished first; `before`: finished before
         that time (a run's baseline is what was known when it started, so it never changes)."""
         sql = self._RUN_SELECT + " WHERE label = ? AND status = 'finished'"
@@ -425,12 +482,12 @@ class ResultStore:
 
     def history(self, case_id: str, limit: int = 20) -> list[tuple[int, CaseResult]]:
         """Newest first: (run id, last result of the case in that run)."""
-        rows = self._sql(
-            "SELECT * FROM results WHERE case_id = ? ORDER BY run_id DESC LIMIT ?", (case_id, int(limit))
-        )
+        rows = self._sql("SELECT * FROM results WHERE case_id = ? ORDER BY run_id DESC LIMIT ?", (case_id, int(limit)))
         return [(int(r["run_id"]), _result_from_row(r)) for r in rows]
 
-    def status_history(self, limit_runs: int = 20, run_ids: Sequence[int] | None = None) -> dict[str, list[tuple[int, str, str]]]:
+    def status_history(
+        self, limit_runs: int = 20, run_ids: Sequence[int] | None = None
+    ) -> dict[str, list[tuple[int, str, str]]]:
         """case_id -> [(run id, status, device model)], newest first (one query): over the last
         `limit_runs` runs, or over `run_ids`."""
         if run_ids is not None:
@@ -440,7 +497,9 @@ class ResultStore:
             where, params = f"run_id IN ({', '.join('?' * len(ids))})", ids
         else:
             where, params = "run_id IN (SELECT id FROM runs ORDER BY id DESC LIMIT ?)", [int(limit_runs)]
-        rows = self._sql(f"SELECT case_id, run_id, status, device FROM results WHERE {where} ORDER BY run_id DESC", params)
+        rows = self._sql(
+            f"SELECT case_id, run_id, status, device FROM results WHERE {where} ORDER BY run_id DESC", params
+        )
         out: dict[str, list[tuple[int, str, str]]] = {}
         for r in rows:
             out.setdefault(r["case_id"], []).append((int(r["run_id"]), r["status"], device_model(r["device"])))

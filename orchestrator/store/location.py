@@ -52,8 +52,9 @@ def _display_url(url: str) -> str:
         userinfo, host = netloc.rsplit("@", 1)
         user = userinfo.split(":", 1)[0]
         netloc = f"{user}@{host}"
-    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() != "password"],
-                      safe="/")  # a socket directory reads as itself
+    query = urlencode(
+        [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() != "password"], safe="/"
+    )  # a socket directory reads as itself
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 

@@ -73,8 +73,9 @@ def acquire(db: Any, run_id: int, argv: Sequence[str]) -> str:
     locked = db.lock_run(run_id)
     try:
         with db.transaction():
-            row = db.execute("SELECT pid, host, pid_start, since FROM run_writer WHERE run_id = ?",
-                             (int(run_id),)).fetchone()
+            row = db.execute(
+                "SELECT pid, host, pid_start, since FROM run_writer WHERE run_id = ?", (int(run_id),)
+            ).fetchone()
             if not locked or (row is not None and (row["pid"], row["host"]) != _me()):
                 alive = True if not locked else db.holder_alive(row)
                 if alive is not False:

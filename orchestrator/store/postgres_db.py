@@ -74,8 +74,9 @@ class PostgresDB:
         except psycopg.OperationalError as e:
             text = self._clean(e)
             if "does not exist" in text and "database" in text:
-                raise InputError(f"no such PostgreSQL database ({text}); create it first (createdb)",
-                                 source=self.display) from None
+                raise InputError(
+                    f"no such PostgreSQL database ({text}); create it first (createdb)", source=self.display
+                ) from None
             raise InfraError(f"results database unreachable: {text}", source=self.display) from None
         if not readonly:
             self.con.execute("SET synchronous_commit = on")

@@ -53,7 +53,9 @@ def parse_ref(spec: str) -> RunRef:
 
 
 def same_matrix(a: RunInfo, b: RunInfo) -> bool:
-    return os.path.normpath(a.matrix) == os.path.normpath(b.matrix) or (bool(a.matrix_sha) and a.matrix_sha == b.matrix_sha)
+    return os.path.normpath(a.matrix) == os.path.normpath(b.matrix) or (
+        bool(a.matrix_sha) and a.matrix_sha == b.matrix_sha
+    )
 
 
 @contextlib.contextmanager
@@ -106,8 +108,9 @@ def find_baseline(spec: str | None, store: ResultStore, current_run: int) -> Bas
         return Baseline(tuple(store.results(run.id)), run, f"run {run.id}")
     with open_store(ref, store) as other:
         if other is not store and other.same_database(store) and ref.selector == "latest":
-            raise InputError("--baseline is the same database as --db; give a run id or a label instead",
-                             source=mask(str(ref.store)))
+            raise InputError(
+                "--baseline is the same database as --db; give a run id or a label instead", source=mask(str(ref.store))
+            )
         where = "" if other is store else f" of {other.path}"
         if ref.run_id is not None or ref.selector == "latest":
             run = select_run(other, ref.selector)
@@ -121,20 +124,29 @@ def find_baseline(spec: str | None, store: ResultStore, current_run: int) -> Bas
         found = history_runs(other, current, label, 1, same_store=other is store)
         if not found:
             on = f" on {current.device_model}" if current.device_model else ""
-            return Baseline(None, note=f"no baseline: no run labelled {label!r}{where} of {current.matrix}{on} "
-                                       f"finished before run {current.id} started; gated without one")
+            return Baseline(
+                None,
+                note=f"no baseline: no run labelled {label!r}{where} of {current.matrix}{on} "
+                f"finished before run {current.id} started; gated without one",
+            )
         run = found[0]
         return Baseline(tuple(other.results(run.id)), run, f"run {run.id}{where} (latest labelled {label!r})")
 
 
-def history_runs(store: ResultStore, current: RunInfo, label: str, limit: int, *, same_store: bool = True) -> list[RunInfo]:
+def history_runs(
+    store: ResultStore, current: RunInfo, label: str, limit: int, *, same_store: bool = True
+) -> list[RunInfo]:
     """The runs of `label` a run is judged against, latest first: finished before `current`
     started, of its matrix, on its device model when known (an H100 run is not gated by MI300X
     history). The baseline is the first; the flakiness window (flakiness.py) is all of them."""
-    candidates = store.labelled_runs(label, limit=max(100, 5 * limit), before=current.started_at,
-                                     exclude=current.id if same_store else None)
-    found = [r for r in candidates if same_matrix(r, current)
-             and (not current.device_model or r.device_model in ("", current.device_model))]
+    candidates = store.labelled_runs(
+        label, limit=max(100, 5 * limit), before=current.started_at, exclude=current.id if same_store else None
+    )
+    found = [
+        r
+        for r in candidates
+        if same_matrix(r, current) and (not current.device_model or r.device_model in ("", current.device_model))
+    ]
     return found[:limit]
 
 

@@ -37,8 +37,10 @@ class SqliteDB:
             con = self._open_readonly(p)
         else:
             if not p.parent.is_dir():  # a typo in --db must not start a new, empty history elsewhere
-                raise InputError(f"no folder {p.parent} for the results database: create it first "
-                                 f"(mkdir -p {p.parent})", source=self.display)
+                raise InputError(
+                    f"no folder {p.parent} for the results database: create it first (mkdir -p {p.parent})",
+                    source=self.display,
+                )
             try:
                 con = sqlite3.connect(location.target, isolation_level=None, timeout=BUSY_TIMEOUT_S)
             except (OSError, sqlite3.OperationalError) as e:

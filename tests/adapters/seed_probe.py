@@ -20,8 +20,9 @@ CPU = torch.device("cpu")
 
 
 def _config(kv: str, head_size: int = 64):
-    shape = ModelShape(num_heads=8, num_kv_heads=2, head_size=head_size, num_layers=1, max_model_len=128,
-                       max_num_seqs=8, num_blocks=32)
+    shape = ModelShape(
+        num_heads=8, num_kv_heads=2, head_size=head_size, num_layers=1, max_model_len=128, max_num_seqs=8, num_blocks=32
+    )
     return attention_config(shape, TPLayout(1, 0, 8, 2, head_size), kv, (1, 2, 4, 8), "cpu")
 
 
@@ -40,9 +41,13 @@ def main() -> None:
     facts["kernels"] = cls.kernels
     facts["kv_dtypes"] = list(cls.supported_kv_cache_dtypes)
     facts["dtypes"] = [str(d).removeprefix("torch.") for d in cls.supported_dtypes]
-    facts["ops"] = {name: hasattr(getattr(torch.ops, ns), op) for name, (ns, op) in
-                    {"vllm.flash_attn_varlen_func": ("vllm", "flash_attn_varlen_func"),
-                     "aiter.paged_attention_v1": ("aiter", "paged_attention_v1")}.items()}
+    facts["ops"] = {
+        name: hasattr(getattr(torch.ops, ns), op)
+        for name, (ns, op) in {
+            "vllm.flash_attn_varlen_func": ("vllm", "flash_attn_varlen_func"),
+            "aiter.paged_attention_v1": ("aiter", "paged_attention_v1"),
+        }.items()
+    }
     from vllm.platforms import current_platform
 
     facts["is_rocm"] = current_platform.is_rocm()
@@ -60,16 +65,28 @@ def main() -> None:
     from backend.attention.interface import BatchDescription
 
     md = builder.build(BatchDescription([1, 3], [5, 3], table, torch.tensor([20, 32, 33, 34])), 8, 4)
-    facts["metadata"] = {"type": type(md.vllm).__name__, "num_actual_tokens": md.vllm.num_actual_tokens,
-                         "cu_seq_lens": md.vllm.cu_seq_lens.tolist(), "max_query_len": md.vllm.max_query_len}
+    facts["metadata"] = {
+        "type": type(md.vllm).__name__,
+        "num_actual_tokens": md.vllm.num_actual_tokens,
+        "cu_seq_lens": md.vllm.cu_seq_lens.tolist(),
+        "max_query_len": md.vllm.max_query_len,
+    }
     cap = builder.build_for_capture(8, 0, "v1")
-    facts["capture"] = {"num_actual_tokens": cap.vllm.num_actual_tokens, "max_query_len": cap.vllm.max_query_len,
-                        "num_actual_kv_tokens": cap.vllm.num_actual_kv_tokens}
+    facts["capture"] = {
+        "num_actual_tokens": cap.vllm.num_actual_tokens,
+        "max_query_len": cap.vllm.max_query_len,
+        "num_actual_kv_tokens": cap.vllm.num_actual_kv_tokens,
+    }
     flex = get_backend("vllm:FLEX_ATTENTION")  # the old interface beyond the seed: pure torch, runs here
-    facts["flex"] = {"support": flex.cudagraph_support.name, "kv_dtypes": list(flex.supported_kv_cache_dtypes),
-                     "unavailable_cpu": flex.unavailable_reason(CPU)}
-    facts["names"] = {name: get_backend(f"vllm:{name}").unavailable_reason(CPU)
-                      for name in ("TRITON_ATTN", "TRITON_ATTN_VLLM_V1", "NOPE", "TRITON_MLA")}
+    facts["flex"] = {
+        "support": flex.cudagraph_support.name,
+        "kv_dtypes": list(flex.supported_kv_cache_dtypes),
+        "unavailable_cpu": flex.unavailable_reason(CPU),
+    }
+    facts["names"] = {
+        name: get_backend(f"vllm:{name}").unavailable_reason(CPU)
+        for name in ("TRITON_ATTN", "TRITON_ATTN_VLLM_V1", "NOPE", "TRITON_MLA")
+    }
     print(json.dumps(facts))
 
 

@@ -27,17 +27,20 @@ def needs_vllm(test):
     return pytest.mark.vllm(_skip(test))
 
 
-@pytest.mark.parametrize("installed,expect", [
-    (None, "unavailable: vllm is not installed"),
-    ("0.32.1", "outside the supported range >=0.33.0,<0.35.0"),
-    ("0.33.0", None),
-    ("0.34.0", None),
-    ("0.34.1rc1", None),
-    ("0.34.0+cu130", None),
-    ("0.35.0", "outside the supported range"),
-    ("1.0.0", "outside the supported range"),
-    ("not-a-version", "is not a version number"),
-])
+@pytest.mark.parametrize(
+    "installed,expect",
+    [
+        (None, "unavailable: vllm is not installed"),
+        ("0.32.1", "outside the supported range >=0.33.0,<0.35.0"),
+        ("0.33.0", None),
+        ("0.34.0", None),
+        ("0.34.1rc1", None),
+        ("0.34.0+cu130", None),
+        ("0.35.0", "outside the supported range"),
+        ("1.0.0", "outside the supported range"),
+        ("not-a-version", "is not a version number"),
+    ],
+)
 def test_version_range(installed, expect):
     why = adapter.version_reason(installed)
     if expect is None:
@@ -62,9 +65,17 @@ def test_unusable_vllm_is_a_skip_reason_never_a_traceback(monkeypatch):
         assert "vllm 0.20.0 is outside the supported range" in why
         a = availability("vllm:FLEX_ATTENTION", "cpu")
         assert not a.available and "outside the supported range" in a.reason
-        case = Case("vllm:FLEX_ATTENTION", 1, "FULL", "auto", BatchSpec("d", (1,), (9,)),
-                    model=ModelShape(num_heads=4, num_kv_heads=2, head_size=16, num_layers=1, max_model_len=64,
-                                     max_num_seqs=4, num_blocks=32), capture_sizes=(1, 2, 4))
+        case = Case(
+            "vllm:FLEX_ATTENTION",
+            1,
+            "FULL",
+            "auto",
+            BatchSpec("d", (1,), (9,)),
+            model=ModelShape(
+                num_heads=4, num_kv_heads=2, head_size=16, num_layers=1, max_model_len=64, max_num_seqs=4, num_blocks=32
+            ),
+            capture_sizes=(1, 2, 4),
+        )
         result = run_case(case, device=torch.device("cpu"))
         assert result.status == Status.SKIP and "outside the supported range" in result.reason
     finally:
@@ -91,14 +102,32 @@ def test_without_vllm_the_matrix_skips_every_vllm_case_with_that_reason_alone(mo
 
 
 # ---- with vLLM ---------------------------------------------------------------------------------
-SHAPE = ModelShape(num_heads=8, num_kv_heads=2, head_size=16, num_layers=1, max_model_len=128, max_num_seqs=16,
-                   num_blocks=64, max_num_batched_tokens=512)
+SHAPE = ModelShape(
+    num_heads=8,
+    num_kv_heads=2,
+    head_size=16,
+    num_layers=1,
+    max_model_len=128,
+    max_num_seqs=16,
+    num_blocks=64,
+    max_num_batched_tokens=512,
+)
 SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def _case(mode: str, batch: BatchSpec, backend: str = "vllm:FLEX_ATTENTION", kv: str = "auto", k: int = 0) -> Case:
-    return Case(backend, 1, mode, kv, batch, model=SHAPE, capture_sizes=SIZES, steps=3,
-                tolerance=Tolerance(2e-2, 2e-2), spec_tokens=k)
+    return Case(
+        backend,
+        1,
+        mode,
+        kv,
+        batch,
+        model=SHAPE,
+        capture_sizes=SIZES,
+        steps=3,
+        tolerance=Tolerance(2e-2, 2e-2),
+        spec_tokens=k,
+    )
 
 
 DECODE_5 = BatchSpec("decode_5", (1,) * 5, (40, 17, 64, 9, 33))
@@ -122,8 +151,11 @@ def test_unknown_vllm_name_is_bad_input_with_the_closest_name():
     from orchestrator.errors import InputError
     from orchestrator.matrix import load_matrix
 
-    with pytest.raises(InputError, match=r"vllm:FLEX_ATTENTIN is not an attention backend of vLLM .*did you mean "
-                                         r"vllm:FLEX_ATTENTION\?"):
+    with pytest.raises(
+        InputError,
+        match=r"vllm:FLEX_ATTENTIN is not an attention backend of vLLM .*did you mean "
+        r"vllm:FLEX_ATTENTION\?",
+    ):
         load_matrix("matrices/vllm.yaml", devices="cpu", backend_override="vllm:FLEX_ATTENTIN")
 
 
@@ -162,13 +194,16 @@ def test_emulated_kv_write_skips_padded_slots():
 
 
 @needs_vllm
-@pytest.mark.parametrize("mode,batch", [
-    ("NONE", MIXED),
-    ("PIECEWISE", MIXED),
-    ("FULL", MIXED),  # ALWAYS: the mixed batch replays a FULL graph of 16 tokens
-    ("FULL", DECODE_5),  # pads 5 -> 8
-    ("FULL_AND_PIECEWISE", DECODE_5),
-])
+@pytest.mark.parametrize(
+    "mode,batch",
+    [
+        ("NONE", MIXED),
+        ("PIECEWISE", MIXED),
+        ("FULL", MIXED),  # ALWAYS: the mixed batch replays a FULL graph of 16 tokens
+        ("FULL", DECODE_5),  # pads 5 -> 8
+        ("FULL_AND_PIECEWISE", DECODE_5),
+    ],
+)
 def test_flex_cells_run_vllm_code_green(mode, batch):
     result = run_case(_case(mode, batch), device=torch.device("cpu"))
     assert result.status == Status.PASS, (result.reason, result.log_tail[-2000:])
@@ -221,8 +256,9 @@ class _NoKVWriteImpl(adapter.VllmImpl):
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
         self.layer.bind(k_scale, v_scale)
         t = metadata.num_padded_tokens
-        self.impl.forward(self.layer, query[:t], key[:t], value[:t], adapter.as_vllm_view(kv_cache),
-                          metadata.vllm, output[:t])
+        self.impl.forward(
+            self.layer, query[:t], key[:t], value[:t], adapter.as_vllm_view(kv_cache), metadata.vllm, output[:t]
+        )
         return output
 
 
@@ -286,7 +322,9 @@ def test_cuda_platform_imports_on_a_python_only_install_only_with_the_stub(stub)
 
     if not adapter._native_missing_module("vllm._C_stable_libtorch"):
         pytest.skip("vllm._C_stable_libtorch loads here")
-    out = subprocess.run([sys.executable, "-c", _CUDA_PLATFORM, stub], capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _CUDA_PLATFORM, stub], capture_output=True, text=True, timeout=120
+    ).stdout
     if stub == "stub":
         assert "stubbed ('vllm._C_stable_libtorch',)" in out and "imported True" in out, out
     else:
@@ -307,8 +345,9 @@ def test_triton_attn_constructs_on_cpu_and_says_it_needs_a_gpu():
     from backend.harness.model import TPLayout
     from backend.harness.session import attention_config
 
-    shape = ModelShape(num_heads=8, num_kv_heads=2, head_size=64, num_layers=1, max_model_len=128,
-                       max_num_seqs=8, num_blocks=32)
+    shape = ModelShape(
+        num_heads=8, num_kv_heads=2, head_size=64, num_layers=1, max_model_len=128, max_num_seqs=8, num_blocks=32
+    )
     for kv, dtype in (("auto", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
         config = attention_config(shape, TPLayout(1, 0, 8, 2, 64), kv, (1, 2, 4, 8), "cpu")
         builder, impl, cache = cls.builder_cls(config), cls.impl_cls(config), cls.allocate_kv_cache(config)
@@ -329,20 +368,24 @@ def _triton_impl(kv: str):
     from backend.harness.model import TPLayout
     from backend.harness.session import attention_config
 
-    shape = ModelShape(num_heads=8, num_kv_heads=2, head_size=64, num_layers=1, max_model_len=128,
-                       max_num_seqs=8, num_blocks=32)
+    shape = ModelShape(
+        num_heads=8, num_kv_heads=2, head_size=64, num_layers=1, max_model_len=128, max_num_seqs=8, num_blocks=32
+    )
     config = attention_config(shape, TPLayout(1, 0, 8, 2, 64), kv, (1, 2, 4, 8), "cpu")
     return cls, config
 
 
 @needs_vllm
-@pytest.mark.parametrize("backend,kv,declared,quantized", [
-    ("FLEX_ATTENTION", "auto", None, False),  # FLEX never declares it (and has no fp8 cache)
-    ("TRITON_ATTN", "auto", None, False),     # model-dtype cache: the layer leaves the query alone
-    ("TRITON_ATTN", "fp8", None, False),      # as built on CPU: is_cuda() is False, so not declared
-    ("TRITON_ATTN", "fp8", True, True),       # as built on CUDA: the layer quantises
-    ("TRITON_ATTN", "auto", True, False),     # declared, but the cache is not fp8
-])
+@pytest.mark.parametrize(
+    "backend,kv,declared,quantized",
+    [
+        ("FLEX_ATTENTION", "auto", None, False),  # FLEX never declares it (and has no fp8 cache)
+        ("TRITON_ATTN", "auto", None, False),  # model-dtype cache: the layer leaves the query alone
+        ("TRITON_ATTN", "fp8", None, False),  # as built on CPU: is_cuda() is False, so not declared
+        ("TRITON_ATTN", "fp8", True, True),  # as built on CUDA: the layer quantises
+        ("TRITON_ATTN", "auto", True, False),  # declared, but the cache is not fp8
+    ],
+)
 def test_query_quantizer_follows_the_impls_declaration_and_the_kv_dtype(backend, kv, declared, quantized):
     """The layer's rule (Attention.__init__, 0.33/0.34): QuantFP8 only when the Impl declares
     supports_quant_query_input and the cache is fp8; the flag is read from vLLM's own Impl."""
@@ -396,7 +439,7 @@ def _triton_fp8_forward(q_scale: float, query: torch.Tensor, declared: bool = Tr
     kv = torch.randn(4, 2, 64, dtype=torch.bfloat16)
     ones = torch.ones(1)
     impl.forward(query, kv, kv, cache, md, ones, ones, torch.empty_like(query))
-    (seen, key_dtype, seen_scale), = rec.calls
+    ((seen, key_dtype, seen_scale),) = rec.calls
     return real, seen, key_dtype, seen_scale
 
 
@@ -432,14 +475,21 @@ def test_undeclared_query_quantisation_leaves_the_model_dtype_query():
 
 # ---- broken vLLM backends as plugins (tests/mutants/vllm_backends.py): the gate goes red ----------
 @needs_vllm
-@pytest.mark.parametrize("mutant,filter_expr,red,check", [
-    # Prefill rows zeroed after vLLM's forward: red where a batch has a prefill row, in every mode
-    # (eager is as wrong: the reference check); the pure decode cells stay green.
-    ("FlexPrefillDropped", "mode=FULL,PIECEWISE k=0 batch=decode_7,mixed_small,prefill_only",
-     {"mixed_small", "prefill_only"}, ("reference", "attn_reference")),
-    # One head halved: red on every cell.
-    ("FlexHeadScaled", "mode=FULL_DECODE_ONLY k=0,2 batch=decode_7", {"decode_7"}, ("reference", "attn_reference")),
-])
+@pytest.mark.parametrize(
+    "mutant,filter_expr,red,check",
+    [
+        # Prefill rows zeroed after vLLM's forward: red where a batch has a prefill row, in every mode
+        # (eager is as wrong: the reference check); the pure decode cells stay green.
+        (
+            "FlexPrefillDropped",
+            "mode=FULL,PIECEWISE k=0 batch=decode_7,mixed_small,prefill_only",
+            {"mixed_small", "prefill_only"},
+            ("reference", "attn_reference"),
+        ),
+        # One head halved: red on every cell.
+        ("FlexHeadScaled", "mode=FULL_DECODE_ONLY k=0,2 batch=decode_7", {"decode_7"}, ("reference", "attn_reference")),
+    ],
+)
 def test_broken_vllm_backend_turns_the_gate_red(mutant, filter_expr, red, check):
     from orchestrator.errors import ExitCode
     from orchestrator.filters import select
@@ -455,8 +505,11 @@ def test_broken_vllm_backend_turns_the_gate_red(mutant, filter_expr, red, check)
     for case, r in zip(cases, results):
         assert r.provider.startswith("mutant-vllm:FLEX_ATTENTION")
         if case.batch.name in red:
-            assert r.status == Status.FAIL and r.reason.startswith(tuple(f"{c} check failed" for c in check)), \
-                (case.case_id, r.status, r.reason)
+            assert r.status == Status.FAIL and r.reason.startswith(tuple(f"{c} check failed" for c in check)), (
+                case.case_id,
+                r.status,
+                r.reason,
+            )
             assert outcome.classification[case.case_id] == "fail"
         else:
             assert r.status == Status.PASS, (case.case_id, r.reason)

@@ -16,13 +16,16 @@ vllm = pytest.importorskip("vllm", reason="vllm not importable (docs/VLLM.md: .c
 pytestmark = pytest.mark.vllm
 
 
-@pytest.mark.parametrize("name, family, support, features, reason", [
-    ("vllm:TRITON_MLA", "mla", "UNIFORM_BATCH", (), "launches Triton kernels: it needs a GPU"),
-    ("vllm:TRITON_ATTN", "swa_sinks", "ALWAYS", ("sinks",), "launches Triton kernels: it needs a GPU"),
-    ("vllm:FLEX_ATTENTION", "swa_sinks", "ALWAYS", (), None),
-    ("vllm:FLASHMLA", "mla", "NEVER", (), "is not bridged for the mla family"),
-    ("vllm:TRITON_MLA", "gqa", "NEVER", (), "is an MLA backend: run it with attention: [mla]"),
-])
+@pytest.mark.parametrize(
+    "name, family, support, features, reason",
+    [
+        ("vllm:TRITON_MLA", "mla", "UNIFORM_BATCH", (), "launches Triton kernels: it needs a GPU"),
+        ("vllm:TRITON_ATTN", "swa_sinks", "ALWAYS", ("sinks",), "launches Triton kernels: it needs a GPU"),
+        ("vllm:FLEX_ATTENTION", "swa_sinks", "ALWAYS", (), None),
+        ("vllm:FLASHMLA", "mla", "NEVER", (), "is not bridged for the mla family"),
+        ("vllm:TRITON_MLA", "gqa", "NEVER", (), "is an MLA backend: run it with attention: [mla]"),
+    ],
+)
 def test_what_each_family_bridge_declares_and_why_it_skips(name, family, support, features, reason):
     cls = get_backend(name, family)
     caps = get_capabilities(name, family)
@@ -64,8 +67,10 @@ def test_sinks_with_a_vllm_backend_that_has_none_is_bad_input(tmp_path, capsys):
     from orchestrator.cli import main
     from tests.matrix.helpers import replace, write
 
-    doc = replace("  backend: [torch]", "  backend: [torch]\n  attention: [swa_sinks]") + \
-        "families:\n  swa_sinks:\n    axes: {backend: ['vllm:FLEX_ATTENTION']}\n"
+    doc = (
+        replace("  backend: [torch]", "  backend: [torch]\n  attention: [swa_sinks]")
+        + "families:\n  swa_sinks:\n    axes: {backend: ['vllm:FLEX_ATTENTION']}\n"
+    )
     assert main(["plan", write(tmp_path, doc), "--devices", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "vllm:FLEX_ATTENTION has no sinks, which the swa_sinks model asks for" in err, err

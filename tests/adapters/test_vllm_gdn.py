@@ -27,8 +27,10 @@ def sessions():
 
 def test_what_the_bridge_declares_and_says_it_runs():
     cls = get_backend("vllm:GDN_ATTN", "hybrid_gdn")
-    assert cls.family == "hybrid_gdn" and get_capabilities("vllm:GDN_ATTN", "hybrid_gdn").cudagraph_support.name \
-        == "UNIFORM_BATCH"  # vLLM's GDNAttentionMetadataBuilder._cudagraph_support
+    assert (
+        cls.family == "hybrid_gdn"
+        and get_capabilities("vllm:GDN_ATTN", "hybrid_gdn").cudagraph_support.name == "UNIFORM_BATCH"
+    )  # vLLM's GDNAttentionMetadataBuilder._cudagraph_support
     assert cls.unavailable_reason(CPU) is None  # vLLM's builder runs here; the core is orch's, labelled
     assert "GDN builder: vLLM's" in cls.kernels and "orch's torch kernels" in cls.kernels
     gqa = get_backend("vllm:GDN_ATTN", "gqa")
@@ -39,8 +41,9 @@ def test_what_the_bridge_declares_and_says_it_runs():
 def test_vllms_builder_passes_every_mode_on_cpu(k, sessions):
     for batch in (GDN_DECODE, GDN_MIXED):
         for mode in ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
-            r = run_case(make_gdn_case("vllm:GDN_ATTN", mode, "auto", batch, spec_tokens=k), device=CPU,
-                         sessions=sessions)
+            r = run_case(
+                make_gdn_case("vllm:GDN_ATTN", mode, "auto", batch, spec_tokens=k), device=CPU, sessions=sessions
+            )
             assert r.status == Status.PASS, f"{mode}/k{k}/{batch.kind}: {r.reason}"
             assert "orch's torch kernels" in r.versions["kernels"] and r.versions["vllm"]
 
@@ -62,8 +65,11 @@ def test_vllm_pads_a_state_index_with_its_null_block():
 def test_the_unstaged_twin_is_red_where_a_graph_keeps_its_capture_metadata(sessions):
     for k in (0, 2):
         for mode in ("NONE", "PIECEWISE", *DECODE_GRAPH):
-            r = run_case(make_gdn_case("tests.mutants.vllm_gdn:Unstaged", mode, "auto", GDN_DECODE, spec_tokens=k),
-                         device=CPU, sessions=sessions)
+            r = run_case(
+                make_gdn_case("tests.mutants.vllm_gdn:Unstaged", mode, "auto", GDN_DECODE, spec_tokens=k),
+                device=CPU,
+                sessions=sessions,
+            )
             want = Status.FAIL if k > 0 and mode in DECODE_GRAPH else Status.PASS
             assert r.status == want, f"{mode}/k{k}: {r.reason}"
 
@@ -80,8 +86,9 @@ def test_the_layer_view_holds_everything_vllms_core_reads():
     loaded, why = load_gdn()
     assert loaded is not None, why
     case = make_gdn_case("vllm:GDN_ATTN", "NONE", "auto", GDN_DECODE, spec_tokens=2)
-    session = Session(get_backend("vllm:GDN_ATTN", "hybrid_gdn"), case.model, 1, 0, "auto", (1, 2, 4, 8), CPU,
-                      spec_tokens=2)
+    session = Session(
+        get_backend("vllm:GDN_ATTN", "hybrid_gdn"), case.model, 1, 0, "auto", (1, 2, 4, 8), CPU, spec_tokens=2
+    )
     config = session.config
     page = StatePage(GDNDims.of(config), config.dtype, torch.float32)
     weights = session.model.layers[0]

@@ -65,7 +65,7 @@ def test_the_buffers_hold_vllms_values_on_a_padded_replay():
     md = session.last_metadata
     n, padded = md.num_actual_tokens, md.num_padded_tokens
     assert md.vllm is not None and padded > n
-    q, s = md.query_lens.tolist()[:md.num_reqs], md.seq_lens.tolist()[:md.num_reqs]
+    q, s = md.query_lens.tolist()[: md.num_reqs], md.seq_lens.tolist()[: md.num_reqs]
     assert md.token_seq_lens.tolist() == token_seq_lens(q, s) + [0] * (padded - n)
     assert md.req_id_per_token.tolist()[n:] == [0] * (padded - n)
 
@@ -95,8 +95,11 @@ def test_uniform_decode_is_the_kernels_expansion():
     # two live requests of 3 tokens (seq 5 and 3) and a padded one (seq 0): lengths clamped at 0
     seq = torch.tensor([5, 3, 0], dtype=torch.int32)
     table = torch.tensor([[7, 8], [9, 10], [0, 0]], dtype=torch.int32)
-    lens, expanded, dl = (torch.full((10,), -9, dtype=torch.int32), torch.zeros(10, 2, dtype=torch.int32),
-                          torch.zeros(10, dtype=torch.int32))
+    lens, expanded, dl = (
+        torch.full((10,), -9, dtype=torch.int32),
+        torch.zeros(10, 2, dtype=torch.int32),
+        torch.zeros(10, dtype=torch.int32),
+    )
     uniform_decode(seq, lens, table, expanded, dl, 9, 3)
     assert lens.tolist() == [3, 4, 5, 1, 2, 3, 0, 0, 0, -9]
     assert expanded[:9, 0].tolist() == [7, 7, 7, 9, 9, 9, 0, 0, 0] and dl[:9].tolist() == [1] * 9

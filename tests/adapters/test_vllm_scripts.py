@@ -32,9 +32,15 @@ def test_trim_drops_compiled_members_and_writes_a_csv_record(tmp_path):
     field; ELF files and C/CUDA sources go, whatever their name; pip's RECORD check passes."""
     build = _load("build_vllm_wheel")
     src, dst = tmp_path / "v-1-py3-none-any.whl", tmp_path / "out.whl"
-    members = {"v/__init__.py": b"x = 1\n", "v/configs/N=8,K=16,dtype=fp8.json": b"{}",
-               "v/_C.abi3.so": b"\x7fELF....", "v/kernel.cu": b"__global__", "v/bin/tool": b"\x7fELF-no-suffix",
-               "v-1.dist-info/METADATA": b"Name: v\n", "v-1.dist-info/RECORD": b"stale"}
+    members = {
+        "v/__init__.py": b"x = 1\n",
+        "v/configs/N=8,K=16,dtype=fp8.json": b"{}",
+        "v/_C.abi3.so": b"\x7fELF....",
+        "v/kernel.cu": b"__global__",
+        "v/bin/tool": b"\x7fELF-no-suffix",
+        "v-1.dist-info/METADATA": b"Name: v\n",
+        "v-1.dist-info/RECORD": b"stale",
+    }
     with zipfile.ZipFile(src, "w") as z:
         for name, data in members.items():
             z.writestr(name, data)
@@ -43,7 +49,12 @@ def test_trim_drops_compiled_members_and_writes_a_csv_record(tmp_path):
     with zipfile.ZipFile(dst) as z:
         names = set(z.namelist())
         rows = list(csv.reader(z.read("v-1.dist-info/RECORD").decode().splitlines()))
-    assert names == {"v/__init__.py", "v/configs/N=8,K=16,dtype=fp8.json", "v-1.dist-info/METADATA", "v-1.dist-info/RECORD"}
+    assert names == {
+        "v/__init__.py",
+        "v/configs/N=8,K=16,dtype=fp8.json",
+        "v-1.dist-info/METADATA",
+        "v-1.dist-info/RECORD",
+    }
     assert all(len(r) == 3 for r in rows) and {r[0] for r in rows} == names
     assert next(r for r in rows if r[0] == "v/__init__.py")[2] == "6"
 
@@ -74,17 +85,43 @@ def test_the_device_folder_holds_orchs_own_deps_and_not_ray():
     assert all("==" in p for p in build.EXTRAS + build.ORCH_DEPS)  # exact pins: the GPU run is reproducible
 
 
-@pytest.mark.parametrize("version,has,lacks", [
-    ("0.34.0", {"transformers==5.22.2", "xgrammar==0.2.9"}, {"oss-harmony==0.0.11"}),
-    ("0.34.1", {"transformers==5.22.2"}, {"fastapi==0.136.3"}),
-    # 0.33's own pins (transformers <5.21, llguidance <1.8, xgrammar 0.2.8) and the server modules its config imports
-    ("0.33.0", {"transformers==5.20.2", "llguidance==1.7.6", "xgrammar==0.2.8", "oss-harmony==0.0.11",
-                "fastapi==0.136.3", "openai==3.60.0"}, {"transformers==5.22.2", "xgrammar==0.2.9"}),
-    # The seed's releases: transformers 4.x (>=4.55.2) and what their old config imports
-    ("0.10.2", {"transformers==4.57.6", "tokenizers==0.22.2", "huggingface_hub==0.36.2", "pybase64==1.5.1",
-                "blake3==1.0.11"}, {"transformers==5.22.2", "xgrammar==0.2.9", "aiohttp==3.14.5"}),
-    ("0.11.0", {"transformers==4.57.6", "aiohttp==3.14.5", "msgspec==0.23.0"}, {"pybase64==1.5.1", "llguidance==1.9.1"}),
-])
+@pytest.mark.parametrize(
+    "version,has,lacks",
+    [
+        ("0.34.0", {"transformers==5.22.2", "xgrammar==0.2.9"}, {"oss-harmony==0.0.11"}),
+        ("0.34.1", {"transformers==5.22.2"}, {"fastapi==0.136.3"}),
+        # 0.33's own pins (transformers <5.21, llguidance <1.8, xgrammar 0.2.8) and the server modules its config imports
+        (
+            "0.33.0",
+            {
+                "transformers==5.20.2",
+                "llguidance==1.7.6",
+                "xgrammar==0.2.8",
+                "oss-harmony==0.0.11",
+                "fastapi==0.136.3",
+                "openai==3.60.0",
+            },
+            {"transformers==5.22.2", "xgrammar==0.2.9"},
+        ),
+        # The seed's releases: transformers 4.x (>=4.55.2) and what their old config imports
+        (
+            "0.10.2",
+            {
+                "transformers==4.57.6",
+                "tokenizers==0.22.2",
+                "huggingface_hub==0.36.2",
+                "pybase64==1.5.1",
+                "blake3==1.0.11",
+            },
+            {"transformers==5.22.2", "xgrammar==0.2.9", "aiohttp==3.14.5"},
+        ),
+        (
+            "0.11.0",
+            {"transformers==4.57.6", "aiohttp==3.14.5", "msgspec==0.23.0"},
+            {"pybase64==1.5.1", "llguidance==1.9.1"},
+        ),
+    ],
+)
 def test_extras_follow_the_vllm_version(version, has, lacks):
     build = _load("build_vllm_wheel")
     extras = set(build.extras_for(version))
@@ -96,8 +133,10 @@ def test_a_version_without_an_extras_list_is_bad_input(tmp_path, capsys):
     build = _load("build_vllm_wheel")
     assert build.main(["--version", "0.32.0", "--out", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["build_vllm_wheel: --version 0.32.0: no extras list for it (known: 0.10.x, 0.11.x, 0.33.x, "
-                   "0.34.x; or --no-extras)"]
+    assert err == [
+        "build_vllm_wheel: --version 0.32.0: no extras list for it (known: 0.10.x, 0.11.x, 0.33.x, "
+        "0.34.x; or --no-extras)"
+    ]
     assert not (tmp_path / "w").exists()  # refused before any download
 
 
@@ -110,9 +149,12 @@ def test_install_site_puts_a_release_and_its_pinned_extras_in_their_own_target_d
     for name, version in (("vllm", "0.10.2"), ("vllm", "0.11.0"), ("fakeextra", "1.0"), ("fakeextra", "2.0")):
         with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
             z.writestr(f"{name}/__init__.py", f"VERSION = {version!r}\n")
-            z.writestr(f"{name}-{version}.dist-info/METADATA",
-                       f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-            z.writestr(f"{name}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+            z.writestr(
+                f"{name}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            )
+            z.writestr(
+                f"{name}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+            )
             z.writestr(f"{name}-{version}.dist-info/RECORD", "")
     build.EXTRAS_010 = ("fakeextra==2.0",)
     build.install_site(str(folder), "0.10.2", str(tmp_path / "site"))
@@ -145,12 +187,23 @@ def test_gpu_vllm_triton_on_cpu_skips_with_the_reason(tmp_path):
 @needs_vllm
 def test_gpu_vllm_flex_green_and_its_mutant_red_where_expected(tmp_path):
     gv = _load("gpu_vllm")
-    rc = gv.main(["--backend", "vllm:FLEX_ATTENTION", "--devices", "cpu", "--out-dir", str(tmp_path),
-                  "--filter", "mode=FULL_DECODE_ONLY batch=decode_7,mixed_small"])
+    rc = gv.main(
+        [
+            "--backend",
+            "vllm:FLEX_ATTENTION",
+            "--devices",
+            "cpu",
+            "--out-dir",
+            str(tmp_path),
+            "--filter",
+            "mode=FULL_DECODE_ONLY batch=decode_7,mixed_small",
+        ]
+    )
     doc = json.loads((tmp_path / "gpu_vllm.json").read_text())
     assert rc == 0, doc["rows"]
     assert {(r["batch"], r["k"], r["kv"], r["status"]) for r in doc["rows"]} == {
-        (b, k, "auto", "pass") for b in ("decode_7", "mixed_small") for k in (0, 2)}
+        (b, k, "auto", "pass") for b in ("decode_7", "mixed_small") for k in (0, 2)
+    }
     assert {s["reason"] for s in doc["skipped"]} == {"FLEX_ATTENTION does not support kv_cache_dtype fp8"}
     assert doc["mutant"]["verdict"] == "red exactly where expected"
     assert {(r["batch"], r["status"]) for r in doc["mutant_rows"]} == {("decode_7", "pass"), ("mixed_small", "fail")}
@@ -165,11 +218,37 @@ def test_gpu_vllm_red_when_the_mutant_is_not(tmp_path):
     """The mutant check can fail: the real backend named as the 'mutant' is green on the mixed
     batch, which is not where the script expects it; and the budget leaves cases not run."""
     gv = _load("gpu_vllm")
-    rc = gv.main(["--backend", "vllm:FLEX_ATTENTION", "--devices", "cpu", "--out-dir", str(tmp_path),
-                  "--filter", "mode=FULL batch=mixed_small k=0", "--mutant", "vllm:FLEX_ATTENTION"])
+    rc = gv.main(
+        [
+            "--backend",
+            "vllm:FLEX_ATTENTION",
+            "--devices",
+            "cpu",
+            "--out-dir",
+            str(tmp_path),
+            "--filter",
+            "mode=FULL batch=mixed_small k=0",
+            "--mutant",
+            "vllm:FLEX_ATTENTION",
+        ]
+    )
     doc = json.loads((tmp_path / "gpu_vllm.json").read_text())
     assert rc == 1 and doc["mutant"]["verdict"] == "NOT as expected"
-    rc = gv.main(["--backend", "vllm:FLEX_ATTENTION", "--devices", "cpu", "--out-dir", str(tmp_path),
-                  "--filter", "mode=FULL batch=mixed_small k=0", "--mutant", "", "--budget-s", "0"])
+    rc = gv.main(
+        [
+            "--backend",
+            "vllm:FLEX_ATTENTION",
+            "--devices",
+            "cpu",
+            "--out-dir",
+            str(tmp_path),
+            "--filter",
+            "mode=FULL batch=mixed_small k=0",
+            "--mutant",
+            "",
+            "--budget-s",
+            "0",
+        ]
+    )
     doc = json.loads((tmp_path / "gpu_vllm.json").read_text())
     assert rc == 1 and doc["not_run"] == ["tp1-FULL-auto-mixed_small-FLEX_ATTENTION-s0"] and doc["rows"] == []

@@ -25,26 +25,32 @@ from backend.adapters.vllm import release, rocm_ops
 ROOT = Path(__file__).resolve().parents[2]
 RELEASES = ("0.10.2", "0.11.0")
 _MISSING = [r for r in RELEASES if not (release.site_dir(r) / "vllm" / "__init__.py").is_file()]
-_seed = pytest.mark.skipif(bool(_MISSING), reason=f"no .vllm-{_MISSING[0] if _MISSING else ''}/ here: the seed's "
-                           "releases are not installed (python benchmarks/build_vllm_wheel.py --seed --site)")
+_seed = pytest.mark.skipif(
+    bool(_MISSING),
+    reason=f"no .vllm-{_MISSING[0] if _MISSING else ''}/ here: the seed's "
+    "releases are not installed (python benchmarks/build_vllm_wheel.py --seed --site)",
+)
 
 
 def needs_seed(test):
     return pytest.mark.seed(_seed(test))
 
 
-@pytest.mark.parametrize("installed,interface,why", [
-    ("0.10.2", "old", None),
-    ("0.11.0", "old", None),
-    ("0.11.2", "old", None),
-    ("0.10.1.1", None, "outside the supported ranges >=0.10.2,<0.12.0 or >=0.33.0,<0.35.0"),
-    ("0.12.0", None, "outside the supported ranges"),
-    ("0.20.0", None, "vllm 0.20.0 is outside the supported ranges"),
-    ("0.33.0", "current", None),
-    ("0.34.0+cu130", "current", None),
-    (None, None, "unavailable: vllm is not installed"),
-    ("not-a-version", None, "is not a version number"),
-])
+@pytest.mark.parametrize(
+    "installed,interface,why",
+    [
+        ("0.10.2", "old", None),
+        ("0.11.0", "old", None),
+        ("0.11.2", "old", None),
+        ("0.10.1.1", None, "outside the supported ranges >=0.10.2,<0.12.0 or >=0.33.0,<0.35.0"),
+        ("0.12.0", None, "outside the supported ranges"),
+        ("0.20.0", None, "vllm 0.20.0 is outside the supported ranges"),
+        ("0.33.0", "current", None),
+        ("0.34.0+cu130", "current", None),
+        (None, None, "unavailable: vllm is not installed"),
+        ("not-a-version", None, "is not a version number"),
+    ],
+)
 def test_each_release_has_its_interface(installed, interface, why):
     name, reason = release.interface_for(installed)
     assert name == interface
@@ -71,8 +77,9 @@ def test_backend_on_the_command_line_with_a_release_outside_both_ranges_is_bad_i
     fresh_release.setattr(release, "installed_version", lambda: "0.20.0")
     code, err = _plan(capsys, "--backend", "vllm:ROCM_AITER_FA")
     assert code == 2
-    assert err == ["orch: --backend: vllm 0.20.0 is installed; vllm: backends need a release "
-                   ">=0.10.2,<0.12.0 or >=0.33.0,<0.35.0"]
+    assert err == [
+        "orch: --backend: vllm 0.20.0 is installed; vllm: backends need a release >=0.10.2,<0.12.0 or >=0.33.0,<0.35.0"
+    ]
 
 
 def test_an_orch_vllm_without_its_target_dir_is_bad_input(fresh_release, capsys, tmp_path):
@@ -109,13 +116,27 @@ def test_a_repro_line_names_the_release_it_ran(monkeypatch):
     from backend.case import BatchSpec, Case, ModelShape
 
     def case(backend):
-        return Case(backend, 1, "FULL", "auto", BatchSpec("d", (1,), (9,)), matrix="matrices/seed.yaml",
-                    model=ModelShape(num_heads=8, num_kv_heads=2, head_size=64, num_layers=1, max_model_len=64,
-                                     max_num_seqs=4, num_blocks=32), capture_sizes=(1, 2, 4))
+        return Case(
+            backend,
+            1,
+            "FULL",
+            "auto",
+            BatchSpec("d", (1,), (9,)),
+            matrix="matrices/seed.yaml",
+            model=ModelShape(
+                num_heads=8, num_kv_heads=2, head_size=64, num_layers=1, max_model_len=64, max_num_seqs=4, num_blocks=32
+            ),
+            capture_sizes=(1, 2, 4),
+        )
 
     monkeypatch.setenv("ORCH_VLLM", "0.10.2")
-    assert case("vllm:ROCM_AITER_FA").repro_command().startswith(
-        "ORCH_VLLM=0.10.2 orch repro tp1-FULL-auto-d-ROCM_AITER_FA-s0 --matrix matrices/seed.yaml --backend vllm:ROCM_AITER_FA")
+    assert (
+        case("vllm:ROCM_AITER_FA")
+        .repro_command()
+        .startswith(
+            "ORCH_VLLM=0.10.2 orch repro tp1-FULL-auto-d-ROCM_AITER_FA-s0 --matrix matrices/seed.yaml --backend vllm:ROCM_AITER_FA"
+        )
+    )
     assert case("torch").repro_command().startswith("orch repro ")  # a builtin imports no vllm
     monkeypatch.delenv("ORCH_VLLM")
     assert case("vllm:ROCM_AITER_FA").repro_command().startswith("orch repro ")
@@ -154,17 +175,19 @@ def test_layout_trans_gathers_prefill_requests_only_within_the_grid(monkeypatch)
     def gathered(r, n):
         return [int(table[r, p // 16]) * 16 + p % 16 for p in range(n)]
 
-    k, v = rocm_ops.vllm_layout_trans(_cu(qlens), _cu(seqs), table, k_cache, v_cache, max(seqs), one, one,
-                                      torch.bfloat16, sum(seqs))
+    k, v = rocm_ops.vllm_layout_trans(
+        _cu(qlens), _cu(seqs), table, k_cache, v_cache, max(seqs), one, one, torch.bfloat16, sum(seqs)
+    )
     assert k.shape == (sum(seqs), 2, 8) and k.dtype == torch.bfloat16
     assert (k[:20] == 7).all() and (v[:20] == 7).all()  # the decode request: nothing stored
     for r, start in ((1, 20), (2, 57)):
         s = seqs[r]
-        assert torch.equal(k[start:start + s], flat_k[gathered(r, s)])
-        assert torch.equal(v[start:start + s], flat_v[gathered(r, s)])
+        assert torch.equal(k[start : start + s], flat_k[gathered(r, s)])
+        assert torch.equal(v[start : start + s], flat_v[gathered(r, s)])
     # A grid frozen at max_seq_len 16 (a graph captured on shorter sequences) stops at 16 positions.
-    k2, _ = rocm_ops.vllm_layout_trans(_cu(qlens), _cu(seqs), table, k_cache, v_cache, 16, one, one,
-                                       torch.bfloat16, sum(seqs))
+    k2, _ = rocm_ops.vllm_layout_trans(
+        _cu(qlens), _cu(seqs), table, k_cache, v_cache, 16, one, one, torch.bfloat16, sum(seqs)
+    )
     assert torch.equal(k2[20:36], flat_k[gathered(1, 16)]) and (k2[36:57] == 7).all()
 
 
@@ -189,8 +212,23 @@ def test_varlen_impl_matches_the_reference_on_prefill_rows_and_skips_decode_rows
     q = torch.randn(sum(qlens), 4, 8)
     out = torch.full_like(q, 7.0)
     one = torch.ones(1)
-    rocm_ops.flash_attn_varlen_func_impl(q, k_cache, v_cache, out, _cu(qlens), _cu(seqs), max(qlens), max(seqs),
-                                         0.3, [-1, -1], None, table, one, one, sum(seqs))
+    rocm_ops.flash_attn_varlen_func_impl(
+        q,
+        k_cache,
+        v_cache,
+        out,
+        _cu(qlens),
+        _cu(seqs),
+        max(qlens),
+        max(seqs),
+        0.3,
+        [-1, -1],
+        None,
+        table,
+        one,
+        one,
+        sum(seqs),
+    )
     ks = [k_cache.flatten(0, 1)[[int(table[r, p // 16]) * 16 + p % 16 for p in range(s)]] for r, s in enumerate(seqs)]
     vs = [v_cache.flatten(0, 1)[[int(table[r, p // 16]) * 16 + p % 16 for p in range(s)]] for r, s in enumerate(seqs)]
     ref = reference_attention(q, ks, vs, qlens, 0.3)
@@ -200,19 +238,29 @@ def test_varlen_impl_matches_the_reference_on_prefill_rows_and_skips_decode_rows
 
 # ---- the released code, one process per release -------------------------------------------------
 def _env(release_name: str) -> dict[str, str]:
-    return dict(os.environ, ORCH_VLLM=release_name, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return dict(
+        os.environ, ORCH_VLLM=release_name, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
 
 
 def _probe(release_name: str) -> dict:
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "adapters" / "seed_probe.py")], env=_env(release_name),
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "adapters" / "seed_probe.py")],
+        env=_env(release_name),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @needs_seed
-@pytest.mark.parametrize("release_name,support,fp8", [("0.10.2", "ALWAYS", "float8_e4m3fnuz"),
-                                                      ("0.11.0", "UNIFORM_SINGLE_TOKEN_DECODE", "float8_e4m3fn")])
+@pytest.mark.parametrize(
+    "release_name,support,fp8",
+    [("0.10.2", "ALWAYS", "float8_e4m3fnuz"), ("0.11.0", "UNIFORM_SINGLE_TOKEN_DECODE", "float8_e4m3fn")],
+)
 def test_the_old_interface_reads_the_release(release_name, support, fp8):
     facts = _probe(release_name)
     assert facts["installed"] == release_name and facts["interface"] == "old"
@@ -229,8 +277,12 @@ def test_the_old_interface_reads_the_release(release_name, support, fp8):
     assert facts["cache"] == {"auto": [[2, 32, 16, 2, 64], "bfloat16"], "fp8": [[2, 32, 16, 2, 64], fp8]}
     assert facts["head16"] == [f"head_size 16 not supported by vllm:ROCM_AITER_FA (vLLM {release_name}: 64, 128, 256)"]
     # V1 runner counts: a step padded to 8 tokens is handed its 4 real ones; the capture batch its own.
-    assert facts["metadata"] == {"type": "AiterFlashAttentionMetadata", "num_actual_tokens": 4,
-                                 "cu_seq_lens": [0, 5, 8], "max_query_len": 3}
+    assert facts["metadata"] == {
+        "type": "AiterFlashAttentionMetadata",
+        "num_actual_tokens": 4,
+        "cu_seq_lens": [0, 5, 8],
+        "max_query_len": 3,
+    }
     assert facts["capture"] == {"num_actual_tokens": 8, "max_query_len": 8, "num_actual_kv_tokens": 8 * 128}
     # FLEX_ATTENTION under the old interface: its builder inherits NEVER from vLLM's base class (so
     # vLLM refuses FULL for it: a skip with vLLM's reason), its Impl refuses a quantized cache.
@@ -243,9 +295,23 @@ def test_the_old_interface_reads_the_release(release_name, support, fp8):
 
 def _seed_run(tmp_path, release_name: str, *extra: str) -> tuple[int, dict, str]:
     out = tmp_path / release_name
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_seed.py"), "--releases", release_name,
-                           "--devices", "cpu", "--out-dir", str(out), *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_seed.py"),
+            "--releases",
+            release_name,
+            "--devices",
+            "cpu",
+            "--out-dir",
+            str(out),
+            *extra,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     report = out / "gpu_seed.json"
     doc = json.loads(report.read_text()) if report.is_file() else {}
     return proc.returncode, doc, proc.stdout + proc.stderr
@@ -271,7 +337,9 @@ def test_0_11_0_passes_everything_with_full_resolved_to_full_and_piecewise(tmp_p
     code, doc, out = _seed_run(tmp_path, "0.11.0")
     assert code == 0, out[-3000:]
     rows = doc["releases"]["0.11.0"]
-    assert len(rows) == 50 and all(r["status"] == "pass" for r in rows), [r["reason"] for r in rows if r["status"] != "pass"]
+    assert len(rows) == 50 and all(r["status"] == "pass" for r in rows), [
+        r["reason"] for r in rows if r["status"] != "pass"
+    ]
     assert {r["resolved"] for r in rows if r["mode"] == "FULL"} == {"FULL_AND_PIECEWISE"}
     assert all(r["downgraded"] for r in rows if r["mode"] == "FULL")
 
@@ -280,11 +348,29 @@ def test_0_11_0_passes_everything_with_full_resolved_to_full_and_piecewise(tmp_p
 def test_the_frozen_cu_seq_lens_is_the_bug(tmp_path):
     """Broken the other way: 0.10.2's code with only its prefill cu_seq_lens made persistent
     (tests/mutants/vllm_seed.py) is green in FULL, where the released code is red."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_vllm.py"), "--matrix", "matrices/seed.yaml",
-                           "--backend", "tests.mutants.vllm_seed:CuSeqLensPersistent", "--devices", "cpu",
-                           "--filter", "mode=FULL kv=auto batch=mixed_small,prefill_only", "--mutant", "",
-                           "--out-dir", str(tmp_path)], env=_env("0.10.2"), cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_vllm.py"),
+            "--matrix",
+            "matrices/seed.yaml",
+            "--backend",
+            "tests.mutants.vllm_seed:CuSeqLensPersistent",
+            "--devices",
+            "cpu",
+            "--filter",
+            "mode=FULL kv=auto batch=mixed_small,prefill_only",
+            "--mutant",
+            "",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        env=_env("0.10.2"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     doc = json.loads((tmp_path / "gpu_vllm.json").read_text())
     assert [r["status"] for r in doc["rows"]] == ["pass", "pass"] and doc["versions"]["vllm"] == "0.10.2"
@@ -299,13 +385,22 @@ def test_gpu_seed_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert gpu_seed.main(["--releases", "0.34.0", "--out-dir", str(tmp_path)]) == 2
     assert gpu_seed.main(["--install", str(tmp_path / "nope"), "--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["gpu_seed: --releases 0.34.0: the seed's releases are 0.10.2 and 0.11.0",
-                   f"gpu_seed: --install {tmp_path / 'nope'}: no such folder (build it: python "
-                   "benchmarks/build_vllm_wheel.py --seed)"]
+    assert err == [
+        "gpu_seed: --releases 0.34.0: the seed's releases are 0.10.2 and 0.11.0",
+        f"gpu_seed: --install {tmp_path / 'nope'}: no such folder (build it: python "
+        "benchmarks/build_vllm_wheel.py --seed)",
+    ]
     # The expectation itself: a FAIL outside FULL x prefill, or one naming a decode row, is not the seed.
-    row = {"status": "fail", "mode": "FULL", "has_prefill": True, "resolved": "FULL",
-           "reason": "replay check failed at step 0, ...; bad rows 15/17 in requests 2 (q 1), 3 (q 5), 4 (q 9)"}
+    row = {
+        "status": "fail",
+        "mode": "FULL",
+        "has_prefill": True,
+        "resolved": "FULL",
+        "reason": "replay check failed at step 0, ...; bad rows 15/17 in requests 2 (q 1), 3 (q 5), 4 (q 9)",
+    }
     assert "not all prefill rows" in gpu_seed.expected("0.10.2", row)
     assert gpu_seed.expected("0.10.2", {**row, "reason": row["reason"].replace("2 (q 1), ", "")}) is None
     assert gpu_seed.expected("0.10.2", {**row, "mode": "PIECEWISE", "has_prefill": True}).startswith("fail")
-    assert gpu_seed.expected("0.11.0", {**row, "status": "pass", "resolved": "FULL"}).startswith("FULL resolved to FULL")
+    assert gpu_seed.expected("0.11.0", {**row, "status": "pass", "resolved": "FULL"}).startswith(
+        "FULL resolved to FULL"
+    )

@@ -10,15 +10,34 @@ from backend.attention.interface import AttentionConfig, BatchDescription
 from backend.attention.kv_cache import allocate_kv_cache, write_kv
 
 
-def make_config(*, num_heads=4, num_kv_heads=2, head_size=16, block_size=4, max_model_len=64,
-                max_num_seqs=8, max_num_tokens=64, dtype=torch.bfloat16, kv_cache_dtype="auto",
-                num_blocks=0) -> AttentionConfig:
+def make_config(
+    *,
+    num_heads=4,
+    num_kv_heads=2,
+    head_size=16,
+    block_size=4,
+    max_model_len=64,
+    max_num_seqs=8,
+    max_num_tokens=64,
+    dtype=torch.bfloat16,
+    kv_cache_dtype="auto",
+    num_blocks=0,
+) -> AttentionConfig:
     max_blocks = -(-max_model_len // block_size)
     return AttentionConfig(
-        num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size,
-        num_blocks=num_blocks or max_num_seqs * max_blocks + 1, max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens, dtype=dtype,
-        kv_cache_dtype=kv_cache_dtype, device=torch.device("cpu"), scale=head_size ** -0.5)
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        block_size=block_size,
+        num_blocks=num_blocks or max_num_seqs * max_blocks + 1,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_tokens=max_num_tokens,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        device=torch.device("cpu"),
+        scale=head_size**-0.5,
+    )
 
 
 @dataclass
@@ -32,8 +51,7 @@ class Step:
     v_scale: torch.Tensor
 
 
-def make_step(config: AttentionConfig, query_lens, seq_lens, *, seed=0, shuffle=True,
-              k_scale=1.0, v_scale=1.0) -> Step:
+def make_step(config: AttentionConfig, query_lens, seq_lens, *, seed=0, shuffle=True, k_scale=1.0, v_scale=1.0) -> Step:
     """Requests get distinct non-null blocks (a random permutation when shuffle, so block tables
     are non-contiguous); positions 0..s-q-1 (context) are written to the cache now, the last q
     are this step's new tokens."""
@@ -45,7 +63,7 @@ def make_step(config: AttentionConfig, query_lens, seq_lens, *, seed=0, shuffle=
     used = 0
     for i, s in enumerate(seq_lens):
         need = -(-s // bs)
-        block_table[i, :need] = pool[used:used + need].to(torch.int32)
+        block_table[i, :need] = pool[used : used + need].to(torch.int32)
         used += need
     slots_ctx, slots_new = [], []
     for i, (q, s) in enumerate(zip(query_lens, seq_lens)):
@@ -79,6 +97,7 @@ def run_backend(backend_cls, config: AttentionConfig, step: Step, num_padded_tok
         return torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad else x
 
     out = torch.full((tp, config.num_heads, config.head_size), float("nan"), dtype=config.dtype)
-    impl.forward(padded(step.query), padded(step.key), padded(step.value), step.kv_cache, md,
-                 step.k_scale, step.v_scale, out)
+    impl.forward(
+        padded(step.query), padded(step.key), padded(step.value), step.kv_cache, md, step.k_scale, step.v_scale, out
+    )
     return out

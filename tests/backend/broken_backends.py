@@ -22,9 +22,16 @@ class FrozenBranchImpl(TorchImpl):
     def __init__(self, config):
         super().__init__(config)
         self.workspace = torch.empty(
-            aiter_ops_emulated.workspace_bytes(max(config.max_num_seqs, config.max_num_tokens), config.num_heads,
-                                               config.head_size, config.max_model_len, config.dtype),
-            dtype=torch.uint8, device=config.device)
+            aiter_ops_emulated.workspace_bytes(
+                max(config.max_num_seqs, config.max_num_tokens),
+                config.num_heads,
+                config.head_size,
+                config.max_model_len,
+                config.dtype,
+            ),
+            dtype=torch.uint8,
+            device=config.device,
+        )
 
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
         if metadata.max_query_len != 1:  # BUG: a host value decides the kernel
@@ -35,9 +42,23 @@ class FrozenBranchImpl(TorchImpl):
         out.zero_()
         # Decode-only kernel: rows of requests with query len > 1 are not written.
         aiter_ops_emulated.paged_attention_v1(
-            out, self.workspace, query[:t], kv_cache[0], kv_cache[1], self.config.scale, metadata.block_table,
-            metadata.query_start_loc, metadata.seq_lens, self.config.max_model_len, None,
-            self.config.kv_cache_dtype, "NHD", 0.0, k_scale, v_scale)
+            out,
+            self.workspace,
+            query[:t],
+            kv_cache[0],
+            kv_cache[1],
+            self.config.scale,
+            metadata.block_table,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            self.config.max_model_len,
+            None,
+            self.config.kv_cache_dtype,
+            "NHD",
+            0.0,
+            k_scale,
+            v_scale,
+        )
         return output
 
 

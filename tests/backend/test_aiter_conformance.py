@@ -28,8 +28,9 @@ from tests.backend.attn_batches import make_config, make_step, run_backend
 # The amd-aiter versions this file has been run against (pyproject.toml's `test` extra pins them).
 CHECKED_VERSIONS = ("0.1.7.post2.dev18",)
 
-pytestmark = pytest.mark.skipif(L.aiter_package_dir() is None,
-                                reason="amd-aiter not installed (pip install -e '.[test]')")
+pytestmark = pytest.mark.skipif(
+    L.aiter_package_dir() is None, reason="amd-aiter not installed (pip install -e '.[test]')"
+)
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,16 @@ def real_signature(api: str, name: str) -> inspect.Signature:
 def _type_ok(value, annotation: str) -> bool:
     # The annotations aiter uses on the functions we call; torch's schema inference reads them too.
     optional = annotation.startswith("Optional[")
-    inner = annotation[len("Optional["):-1] if optional else annotation
+    inner = annotation[len("Optional[") : -1] if optional else annotation
     if value is None:
         return optional
-    checks = {"torch.Tensor": lambda x: isinstance(x, torch.Tensor),
-              "float": lambda x: isinstance(x, (float, int)) and not isinstance(x, bool),
-              "int": lambda x: isinstance(x, int) and not isinstance(x, bool),
-              "str": lambda x: isinstance(x, str), "bool": lambda x: isinstance(x, bool)}
+    checks = {
+        "torch.Tensor": lambda x: isinstance(x, torch.Tensor),
+        "float": lambda x: isinstance(x, (float, int)) and not isinstance(x, bool),
+        "int": lambda x: isinstance(x, int) and not isinstance(x, bool),
+        "str": lambda x: isinstance(x, str),
+        "bool": lambda x: isinstance(x, bool),
+    }
     return checks[inner](value) if inner in checks else True
 
 
@@ -105,12 +109,22 @@ def record_native(scenario: str) -> list[Call]:
     qlens, slens, overrides, ks, vs = SCENARIOS[scenario]
     config = make_config(**overrides)
     backend = get_backend("aiter-emulated")
-    recorder = Recorder("native", {"flash_attn_varlen_func": aiter_ops_emulated.flash_attn_varlen_func,
-                                   "paged_attention_v1": aiter_ops_emulated.paged_attention_v1})
+    recorder = Recorder(
+        "native",
+        {
+            "flash_attn_varlen_func": aiter_ops_emulated.flash_attn_varlen_func,
+            "paged_attention_v1": aiter_ops_emulated.paged_attention_v1,
+        },
+    )
     impl_cls = type("RecordingImpl", (backend.impl_cls,), {"ops": recorder})
     step = make_step(config, qlens, slens, k_scale=ks, v_scale=vs)
-    run_backend(type("RecordingBackend", (backend,), {"impl_cls": impl_cls}), config, step,
-                num_padded_tokens=sum(qlens) + 2, num_padded_reqs=len(qlens) + 1)
+    run_backend(
+        type("RecordingBackend", (backend,), {"impl_cls": impl_cls}),
+        config,
+        step,
+        num_padded_tokens=sum(qlens) + 2,
+        num_padded_reqs=len(qlens) + 1,
+    )
     return recorder.calls
 
 
@@ -122,15 +136,19 @@ def record_triton(scenario: str, provider: str, monkeypatch) -> list[Call]:
         tl = types.SimpleNamespace(bfloat16="bfloat16", float16="float16", float32="float32")
         monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(language=tl))
         monkeypatch.setitem(sys.modules, "triton.language", tl)
-    recorder = Recorder("triton", {"unified_attention": lambda *a, **k: None,
-                                   "paged_attention_decode": lambda *a, **k: None,
-                                   "flash_attn_varlen_func": lambda q, *a, **k: torch.zeros_like(q)})
+    recorder = Recorder(
+        "triton",
+        {
+            "unified_attention": lambda *a, **k: None,
+            "paged_attention_decode": lambda *a, **k: None,
+            "flash_attn_varlen_func": lambda q, *a, **k: torch.zeros_like(q),
+        },
+    )
     monkeypatch.setattr(aiter_triton_backend, "load_aiter_triton", lambda: recorder)
     qlens, slens, overrides, ks, vs = SCENARIOS[scenario]
     config = make_config(**overrides)
     step = make_step(config, qlens, slens, k_scale=ks, v_scale=vs)
-    run_backend(get_backend(provider), config, step, num_padded_tokens=sum(qlens) + 2,
-                num_padded_reqs=len(qlens) + 1)
+    run_backend(get_backend(provider), config, step, num_padded_tokens=sum(qlens) + 2, num_padded_reqs=len(qlens) + 1)
     return recorder.calls
 
 
@@ -143,10 +161,13 @@ def test_native_calls_bind_to_installed_aiter(scenario):
     assert [e for c in calls for e in conformance_errors(c)] == []
 
 
-@pytest.mark.parametrize("provider,expected", [
-    ("aiter-triton", {"unified_attention"}),
-    ("aiter-triton-pa", {"paged_attention_decode", "flash_attn_varlen_func"}),
-])
+@pytest.mark.parametrize(
+    "provider,expected",
+    [
+        ("aiter-triton", {"unified_attention"}),
+        ("aiter-triton-pa", {"paged_attention_decode", "flash_attn_varlen_func"}),
+    ],
+)
 @pytest.mark.parametrize("scenario", ["mixed-bf16", "mixed-fp8"])
 def test_triton_calls_bind_to_installed_aiter(provider, expected, scenario, monkeypatch):
     calls = record_triton(scenario, provider, monkeypatch)
@@ -173,15 +194,18 @@ def _mutated(call: Call, how: str) -> Call:
     return Call(call.api, call.name, tuple(args), kwargs)
 
 
-@pytest.mark.parametrize("name,how", [
-    ("flash_attn_varlen_func", "renamed-keyword"),
-    ("flash_attn_varlen_func", "unknown-keyword"),
-    ("flash_attn_varlen_func", "missing-required"),
-    ("paged_attention_v1", "swapped-positionals"),
-    ("paged_attention_v1", "dropped-positional"),
-    ("paged_attention_v1", "too-many-positionals"),
-    ("paged_attention_v1", "host-int-as-tensor"),
-])
+@pytest.mark.parametrize(
+    "name,how",
+    [
+        ("flash_attn_varlen_func", "renamed-keyword"),
+        ("flash_attn_varlen_func", "unknown-keyword"),
+        ("flash_attn_varlen_func", "missing-required"),
+        ("paged_attention_v1", "swapped-positionals"),
+        ("paged_attention_v1", "dropped-positional"),
+        ("paged_attention_v1", "too-many-positionals"),
+        ("paged_attention_v1", "host-int-as-tensor"),
+    ],
+)
 def test_a_deliberately_wrong_call_is_caught(name, how):
     call = next(c for c in record_native("mixed-bf16") if c.name == name)
     assert conformance_errors(call) == []
@@ -248,7 +272,8 @@ def test_installed_aiter_is_a_checked_version():
         pytest.skip(f"checking amd-aiter {version} (ORCH_AITER_ANY_VERSION=1)")
     assert version in CHECKED_VERSIONS, (
         f"amd-aiter {version} installed, conformance checked against {CHECKED_VERSIONS}: run this file "
-        "with ORCH_AITER_ANY_VERSION=1 and add the version once it passes (docs/PROVIDERS.md)")
+        "with ORCH_AITER_ANY_VERSION=1 and add the version once it passes (docs/PROVIDERS.md)"
+    )
 
 
 @pytest.mark.parametrize("patch", ["namespace-stubs", "arch-gfx950", "launch-options"])
@@ -264,8 +289,11 @@ def _edited_copy(tmp_path, rel: str, old: str, new: str) -> str:
 
     src = L.aiter_package_dir()
     dst = tmp_path / "aiter"
-    shutil.copytree(os.path.join(src, "ops", "triton"), dst / "ops" / "triton",
-                    ignore=shutil.ignore_patterns("__pycache__", "gemm", "moe", "hstu_attn", "gluon"))
+    shutil.copytree(
+        os.path.join(src, "ops", "triton"),
+        dst / "ops" / "triton",
+        ignore=shutil.ignore_patterns("__pycache__", "gemm", "moe", "hstu_attn", "gluon"),
+    )
     for name in ("__init__.py", "_version.py"):
         shutil.copy(os.path.join(src, name), dst / name)
     path = dst / rel
@@ -278,12 +306,27 @@ def _edited_copy(tmp_path, rel: str, old: str, new: str) -> str:
 # scenario -> (file, old text, new text, patch, expected (needed, valid))
 PATCH_SCENARIOS = {
     "get_arch-renamed": (L._ARCH_INFO, "def get_arch(", "def get_target_arch(", "arch-gfx950", (True, False)),
-    "fp8-no-longer-by-arch": (L._TYPES, "e5m2_dtype, e4m3_dtype = get_fp8_dtypes()",
-                              "e5m2_dtype, e4m3_dtype = None, None", "arch-gfx950", (False, True)),
-    "launch-through-attribute": ("ops/triton/unified_attention.py", "reduce_segments[(",
-                                 "kernels.reduce_segments[(", "launch-options", (True, False)),
-    "init-without-jit": ("__init__.py", "from .jit import core as core", "core = None",
-                         "namespace-stubs", (False, True)),
+    "fp8-no-longer-by-arch": (
+        L._TYPES,
+        "e5m2_dtype, e4m3_dtype = get_fp8_dtypes()",
+        "e5m2_dtype, e4m3_dtype = None, None",
+        "arch-gfx950",
+        (False, True),
+    ),
+    "launch-through-attribute": (
+        "ops/triton/unified_attention.py",
+        "reduce_segments[(",
+        "kernels.reduce_segments[(",
+        "launch-options",
+        (True, False),
+    ),
+    "init-without-jit": (
+        "__init__.py",
+        "from .jit import core as core",
+        "core = None",
+        "namespace-stubs",
+        (False, True),
+    ),
 }
 
 
@@ -340,4 +383,6 @@ def test_paged_attention_v1_string_arguments_are_values_it_accepts():
             assert bound["kv_cache_layout"] == "NHD" and (layouts == {"HND"} or "NHD" in layouts), layouts
             # num_seqs is block_tables.size(0) in the launcher: one row per context length
             assert bound["block_tables"].shape[0] == bound["context_lens"].shape[0]
-            assert bound["query"].dtype in (torch.bfloat16, torch.float16) and bound["out"].dtype == bound["query"].dtype
+            assert (
+                bound["query"].dtype in (torch.bfloat16, torch.float16) and bound["out"].dtype == bound["query"].dtype
+            )

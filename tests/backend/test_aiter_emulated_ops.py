@@ -29,8 +29,9 @@ def test_varlen_skips_rows_at_or_below_min_seqlen_q():
     qlens, klens = [1, 5, 1, 3], [9, 5, 4, 7]
     q, k, v, cu_q, cu_k = _packed(qlens, klens)
     out = torch.full_like(q, SENTINEL)
-    ops.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(qlens), max(klens), min_seqlen_q=1,
-                               softmax_scale=0.3, causal=True, out=out)
+    ops.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(qlens), max(klens), min_seqlen_q=1, softmax_scale=0.3, causal=True, out=out
+    )
     ref = _ref(q, k, v, qlens, klens, 0.3)
     decode_rows = [0, 6]
     assert (out[decode_rows] == SENTINEL).all(), "decode rows are left unwritten"
@@ -43,8 +44,9 @@ def test_varlen_frozen_max_seqlen_q_truncates_rows():
     qlens, klens = [5, 2], [5, 6]
     q, k, v, cu_q, cu_k = _packed(qlens, klens, seed=1)
     out = torch.full_like(q, SENTINEL)
-    ops.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2, max(klens), min_seqlen_q=1, softmax_scale=0.3,
-                               causal=True, out=out)
+    ops.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, 2, max(klens), min_seqlen_q=1, softmax_scale=0.3, causal=True, out=out
+    )
     ref = _ref(q, k, v, qlens, klens, 0.3)
     torch.testing.assert_close(out[[0, 1, 5, 6]], ref[[0, 1, 5, 6]], atol=1e-5, rtol=1e-5)
     assert (out[2:5] == SENTINEL).all(), "rows past the frozen max_seqlen_q are not computed"
@@ -87,14 +89,30 @@ def test_paged_decode_returns_early_for_multi_token_rows():
     cu_q = torch.tensor([0, 1, 5, 6], dtype=torch.int32)
     ws = torch.empty(ops.workspace_bytes(3, 4, 8, 16, out.dtype), dtype=torch.uint8)
     one = torch.ones(1)
-    ops.paged_attention_v1(out, ws, q, cache[0], cache[1], 0.3, table, cu_q, torch.tensor(slens, dtype=torch.int32),
-                           16, None, "auto", "NHD", 0.0, one, one)
+    ops.paged_attention_v1(
+        out,
+        ws,
+        q,
+        cache[0],
+        cache[1],
+        0.3,
+        table,
+        cu_q,
+        torch.tensor(slens, dtype=torch.int32),
+        16,
+        None,
+        "auto",
+        "NHD",
+        0.0,
+        one,
+        one,
+    )
     assert (out[1:5] == SENTINEL).all(), "the q=4 request is not written"
     for tok, r in ((0, 0), (5, 2)):
         k = cache[0, table[r]].flatten(0, 1)[: slens[r]]
         vv = cache[1, table[r]].flatten(0, 1)[: slens[r]]
-        ref = reference_attention(q[tok:tok + 1], [k], [vv], [1], 0.3)
-        torch.testing.assert_close(out[tok:tok + 1], ref, atol=1e-5, rtol=1e-5)
+        ref = reference_attention(q[tok : tok + 1], [k], [vv], [1], 0.3)
+        torch.testing.assert_close(out[tok : tok + 1], ref, atol=1e-5, rtol=1e-5)
 
 
 def test_paged_decode_frozen_max_context_len_limits_positions():
@@ -105,10 +123,44 @@ def test_paged_decode_frozen_max_context_len_limits_positions():
     ws = torch.empty(ops.workspace_bytes(1, 4, 8, 16, q.dtype, 4), dtype=torch.uint8)
     ctx = torch.tensor(slens, dtype=torch.int32)
     cu = torch.tensor([0, 1], dtype=torch.int32)
-    full = ops.paged_attention_v1(torch.zeros_like(q), ws, q, cache[0], cache[1], 0.3, table, cu, ctx, 16, None,
-                                  "auto", "NHD", 0.0, one, one, partition_size=4)
-    short = ops.paged_attention_v1(torch.zeros_like(q), ws, q, cache[0], cache[1], 0.3, table, cu, ctx, 8, None,
-                                   "auto", "NHD", 0.0, one, one, partition_size=4)
+    full = ops.paged_attention_v1(
+        torch.zeros_like(q),
+        ws,
+        q,
+        cache[0],
+        cache[1],
+        0.3,
+        table,
+        cu,
+        ctx,
+        16,
+        None,
+        "auto",
+        "NHD",
+        0.0,
+        one,
+        one,
+        partition_size=4,
+    )
+    short = ops.paged_attention_v1(
+        torch.zeros_like(q),
+        ws,
+        q,
+        cache[0],
+        cache[1],
+        0.3,
+        table,
+        cu,
+        ctx,
+        8,
+        None,
+        "auto",
+        "NHD",
+        0.0,
+        one,
+        one,
+        partition_size=4,
+    )
     k, v = cache[0, table[0]].flatten(0, 1), cache[1, table[0]].flatten(0, 1)
     torch.testing.assert_close(full, reference_attention(q, [k[:13]], [v[:13]], [1], 0.3), atol=1e-5, rtol=1e-5)
     # Captured with max_context_len 8: only the first two partitions (8 positions) are attended.
@@ -122,14 +174,32 @@ def test_paged_decode_reads_scales_live_and_refuses_small_workspace():
     ctx, cu = torch.tensor([5], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
     ws = torch.empty(ops.workspace_bytes(1, 4, 8, 8, q.dtype), dtype=torch.uint8)
     k_scale, v_scale = torch.ones(1), torch.ones(1)
-    a = ops.paged_attention_v1(torch.zeros_like(q), ws, q, fp8[0], fp8[1], 0.3, table, cu, ctx, 8, None,
-                               "fp8", "NHD", 0.0, k_scale, v_scale).clone()
+    a = ops.paged_attention_v1(
+        torch.zeros_like(q), ws, q, fp8[0], fp8[1], 0.3, table, cu, ctx, 8, None, "fp8", "NHD", 0.0, k_scale, v_scale
+    ).clone()
     v_scale.fill_(3.0)  # same tensor object, new value: what a graph replay would see
-    b = ops.paged_attention_v1(torch.zeros_like(q), ws, q, fp8[0], fp8[1], 0.3, table, cu, ctx, 8, None,
-                               "fp8", "NHD", 0.0, k_scale, v_scale)
+    b = ops.paged_attention_v1(
+        torch.zeros_like(q), ws, q, fp8[0], fp8[1], 0.3, table, cu, ctx, 8, None, "fp8", "NHD", 0.0, k_scale, v_scale
+    )
     torch.testing.assert_close(b, a * 3.0, atol=1e-5, rtol=1e-5)
     import pytest
 
     with pytest.raises(ValueError, match="workspace"):
-        ops.paged_attention_v1(torch.zeros_like(q), ws[:8], q, fp8[0], fp8[1], 0.3, table, cu, ctx, 8, None,
-                               "fp8", "NHD", 0.0, k_scale, v_scale)
+        ops.paged_attention_v1(
+            torch.zeros_like(q),
+            ws[:8],
+            q,
+            fp8[0],
+            fp8[1],
+            0.3,
+            table,
+            cu,
+            ctx,
+            8,
+            None,
+            "fp8",
+            "NHD",
+            0.0,
+            k_scale,
+            v_scale,
+        )

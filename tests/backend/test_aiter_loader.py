@@ -8,11 +8,14 @@ import torch
 from backend.providers import aiter_loader as L
 
 
-@pytest.mark.parametrize("q_dim, v_dim, given, expect", [
-    (192, 128, None, "non-pe tiles"),   # MLA prefill: the json's pe tiles overflow an H100's smem
-    (128, 128, None, None),             # q as wide as v: aiter picks its own config
-    (192, 128, {"BLOCK_M": 16}, {"BLOCK_M": 16}),  # a caller's config is left alone
-])
+@pytest.mark.parametrize(
+    "q_dim, v_dim, given, expect",
+    [
+        (192, 128, None, "non-pe tiles"),  # MLA prefill: the json's pe tiles overflow an H100's smem
+        (128, 128, None, None),  # q as wide as v: aiter picks its own config
+        (192, 128, {"BLOCK_M": 16}, {"BLOCK_M": 16}),  # a caller's config is left alone
+    ],
+)
 def test_mha_on_nvidia_takes_the_non_pe_tiles_for_wide_queries(q_dim, v_dim, given, expect):
     seen, asked = {}, []
 

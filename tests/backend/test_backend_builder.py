@@ -78,7 +78,7 @@ def _select_per_row_write(cache, key, value, slot_mapping, k_scale, v_scale):
     selected per row. Its bytes are the contract."""
     for c, x, scale in ((cache[0], key, k_scale), (cache[1], value, v_scale)):
         raw = c.flatten(0, 1).view(torch.uint8 if c.element_size() == 1 else torch.int16)
-        x = x[:slot_mapping.shape[0]]
+        x = x[: slot_mapping.shape[0]]
         new = quantize_fp8(x, scale, c.dtype) if c.element_size() == 1 else x.to(c.dtype)
         new = new.view(raw.dtype)
         index = slot_mapping.clamp(min=0)

@@ -60,8 +60,13 @@ def test_reference_catches_a_wrong_row():
 class _NoHostSync(TorchDispatchMode):
     """Raises on the ops a graph capture cannot contain (as the CPU graph emulation does)."""
 
-    FORBIDDEN = frozenset({torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
-                           torch.ops.aten.masked_select.default})
+    FORBIDDEN = frozenset(
+        {
+            torch.ops.aten._local_scalar_dense.default,
+            torch.ops.aten.nonzero.default,
+            torch.ops.aten.masked_select.default,
+        }
+    )
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in self.FORBIDDEN:
@@ -69,10 +74,13 @@ class _NoHostSync(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("provider,qlens,slens", [
-    ("torch", [1, 6, 1], [30, 6, 9]),
-    ("aiter-emulated", [1, 1, 1], [30, 6, 9]),  # decode: the only batches it may capture
-])
+@pytest.mark.parametrize(
+    "provider,qlens,slens",
+    [
+        ("torch", [1, 6, 1], [30, 6, 9]),
+        ("aiter-emulated", [1, 1, 1], [30, 6, 9]),  # decode: the only batches it may capture
+    ],
+)
 def test_forward_has_no_host_sync(provider, qlens, slens):
     config = make_config(kv_cache_dtype="fp8")
     step = make_step(config, qlens, slens, k_scale=0.5, v_scale=0.5)
@@ -118,8 +126,16 @@ def test_aiter_emulated_refuses_gpu_shapes_it_cannot_hold():
     from tests.backend.attn_batches import make_config
 
     emu = get_backend("aiter-emulated")
-    gpu_shape = dict(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, max_model_len=4096,
-                     max_num_seqs=256, max_num_tokens=8192, num_blocks=64)
+    gpu_shape = dict(
+        num_heads=32,
+        num_kv_heads=8,
+        head_size=128,
+        block_size=16,
+        max_model_len=4096,
+        max_num_seqs=256,
+        max_num_tokens=8192,
+        num_blocks=64,
+    )
     big = make_config(**gpu_shape)
     assert emu.unsupported_reasons(big) == []  # on CPU: allowed
     on_gpu = [r for r in emu.unsupported_reasons(dataclasses.replace(big, device=torch.device("cuda")))]

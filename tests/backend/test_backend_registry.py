@@ -44,15 +44,20 @@ def test_frozen_branch_is_wrong_when_its_decode_branch_meets_prefill_rows():
     torch.testing.assert_close(out[[0, 7]].float(), ref[[0, 7]], atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("name,message", [
-    ("no_such_pkg.mod:Backend", "cannot import 'no_such_pkg.mod': No module named 'no_such_pkg'"),
-    ("tests.backend.broken_backends:Missing", "module 'tests.backend.broken_backends' has no attribute 'Missing'"),
-    ("tests.backend.broken_backends:NotABackend",
-     "'tests.backend.broken_backends:NotABackend' is not an AttentionBackend subclass: missing builder_cls, impl_cls"),
-    ("tests.backend.broken_backends:not_a_class", "is not an AttentionBackend subclass: not a class"),
-    ("flash-attn", "unknown backend 'flash-attn'"),
-    ("", "empty backend name"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("no_such_pkg.mod:Backend", "cannot import 'no_such_pkg.mod': No module named 'no_such_pkg'"),
+        ("tests.backend.broken_backends:Missing", "module 'tests.backend.broken_backends' has no attribute 'Missing'"),
+        (
+            "tests.backend.broken_backends:NotABackend",
+            "'tests.backend.broken_backends:NotABackend' is not an AttentionBackend subclass: missing builder_cls, impl_cls",
+        ),
+        ("tests.backend.broken_backends:not_a_class", "is not an AttentionBackend subclass: not a class"),
+        ("flash-attn", "unknown backend 'flash-attn'"),
+        ("", "empty backend name"),
+    ],
+)
 def test_bad_backends_fail_with_one_line(name, message):
     with pytest.raises(BackendLoadError) as info:
         get_backend(name)

@@ -28,8 +28,12 @@ def test_declaration_agrees_with_its_class(name, family):
 # (provider, family, implemented?): a provider names its kernels; it implements a family only
 # where it has a class for it, and says so before anything is imported.
 FAMILY_SUPPORT = [
-    ("torch", "gqa", True), ("torch", "mla", True), ("aiter-emulated", "mla", True),
-    ("aiter-triton", "mla", True), ("aiter", "mla", True), ("aiter-triton-pa", "mla", False),
+    ("torch", "gqa", True),
+    ("torch", "mla", True),
+    ("aiter-emulated", "mla", True),
+    ("aiter-triton", "mla", True),
+    ("aiter", "mla", True),
+    ("aiter-triton-pa", "mla", False),
 ]
 
 
@@ -42,13 +46,16 @@ def test_a_provider_declares_the_families_it_implements(name, family, implemente
         assert family in why and "gqa" in why  # names what it lacks and what it has
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("cudagraph_support", AttentionCGSupport.NEVER, "cudagraph_support declared"),
-    ("kv_cache_dtypes", ("auto",), "kv_cache_dtypes declared"),
-    ("dtypes", ("float32",), "dtypes declared"),
-    ("jit_kernels", True, "jit_kernels declared True"),
-    ("unavailable", lambda dc: "unavailable: nope", "on cpu declared 'unavailable: nope'"),
-])
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("cudagraph_support", AttentionCGSupport.NEVER, "cudagraph_support declared"),
+        ("kv_cache_dtypes", ("auto",), "kv_cache_dtypes declared"),
+        ("dtypes", ("float32",), "dtypes declared"),
+        ("jit_kernels", True, "jit_kernels declared True"),
+        ("unavailable", lambda dc: "unavailable: nope", "on cpu declared 'unavailable: nope'"),
+    ],
+)
 def test_a_drifted_declaration_is_reported(field, value, needle):
     declared = dataclasses.replace(BUILTIN_CAPABILITIES[("torch", "gqa")], **{field: value})
     found = mismatches(declared, of_class(get_backend("torch"), "torch"))
@@ -73,13 +80,22 @@ def test_plugins_are_read_from_their_class():
     assert caps.unavailable_reason("cpu").startswith("CrashingCheckBackend.unavailable_reason raised RuntimeError")
 
 
-@pytest.mark.parametrize("nodes, expected", [
-    ({"0": "cpu_cores_count 16\ngfx_target_version 0\n"}, 0),                       # a CPU node only
-    ({"0": "gfx_target_version 0\n", "1": "simd_count 304\ngfx_target_version 90402\n",
-      "2": "gfx_target_version 90402\n"}, 2),                                         # MI300X-style: 2 GPUs
-    ({"0": "gfx_target_version 0\n", "1": "no version line\n"}, 0),                   # nothing claims a GPU
-    (None, None),                                                                     # no topology: cannot tell
-])
+@pytest.mark.parametrize(
+    "nodes, expected",
+    [
+        ({"0": "cpu_cores_count 16\ngfx_target_version 0\n"}, 0),  # a CPU node only
+        (
+            {
+                "0": "gfx_target_version 0\n",
+                "1": "simd_count 304\ngfx_target_version 90402\n",
+                "2": "gfx_target_version 90402\n",
+            },
+            2,
+        ),  # MI300X-style: 2 GPUs
+        ({"0": "gfx_target_version 0\n", "1": "no version line\n"}, 0),  # nothing claims a GPU
+        (None, None),  # no topology: cannot tell
+    ],
+)
 def test_kfd_topology_counts_gpu_nodes(tmp_path, nodes, expected):
     # The driver of orch run asks ROCm's sysfs instead of importing torch.
     from backend.attention.capabilities import kfd_gpu_count
@@ -92,12 +108,15 @@ def test_kfd_topology_counts_gpu_nodes(tmp_path, nodes, expected):
     assert kfd_gpu_count(str(root)) == expected
 
 
-@pytest.mark.parametrize("text, want", [
-    ("__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n", None),  # CUDA build
-    ("__version__ = '2.9.0+rocm6.4'\nhip: Optional[str] = '6.4.43482-0f2d60242'\n", "6.4.43482-0f2d60242"),
-    ("hip = None\n", None),
-    ("__version__ = '2.4.0'\n", "?"),  # no hip line: ask the class
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n", None),  # CUDA build
+        ("__version__ = '2.9.0+rocm6.4'\nhip: Optional[str] = '6.4.43482-0f2d60242'\n", "6.4.43482-0f2d60242"),
+        ("hip = None\n", None),
+        ("__version__ = '2.4.0'\n", "?"),  # no hip line: ask the class
+    ],
+)
 def test_torch_hip_read_without_importing_torch(text, want):
     # The planner on a CUDA machine answers "needs ROCm" for native aiter from torch/version.py.
     from backend.attention.capabilities import hip_of_version_py

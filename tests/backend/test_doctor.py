@@ -21,31 +21,43 @@ ROOT = Path(__file__).resolve().parents[2]
 FULL = ROOT / "matrices" / "full.yaml"
 
 
-@pytest.mark.parametrize("arch,expected", [
-    ("gfx942", "float8_e4m3fnuz"),  # MI300X / MI325X
-    ("gfx942:sramecc+:xnack-", "float8_e4m3fnuz"),  # gcnArchName as ROCm reports it
-    ("gfx950", "float8_e4m3fn"),  # MI350X / MI355X: OCP fp8
-    ("sm_90", "float8_e4m3fn"),
-    (None, "float8_e4m3fn"),  # CPU
-])
+@pytest.mark.parametrize(
+    "arch,expected",
+    [
+        ("gfx942", "float8_e4m3fnuz"),  # MI300X / MI325X
+        ("gfx942:sramecc+:xnack-", "float8_e4m3fnuz"),  # gcnArchName as ROCm reports it
+        ("gfx950", "float8_e4m3fn"),  # MI350X / MI355X: OCP fp8
+        ("sm_90", "float8_e4m3fn"),
+        (None, "float8_e4m3fn"),  # CPU
+    ],
+)
 def test_fp8_dtype_from_arch(arch, expected):
     assert D.fp8_dtype_for_arch(arch) == expected
     assert torch.finfo(getattr(torch, expected)).max == (240.0 if "fnuz" in expected else 448.0)
 
 
-@pytest.mark.parametrize("hip,gpu,expected", [
-    ("6.4.43482", True, "hip"),  # ROCm build: torch.cuda.CUDAGraph is a hipGraph
-    (None, True, "cuda"),
-    (None, False, "emulated"),
-    ("6.4.43482", False, "emulated"),  # ROCm build, no GPU visible
-])
+@pytest.mark.parametrize(
+    "hip,gpu,expected",
+    [
+        ("6.4.43482", True, "hip"),  # ROCm build: torch.cuda.CUDAGraph is a hipGraph
+        (None, True, "cuda"),
+        (None, False, "emulated"),
+        ("6.4.43482", False, "emulated"),  # ROCm build, no GPU visible
+    ],
+)
 def test_graph_kind_from_torch_version(hip, gpu, expected):
     assert graph_kind(hip, gpu) == expected
 
 
-@pytest.mark.parametrize("hip,cuda,gpu,expected", [
-    ("6.4", None, True, "ROCm"), (None, "13.0", True, "CUDA"), (None, "13.0", False, "CPU"), (None, None, False, "CPU"),
-])
+@pytest.mark.parametrize(
+    "hip,cuda,gpu,expected",
+    [
+        ("6.4", None, True, "ROCm"),
+        (None, "13.0", True, "CUDA"),
+        (None, "13.0", False, "CPU"),
+        (None, None, False, "CPU"),
+    ],
+)
 def test_platform_name(hip, cuda, gpu, expected):
     assert D.platform_name(hip, cuda, gpu) == expected
 
@@ -54,8 +66,11 @@ def test_platform_name(hip, cuda, gpu, expected):
 DEVICE_SCENARIOS = {
     "rocm-clean": ({"HIP_VISIBLE_DEVICES": "0,1"}, "ROCm", []),
     "rocm-rocr-only": ({"ROCR_VISIBLE_DEVICES": "0"}, "ROCm", ["error: ROCR_VISIBLE_DEVICES is set without"]),
-    "rocm-rocr-and-hip": ({"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "1"}, "ROCm",
-                          ["warning: ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES both set"]),
+    "rocm-rocr-and-hip": (
+        {"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "1"},
+        "ROCm",
+        ["warning: ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES both set"],
+    ),
     "rocm-cuda-var-left": ({"CUDA_VISIBLE_DEVICES": "0"}, "ROCm", ["CUDA_VISIBLE_DEVICES is set on ROCm"]),
     "rocm-noset": ({"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1"}, "ROCm", ["every worker sees every GPU"]),
     "cuda-clean": ({"CUDA_VISIBLE_DEVICES": "0"}, "CUDA", []),
@@ -79,12 +94,15 @@ def test_ray_sets_the_platforms_variable():
     assert D.ray_visible_var("CPU") is None
 
 
-@pytest.mark.parametrize("env,token_file,expected", [
-    ({}, False, "token (default for a new local cluster; RAY_AUTH_MODE unset; no token yet)"),
-    ({}, True, "~/.ray/auth_token present"),
-    ({"RAY_AUTH_MODE": "disabled"}, False, "disabled (RAY_AUTH_MODE=disabled"),
-    ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "secret-value"}, False, "RAY_AUTH_TOKEN set"),
-])
+@pytest.mark.parametrize(
+    "env,token_file,expected",
+    [
+        ({}, False, "token (default for a new local cluster; RAY_AUTH_MODE unset; no token yet)"),
+        ({}, True, "~/.ray/auth_token present"),
+        ({"RAY_AUTH_MODE": "disabled"}, False, "disabled (RAY_AUTH_MODE=disabled"),
+        ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "secret-value"}, False, "RAY_AUTH_TOKEN set"),
+    ],
+)
 def test_ray_auth_state_names_no_secret(env, token_file, expected, tmp_path):
     if token_file:
         (tmp_path / ".ray").mkdir()
@@ -104,7 +122,8 @@ def test_family_lines_split_each_familys_providers_by_its_own_check():
     assert lines == (
         D.FamilyLine("gqa", ("torch",), (D.ProviderLine("aiter", False, "needs a ROCm GPU"),)),
         D.FamilyLine("mla_sparse", ("torch",), (D.ProviderLine("vllm:FLASHMLA_SPARSE", False, "needs vllm"),)),
-        D.FamilyLine("empty", (), ()))
+        D.FamilyLine("empty", (), ()),
+    )
 
 
 def test_every_family_has_its_providers_listed():
@@ -127,14 +146,22 @@ def test_availability_reports_a_crashing_check_and_a_bad_name():
 
 
 def _orch(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
 
 
 def _matrix(tmp_path, backends, name="m.yaml"):
     path = tmp_path / name
-    path.write_text(f"extends: {FULL}\nname: doctor\naxes:\n  attention: [gqa]\n  tp: [1]\n  cudagraph_mode: [FULL]\n"
-                    f"  kv_cache_dtype: [auto]\n  batch: [decode_7]\n  backend: [{', '.join(backends)}]\ninclude: []\n")
+    path.write_text(
+        f"extends: {FULL}\nname: doctor\naxes:\n  attention: [gqa]\n  tp: [1]\n  cudagraph_mode: [FULL]\n"
+        f"  kv_cache_dtype: [auto]\n  batch: [decode_7]\n  backend: [{', '.join(backends)}]\ninclude: []\n"
+    )
     return str(path)
 
 
@@ -147,10 +174,22 @@ def test_doctor_json_on_this_machine():
     assert report["graph_kind"] == (("hip" if hip else "cuda") if gpu else "emulated")
     assert report["platform"] == (("ROCm" if hip else "CUDA") if gpu else "CPU")
     providers = {p["provider"]: p for p in report["providers"]}
-    assert set(providers) == {"torch", "aiter", "aiter-emulated", "aiter-triton", "aiter-triton-pa",
-                              "vllm:FLEX_ATTENTION", "vllm:TRITON_ATTN", "vllm:FLASH_ATTN", "vllm:ROCM_AITER_FA",
-                              "vllm:TRITON_MLA", "vllm:ROCM_AITER_UNIFIED_ATTN", "vllm:GDN_ATTN",
-                              "vllm:FLASHMLA_SPARSE", "vllm:ROCM_AITER_MLA_SPARSE"}
+    assert set(providers) == {
+        "torch",
+        "aiter",
+        "aiter-emulated",
+        "aiter-triton",
+        "aiter-triton-pa",
+        "vllm:FLEX_ATTENTION",
+        "vllm:TRITON_ATTN",
+        "vllm:FLASH_ATTN",
+        "vllm:ROCM_AITER_FA",
+        "vllm:TRITON_MLA",
+        "vllm:ROCM_AITER_UNIFIED_ATTN",
+        "vllm:GDN_ATTN",
+        "vllm:FLASHMLA_SPARSE",
+        "vllm:ROCM_AITER_MLA_SPARSE",
+    }
     # vLLM's backends: available, or a one-line reason (vllm missing, version, platform).
     for name in ("vllm:TRITON_ATTN", "vllm:ROCM_AITER_FA"):
         assert not providers[name]["available"] and providers[name]["reason"]
@@ -199,7 +238,12 @@ def test_doctor_matrix_with_a_provider_skipped_here_exits_0_and_names_it(tmp_pat
     assert [(p["provider"], p["skipped"]) for p in m["unusable"]] == [("aiter", len(planned.skipped))]
     reason = availability("aiter", "cpu").reason
     assert "ROCm" in reason and m["unusable"][0]["reason"] == reason  # the provider's own words
-    assert (m["runnable"], m["skipped"], m["problems"], m["exit_code"]) == (len(planned.cases), len(planned.skipped), [], 0)
+    assert (m["runnable"], m["skipped"], m["problems"], m["exit_code"]) == (
+        len(planned.cases),
+        len(planned.skipped),
+        [],
+        0,
+    )
     assert proc.stderr == ""
 
 
@@ -208,7 +252,8 @@ def test_doctor_matrix_for_gpu_on_a_cpu_box_exits_3_as_orch_run_would(tmp_path):
     proc = _orch("doctor", "--matrix", _matrix(tmp_path, ["torch"]), "--devices", "gpu")
     assert proc.returncode == 3, (proc.stdout, proc.stderr)
     assert proc.stderr.strip().splitlines() == [
-        f"orch doctor: {tmp_path / 'm.yaml'}: --devices gpu but there is no GPU here: `orch run` exits 3"]
+        f"orch doctor: {tmp_path / 'm.yaml'}: --devices gpu but there is no GPU here: `orch run` exits 3"
+    ]
 
 
 def test_doctor_matrix_of_runnable_providers_exits_0(tmp_path):
@@ -227,11 +272,14 @@ def test_doctor_output_is_not_padded_when_redirected(plain_doctor):
     assert "\x1b[" not in proc.stdout
 
 
-@pytest.mark.parametrize("scenario,content", [
-    ("missing-file", None),
-    ("not-yaml", "axes: [unclosed\n"),
-    ("unknown-provider", "BACKENDS"),
-])
+@pytest.mark.parametrize(
+    "scenario,content",
+    [
+        ("missing-file", None),
+        ("not-yaml", "axes: [unclosed\n"),
+        ("unknown-provider", "BACKENDS"),
+    ],
+)
 def test_doctor_bad_matrix_is_one_line_exit_2(scenario, content, tmp_path):
     if content is None:
         path = str(tmp_path / "absent.yaml")
@@ -249,10 +297,15 @@ def test_doctor_bad_matrix_is_one_line_exit_2(scenario, content, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU box the load is expected to succeed")
 def test_doctor_shows_a_failed_triton_load_as_one_line():
     # A subprocess: the load registers namespace stubs in sys.modules before it fails.
-    code = ("from orchestrator.commands.doctor import _aiter_findings\n"
-            "print('\\n'.join(_aiter_findings(True)[1]))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = "from orchestrator.commands.doctor import _aiter_findings\nprint('\\n'.join(_aiter_findings(True)[1]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     failed = [line for line in lines if line.startswith("triton kernels:")]

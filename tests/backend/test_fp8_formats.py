@@ -29,7 +29,7 @@ def test_in_range_round_trip_is_within_e4m3_precision(dtype):
     scale = torch.tensor([0.01])
     x = torch.linspace(-2.0, 2.0, 101)  # |x| / scale <= 200 < 240: in range for both formats
     back = dequantize(quantize_fp8(x, scale, dtype), scale)
-    torch.testing.assert_close(back, x, atol=scale.item() * 2 ** -6, rtol=2 ** -3)
+    torch.testing.assert_close(back, x, atol=scale.item() * 2**-6, rtol=2**-3)
 
 
 def test_fn_bytes_read_as_fnuz_are_half_the_value():

@@ -25,8 +25,10 @@ def test_quick_run_sizes_per_k_grid_and_compare(tmp_path, monkeypatch, capsys):
     # full.yaml with `default` sizes and a small max_num_seqs, so the default grid depends on k
     # (min(2 * 8 * (1 + k), 512)): the benchmark must give each k the sizes the matrix gives it.
     matrix = tmp_path / "m.yaml"
-    matrix.write_text(f"extends: {json.dumps(str(_ROOT / 'matrices' / 'full.yaml'))}\nname: t\n"
-                      "model: {cpu: {max_num_seqs: 8}}\ncapture_sizes: default\n")
+    matrix.write_text(
+        f"extends: {json.dumps(str(_ROOT / 'matrices' / 'full.yaml'))}\nname: t\n"
+        "model: {cpu: {max_num_seqs: 8}}\ncapture_sizes: default\n"
+    )
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     module = _load()
     assert module.main(["--matrix", str(matrix), "--quick", "--no-mutants"]) == 0
@@ -48,7 +50,10 @@ def test_quick_run_sizes_per_k_grid_and_compare(tmp_path, monkeypatch, capsys):
         r["status"] = "skip"  # a cell skipped there (e.g. the GPU-only provider on CPU) is no difference
     (tmp_path / "other.json").write_text(json.dumps(other))
     capsys.readouterr()
-    assert module.main(["--matrix", str(matrix), "--quick", "--no-mutants", "--compare", str(tmp_path / "other.json")]) == 0
+    assert (
+        module.main(["--matrix", str(matrix), "--quick", "--no-mutants", "--compare", str(tmp_path / "other.json")])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "1 verdicts differ" in out and f"{rows[0]['case']}: fail there, {rows[0]['status']} here" in out
 

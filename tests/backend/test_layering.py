@@ -26,15 +26,20 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_backend_never_imports_orchestrator():
-    offenders = {str(p.relative_to(ROOT)): sorted(m for m in imported_modules(p) if m.split(".")[0] == "orchestrator")
-                 for p in (ROOT / "backend").rglob("*.py")}
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(m for m in imported_modules(p) if m.split(".")[0] == "orchestrator")
+        for p in (ROOT / "backend").rglob("*.py")
+    }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-@pytest.mark.parametrize("module, forbidden", [
-    ("backend/graphs/base.py", ("backend.graphs.cuda", "backend.graphs.emulated", "backend.graphs.select")),
-    ("orchestrator/outputs.py", ("orchestrator.dashboard", "orchestrator.junit", "orchestrator.summary")),
-])
+@pytest.mark.parametrize(
+    "module, forbidden",
+    [
+        ("backend/graphs/base.py", ("backend.graphs.cuda", "backend.graphs.emulated", "backend.graphs.select")),
+        ("orchestrator/outputs.py", ("orchestrator.dashboard", "orchestrator.junit", "orchestrator.summary")),
+    ],
+)
 def test_interfaces_do_not_import_their_implementations(module, forbidden):
     got = imported_modules(ROOT / module)
     assert not [m for m in got if m.startswith(forbidden)], got
@@ -53,9 +58,18 @@ CONTRACT = "backend.families.contract"
 # A circle older than the contract: vLLM's adapter package (its __init__ dispatches to the
 # per-family modules, which call back its current_interface; mla_sparse joined as its siblings
 # did). Listed so it cannot grow unseen.
-KNOWN_CIRCLES = [{"backend.adapters.vllm", "backend.adapters.vllm.current", "backend.adapters.vllm.gdn",
-                  "backend.adapters.vllm.mla", "backend.adapters.vllm.mla_sparse", "backend.adapters.vllm.old",
-                  "backend.adapters.vllm.roles", "backend.adapters.vllm.swa"}]
+KNOWN_CIRCLES = [
+    {
+        "backend.adapters.vllm",
+        "backend.adapters.vllm.current",
+        "backend.adapters.vllm.gdn",
+        "backend.adapters.vllm.mla",
+        "backend.adapters.vllm.mla_sparse",
+        "backend.adapters.vllm.old",
+        "backend.adapters.vllm.roles",
+        "backend.adapters.vllm.swa",
+    }
+]
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -129,25 +143,38 @@ def test_no_import_circle_in_backend():
 
 def test_the_harness_imports_no_family_but_the_contract():
     graph = import_graph(ROOT)
-    upward = {(m, dep) for m, deps in graph.items() if m.startswith("backend.harness")
-              for dep in deps if dep.startswith("backend.families") and not dep.startswith(CONTRACT)}
+    upward = {
+        (m, dep)
+        for m, deps in graph.items()
+        if m.startswith("backend.harness")
+        for dep in deps
+        if dep.startswith("backend.families") and not dep.startswith(CONTRACT)
+    }
     assert upward == set()
 
 
 def test_the_contract_imports_no_family_and_no_harness():
     graph = import_graph(ROOT)
-    below = {(m, dep) for m, deps in graph.items() if m.startswith(CONTRACT) for dep in deps
-             if dep.startswith(("backend.harness", "backend.families")) and not dep.startswith(CONTRACT)}
+    below = {
+        (m, dep)
+        for m, deps in graph.items()
+        if m.startswith(CONTRACT)
+        for dep in deps
+        if dep.startswith(("backend.harness", "backend.families")) and not dep.startswith(CONTRACT)
+    }
     # the families package's own face re-exports the contract and nothing else
     below |= {("backend.families", dep) for dep in graph["backend.families"] if not dep.startswith(CONTRACT)}
     assert below == set()
 
 
-@pytest.mark.parametrize("source, circle", [
-    ({"a/x.py": "from a.y import f\n", "a/y.py": "def f():\n    from a import x\n"}, {"a.x", "a.y"}),
-    ({"a/x.py": "from a import y\n", "a/y.py": "import a.x\n"}, {"a.x", "a.y"}),
-    ({"a/x.py": "from a.y import f\n", "a/y.py": "import importlib\nimportlib.import_module('a.x')\n"}, None),
-])
+@pytest.mark.parametrize(
+    "source, circle",
+    [
+        ({"a/x.py": "from a.y import f\n", "a/y.py": "def f():\n    from a import x\n"}, {"a.x", "a.y"}),
+        ({"a/x.py": "from a import y\n", "a/y.py": "import a.x\n"}, {"a.x", "a.y"}),
+        ({"a/x.py": "from a.y import f\n", "a/y.py": "import importlib\nimportlib.import_module('a.x')\n"}, None),
+    ],
+)
 def test_the_graph_sees_a_circle(tmp_path, source, circle):
     # The rules must be able to fail: a lazy or module-level circle is found; importlib is not an edge.
     (tmp_path / "a").mkdir()

@@ -15,12 +15,15 @@ from tests.backend.attn_batches import make_config, make_step
 CONFIG = make_config(max_model_len=64, block_size=4)  # 16 blocks a request
 
 
-@pytest.mark.parametrize("query_lens, seq_lens, length", [
-    ((1, 1), (5, 9), 12),  # the longest request's blocks, whole
-    ((1,), (4,), 4),
-    ((1, 1), (64, 1), 64),  # a request at max_model_len: every block
-    ((3, 1), (3, 2), 4),
-])
+@pytest.mark.parametrize(
+    "query_lens, seq_lens, length",
+    [
+        ((1, 1), (5, 9), 12),  # the longest request's blocks, whole
+        ((1,), (4,), 4),
+        ((1, 1), (64, 1), 64),  # a request at max_model_len: every block
+        ((3, 1), (3, 2), 4),
+    ],
+)
 def test_eager_gathers_the_blocks_its_batch_reaches(query_lens, seq_lens, length):
     md = PersistentMetadataBuilder(CONFIG).build(make_step(CONFIG, query_lens, seq_lens).batch)
     assert gather_length(md, CONFIG.block_size) == length
@@ -38,8 +41,9 @@ def test_the_length_is_a_frozen_host_value_that_max_model_len_makes_safe():
     that the capture batch's max_model_len gives eager's answer."""
     step = make_step(CONFIG, (1, 2), (40, 60), seed=3)
     md = PersistentMetadataBuilder(CONFIG).build(step.batch)
-    attn = lambda m: paged_causal_attention(step.query, step.kv_cache[0], step.kv_cache[1], m,
-                                            step.k_scale, step.v_scale, CONFIG.scale)
+    attn = lambda m: paged_causal_attention(
+        step.query, step.kv_cache[0], step.kv_cache[1], m, step.k_scale, step.v_scale, CONFIG.scale
+    )
     eager = attn(md)
     frozen_short = attn(dataclasses.replace(md, max_seq_len=20))
     frozen_at_capture = attn(dataclasses.replace(md, max_seq_len=CONFIG.max_model_len))

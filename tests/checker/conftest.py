@@ -10,8 +10,16 @@ import torch
 from backend.case import BatchSpec, Case, ModelShape, Tolerance
 from backend.harness.checker import SessionCache
 
-TINY = ModelShape(num_heads=4, num_kv_heads=2, head_size=16, block_size=16, dtype="bfloat16",
-                  num_layers=2, max_model_len=128, max_num_seqs=8)
+TINY = ModelShape(
+    num_heads=4,
+    num_kv_heads=2,
+    head_size=16,
+    block_size=16,
+    dtype="bfloat16",
+    num_layers=2,
+    max_model_len=128,
+    max_num_seqs=8,
+)
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32)
 # 3 decode rows: 3 tokens pad to 4. Mixed: 6 tokens pad to 8 (<= max_num_seqs, so the FULL graph
 # is captured on vLLM's one-token-per-request dummy batch: the #22721 trap).
@@ -31,10 +39,28 @@ DEVICES = [CPU] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [
 GANG_DEVICES = [CPU] + ([torch.device("cuda", 0)] if torch.cuda.device_count() >= 2 else [])
 
 
-def make_case(backend: str = "torch", mode: str = "FULL", kv: str = "auto", batch: BatchSpec = MIXED,
-              tp: int = 1, seed: int = 0, **changes) -> Case:
-    case = Case(backend=backend, tp=tp, mode=mode, kv_cache_dtype=kv, batch=batch, seed=seed, model=TINY,
-                capture_sizes=CAPTURE_SIZES, steps=3, tolerance=TOL[kv], matrix="tests/tiny.yaml")
+def make_case(
+    backend: str = "torch",
+    mode: str = "FULL",
+    kv: str = "auto",
+    batch: BatchSpec = MIXED,
+    tp: int = 1,
+    seed: int = 0,
+    **changes,
+) -> Case:
+    case = Case(
+        backend=backend,
+        tp=tp,
+        mode=mode,
+        kv_cache_dtype=kv,
+        batch=batch,
+        seed=seed,
+        model=TINY,
+        capture_sizes=CAPTURE_SIZES,
+        steps=3,
+        tolerance=TOL[kv],
+        matrix="tests/tiny.yaml",
+    )
     return dataclasses.replace(case, **changes) if changes else case
 
 

@@ -36,13 +36,25 @@ def test_result_records_everything(sessions):
     assert r.status == Status.PASS
     on_gpu = torch.cuda.is_available()
     graph_kind = ("hip" if torch.version.hip else "cuda") if on_gpu else "emulated"
-    assert (r.requested_mode, r.resolved_mode, r.downgraded, r.graph_kind) == \
-        ("FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE", False, graph_kind)
+    assert (r.requested_mode, r.resolved_mode, r.downgraded, r.graph_kind) == (
+        "FULL_AND_PIECEWISE",
+        "FULL_AND_PIECEWISE",
+        False,
+        graph_kind,
+    )
     assert r.provider == "torch"
     assert (r.device.startswith("NVIDIA") or "cuda" in r.device) if on_gpu else r.device == "cpu", r.device
     assert r.capture_sizes_used[0] == 8 and len(r.capture_sizes_used) == case.steps
-    assert set(r.timings) == {"capture_s", "eager_step_s", "replay_step_s", "total_s", "other_s",
-                              "eager_shared_steps", "graph_shared_steps", *PHASES}
+    assert set(r.timings) == {
+        "capture_s",
+        "eager_step_s",
+        "replay_step_s",
+        "total_s",
+        "other_s",
+        "eager_shared_steps",
+        "graph_shared_steps",
+        *PHASES,
+    }
     assert {"torch", "python", "orch"} <= set(r.versions)
     assert r.repro == case.repro_command() and r.axes == case.axes
     replay = next(c for c in r.checks if c.name == "replay")
@@ -68,8 +80,9 @@ def test_sessions_are_reused_across_seeds():
     assert (cache.misses, cache.hits, len(cache)) == (1, 1, 1)
     assert first.timings["capture_s"] > 0
     # seed 6 plans other steps: it may add a size, but never re-captures seed 5's graphs
-    assert second.timings["capture_s"] < first.timings["capture_s"] or \
-        set(second.capture_sizes_used) - set(first.capture_sizes_used)
+    assert second.timings["capture_s"] < first.timings["capture_s"] or set(second.capture_sizes_used) - set(
+        first.capture_sizes_used
+    )
 
 
 def test_session_cache_is_bounded():
@@ -81,8 +94,10 @@ def test_session_cache_is_bounded():
 
 def test_modes_share_one_session_and_its_graphs():
     cache = SessionCache(capacity=4)
-    results = [run_case(make_case("torch", mode, "auto", DECODE), sessions=cache)
-               for mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "PIECEWISE")]
+    results = [
+        run_case(make_case("torch", mode, "auto", DECODE), sessions=cache)
+        for mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "PIECEWISE")
+    ]
     assert all(r.status == Status.PASS for r in results), [r.reason for r in results]
     assert (cache.misses, len(cache)) == (1, 1)
     # FULL replays decode batches through its mixed FULL graphs; FULL_DECODE_ONLY captures the
@@ -101,8 +116,12 @@ def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run(monkeypa
     other_seed = run_case(make_case("torch", "PIECEWISE", "auto", MIXED, seed=4), sessions=cache)
     alone = run_case(make_case("torch", "PIECEWISE", "auto", MIXED, seed=3))
     steps = len(first.capture_sizes_used)
-    assert (first.timings["eager_shared_steps"], shared.timings["eager_shared_steps"],
-            other_seed.timings["eager_shared_steps"], alone.timings["eager_shared_steps"]) == (0, steps, 0, 0)
+    assert (
+        first.timings["eager_shared_steps"],
+        shared.timings["eager_shared_steps"],
+        other_seed.timings["eager_shared_steps"],
+        alone.timings["eager_shared_steps"],
+    ) == (0, steps, 0, 0)
     assert shared.timings["reference_s"] == 0 < first.timings["reference_s"]
     assert shared.status == alone.status == Status.PASS
     for a, b in zip(shared.checks, alone.checks):
@@ -110,9 +129,9 @@ def test_modes_share_the_eager_side_and_give_the_verdicts_of_a_lone_run(monkeypa
 
 
 def _same_checks(a, b) -> bool:
-    return [(c.name, c.passed, c.step, c.max_abs_err, c.max_rel_err, c.first_bad, c.bitwise, c.detail)
-            for c in a.checks] == [(c.name, c.passed, c.step, c.max_abs_err, c.max_rel_err, c.first_bad,
-                                    c.bitwise, c.detail) for c in b.checks]
+    return [
+        (c.name, c.passed, c.step, c.max_abs_err, c.max_rel_err, c.first_bad, c.bitwise, c.detail) for c in a.checks
+    ] == [(c.name, c.passed, c.step, c.max_abs_err, c.max_rel_err, c.first_bad, c.bitwise, c.detail) for c in b.checks]
 
 
 # (backend, batch, mode that runs first, mode that reuses its graph side): decode steps go through
@@ -136,8 +155,11 @@ def test_modes_that_dispatch_a_step_alike_share_its_graph_side(monkeypatch, back
     shared = run_case(make_case(backend, mode, "auto", batch, seed=3), sessions=cache)
     alone = run_case(make_case(backend, mode, "auto", batch, seed=3))
     steps = len(shared.capture_sizes_used)
-    assert (first.timings["graph_shared_steps"], shared.timings["graph_shared_steps"],
-            alone.timings["graph_shared_steps"]) == (0, steps, 0)
+    assert (
+        first.timings["graph_shared_steps"],
+        shared.timings["graph_shared_steps"],
+        alone.timings["graph_shared_steps"],
+    ) == (0, steps, 0)
     # nothing of the step ran again: no inputs written, no snapshot, no checks
     assert shared.timings["inputs_s"] == shared.timings["checks_s"] == 0
     assert shared.status == alone.status == status, (shared.reason, alone.reason)
@@ -205,8 +227,10 @@ def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeyp
     drawn = []
     monkeypatch.setattr(step_data, "make_step_inputs", lambda p, *a: drawn.append(p.index) or make_step_inputs(p, *a))
     cache = SessionCache(capacity=2)
-    results = [run_case(make_case(b, m, kv, MIXED, seed=5), sessions=cache)
-               for b, m, kv in (("torch", "FULL", "auto"), ("torch", "NONE", "fp8"), ("aiter-emulated", "PIECEWISE", "auto"))]
+    results = [
+        run_case(make_case(b, m, kv, MIXED, seed=5), sessions=cache)
+        for b, m, kv in (("torch", "FULL", "auto"), ("torch", "NONE", "fp8"), ("aiter-emulated", "PIECEWISE", "auto"))
+    ]
     steps = len(results[0].capture_sizes_used)
     assert sorted(drawn) == list(range(steps))  # one draw per step for the three cases
     # another seed draws its own, step 0 included (whose plan, the spec as written, is the same)
@@ -217,7 +241,10 @@ def test_step_inputs_drawn_once_per_batch_step_and_equal_to_a_fresh_draw(monkeyp
         plan, shape, seed, device = key
         fresh = make_step_inputs(plan, shape, seed, device)
         assert torch.equal(cached.x, fresh.x) and torch.equal(cached.batch.slot_mapping, fresh.batch.slot_mapping)
-        assert all(torch.equal(a, b) for a, b in zip([t for p in cached.ctx_flat for t in p], [t for p in fresh.ctx_flat for t in p]))
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip([t for p in cached.ctx_flat for t in p], [t for p in fresh.ctx_flat for t in p])
+        )
 
 
 def test_step_inputs_cache_is_bounded_by_bytes(monkeypatch):
@@ -247,15 +274,29 @@ VERDICT_SCENARIOS = {
     "unknown backend": (dict(backend="no.such.module:Backend"), Status.ERROR, "exception", "backend: "),
     "case tp differs from the gang size": (dict(tp=3), Status.ERROR, "exception", "invalid case: tp 3"),
     "more requests than max_num_seqs": (
-        dict(batch=BatchSpec("wide", (1,) * 9, (10,) * 9)), Status.ERROR, "exception", "invalid case: "),
+        dict(batch=BatchSpec("wide", (1,) * 9, (10,) * 9)),
+        Status.ERROR,
+        "exception",
+        "invalid case: ",
+    ),
     "host sync under FULL capture": (
-        dict(backend="tests.mutants.host_sync:Backend"), Status.ERROR, "capture",
-        "capture error (tests/mutants/host_sync.py, line 15, in forward): FULL size 8"),
+        dict(backend="tests.mutants.host_sync:Backend"),
+        Status.ERROR,
+        "capture",
+        "capture error (tests/mutants/host_sync.py, line 15, in forward): FULL size 8",
+    ),
     "kv dtype the backend lacks": (
-        dict(backend="tests.checker.test_checker:NoFp8Backend", kv_cache_dtype="fp8"), Status.SKIP, "",
-        "unsupported: kv_cache_dtype fp8"),
+        dict(backend="tests.checker.test_checker:NoFp8Backend", kv_cache_dtype="fp8"),
+        Status.SKIP,
+        "",
+        "unsupported: kv_cache_dtype fp8",
+    ),
     "FULL with a NEVER backend": (
-        dict(backend="tests.checker.test_checker:NeverBackend"), Status.SKIP, "", "unsupported: CUDAGraphMode.FULL"),
+        dict(backend="tests.checker.test_checker:NeverBackend"),
+        Status.SKIP,
+        "",
+        "unsupported: CUDAGraphMode.FULL",
+    ),
 }
 
 
@@ -316,8 +357,7 @@ def test_spec_decode_graph_above_the_largest_capture_size_runs(mode):
     static buffers must hold the largest captured graph (an ERROR otherwise: 'size of tensor a
     (33) must match ... (32)'; decode_64 k2 cells on CPU: 86 x 3 = 258 > 256)."""
     batch = BatchSpec("decode11", (1,) * 11, (40,) * 11)
-    case = make_case(mode=mode, batch=batch, spec_tokens=2,
-                     model=dataclasses.replace(TINY, max_num_seqs=16))
+    case = make_case(mode=mode, batch=batch, spec_tokens=2, model=dataclasses.replace(TINY, max_num_seqs=16))
     result = run_case(case, device=torch.device("cpu"))
     assert result.status == Status.PASS, (result.reason, result.log_tail[-1500:])
     assert 33 in result.capture_sizes_used
@@ -330,7 +370,9 @@ def test_our_providers_share_sessions_across_spec_tokens():
 
     sessions = SessionCache(capacity=4)
     for k in (0, 2):
-        assert run_case(make_case("torch", "NONE", "auto", DECODE, spec_tokens=k), sessions=sessions).status == Status.PASS
+        assert (
+            run_case(make_case("torch", "NONE", "auto", DECODE, spec_tokens=k), sessions=sessions).status == Status.PASS
+        )
     assert len(sessions._sessions) == 1
     (session,) = sessions._sessions.values()
     assert session.config.spec_tokens == 0
@@ -356,8 +398,9 @@ def test_reference_rounds_the_query_of_a_backend_that_declares_an_fp8_query():
     assert declared <= plain + 2.0**-8
     assert undeclared > 2 * declared  # the rounding the reference no longer sees is large
     # kv auto: nothing is rounded, nothing is declared
-    assert _attn_reference_error("tests.mutants.fp8_query:QueryFp8Declared", "auto") == \
-        _attn_reference_error("torch", "auto")
+    assert _attn_reference_error("tests.mutants.fp8_query:QueryFp8Declared", "auto") == _attn_reference_error(
+        "torch", "auto"
+    )
 
 
 @pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])

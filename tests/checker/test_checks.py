@@ -25,6 +25,7 @@ def _rows(cache: torch.Tensor) -> torch.Tensor:
     """A gqa cache [2, blocks, block_size, Hkv, D] as kv_integrity takes it: [planes, slots, row]."""
     return family("gqa").slot_rows(cache)
 
+
 TOL = Tolerance(0.1, 0.1)
 
 
@@ -144,15 +145,18 @@ def _step(t: torch.Tensor, n: int) -> torch.Tensor:
     return (raw(t).to(torch.int64) + n).to(raw(t).dtype).view(t.dtype)
 
 
-@pytest.mark.parametrize("dtype,steps,ok", [
-    # A padded GEMM may round K/V one representable value apart from eager: not a failure...
-    (torch.float8_e4m3fn, 1, True),
-    (torch.bfloat16, 1, True),
-    # ...two or more steps are a different value, even where the first step would fit the tolerance.
-    (torch.float8_e4m3fn, 2, False),
-    (torch.float8_e4m3fn, 5, False),
-    (torch.bfloat16, 8, False),
-])
+@pytest.mark.parametrize(
+    "dtype,steps,ok",
+    [
+        # A padded GEMM may round K/V one representable value apart from eager: not a failure...
+        (torch.float8_e4m3fn, 1, True),
+        (torch.bfloat16, 1, True),
+        # ...two or more steps are a different value, even where the first step would fit the tolerance.
+        (torch.float8_e4m3fn, 2, False),
+        (torch.float8_e4m3fn, 5, False),
+        (torch.bfloat16, 8, False),
+    ],
+)
 def test_kv_integrity_real_slots_allow_one_rounding_step_only(dtype, steps, ok):
     real = torch.tensor([5, 6])
     scales = (torch.ones(1), torch.ones(1))
@@ -172,7 +176,7 @@ def test_quant_steps_counts_representable_values_across_zero():
     a = torch.tensor([0.0, -0.0, 2.5, 2.5, -2.5]).to(torch.float8_e4m3fn)
     b = torch.tensor([-0.0, 0.0, 2.75, 2.0, -2.75]).to(torch.float8_e4m3fn)
     assert quant_steps(a, b).tolist() == [0, 0, 1, 2, 1]
-    tiny = torch.tensor([2.0 ** -9, -(2.0 ** -9)]).to(torch.float8_e4m3fn)  # smallest subnormals
+    tiny = torch.tensor([2.0**-9, -(2.0**-9)]).to(torch.float8_e4m3fn)  # smallest subnormals
     assert quant_steps(tiny[:1], tiny[1:]).tolist() == [2]
 
 
@@ -244,15 +248,22 @@ HEAD_SCENARIOS = {
     "identical": (lambda t: None, True, None, None),
     "one head of 32 zeroed, layer 1": (lambda t: t[1, 2, 5].zero_(), False, (2, 5 + 4), 1),
     "one head 10% low": (lambda t: t[0, 1, 7].mul_(0.9), False, (1, 7 + 4), 0),
-    "one element off by an fp8 step of the head's scale stays inside":
-        (lambda t: t[0, 0, 3, 2].add_(0.0625 * t[0, 0, 3].float().pow(2).mean().sqrt()), True, None, None),
+    "one element off by an fp8 step of the head's scale stays inside": (
+        lambda t: t[0, 0, 3, 2].add_(0.0625 * t[0, 0, 3].float().pow(2).mean().sqrt()),
+        True,
+        None,
+        None,
+    ),
     "nan is never close": (lambda t: t[1, 0, 0, 0].fill_(float("nan")), False, (0, 0 + 4), 1),
-    "every head off by one bf16 rounding step stays inside": (lambda t: t.mul_(1 + 2 ** -8), True, None, None),
+    "every head off by one bf16 rounding step stays inside": (lambda t: t.mul_(1 + 2**-8), True, None, None),
     # Scale-free: a long context averages V down to a small RMS; 10% of one head is still out.
-    "small outputs (long-context scale), one head 10% low": (lambda t: (t.mul_(0.01), t[0, 2, 9].mul_(0.9)),
-                                                             False, (2, 9 + 4), 0),
-    "small outputs, one bf16 rounding step everywhere": (lambda t: (t.mul_(0.01), t.mul_(1 + 2 ** -8)),
-                                                         True, None, None),
+    "small outputs (long-context scale), one head 10% low": (
+        lambda t: (t.mul_(0.01), t[0, 2, 9].mul_(0.9)),
+        False,
+        (2, 9 + 4),
+        0,
+    ),
+    "small outputs, one bf16 rounding step everywhere": (lambda t: (t.mul_(0.01), t.mul_(1 + 2**-8)), True, None, None),
 }
 
 
@@ -274,10 +285,13 @@ def test_compare_heads(name):
         assert h.comparison.mismatch_frac == pytest.approx(1 / (2 * 3 * 32))
 
 
-@pytest.mark.parametrize("offset, ok", [
-    (0.3, True),   # within atol x the slot row's largest value (0.02 x 40 = 0.8)
-    (1.5, False),  # beyond it: a wrong K element, not an inherited difference
-])
+@pytest.mark.parametrize(
+    "offset, ok",
+    [
+        (0.3, True),  # within atol x the slot row's largest value (0.02 x 40 = 0.8)
+        (1.5, False),  # beyond it: a wrong K element, not an inherited difference
+    ],
+)
 def test_kv_integrity_real_slots_scale_atol_by_the_slot_row(offset, ok):
     """Later layers' K/V inherit the graph-vs-eager difference of the layers before them; the
     real-slot check holds them to the replay check's row-scaled tolerance, no sharper."""

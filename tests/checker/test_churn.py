@@ -26,8 +26,16 @@ def full_cases():
 
 @pytest.mark.parametrize("family,k", SCENARIOS, ids=[f"{f}-k{k}" for f, k in SCENARIOS])
 def test_the_dummy_step_runs_in_every_familys_session(family, k, full_cases):
-    case = next(c for c in full_cases if c.attention == family and c.spec_tokens == k and c.tp == 1
-                and c.backend == "torch" and c.mode == "FULL" and c.kv_cache_dtype == "auto")
+    case = next(
+        c
+        for c in full_cases
+        if c.attention == family
+        and c.spec_tokens == k
+        and c.tp == 1
+        and c.backend == "torch"
+        and c.mode == "FULL"
+        and c.kv_cache_dtype == "auto"
+    )
     sessions = SessionCache()
     assert run_case(case, sessions=sessions, device="cpu").status == Status.PASS
     (session,) = sessions._sessions.values()

@@ -28,8 +28,13 @@ LOAD_BEARING = {
     "reference": ("tests.mutants.scaled_allreduce:Backend", "NONE", {"model": ONE_LAYER}, (), Status.FAIL),
     "replay": ("tests.mutants.scaled_allreduce:CapturedBackend", "FULL", {"model": ONE_LAYER}, (), Status.FAIL),
     "attn_reference": ("tests.mutants.near_threshold:HeadScaled", "NONE", {"model": WIDE}, (), Status.FAIL),
-    "attn_replay": ("tests.mutants.near_threshold:HeadScaledCaptured", "FULL",
-                    {"model": dataclasses.replace(WIDE, num_layers=1)}, (), Status.FAIL),
+    "attn_replay": (
+        "tests.mutants.near_threshold:HeadScaledCaptured",
+        "FULL",
+        {"model": dataclasses.replace(WIDE, num_layers=1)},
+        (),
+        Status.FAIL,
+    ),
     # NaN is never close: every value check sees it too.
     "finite": ("tests.mutants.nan_output:Backend", "NONE", {}, VALUE_CHECKS, Status.FAIL),
     "padded_finite": ("tests.mutants.padded_nan:Backend", "FULL", {}, (), Status.FAIL),
@@ -37,9 +42,13 @@ LOAD_BEARING = {
     "determinism": ("tests.mutants.jittery:TinyBackend", "NONE", {}, (), Status.FLAKY),
     # hybrid_gdn's: padded requests' accepted count 0, not 1 (the metadata's padding contract);
     # no kernel of the torch provider reads it, so nothing else sees it
-    "state_integrity": ("tests.mutants.gdn_builders:AcceptedPaddedZero", "FULL_DECODE_ONLY",
-                        {"model": TINY_GDN, "batch": GDN_DECODE, "tolerance": GDN_TOL["auto"], "spec_tokens": 2},
-                        (), Status.FAIL),
+    "state_integrity": (
+        "tests.mutants.gdn_builders:AcceptedPaddedZero",
+        "FULL_DECODE_ONLY",
+        {"model": TINY_GDN, "batch": GDN_DECODE, "tolerance": GDN_TOL["auto"], "spec_tokens": 2},
+        (),
+        Status.FAIL,
+    ),
 }
 
 

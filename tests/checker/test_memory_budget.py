@@ -106,15 +106,20 @@ def test_out_of_memory_once_is_rerun_on_a_cleared_worker_and_passes(monkeypatch)
     monkeypatch.setitem(out_of_memory._RAISED, "done", False)
     cache = SessionCache(capacity=8)
     run_case(make_case(mode="NONE", batch=DECODE), device=CPU, sessions=cache)  # another session, cached
-    res = run_case(make_case(backend="tests.mutants.out_of_memory:OnceBackend", batch=DECODE), device=CPU, sessions=cache)
+    res = run_case(
+        make_case(backend="tests.mutants.out_of_memory:OnceBackend", batch=DECODE), device=CPU, sessions=cache
+    )
     assert res.status == Status.PASS, res.reason
     assert "rerun once on a cleared worker" in res.log_tail and "1 cached session" in res.log_tail
     assert len(cache) == 1  # the earlier session was dropped; the rerun's is kept
 
 
 def test_out_of_memory_again_when_alone_is_error_oom_never_fail_or_flaky():
-    res = run_case(make_case(backend="tests.mutants.out_of_memory:AlwaysBackend", batch=DECODE),
-                   sessions=SessionCache(), device=CPU)
+    res = run_case(
+        make_case(backend="tests.mutants.out_of_memory:AlwaysBackend", batch=DECODE),
+        sessions=SessionCache(),
+        device=CPU,
+    )
     assert res.status == Status.ERROR and res.error_kind == OOM_KIND
     assert res.reason.startswith("out of memory when alone")
     assert "rerun once on a cleared worker" in res.log_tail
@@ -131,17 +136,21 @@ def test_a_tp1_case_out_of_memory_is_rerun_exactly_once_in_the_worker(monkeypatc
         return real(*args, **kwargs)
 
     monkeypatch.setattr(checker, "_run_case", counting)
-    res = run_case(make_case(backend="tests.mutants.out_of_memory:AlwaysBackend", batch=DECODE),
-                   sessions=SessionCache())
+    res = run_case(
+        make_case(backend="tests.mutants.out_of_memory:AlwaysBackend", batch=DECODE), sessions=SessionCache()
+    )
     assert len(calls) == 2 and res.error_kind == OOM_KIND  # tp 1: the worker reran it once
 
 
-@pytest.mark.parametrize("exc,expected", [
-    (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"), True),
-    (RuntimeError("HIP out of memory. Tried to allocate 2 GiB"), True),
-    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
-    (ValueError("shape mismatch"), False),
-])
+@pytest.mark.parametrize(
+    "exc,expected",
+    [
+        (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"), True),
+        (RuntimeError("HIP out of memory. Tried to allocate 2 GiB"), True),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+        (ValueError("shape mismatch"), False),
+    ],
+)
 def test_out_of_memory_is_recognised_by_type_text_and_cause(exc, expected):
     assert is_oom(exc) is expected
     wrapped = RuntimeError("CUDA graph capture failed")
@@ -159,7 +168,10 @@ def test_a_worker_that_cannot_give_its_memory_back_is_not_reused_for_the_rerun(m
     real = checker._run_case
     monkeypatch.setattr(checker, "_run_case", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     monkeypatch.setattr(memory, "unreleased", lambda device: 9 * GiB)
-    res = run_case(make_case(backend="tests.mutants.out_of_memory:AlwaysBackend", batch=DECODE),
-                   sessions=SessionCache(), device=CPU)
+    res = run_case(
+        make_case(backend="tests.mutants.out_of_memory:AlwaysBackend", batch=DECODE),
+        sessions=SessionCache(),
+        device=CPU,
+    )
     assert len(calls) == 1 and res.error_kind == OOM_KIND and res.memory["unreleased"] == 9 * GiB
     assert "could not give back 9.00 GiB" in res.reason

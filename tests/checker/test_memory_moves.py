@@ -37,11 +37,13 @@ def _lru_expected(backend: str, kind: str, mode: str):
 @pytest.mark.parametrize("device", DEVICES, ids=str)
 @pytest.mark.parametrize("backend", ["Backend", "Fixed"])
 @pytest.mark.parametrize("batch", [DECODE, MIXED], ids=["decode", "mixed"])
-def test_a_scratch_kept_in_an_lru_cache_is_red_where_a_graph_holds_it_and_the_fix_is_green(backend, batch, device,
-                                                                                           own_sessions):
+def test_a_scratch_kept_in_an_lru_cache_is_red_where_a_graph_holds_it_and_the_fix_is_green(
+    backend, batch, device, own_sessions
+):
     for mode in MODES:
-        r = run_case(make_case(f"tests.mutants.lru_scratch:{backend}", mode, "auto", batch), device=device,
-                     sessions=own_sessions)
+        r = run_case(
+            make_case(f"tests.mutants.lru_scratch:{backend}", mode, "auto", batch), device=device, sessions=own_sessions
+        )
         status, check = _lru_expected(backend, batch.kind, mode)
         assert r.status == status, (mode, r.reason)
         if check:
@@ -64,8 +66,9 @@ def test_real_rows_a_kernel_leaves_unwritten_read_nan_at_every_replay(batch, dev
     static output held, which is finite (and was right wherever a replay of the same batch wrote
     it); NaN since the checker poisons the real rows before each replay, so `finite` sees them."""
     for mode in MODES:
-        r = run_case(make_case("tests.mutants.rows_unwritten:Backend", mode, "auto", batch), device=device,
-                     sessions=own_sessions)
+        r = run_case(
+            make_case("tests.mutants.rows_unwritten:Backend", mode, "auto", batch), device=device, sessions=own_sessions
+        )
         if (batch.kind, mode) == ("mixed", "FULL"):
             assert r.status == Status.FAIL, (mode, r.reason)
             finite = next(c for c in r.checks if c.name == "finite")

@@ -37,81 +37,117 @@ MUTANTS = {
     # Decode-branch freeze: unreachable under vLLM's capture (mixed graphs are captured with host
     # max_query_len = N, so the branch is frozen on the prefill side): a negative control now.
     "frozen max_query_len == 1 branch (decode-side freeze)": Expect(
-        "tests.mutants.frozen_branch:Backend",
-        lambda mode, kv, kind: False, Status.PASS, ""),
+        "tests.mutants.frozen_branch:Backend", lambda mode, kv, kind: False, Status.PASS, ""
+    ),
     # The seed as it was (#22721 in 0.10.2): prefill branch captured, its per-step metadata stale
     # in every FULL mixed graph: the prefill rows are wrong. FULL has no decode graphs, so decode
     # batches replay a mixed graph too, but their rows take the decode kernel (live buffers): right,
     # as in vLLM 0.10.2 itself (docs/VLLM.md "The seed, replayed").
     "seed ROCM_AITER_FA 0.10.2: ALWAYS + fresh prefill metadata (#22721)": Expect(
         "tests.mutants.seed_aiter_fa:Backend",
-        lambda mode, kv, kind: mode == "FULL" and kind == "mixed", Status.FAIL, "replay"),
+        lambda mode, kv, kind: mode == "FULL" and kind == "mixed",
+        Status.FAIL,
+        "replay",
+    ),
     "seed lowered to UNIFORM_SINGLE_TOKEN_DECODE (#25104)": Expect(
         "tests.mutants.seed_aiter_fa:FixedBackend",
-        lambda mode, kv, kind: False, Status.PASS, "", resolved={"FULL": "FULL_AND_PIECEWISE"}),
+        lambda mode, kv, kind: False,
+        Status.PASS,
+        "",
+        resolved={"FULL": "FULL_AND_PIECEWISE"},
+    ),
     "metadata reallocated each step": Expect(
         "tests.mutants.fresh_metadata:Backend",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
-        Status.FAIL, "replay"),
+        Status.FAIL,
+        "replay",
+    ),
     "padded slot -1 wraps into the cache": Expect(
         "tests.mutants.padded_slot_write:Backend",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
-        Status.FAIL, "kv_integrity"),
+        Status.FAIL,
+        "kv_integrity",
+    ),
     "fp8 scale frozen on the capture path (#49010)": Expect(
         "tests.mutants.fp8_scale_capture:Backend",
         lambda mode, kv, kind: kv == "fp8" and (mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode")),
-        Status.FAIL, "replay"),
+        Status.FAIL,
+        "replay",
+    ),
     "prefill output overwritten by decode kernel": Expect(
-        "tests.mutants.wrong_prefill:Backend",
-        lambda mode, kv, kind: kind == "mixed", Status.FAIL, "reference"),
+        "tests.mutants.wrong_prefill:Backend", lambda mode, kv, kind: kind == "mixed", Status.FAIL, "reference"
+    ),
     "support overstated as ALWAYS": Expect(
         "tests.mutants.overstated_support:Backend",
-        lambda mode, kv, kind: mode == "FULL" and kind == "mixed", Status.FAIL, "replay"),
+        lambda mode, kv, kind: mode == "FULL" and kind == "mixed",
+        Status.FAIL,
+        "replay",
+    ),
     "same code, honest UNIFORM_SINGLE_TOKEN_DECODE": Expect(
         "tests.mutants.overstated_support:HonestBackend",
-        lambda mode, kv, kind: False, Status.PASS, "", resolved={"FULL": "FULL_AND_PIECEWISE"}),
+        lambda mode, kv, kind: False,
+        Status.PASS,
+        "",
+        resolved={"FULL": "FULL_AND_PIECEWISE"},
+    ),
     "host sync in forward (pa_decode's k_scale.item())": Expect(
         "tests.mutants.host_sync:Backend",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
-        Status.ERROR, "capture"),
+        Status.ERROR,
+        "capture",
+    ),
     "host sync inside a custom op (AITER op wrapping k_scale.item())": Expect(
         "tests.mutants.customop_host_sync:Backend",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
-        Status.ERROR, "capture"),
+        Status.ERROR,
+        "capture",
+    ),
     # The seed inside a torch.library custom op reading the forward context (vLLM's
     # unified_attention form): red exactly where the plain seed is, once the op body is recorded.
     "seed inside a custom op reading the forward context": Expect(
         "tests.mutants.customop_seed:Backend",
-        lambda mode, kv, kind: mode == "FULL" and kind == "mixed", Status.FAIL, "replay"),
+        lambda mode, kv, kind: mode == "FULL" and kind == "mixed",
+        Status.FAIL,
+        "replay",
+    ),
     "control: the torch impl through the same custom op and forward context": Expect(
-        "tests.mutants.customop_seed:ControlBackend",
-        lambda mode, kv, kind: False, Status.PASS, ""),
+        "tests.mutants.customop_seed:ControlBackend", lambda mode, kv, kind: False, Status.PASS, ""
+    ),
     # Near-threshold, where benchmarks/gpu_tolerances.py REACHABLE says: red there,
     # green elsewhere (auto kv has both scales 1.0, so V's scale cannot be wrong).
     "V dequantised with K's scale": Expect(
-        "tests.mutants.near_threshold:VWithKScale",
-        lambda mode, kv, kind: kv == "fp8", Status.FAIL, "reference"),
+        "tests.mutants.near_threshold:VWithKScale", lambda mode, kv, kind: kv == "fp8", Status.FAIL, "reference"
+    ),
     "V read back 1.25x": Expect(
-        "tests.mutants.near_threshold:VScale125",
-        lambda mode, kv, kind: kv == "fp8", Status.FAIL, "reference"),
+        "tests.mutants.near_threshold:VScale125", lambda mode, kv, kind: kv == "fp8", Status.FAIL, "reference"
+    ),
     "one query head zeroed": Expect(
-        "tests.mutants.near_threshold:HeadZeroed",
-        lambda mode, kv, kind: True, Status.FAIL, "reference"),
+        "tests.mutants.near_threshold:HeadZeroed", lambda mode, kv, kind: True, Status.FAIL, "reference"
+    ),
     "a token cannot attend itself": Expect(
-        "tests.mutants.near_threshold:NoSelf",
-        lambda mode, kv, kind: True, Status.FAIL, "reference"),
+        "tests.mutants.near_threshold:NoSelf", lambda mode, kv, kind: True, Status.FAIL, "reference"
+    ),
     # Inside the residual tolerance on this shape: only the per-head attention checks see these.
     "one query head 10% low": Expect(
         "tests.mutants.near_threshold:HeadScaled",
-        lambda mode, kv, kind: True, Status.FAIL, "attn_reference", first_any=("reference",)),
+        lambda mode, kv, kind: True,
+        Status.FAIL,
+        "attn_reference",
+        first_any=("reference",),
+    ),
     "one query head 10% low in captured graphs only": Expect(
         "tests.mutants.near_threshold:HeadScaledCaptured",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
-        Status.FAIL, "attn_replay", first_any=("replay",)),
+        Status.FAIL,
+        "attn_replay",
+        first_any=("replay",),
+    ),
     "NaN left in padded output rows": Expect(
         "tests.mutants.padded_nan:Backend",
         lambda mode, kv, kind: mode == "FULL" or (mode in FULL_DECODE_GRAPH and kind == "decode"),
-        Status.FAIL, "padded_finite"),
+        Status.FAIL,
+        "padded_finite",
+    ),
 }
 
 
@@ -128,8 +164,9 @@ def test_mutant_flagged_exactly_where_reachable(name, sessions):
                 where = f"{name}: {mode}/{kv}/{batch.kind}"
                 assert r.status == want, f"{where}: {r.status.value} {r.reason}"
                 if want == Status.FAIL:
-                    assert any(r.reason.startswith(f"{c} check failed") for c in (exp.check, *exp.first_any)), \
+                    assert any(r.reason.startswith(f"{c} check failed") for c in (exp.check, *exp.first_any)), (
                         f"{where}: {r.reason}"
+                    )
                     assert not next(c for c in r.checks if c.name == exp.check).passed, f"{where}: {r.reason}"
                 if want == Status.ERROR:
                     assert r.error_kind == exp.check, f"{where}: {r.error_kind} {r.reason}"
@@ -159,7 +196,10 @@ def test_replay_reason_names_the_requests_of_the_bad_rows(sessions):
     assert "bad rows 4/6 in request 1 (q 4)" in r.reason, r.reason
     # The naming itself: whole requests, part of one, and rows past the last request (padding).
     assert rows_by_request((1, 2, 3, 4), (1, 4, 1)) == "bad rows 4/6 in request 1 (q 4)"
-    assert rows_by_request((0, 2, 7), (1, 4, 1)) == "bad rows 3/6 in requests 0 (q 1), 1 (1 of q 4), 1 past the last request"
+    assert (
+        rows_by_request((0, 2, 7), (1, 4, 1))
+        == "bad rows 3/6 in requests 0 (q 1), 1 (1 of q 4), 1 past the last request"
+    )
     assert rows_by_request((), (1,)) == ""
 
 
@@ -206,7 +246,10 @@ TP_SCENARIOS = {
     ("tests.mutants.allreduce_capture:Backend", 2, "NONE"): Status.PASS,
     ("tests.mutants.allreduce_capture:Backend", 1, "FULL"): Status.PASS,
 }
-TP_FAILED_CHECK = {"tests.mutants.tp_head_shard:Backend": "reference", "tests.mutants.allreduce_capture:Backend": "replay"}
+TP_FAILED_CHECK = {
+    "tests.mutants.tp_head_shard:Backend": "reference",
+    "tests.mutants.allreduce_capture:Backend": "replay",
+}
 
 
 @pytest.mark.slow
@@ -233,17 +276,28 @@ SINGLE_TOKEN_K = dict.fromkeys(SPLIT, "PIECEWISE")
 SPEC_MUTANTS = {
     "decode kernel reads one query token per request": Expect(
         "tests.mutants.one_query_token:Backend",
-        lambda mode, kind, k: k > 0 and kind == "decode", Status.FAIL, "reference", resolved=UNIFORM_K),
+        lambda mode, kind, k: k > 0 and kind == "decode",
+        Status.FAIL,
+        "reference",
+        resolved=UNIFORM_K,
+    ),
     "UNIFORM_BATCH overstated: verify split frozen from the capture batch": Expect(
         "tests.mutants.partition_frozen:Backend",
-        lambda mode, kind, k: k > 0 and kind == "decode" and mode in SPLIT, Status.FAIL, "replay",
-        resolved=UNIFORM_K),
+        lambda mode, kind, k: k > 0 and kind == "decode" and mode in SPLIT,
+        Status.FAIL,
+        "replay",
+        resolved=UNIFORM_K,
+    ),
     "same code, honest UNIFORM_SINGLE_TOKEN_DECODE (k > 0: PIECEWISE)": Expect(
         "tests.mutants.partition_frozen:HonestBackend",
-        lambda mode, kind, k: False, Status.PASS, "", resolved=SINGLE_TOKEN_K),
+        lambda mode, kind, k: False,
+        Status.PASS,
+        "",
+        resolved=SINGLE_TOKEN_K,
+    ),
     "max_query_len == 1 branch under a k > 0 capture (control)": Expect(
-        "tests.mutants.decode_branch_spec:Backend",
-        lambda mode, kind, k: False, Status.PASS, "", resolved=UNIFORM_K),
+        "tests.mutants.decode_branch_spec:Backend", lambda mode, kind, k: False, Status.PASS, "", resolved=UNIFORM_K
+    ),
     # ALWAYS overstated, fast path chosen on num_tokens == num_reqs (host, frozen at capture). FULL
     # has no decode graphs: its mixed graphs of N <= max_num_seqs tokens are captured on N one-token
     # requests, i.e. on the fast path, so at k > 0 the verify batches (q = 1 + k) replay it too and
@@ -251,10 +305,17 @@ SPEC_MUTANTS = {
     # requests of q tokens (not the fast path) and stay green.
     "support overstated as ALWAYS (k > 0: verify batches through the mixed graphs)": Expect(
         "tests.mutants.overstated_support:Backend",
-        lambda mode, kind, k: mode == "FULL" and (kind == "mixed" or k > 0), Status.FAIL, "replay"),
+        lambda mode, kind, k: mode == "FULL" and (kind == "mixed" or k > 0),
+        Status.FAIL,
+        "replay",
+    ),
     "same code, honest UNIFORM_SINGLE_TOKEN_DECODE (k > 0: no FULL decode graph)": Expect(
         "tests.mutants.overstated_support:HonestBackend",
-        lambda mode, kind, k: False, Status.PASS, "", resolved=SINGLE_TOKEN_K),
+        lambda mode, kind, k: False,
+        Status.PASS,
+        "",
+        resolved=SINGLE_TOKEN_K,
+    ),
 }
 
 
@@ -272,7 +333,9 @@ def test_spec_mutant_flagged_exactly_where_reachable(name, sessions):
                     assert r.reason.startswith(f"{exp.check} check failed"), f"{where}: {r.reason}"
                 if k > 0:
                     resolved = (exp.resolved or {}).get(mode, mode)
-                    assert r.resolved_mode == resolved and r.downgraded == (resolved != mode), f"{where}: {r.resolved_mode}"
+                    assert r.resolved_mode == resolved and r.downgraded == (resolved != mode), (
+                        f"{where}: {r.resolved_mode}"
+                    )
                     if resolved == "PIECEWISE" and mode != "PIECEWISE":
                         assert "with spec-decode for attention backend" in r.log_tail, where
 
@@ -285,6 +348,10 @@ def test_frozen_partition_is_a_v2_capture_hazard(sessions):
 
     for style, want in (("v1", Status.PASS), ("v2", Status.FAIL)):
         model = dataclasses.replace(TINY, capture_style=style)
-        r = run_case(make_case("tests.mutants.partition_frozen:Backend", "FULL_DECODE_ONLY", "auto", DECODE,
-                               spec_tokens=2, model=model), sessions=sessions)
+        r = run_case(
+            make_case(
+                "tests.mutants.partition_frozen:Backend", "FULL_DECODE_ONLY", "auto", DECODE, spec_tokens=2, model=model
+            ),
+            sessions=sessions,
+        )
         assert r.status == want, f"{style}: {r.reason}"

@@ -35,10 +35,14 @@ def _builder(seq=None, block=None):
 CONSOLIDATED = {
     "declares nothing: vLLM's defaults": (_builder(), (0, -1)),
     "one group builder fp8 FlashMLA among defaults": (
-        SimpleNamespace(builders=[_builder(), _builder(1, 0), _builder()]), (1, 0)),
+        SimpleNamespace(builders=[_builder(), _builder(1, 0), _builder()]),
+        (1, 0),
+    ),
     "the max of each": (SimpleNamespace(builders=[_builder(1, 0), _builder(2, 1)]), (2, 1)),
-    "a runner's own declaration counts": (SimpleNamespace(cg_pad_seq_lens=0, cg_pad_block_table=0,
-                                                          vllm_builder=_builder()), (0, 0)),
+    "a runner's own declaration counts": (
+        SimpleNamespace(cg_pad_seq_lens=0, cg_pad_block_table=0, vllm_builder=_builder()),
+        (0, 0),
+    ),
     "behind a one-group wrapper": (SimpleNamespace(builder=_builder(1, 0)), (1, 0)),
 }
 
@@ -51,7 +55,11 @@ def test_the_runner_pads_with_the_max_over_its_builders(name):
 
 # A session's padded requests hold the pair, in every family's runner role (one group, MLA, the
 # swa_sinks groups), declared or crossed.
-SHAPES = {"gqa": (make_case, DECODE), "mla": (fam.make_case, fam.DECODE), "swa_sinks": (fam.make_swa_case, fam.SWA_DECODE)}
+SHAPES = {
+    "gqa": (make_case, DECODE),
+    "mla": (fam.make_case, fam.DECODE),
+    "swa_sinks": (fam.make_swa_case, fam.SWA_DECODE),
+}
 
 
 @pytest.mark.parametrize("family", SHAPES)
@@ -89,10 +97,12 @@ def test_the_checks_hold_for_any_pair_a_correct_backend_is_given(pair, batch, de
 def test_a_builder_that_declares_one_pair_and_pads_another_is_red_where_a_full_graph_pads(batch, device, sessions):
     padded_graph = {"decode": ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"), "mixed": ("FULL",)}[batch.kind]
     for mode in ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
-        bad = run_case(make_case("tests.mutants.pad_declared:Backend", mode, "auto", batch), device=device,
-                       sessions=sessions)
-        honest = run_case(make_case("tests.mutants.pad_declared:Honest", mode, "auto", batch), device=device,
-                          sessions=sessions)
+        bad = run_case(
+            make_case("tests.mutants.pad_declared:Backend", mode, "auto", batch), device=device, sessions=sessions
+        )
+        honest = run_case(
+            make_case("tests.mutants.pad_declared:Honest", mode, "auto", batch), device=device, sessions=sessions
+        )
         assert honest.status == Status.PASS, (mode, honest.reason)
         if mode in padded_graph:
             assert bad.status == Status.FAIL and bad.reason.startswith("padded_finite check failed"), (mode, bad.reason)
@@ -105,10 +115,21 @@ def test_a_matrix_crosses_the_declared_values(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text(f"extends: {smoke}\nname: pad\naxes: {{cg_padding: [declared, 1/0, 0/-1]}}\n")
     m = load_matrix(str(path), devices="cpu")
-    ids = {c.case_id for c in m.cases if c.axes["batch"] == "decode_7" and c.attention == "gqa" and c.mode == "FULL"
-           and c.tp == 1 and c.kv_cache_dtype == "auto" and c.backend == "torch"}
-    assert ids == {"tp1-FULL-auto-decode_7-torch-s0", "tp1-FULL-auto-pad1_0-decode_7-torch-s0",
-                   "tp1-FULL-auto-pad0_-1-decode_7-torch-s0"}
+    ids = {
+        c.case_id
+        for c in m.cases
+        if c.axes["batch"] == "decode_7"
+        and c.attention == "gqa"
+        and c.mode == "FULL"
+        and c.tp == 1
+        and c.kv_cache_dtype == "auto"
+        and c.backend == "torch"
+    }
+    assert ids == {
+        "tp1-FULL-auto-decode_7-torch-s0",
+        "tp1-FULL-auto-pad1_0-decode_7-torch-s0",
+        "tp1-FULL-auto-pad0_-1-decode_7-torch-s0",
+    }
     crossed = next(c for c in m.cases if c.case_id == "tp1-FULL-auto-pad1_0-decode_7-torch-s0")
     assert crossed.cg_padding == (1, 0) and crossed.axes["cg_padding"] == "1/0"
     path.write_text(f"extends: {smoke}\nname: pad\naxes: {{cg_padding: [1-0]}}\n")

@@ -118,11 +118,13 @@ def test_what_may_write_the_caches_unmarks_the_scratch(monkeypatch, event):
         assert r.status.value == "fail" and "written during its warm-up and capture" in r.reason, r.reason
         assert seen and seen[0] is False, seen  # the capture wrote: the first step copied the caches whole
     elif event == "outside_write":
-        r = run_case(make_case("tests.mutants.padded_slot_write:Backend", "FULL", "auto", DECODE, model=BIG),
-                     sessions=sessions)
+        r = run_case(
+            make_case("tests.mutants.padded_slot_write:Backend", "FULL", "auto", DECODE, model=BIG), sessions=sessions
+        )
         assert r.status.value == "fail"
         assert scratch.SCRATCH_OWNER[0] is None  # the last step wrote outside its slots
     else:
+
         def boom(*a, **k):
             raise RuntimeError("boom")
 

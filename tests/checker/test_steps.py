@@ -39,7 +39,7 @@ def test_step_inputs_slots_and_blocks():
         start = 0
         for r, (q, s) in enumerate(zip(d.query_lens, d.seq_lens)):
             blocks = set(d.block_table[r, : -(-s // bs)].tolist())
-            slots = d.slot_mapping[start:start + q].tolist() + inputs.ctx_slots[r].tolist()
+            slots = d.slot_mapping[start : start + q].tolist() + inputs.ctx_slots[r].tolist()
             assert {x // bs for x in slots} <= blocks and len(slots) == s
             start += q
     for inputs in (first, second):  # every step shuffled (step 0 too), not contiguous

@@ -24,8 +24,11 @@ PADDING_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 def attempts(mode: str, seed: int, shared: SessionCache) -> list:
     """The case three times: twice in a worker's long-lived session, once in a fresh one (a retry)."""
     case = make_case(STRAY, mode, "auto", DECODE8, seed=seed)
-    return [run_case(case, sessions=shared), run_case(case, sessions=shared),
-            run_case(case, sessions=SessionCache(capacity=1))]
+    return [
+        run_case(case, sessions=shared),
+        run_case(case, sessions=shared),
+        run_case(case, sessions=SessionCache(capacity=1)),
+    ]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -32,7 +32,12 @@ def test_a_disagreement_on_a_launch_the_emulation_cannot_see_is_unverifiable_and
     assert "Tensor.data_ptr() at raw_pointer.py" in r.reason
     # Only the graph side could fail: the replay did not redo the copy the emulation cannot see.
     assert r.failed_checks and {c.name for c in r.failed_checks} <= {
-        "replay", "attn_replay", "padded_finite", "finite", "kv_integrity"}
+        "replay",
+        "attn_replay",
+        "padded_finite",
+        "finite",
+        "kv_integrity",
+    }
     assert not any("outside" in c.detail for c in r.failed_checks)
     gate = evaluate([r])
     assert gate.classification[r.case_id] == "unverifiable" and gate.exit_code == ExitCode.GATE_FAILED
@@ -60,10 +65,13 @@ def test_a_pass_on_a_launch_the_emulation_cannot_see_stays_a_pass_counted_apart(
 # skips the reduction. Was PASS ("emulation: unverifiable") and the gate passed (exit 0).
 # On two GPUs real graphs hold no reduction either, and nothing is unverifiable there: FAIL replay.
 @pytest.mark.parametrize("device", GANG_DEVICES, ids=str)
-@pytest.mark.parametrize("mode, status", [("FULL", Status.UNVERIFIABLE), ("PIECEWISE", Status.UNVERIFIABLE),
-                                          ("NONE", Status.PASS)])
+@pytest.mark.parametrize(
+    "mode, status", [("FULL", Status.UNVERIFIABLE), ("PIECEWISE", Status.UNVERIFIABLE), ("NONE", Status.PASS)]
+)
 def test_an_allreduce_skipped_in_capture_behind_a_raw_pointer_fails_the_gate_at_tp2(mode, status, device):
-    r = run_case_local(make_case("tests.mutants.allreduce_registered:Backend", mode, "auto", MIXED, tp=2), device=device)
+    r = run_case_local(
+        make_case("tests.mutants.allreduce_registered:Backend", mode, "auto", MIXED, tp=2), device=device
+    )
     if device.type == "cuda" and status == Status.UNVERIFIABLE:
         status = Status.FAIL
     assert r.status == status, (r.status, r.reason)

@@ -27,8 +27,10 @@ def test_a_host_sync_names_the_backends_line_and_what_it_wrote(host_sync):
     assert r.status == Status.ERROR and r.error_kind == "capture"
     assert r.reason.startswith(f"capture error ({WHERE}): FULL size "), r.reason
     assert "`.item()`" in r.reason and "a host read of a device tensor" in r.reason, r.reason
-    assert r.log_tail.splitlines()[-2:] == [f"first frame outside orch: {WHERE}",
-                                            "    self.longest = int(metadata.seq_lens.max())  # device -> host: not capturable"]
+    assert r.log_tail.splitlines()[-2:] == [
+        f"first frame outside orch: {WHERE}",
+        "    self.longest = int(metadata.seq_lens.max())  # device -> host: not capturable",
+    ]
 
 
 class RaisingImpl(TorchImpl):
@@ -49,8 +51,19 @@ def test_an_exception_in_forward_names_its_line():
 
 def test_summary_and_junit_show_the_backends_line(host_sync):
     outcome = gate.evaluate([host_sync])
-    run = RunInfo(id=1, matrix="tests/tiny.yaml", matrix_sha="", git_sha="", started_at=0.0, finished_at=1.0,
-                  status="finished", cluster="local", devices="cpu", num_cases=1, num_results=1)
+    run = RunInfo(
+        id=1,
+        matrix="tests/tiny.yaml",
+        matrix_sha="",
+        git_sha="",
+        started_at=0.0,
+        finished_at=1.0,
+        status="finished",
+        cluster="local",
+        devices="cpu",
+        num_cases=1,
+        num_results=1,
+    )
     md = summary.render(run, [host_sync], outcome)
     assert f"({WHERE})" in md and f"first frame outside orch: {WHERE}" in md
     xml = junit.to_string([host_sync], outcome, suite_name="tiny")
@@ -72,5 +85,7 @@ def test_a_gpu_capture_error_says_what_usually_causes_it():
     r = run_case(make_case("tests.executor.faulty_backends:CaptureErrorBackend", "FULL", "auto", DECODE))
     assert r.status == Status.ERROR and r.error_kind == "capture"
     assert r.reason.startswith("capture error (tests/executor/faulty_backends.py, line "), r.reason
-    assert r.reason.endswith("(usually a host read of a device tensor in that line: `.item()`, `.tolist()`, `.cpu()`, "
-                             "`nonzero`, a Python `if` on a tensor)"), r.reason
+    assert r.reason.endswith(
+        "(usually a host read of a device tensor in that line: `.item()`, `.tolist()`, `.cpu()`, "
+        "`nonzero`, a Python `if` on a tensor)"
+    ), r.reason

@@ -17,10 +17,18 @@ BIG_CONTEXT = BatchSpec("decode1", (1,), (40,))
 DETERMINISM_SCENARIOS = {
     # name: (backend, batch, status, first failed check named in the reason)
     "jitter only: flaky": ("tests.mutants.jittery:Backend", DECODE, Status.FLAKY, "eager not deterministic"),
-    "ulp jitter on a wrong kernel: still a failure": ("tests.mutants.jittery:WrongBackend", MIXED, Status.FAIL,
-                                                      "reference check failed"),
-    "jitter but the bug is out of reach: flaky": ("tests.mutants.jittery:WrongBackend", DECODE, Status.FLAKY,
-                                                  "eager not deterministic"),
+    "ulp jitter on a wrong kernel: still a failure": (
+        "tests.mutants.jittery:WrongBackend",
+        MIXED,
+        Status.FAIL,
+        "reference check failed",
+    ),
+    "jitter but the bug is out of reach: flaky": (
+        "tests.mutants.jittery:WrongBackend",
+        DECODE,
+        Status.FLAKY,
+        "eager not deterministic",
+    ),
 }
 
 
@@ -57,24 +65,37 @@ def _scaled_quantize(factor):
     def quantize_fp8(x, scale, dtype):  # stores x / (scale * factor): reads back `factor` too small
         fmax = torch.finfo(dtype).max
         return (x.float() / (scale.float() * factor)).clamp(-fmax, fmax).to(dtype)
+
     return quantize_fp8
 
 
 def _scaled_dequantize(factor):
     def dequantize(x, scale):
-        return x.float() * scale.float() * factor if x.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) \
-            else x.float()
+        return (
+            x.float() * scale.float() * factor if x.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) else x.float()
+        )
+
     return dequantize
 
 
 # The providers' shared fp8 code broken in place (as an edit to kv_cache.py would): every name it
 # is imported under is patched, the checker's included, so the reference cannot borrow it.
 SHARED_QUANTISER_BREAKS = {
-    "quantize stores V and K 1.25x too small": ("quantize_fp8", _scaled_quantize(1.25),
-                                                 ("backend.attention.kv_cache", "backend.harness.checker")),
-    "dequantize reads 1.25x too large": ("dequantize", _scaled_dequantize(1.25),
-                                         ("backend.attention.kv_cache", "backend.providers.torch_ops",
-                                          "backend.harness.checker", "backend.harness.checks")),
+    "quantize stores V and K 1.25x too small": (
+        "quantize_fp8",
+        _scaled_quantize(1.25),
+        ("backend.attention.kv_cache", "backend.harness.checker"),
+    ),
+    "dequantize reads 1.25x too large": (
+        "dequantize",
+        _scaled_dequantize(1.25),
+        (
+            "backend.attention.kv_cache",
+            "backend.providers.torch_ops",
+            "backend.harness.checker",
+            "backend.harness.checks",
+        ),
+    ),
 }
 
 

@@ -22,8 +22,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # Expected display state per case of the sample run (the gate's xfail shows as known-fail).
 STATE_COUNTS = {"pass": 25, "fail": 2, "error": 1, "timeout": 1, "flaky": 1, "known-fail": 1, "skip": 1}
-COLOURS = {"pass": "rgb(46, 158, 72)", "fail": "rgb(214, 45, 45)", "error": "rgb(122, 31, 162)",
-           "timeout": "rgb(230, 126, 0)", "flaky": "rgb(227, 192, 0)", "skip": "rgb(201, 204, 209)"}
+COLOURS = {
+    "pass": "rgb(46, 158, 72)",
+    "fail": "rgb(214, 45, 45)",
+    "error": "rgb(122, 31, 162)",
+    "timeout": "rgb(230, 126, 0)",
+    "flaky": "rgb(227, 192, 0)",
+    "skip": "rgb(201, 204, 209)",
+}
 
 
 def chip(page, case_id):
@@ -168,8 +174,13 @@ def test_server_errors_are_plain_responses(server):
         assert r.headers["Content-Type"] == "application/json" and b"2:32:finished" in r.read()
 
 
-LINKS = ["javascript:alert(3)", " JaVaScRiPt:alert(4)", "data:text/html,<script>alert(5)</script>",
-         "vbscript:msgbox(6)", "//evil.invalid/x"]
+LINKS = [
+    "javascript:alert(3)",
+    " JaVaScRiPt:alert(4)",
+    "data:text/html,<script>alert(5)</script>",
+    "vbscript:msgbox(6)",
+    "//evil.invalid/x",
+]
 
 
 @pytest.mark.parametrize("link", LINKS)

@@ -63,21 +63,79 @@ def test_full_yamls_page_stays_under_a_megabyte(tmp_path):
 
     rnd = random.Random(0)
     m = load_matrix("matrices/full.yaml", devices="cpu")
-    names = ("reference", "replay", "finite", "kv_integrity", "determinism", "padded_finite", "attn_reference",
-             "attn_replay")
-    timings = ("capture_s", "eager_step_s", "replay_step_s", "total_s", "session_s", "inputs_s", "snapshot_s",
-               "eager_s", "reference_s", "checks_s", "eager_shared_steps", "graph_shared_steps")
-    versions = {"aiter": "0.1.7.post2.dev18", "orch": "0.1.0", "python": "3.11.7", "ray": "2.60.0",
-                "torch": "2.13.0+cpu", "vllm": "0.34.0"}
-    results = [CaseResult(
-        case_id=c.case_id, status=Status.PASS, requested_mode=c.mode, resolved_mode=c.mode, graph_kind="emulated",
-        provider=c.backend, capture_sizes_used=(8, 8, 16, 8, 8, 16), device="cpu", versions=versions,
-        checks=tuple(CheckOutcome(n, True, max_abs_err=rnd.random() / 50, max_rel_err=rnd.random(), mismatch_frac=0.0,
-                                  bitwise=True if "replay" in n else None) for n in names),
-        timings={k: rnd.random() for k in timings}, log_tail=f"CUDAGraphMode.FULL is not supported with {c.backend}",
-        repro=c.repro_command(), worker=f"cpu-g0r{rnd.randrange(8)}@192.0.2.2", axes=c.axes) for c in m.cases]
-    results += [CaseResult(case_id=s.case.case_id, status=Status.SKIP, reason=s.reason, requested_mode=s.case.mode,
-                           repro=s.case.repro_command(), axes=s.case.axes) for s in m.skipped]
+    names = (
+        "reference",
+        "replay",
+        "finite",
+        "kv_integrity",
+        "determinism",
+        "padded_finite",
+        "attn_reference",
+        "attn_replay",
+    )
+    timings = (
+        "capture_s",
+        "eager_step_s",
+        "replay_step_s",
+        "total_s",
+        "session_s",
+        "inputs_s",
+        "snapshot_s",
+        "eager_s",
+        "reference_s",
+        "checks_s",
+        "eager_shared_steps",
+        "graph_shared_steps",
+    )
+    versions = {
+        "aiter": "0.1.7.post2.dev18",
+        "orch": "0.1.0",
+        "python": "3.11.7",
+        "ray": "2.60.0",
+        "torch": "2.13.0+cpu",
+        "vllm": "0.34.0",
+    }
+    results = [
+        CaseResult(
+            case_id=c.case_id,
+            status=Status.PASS,
+            requested_mode=c.mode,
+            resolved_mode=c.mode,
+            graph_kind="emulated",
+            provider=c.backend,
+            capture_sizes_used=(8, 8, 16, 8, 8, 16),
+            device="cpu",
+            versions=versions,
+            checks=tuple(
+                CheckOutcome(
+                    n,
+                    True,
+                    max_abs_err=rnd.random() / 50,
+                    max_rel_err=rnd.random(),
+                    mismatch_frac=0.0,
+                    bitwise=True if "replay" in n else None,
+                )
+                for n in names
+            ),
+            timings={k: rnd.random() for k in timings},
+            log_tail=f"CUDAGraphMode.FULL is not supported with {c.backend}",
+            repro=c.repro_command(),
+            worker=f"cpu-g0r{rnd.randrange(8)}@192.0.2.2",
+            axes=c.axes,
+        )
+        for c in m.cases
+    ]
+    results += [
+        CaseResult(
+            case_id=s.case.case_id,
+            status=Status.SKIP,
+            reason=s.reason,
+            requested_mode=s.case.mode,
+            repro=s.case.repro_command(),
+            axes=s.case.axes,
+        )
+        for s in m.skipped
+    ]
     with ResultStore(str(tmp_path / "full.db")) as store:
         rid = store.create_run(NewRun(matrix="matrices/full.yaml", cases=[*m.cases, *(s.case for s in m.skipped)]))
         store.record_many(rid, [(r, True) for r in results])

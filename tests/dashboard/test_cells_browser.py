@@ -21,8 +21,12 @@ def _db(tmp_path) -> str:
     """tp 1, FULL and NONE, one batch: each cell 2 backends x 2 seeds; one failure in FULL; the
     NONE cell of aiter-triton's fp8 is skips only."""
     path = str(tmp_path / "cells.db")
-    cases = [Case(b, 1, mode, "auto", BATCH, seed=seed, matrix="m.yaml") for mode in ("NONE", "FULL")
-             for b in ("torch", "aiter-emulated") for seed in (0, 1)]
+    cases = [
+        Case(b, 1, mode, "auto", BATCH, seed=seed, matrix="m.yaml")
+        for mode in ("NONE", "FULL")
+        for b in ("torch", "aiter-emulated")
+        for seed in (0, 1)
+    ]
     skips = [Case("aiter-triton", 1, "NONE", "fp8", BATCH, matrix="m.yaml")]
     with ResultStore(path) as s:
         rid = s.create_run(NewRun(matrix="m.yaml", cases=[*cases, *skips]))
@@ -30,8 +34,11 @@ def _db(tmp_path) -> str:
             if c.case_id == FAILING:
                 r = result_for(c, Status.FAIL, reason="replay differs", checks=_checks("replay"), provider=c.backend)
             else:
-                r = result_for(c, provider=c.backend, timings={"total_s": 1.5, "eager_step_s": 0.02, "replay_step_s": 0.01,
-                                                              "eager_shared_steps": 6.0})
+                r = result_for(
+                    c,
+                    provider=c.backend,
+                    timings={"total_s": 1.5, "eager_step_s": 0.02, "replay_step_s": 0.01, "eager_shared_steps": 6.0},
+                )
             s.record(rid, r)
         for c in skips:
             s.record(rid, result_for(c, Status.SKIP, reason="unavailable: needs a CUDA/ROCm GPU (Triton)", checks=()))

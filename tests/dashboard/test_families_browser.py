@@ -15,22 +15,31 @@ from orchestrator.store import NewRun, ResultStore
 from tests.results.samples import _checks, result_for
 
 BATCH = BatchSpec("dec4", (1, 1, 1, 1), (17, 33, 40, 64))
-MLA_SHAPE = ModelShape(num_heads=8, num_kv_heads=1, head_size=48, attention="mla",
-                       dims=(("kv_lora_rank", 32), ("qk_nope_head_dim", 16), ("qk_rope_head_dim", 16),
-                             ("v_head_dim", 16)))
+MLA_SHAPE = ModelShape(
+    num_heads=8,
+    num_kv_heads=1,
+    head_size=48,
+    attention="mla",
+    dims=(("kv_lora_rank", 32), ("qk_nope_head_dim", 16), ("qk_rope_head_dim", 16), ("v_head_dim", 16)),
+)
 FAILING_MLA = "mla-tp1-FULL-auto-dec4-torch-s0"
 
 
 def write_db(tmp_path) -> str:
     path = str(tmp_path / "families.db")
-    cases = [dataclasses.replace(Case("torch", 1, mode, "auto", BATCH, matrix="matrices/f.yaml"), **extra)
-             for mode in ("NONE", "FULL") for extra in ({}, {"model": MLA_SHAPE})]
+    cases = [
+        dataclasses.replace(Case("torch", 1, mode, "auto", BATCH, matrix="matrices/f.yaml"), **extra)
+        for mode in ("NONE", "FULL")
+        for extra in ({}, {"model": MLA_SHAPE})
+    ]
     with ResultStore(path) as s:
         rid = s.create_run(NewRun(matrix="matrices/f.yaml", cases=cases))
         for c in cases:
             bad = c.case_id == FAILING_MLA
-            s.record(rid, result_for(c, Status.FAIL, reason="finite: NaN", checks=_checks("finite")) if bad
-                     else result_for(c))
+            s.record(
+                rid,
+                result_for(c, Status.FAIL, reason="finite: NaN", checks=_checks("finite")) if bad else result_for(c),
+            )
         s.finish_run(rid, "finished")
     return path
 

@@ -23,14 +23,24 @@ def muted_page(page, tmp_path):
     db = str(tmp_path / "muted.db")
     cases = [Case("torch", 1, mode, "auto", BATCH, matrix="m.yaml") for mode in ("NONE", "FULL", "FULL_DECODE_ONLY")]
     kf = tmp_path / "kf.yaml"
-    kf.write_text(f'- case: "{MUTED}"\n  reason: flips under FULL\n  link: https://example.invalid/5\n'
-                  f'  until: 2999-01-31\n  mute: true\n')
+    kf.write_text(
+        f'- case: "{MUTED}"\n  reason: flips under FULL\n  link: https://example.invalid/5\n'
+        f"  until: 2999-01-31\n  mute: true\n"
+    )
     with ResultStore(db) as s:
         rid = s.create_run(NewRun(matrix="m.yaml", cases=cases))
         for c in cases:
             bad = c.case_id in (MUTED, GATING)
-            s.record(rid, result_for(c, Status.ERROR if bad else Status.PASS, checks=(),
-                                     reason="capture error: boom" if bad else "", error_kind="capture" if bad else ""))
+            s.record(
+                rid,
+                result_for(
+                    c,
+                    Status.ERROR if bad else Status.PASS,
+                    checks=(),
+                    reason="capture error: boom" if bad else "",
+                    error_kind="capture" if bad else "",
+                ),
+            )
         s.finish_run(rid, "finished")
         write_outputs(s, rid, out_dir=str(tmp_path / "out"), known_failures=str(kf))
     page.goto((tmp_path / "out" / "dashboard" / "index.html").as_uri())
@@ -39,7 +49,9 @@ def muted_page(page, tmp_path):
 
 
 def _background(page, selector: str) -> str:
-    return page.locator(selector).evaluate("e => getComputedStyle(e).backgroundImage + ' ' + getComputedStyle(e).backgroundColor")
+    return page.locator(selector).evaluate(
+        "e => getComputedStyle(e).backgroundImage + ' ' + getComputedStyle(e).backgroundColor"
+    )
 
 
 def test_a_muted_cell_is_its_own_mark_colour_legend_and_filter(muted_page):
@@ -51,7 +63,9 @@ def test_a_muted_cell_is_its_own_mark_colour_legend_and_filter(muted_page):
     # The legend names it, drawn as the cell is, with what it means.
     entry = page.locator('#legend .chip[data-legend="muted"]')
     assert entry.count() == 1 and entry.inner_text() == "M" and "mute: true" in entry.get_attribute("title")
-    assert _background(page, '#legend .chip[data-legend="muted"]') == _background(page, f'.chip[data-case-id="{MUTED}"]')
+    assert _background(page, '#legend .chip[data-legend="muted"]') == _background(
+        page, f'.chip[data-case-id="{MUTED}"]'
+    )
     assert "muted" in page.locator("#legend").inner_text()
     # Its own filter: unticked, the muted cell goes and the gating error stays.
     page.locator('#f-states input[data-state="muted"]').uncheck()

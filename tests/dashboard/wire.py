@@ -20,8 +20,10 @@ def page_data(html: str) -> dict:
         c.setdefault("cls", c["state"])
         if c["state"] not in ("pending", "missing"):
             c.setdefault("repro", f"orch repro {c['id']} --matrix {data['run']['matrix']}")
-        c["checks"] = [dict(zip(p["check_fields"], row + [None] * (len(p["check_fields"]) - len(row))))
-                       for row in c.get("checks", [])]
+        c["checks"] = [
+            dict(zip(p["check_fields"], row + [None] * (len(p["check_fields"]) - len(row))))
+            for row in c.get("checks", [])
+        ]
         for k in c["checks"]:
             k["name"], k["passed"] = strings[k["name"]], bool(k["passed"])
     return data

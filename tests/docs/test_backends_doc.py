@@ -22,7 +22,7 @@ def _section(title: str) -> str:
     text = open(DOC, encoding="utf-8").read()
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end > 0 else len(text)]
+    return text[start : end if end > 0 else len(text)]
 
 
 def printed_backend() -> str:
@@ -58,8 +58,13 @@ def test_the_printed_backend_passes_every_mode(ray_cluster, tmp_path, monkeypatc
     assert rc == 0, out
     assert len(results) == 15 and {r.status.value for r in results.values()} == {"pass"}
     assert {r.provider for r in results.values()} == {"mine"}
-    assert {r.axes["cudagraph_mode"] for r in results.values()} == {"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY",
-                                                                   "FULL_AND_PIECEWISE"}
+    assert {r.axes["cudagraph_mode"] for r in results.values()} == {
+        "NONE",
+        "PIECEWISE",
+        "FULL",
+        "FULL_DECODE_ONLY",
+        "FULL_AND_PIECEWISE",
+    }
     assert "15 of 89 cases, --filter 'attention=gqa tp=1 kv=auto', --backend mybackend:MyBackend" in out
 
 
@@ -67,13 +72,23 @@ def test_the_printed_backend_passes_every_mode(ray_cluster, tmp_path, monkeypatc
 BROKEN = {
     "a host sync in forward": (
         ("qsl = metadata.query_start_loc.long()", "qsl = torch.tensor(metadata.query_start_loc.tolist(), device=dev)"),
-        {"NONE": "pass", "PIECEWISE": "pass", "FULL": "error", "FULL_DECODE_ONLY": "error", "FULL_AND_PIECEWISE": "error"},
-        ("capture error (mybroken.py, line 13, in forward)", "host sync during graph capture: `.tolist()`: "
-         "a host read of a device tensor")),
+        {
+            "NONE": "pass",
+            "PIECEWISE": "pass",
+            "FULL": "error",
+            "FULL_DECODE_ONLY": "error",
+            "FULL_AND_PIECEWISE": "error",
+        },
+        (
+            "capture error (mybroken.py, line 13, in forward)",
+            "host sync during graph capture: `.tolist()`: a host read of a device tensor",
+        ),
+    ),
     "the causal mask off by one": (
         ("keys[None, :] <= (seq", "keys[None, :] < (seq"),
         {m: "fail" for m in ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")},
-        ("reference check failed",)),
+        ("reference check failed",),
+    ),
 }
 
 
@@ -82,8 +97,15 @@ def test_breaking_it_as_the_doc_says_turns_the_cells_it_names_red(ray_cluster, t
     (old, new), expected, words = BROKEN[name]
     code = printed_backend()
     assert old in code
-    rc, _, results = _run(tmp_path, monkeypatch, capsys, code.replace(old, new), "--filter",
-                          "attention=gqa tp=1 kv=auto batch=decode_7", module="mybroken")
+    rc, _, results = _run(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        code.replace(old, new),
+        "--filter",
+        "attention=gqa tp=1 kv=auto batch=decode_7",
+        module="mybroken",
+    )
     assert rc == 1
     assert {r.axes["cudagraph_mode"]: r.status.value for r in results.values()} == expected
     assert all(w in r.reason for r in results.values() if r.status.value != "pass" for w in words)

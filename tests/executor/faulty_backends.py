@@ -62,14 +62,26 @@ def fault_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None,
         dist.all_reduce(t)
         reason = f"rank={rank} world={world_size} device={device} sum={int(t.item())} pid={os.getpid()}"
         return CaseResult(case.case_id, Status.PASS, reason=reason, requested_mode=case.mode, axes=case.axes)
-    return CaseResult(case.case_id, status, reason=f"{kind} pid={os.getpid()}", requested_mode=case.mode,
-                      axes=case.axes, timings={"total_s": 0.001})
+    return CaseResult(
+        case.case_id,
+        status,
+        reason=f"{kind} pid={os.getpid()}",
+        requested_mode=case.mode,
+        axes=case.axes,
+        timings={"total_s": 0.001},
+    )
 
 
 def fail_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
     """Fails every case at once: a run whose gate fails, in seconds."""
-    return CaseResult(case.case_id, Status.FAIL, reason=f"fail pid={os.getpid()}", requested_mode=case.mode,
-                      axes=case.axes, timings={"total_s": 0.001})
+    return CaseResult(
+        case.case_id,
+        Status.FAIL,
+        reason=f"fail pid={os.getpid()}",
+        requested_mode=case.mode,
+        axes=case.axes,
+        timings={"total_s": 0.001},
+    )
 
 
 def hold_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
@@ -78,23 +90,41 @@ def hold_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, 
     recorded, so a test can signal its driver midway however fast the machine is."""
     while case.tp == 1:
         time.sleep(1)
-    return CaseResult(case.case_id, Status.PASS, reason="held runner", requested_mode=case.mode, axes=case.axes,
-                      timings={"total_s": 0.001})
+    return CaseResult(
+        case.case_id,
+        Status.PASS,
+        reason="held runner",
+        requested_mode=case.mode,
+        axes=case.axes,
+        timings={"total_s": 0.001},
+    )
 
 
 def env_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
     """Passes, saying in its reason what the worker's environment has for the variable named by
     batch.description (the actors' env forwarding)."""
     name = case.batch.description
-    return CaseResult(case.case_id, Status.PASS, reason=f"{name}={os.environ.get(name)}", requested_mode=case.mode,
-                      axes=case.axes, timings={"total_s": 0.001})
+    return CaseResult(
+        case.case_id,
+        Status.PASS,
+        reason=f"{name}={os.environ.get(name)}",
+        requested_mode=case.mode,
+        axes=case.axes,
+        timings={"total_s": 0.001},
+    )
 
 
 def slow_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None, sessions=None) -> CaseResult:
     """Passes after 0.25 s: a run long enough to be killed in the middle (resume test)."""
     time.sleep(0.25)
-    return CaseResult(case.case_id, Status.PASS, reason=f"slow pid={os.getpid()}", requested_mode=case.mode,
-                      axes=case.axes, timings={"total_s": 0.25})
+    return CaseResult(
+        case.case_id,
+        Status.PASS,
+        reason=f"slow pid={os.getpid()}",
+        requested_mode=case.mode,
+        axes=case.axes,
+        timings={"total_s": 0.25},
+    )
 
 
 def hold_path(gcs_address: str) -> str:
@@ -169,8 +199,9 @@ class _CaptureErrorImpl(TorchImpl):
         from backend.graphs.base import is_capturing
 
         if is_capturing():
-            raise RuntimeError("CUDA error: operation not permitted when stream is capturing "
-                               "(cudaErrorStreamCaptureInvalidated)")
+            raise RuntimeError(
+                "CUDA error: operation not permitted when stream is capturing (cudaErrorStreamCaptureInvalidated)"
+            )
         return super().forward(*args, **kwargs)
 
 

@@ -43,8 +43,11 @@ def main() -> None:
     killer = threading.Thread(target=kill_later, daemon=True)
     killer.start()
     # Singles (no batching) so both nodes hold work when one goes away.
-    executor = Executor(info, ExecConfig(runner="tests.executor.faulty_backends:fault_runner", batch_target_s=0.0,
-                                         retries=1, poll_s=0.2), on_result=on_result)
+    executor = Executor(
+        info,
+        ExecConfig(runner="tests.executor.faulty_backends:fault_runner", batch_target_s=0.0, retries=1, poll_s=0.2),
+        on_result=on_result,
+    )
     final = executor.run(cases)
     killer.join(5)
     # The GCS's own view of the removed node (it may notice after the executor did, through the
@@ -55,11 +58,21 @@ def main() -> None:
         if doomed.node_id in dead or not removal["removed"]:
             break
         time.sleep(0.5)
-    print("RESULT " + json.dumps({
-        "nodes": [n.node_id for n in info.nodes], "keep": keep.node_id, "doomed": doomed.node_id,
-        "dead": dead,
-        "requeued_after_loss": sorted(executor.attempts.lost), "removed": removal["removed"], "removal_error": removal["error"],
-        "results": {k: [v.status.value, v.attempts, v.worker] for k, v in final.items()}}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "nodes": [n.node_id for n in info.nodes],
+                "keep": keep.node_id,
+                "doomed": doomed.node_id,
+                "dead": dead,
+                "requeued_after_loss": sorted(executor.attempts.lost),
+                "removed": removal["removed"],
+                "removal_error": removal["error"],
+                "results": {k: [v.status.value, v.attempts, v.worker] for k, v in final.items()},
+            }
+        )
+    )
     ray.shutdown()
     cluster.shutdown()
 

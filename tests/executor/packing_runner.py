@@ -24,12 +24,27 @@ def run(case, *, rank: int = 0, world_size: int = 1, device=None, **_):
     gpus = [str(g) for g in ctx.get_accelerator_ids().get("GPU", ())]
     share = ctx.get_assigned_resources().get("GPU", 0.0)
     torch = sys.modules.get("torch")  # preloaded by Ray's workers in the threads test only
-    line = {"case": case.case_id, "tp": case.tp, "rank": rank, "pid": os.getpid(), "gpus": gpus, "share": share,
-            "start": start, "end": time.time(), "omp": os.environ.get("OMP_NUM_THREADS"),
-            "torch_threads": torch.get_num_threads() if torch is not None else None}
+    line = {
+        "case": case.case_id,
+        "tp": case.tp,
+        "rank": rank,
+        "pid": os.getpid(),
+        "gpus": gpus,
+        "share": share,
+        "start": start,
+        "end": time.time(),
+        "omp": os.environ.get("OMP_NUM_THREADS"),
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
+    }
     with open(os.environ["ORCH_PACKING_LOG"], "a") as f:
         f.write(json.dumps(line) + "\n")
     if case.case_id in os.environ.get("ORCH_PACKING_OOM", "").split(",") and share < 1.0:
-        return CaseResult(case_id=case.case_id, status=Status.ERROR, requested_mode=case.mode, axes=case.axes,
-                          error_kind="oom", reason=f"out of memory when alone: needs at least 30.00 GiB of a {share:g} GPU")
+        return CaseResult(
+            case_id=case.case_id,
+            status=Status.ERROR,
+            requested_mode=case.mode,
+            axes=case.axes,
+            error_kind="oom",
+            reason=f"out of memory when alone: needs at least 30.00 GiB of a {share:g} GPU",
+        )
     return CaseResult(case_id=case.case_id, status=Status.PASS, requested_mode=case.mode, axes=case.axes)

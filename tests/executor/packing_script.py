@@ -37,14 +37,28 @@ def main() -> None:
     from orchestrator.executor.executor import ExecConfig, Executor
 
     extra = {"_system_config": {"preload_python_modules": ["torch"]}} if threads else {}
-    ray.init(address="local", num_cpus=12 if threads else 4, num_gpus=2, include_dashboard=False,
-             object_store_memory=256 * 1024**2, log_to_driver=False, **extra)
+    ray.init(
+        address="local",
+        num_cpus=12 if threads else 4,
+        num_gpus=2,
+        include_dashboard=False,
+        object_store_memory=256 * 1024**2,
+        log_to_driver=False,
+        **extra,
+    )
     specs = []
     real_start = gangs.start_actors
 
     def recording(gang):
-        specs.append({"tp": gang.spec.tp, "gpu_share": gang.spec.gpu_share, "bundle": gang.spec.bundle(),
-                      "memory": dict(gang.spec.memory), "threads": gang.spec.threads})
+        specs.append(
+            {
+                "tp": gang.spec.tp,
+                "gpu_share": gang.spec.gpu_share,
+                "bundle": gang.spec.bundle(),
+                "memory": dict(gang.spec.memory),
+                "threads": gang.spec.threads,
+            }
+        )
         return real_start(gang)
 
     gangs.start_actors = recording
@@ -58,15 +72,25 @@ def main() -> None:
 
     gangs.join = no_process_group
     cluster = connect("local", devices="gpu", workers_per_gpu=per_gpu)
-    config = ExecConfig(runner="tests.executor.packing_runner:run", gpu_memory_utilization=0.8,
-                        batch_target_s=0.0, retries=0)
+    config = ExecConfig(
+        runner="tests.executor.packing_runner:run", gpu_memory_utilization=0.8, batch_target_s=0.0, retries=0
+    )
     if wide:
         config = dataclasses.replace(config, memory_needs={tp1[0].case_id: 30 * 1024**3}, device_bytes=80 * 1024**3)
     final = Executor(cluster, config).run([*tp1, *tp2])
-    print(json.dumps({"slots": cluster.total_slots, "banner": cluster.banner, "specs": specs,
-                      "statuses": sorted({r.status.value for r in final.values()}), "results": len(final),
-                      "cases": [c.case_id for c in tp1],
-                      "final": {k: [r.status.value, r.attempts, r.log_tail] for k, r in final.items()}}))
+    print(
+        json.dumps(
+            {
+                "slots": cluster.total_slots,
+                "banner": cluster.banner,
+                "specs": specs,
+                "statuses": sorted({r.status.value for r in final.values()}),
+                "results": len(final),
+                "cases": [c.case_id for c in tp1],
+                "final": {k: [r.status.value, r.attempts, r.log_tail] for k, r in final.items()},
+            }
+        )
+    )
     ray.shutdown()
 
 

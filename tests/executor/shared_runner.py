@@ -29,8 +29,15 @@ def shared_runner(case: Case, *, rank: int = 0, world_size: int = 1, device=None
     time.sleep(HOLD_S)
     bad = fails(case)
     check = CheckOutcome("replay", not bad, step=1, max_abs_err=0.5 if bad else 0.0)
-    return CaseResult(case.case_id, Status.FAIL if bad else Status.PASS,
-                      reason="replay: graph replay differs from eager at step 1" if bad else "",
-                      checks=(check,), requested_mode=case.mode, resolved_mode=case.mode, axes=case.axes,
-                      device=_device(device),
-                      timings={"total_s": HOLD_S}, repro=case.repro_command())
+    return CaseResult(
+        case.case_id,
+        Status.FAIL if bad else Status.PASS,
+        reason="replay: graph replay differs from eager at step 1" if bad else "",
+        checks=(check,),
+        requested_mode=case.mode,
+        resolved_mode=case.mode,
+        axes=case.axes,
+        device=_device(device),
+        timings={"total_s": HOLD_S},
+        repro=case.repro_command(),
+    )

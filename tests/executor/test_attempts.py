@@ -68,8 +68,12 @@ def _setup(*specs, retries=1, slots=(4,)):
     """specs: (name, tp, est_s, group). Returns (attempts, {name: task})."""
     cases = {name: _case(name, tp) for name, tp, _, _ in specs}
     tasks = {name: Task(cases[name].case_id, tp, est, group) for name, tp, est, group in specs}
-    at = Attempts({c.case_id: c for c in cases.values()}, Dispatcher(list(tasks.values()), list(slots)),
-                  retries=retries, unit="GPU")
+    at = Attempts(
+        {c.case_id: c for c in cases.values()},
+        Dispatcher(list(tasks.values()), list(slots)),
+        retries=retries,
+        unit="GPU",
+    )
     at.queue(list(tasks.values()))
     return at, tasks
 

@@ -26,18 +26,23 @@ def _order(deferral: Deferral | None, seen: list[str] | None = None) -> list[str
     # One case a batch, so the order results arrive in is the order they were dispatched in.
     config = ExecConfig(runner=RUNNER, poll_s=0.05, setup_timeout_s=60, max_batch=1)
     seen = [] if seen is None else seen
-    final = Executor(cluster, config, on_result=lambda r, f: seen.append(r.case_id), history=HISTORY,
-                     deferral=deferral).run(TORCH + JIT)
+    final = Executor(
+        cluster, config, on_result=lambda r, f: seen.append(r.case_id), history=HISTORY, deferral=deferral
+    ).run(TORCH + JIT)
     assert all(r.status.value == "pass" for r in final.values()) and len(final) == 6
     return ["jit" if cid in {c.case_id for c in JIT} else "torch" for cid in seen]
 
 
-@pytest.mark.parametrize("deferral, expected", [
-    (None, ["jit"] * 3 + ["torch"] * 3),
-    (Deferral(frozenset({"aiter-triton"}), lambda: True), ["torch"] * 3 + ["jit"] * 3),   # warm-up never ends
-    (Deferral(frozenset({"aiter-triton"}), lambda: False), ["jit"] * 3 + ["torch"] * 3),  # already over
-    (Deferral(frozenset({"aiter"}), lambda: True), ["jit"] * 3 + ["torch"] * 3),          # not these backends
-], ids=["none", "warming", "warm", "other-backend"])
+@pytest.mark.parametrize(
+    "deferral, expected",
+    [
+        (None, ["jit"] * 3 + ["torch"] * 3),
+        (Deferral(frozenset({"aiter-triton"}), lambda: True), ["torch"] * 3 + ["jit"] * 3),  # warm-up never ends
+        (Deferral(frozenset({"aiter-triton"}), lambda: False), ["jit"] * 3 + ["torch"] * 3),  # already over
+        (Deferral(frozenset({"aiter"}), lambda: True), ["jit"] * 3 + ["torch"] * 3),  # not these backends
+    ],
+    ids=["none", "warming", "warm", "other-backend"],
+)
 def test_jit_cases_wait_for_the_warm_up(ray_cluster, deferral, expected):
     assert _order(deferral) == expected
 

@@ -25,14 +25,20 @@ RUNNER = "tests.executor.faulty_backends:fault_runner"
 def mixed_run(ray_cluster, tmp_path_factory):
     marker = tmp_path_factory.mktemp("flaky") / "seen"
     cases = [make_case("ok", i) for i in range(8)] + [
-        make_case("crash", 1), make_case("segv", 1), make_case("hang", 1, timeout_s=2.0),
-        make_case("cudaerr", 1), make_case("fail", 1), make_case("flaky", 1, description=str(marker)),
+        make_case("crash", 1),
+        make_case("segv", 1),
+        make_case("hang", 1, timeout_s=2.0),
+        make_case("cudaerr", 1),
+        make_case("fail", 1),
+        make_case("flaky", 1, description=str(marker)),
         make_case("failerr", 1, description=str(marker) + "-failerr"),
     ]
     cluster = connect("local", devices="cpu", workers=2)
     attempts: list = []
     t0 = time.monotonic()
-    final = Executor(cluster, ExecConfig(runner=RUNNER, poll_s=0.2), on_result=lambda r, f: attempts.append((r, f))).run(cases)
+    final = Executor(
+        cluster, ExecConfig(runner=RUNNER, poll_s=0.2), on_result=lambda r, f: attempts.append((r, f))
+    ).run(cases)
     return final, attempts, time.monotonic() - t0
 
 
@@ -101,8 +107,9 @@ def test_a_rank_leaving_a_case_early_does_not_pair_with_the_next_case(ray_cluste
     cases = [make_case("rankerr", 0, tp=2, timeout_s=120.0), make_case("rank", 1, tp=2, timeout_s=120.0)]
     history = {cases[0].case_id: 0.002, cases[1].case_id: 0.001}  # cheap: batched together
     attempts: list = []
-    final = Executor(cluster, ExecConfig(runner=RUNNER, poll_s=0.2), history=history,
-                     on_result=lambda r, f: attempts.append(r)).run(cases)
+    final = Executor(
+        cluster, ExecConfig(runner=RUNNER, poll_s=0.2), history=history, on_result=lambda r, f: attempts.append(r)
+    ).run(cases)
     bad, good = final[cases[0].case_id], final[cases[1].case_id]
     assert good.status == Status.PASS and "sum=3" in good.reason, good
     assert bad.status == Status.ERROR and bad.error_kind in ("crash", "exception"), bad

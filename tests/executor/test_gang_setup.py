@@ -23,7 +23,11 @@ RUNNER = "tests.executor.faulty_backends:fault_runner"
 SCENARIOS = {
     # actor class -> (setup phase in the reason, text of the cause)
     "one rank's actor fails at construction": (faulty_actors.Rank1CannotStart, "(start)", "rank 1 cannot start"),
-    "the process group cannot initialise": (faulty_actors.ProcessGroupCannotInit, "(join)", "process group cannot initialise"),
+    "the process group cannot initialise": (
+        faulty_actors.ProcessGroupCannotInit,
+        "(join)",
+        "process group cannot initialise",
+    ),
 }
 
 
@@ -31,8 +35,11 @@ def _run_broken_gangs(**config):
     cluster = connect("local", devices="cpu", workers=2)
     cases = [make_case("ok", 0, tp=2), make_case("ok", 1, tp=2), make_case("ok", 2)]
     attempts: list = []
-    final = Executor(cluster, ExecConfig(runner=RUNNER, poll_s=0.2, setup_timeout_s=60, **config),
-                     on_result=lambda r, f: attempts.append((r, f))).run(cases)
+    final = Executor(
+        cluster,
+        ExecConfig(runner=RUNNER, poll_s=0.2, setup_timeout_s=60, **config),
+        on_result=lambda r, f: attempts.append((r, f)),
+    ).run(cases)
     return final, attempts
 
 
@@ -49,7 +56,9 @@ def _assert_not_run_not_blamed(final, attempts, phase: str, cause: str) -> None:
     assert final["tp1-FULL-auto-ok-torch-s2"].status == Status.PASS
     gate = evaluate(list(final.values()))
     assert gate.exit_code == ExitCode.INFRA_ERROR and set(gate.not_run) == {
-        "tp2-FULL-auto-ok-torch-s0", "tp2-FULL-auto-ok-torch-s1"}, gate
+        "tp2-FULL-auto-ok-torch-s0",
+        "tp2-FULL-auto-ok-torch-s1",
+    }, gate
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -83,8 +92,9 @@ def test_cpu_gangs_start_only_while_their_ranks_fit_in_the_cores(ray_cluster, co
     # two workers instead of starting eight processes; without it (0: --workers given) up to 8.
     cluster = session_node(8, cores)
     cases = [make_case("ok", i) for i in range(16)] + [make_case("ok", 100, tp=4)]
-    final = Executor(cluster, ExecConfig(runner="tests.executor.faulty_backends:slow_runner", poll_s=0.1,
-                                         batch_target_s=0.0)).run(cases)
+    final = Executor(
+        cluster, ExecConfig(runner="tests.executor.faulty_backends:slow_runner", poll_s=0.1, batch_target_s=0.0)
+    ).run(cases)
     assert all(r.status == Status.PASS for r in final.values()), final
     workers = {final[c.case_id].worker for c in cases if c.tp == 1}
     assert len(workers) <= most_workers and (cores or len(workers) > 2), workers

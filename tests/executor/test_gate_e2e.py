@@ -24,9 +24,16 @@ BROKEN = {"tp1-FULL-auto-mixed_small-MyBackend-s0"}
 
 def _run(tmp_path, name: str, plugin: str, baseline: str | None = None) -> tuple[int, str]:
     out = tmp_path / name
-    code = run_cmd.main("matrices/smoke.yaml", backend=f"tests.executor.{plugin}:MyBackend", filter_expr=FILTER,
-                        db=str(tmp_path / "r.db"), out_dir=str(out), devices="cpu", baseline=baseline,
-                        no_progress=True)
+    code = run_cmd.main(
+        "matrices/smoke.yaml",
+        backend=f"tests.executor.{plugin}:MyBackend",
+        filter_expr=FILTER,
+        db=str(tmp_path / "r.db"),
+        out_dir=str(out),
+        devices="cpu",
+        baseline=baseline,
+        no_progress=True,
+    )
     return code, str(out)
 
 
@@ -91,8 +98,8 @@ def test_summary_lists_the_regression_first_with_its_repro(runs):
     assert _cases_in(regressions) == BROKEN
     assert md.index("### Regressions") < md.index("### Grid")  # listed first, before the grid
     for cid in BROKEN:  # each with its failing check's numbers and its repro
-        block = regressions[regressions.index(f"`{cid}`"):]
-        block = block[:block.index("\n- **") if "\n- **" in block else len(block)]
+        block = regressions[regressions.index(f"`{cid}`") :]
+        block = block[: block.index("\n- **") if "\n- **" in block else len(block)]
         assert "replay: FAILED" in block and "max_abs=" in block and f"orch repro {cid}" in block, block
     grid = _grid_cells(md)
     assert {cell for cell, sym in grid.items() if sym == "🔻"} == {("tp1 FULL", "mixed_small")}
@@ -106,7 +113,7 @@ def test_summary_lists_the_regression_first_with_its_repro(runs):
 
 def _grid_cells(md: str) -> dict[tuple[str, str], str]:
     """(row label, batch) -> the grid's symbol, for the one backend of these runs."""
-    lines = [ln for ln in md[md.index("### Grid"):].splitlines() if ln.startswith("|")]
+    lines = [ln for ln in md[md.index("### Grid") :].splitlines() if ln.startswith("|")]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     batches = [h.split("<br>")[-1] for h in head[1:]]
     cells = {}
@@ -147,9 +154,15 @@ def test_a_tp2_allreduce_skipped_behind_a_raw_pointer_fails_orch_run_on_cpu(ray_
     from orchestrator.commands import gate as gate_cmd
 
     db, out = str(tmp_path / "r.db"), str(tmp_path / "out")
-    code = run_cmd.main("matrices/smoke.yaml", backend="tests.mutants.allreduce_registered:Backend",
-                        filter_expr="attention=gqa tp=2 cudagraph_mode=FULL", db=db, out_dir=out, devices="cpu",
-                        no_progress=True)
+    code = run_cmd.main(
+        "matrices/smoke.yaml",
+        backend="tests.mutants.allreduce_registered:Backend",
+        filter_expr="attention=gqa tp=2 cudagraph_mode=FULL",
+        db=db,
+        out_dir=out,
+        devices="cpu",
+        no_progress=True,
+    )
     assert code == 1
     with ResultStore(db, readonly=True) as store:
         (r,) = store.results(store.latest_run_id())

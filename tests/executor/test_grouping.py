@@ -23,8 +23,15 @@ RUNNER = "tests.executor.faulty_backends:fault_runner"
 
 
 def _case(mode: str, seed: int = 0, kind: str = "slow", **kw) -> Case:
-    return Case(backend="torch", tp=1, mode=mode, kv_cache_dtype="auto", batch=BatchSpec(kind, (1, 1), (8, 8), ""),
-                seed=seed, **kw)
+    return Case(
+        backend="torch",
+        tp=1,
+        mode=mode,
+        kv_cache_dtype="auto",
+        batch=BatchSpec(kind, (1, 1), (8, 8), ""),
+        seed=seed,
+        **kw,
+    )
 
 
 KEYS = [
@@ -71,7 +78,15 @@ def test_a_requeued_sibling_is_not_taken_again():
 
 BATCHES = [
     # (name, width, target_s, max_batch, singles, avoid, expected batch)
-    ("all modes of the config, whatever the budget", 1, 0.0, 64, set(), None, ["c0-m0", "c0-m1", "c0-m2", "c0-m3", "c0-m4"]),
+    (
+        "all modes of the config, whatever the budget",
+        1,
+        0.0,
+        64,
+        set(),
+        None,
+        ["c0-m0", "c0-m1", "c0-m2", "c0-m3", "c0-m4"],
+    ),
     ("max_batch caps it", 1, 0.0, 3, set(), None, ["c0-m0", "c0-m1", "c0-m2"]),
     ("a single runs alone", 1, 0.0, 64, {"c0-m0"}, None, ["c0-m0"]),
     ("a sibling run alone stays out", 1, 0.0, 64, {"c0-m2"}, None, ["c0-m0", "c0-m1", "c0-m3", "c0-m4"]),

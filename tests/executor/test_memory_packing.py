@@ -22,9 +22,15 @@ FILTER = "attention=gqa kv_cache_dtype=auto cudagraph_mode=FULL batch=decode_7,m
 
 def _run(tmp_path, backend: str, name: str, extra: str = ""):
     out = tmp_path / name
-    code = run_cmd.main("matrices/smoke.yaml", backend=f"tests.mutants.out_of_memory:{backend}",
-                        filter_expr=f"{FILTER} {extra}".strip(),
-                        db=str(tmp_path / f"{name}.db"), out_dir=str(out), devices="cpu", no_progress=True)
+    code = run_cmd.main(
+        "matrices/smoke.yaml",
+        backend=f"tests.mutants.out_of_memory:{backend}",
+        filter_expr=f"{FILTER} {extra}".strip(),
+        db=str(tmp_path / f"{name}.db"),
+        out_dir=str(out),
+        devices="cpu",
+        no_progress=True,
+    )
     with ResultStore(str(tmp_path / f"{name}.db")) as store:
         return code, out, {r.case_id: r for r in store.results(store.latest_run_id())}
 
@@ -60,8 +66,9 @@ def test_out_of_memory_when_alone_is_infrastructure_in_every_output(ray_cluster,
 
 def test_several_workers_per_gpu_take_shares_and_a_gangs_ranks_whole_devices(tmp_path):
     log = tmp_path / "cases.jsonl"
-    proc = subprocess.run([sys.executable, "tests/executor/packing_script.py", "4", str(log)],
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "tests/executor/packing_script.py", "4", str(log)], capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["slots"] == 8 and report["statuses"] == ["pass"] and report["results"] == 18
@@ -69,7 +76,9 @@ def test_several_workers_per_gpu_take_shares_and_a_gangs_ranks_whole_devices(tmp
     for spec in report["specs"]:
         by_tp[spec["tp"]].append(spec)
     assert {s["bundle"]["GPU"] for s in by_tp[1]} == {0.25}
-    assert {s["memory"]["share"] for s in by_tp[1]} == {0.25} and {s["memory"]["utilization"] for s in by_tp[1]} == {0.8}
+    assert {s["memory"]["share"] for s in by_tp[1]} == {0.25} and {s["memory"]["utilization"] for s in by_tp[1]} == {
+        0.8
+    }
     assert {s["bundle"]["GPU"] for s in by_tp[2]} == {1.0} and {s["memory"]["share"] for s in by_tp[2]} == {1.0}
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     tp1_pids_per_gpu = defaultdict(set)
@@ -94,8 +103,12 @@ def test_a_case_that_needs_more_than_a_share_runs_on_a_wider_worker(tmp_path):
     of three shares; a case that runs out of memory on one share runs again on a whole GPU, and
     its result says so (no FLAKY, no oom verdict); the rest run on one share each."""
     log = tmp_path / "cases.jsonl"
-    proc = subprocess.run([sys.executable, "tests/executor/packing_script.py", "4", str(log), "wide"],
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "tests/executor/packing_script.py", "4", str(log), "wide"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     big, oom, *rest = report["cases"]
@@ -141,8 +154,15 @@ AUTO = [
     ("device size unknown: one", NEED, None, 0.9, 16, 1, 1),
     # Sized for the median case (the H100's families: most cases need 2-5 GiB, a few 17-21): the
     # large ones take several shares (slot_width) instead of every worker being sized for them.
-    ("median 4 GiB, largest 20: sized for the median", WorkerNeed(int(20 * GiB), "big", 10, 10, int(4 * GiB)),
-     80 * GiB, 0.9, 64, 1, 8),
+    (
+        "median 4 GiB, largest 20: sized for the median",
+        WorkerNeed(int(20 * GiB), "big", 10, 10, int(4 * GiB)),
+        80 * GiB,
+        0.9,
+        64,
+        1,
+        8,
+    ),
 ]
 
 

@@ -68,8 +68,10 @@ def test_resume_with_another_matrix_is_one_line_exit_2_and_runs_nothing(half_run
     db, out, _ = half_run
     code, _, err = _cli(capsys, "run", "matrices/full.yaml", "--resume", "1", *_run_args(db, out))
     assert code == 2
-    assert err.splitlines() == ["orch: --resume 1: run 1 ran matrices/smoke.yaml, not matrices/full.yaml "
-                                "(leave MATRIX out to finish run 1 with its own)"]
+    assert err.splitlines() == [
+        "orch: --resume 1: run 1 ran matrices/smoke.yaml, not matrices/full.yaml "
+        "(leave MATRIX out to finish run 1 with its own)"
+    ]
     assert _attempts(db) == 1  # nothing ran (not run 1's cases, without a word about full.yaml)
 
 
@@ -85,13 +87,15 @@ def test_resume_finishes_a_run_with_its_own_matrix_then_says_it_is_finished(half
     code, _, err = _cli(capsys, "run", os.path.join(REPO, SMOKE), "--resume", "1", *_run_args(db, out))
     assert code == 2 and err.splitlines() == [
         "orch: --resume 1: run 1 is finished, every one of its 5 cases has a verdict; nothing to resume "
-        "(`orch gate --run 1` prints its verdict)"]
+        "(`orch gate --run 1` prints its verdict)"
+    ]
 
 
 def test_run_without_a_matrix_or_resume_is_usage(tmp_path, capsys):
     code, _, err = _cli(capsys, "run", *_run_args(tmp_path / "r.db", tmp_path / "o"))
     assert code == 2 and err.splitlines() == [
-        "orch: give the MATRIX to run (or --resume RUN_ID to finish a run with its own matrix)"]
+        "orch: give the MATRIX to run (or --resume RUN_ID to finish a run with its own matrix)"
+    ]
 
 
 # --- 2. an interrupted run: outputs marked INTERRUPTED, 130 / 143 ---------------------------------
@@ -118,8 +122,12 @@ def test_an_interrupted_run_writes_its_outputs_marked_interrupted(ray_cluster, t
     address = ray_cluster.get_runtime_context().gcs_address
     child = subprocess.Popen(  # the held runner passes the tp 2 cases and never finishes a tp 1 case
         [sys.executable, "-m", "orchestrator.cli", "run", SMOKE, *_run_args(db, out, "--address", address)],
-        cwd=REPO, env={**os.environ, "ORCH_RUNNER": "tests.executor.faulty_backends:hold_runner"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO,
+        env={**os.environ, "ORCH_RUNNER": "tests.executor.faulty_backends:hold_runner"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline, done = time.monotonic() + 180, 0
         while time.monotonic() < deadline and child.poll() is None and done < gangs:
@@ -287,17 +295,23 @@ def test_a_failing_runs_last_lines_fold_its_cases_and_group_its_skips(ray_cluste
 @pytest.mark.skipif(os.path.exists("/dev/kfd"), reason="aiter can run on a ROCm machine")
 def test_doctor_and_run_agree_on_a_matrix_with_a_provider_skipped_here(ray_cluster, tmp_path, capsys):
     matrix = tmp_path / "m.yaml"
-    matrix.write_text(f"extends: {os.path.join(REPO, 'matrices/full.yaml')}\nname: agree\ninclude: []\naxes:\n"
-                      "  tp: [1]\n  cudagraph_mode: [FULL]\n  kv_cache_dtype: [auto]\n  batch: [decode_7]\n"
-                      "  backend: [torch, aiter]\n  seed: [0]\n  spec_tokens: [0]\n")
+    matrix.write_text(
+        f"extends: {os.path.join(REPO, 'matrices/full.yaml')}\nname: agree\ninclude: []\naxes:\n"
+        "  tp: [1]\n  cudagraph_mode: [FULL]\n  kv_cache_dtype: [auto]\n  batch: [decode_7]\n"
+        "  backend: [torch, aiter]\n  seed: [0]\n  spec_tokens: [0]\n"
+    )
     run_code, _, err = _cli(capsys, "run", str(matrix), *_run_args(tmp_path / "r.db", tmp_path / "out"))  # the checker
     doctor_code, out, _ = _cli(capsys, "doctor", "--matrix", str(matrix), "--json")
     assert run_code == doctor_code == 0, err
     with ResultStore(str(tmp_path / "r.db")) as s:
         results = s.results(1)
     report = json.loads(out)["matrix"]
-    assert [p["provider"] for p in report["usable"]] == sorted({r.axes["backend"] for r in results if r.status != Status.SKIP})
-    assert [p["provider"] for p in report["unusable"]] == sorted({r.axes["backend"] for r in results if r.status == Status.SKIP})
+    assert [p["provider"] for p in report["usable"]] == sorted(
+        {r.axes["backend"] for r in results if r.status != Status.SKIP}
+    )
+    assert [p["provider"] for p in report["unusable"]] == sorted(
+        {r.axes["backend"] for r in results if r.status == Status.SKIP}
+    )
     assert report["unusable"][0]["reason"] in {r.reason for r in results if r.status == Status.SKIP}
 
 

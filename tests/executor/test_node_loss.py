@@ -15,10 +15,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
 def test_cases_of_a_lost_node_are_rescheduled_without_blame():
-    p = subprocess.run([sys.executable, "-m", "tests.executor.node_loss_script"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""})
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.executor.node_loss_script"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
-    out = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
+    out = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT ") :])
     assert set(out["nodes"]) == {out["keep"], out["doomed"]}
     # The node really went away while cases ran on it (the GCS says so).
     assert out["removal_error"] is None and out["removed"], out["removal_error"]

@@ -40,9 +40,28 @@ def test_plugin_verdicts_match_orch_run(smoke_run, tmp_path):
     junit = tmp_path / "junit.xml"
     # tp 1 and tp 2 (a local gloo gang), torch and aiter-emulated, under two xdist workers.
     flt = "batch=mixed_small cudagraph_mode=FULL,FULL_AND_PIECEWISE"
-    cmd = [sys.executable, "-m", "pytest", "-p", "orchestrator.pytest_plugin", "--orch-matrix", "matrices/smoke.yaml",
-           "--orch-devices", "cpu", "--orch-filter", flt, "--orch-results", str(out), "-n", "2", "-q",
-           "-p", "no:cacheprovider", f"--junitxml={junit}", "matrices/"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "orchestrator.pytest_plugin",
+        "--orch-matrix",
+        "matrices/smoke.yaml",
+        "--orch-devices",
+        "cpu",
+        "--orch-filter",
+        flt,
+        "--orch-results",
+        str(out),
+        "-n",
+        "2",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        "matrices/",
+    ]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:]
     statuses = json.loads(out.read_text())

@@ -16,6 +16,8 @@ GiB = 1024**3
 
 def _case(tp: int) -> Case:
     return Case(backend="torch", tp=tp, mode="FULL", kv_cache_dtype="auto", batch=BatchSpec("b", (1,), (16,)))
+
+
 I, B, P, D = GangState.IDLE, GangState.BUSY, GangState.PLACING, GangState.DEAD
 
 
@@ -26,8 +28,9 @@ def _pool(kind="gpu", slots=(4,), per_gpu=1, cores=0, **config) -> GangPool:
 
 def _gang(pool: GangPool, tp: int, state=I, node=0, share=1.0, group="", pg=None) -> Gang:
     spec = GangSpec(tp, pool.cluster.device_kind, "r", "/tmp", gpu_share=share)
-    g = Gang(spec=spec, node=node, node_id=f"n{node}", pg=pg if pg is not None else object(), state=state,
-             last_group=group)
+    g = Gang(
+        spec=spec, node=node, node_id=f"n{node}", pg=pg if pg is not None else object(), state=state, last_group=group
+    )
     pool.gangs.append(g)
     return g
 
@@ -40,8 +43,13 @@ def _gang(pool: GangPool, tp: int, state=I, node=0, share=1.0, group="", pg=None
 ])  # fmt: skip # a table: one row per line, as it reads
 def test_case_width(per_gpu, tp, need_gib, width):
     case = _case(tp)
-    pool = _pool(slots=(8 * per_gpu,), per_gpu=per_gpu, memory_needs={case.case_id: need_gib * GiB},
-                 device_bytes=80 * GiB, gpu_memory_utilization=0.9)
+    pool = _pool(
+        slots=(8 * per_gpu,),
+        per_gpu=per_gpu,
+        memory_needs={case.case_id: need_gib * GiB},
+        device_bytes=80 * GiB,
+        gpu_memory_utilization=0.9,
+    )
     assert pool.case_width(case) == width
 
 
@@ -58,8 +66,7 @@ def test_too_wide_names_the_largest_node():
     pool = _pool(slots=(8, 4), per_gpu=2)  # 4 and 2 GPUs
     assert pool.too_wide(_case(8)) == "needs 8 GPUs on one node; the largest has 4"
     assert pool.too_wide(_case(4)) is None
-    assert _pool("cpu", slots=(2,)).too_wide(_case(4)) == \
-        "needs 4 CPU workers on one node; the largest has 2"
+    assert _pool("cpu", slots=(2,)).too_wide(_case(4)) == "needs 4 CPU workers on one node; the largest has 2"
 
 
 @pytest.mark.parametrize("kind, cores, gangs, free", [

@@ -27,12 +27,15 @@ def full_cases():
     return load_matrix(os.path.join(ROOT, "matrices/full.yaml"), devices="cpu", backend_checks=False).cases
 
 
-@pytest.mark.parametrize("jit, expect_backends", [
-    ({"aiter-triton"}, {"aiter-triton"}),
-    ({"aiter-triton", "aiter-triton-pa"}, {"aiter-triton", "aiter-triton-pa"}),
-    (set(), set()),
-    ({"no-such-backend"}, set()),
-])
+@pytest.mark.parametrize(
+    "jit, expect_backends",
+    [
+        ({"aiter-triton"}, {"aiter-triton"}),
+        ({"aiter-triton", "aiter-triton-pa"}, {"aiter-triton", "aiter-triton-pa"}),
+        (set(), set()),
+        ({"no-such-backend"}, set()),
+    ],
+)
 def test_representatives_cover_every_group_of_the_jit_backends_at_tp1(full_cases, jit, expect_backends):
     reps = representatives(full_cases, jit)
     assert {c.backend for c in reps} == expect_backends
@@ -62,8 +65,16 @@ def test_split_is_round_robin_and_covers_each_case_once(n, jobs, sizes):
 
 
 def _tiny_cases(full_cases, backend: str, n: int):
-    picked = [c for c in full_cases if c.tp == 1 and c.backend == "torch" and c.batch.name == "decode_1"
-              and c.kv_cache_dtype == "auto" and c.spec_tokens == 0 and c.seed == 0][:n]
+    picked = [
+        c
+        for c in full_cases
+        if c.tp == 1
+        and c.backend == "torch"
+        and c.batch.name == "decode_1"
+        and c.kv_cache_dtype == "auto"
+        and c.spec_tokens == 0
+        and c.seed == 0
+    ][:n]
     return [dataclasses.replace(c, backend=backend) for c in picked]
 
 
@@ -71,8 +82,14 @@ def _helper(tmp_path, cases, *args, timeout=120):
     path = tmp_path / "cases.json"
     path.write_text(json.dumps([c.to_dict() for c in cases]))
     env = {**os.environ, "PYTHONPATH": ROOT, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
-    return subprocess.run([sys.executable, "-m", "backend.harness.precompile", "--cases", str(path), "--device", "cpu", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "backend.harness.precompile", "--cases", str(path), "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def test_helpers_run_the_representatives_of_jit_backends_only(tmp_path, full_cases):
@@ -81,7 +98,9 @@ def test_helpers_run_the_representatives_of_jit_backends_only(tmp_path, full_cas
     assert len(jit) == 5
     out = _helper(tmp_path, [*jit, *plain], "--jobs", "2")
     assert out.returncode == 0, out.stdout + out.stderr
-    ran = [line.split()[1:3] for line in out.stdout.splitlines() if line.startswith("precompile: ") and " (helper " in line]
+    ran = [
+        line.split()[1:3] for line in out.stdout.splitlines() if line.startswith("precompile: ") and " (helper " in line
+    ]
     want = {c.case_id for c in jit if c.mode in WARM_MODES}
     assert {cid for cid, _ in ran} == want and len(ran) == len(want)
     assert all(status == "ran" for _, status in ran)
@@ -93,10 +112,13 @@ def test_helpers_run_the_representatives_of_jit_backends_only(tmp_path, full_cas
     assert " (helper " in other.stdout
 
 
-@pytest.mark.parametrize("args, expect", [
-    (("--jobs", "0"), "nothing to warm"),
-    (("--jobs", "2", "--deadline-s", "0"), "done"),
-])
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (("--jobs", "0"), "nothing to warm"),
+        (("--jobs", "2", "--deadline-s", "0"), "done"),
+    ],
+)
 def test_helpers_with_nothing_to_do_run_nothing(tmp_path, full_cases, args, expect):
     out = _helper(tmp_path, _tiny_cases(full_cases, JIT, 5), *args)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -116,8 +138,13 @@ def test_helpers_stop_when_the_driver_is_gone(tmp_path, full_cases):
 def test_unreadable_case_file_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "cases.json"
     bad.write_text("{not json")
-    out = subprocess.run([sys.executable, "-m", "backend.harness.precompile", "--cases", str(bad)], capture_output=True,
-                         text=True, timeout=60, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "backend.harness.precompile", "--cases", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert out.returncode == 2
     assert out.stdout.strip().startswith("precompile: cannot read") and len(out.stdout.strip().splitlines()) == 1
 
@@ -184,8 +211,10 @@ def test_covered_means_every_tp1_case_came_to_a_verdict(full_cases):
     cases = [c for c in full_cases if c.tp == 1][:4] + [c for c in full_cases if c.tp == 2][:1]
 
     def results(*statuses, kind=""):
-        return {c.case_id: CaseResult(case_id=c.case_id, status=s, requested_mode=c.mode, error_kind=kind)
-                for c, s in zip(cases, statuses)}
+        return {
+            c.case_id: CaseResult(case_id=c.case_id, status=s, requested_mode=c.mode, error_kind=kind)
+            for c, s in zip(cases, statuses)
+        }
 
     assert launcher.covered(cases, results(Status.PASS, Status.FAIL, Status.ERROR, Status.SKIP))
     assert not launcher.covered(cases, results(Status.PASS, Status.PASS, Status.PASS))  # one never came back
@@ -201,14 +230,17 @@ def test_driver_does_nothing_without_jobs_or_tp1_cases(tmp_path, full_cases):
     assert launcher.start(tp2, jobs=2, log_dir=str(tmp_path)) is None
 
 
-@pytest.mark.parametrize("env, jobs, expect", [("", 2, 2), ("0", None, 0), ("5", None, 5), ("", None, launcher.auto_jobs())])
+@pytest.mark.parametrize(
+    "env, jobs, expect", [("", 2, 2), ("0", None, 0), ("5", None, 5), ("", None, launcher.auto_jobs())]
+)
 def test_jobs_come_from_the_option_then_the_environment(monkeypatch, env, jobs, expect):
     monkeypatch.setenv(launcher.ENV, env)
     assert launcher.resolve_jobs(jobs) == expect
 
 
-@pytest.mark.parametrize("cores, other_work, expect", [(16, False, 3), (16, True, 1), (4, False, 1), (128, False, 3),
-                                                       (2, True, 1)])
+@pytest.mark.parametrize(
+    "cores, other_work, expect", [(16, False, 3), (16, True, 1), (4, False, 1), (128, False, 3), (2, True, 1)]
+)
 def test_auto_jobs_one_helper_when_the_worker_has_other_work(monkeypatch, cores, other_work, expect):
     monkeypatch.setenv(launcher.ENV, "")
     monkeypatch.setattr(launcher.os, "cpu_count", lambda: cores)
@@ -228,8 +260,18 @@ def test_a_bad_environment_value_is_an_input_error(monkeypatch):
 def test_negative_precompile_jobs_is_one_line_and_exit_2(tmp_path, capsys):
     from orchestrator.cli import main
 
-    code = main(["run", os.path.join(ROOT, "matrices/full.yaml"), "--precompile-jobs", "-1", "--db",
-                 str(tmp_path / "x.db"), "--out", str(tmp_path / "o")])
+    code = main(
+        [
+            "run",
+            os.path.join(ROOT, "matrices/full.yaml"),
+            "--precompile-jobs",
+            "-1",
+            "--db",
+            str(tmp_path / "x.db"),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert err == ["orch: --precompile-jobs must be >= 0, got -1"]
@@ -245,8 +287,9 @@ def test_warm_kernels_runs_a_cases_steps_and_graphs_without_checks(full_cases):
     from backend.harness.checker import SessionCache, _dispatch_plan, _session_plan, warm_kernels
     from tests.executor.jit_backend import CountingJitBackend
 
-    case = dataclasses.replace(_tiny_cases(full_cases, "tests.executor.jit_backend:CountingJitBackend", 5)[0],
-                               mode="FULL_AND_PIECEWISE")
+    case = dataclasses.replace(
+        _tiny_cases(full_cases, "tests.executor.jit_backend:CountingJitBackend", 5)[0], mode="FULL_AND_PIECEWISE"
+    )
     sessions = SessionCache(capacity=1)
     CountingJitBackend.calls = 0
     assert warm_kernels(case, device=torch.device("cpu"), sessions=sessions) is True
@@ -281,12 +324,15 @@ class _Helpers:
         return self.alive
 
 
-@pytest.mark.parametrize("backends, warmup, expected", [
-    (("torch", "aiter-triton", "aiter-triton-pa"), _Helpers(True), {"aiter-triton", "aiter-triton-pa"}),
-    (("torch", JIT), _Helpers(True), {JIT}),        # a plugin that declares jit_kernels
-    (("torch", "aiter-emulated"), _Helpers(True), None),  # nothing to wait for
-    (("torch", "aiter-triton"), None, None),          # no warm-up (CPU, a joined cluster, jobs 0)
-])
+@pytest.mark.parametrize(
+    "backends, warmup, expected",
+    [
+        (("torch", "aiter-triton", "aiter-triton-pa"), _Helpers(True), {"aiter-triton", "aiter-triton-pa"}),
+        (("torch", JIT), _Helpers(True), {JIT}),  # a plugin that declares jit_kernels
+        (("torch", "aiter-emulated"), _Helpers(True), None),  # nothing to wait for
+        (("torch", "aiter-triton"), None, None),  # no warm-up (CPU, a joined cluster, jobs 0)
+    ],
+)
 def test_the_run_defers_the_backends_its_warm_up_compiles(full_cases, backends, warmup, expected):
     from orchestrator.commands.run import _deferral, _jit_backends
 

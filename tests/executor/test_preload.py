@@ -50,8 +50,9 @@ def _probe(how: str) -> list[str]:
     env = {**os.environ, "PYTHONPATH": REPO}
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_preload_python_modules", None)
-    done = subprocess.run([sys.executable, "-c", PROBE, how], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, how], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+    )
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT")]
     assert len(lines) == 1, (done.stdout[-1500:], done.stderr[-1500:])
     return lines[0].split()[1:]

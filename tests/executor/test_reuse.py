@@ -35,14 +35,18 @@ def _run(monkeypatch, cases, *, reuse: bool, retries: int = 1, max_batch: int = 
     monkeypatch.setattr(gangs, "join", spy_join)
     monkeypatch.setattr(gangs, "start_actors", spy_start)
     attempts: list = []
-    config = ExecConfig(runner=RUNNER, poll_s=0.1, setup_timeout_s=60, retries=retries, reuse_gangs=reuse,
-                        max_batch=max_batch)
+    config = ExecConfig(
+        runner=RUNNER, poll_s=0.1, setup_timeout_s=60, retries=retries, reuse_gangs=reuse, max_batch=max_batch
+    )
     final = Executor(session_node(4, 2), config, on_result=lambda r, f: attempts.append(r)).run(cases)
     return final, set(pids), sum(created), attempts
 
 
-PHASES = [make_case("rank", i, tp=4) for i in range(2)] + [make_case("rank", 10 + i, tp=2) for i in range(3)] \
+PHASES = (
+    [make_case("rank", i, tp=4) for i in range(2)]
+    + [make_case("rank", 10 + i, tp=2) for i in range(3)]
     + [make_case("ok", 20 + i) for i in range(4)]
+)
 
 
 @pytest.mark.parametrize("reuse, processes", [(True, 4), (False, 4 + 2 + 2)])
@@ -64,8 +68,9 @@ def test_tp_4_then_2_then_1_start_only_four_worker_processes(ray_cluster, monkey
 
 
 def test_a_crash_in_a_re_formed_gang_is_still_a_crash_and_later_cases_run(ray_cluster, monkeypatch):
-    cases = [make_case("rank", 0, tp=2), make_case("rank", 1, tp=2), make_case("crash", 2)] \
-        + [make_case("ok", 10 + i) for i in range(4)]
+    cases = [make_case("rank", 0, tp=2), make_case("rank", 1, tp=2), make_case("crash", 2)] + [
+        make_case("ok", 10 + i) for i in range(4)
+    ]
     # One case per call, so every worker the crash case kills is one of its recorded attempts
     # (in a batch it would also take a worker down before it is run alone).
     final, _pids, created, attempts = _run(monkeypatch, cases, reuse=True, max_batch=1)

@@ -22,8 +22,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _orch(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 @pytest.mark.slow
@@ -46,8 +53,21 @@ def test_resume_after_sigkill_runs_only_the_missing_cases(ray_cluster, tmp_path)
     # The child joins the session cluster (no second cluster on this machine).
     address = ray_cluster.get_runtime_context().gcs_address
     db = str(tmp_path / "r.db")
-    args = ["run", "matrices/smoke.yaml", "--db", db, "--out", str(tmp_path / "out"), "--devices", "cpu",
-            "--address", address, "--no-progress", "--workers", "2"]
+    args = [
+        "run",
+        "matrices/smoke.yaml",
+        "--db",
+        db,
+        "--out",
+        str(tmp_path / "out"),
+        "--devices",
+        "cpu",
+        "--address",
+        address,
+        "--no-progress",
+        "--workers",
+        "2",
+    ]
     env = {"ORCH_RUNNER": "tests.executor.faulty_backends:held_runner"}
     # The workers stop making progress once 5 results are stored, until the hold file goes: the
     # kill lands in the middle of the run on a fast machine as on a loaded one (no race with a poll).
@@ -82,7 +102,11 @@ def test_resume_after_sigkill_runs_only_the_missing_cases(ray_cluster, tmp_path)
     assert resumed.returncode == 0, err[-2000:]
     with sqlite3.connect(db) as con:
         rows = con.execute("SELECT case_id, count(*) FROM results WHERE run_id = ? GROUP BY case_id", (rid,)).fetchall()
-        attempts = dict(con.execute("SELECT case_id, count(*) FROM attempt_log WHERE run_id = ? GROUP BY case_id", (rid,)).fetchall())
+        attempts = dict(
+            con.execute(
+                "SELECT case_id, count(*) FROM attempt_log WHERE run_id = ? GROUP BY case_id", (rid,)
+            ).fetchall()
+        )
         status = con.execute("SELECT status FROM runs WHERE id = ?", (rid,)).fetchone()[0]
     assert {cid for cid, _ in rows} == planned and all(n == 1 for _, n in rows)
     assert all(n == 1 for n in attempts.values())  # nothing ran twice: the resume ran only the missing
@@ -97,8 +121,18 @@ def test_unreachable_cluster_is_exit_3_in_one_line(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.monotonic()
-    p = _orch("run", "matrices/smoke.yaml", "--db", str(tmp_path / "r.db"), "--out", str(tmp_path / "o"),
-              "--devices", "cpu", "--address", f"127.0.0.1:{port}")
+    p = _orch(
+        "run",
+        "matrices/smoke.yaml",
+        "--db",
+        str(tmp_path / "r.db"),
+        "--out",
+        str(tmp_path / "o"),
+        "--devices",
+        "cpu",
+        "--address",
+        f"127.0.0.1:{port}",
+    )
     _out, err = p.communicate(timeout=60)
     assert p.returncode == 3
     lines = [l for l in err.splitlines() if l.strip()]
@@ -120,9 +154,16 @@ BROKEN_BACKENDS = {
 def test_orch_run_with_a_broken_backend_fails_the_gate(ray_cluster, tmp_path, scenario):
     cls, status, text, timeout_s = BROKEN_BACKENDS[scenario]
     db = str(tmp_path / "r.db")
-    code = run_cmd.main("matrices/smoke.yaml", backend=f"tests.executor.faulty_backends:{cls}",
-                        filter_expr="attention=gqa tp=1 cudagraph_mode=NONE kv_cache_dtype=auto batch=decode_7",
-                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", timeout_s=timeout_s, no_progress=True)
+    code = run_cmd.main(
+        "matrices/smoke.yaml",
+        backend=f"tests.executor.faulty_backends:{cls}",
+        filter_expr="attention=gqa tp=1 cudagraph_mode=NONE kv_cache_dtype=auto batch=decode_7",
+        db=db,
+        out_dir=str(tmp_path / "out"),
+        devices="cpu",
+        timeout_s=timeout_s,
+        no_progress=True,
+    )
     assert code == 1
     with ResultStore(db) as store:
         (res,) = store.results(store.latest_run_id())
@@ -139,9 +180,15 @@ DEVICE_ERROR_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND
 @pytest.mark.parametrize("mode", DEVICE_ERROR_MODES)
 def test_a_device_error_recycles_the_worker_in_every_mode(ray_cluster, tmp_path, mode):
     db = str(tmp_path / "r.db")
-    code = run_cmd.main("matrices/smoke.yaml", backend="tests.executor.faulty_backends:DeviceErrorBackend",
-                        filter_expr=f"attention=gqa tp=1 cudagraph_mode={mode} kv_cache_dtype=auto batch=decode_7",
-                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", no_progress=True)
+    code = run_cmd.main(
+        "matrices/smoke.yaml",
+        backend="tests.executor.faulty_backends:DeviceErrorBackend",
+        filter_expr=f"attention=gqa tp=1 cudagraph_mode={mode} kv_cache_dtype=auto batch=decode_7",
+        db=db,
+        out_dir=str(tmp_path / "out"),
+        devices="cpu",
+        no_progress=True,
+    )
     assert code == 1
     with ResultStore(db) as store:
         rid = store.latest_run_id()
@@ -156,9 +203,16 @@ def test_a_capture_error_is_reported_once_and_keeps_the_worker(ray_cluster, tmp_
     """A graph capture error names cudaError*, but it is neither retried nor a reason to recycle the
     worker: the mixed cases after it run on the same actor (same pid) and pass."""
     db = str(tmp_path / "r.db")
-    code = run_cmd.main("matrices/smoke.yaml", backend="tests.executor.faulty_backends:CaptureErrorBackend",
-                        filter_expr="attention=gqa tp=1 cudagraph_mode=FULL,PIECEWISE kv_cache_dtype=auto batch=decode_7,mixed_small",
-                        db=db, out_dir=str(tmp_path / "out"), devices="cpu", workers=1, no_progress=True)
+    code = run_cmd.main(
+        "matrices/smoke.yaml",
+        backend="tests.executor.faulty_backends:CaptureErrorBackend",
+        filter_expr="attention=gqa tp=1 cudagraph_mode=FULL,PIECEWISE kv_cache_dtype=auto batch=decode_7,mixed_small",
+        db=db,
+        out_dir=str(tmp_path / "out"),
+        devices="cpu",
+        workers=1,
+        no_progress=True,
+    )
     assert code == 1
     with ResultStore(db) as store:
         results = {r.axes["cudagraph_mode"] + "/" + r.axes["batch"]: r for r in store.results(store.latest_run_id())}
@@ -192,8 +246,15 @@ def test_resume_reruns_a_case_whose_retry_never_ran(ray_cluster, tmp_path, monke
         store.record(rid, result_for(half, Status.FAIL, reason="first attempt"), final=False)
         store.record_many(rid, [(result_for(c), True) for c in cases[2:]])
     monkeypatch.setenv(run_cmd.RUNNER_ENV, "tests.executor.faulty_backends:slow_runner")
-    code = run_cmd.main("matrices/smoke.yaml", filter_expr=flt, db=db, out_dir=str(tmp_path / "out"),
-                        devices="cpu", resume_run=str(rid), no_progress=True)
+    code = run_cmd.main(
+        "matrices/smoke.yaml",
+        filter_expr=flt,
+        db=db,
+        out_dir=str(tmp_path / "out"),
+        devices="cpu",
+        resume_run=str(rid),
+        no_progress=True,
+    )
     assert code == 0
     with ResultStore(db) as store:
         assert store.missing_case_ids(rid) == []
@@ -213,7 +274,7 @@ def test_the_driver_of_orch_run_does_not_import_torch(ray_cluster, tmp_path):
     code = f"""
 import sys
 from orchestrator.commands import run as run_cmd
-rc = run_cmd.main("matrices/smoke.yaml", db={str(tmp_path / 'd.db')!r}, out_dir={str(tmp_path / 'out')!r},
+rc = run_cmd.main("matrices/smoke.yaml", db={str(tmp_path / "d.db")!r}, out_dir={str(tmp_path / "out")!r},
                   address={address!r}, no_progress=True, workers=2)
 print("RESULT", rc, sorted(m for m in ("torch", "triton", "aiter") if m in sys.modules))
 """

@@ -28,7 +28,9 @@ REQUESTS = {
     "--flaky-window 0": ({"matrix": "m.yaml", "flaky_window": 0}, "--flaky-window must be >= 1"),
     "--workers-per-gpu bad": ({"matrix": "m.yaml", "workers_per_gpu": "many"}, "--workers-per-gpu"),
     "both --known-failures and --no-known-failures": (
-        {"matrix": "m.yaml", "known_failures": "k.yaml", "no_known_failures": True}, "contradict"),
+        {"matrix": "m.yaml", "known_failures": "k.yaml", "no_known_failures": True},
+        "contradict",
+    ),
 }
 
 
@@ -43,10 +45,25 @@ def test_a_request_is_checked_once_at_the_edge(scenario):
 
 
 def test_a_request_carries_every_option_it_was_given():
-    req = RunRequest.from_cli({"matrix": "m.yaml", "backend": "b", "workers_per_gpu": "2", "gpu_memory": "24",
-                               "baseline": "main", "require": ("tp=1",), "flaky_threshold": 0.3, "label": "pr-1"})
-    assert (req.matrix, req.backend, req.label, req.memory.workers_per_gpu, req.memory.gpu_memory) == \
-        ("m.yaml", "b", "pr-1", 2, 24 * 1024**3)
+    req = RunRequest.from_cli(
+        {
+            "matrix": "m.yaml",
+            "backend": "b",
+            "workers_per_gpu": "2",
+            "gpu_memory": "24",
+            "baseline": "main",
+            "require": ("tp=1",),
+            "flaky_threshold": 0.3,
+            "label": "pr-1",
+        }
+    )
+    assert (req.matrix, req.backend, req.label, req.memory.workers_per_gpu, req.memory.gpu_memory) == (
+        "m.yaml",
+        "b",
+        "pr-1",
+        2,
+        24 * 1024**3,
+    )
     assert (req.judging.baseline, req.judging.require, req.judging.flaky_threshold) == ("main", ("tp=1",), 0.3)
     with pytest.raises(TypeError, match="unknown run options: colour"):
         RunRequest.from_cli({"matrix": "m.yaml", "colour": "red"})
@@ -80,7 +97,14 @@ def test_a_run_stores_the_known_failures_that_applied(scenario, tmp_path, monkey
     if expected == "TMP":
         (tmp_path / "kf.yaml").write_text("[]\n")
         options, expected = {"known_failures": str(tmp_path / "kf.yaml")}, str(tmp_path / "kf.yaml")
-    req = RunRequest.from_cli({"matrix": "matrices/smoke.yaml", "devices": "cpu", "out_dir": str(tmp_path / "o"),
-                               "filter_expr": "attention=gqa tp=1", **options})
+    req = RunRequest.from_cli(
+        {
+            "matrix": "matrices/smoke.yaml",
+            "devices": "cpu",
+            "out_dir": str(tmp_path / "o"),
+            "filter_expr": "attention=gqa tp=1",
+            **options,
+        }
+    )
     _, _, stored, _ = _plan(req, "matrices/smoke.yaml")
     assert stored.known_failures == expected and (not expected or os.path.isabs(expected))

@@ -65,16 +65,33 @@ def ray_head():
     port = _free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token", "ORCH_TEST_HOLD_S": HOLD_S, "PYTHONPATH": REPO}
     env.pop("RAY_ADDRESS", None)
-    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=1", "--num-gpus=2",
-                             "--node-ip-address=127.0.0.1", f"--temp-dir={tmp}", "--include-dashboard=false",
-                             "--disable-usage-stats"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    head = subprocess.Popen(
+        [
+            RAY,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=1",
+            "--num-gpus=2",
+            "--node-ip-address=127.0.0.1",
+            f"--temp-dir={tmp}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     address = f"127.0.0.1:{port}"
     probe = f"import ray; ray.init(address={address!r}, log_to_driver=False); assert ray.cluster_resources().get('GPU') == 2"
     try:
         deadline = time.monotonic() + 120
         while True:
-            ok = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=120).returncode == 0
+            ok = (
+                subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=120).returncode == 0
+            )
             if ok:
                 break
             if time.monotonic() > deadline or head.poll() is not None:
@@ -90,22 +107,73 @@ def ray_head():
 
 # driver -> (orch run arguments, expected exit code)
 DRIVERS = {
-    "A": (["--devices", "cpu", "--workers", "4", "--label", "main",
-           "--filter", "attention=gqa backend=torch cudagraph_mode=NONE,PIECEWISE,FULL_DECODE_ONLY,FULL_AND_PIECEWISE"], 0),
-    "B": (["--devices", "cpu", "--workers", "4", "--label", "pr-1",
-           "--filter", "attention=gqa backend=torch cudagraph_mode=FULL"], 1),
+    "A": (
+        [
+            "--devices",
+            "cpu",
+            "--workers",
+            "4",
+            "--label",
+            "main",
+            "--filter",
+            "attention=gqa backend=torch cudagraph_mode=NONE,PIECEWISE,FULL_DECODE_ONLY,FULL_AND_PIECEWISE",
+        ],
+        0,
+    ),
+    "B": (
+        [
+            "--devices",
+            "cpu",
+            "--workers",
+            "4",
+            "--label",
+            "pr-1",
+            "--filter",
+            "attention=gqa backend=torch cudagraph_mode=FULL",
+        ],
+        1,
+    ),
     # auto: the driver's machine has no GPU (the matrix is planned for CPU shapes), the cluster has.
-    "C": (["--devices", "auto", "--max-gpus", "1", "--label", "gpu",
-           "--filter", "attention=gqa backend=torch cudagraph_mode=FULL_AND_PIECEWISE tp=1"], 0),
+    "C": (
+        [
+            "--devices",
+            "auto",
+            "--max-gpus",
+            "1",
+            "--label",
+            "gpu",
+            "--filter",
+            "attention=gqa backend=torch cudagraph_mode=FULL_AND_PIECEWISE tp=1",
+        ],
+        0,
+    ),
 }
 
 
 def _driver(name: str, address: str, env: dict, db: str, out: str) -> subprocess.Popen:
     args, _ = DRIVERS[name]
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", "matrices/smoke.yaml", "--address", address,
-                             "--db", db, "--out", out, "--no-progress", *args], cwd=REPO,
-                            env={**env, "ORCH_RUNNER": "tests.executor.shared_runner:shared_runner"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "run",
+            "matrices/smoke.yaml",
+            "--address",
+            address,
+            "--db",
+            db,
+            "--out",
+            out,
+            "--no-progress",
+            *args,
+        ],
+        cwd=REPO,
+        env={**env, "ORCH_RUNNER": "tests.executor.shared_runner:shared_runner"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_three_drivers_share_one_cluster_and_one_database(ray_head, pg_url, pg_server, tmp_path):
@@ -145,7 +213,10 @@ def test_three_drivers_share_one_cluster_and_one_database(ray_head, pg_url, pg_s
         c = store.results(runs["gpu"].id)
         assert [r.status.value for r in c] == ["pass"] * 6 and all(r.worker.startswith("gpu") for r in c), c[0]
         assert len({r.worker for r in c}) == 1, {r.worker for r in c}  # --max-gpus 1: one GPU at a time
-        assert runs["gpu"].device_model == "Fake GPU 80GB" and runs["main"].device_model == "cpu", ({r.device for r in c}, runs)
+        assert runs["gpu"].device_model == "Fake GPU 80GB" and runs["main"].device_model == "cpu", (
+            {r.device for r in c},
+            runs,
+        )
     out_b, err_b = outs["B"]  # what the run concluded on stdout, waiting notices on stderr
     assert 'case: "tp*-FULL-fp8-*-torch-s0"' in out_b  # the paste-ready entry, narrowed
     assert f"gate FAILED: {len(failing)} new failures" in out_b

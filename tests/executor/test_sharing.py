@@ -43,8 +43,9 @@ def test_a_placement_held_up_by_another_job_waits_says_so_and_frees_idle_gangs(r
         config = ExecConfig(runner=RUNNER, placement_timeout_s=1.0, poll_s=0.2, wait_notice_s=0.5)
         t0 = time.monotonic()
         # The tp 1 case first (longest estimate): its gang is idle when the tp 2 placement waits.
-        final = Executor(cluster, config, history={one.case_id: 5.0, two.case_id: 0.01},
-                         on_notice=notices.append).run([one, two])
+        final = Executor(cluster, config, history={one.case_id: 5.0, two.case_id: 0.01}, on_notice=notices.append).run(
+            [one, two]
+        )
         took = time.monotonic() - t0
         before_release = not released
     finally:
@@ -55,5 +56,7 @@ def test_a_placement_held_up_by_another_job_waits_says_so_and_frees_idle_gangs(r
     # Past its 1 s placement deadline, and not NOT_RUN: another job held what it needed.
     assert final[two.case_id].status == Status.PASS, (final[two.case_id].reason, notices)
     assert before_release and took < 40, took  # in by giving the idle gang back, not by the other job leaving
-    assert any(n.startswith("waiting for 2 CPU worker(s) on one node: 2 of 4 held by other jobs") for n in notices), notices
+    assert any(n.startswith("waiting for 2 CPU worker(s) on one node: 2 of 4 held by other jobs") for n in notices), (
+        notices
+    )
     assert any("got the CPU workers after waiting" in n for n in notices), notices

@@ -39,8 +39,13 @@ def test_a_gpu_worker_runs_its_share_of_the_cores(tmp_path):
     """12 cores, 2 fake GPUs, 2 workers per GPU (4 slots): a tp 1 worker runs 3 torch threads, a tp 2
     gang's rank (a whole GPU: 2 slots) 6, though torch was imported before the actor started."""
     log = tmp_path / "cases.jsonl"
-    proc = subprocess.run([sys.executable, "tests/executor/packing_script.py", "2", str(log), "threads"],
-                          capture_output=True, text=True, timeout=240, check=False)
+    proc = subprocess.run(
+        [sys.executable, "tests/executor/packing_script.py", "2", str(log), "threads"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["statuses"] == ["pass"] and "3 torch threads each (12 cores / 4 workers)" in report["banner"]

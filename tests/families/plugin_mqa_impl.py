@@ -24,16 +24,23 @@ class TorchMQAOffByOne(TorchMQA):
     """Broken on purpose: the causal mask lets each token see the next position, to show the
     family's reference catches a wrong provider."""
 
-    impl_cls = type("OffByOneImpl", (TorchBackend.impl_cls,), {
-        "attend": lambda self, query, kv_cache, metadata, k_scale, v_scale, output: _attend_off_by_one(
-            self, query, kv_cache, metadata, k_scale, v_scale, output)})
+    impl_cls = type(
+        "OffByOneImpl",
+        (TorchBackend.impl_cls,),
+        {
+            "attend": lambda self, query, kv_cache, metadata, k_scale, v_scale, output: _attend_off_by_one(
+                self, query, kv_cache, metadata, k_scale, v_scale, output
+            )
+        },
+    )
 
 
 def _attend_off_by_one(impl, query, kv_cache, metadata, k_scale, v_scale, output):
     from backend.providers.torch_backend import paged_causal_attention
 
     t = metadata.num_padded_tokens
-    out = paged_causal_attention(query[:t], kv_cache[0], kv_cache[1], metadata, k_scale, v_scale,
-                                 impl.config.scale, diagonal=1)
+    out = paged_causal_attention(
+        query[:t], kv_cache[0], kv_cache[1], metadata, k_scale, v_scale, impl.config.scale, diagonal=1
+    )
     output[:t].copy_(out.to(output.dtype))
     return output

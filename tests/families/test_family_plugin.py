@@ -52,11 +52,14 @@ def test_a_family_named_by_import_path_runs_end_to_end(ray_cluster, tmp_path, ca
     assert all(cid.startswith("mqa-tp") for cid in results) and len(results) == 12
     assert results["mqa-tp2-FULL-auto-mixed_small-TorchMQA-s0"].provider == "torch-mqa"  # a tp 2 gang
     assert results["mqa-tp1-FULL-auto-mixed_small-torch-s0"].reason == (
-        "unsupported: torch does not implement the mqa attention family (it implements gqa, mla, swa_sinks, hybrid_gdn, mla_sparse)")
+        "unsupported: torch does not implement the mqa attention family (it implements gqa, mla, swa_sinks, hybrid_gdn, mla_sparse)"
+    )
     assert "reference check failed" in results["mqa-tp1-NONE-auto-mixed_small-TorchMQAOffByOne-s0"].reason
     # The family's name is its own from the file on: a filter selects it.
-    assert main(["plan", _matrix(tmp_path), "--devices", "cpu", "--filter", "attention=mqa backend=TorchMQA",
-                 "--json"]) == 0
+    assert (
+        main(["plan", _matrix(tmp_path), "--devices", "cpu", "--filter", "attention=mqa backend=TorchMQA", "--json"])
+        == 0
+    )
     plan = json.loads(capsys.readouterr().out)
     assert {c["attention"] for c in plan["cases"]} == {"mqa"} and len(plan["cases"]) == 4
 
@@ -72,19 +75,31 @@ def test_a_family_found_by_an_entry_point(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), REPO])}
 
     def orch(*argv):
-        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *argv], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", *argv],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     plan = orch("plan", matrix, "--devices", "cpu", "--json")
     assert plan.returncode == 0, plan.stderr
     ids = {c["id"] for c in json.loads(plan.stdout)["cases"]}
     assert "mqa-tp1-FULL-auto-mixed_small-TorchMQA-s0" in ids
     repro = orch("repro", "mqa-tp1-FULL-auto-mixed_small-TorchMQA-s0", "--matrix", matrix, "--devices", "cpu")
-    assert repro.returncode == 0 and repro.stdout.startswith("PASS mqa-tp1-FULL-auto-mixed_small-TorchMQA-s0"), \
+    assert repro.returncode == 0 and repro.stdout.startswith("PASS mqa-tp1-FULL-auto-mixed_small-TorchMQA-s0"), (
         repro.stdout + repro.stderr
+    )
     # Without the distribution the name means nothing: one line naming the file.
-    gone = subprocess.run([sys.executable, "-m", "orchestrator.cli", "plan", matrix, "--devices", "cpu"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    gone = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "plan", matrix, "--devices", "cpu"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert gone.returncode == 2 and gone.stderr.count("\n") == 1 and "unknown attention family 'mqa'" in gone.stderr
 
 

@@ -44,30 +44,58 @@ def padded_decode_graph(mode, kind, k):
 
 MUTANTS = {
     "tokenspeed #700 padding index clamped to 0": Expect(
-        M + "PadClampedToZero", padded_decode_graph, Status.FAIL, "state_integrity", ("outside the step's",)),
+        M + "PadClampedToZero", padded_decode_graph, Status.FAIL, "state_integrity", ("outside the step's",)
+    ),
     # the last slot: nobody's (a write outside), or a live request's (its state overwritten)
     "sglang #36885 padding remapped to the last slot": Expect(
-        M + "PadToLastSlot", padded_decode_graph, Status.FAIL, "state_integrity",
-        ("outside the step's", "the graph run's state differs from eager's")),
+        M + "PadToLastSlot",
+        padded_decode_graph,
+        Status.FAIL,
+        "state_integrity",
+        ("outside the step's", "the graph run's state differs from eager's"),
+    ),
     "vLLM #45100 request buffers padded by tokens": Expect(
-        M + "TokenPaddedBuffers", lambda mode, kind, k: kind == "decode" and k > 0, Status.FAIL, "state_integrity",
-        ("metadata: spec_state_indices_tensor has",)),
+        M + "TokenPaddedBuffers",
+        lambda mode, kind, k: kind == "decode" and k > 0,
+        Status.FAIL,
+        "state_integrity",
+        ("metadata: spec_state_indices_tensor has",),
+    ),
     "vLLM #51483 a recycled slot read by a one-token prompt": Expect(
-        M + "RecycledNotZeroed", lambda mode, kind, k: kind == "mixed" and k == 0, Status.FAIL, "state_integrity",
-        ("eager",), first_any=("reference",)),
+        M + "RecycledNotZeroed",
+        lambda mode, kind, k: kind == "mixed" and k == 0,
+        Status.FAIL,
+        "state_integrity",
+        ("eager",),
+        first_any=("reference",),
+    ),
     "accepted count padded with 0": Expect(
-        M + "AcceptedPaddedZero", lambda mode, kind, k: padded_decode_graph(mode, kind, k) and k > 0, Status.FAIL,
-        "state_integrity", ("metadata: padded requests",)),
+        M + "AcceptedPaddedZero",
+        lambda mode, kind, k: padded_decode_graph(mode, kind, k) and k > 0,
+        Status.FAIL,
+        "state_integrity",
+        ("metadata: padded requests",),
+    ),
     # k = 2: the later state group classes the zeroed rows as one-token decodes, rows that cannot
     # hold 1 + k tokens each: no core runs for it (gdn_groups.py), where a kernel raised on shapes
     "the state group's capture zeroes the shared query_start_loc": Expect(
-        M + "ZeroedQueryStart", padded_decode_graph, Status.FAIL, "attn_replay", first_any=("replay",),
-        also=(("state_integrity", "capture build wrote the shared query_start_loc"),)),
+        M + "ZeroedQueryStart",
+        padded_decode_graph,
+        Status.FAIL,
+        "attn_replay",
+        first_any=("replay",),
+        also=(("state_integrity", "capture build wrote the shared query_start_loc"),),
+    ),
     "sglang #30974 padded conv rows unwritten": Expect(
-        M + "PaddedConvUnwritten", padded_decode_graph, Status.FAIL, "padded_finite"),
+        M + "PaddedConvUnwritten", padded_decode_graph, Status.FAIL, "padded_finite"
+    ),
     "the spec state indices' tail left as a larger step wrote it": Expect(
-        STALE, lambda mode, kind, k: padded_decode_graph(mode, kind, k) and k > 0, Status.FAIL, "state_integrity",
-        ("outside the step's", "metadata: padded requests")),
+        STALE,
+        lambda mode, kind, k: padded_decode_graph(mode, kind, k) and k > 0,
+        Status.FAIL,
+        "state_integrity",
+        ("outside the step's", "metadata: padded requests"),
+    ),
 }
 
 
@@ -84,10 +112,13 @@ def test_gdn_mutant_flagged_exactly_where_reachable(name, mla_sessions):
                 where = f"{name}: {mode}/k{k}/{batch.kind}"
                 assert r.status == want, f"{where}: {r.status.value} {r.reason}"
                 if want == Status.FAIL:
-                    assert any(r.reason.startswith(f"{c} check failed") for c in (exp.check, *exp.first_any)), \
+                    assert any(r.reason.startswith(f"{c} check failed") for c in (exp.check, *exp.first_any)), (
                         f"{where}: {r.reason}"
+                    )
                     failed = next(c for c in r.checks if c.name == exp.check)
-                    assert not failed.passed and any(d in failed.detail for d in exp.detail), f"{where}: {failed.summary()}"
+                    assert not failed.passed and any(d in failed.detail for d in exp.detail), (
+                        f"{where}: {failed.summary()}"
+                    )
                     for name, words in exp.also:
                         other = next(c for c in r.checks if c.name == name)
                         assert not other.passed and words in other.detail, f"{where}: {other.summary()}"
@@ -124,8 +155,9 @@ def test_a_stale_spec_tail_is_red_where_a_step_drops_into_a_padded_decode_graph(
         good = run_case(make_gdn_case("torch", mode, "auto", GDN_DECODE7, spec_tokens=2), sessions=mla_sessions)
         assert good.status == Status.PASS, f"torch {mode}: {good.reason}"
         if mode in DECODE_GRAPH:
-            assert bad.status == Status.FAIL and bad.reason.startswith("state_integrity check failed at step 2"), \
+            assert bad.status == Status.FAIL and bad.reason.startswith("state_integrity check failed at step 2"), (
                 f"{mode}: {bad.status.value} {bad.reason}"
+            )
         else:
             assert bad.status == Status.PASS, f"{mode}: {bad.reason}"
 
@@ -157,17 +189,26 @@ def test_rows_that_cannot_hold_the_steps_tokens_are_named():
     from backend.families.gdn_groups import uncovered
 
     def md(spec, decodes, prefills=0, rows=2, cols=3):
-        m = GDNMetadata(num_prefills=prefills, num_prefill_tokens=0, num_decodes=decodes, num_decode_tokens=0,
-                        num_spec_decodes=spec, num_spec_decode_tokens=0, num_actual_tokens=0, num_reqs=rows,
-                        num_padded_reqs=rows)
+        m = GDNMetadata(
+            num_prefills=prefills,
+            num_prefill_tokens=0,
+            num_decodes=decodes,
+            num_decode_tokens=0,
+            num_spec_decodes=spec,
+            num_spec_decode_tokens=0,
+            num_actual_tokens=0,
+            num_reqs=rows,
+            num_padded_reqs=rows,
+        )
         m.spec_state_indices_tensor = torch.zeros(rows, cols, dtype=torch.int32)
         m.non_spec_state_indices_tensor = torch.zeros(rows, dtype=torch.int32)
         return m
 
     assert uncovered(md(2, 0), 6) is None and uncovered(md(0, 2), 2) is None
     assert uncovered(md(0, 2, prefills=1), 6) is None and uncovered(md(0, 0), 6) is None
-    assert uncovered(md(0, 2), 6) == ("non_spec_state_indices_tensor has 2 rows of 1 token for the step's 6 tokens "
-                                      "(0 spec decodes, 2 decodes)")
+    assert uncovered(md(0, 2), 6) == (
+        "non_spec_state_indices_tensor has 2 rows of 1 token for the step's 6 tokens (0 spec decodes, 2 decodes)"
+    )
     assert uncovered(md(2, 0), 9).startswith("spec_state_indices_tensor has 2 rows of 3 tokens for the step's 9")
 
 
@@ -187,8 +228,9 @@ def test_torch_passes_with_one_state_dtype(state_dtype, mla_sessions):
     for k in (0, 2):
         for batch in (GDN_DECODE, GDN_MIXED):
             for mode in ("NONE", "FULL_DECODE_ONLY"):
-                r = run_case(make_gdn_case("torch", mode, "auto", batch, spec_tokens=k, model=model),
-                             sessions=mla_sessions)
+                r = run_case(
+                    make_gdn_case("torch", mode, "auto", batch, spec_tokens=k, model=model), sessions=mla_sessions
+                )
                 assert r.status == Status.PASS, f"{state_dtype} {mode}/k{k}/{batch.kind}: {r.reason}"
 
 

@@ -16,7 +16,7 @@ H, DK, DV = 4, 16, 16
 
 def _inputs(seed: int, length: int, with_state: bool = True):
     g = torch.Generator().manual_seed(seed)
-    q = torch.nn.functional.normalize(torch.randn(length, H, DK, generator=g), dim=-1) * DK ** -0.5
+    q = torch.nn.functional.normalize(torch.randn(length, H, DK, generator=g), dim=-1) * DK**-0.5
     k = torch.nn.functional.normalize(torch.randn(length, H, DK, generator=g), dim=-1)
     v = torch.randn(length, H, DV, generator=g)
     gate = -torch.rand(length, H, generator=g) * 0.2  # log decay
@@ -26,8 +26,13 @@ def _inputs(seed: int, length: int, with_state: bool = True):
 
 
 # (scenario, length, chunk): within one chunk, chunks that end mid-row, several chunks, one token
-LENGTHS = {"one chunk": (40, 64), "a partial last chunk": (150, 64), "chunk 128": (300, 128), "one token": (1, 64),
-           "exactly two chunks": (128, 64)}
+LENGTHS = {
+    "one chunk": (40, 64),
+    "a partial last chunk": (150, 64),
+    "chunk 128": (300, 128),
+    "one token": (1, 64),
+    "exactly two chunks": (128, 64),
+}
 
 
 @pytest.mark.parametrize("name", LENGTHS)

@@ -20,8 +20,10 @@ def plans(batch: BatchSpec, k: int, steps: int = 4, seed: int = 0):
 
 def rows(plan):
     c = plan.carry
-    return {rid: (q, s, c.fresh[i], c.accepted[i], tuple(g[i] for g in c.slots))
-            for i, (rid, q, s) in enumerate(zip(c.ids, plan.query_lens, plan.seq_lens))}
+    return {
+        rid: (q, s, c.fresh[i], c.accepted[i], tuple(g[i] for g in c.slots))
+        for i, (rid, q, s) in enumerate(zip(c.ids, plan.query_lens, plan.seq_lens))
+    }
 
 
 @pytest.mark.parametrize("k", [0, 2])

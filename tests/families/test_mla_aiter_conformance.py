@@ -15,8 +15,9 @@ from backend.providers import aiter_ops_emulated
 from tests.backend.test_aiter_conformance import Recorder, conformance_errors
 from tests.families.test_mla_ops import BATCHES, make_config, run_op
 
-pytestmark = pytest.mark.skipif(L.aiter_package_dir() is None,
-                                reason="amd-aiter not installed (pip install -e '.[test]')")
+pytestmark = pytest.mark.skipif(
+    L.aiter_package_dir() is None, reason="amd-aiter not installed (pip install -e '.[test]')"
+)
 
 
 def _recording_backend(base: str, impl_attr: str, recorder):
@@ -30,8 +31,13 @@ def _recording_backend(base: str, impl_attr: str, recorder):
 @pytest.mark.parametrize("name", BATCHES)
 @pytest.mark.parametrize("kv", ["auto", "fp8"])
 def test_native_mla_calls_bind_to_installed_aiter(name, kv, monkeypatch):
-    recorder = Recorder("native", {"mla_decode_fwd": aiter_ops_emulated.mla_decode_fwd,
-                                   "flash_attn_varlen_func": aiter_ops_emulated.flash_attn_varlen_func})
+    recorder = Recorder(
+        "native",
+        {
+            "mla_decode_fwd": aiter_ops_emulated.mla_decode_fwd,
+            "flash_attn_varlen_func": aiter_ops_emulated.flash_attn_varlen_func,
+        },
+    )
     backend = _recording_backend("aiter-emulated", "ops", recorder)
     monkeypatch.setattr(sys.modules[__name__], "RecordingBackend", backend, raising=False)
     monkeypatch.setattr("backend.attention.registry.get_backend", lambda n, f="gqa": backend)
@@ -49,9 +55,13 @@ def test_triton_mla_calls_bind_to_installed_aiter(name, monkeypatch):
 
     if importlib.util.find_spec("triton") is None:  # the wrapper imports nothing of triton itself
         monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace())
-    recorder = Recorder("triton", {
-        "decode_attention_fwd_grouped_rope": lambda *a, **k: None,
-        "flash_attn_varlen_func": lambda q, k, v, *a, **kw: q.new_zeros(*q.shape[:-1], v.shape[-1])})
+    recorder = Recorder(
+        "triton",
+        {
+            "decode_attention_fwd_grouped_rope": lambda *a, **k: None,
+            "flash_attn_varlen_func": lambda q, k, v, *a, **kw: q.new_zeros(*q.shape[:-1], v.shape[-1]),
+        },
+    )
     monkeypatch.setattr(aiter_triton_mla, "load_aiter_triton", lambda: recorder)
     run_op("aiter-triton", make_config(), *BATCHES[name])
     names = {c.name for c in recorder.calls}

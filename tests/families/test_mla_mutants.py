@@ -43,22 +43,36 @@ def padded_decode_graph(mode, kv, kind, k):
 
 MUTANTS = {
     "#57017 pad rows 0/0 NaN spread by a per-tensor quantiser": Expect(
-        "tests.mutants.mla_pad_nan_quant:Backend", padded_decode_graph, Status.FAIL, "finite", first_any=("replay",)),
+        "tests.mutants.mla_pad_nan_quant:Backend", padded_decode_graph, Status.FAIL, "finite", first_any=("replay",)
+    ),
     "#37682 padded output rows never written": Expect(
-        "tests.mutants.mla_pad_rows_unwritten:Backend", padded_decode_graph, Status.FAIL, "padded_finite"),
+        "tests.mutants.mla_pad_rows_unwritten:Backend", padded_decode_graph, Status.FAIL, "padded_finite"
+    ),
     "#35175 fresh fp8 metadata tensor per build": Expect(
         "tests.mutants.mla_fresh_fp8_metadata:Backend",
-        lambda mode, kv, kind, k: kv == "fp8" and decode_graph(mode, kv, kind, k), Status.FAIL, "replay"),
+        lambda mode, kv, kind, k: kv == "fp8" and decode_graph(mode, kv, kind, k),
+        Status.FAIL,
+        "replay",
+    ),
     "#51119 host split choice frozen at capture": Expect(
-        "tests.mutants.mla_split_frozen:Backend", decode_graph, Status.FAIL, "replay"),
+        "tests.mutants.mla_split_frozen:Backend", decode_graph, Status.FAIL, "replay"
+    ),
     "#39444 warm-up write to slot 0": Expect(
-        "tests.mutants.mla_warmup_slot0:Backend", decode_graph, Status.FAIL, "kv_integrity"),
+        "tests.mutants.mla_warmup_slot0:Backend", decode_graph, Status.FAIL, "kv_integrity"
+    ),
     "#21505 q = 1 capture replayed at q = 1 + k": Expect(
         "tests.mutants.mla_q1_capture:Backend",
-        lambda mode, kv, kind, k: k > 0 and decode_graph(mode, kv, kind, k), Status.FAIL, "replay"),
+        lambda mode, kv, kind, k: k > 0 and decode_graph(mode, kv, kind, k),
+        Status.FAIL,
+        "replay",
+    ),
     "softmax scale over the latent's 576 dims": Expect(
-        "tests.mutants.mla_latent_scale:Backend", lambda mode, kv, kind, k: True, Status.FAIL, "reference",
-        first_any=("attn_reference",)),
+        "tests.mutants.mla_latent_scale:Backend",
+        lambda mode, kv, kind, k: True,
+        Status.FAIL,
+        "reference",
+        first_any=("attn_reference",),
+    ),
 }
 
 
@@ -75,8 +89,9 @@ def test_mla_mutant_flagged_exactly_where_reachable(name, mla_sessions):
                 where = f"{name}: {mode}/{kv}/k{k}/{batch.kind}"
                 assert r.status == want, f"{where}: {r.status.value} {r.reason}"
                 if want == Status.FAIL:
-                    assert any(r.reason.startswith(f"{c} check failed") for c in (exp.check, *exp.first_any)), \
+                    assert any(r.reason.startswith(f"{c} check failed") for c in (exp.check, *exp.first_any)), (
                         f"{where}: {r.reason}"
+                    )
                     assert not next(c for c in r.checks if c.name == exp.check).passed, f"{where}: {r.reason}"
                 resolved = UNIFORM.get(mode, mode)
                 assert r.resolved_mode == resolved and r.downgraded == (resolved != mode), where
@@ -100,8 +115,10 @@ def test_split_frozen_is_a_v2_capture_hazard(mla_sessions):
 
     for style, want in (("v1", Status.PASS), ("v2", Status.FAIL)):
         model = dataclasses.replace(TINY_MLA, capture_style=style)
-        r = run_case(make_case("tests.mutants.mla_split_frozen:Backend", "FULL_DECODE_ONLY", "auto", DECODE,
-                               model=model), sessions=mla_sessions)
+        r = run_case(
+            make_case("tests.mutants.mla_split_frozen:Backend", "FULL_DECODE_ONLY", "auto", DECODE, model=model),
+            sessions=mla_sessions,
+        )
         assert r.status == want, f"{style}: {r.reason}"
 
 
@@ -112,6 +129,8 @@ def test_mla_tp_gang_replicates_the_latent_cache(tp, mode):
     provider passes on a gloo gang; the pad-NaN mutant fails there too (on every rank)."""
     r = run_case_local(make_case("torch", mode, "auto", DECODE, tp=tp))
     assert r.status == Status.PASS, r.reason + r.log_tail[-1500:]
-    bad = run_case_local(make_case("tests.mutants.mla_pad_nan_quant:Backend", "FULL_DECODE_ONLY", "auto", DECODE, tp=tp))
+    bad = run_case_local(
+        make_case("tests.mutants.mla_pad_nan_quant:Backend", "FULL_DECODE_ONLY", "auto", DECODE, tp=tp)
+    )
     assert bad.status == Status.FAIL and "[all ranks fail]" in bad.reason, bad.reason
     assert not next(c for c in bad.checks if c.name == "finite").passed, bad.reason

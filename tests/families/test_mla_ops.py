@@ -22,12 +22,23 @@ H, BS = 4, 4
 
 def make_config(kv="auto", spec_tokens=0, max_model_len=64, max_num_seqs=8) -> AttentionConfig:
     nb = max_num_seqs * (-(-max_model_len // BS)) + 1
-    return AttentionConfig(num_heads=H, num_kv_heads=1, head_size=D.row, block_size=BS, num_blocks=nb,
-                           max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_tokens=256,
-                           dtype=torch.bfloat16, kv_cache_dtype=kv, device=torch.device("cpu"),
-                           scale=(D.qk_nope_head_dim + D.qk_rope_head_dim) ** -0.5, spec_tokens=spec_tokens,
-                           attention="mla", dims=(("kv_lora_rank", 32), ("qk_nope_head_dim", 16),
-                                                  ("qk_rope_head_dim", 16), ("v_head_dim", 16)))
+    return AttentionConfig(
+        num_heads=H,
+        num_kv_heads=1,
+        head_size=D.row,
+        block_size=BS,
+        num_blocks=nb,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_tokens=256,
+        dtype=torch.bfloat16,
+        kv_cache_dtype=kv,
+        device=torch.device("cpu"),
+        scale=(D.qk_nope_head_dim + D.qk_rope_head_dim) ** -0.5,
+        spec_tokens=spec_tokens,
+        attention="mla",
+        dims=(("kv_lora_rank", 32), ("qk_nope_head_dim", 16), ("qk_rope_head_dim", 16), ("v_head_dim", 16)),
+    )
 
 
 def run_op(backend: str, config: AttentionConfig, query_lens, seq_lens, k_scale=1.0, seed=0):
@@ -40,7 +51,7 @@ def run_op(backend: str, config: AttentionConfig, query_lens, seq_lens, k_scale=
     used, slots_ctx, slots_new = 0, [], []
     for i, s in enumerate(seq_lens):
         need = -(-s // BS)
-        table[i, :need] = pool[used:used + need].to(torch.int32)
+        table[i, :need] = pool[used : used + need].to(torch.int32)
         used += need
         for p in range(s):
             (slots_new if p >= s - query_lens[i] else slots_ctx).append(int(table[i, p // BS]) * BS + p % BS)
@@ -56,22 +67,34 @@ def run_op(backend: str, config: AttentionConfig, query_lens, seq_lens, k_scale=
     q = torch.randn(t, H, D.qk_nope_head_dim + D.qk_rope_head_dim, generator=g).to(config.dtype)
     kv_c = torch.randn(t, D.kv_lora_rank, generator=g).to(config.dtype)
     k_pe = torch.randn(t, D.qk_rope_head_dim, generator=g).to(config.dtype)
-    w_kv_b = (torch.randn(H * (D.qk_nope_head_dim + D.v_head_dim), D.kv_lora_rank, generator=g)
-              / D.kv_lora_rank ** 0.5).to(config.dtype).float()
+    w_kv_b = (
+        (torch.randn(H * (D.qk_nope_head_dim + D.v_head_dim), D.kv_lora_rank, generator=g) / D.kv_lora_rank**0.5)
+        .to(config.dtype)
+        .float()
+    )
     w_uk, w_uv = split_kv_b(w_kv_b, H, D)
     builder, impl = cls.builder_cls(config), cls.impl_cls(config)
     md = builder.build(BatchDescription(list(query_lens), list(seq_lens), table, torch.tensor(slots_new)))
     out = torch.full((t, H, D.v_head_dim), float("nan"), dtype=config.dtype)
-    impl.forward(q, kv_c, k_pe, cache, md, ks, out, w_uk.permute(1, 2, 0).to(config.dtype).contiguous(),
-                 w_uv.permute(1, 0, 2).to(config.dtype).contiguous())
+    impl.forward(
+        q,
+        kv_c,
+        k_pe,
+        cache,
+        md,
+        ks,
+        out,
+        w_uk.permute(1, 2, 0).to(config.dtype).contiguous(),
+        w_uv.permute(1, 0, 2).to(config.dtype).contiguous(),
+    )
     # Reference: each request's rows as the cache stores them (fp8 rounding with the same scale).
     new = fp8_round(torch.cat([kv_c, k_pe], 1).float(), ks, cache_dt)
     ctx_r = fp8_round(ctx, ks, cache_dt)
     refs, c0, n0 = [], 0, 0
     for ql, s in zip(query_lens, seq_lens):
-        rows = torch.cat([ctx_r[c0:c0 + s - ql], new[n0:n0 + ql]])
+        rows = torch.cat([ctx_r[c0 : c0 + s - ql], new[n0 : n0 + ql]])
         fn = reference_absorbed if ql == 1 else reference_decompressed
-        refs.append(fn(q[n0:n0 + ql], rows, w_uk, w_uv, D, config.scale))
+        refs.append(fn(q[n0 : n0 + ql], rows, w_uk, w_uv, D, config.scale))
         c0, n0 = c0 + s - ql, n0 + ql
     return out.float(), torch.cat(refs)
 
@@ -103,15 +126,18 @@ def test_verify_rows_take_the_decode_path_with_their_causal_block(backend):
     assert (out - ref).norm() / ref.norm() < 3e-2
 
 
-@pytest.mark.parametrize("query_lens, threshold, uniform, want", [
-    ([1, 1, 1], 1, True, (3, 0, 3, 0)),
-    ([1, 1, 4], 1, True, (2, 1, 2, 4)),
-    ([3, 3, 5], 3, True, (2, 1, 6, 5)),
-    ([3, 2, 5], 3, True, (1, 2, 3, 7)),      # a short extend of another length is a prefill
-    ([3, 2, 5], 3, False, (2, 1, 5, 5)),
-    ([5, 1], 1, True, (0, 2, 0, 6)),         # not reordered: the first row decides
-    ([1, 1, 0, 0], 1, True, (4, 0, 2, 0)),   # padded requests of a uniform batch count as decodes
-])
+@pytest.mark.parametrize(
+    "query_lens, threshold, uniform, want",
+    [
+        ([1, 1, 1], 1, True, (3, 0, 3, 0)),
+        ([1, 1, 4], 1, True, (2, 1, 2, 4)),
+        ([3, 3, 5], 3, True, (2, 1, 6, 5)),
+        ([3, 2, 5], 3, True, (1, 2, 3, 7)),  # a short extend of another length is a prefill
+        ([3, 2, 5], 3, False, (2, 1, 5, 5)),
+        ([5, 1], 1, True, (0, 2, 0, 6)),  # not reordered: the first row decides
+        ([1, 1, 0, 0], 1, True, (4, 0, 2, 0)),  # padded requests of a uniform batch count as decodes
+    ],
+)
 def test_split_decodes_and_prefills_as_vllm(query_lens, threshold, uniform, want):
     assert split_decodes_and_prefills(query_lens, threshold, uniform) == want
 
@@ -136,8 +162,17 @@ def test_emulated_mla_decode_fwd_against_a_direct_computation():
     kv_indptr = torch.tensor([0, 4, 4, 9], dtype=torch.int32)  # row 1 has no keys
     kv_indices = torch.cat([torch.randperm(slots, generator=g)[:9], torch.zeros(7, dtype=torch.int64)]).int()
     o = torch.full((3, 2, dv), 7.0)
-    aiter_ops_emulated.mla_decode_fwd(q, kv, o, torch.arange(4, dtype=torch.int32), kv_indptr, kv_indices,
-                                      torch.ones(3, dtype=torch.int32), 1, sm_scale=0.3)
+    aiter_ops_emulated.mla_decode_fwd(
+        q,
+        kv,
+        o,
+        torch.arange(4, dtype=torch.int32),
+        kv_indptr,
+        kv_indices,
+        torch.ones(3, dtype=torch.int32),
+        1,
+        sm_scale=0.3,
+    )
     for row, (a, b) in enumerate(((0, 4), (4, 4), (4, 9))):
         if a == b:
             assert torch.equal(o[row], torch.full((2, dv), 7.0))

@@ -19,7 +19,7 @@ def _inputs(seed: int, query_lens, seq_lens):
     g = torch.Generator().manual_seed(seed)
     q = [torch.randn(ql, H, D.qk_nope_head_dim + D.qk_rope_head_dim, generator=g) for ql in query_lens]
     rows = [torch.randn(s, D.row, generator=g) for s in seq_lens]
-    w_kv_b = torch.randn(H * (D.qk_nope_head_dim + D.v_head_dim), D.kv_lora_rank, generator=g) / D.kv_lora_rank ** 0.5
+    w_kv_b = torch.randn(H * (D.qk_nope_head_dim + D.v_head_dim), D.kv_lora_rank, generator=g) / D.kv_lora_rank**0.5
     w_uk, w_uv = split_kv_b(w_kv_b, H, D)
     return q, rows, w_uk, w_uv
 
@@ -50,7 +50,7 @@ def test_the_forms_can_disagree():
     q, rows, w_uk, w_uv = _inputs(0, *BATCHES["decode"])
     scale = family("mla").scale(TINY_MLA)
     a = reference_requests(q, rows, w_uk, w_uv, D, scale, "absorbed")
-    rows_no_pe = [torch.cat([r[:, :D.kv_lora_rank], torch.zeros_like(r[:, D.kv_lora_rank:])], 1) for r in rows]
+    rows_no_pe = [torch.cat([r[:, : D.kv_lora_rank], torch.zeros_like(r[:, D.kv_lora_rank :])], 1) for r in rows]
     b = reference_requests(q, rows_no_pe, w_uk, w_uv, D, scale, "decompressed")
     assert max((x - y).abs().max().item() for x, y in zip(a, b)) > 1e-2
 

@@ -36,26 +36,43 @@ def decode_graph(mode, kind, k):
 
 MUTANTS = {
     "vLLM #51593 negative length on a seq_len-0 pad row": Expect(
-        "tests.mutants.mla_sparse_neg_len:Backend", lambda m, kind, k: decode_graph(m, kind, k) and k >= 1,
-        ("state_integrity",), "token_seq_lens["),
+        "tests.mutants.mla_sparse_neg_len:Backend",
+        lambda m, kind, k: decode_graph(m, kind, k) and k >= 1,
+        ("state_integrity",),
+        "token_seq_lens[",
+    ),
     "sglang #30378 pad row's seq_len fill below its query len": Expect(
-        "tests.mutants.mla_sparse_pad_seq_fill:Backend", lambda m, kind, k: decode_graph(m, kind, k) and k >= 2,
-        ("state_integrity",), "token_seq_lens[", ks=(0, 1, 2)),
+        "tests.mutants.mla_sparse_pad_seq_fill:Backend",
+        lambda m, kind, k: decode_graph(m, kind, k) and k >= 2,
+        ("state_integrity",),
+        "token_seq_lens[",
+        ks=(0, 1, 2),
+    ),
     # Red wherever a short-context token follows a call that filled more of its top-k row. Eager
     # alone (NONE) at k 1 on the decode batch never does: the verify plan's steps keep requests
     # 0-2 in rows 0-2 and only grow their contexts (5, 5, then 3 requests); every graph mode's
     # capture and replays at other sizes fill those rows first.
     "vLLM #49139 top-k state outliving a call": Expect(
-        "tests.mutants.mla_sparse_stale_topk:Backend", lambda m, kind, k: not (m == "NONE" and kind == "decode" and k == 1),
-        ("reference", "attn_reference", "state_integrity", "replay"), ""),
+        "tests.mutants.mla_sparse_stale_topk:Backend",
+        lambda m, kind, k: not (m == "NONE" and kind == "decode" and k == 1),
+        ("reference", "attn_reference", "state_integrity", "replay"),
+        "",
+    ),
     "vLLM #55636 token_to_req_indices past the rows": Expect(
-        "tests.mutants.mla_sparse_req_past_rows:Backend", decode_graph, ("state_integrity",), "req_id_per_token["),
+        "tests.mutants.mla_sparse_req_past_rows:Backend", decode_graph, ("state_integrity",), "req_id_per_token["
+    ),
     "TRT-LLM #14297 per-call scratch captured by pointer": Expect(
-        "tests.mutants.mla_sparse_per_call_scratch:Backend", decode_graph, ("state_integrity", "replay"),  # replay: a GPU
-        "topk_indices["),
+        "tests.mutants.mla_sparse_per_call_scratch:Backend",
+        decode_graph,
+        ("state_integrity", "replay"),  # replay: a GPU
+        "topk_indices[",
+    ),
     "ATOM #1591 top-k size hard-coded in the graph buffer": Expect(
-        "tests.mutants.mla_sparse_hardcoded_topk:Backend", lambda m, kind, k: True,
-        ("reference", "attn_reference", "state_integrity"), ""),
+        "tests.mutants.mla_sparse_hardcoded_topk:Backend",
+        lambda m, kind, k: True,
+        ("reference", "attn_reference", "state_integrity"),
+        "",
+    ),
 }
 
 
@@ -86,8 +103,16 @@ def test_hardcoded_topk_is_named_by_the_contract_on_short_contexts(sparse_sessio
     from tests.families.test_mla_sparse import TINY
 
     short = BatchSpec("sparse_short", (1, 1, 1), (3, 9, 15))
-    r = run_case(make_case("tests.mutants.mla_sparse_hardcoded_topk:Backend", "FULL_AND_PIECEWISE", "auto", short,
-                           model=dataclasses.replace(TINY, max_model_len=16)), sessions=sparse_sessions)
+    r = run_case(
+        make_case(
+            "tests.mutants.mla_sparse_hardcoded_topk:Backend",
+            "FULL_AND_PIECEWISE",
+            "auto",
+            short,
+            model=dataclasses.replace(TINY, max_model_len=16),
+        ),
+        sessions=sparse_sessions,
+    )
     assert r.status == Status.FAIL and r.reason.startswith("state_integrity check failed"), r.reason
     assert "topk_indices: sized for index_topk 32" in r.reason, r.reason
     assert all(c.passed for c in r.checks if c.name in ("reference", "replay")), r.reason
@@ -100,8 +125,9 @@ def test_mla_sparse_allreduce_capture_red_at_tp2(sparse_sessions):  # noqa: F811
     provider's tp 2 cases are the matrix's)."""
     backend = "tests.mutants.mla_sparse_allreduce:Backend"
     bad = run_case_local(make_case(backend, "FULL_AND_PIECEWISE", "auto", DECODE, tp=2))
-    assert bad.status == Status.FAIL and "replay check failed" in bad.reason.split(",")[0], \
+    assert bad.status == Status.FAIL and "replay check failed" in bad.reason.split(",")[0], (
         bad.reason + bad.log_tail[-1500:]
+    )
     assert run_case_local(make_case(backend, "NONE", "auto", DECODE, tp=2)).status == Status.PASS
     one = run_case(make_case(backend, "FULL_AND_PIECEWISE", "auto", DECODE), sessions=sparse_sessions)
     assert one.status == Status.PASS, one.reason

@@ -36,28 +36,54 @@ def full_graph(mode, kv, batch):
 
 MUTANTS = {
     "#51585/#53821 capture builder zeroes the shared query_start_loc": Expect(
-        "tests.mutants.swa_zero_qsl:Backend", full_graph, Status.FAIL, "attn_replay", first_any=("replay",)),
+        "tests.mutants.swa_zero_qsl:Backend", full_graph, Status.FAIL, "attn_replay", first_any=("replay",)
+    ),
     "sink added in every split segment (3-D path)": Expect(
-        "tests.mutants.swa_kernels:SinkEverySegment", lambda m, kv, b: b != "prefill2", Status.FAIL,
-        "attn_reference", first_any=("reference",)),
+        "tests.mutants.swa_kernels:SinkEverySegment",
+        lambda m, kv, b: b != "prefill2",
+        Status.FAIL,
+        "attn_reference",
+        first_any=("reference",),
+    ),
     "sink multiplied by the softmax scale": Expect(
-        "tests.mutants.swa_kernels:SinkScaled", lambda m, kv, b: True, Status.FAIL, "attn_reference",
-        first_any=("reference",)),
+        "tests.mutants.swa_kernels:SinkScaled",
+        lambda m, kv, b: True,
+        Status.FAIL,
+        "attn_reference",
+        first_any=("reference",),
+    ),
     # With sinks near N(0, 1) both moved a head 2.5-3.6%, inside the ~4% threshold.
     "sink counted twice": Expect(
-        "tests.mutants.swa_kernels:SinkTwice", lambda m, kv, b: True, Status.FAIL, "attn_reference",
-        first_any=("reference",)),
+        "tests.mutants.swa_kernels:SinkTwice",
+        lambda m, kv, b: True,
+        Status.FAIL,
+        "attn_reference",
+        first_any=("reference",),
+    ),
     "sink added as exp2(sink), without the log2(e) conversion": Expect(
-        "tests.mutants.swa_kernels:SinkNoExp2", lambda m, kv, b: True, Status.FAIL, "attn_reference",
-        first_any=("reference",)),
+        "tests.mutants.swa_kernels:SinkNoExp2",
+        lambda m, kv, b: True,
+        Status.FAIL,
+        "attn_reference",
+        first_any=("reference",),
+    ),
     "window off by one (i - j <= W)": Expect(
-        "tests.mutants.swa_kernels:WindowOffByOne", lambda m, kv, b: True, Status.FAIL, "attn_reference",
-        first_any=("reference",)),
+        "tests.mutants.swa_kernels:WindowOffByOne",
+        lambda m, kv, b: True,
+        Status.FAIL,
+        "attn_reference",
+        first_any=("reference",),
+    ),
     "sinks missing on the prefill path": Expect(
-        "tests.mutants.swa_kernels:PrefillNoSinks", lambda m, kv, b: b != "decode3", Status.FAIL, "attn_reference",
-        first_any=("reference",)),
+        "tests.mutants.swa_kernels:PrefillNoSinks",
+        lambda m, kv, b: b != "decode3",
+        Status.FAIL,
+        "attn_reference",
+        first_any=("reference",),
+    ),
     "window from the group spec (hybrid: each group one kind, right)": Expect(
-        "tests.mutants.swa_kernels:GroupWindow", lambda m, kv, b: False, Status.PASS, ""),
+        "tests.mutants.swa_kernels:GroupWindow", lambda m, kv, b: False, Status.PASS, ""
+    ),
 }
 
 
@@ -74,8 +100,9 @@ def test_swa_mutant_flagged_exactly_where_reachable(name, mla_sessions):
                 where = f"{name}: {mode}/{kv}/{batch.name}"
                 assert r.status == want, f"{where}: {r.status.value} {r.reason}"
                 if want == Status.FAIL:
-                    assert any(r.reason.startswith(f"{c} check failed") for c in (exp.check, *exp.first_any)), \
+                    assert any(r.reason.startswith(f"{c} check failed") for c in (exp.check, *exp.first_any)), (
                         f"{where}: {r.reason}"
+                    )
                     assert not next(c for c in r.checks if c.name == exp.check).passed, f"{where}: {r.reason}"
                 assert r.resolved_mode == mode and not r.downgraded, where  # ALWAYS: no downgrade
                 seen.append(flagged)
@@ -88,8 +115,12 @@ def test_the_zeroed_offsets_fail_the_other_groups_layers(mla_sessions):
     r = run_case(make_swa_case("tests.mutants.swa_zero_qsl:Backend", "FULL", "auto", SWA_DECODE), sessions=mla_sessions)
     attn = next(c for c in r.checks if c.name == "attn_replay")
     assert not attn.passed and attn.detail.startswith("step 0: layer 1,"), attn.detail
-    merged = run_case(make_swa_case("tests.mutants.swa_zero_qsl:Backend", "FULL", "auto", SWA_DECODE,
-                                    model=swa_model(kv_groups="merged")), sessions=mla_sessions)
+    merged = run_case(
+        make_swa_case(
+            "tests.mutants.swa_zero_qsl:Backend", "FULL", "auto", SWA_DECODE, model=swa_model(kv_groups="merged")
+        ),
+        sessions=mla_sessions,
+    )
     assert merged.status == Status.PASS, merged.reason  # one group: no later builder to mislead
 
 
@@ -100,8 +131,9 @@ def test_a_filled_seq_lens_breaks_the_next_groups_builder_at_a_mixed_capture(mla
     for mode, batch in (("FULL_DECODE_ONLY", SWA_DECODE), ("NONE", BIG_MIXED), ("PIECEWISE", BIG_MIXED)):
         ok = run_case(make_swa_case(bad, mode, "auto", batch), sessions=mla_sessions)
         assert ok.status == Status.PASS, f"{mode}/{batch.name}: {ok.reason}"  # decode graphs and eager: fine
-    merged = run_case(make_swa_case(bad, "FULL", "auto", BIG_MIXED, model=swa_model(kv_groups="merged")),
-                      sessions=mla_sessions)
+    merged = run_case(
+        make_swa_case(bad, "FULL", "auto", BIG_MIXED, model=swa_model(kv_groups="merged")), sessions=mla_sessions
+    )
     assert merged.status == Status.PASS, merged.reason
 
 
@@ -111,8 +143,10 @@ def test_a_window_from_the_group_is_wrong_for_a_merged_groups_full_layers(mla_se
     r = run_case(make_swa_case(bad, "NONE", "auto", SWA_DECODE, model=merged), sessions=mla_sessions)
     ref = next(c for c in r.checks if c.name == "attn_reference")
     assert r.status == Status.FAIL and not ref.passed and ref.detail.startswith("step 0: layer 1,"), r.reason
-    assert run_case(make_swa_case("torch", "NONE", "auto", SWA_DECODE, model=merged),
-                    sessions=mla_sessions).status == Status.PASS
+    assert (
+        run_case(make_swa_case("torch", "NONE", "auto", SWA_DECODE, model=merged), sessions=mla_sessions).status
+        == Status.PASS
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -122,7 +156,9 @@ def test_torch_passes_every_mode_and_layout_over_three_seeds(seed, mla_sessions)
             for batch in BATCHES:
                 for mode in MODES:
                     r = run_case(make_swa_case("torch", mode, kv, batch, seed=seed, model=model), sessions=mla_sessions)
-                    assert r.status == Status.PASS, f"{dict(model.dims)['kv_groups']} {mode}/{kv}/{batch.name}/s{seed}: {r.reason}"
+                    assert r.status == Status.PASS, (
+                        f"{dict(model.dims)['kv_groups']} {mode}/{kv}/{batch.name}/s{seed}: {r.reason}"
+                    )
 
 
 def test_spec_decode_k2_passes(mla_sessions):

@@ -95,8 +95,9 @@ def _customop_item(device) -> Instance:
 
 def _customop_cast_reshape(device) -> Instance:
     x = _arange(4, device)
-    return Instance(lambda: torch.ops.orch_probe.cast_reshape(x), lambda: x.mul_(3),
-                    lambda: x.view(2, 2).t().reshape(-1) * 2)
+    return Instance(
+        lambda: torch.ops.orch_probe.cast_reshape(x), lambda: x.mul_(3), lambda: x.view(2, 2).t().reshape(-1) * 2
+    )
 
 
 def _customop_mutating(device) -> Instance:
@@ -231,7 +232,9 @@ def _where_mask(device) -> Instance:
     def ref():
         return torch.where(x > 2, x, torch.zeros_like(x))
 
-    return Instance(lambda: torch.where(x > 2, x, torch.zeros_like(x)), lambda: x.copy_(_arange(4, device, 1.0).flip(0)), ref)
+    return Instance(
+        lambda: torch.where(x > 2, x, torch.zeros_like(x)), lambda: x.copy_(_arange(4, device, 1.0).flip(0)), ref
+    )
 
 
 def _index_put_tensor_indices(device) -> Instance:
@@ -291,16 +294,21 @@ def _tolist(device) -> Instance:
 
 def _repeat_interleave_no_size(device) -> Instance:
     reps = torch.tensor([1, 2], device=device)
-    return Instance(lambda: torch.repeat_interleave(reps).float(), lambda: reps.fill_(2),
-                    lambda: torch.repeat_interleave(reps).float())
+    return Instance(
+        lambda: torch.repeat_interleave(reps).float(),
+        lambda: reps.fill_(2),
+        lambda: torch.repeat_interleave(reps).float(),
+    )
 
 
 def _d2h_variant(convert: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.device], Instance]:
     """x converted to host memory inside the capture by `convert` (a .to() form of .cpu()): on a GPU a
     blocking device->host copy, which a capturing stream refuses."""
+
     def build(device) -> Instance:
         x = _arange(4, device)
         return Instance(lambda: x * 2 + convert(x).sum() * 0, lambda: x.add_(1), lambda: x * 2)
+
     return build
 
 
@@ -355,12 +363,22 @@ def _pinned_view_h2d(device) -> Instance:
 
 NEW_PROGRAMS: tuple[Program, ...] = (
     Program("customop_host_global", "a custom op whose body reads a host global", _customop_host_global),
-    Program("library_impl_host_global", "a Library-impl op (no CustomOpDef) reading a host global", _library_impl_host_global),
+    Program(
+        "library_impl_host_global",
+        "a Library-impl op (no CustomOpDef) reading a host global",
+        _library_impl_host_global,
+    ),
     Program("customop_item", "a custom op whose body calls .item() on a device tensor", _customop_item),
     Program("customop_mutating", "a custom op writing its out argument in place", _customop_mutating),
     Program("customop_host_int", "a custom op given a host int that changes after capture", _customop_host_int),
-    Program("host_cumsum_pinned_h2d", "host cumsum of query lens, then non_blocking H2D from pinned", _host_cumsum_pinned_h2d),
-    Program("pinned_h2d_refreshed", "non_blocking H2D from a pinned buffer refilled before replay", _pinned_h2d_refreshed),
+    Program(
+        "host_cumsum_pinned_h2d",
+        "host cumsum of query lens, then non_blocking H2D from pinned",
+        _host_cumsum_pinned_h2d,
+    ),
+    Program(
+        "pinned_h2d_refreshed", "non_blocking H2D from a pinned buffer refilled before replay", _pinned_h2d_refreshed
+    ),
     Program("pageable_h2d_blocking", "blocking H2D copy from pageable host memory", _pageable_h2d_blocking),
     Program("d2h_cpu", "x.cpu() to build host metadata", _d2h_cpu),
     Program("host_item_frozen", ".item() of a host tensor (allowed on a GPU, frozen)", _host_item_frozen),
@@ -369,7 +387,9 @@ NEW_PROGRAMS: tuple[Program, ...] = (
     Program("histc_fixed_range", "histc with a fixed range", _histc_fixed_range),
     Program("allclose_branch", "a Python branch on torch.allclose", _allclose_branch),
     Program("explicit_generator", "torch.rand with an explicit torch.Generator", _explicit_generator),
-    Program("rng_default_generator", "torch.rand on the default generator: new numbers each replay", _rng_default_generator),
+    Program(
+        "rng_default_generator", "torch.rand on the default generator: new numbers each replay", _rng_default_generator
+    ),
     Program("alloc_during_capture", "a tensor allocated inside the capture", _alloc_during_capture),
     Program("shape_scalar", "a python scalar from a shape that does not change", _shape_scalar),
     Program("where_mask", "torch.where with a device mask", _where_mask),
@@ -383,23 +403,39 @@ NEW_PROGRAMS: tuple[Program, ...] = (
     Program("repeat_interleave_no_size", "repeat_interleave without output_size", _repeat_interleave_no_size),
     Program("d2h_to_str", 'x.to("cpu") of a device tensor', _d2h_variant(lambda t: t.to("cpu"))),
     Program("d2h_to_device_kwarg", 'x.to(device="cpu") of a device tensor', _d2h_variant(lambda t: t.to(device="cpu"))),
-    Program("d2h_to_torch_device", 'x.to(torch.device("cpu"), torch.float64) of a device tensor',
-            _d2h_variant(lambda t: t.to(torch.device("cpu"), torch.float64))),
+    Program(
+        "d2h_to_torch_device",
+        'x.to(torch.device("cpu"), torch.float64) of a device tensor',
+        _d2h_variant(lambda t: t.to(torch.device("cpu"), torch.float64)),
+    ),
     Program("d2h_to_host_like", "x.to(h) with h a host tensor", _d2h_to_host_like),
-    Program("d2h_cpu_of_view", "x[1:].cpu(): a view of a device tensor copied to the host", _d2h_variant(lambda t: t[1:].cpu())),
+    Program(
+        "d2h_cpu_of_view",
+        "x[1:].cpu(): a view of a device tensor copied to the host",
+        _d2h_variant(lambda t: t[1:].cpu()),
+    ),
     Program("device_view_item", ".item() of a view of a device tensor", _device_view_item),
-    Program("host_view_outlives_base", ".item() of a host slice whose marked tensor object is gone", _host_view_outlives_base),
+    Program(
+        "host_view_outlives_base",
+        ".item() of a host slice whose marked tensor object is gone",
+        _host_view_outlives_base,
+    ),
     Program("host_reshape_scalar", "reshape + index of a host tensor as a device op operand", _host_reshape_scalar),
     Program("host_index_copy_frozen", "advanced indexing of a host tensor, then .item()", _host_index_copy_frozen),
-    Program("customop_cast_reshape", "a custom op whose body casts (to(dtype)) and reshapes a transpose (copies)",
-            _customop_cast_reshape),
-    Program("pinned_view_h2d", "non_blocking H2D from a slice of a pinned buffer refilled before replay", _pinned_view_h2d),
+    Program(
+        "customop_cast_reshape",
+        "a custom op whose body casts (to(dtype)) and reshapes a transpose (copies)",
+        _customop_cast_reshape,
+    ),
+    Program(
+        "pinned_view_h2d", "non_blocking H2D from a slice of a pinned buffer refilled before replay", _pinned_view_h2d
+    ),
 )
-
 
 
 # ---- round two: the four silent greens and the four false reds it found ------------------------
 # Host memory below is made as GPU code makes it: no device, pin_memory=True; nothing is marked.
+
 
 def _host_compute_h2d(device) -> Instance:
     lens = torch.tensor([1, 1, 1], dtype=torch.int32)  # host: made without a device
@@ -443,8 +479,10 @@ def _pool_shared(copy_first: bool) -> Callable[[torch.device], Instance]:
             return t.sum().reshape(1)
 
         # fn's output is given the peer's freed block; the peer's replay writes 3x there
-        return Instance(lambda: x * 2, lambda: x.add_(1), lambda: x * 2, peers=(peer,), copy_first=copy_first,
-                        own_pool=True)
+        return Instance(
+            lambda: x * 2, lambda: x.add_(1), lambda: x * 2, peers=(peer,), copy_first=copy_first, own_pool=True
+        )
+
     return build
 
 
@@ -459,6 +497,7 @@ def _stash(replay: bool) -> Callable[[torch.device], Instance]:
             return y + 1
 
         return Instance(fn, lambda: None, lambda: x * 7.25, observe=lambda: stash["y"], replay=replay, own_pool=True)
+
     return build
 
 
@@ -470,6 +509,7 @@ def _linalg(checked: bool) -> Callable[[torch.device], Instance]:
         else:
             run = lambda: torch.linalg.cholesky_ex(a).L  # `info` stays on the device
         return Instance(run, lambda: a.mul_(4), lambda: torch.linalg.cholesky(a))
+
     return build
 
 
@@ -484,6 +524,7 @@ def _memcpy_launcher(device) -> Callable[[int, int, int], None]:
             rc = fn(dst, src, n, torch.cuda.current_stream().cuda_stream)
             if rc != 0:
                 raise RuntimeError(f"cuMemcpyDtoDAsync_v2: CUresult {rc}")
+
         return launch
     fn = ctypes.CDLL(None).memcpy
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
@@ -518,6 +559,7 @@ def _launch_behind_dispatcher(launcher) -> Callable[[torch.device], Instance]:
             return out * 1
 
         return Instance(fn, lambda: x.add_(1), lambda: x * 1)
+
     return build
 
 
@@ -533,6 +575,7 @@ def _out_resized(in_capture: bool) -> Callable[[torch.device], Instance]:
 
         # the warm-up resized buf already: back to no memory, so the capture resizes it
         return Instance(fn, lambda: x.add_(1), lambda: x * 3, reset=lambda: buf.set_())
+
     return build
 
 
@@ -553,34 +596,62 @@ def _bool_mask_setitem(scalar: bool) -> Callable[[torch.device], Instance]:
             mask.copy_(torch.tensor([False, True, False, True]))
 
         return Instance(fn, step, lambda: torch.where(mask, torch.full_like(x, 9.0), x))
+
     return build
 
 
 ROUND_TWO: tuple[Program, ...] = (
-    Program("host_compute_h2d", "host cumsum of unmarked host lens into a pinned buffer, then non_blocking H2D",
-            _host_compute_h2d),
-    Program("pageable_h2d_nonblocking", "non_blocking H2D from pageable host memory refilled before replay",
-            _pageable_h2d_nonblocking),
-    Program("python_data_to_device", "torch.tensor(python data, device=...) inside the capture", _python_data_to_device),
-    Program("pool_shared_output", "a graph's output read after another graph of its pool replayed", _pool_shared(False)),
+    Program(
+        "host_compute_h2d",
+        "host cumsum of unmarked host lens into a pinned buffer, then non_blocking H2D",
+        _host_compute_h2d,
+    ),
+    Program(
+        "pageable_h2d_nonblocking",
+        "non_blocking H2D from pageable host memory refilled before replay",
+        _pageable_h2d_nonblocking,
+    ),
+    Program(
+        "python_data_to_device", "torch.tensor(python data, device=...) inside the capture", _python_data_to_device
+    ),
+    Program(
+        "pool_shared_output", "a graph's output read after another graph of its pool replayed", _pool_shared(False)
+    ),
     Program("pool_output_copied", "the same, the output copied before the other graph replays", _pool_shared(True)),
-    Program("stash_read_before_replay", "a tensor stashed during capture, read on the host before any replay",
-            _stash(False)),
+    Program(
+        "stash_read_before_replay", "a tensor stashed during capture, read on the host before any replay", _stash(False)
+    ),
     Program("stash_read_after_replay", "the same tensor read after a replay", _stash(True)),
     Program("linalg_info_check", "torch.linalg.cholesky (its error check reads info on the host)", _linalg(True)),
     Program("linalg_ex_no_check", "torch.linalg.cholesky_ex (info stays on the device)", _linalg(False)),
-    Program("ctypes_launch", "a ctypes call on raw device pointers (a kernel launch behind the dispatcher)",
-            _launch_behind_dispatcher(_memcpy_launcher)),
-    Program("c_extension_launch", "a C extension writing through raw device pointers, no ctypes call",
-            _launch_behind_dispatcher(_raw_launcher)),
-    Program("out_resized_preexisting", "torch.mul(..., out=buf) with buf resized from empty inside the capture",
-            _out_resized(False)),
-    Program("out_resized_in_capture", "torch.mul(..., out=t) with t = torch.empty(0) made inside the capture",
-            _out_resized(True)),
-    Program("bool_mask_setitem_scalar", "x[mask] = 9.0 with a device mask (masked_fill_ on a GPU)",
-            _bool_mask_setitem(True)),
-    Program("bool_mask_setitem_tensor", "x[mask] = v with a one-element device tensor v (nonzero)",
-            _bool_mask_setitem(False)),
+    Program(
+        "ctypes_launch",
+        "a ctypes call on raw device pointers (a kernel launch behind the dispatcher)",
+        _launch_behind_dispatcher(_memcpy_launcher),
+    ),
+    Program(
+        "c_extension_launch",
+        "a C extension writing through raw device pointers, no ctypes call",
+        _launch_behind_dispatcher(_raw_launcher),
+    ),
+    Program(
+        "out_resized_preexisting",
+        "torch.mul(..., out=buf) with buf resized from empty inside the capture",
+        _out_resized(False),
+    ),
+    Program(
+        "out_resized_in_capture",
+        "torch.mul(..., out=t) with t = torch.empty(0) made inside the capture",
+        _out_resized(True),
+    ),
+    Program(
+        "bool_mask_setitem_scalar", "x[mask] = 9.0 with a device mask (masked_fill_ on a GPU)", _bool_mask_setitem(True)
+    ),
+    Program(
+        "bool_mask_setitem_tensor",
+        "x[mask] = v with a one-element device tensor v (nonzero)",
+        _bool_mask_setitem(False),
+    ),
 )
 
 # ---- round three: host compute in a custom op's body, memory that moves after capture --------
@@ -627,6 +698,7 @@ def _cpu_compute_in_capture(op) -> Callable[[torch.device], Instance]:
             return x * qsl
 
         return Instance(fn, step, reference)
+
     return build
 
 
@@ -655,6 +727,7 @@ def _per_call_cache(evict: bool) -> Callable[[torch.device], Instance]:
                 poison_free_memory(torch.device(device))  # a GPU: the freed block holds the poison now
 
         return Instance(lambda: x * cached(4, torch.device(device)), step, lambda: x * 2)
+
     return build
 
 
@@ -681,18 +754,37 @@ def _pointer_taken_no_launch(device) -> Instance:
 
 
 ROUND_THREE: tuple[Program, ...] = (
-    Program("cpu_compute_in_capture", "a custom op's body (made on its first call: CPU lens, pinned staging) does a "
-            "host cumsum and a non_blocking H2D", _cpu_compute_in_capture(torch.ops.orch_probe.prep_pinned)),
-    Program("cpu_compute_in_capture_pageable", "the same with a pageable staging buffer",
-            _cpu_compute_in_capture(torch.ops.orch_probe.prep_pageable)),
-    Program("cache_entry_evicted", "a graph captured on an lru_cache hit; the entry evicted and its block poisoned",
-            _per_call_cache(True)),
-    Program("cache_entry_kept", "the same through an unbounded cache (functools.cache), the entry kept",
-            _per_call_cache(False)),
-    Program("host_float_from_warmup", "a host float of a device scale taken in the eager warm-up, used in the capture",
-            _host_float_from_warmup),
-    Program("pointer_taken_no_launch", "data_ptr() taken in the capture (an alignment check), nothing launched on it",
-            _pointer_taken_no_launch),
+    Program(
+        "cpu_compute_in_capture",
+        "a custom op's body (made on its first call: CPU lens, pinned staging) does a "
+        "host cumsum and a non_blocking H2D",
+        _cpu_compute_in_capture(torch.ops.orch_probe.prep_pinned),
+    ),
+    Program(
+        "cpu_compute_in_capture_pageable",
+        "the same with a pageable staging buffer",
+        _cpu_compute_in_capture(torch.ops.orch_probe.prep_pageable),
+    ),
+    Program(
+        "cache_entry_evicted",
+        "a graph captured on an lru_cache hit; the entry evicted and its block poisoned",
+        _per_call_cache(True),
+    ),
+    Program(
+        "cache_entry_kept",
+        "the same through an unbounded cache (functools.cache), the entry kept",
+        _per_call_cache(False),
+    ),
+    Program(
+        "host_float_from_warmup",
+        "a host float of a device scale taken in the eager warm-up, used in the capture",
+        _host_float_from_warmup,
+    ),
+    Program(
+        "pointer_taken_no_launch",
+        "data_ptr() taken in the capture (an alignment check), nothing launched on it",
+        _pointer_taken_no_launch,
+    ),
 )
 
 # ---- host tensors in device work inside the captured region, made as GPU code makes them --------
@@ -700,6 +792,7 @@ ROUND_THREE: tuple[Program, ...] = (
 # is a kernel argument baked at capture, and a host index tensor into a device tensor is a pageable
 # copy that cannot be captured. Host memory below made the ways vLLM's builders make it: without a
 # device, and as numpy memory (torch.from_numpy of a builder's numpy arrays).
+
 
 def _host_index_into_device(numpy: bool) -> Callable[[torch.device], Instance]:
     def build(device) -> Instance:
@@ -710,6 +803,7 @@ def _host_index_into_device(numpy: bool) -> Callable[[torch.device], Instance]:
             idx.copy_(torch.tensor([4, 5]))
 
         return Instance(lambda: table[idx].sum(1), step, lambda: table[idx.to(device)].sum(1))
+
     return build
 
 
@@ -719,6 +813,7 @@ def _host_scale_0dim(numpy: bool) -> Callable[[torch.device], Instance]:
         scale = torch.from_numpy(np.array(2.0, dtype=np.float32)) if numpy else torch.tensor(2.0)  # 0-dim host
 
         return Instance(lambda: x * scale, lambda: scale.fill_(3.0), lambda: x * scale.item())
+
     return build
 
 
@@ -764,17 +859,32 @@ def _pinned_numpy_staging(device) -> Instance:
 
 
 HOST_WORK: tuple[Program, ...] = (
-    Program("host_index_into_device", "a device table indexed by a host index tensor (made without a device)",
-            _host_index_into_device(False)),
-    Program("numpy_index_into_device", "a device table indexed by torch.from_numpy of a host index array",
-            _host_index_into_device(True)),
-    Program("host_scale_0dim", "a 0-dim host tensor (made without a device) as a device op's scale, changed after capture",
-            _host_scale_0dim(False)),
+    Program(
+        "host_index_into_device",
+        "a device table indexed by a host index tensor (made without a device)",
+        _host_index_into_device(False),
+    ),
+    Program(
+        "numpy_index_into_device",
+        "a device table indexed by torch.from_numpy of a host index array",
+        _host_index_into_device(True),
+    ),
+    Program(
+        "host_scale_0dim",
+        "a 0-dim host tensor (made without a device) as a device op's scale, changed after capture",
+        _host_scale_0dim(False),
+    ),
     Program("numpy_scale_0dim", "the same 0-dim scale made by torch.from_numpy", _host_scale_0dim(True)),
-    Program("numpy_lens_cumsum_pinned", "torch.cumsum of numpy-backed host query lens in forward into a pinned "
-            "staging, then non_blocking H2D", _numpy_lens_cumsum),
-    Program("pinned_numpy_staging_refreshed", "control: a pinned staging's numpy view written between steps, "
-            "copied in by the graph", _pinned_numpy_staging),
+    Program(
+        "numpy_lens_cumsum_pinned",
+        "torch.cumsum of numpy-backed host query lens in forward into a pinned staging, then non_blocking H2D",
+        _numpy_lens_cumsum,
+    ),
+    Program(
+        "pinned_numpy_staging_refreshed",
+        "control: a pinned staging's numpy view written between steps, copied in by the graph",
+        _pinned_numpy_staging,
+    ),
 )
 
 # Probes added after the last recording: their CUDA verdicts in golden_cuda.json are derived from

@@ -55,8 +55,10 @@ def test_attention_like_step_replays_equal_to_eager_with_fresh_inputs(runner):
     runner.warmup(step)
     graph = runner.capture(step)
     g = torch.Generator().manual_seed(1)
-    for seq_lens, table, scale in [([2, 5, 8], [[5, 4], [1, 0], [2, 3]], 0.5),
-                                   ([8, 1, 4], [[1, 3], [2, 4], [5, 0]], 2.0)]:
+    for seq_lens, table, scale in [
+        ([2, 5, 8], [[5, 4], [1, 0], [2, 3]], 0.5),
+        ([8, 1, 4], [[1, 3], [2, 4], [5, 0]], 2.0),
+    ]:
         step.q.copy_(torch.randn(step.q.shape, generator=g))
         step.v_cache.copy_(torch.randn(step.v_cache.shape, generator=g))
         step.k_cache.copy_(torch.randn(step.k_cache.shape, generator=g).to(torch.float8_e4m3fn))
@@ -204,8 +206,14 @@ def test_flex_attention_hop_is_recorded_through_its_dense_implementation(runner)
         def mask(b, h, q, kv):
             return kv < lens[doc[q]]
 
-        bm = BlockMask.from_kv_blocks(torch.ones(1, 1, 1, dtype=torch.int32), torch.zeros(1, 1, 1, 1, dtype=torch.int32),
-                                      BLOCK_SIZE=(16, 16), mask_mod=mask, seq_lengths=(4, 8), compute_q_blocks=False)
+        bm = BlockMask.from_kv_blocks(
+            torch.ones(1, 1, 1, dtype=torch.int32),
+            torch.zeros(1, 1, 1, 1, dtype=torch.int32),
+            BLOCK_SIZE=(16, 16),
+            mask_mod=mask,
+            seq_lengths=(4, 8),
+            compute_q_blocks=False,
+        )
         q, k, v = (torch.randn(1, 1, n, 8, dtype=torch.bfloat16) for n in (4, 8, 8))
         out = torch.zeros(1, 1, 4, 8, dtype=torch.bfloat16)
 
@@ -233,15 +241,23 @@ def test_capture_does_not_import_dynamo():
     import sys
     from pathlib import Path
 
-    probe = ("import sys, torch\n"
-             "from backend.graphs.emulated import EmulatedGraphRunner\n"
-             "x = torch.randn(4, 4)\n"
-             "g = EmulatedGraphRunner().capture(lambda: (x * 2).float().sum(0))\n"
-             "x.fill_(1.0)\n"
-             "assert torch.equal(g.replay(), torch.full((4,), 8.0))\n"
-             "print('torch._dynamo' in sys.modules)\n")
+    probe = (
+        "import sys, torch\n"
+        "from backend.graphs.emulated import EmulatedGraphRunner\n"
+        "x = torch.randn(4, 4)\n"
+        "g = EmulatedGraphRunner().capture(lambda: (x * 2).float().sum(0))\n"
+        "x.fill_(1.0)\n"
+        "assert torch.equal(g.replay(), torch.full((4,), 8.0))\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(root)},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"

@@ -31,13 +31,27 @@ def test_corpus_is_large_and_golden_covers_it():
     assert set(derived) <= set(BY_NAME) and all(len(why) > 20 for why in derived.values())
     assert "derived" not in GOLDEN or "not yet recorded" in GOLDEN["derived_note"]
     # Round two: each behaviour of real graphs round two found has a probe, and a control beside it.
-    kinds = {"host_compute_h2d", "pool_shared_output", "stash_read_before_replay", "linalg_info_check",
-             "ctypes_launch", "out_resized_preexisting", "out_resized_in_capture", "bool_mask_setitem_scalar"}
+    kinds = {
+        "host_compute_h2d",
+        "pool_shared_output",
+        "stash_read_before_replay",
+        "linalg_info_check",
+        "ctypes_launch",
+        "out_resized_preexisting",
+        "out_resized_in_capture",
+        "bool_mask_setitem_scalar",
+    }
     assert kinds <= {p.name for p in ROUND_TWO}
     # Round three: host compute in a custom op's body (the last silent probe), memory a per-call cache
     # evicts after capture, a host copy of a scale from the warm-up, a pointer taken without a launch.
-    assert {"cpu_compute_in_capture", "cpu_compute_in_capture_pageable", "cache_entry_evicted", "cache_entry_kept",
-            "host_float_from_warmup", "pointer_taken_no_launch"} == {p.name for p in ROUND_THREE}
+    assert {
+        "cpu_compute_in_capture",
+        "cpu_compute_in_capture_pageable",
+        "cache_entry_evicted",
+        "cache_entry_kept",
+        "host_float_from_warmup",
+        "pointer_taken_no_launch",
+    } == {p.name for p in ROUND_THREE}
     # Host tensors in device work inside the capture: each way a GPU treats them (a pageable index
     # copy refused, a 0-dim argument baked, host work run once), made without a device and as numpy
     # memory, beside the control that is fresh on a GPU.
@@ -104,7 +118,11 @@ TO_CALLS = {
     # (what .to() is given, is the tensor host memory) -> refused inside a capture
     "dtype only": (lambda t, h: t.to(torch.float64), False, False),
     "dtype kwarg": (lambda t, h: t.to(dtype=torch.float16), False, False),
-    "a device tensor (same device)": (lambda t, h: t.to(torch.zeros(1, dtype=torch.float64, device=t.device)), False, False),
+    "a device tensor (same device)": (
+        lambda t, h: t.to(torch.zeros(1, dtype=torch.float64, device=t.device)),
+        False,
+        False,
+    ),
     "cpu string": (lambda t, h: t.to("cpu"), False, True),
     "cpu, copy=True": (lambda t, h: t.to("cpu", copy=True), False, True),
     "cpu, dtype, non_blocking, copy positional": (lambda t, h: t.to("cpu", torch.float64, False, True), False, True),

@@ -20,18 +20,35 @@ def test_host_memory_is_found_by_how_it_was_made_without_marks():
     dev = torch.device("cpu")  # the emulated device, named as the session names it
     with host_scope(dev):
         made = {
-            "no device": torch.zeros(3), "python data": torch.tensor([1, 2]), "cpu string": torch.ones(2, device="cpu"),
-            "pinned": torch.empty(4, pin_memory=True), "device object": torch.zeros(3, device=dev),
+            "no device": torch.zeros(3),
+            "python data": torch.tensor([1, 2]),
+            "cpu string": torch.ones(2, device="cpu"),
+            "pinned": torch.empty(4, pin_memory=True),
+            "device object": torch.zeros(3, device=dev),
         }
         d = torch.arange(4.0, device=dev)
-        made.update({"cpu() of device": d.cpu(), ".to('cpu') of device": d.to("cpu"),
-                     "host op result": made["no device"].cumsum(0), "like a host tensor": torch.zeros_like(made["no device"]),
-                     "device op result": d * 2})
+        made.update(
+            {
+                "cpu() of device": d.cpu(),
+                ".to('cpu') of device": d.to("cpu"),
+                "host op result": made["no device"].cumsum(0),
+                "like a host tensor": torch.zeros_like(made["no device"]),
+                "device op result": d * 2,
+            }
+        )
         h = made["python data"]
         made["to(device) of host"] = h.to(dev)
     host = {name for name, t in made.items() if is_host(t)}
-    assert host == {"no device", "python data", "cpu string", "pinned", "cpu() of device", ".to('cpu') of device",
-                    "host op result", "like a host tensor"}
+    assert host == {
+        "no device",
+        "python data",
+        "cpu string",
+        "pinned",
+        "cpu() of device",
+        ".to('cpu') of device",
+        "host op result",
+        "like a host tensor",
+    }
     assert is_pinned_host(made["pinned"]) and made["pinned"].is_pinned() is False  # outside the scope: torch's answer
     # Copies where a GPU copies: the host tensor is not aliased by its device copy, nor the reverse.
     assert made["to(device) of host"].data_ptr() != h.data_ptr()
@@ -82,6 +99,7 @@ def test_live_outputs_of_a_pool_never_share_memory_and_every_replay_is_right():
     x = torch.arange(1.0, 65.0)
     graphs = []
     for i in range(1, 9):
+
         def fn(i=i):
             t = (x * i).sin()  # temporaries the next captures may be given
             u = t * 2
@@ -165,12 +183,18 @@ def test_out_resized_inside_capture_is_restored_and_replays():
 @pytest.mark.parametrize("call", ["cholesky", "inv", "solve"])
 def test_linalg_error_checks_fail_capture_and_the_ex_forms_capture(call):
     a = torch.eye(3) * 4
-    checked = {"cholesky": lambda: torch.linalg.cholesky(a), "inv": lambda: torch.linalg.inv(a),
-               "solve": lambda: torch.linalg.solve(a, a[0])}[call]
+    checked = {
+        "cholesky": lambda: torch.linalg.cholesky(a),
+        "inv": lambda: torch.linalg.inv(a),
+        "solve": lambda: torch.linalg.solve(a, a[0]),
+    }[call]
     with pytest.raises(GraphCaptureError, match="_linalg_check_errors"):
         make_graph_runner("cpu").capture(checked)
-    ex = {"cholesky": lambda: torch.linalg.cholesky_ex(a).L, "inv": lambda: torch.linalg.inv_ex(a).inverse,
-          "solve": lambda: torch.linalg.solve_ex(a, a[0]).result}[call]
+    ex = {
+        "cholesky": lambda: torch.linalg.cholesky_ex(a).L,
+        "inv": lambda: torch.linalg.inv_ex(a).inverse,
+        "solve": lambda: torch.linalg.solve_ex(a, a[0]).result,
+    }[call]
     graph = make_graph_runner("cpu").capture(ex)
     a.mul_(4)
     assert torch.allclose(graph.replay(), ex())

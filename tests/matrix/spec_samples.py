@@ -16,8 +16,11 @@ PASSING_K0 = "tp1-FULL-auto-dec4-torch-s0"
 
 
 def cases() -> list[Case]:
-    return [Case("torch", 1, mode, "auto", BATCH, matrix="matrices/spec.yaml", spec_tokens=k)
-            for mode in ("NONE", "FULL") for k in (0, 2)]
+    return [
+        Case("torch", 1, mode, "auto", BATCH, matrix="matrices/spec.yaml", spec_tokens=k)
+        for mode in ("NONE", "FULL")
+        for k in (0, 2)
+    ]
 
 
 def write_db(tmp_path) -> str:
@@ -27,8 +30,9 @@ def write_db(tmp_path) -> str:
         rid = s.create_run(NewRun(matrix="matrices/spec.yaml", cases=cs))
         for c in cs:
             if c.case_id == FAILING_K2:
-                r = result_for(c, Status.FAIL, reason="replay: graph replay differs from eager at step 1",
-                               checks=_checks("replay"))
+                r = result_for(
+                    c, Status.FAIL, reason="replay: graph replay differs from eager at step 1", checks=_checks("replay")
+                )
             else:
                 r = result_for(c)
             s.record(rid, r)

@@ -30,8 +30,9 @@ MATRICES = [p for p in SHIPPED if not _is_known_failures(os.path.join(REPO, p))]
 # Hiding vllm changes only what a `vllm:` backend resolves to: the matrices naming one load both ways
 # (with vllm importable: skipped where it is not), the others with vllm as it is here, the same load.
 NAMES_VLLM = [p for p in MATRICES if "vllm:" in open(os.path.join(REPO, p)).read()]
-CASES = ([(m, "vllm as here") for m in MATRICES if m not in NAMES_VLLM]
-         + [(m, state) for m in NAMES_VLLM for state in ("vllm importable", "vllm hidden")])
+CASES = [(m, "vllm as here") for m in MATRICES if m not in NAMES_VLLM] + [
+    (m, state) for m in NAMES_VLLM for state in ("vllm importable", "vllm hidden")
+]
 
 
 def test_the_shipped_files_are_matrices_or_known_failures():
@@ -66,8 +67,20 @@ def test_every_shipped_matrix_plans_and_loads_for_a_run(matrix, devices, vllm_st
     capsys.readouterr()
     # `orch run` loads the matrix as plan does; a filter no case id matches then stops it with the
     # one line that says the matrix itself was accepted.
-    code = main(["run", matrix, "--devices", devices, "--filter", NOTHING, "--db", str(tmp_path / "r.db"),
-                 "--out", str(tmp_path / "out")])
+    code = main(
+        [
+            "run",
+            matrix,
+            "--devices",
+            devices,
+            "--filter",
+            NOTHING,
+            "--db",
+            str(tmp_path / "r.db"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err
     assert (code, err) == (2, f"orch: {matrix}: no case matches --filter '{NOTHING}'\n")
 

@@ -17,41 +17,100 @@ def ids(combos):
 
 # (scenario, exclude, include, expected combinations in order, expected extras per combination)
 EXPANSION = [
-    ("product in axis order", [], [],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)], {}),
-    ("exclude with one key drops every match", [{"tp": 2}], [],
-     [(1, "NONE", 0), (1, "FULL", 0)], {}),
-    ("exclude is a partial match: all given keys must match", [{"tp": 2, "cudagraph_mode": "FULL"}], [],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0)], {}),
-    ("exclude of a value not in the axes removes nothing", [{"seed": 9}], [],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)], {}),
-    ("include with matching axes merges extras, adds nothing", [], [{"cudagraph_mode": "FULL", "steps": 7}],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)], {(1, "FULL", 0): {"steps": 7}, (2, "FULL", 0): {"steps": 7}}),
-    ("include with only extras merges into all", [], [{"timeout_s": 9.0}],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)],
-     {k: {"timeout_s": 9.0} for k in [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)]}),
-    ("include with a new axis value adds one combination", [], [{"tp": 8, "cudagraph_mode": "FULL"}],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0), (8, "FULL", 0)], {}),
-    ("include re-adds what exclude removed", [{"tp": 2}], [{"tp": 2, "cudagraph_mode": "NONE", "steps": 4}],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0)], {(2, "NONE", 0): {"steps": 4}}),
-    ("later include overwrites an extra, never an axis value", [], [{"tp": 1, "steps": 5}, {"cudagraph_mode": "NONE", "steps": 6}],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)],
-     {(1, "NONE", 0): {"steps": 6}, (1, "FULL", 0): {"steps": 5}, (2, "NONE", 0): {"steps": 6}}),
-    ("include does not match combinations added by an earlier include", [],
-     [{"tp": 8, "cudagraph_mode": "FULL"}, {"tp": 8, "cudagraph_mode": "FULL", "steps": 9}],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0), (8, "FULL", 0), (8, "FULL", 0)],
-     {(8, "FULL", 0): {"steps": 9}}),
-    ("single-valued axes fill a new combination", [], [{"tp": 4, "cudagraph_mode": "NONE", "seed": 3}],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0), (4, "NONE", 3)], {}),
+    ("product in axis order", [], [], [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)], {}),
+    ("exclude with one key drops every match", [{"tp": 2}], [], [(1, "NONE", 0), (1, "FULL", 0)], {}),
+    (
+        "exclude is a partial match: all given keys must match",
+        [{"tp": 2, "cudagraph_mode": "FULL"}],
+        [],
+        [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0)],
+        {},
+    ),
+    (
+        "exclude of a value not in the axes removes nothing",
+        [{"seed": 9}],
+        [],
+        [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)],
+        {},
+    ),
+    (
+        "include with matching axes merges extras, adds nothing",
+        [],
+        [{"cudagraph_mode": "FULL", "steps": 7}],
+        [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)],
+        {(1, "FULL", 0): {"steps": 7}, (2, "FULL", 0): {"steps": 7}},
+    ),
+    (
+        "include with only extras merges into all",
+        [],
+        [{"timeout_s": 9.0}],
+        [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)],
+        {k: {"timeout_s": 9.0} for k in [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)]},
+    ),
+    (
+        "include with a new axis value adds one combination",
+        [],
+        [{"tp": 8, "cudagraph_mode": "FULL"}],
+        [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0), (8, "FULL", 0)],
+        {},
+    ),
+    (
+        "include re-adds what exclude removed",
+        [{"tp": 2}],
+        [{"tp": 2, "cudagraph_mode": "NONE", "steps": 4}],
+        [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0)],
+        {(2, "NONE", 0): {"steps": 4}},
+    ),
+    (
+        "later include overwrites an extra, never an axis value",
+        [],
+        [{"tp": 1, "steps": 5}, {"cudagraph_mode": "NONE", "steps": 6}],
+        [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)],
+        {(1, "NONE", 0): {"steps": 6}, (1, "FULL", 0): {"steps": 5}, (2, "NONE", 0): {"steps": 6}},
+    ),
+    (
+        "include does not match combinations added by an earlier include",
+        [],
+        [{"tp": 8, "cudagraph_mode": "FULL"}, {"tp": 8, "cudagraph_mode": "FULL", "steps": 9}],
+        [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0), (8, "FULL", 0), (8, "FULL", 0)],
+        {(8, "FULL", 0): {"steps": 9}},
+    ),
+    (
+        "single-valued axes fill a new combination",
+        [],
+        [{"tp": 4, "cudagraph_mode": "NONE", "seed": 3}],
+        [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0), (4, "NONE", 3)],
+        {},
+    ),
     # A list value means "any of": one entry stands for one per value.
-    ("exclude with a list drops a match of any of its values", [{"tp": [1, 2], "cudagraph_mode": "FULL"}], [],
-     [(1, "NONE", 0), (2, "NONE", 0)], {}),
-    ("exclude with two lists drops their product", [{"tp": [2], "cudagraph_mode": ["NONE", "FULL"]}], [],
-     [(1, "NONE", 0), (1, "FULL", 0)], {}),
-    ("include with a list merges into each value's matches", [], [{"tp": [1, 2], "cudagraph_mode": "FULL", "steps": 7}],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)], {(1, "FULL", 0): {"steps": 7}, (2, "FULL", 0): {"steps": 7}}),
-    ("include with a list adds one combination per new value", [], [{"tp": [4, 8], "cudagraph_mode": "FULL"}],
-     [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0), (4, "FULL", 0), (8, "FULL", 0)], {}),
+    (
+        "exclude with a list drops a match of any of its values",
+        [{"tp": [1, 2], "cudagraph_mode": "FULL"}],
+        [],
+        [(1, "NONE", 0), (2, "NONE", 0)],
+        {},
+    ),
+    (
+        "exclude with two lists drops their product",
+        [{"tp": [2], "cudagraph_mode": ["NONE", "FULL"]}],
+        [],
+        [(1, "NONE", 0), (1, "FULL", 0)],
+        {},
+    ),
+    (
+        "include with a list merges into each value's matches",
+        [],
+        [{"tp": [1, 2], "cudagraph_mode": "FULL", "steps": 7}],
+        [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0)],
+        {(1, "FULL", 0): {"steps": 7}, (2, "FULL", 0): {"steps": 7}},
+    ),
+    (
+        "include with a list adds one combination per new value",
+        [],
+        [{"tp": [4, 8], "cudagraph_mode": "FULL"}],
+        [(1, "NONE", 0), (1, "FULL", 0), (2, "NONE", 0), (2, "FULL", 0), (4, "FULL", 0), (8, "FULL", 0)],
+        {},
+    ),
 ]
 
 
@@ -107,7 +166,10 @@ def test_default_capture_sizes_follow_vllm_capped_by_max_num_seqs(tmp_path):
 
 
 def test_include_extras_reach_the_case(tmp_path):
-    doc = BASE + "include:\n  - {cudagraph_mode: FULL, steps: 9}\n  - {tp: 4, cudagraph_mode: NONE, kv_cache_dtype: auto, batch: dec, timeout_s: 5}\n"
+    doc = (
+        BASE
+        + "include:\n  - {cudagraph_mode: FULL, steps: 9}\n  - {tp: 4, cudagraph_mode: NONE, kv_cache_dtype: auto, batch: dec, timeout_s: 5}\n"
+    )
     m = load_matrix(write(tmp_path, doc), devices="cpu")
     assert {c.steps for c in m.cases if c.mode == "FULL"} == {9}
     assert {c.steps for c in m.cases if c.mode == "NONE"} == {3}
@@ -118,16 +180,33 @@ def test_include_extras_reach_the_case(tmp_path):
 # (scenario, backend / constraint text, case id, expected reason)
 SKIPS = [
     ("heads vs tp", None, "tp8-NONE-auto-dec-torch-s0", "tp 8 > num_heads 4"),
-    ("kv dtype unsupported", "tests.matrix.plugins:NoFp8Backend", "tp1-NONE-fp8-dec-NoFp8Backend-s0", "NoFp8Backend does not support kv_cache_dtype fp8"),
-    ("unavailable on this device class", "tests.matrix.plugins:NowhereBackend", "tp1-NONE-auto-dec-NowhereBackend-s0", "unavailable: needs a unicorn, not cpu"),
-    ("availability check crashes", "tests.matrix.plugins:CrashingCheckBackend", "tp1-NONE-auto-dec-CrashingCheckBackend-s0", "unavailable: CrashingCheckBackend.unavailable_reason raised RuntimeError: probe exploded"),
+    (
+        "kv dtype unsupported",
+        "tests.matrix.plugins:NoFp8Backend",
+        "tp1-NONE-fp8-dec-NoFp8Backend-s0",
+        "NoFp8Backend does not support kv_cache_dtype fp8",
+    ),
+    (
+        "unavailable on this device class",
+        "tests.matrix.plugins:NowhereBackend",
+        "tp1-NONE-auto-dec-NowhereBackend-s0",
+        "unavailable: needs a unicorn, not cpu",
+    ),
+    (
+        "availability check crashes",
+        "tests.matrix.plugins:CrashingCheckBackend",
+        "tp1-NONE-auto-dec-CrashingCheckBackend-s0",
+        "unavailable: CrashingCheckBackend.unavailable_reason raised RuntimeError: probe exploded",
+    ),
     ("user constraint", "constraint", "tp2-FULL-auto-dec-torch-s0", "FULL at tp 2 is known slow here"),
 ]
 
 
 @pytest.mark.parametrize("extra,case_id,reason", [pytest.param(*s[1:], id=s[0]) for s in SKIPS])
 def test_constraints_skip_with_reason(tmp_path, extra, case_id, reason):
-    doc = replace("num_heads: 8, num_kv_heads: 2", "num_heads: 4, num_kv_heads: 2").replace("tp: [1, 2]", "tp: [1, 2, 8]")
+    doc = replace("num_heads: 8, num_kv_heads: 2", "num_heads: 4, num_kv_heads: 2").replace(
+        "tp: [1, 2]", "tp: [1, 2, 8]"
+    )
     if extra == "constraint":
         doc += "constraints:\n  - when: {tp: 2, cudagraph_mode: FULL}\n    reason: FULL at tp 2 is known slow here\n"
     elif extra:
@@ -145,7 +224,8 @@ def test_constraint_skips_only_what_it_matches(tmp_path):
     doc = BASE + "constraints:\n  - when: {tp: 2, kv_cache_dtype: fp8}\n    reason: no fp8 at tp 2\n"
     m = load_matrix(write(tmp_path, doc), devices="cpu")
     assert sorted(s.case.case_id for s in m.skipped) == sorted(
-        f"tp2-{mode}-fp8-{b}-torch-s0" for mode in ("NONE", "FULL") for b in ("dec", "mix"))
+        f"tp2-{mode}-fp8-{b}-torch-s0" for mode in ("NONE", "FULL") for b in ("dec", "mix")
+    )
     assert {s.reason for s in m.skipped} == {"no fp8 at tp 2"}
     assert len(m.cases) == 12
 
@@ -159,8 +239,13 @@ def test_backend_override_replaces_the_axis(tmp_path):
 
 
 def test_per_device_model_and_batches(tmp_path):
-    doc = replace("model: {num_heads: 8,", "model:\n  gpu: {num_heads: 32, num_kv_heads: 8, head_size: 128, max_model_len: 4096, max_num_seqs: 64}\n  cpu: {num_heads: 8,")
-    doc = doc.replace("dec: {decode: 3, seq_len: 40}", "dec:\n    cpu: {decode: 3, seq_len: 40}\n    gpu: {decode: 3, seq_len: 4000}")
+    doc = replace(
+        "model: {num_heads: 8,",
+        "model:\n  gpu: {num_heads: 32, num_kv_heads: 8, head_size: 128, max_model_len: 4096, max_num_seqs: 64}\n  cpu: {num_heads: 8,",
+    )
+    doc = doc.replace(
+        "dec: {decode: 3, seq_len: 40}", "dec:\n    cpu: {decode: 3, seq_len: 40}\n    gpu: {decode: 3, seq_len: 4000}"
+    )
     cpu = load_matrix(write(tmp_path, doc), devices="cpu")
     gpu = load_matrix(write(tmp_path, doc), devices="gpu")
     assert (cpu.device_class, gpu.device_class) == ("cpu", "gpu")
@@ -175,8 +260,12 @@ def test_per_device_model_and_batches(tmp_path):
 
 def test_extends_merges_mappings_and_replaces_lists(tmp_path):
     write(tmp_path, BASE, "parent.yaml")
-    child = write(tmp_path, "extends: parent.yaml\ntier: smoke\nmodel: {num_layers: 2}\n"
-                            "batches: {one: {decode: 1, seq_len: 5}}\naxes: {tp: [1], batch: [one]}\n", "child.yaml")
+    child = write(
+        tmp_path,
+        "extends: parent.yaml\ntier: smoke\nmodel: {num_layers: 2}\n"
+        "batches: {one: {decode: 1, seq_len: 5}}\naxes: {tp: [1], batch: [one]}\n",
+        "child.yaml",
+    )
     m = load_matrix(child, devices="cpu")
     assert m.name == "child"  # the parent's name is not inherited
     assert {c.tier for c in m.cases} == {"smoke"}
@@ -211,8 +300,10 @@ def test_list_excludes_and_a_family_blocks_own_excludes(tmp_path):
 
 
 def test_a_family_blocks_exclude_cuts_only_its_family(tmp_path):
-    doc = BASE.replace("  backend: [torch]\n", "  backend: [torch]\n  attention: [gqa, mla]\n") + \
-        "families:\n  mla:\n    axes: {batch: [dec]}\n    exclude:\n      - {tp: [1, 2], cudagraph_mode: FULL}\n"
+    doc = (
+        BASE.replace("  backend: [torch]\n", "  backend: [torch]\n  attention: [gqa, mla]\n")
+        + "families:\n  mla:\n    axes: {batch: [dec]}\n    exclude:\n      - {tp: [1, 2], cudagraph_mode: FULL}\n"
+    )
     m = load_matrix(write(tmp_path, doc), devices="cpu")
     assert {c.mode for c in m.cases if c.attention == "mla"} == {"NONE"}
     assert {c.mode for c in m.cases if c.attention == "gqa"} == {"NONE", "FULL"}
@@ -237,8 +328,11 @@ def test_narrowing_an_axis_under_full_drops_its_include_rows_that_no_longer_fit(
     m = load_matrix(child, devices="cpu")
     assert {c.batch.name for c in m.cases} == {"decode_7"} and {c.steps for c in m.cases} == {3}
     # A row that still fits keeps its meaning: decode_3 at tp 1 gets full.yaml's 6 steps.
-    child = write(tmp_path, FULL_CHILD.replace("[decode_7]", "[decode_7, decode_3]").format(
-        full=os.path.abspath("matrices/full.yaml")), "fits.yaml")
+    child = write(
+        tmp_path,
+        FULL_CHILD.replace("[decode_7]", "[decode_7, decode_3]").format(full=os.path.abspath("matrices/full.yaml")),
+        "fits.yaml",
+    )
     steps = {c.case_id: c.steps for c in load_matrix(child, devices="cpu").cases}
     assert steps["tp1-FULL-auto-decode_3-torch-s0"] == 6 and steps["tp1-FULL-auto-decode_7-torch-s0"] == 3
 
@@ -251,8 +345,10 @@ def test_an_inherited_include_row_that_cannot_become_a_case_is_the_users_files_e
     child = write(tmp_path, "name: child\nextends: parent.yaml\nexclude: [{tp: 1, batch: dec}]\n", "child.yaml")
     assert main(["plan", child, "--devices", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"orch: {child}:2: include[0] (inherited from {tmp_path / 'parent.yaml'}:15) adds a new combination "
-                   "but does not say which cudagraph_mode (axis has NONE, FULL); this file narrows the axes it "
-                   "extends: `include: []` here drops the inherited include rows"), err
+    assert err == (
+        f"orch: {child}:2: include[0] (inherited from {tmp_path / 'parent.yaml'}:15) adds a new combination "
+        "but does not say which cudagraph_mode (axis has NONE, FULL); this file narrows the axes it "
+        "extends: `include: []` here drops the inherited include rows"
+    ), err
     write(tmp_path, "name: child\nextends: parent.yaml\nexclude: [{tp: 1, batch: dec}]\ninclude: []\n", "child.yaml")
     assert main(["plan", child, "--devices", "cpu"]) == 0

@@ -28,11 +28,21 @@ FILTERS = [
     ("full axis name", "cudagraph_mode=NONE", lambda c: c.mode == "NONE", 24),
     ("value glob", "batch=m*", lambda c: c.batch.name == "mix", 24),
     ("backend by class name", "backend=NoFp8Backend", lambda c: c.backend.endswith(":NoFp8Backend"), 16),
-    ("backend by import path", "backend=tests.matrix.plugins:NoFp8Backend", lambda c: c.backend.endswith(":NoFp8Backend"), 16),
+    (
+        "backend by import path",
+        "backend=tests.matrix.plugins:NoFp8Backend",
+        lambda c: c.backend.endswith(":NoFp8Backend"),
+        16,
+    ),
     ("seed", "seed=1", lambda c: c.seed == 1, 24),
     ("id substring", "FULL-fp8", lambda c: c.mode == "FULL" and c.kv_cache_dtype == "fp8", 8),
     ("id glob", "tp2-*-dec-*-s1", lambda c: c.tp == 2 and c.batch.name == "dec" and c.seed == 1, 6),
-    ("terms are ANDed", "tp=1 mode=NONE dec s0", lambda c: (c.tp, c.mode, c.batch.name, c.seed) == (1, "NONE", "dec", 0), 3),
+    (
+        "terms are ANDed",
+        "tp=1 mode=NONE dec s0",
+        lambda c: (c.tp, c.mode, c.batch.name, c.seed) == (1, "NONE", "dec", 0),
+        3,
+    ),
     ("nothing matches", "seed=7", lambda c: False, 0),
 ]
 
@@ -56,15 +66,18 @@ def test_select_applies_to_skipped_cases(matrix):
     assert {s.reason for s in nofp8} == {"NoFp8Backend does not support kv_cache_dtype fp8"}
 
 
-@pytest.mark.parametrize("expr,needle", [
-    ("colour=red", "unknown filter key 'colour'"),
-    ("tp=3", "'3' is not a tp value"),
-    ("mode=FULLL", "is not a cudagraph_mode value"),
-    ("kv=fp16", "is not a kv_cache_dtype value"),
-    ("seed=x", "seed must be a non-negative integer"),
-    ("tp=", "no value after '='"),
-    ("=x", "unknown filter key ''"),
-])
+@pytest.mark.parametrize(
+    "expr,needle",
+    [
+        ("colour=red", "unknown filter key 'colour'"),
+        ("tp=3", "'3' is not a tp value"),
+        ("mode=FULLL", "is not a cudagraph_mode value"),
+        ("kv=fp16", "is not a kv_cache_dtype value"),
+        ("seed=x", "seed must be a non-negative integer"),
+        ("tp=", "no value after '='"),
+        ("=x", "unknown filter key ''"),
+    ],
+)
 def test_bad_filters(matrix, expr, needle):
     with pytest.raises(InputError, match=needle) as e:
         select(matrix.cases, expr)

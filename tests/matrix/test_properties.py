@@ -21,26 +21,90 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 WORDS = [
     # keys at every level
-    "name", "tier", "extends", "description", "model", "batches", "capture_sizes", "steps", "timeout_s",
-    "tolerances", "axes", "exclude", "include", "constraints", "when", "reason", "cpu", "gpu",
-    "num_heads", "num_kv_heads", "head_size", "block_size", "dtype", "num_layers", "max_model_len",
-    "max_num_seqs", "num_blocks", "decode", "seq_len", "prefill", "query_lens", "seq_lens",
-    "tp", "cudagraph_mode", "kv_cache_dtype", "batch", "backend", "seed", "atol", "rtol",
+    "name",
+    "tier",
+    "extends",
+    "description",
+    "model",
+    "batches",
+    "capture_sizes",
+    "steps",
+    "timeout_s",
+    "tolerances",
+    "axes",
+    "exclude",
+    "include",
+    "constraints",
+    "when",
+    "reason",
+    "cpu",
+    "gpu",
+    "num_heads",
+    "num_kv_heads",
+    "head_size",
+    "block_size",
+    "dtype",
+    "num_layers",
+    "max_model_len",
+    "max_num_seqs",
+    "num_blocks",
+    "decode",
+    "seq_len",
+    "prefill",
+    "query_lens",
+    "seq_lens",
+    "tp",
+    "cudagraph_mode",
+    "kv_cache_dtype",
+    "batch",
+    "backend",
+    "seed",
+    "atol",
+    "rtol",
     # values
-    "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "auto", "fp8", "bfloat16",
-    "float16", "float32", "smoke", "full", "nightly", "default", "dec", "mix", "torch", "aiter-emulated",
-    "aiter", "nosuch", "tests.matrix.plugins:NoFp8Backend", "tests.matrix.plugins:NOT_A_CLASS",
-    "tests.matrix.plugins:NowhereBackend", "m.yaml", "other.yaml",
+    "NONE",
+    "PIECEWISE",
+    "FULL",
+    "FULL_DECODE_ONLY",
+    "FULL_AND_PIECEWISE",
+    "auto",
+    "fp8",
+    "bfloat16",
+    "float16",
+    "float32",
+    "smoke",
+    "full",
+    "nightly",
+    "default",
+    "dec",
+    "mix",
+    "torch",
+    "aiter-emulated",
+    "aiter",
+    "nosuch",
+    "tests.matrix.plugins:NoFp8Backend",
+    "tests.matrix.plugins:NOT_A_CLASS",
+    "tests.matrix.plugins:NowhereBackend",
+    "m.yaml",
+    "other.yaml",
 ]
 # Free text never contains ':' or '.', so a random string cannot name an importable module.
 TEXT = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_- ", max_size=12)
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 70), st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(WORDS), TEXT,
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 70),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(WORDS),
+    TEXT,
 )
 KEYS = st.one_of(st.sampled_from(WORDS), TEXT, st.integers(-3, 9))
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=5), st.dictionaries(KEYS, inner, max_size=6)), max_leaves=30)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(KEYS, inner, max_size=6)),
+    max_leaves=30,
+)
 DEVICES = st.sampled_from(["cpu", "gpu"])
 
 
@@ -132,9 +196,13 @@ def test_corrupted_text(workdir, data, devices):
         at = data.draw(st.integers(0, len(text)))
         op = data.draw(st.sampled_from(["insert", "delete"]))
         if op == "insert":
-            text = text[:at] + data.draw(st.sampled_from(list("[]{}:,-#'\"!&*|>\t\n ") + ["  ", "0", "x", "\u00e9"])) + text[at:]
+            text = (
+                text[:at]
+                + data.draw(st.sampled_from(list("[]{}:,-#'\"!&*|>\t\n ") + ["  ", "0", "x", "\u00e9"]))
+                + text[at:]
+            )
         else:
-            text = text[:at] + text[at + data.draw(st.integers(1, 8)):]
+            text = text[:at] + text[at + data.draw(st.integers(1, 8)) :]
     _check(workdir, text, devices)
 
 
@@ -146,7 +214,10 @@ def test_arbitrary_text(workdir, text, devices):
 
 def test_alias_bomb_is_an_input_error(workdir):
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
-    lines += [f"a{i}: &a{i} [*a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}, *a{i-1}]" for i in range(1, 9)]
+    lines += [
+        f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]"
+        for i in range(1, 9)
+    ]
     path = os.path.join(workdir, "bomb.yaml")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -58,14 +58,23 @@ def test_full_plan_skips_native_aiter_on_cpu_with_a_reason(full_plan):
 
 def test_full_plan_case_fields(full_plan):
     case = next(c for c in full_plan["cases"] if c["id"] == "tp2-FULL-fp8-mixed_small-torch-s0")
-    assert case == {**case, "tp": 2, "cudagraph_mode": "FULL", "kv_cache_dtype": "fp8", "batch": "mixed_small",
-                    "backend": "torch", "seed": 0}
+    assert case == {
+        **case,
+        "tp": 2,
+        "cudagraph_mode": "FULL",
+        "kv_cache_dtype": "fp8",
+        "batch": "mixed_small",
+        "backend": "torch",
+        "seed": 0,
+    }
 
 
 def test_tiers_nest(tiers):
     smoke, full, nightly = (tiers[p] for p in TIERS)
+
     def strip(case):  # the same case in two tiers differs only in where it came from and in how
         return dataclasses.replace(case, matrix="", tier="", steps=0)  # many steps a tier gives it
+
     full_cases = {strip(c) for c in full.cases}
     assert {strip(c) for c in smoke.cases} <= full_cases
     assert full_cases <= {strip(c) for c in nightly.cases}
@@ -112,8 +121,13 @@ def test_ids_stable_unique_and_safe(tiers):
         all_ids = [c.case_id for c in m.cases] + [s.case.case_id for s in m.skipped]
         assert len(all_ids) == len(set(all_ids)), path
         # the family leads the id when it is not gqa (gqa ids are as they were before families)
-        assert all(re.fullmatch(r"(mla-|swa_sinks-|hybrid_gdn-|mla_sparse-)?tp[1248]-[A-Z_]+-(auto|fp8)-[A-Za-z0-9_.\-]+-[A-Za-z0-9_.\-]+-s\d+", i)
-                   for i in all_ids)
+        assert all(
+            re.fullmatch(
+                r"(mla-|swa_sinks-|hybrid_gdn-|mla_sparse-)?tp[1248]-[A-Z_]+-(auto|fp8)-[A-Za-z0-9_.\-]+-[A-Za-z0-9_.\-]+-s\d+",
+                i,
+            )
+            for i in all_ids
+        )
         assert all(i.startswith(f"{c.attention}-") == (c.attention != "gqa") for c in m.cases for i in [c.case_id])
         again = load_matrix(path, devices=m.device_class)
         assert [c.case_id for c in again.cases] == [c.case_id for c in m.cases]
@@ -137,7 +151,9 @@ def test_plan_text_lists_skips_with_reasons(capsys):
     out = capsys.readouterr().out
     assert "0 runnable cases" in out and "tp1-NONE-auto-decode_1-aiter-s0" not in out
     assert re.search(r"^  \d+ unavailable: needs a ROCm GPU \(aiter\)$", out, re.M), out
-    assert main(["plan", "matrices/full.yaml", "--devices", "cpu", "--filter", "backend=aiter tp=1 decode_1", "-v"]) == 0
+    assert (
+        main(["plan", "matrices/full.yaml", "--devices", "cpu", "--filter", "backend=aiter tp=1 decode_1", "-v"]) == 0
+    )
     out = capsys.readouterr().out
     assert "unavailable:" in out and "tp1-NONE-auto-decode_1-aiter-s0" in out
 
@@ -156,7 +172,7 @@ def test_headers_and_docs_state_what_the_plan_expands():
     import os
 
     full = open("matrices/full.yaml").read()
-    header = full[:full.index("\n#\n")]
+    header = full[: full.index("\n#\n")]
     doc = yaml.safe_load(full)
     total, runnable = _counts("matrices/full.yaml")
     assert f"{len(doc['batches'])} batch shapes" in header and f"x {len(doc['axes']['backend'])} backends" in header

@@ -27,12 +27,15 @@ def test_k0_ids_unchanged_and_k_after_the_kv_dtype(tmp_path):
     assert len(ids) == 2 * len(base) and len(set(ids)) == len(ids)
 
 
-@pytest.mark.parametrize("query_lens,seq_lens,k,expected", [
-    ((1, 1, 1), (40, 40, 40), 0, (1, 1, 1)),
-    ((1, 1, 1), (40, 40, 40), 2, (3, 3, 3)),
-    ((1, 1, 5), (30, 30, 20), 3, (4, 4, 5)),  # prefill rows stay
-    ((7, 9), (7, 40), 4, (7, 9)),  # no decode rows: nothing to verify
-])
+@pytest.mark.parametrize(
+    "query_lens,seq_lens,k,expected",
+    [
+        ((1, 1, 1), (40, 40, 40), 0, (1, 1, 1)),
+        ((1, 1, 1), (40, 40, 40), 2, (3, 3, 3)),
+        ((1, 1, 5), (30, 30, 20), 3, (4, 4, 5)),  # prefill rows stay
+        ((7, 9), (7, 40), 4, (7, 9)),  # no decode rows: nothing to verify
+    ],
+)
 def test_verify_batch(query_lens, seq_lens, k, expected):
     b = BatchSpec("b", query_lens, seq_lens)
     v = b.verify(k)
@@ -49,10 +52,19 @@ def test_case_round_trips_k_and_old_dicts_default_to_0(tmp_path):
     assert Case.from_dict(old).spec_tokens == 0
 
 
-@pytest.mark.parametrize("expr,count", [
-    ("spec_tokens=2", 16), ("k=2", 16), ("k=0", 16), ("k=0,2", 32), ("k=02", 16), ("k=2 tp=1 mode=FULL", 4),
-    ("-k2-", 16), ("k=3", 0),
-])
+@pytest.mark.parametrize(
+    "expr,count",
+    [
+        ("spec_tokens=2", 16),
+        ("k=2", 16),
+        ("k=0", 16),
+        ("k=0,2", 32),
+        ("k=02", 16),
+        ("k=2 tp=1 mode=FULL", 4),
+        ("-k2-", 16),
+        ("k=3", 0),
+    ],
+)
 def test_filter_on_k(tmp_path, expr, count):
     m = load_matrix(write(tmp_path, K_AXIS), devices="cpu")
     assert len(select(m.cases, expr)) == count
@@ -86,22 +98,41 @@ def test_exclude_can_drop_a_k_that_would_not_fit(tmp_path):
 
 
 BROKEN = [
-    ("negative k", replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [0, -1]  #!"), "greater than or equal to 0"),
+    (
+        "negative k",
+        replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [0, -1]  #!"),
+        "greater than or equal to 0",
+    ),
     ("k not an int", replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [0, two]  #!"), "valid integer"),
     ("k a bool", replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [true]  #!"), "valid integer"),
     ("k a float", replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [1.5]  #!"), "valid integer"),
-    ("k beyond the typo guard", replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [65]  #!"), "less than or equal to 64"),
-    ("duplicate k", replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [2, 2]  #!"), "duplicate value 2"),
-    ("k beyond a decode row's seq_len",
-     replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [0, 40]  #!"),
-     "spec_tokens 40 with batch 'dec': decode row 0 has seq_len 40 < 1 + k = 41"),
-    ("k beyond max_model_len",
-     replace("max_model_len: 256", "max_model_len: 32").replace("seq_len: 40", "seq_len: 30")
-     .replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [0, 32]  #!"),
-     "verify rows of 1 + k = 33 tokens exceed model max_model_len 32"),
-    ("k in an include that does not fit",
-     BASE + "include:\n  - {spec_tokens: 50, tp: 1, cudagraph_mode: FULL, kv_cache_dtype: auto, batch: dec}  #!\n",
-     "include[0].spec_tokens: spec_tokens 50 with batch 'dec'"),
+    (
+        "k beyond the typo guard",
+        replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [65]  #!"),
+        "less than or equal to 64",
+    ),
+    (
+        "duplicate k",
+        replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [2, 2]  #!"),
+        "duplicate value 2",
+    ),
+    (
+        "k beyond a decode row's seq_len",
+        replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [0, 40]  #!"),
+        "spec_tokens 40 with batch 'dec': decode row 0 has seq_len 40 < 1 + k = 41",
+    ),
+    (
+        "k beyond max_model_len",
+        replace("max_model_len: 256", "max_model_len: 32")
+        .replace("seq_len: 40", "seq_len: 30")
+        .replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [0, 32]  #!"),
+        "verify rows of 1 + k = 33 tokens exceed model max_model_len 32",
+    ),
+    (
+        "k in an include that does not fit",
+        BASE + "include:\n  - {spec_tokens: 50, tp: 1, cudagraph_mode: FULL, kv_cache_dtype: auto, batch: dec}  #!\n",
+        "include[0].spec_tokens: spec_tokens 50 with batch 'dec'",
+    ),
     ("k in an exclude that is negative", BASE + "exclude:\n  - {spec_tokens: -2}  #!\n", "exclude[0].spec_tokens"),
 ]
 
@@ -132,8 +163,12 @@ def test_plan_shows_k_and_the_resolved_mode(tmp_path, capsys):
     assert main(["plan", path, "--devices", "cpu", "--json", "--filter", "tp=1 mode=FULL batch=dec"]) == 0
     plan = json.loads(capsys.readouterr().out)
     rows = {c["id"]: c for c in plan["cases"]}
-    assert set(rows) == {"tp1-FULL-auto-dec-torch-s0", "tp1-FULL-auto-k2-dec-torch-s0",
-                         "tp1-FULL-fp8-dec-torch-s0", "tp1-FULL-fp8-k2-dec-torch-s0"}
+    assert set(rows) == {
+        "tp1-FULL-auto-dec-torch-s0",
+        "tp1-FULL-auto-k2-dec-torch-s0",
+        "tp1-FULL-fp8-dec-torch-s0",
+        "tp1-FULL-fp8-k2-dec-torch-s0",
+    }
     assert rows["tp1-FULL-auto-dec-torch-s0"]["resolved_mode"] == "FULL"
     assert rows["tp1-FULL-auto-k2-dec-torch-s0"]["spec_tokens"] == 2
     assert rows["tp1-FULL-auto-k2-dec-torch-s0"]["resolved_mode"]  # from backend/harness/modes.py, given k
@@ -169,7 +204,9 @@ def test_nightly_sweeps_k_1_to_4():
 
 
 def test_k_that_fits_only_one_device_class_is_an_error_on_both(tmp_path):
-    doc = replace("dec: {decode: 3, seq_len: 40}", "dec:\n    cpu: {decode: 3, seq_len: 40}\n    gpu: {decode: 3, seq_len: 2}")
+    doc = replace(
+        "dec: {decode: 3, seq_len: 40}", "dec:\n    cpu: {decode: 3, seq_len: 40}\n    gpu: {decode: 3, seq_len: 2}"
+    )
     doc = replace("  backend: [torch]", "  backend: [torch]\n  spec_tokens: [0, 2]  #!", doc)
     path = write(tmp_path, doc)
     for devices in ("cpu", "gpu"):
@@ -180,8 +217,11 @@ def test_k_that_fits_only_one_device_class_is_an_error_on_both(tmp_path):
 
 # Capture sizes per case k: `default` is vLLM's grid for that k, computed torch-free at
 # expansion; a written list is kept; both are rounded only at resolution (backend/harness/modes.py).
-DEFAULT_K = replace("capture_sizes: [1, 2, 4, 8, 16, 32]", "capture_sizes: default",
-                    replace("max_num_seqs: 16}", "max_num_seqs: 4}", K_AXIS))
+DEFAULT_K = replace(
+    "capture_sizes: [1, 2, 4, 8, 16, 32]",
+    "capture_sizes: default",
+    replace("max_num_seqs: 16}", "max_num_seqs: 4}", K_AXIS),
+)
 
 
 @pytest.mark.parametrize("backend_checks", [True, False])
@@ -201,17 +241,20 @@ def test_default_capture_sizes_stay_torch_free(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; from orchestrator.matrix import load_matrix; "
-            f"m = load_matrix({write(tmp_path, DEFAULT_K)!r}, devices='cpu', backend_checks=False); "
-            "assert max(c.capture_sizes for c in m.cases if c.spec_tokens) == (1, 2, 4, 8, 16, 24); "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from orchestrator.matrix import load_matrix; "
+        f"m = load_matrix({write(tmp_path, DEFAULT_K)!r}, devices='cpu', backend_checks=False); "
+        "assert max(c.capture_sizes for c in m.cases if c.spec_tokens) == (1, 2, 4, 8, 16, 24); "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
 
 def _plan(capsys, *args) -> dict:
-    assert main(["plan", "matrices/full.yaml", "--devices", "cpu", "--json", "--filter", "k=2 attention=gqa",
-                 *args]) == 0
+    assert (
+        main(["plan", "matrices/full.yaml", "--devices", "cpu", "--json", "--filter", "k=2 attention=gqa", *args]) == 0
+    )
     return json.loads(capsys.readouterr().out)
 
 
@@ -243,13 +286,19 @@ def test_plan_shows_the_spec_decode_downgrade_of_a_single_token_backend(capsys):
     by_mode = {}
     for r in plan["cases"]:
         by_mode.setdefault(r["cudagraph_mode"], set()).add((r["resolved_mode"], bool(r["mode_note"])))
-    assert by_mode == {"NONE": {("NONE", False)}, "PIECEWISE": {("PIECEWISE", False)},
-                       "FULL": {("PIECEWISE", True)}, "FULL_DECODE_ONLY": {("PIECEWISE", True)},
-                       "FULL_AND_PIECEWISE": {("PIECEWISE", True)}}
+    assert by_mode == {
+        "NONE": {("NONE", False)},
+        "PIECEWISE": {("PIECEWISE", False)},
+        "FULL": {("PIECEWISE", True)},
+        "FULL_DECODE_ONLY": {("PIECEWISE", True)},
+        "FULL_AND_PIECEWISE": {("PIECEWISE", True)},
+    }
     note = next(r["mode_note"] for r in plan["cases"] if r["cudagraph_mode"] == "FULL_DECODE_ONLY")
-    assert note == ("CUDAGraphMode.FULL_DECODE_ONLY is not supported with spec-decode for attention backend "
-                    "FixedBackend (support: AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE); "
-                    "setting cudagraph_mode=PIECEWISE")
+    assert note == (
+        "CUDAGraphMode.FULL_DECODE_ONLY is not supported with spec-decode for attention backend "
+        "FixedBackend (support: AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE); "
+        "setting cudagraph_mode=PIECEWISE"
+    )
 
 
 def test_plan_shows_v1_rounding_of_the_sizes(tmp_path, capsys):

@@ -66,8 +66,14 @@ def test_a_plugin_backend_is_imported_to_plan_it():
     assert "torch" in got["heavy"] and "triton" not in got["heavy"]
 
 
-@pytest.mark.parametrize("argv", [["plan", "matrices/full.yaml"], ["plan", "matrices/full.yaml", "--json"],
-                                  ["plan", "matrices/full.yaml", "--devices", "cpu", "--filter", "tp=1"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "matrices/full.yaml"],
+        ["plan", "matrices/full.yaml", "--json"],
+        ["plan", "matrices/full.yaml", "--devices", "cpu", "--filter", "tp=1"],
+    ],
+)
 def test_orch_plan_does_not_import_torch(argv):
     got = fresh(f"""
         import contextlib, io

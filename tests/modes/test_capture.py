@@ -29,10 +29,20 @@ from tests.checker.conftest import DECODE, MIXED, TINY, make_case
 
 
 def config(max_num_seqs: int = 8, max_model_len: int = 64) -> AttentionConfig:
-    return AttentionConfig(num_heads=2, num_kv_heads=1, head_size=8, block_size=16,
-                           num_blocks=max_num_seqs * 4 + 1, max_model_len=max_model_len,
-                           max_num_seqs=max_num_seqs, max_num_tokens=512, dtype=torch.float32,
-                           kv_cache_dtype="auto", device=torch.device("cpu"), scale=8 ** -0.5)
+    return AttentionConfig(
+        num_heads=2,
+        num_kv_heads=1,
+        head_size=8,
+        block_size=16,
+        num_blocks=max_num_seqs * 4 + 1,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_tokens=512,
+        dtype=torch.float32,
+        kv_cache_dtype="auto",
+        device=torch.device("cpu"),
+        scale=8**-0.5,
+    )
 
 
 # (style, num_tokens, uniform q or 0) -> (query_lens, device seq_lens, host max_query_len, host max_seq_len)
@@ -151,8 +161,12 @@ SEED = {
 def test_seed_red_in_full_mixed_graphs_green_after_25104(key, sessions):
     style, cls, mode, kind = key
     model = dataclasses.replace(TINY, capture_style=style)
-    r = run_case(make_case(f"tests.mutants.seed_aiter_fa:{cls}", mode, "auto", MIXED if kind == "mixed" else DECODE,
-                           model=model), sessions=sessions)
+    r = run_case(
+        make_case(
+            f"tests.mutants.seed_aiter_fa:{cls}", mode, "auto", MIXED if kind == "mixed" else DECODE, model=model
+        ),
+        sessions=sessions,
+    )
     assert r.status == SEED[key], r.reason
     if r.status == Status.FAIL:
         assert r.reason.startswith("replay check failed")
@@ -170,8 +184,9 @@ def test_a_full_graph_keeps_its_capture_metadata_alive():
     import gc
     import weakref
 
-    s = Session(get_backend("tests.mutants.seed_aiter_fa:Backend"), TINY, 1, 0, "auto", (1, 2, 4, 8),
-                torch.device("cpu"))
+    s = Session(
+        get_backend("tests.mutants.seed_aiter_fa:Backend"), TINY, 1, 0, "auto", (1, 2, 4, 8), torch.device("cpu")
+    )
     key = GraphKey("FULL", 8, False)
     s.ensure_graphs({key})
     first, last = s.graphs[key].capture_metadata

@@ -23,10 +23,14 @@ ERR = "error"
 
 # (requested, support) -> resolved mode or ERR, with piecewise available (our test model).
 RESOLUTION = {
-    (M.NONE, S.NEVER): M.NONE, (M.NONE, S.UNIFORM_SINGLE_TOKEN_DECODE): M.NONE,
-    (M.NONE, S.UNIFORM_BATCH): M.NONE, (M.NONE, S.ALWAYS): M.NONE,
-    (M.PIECEWISE, S.NEVER): M.PIECEWISE, (M.PIECEWISE, S.UNIFORM_SINGLE_TOKEN_DECODE): M.PIECEWISE,
-    (M.PIECEWISE, S.UNIFORM_BATCH): M.PIECEWISE, (M.PIECEWISE, S.ALWAYS): M.PIECEWISE,
+    (M.NONE, S.NEVER): M.NONE,
+    (M.NONE, S.UNIFORM_SINGLE_TOKEN_DECODE): M.NONE,
+    (M.NONE, S.UNIFORM_BATCH): M.NONE,
+    (M.NONE, S.ALWAYS): M.NONE,
+    (M.PIECEWISE, S.NEVER): M.PIECEWISE,
+    (M.PIECEWISE, S.UNIFORM_SINGLE_TOKEN_DECODE): M.PIECEWISE,
+    (M.PIECEWISE, S.UNIFORM_BATCH): M.PIECEWISE,
+    (M.PIECEWISE, S.ALWAYS): M.PIECEWISE,
     (M.FULL, S.NEVER): ERR,
     (M.FULL, S.UNIFORM_SINGLE_TOKEN_DECODE): M.FULL_AND_PIECEWISE,
     (M.FULL, S.UNIFORM_BATCH): M.FULL_AND_PIECEWISE,  # mixed batches are not uniform
@@ -61,16 +65,20 @@ def test_every_mode_support_pair_is_in_the_table():
 def test_mode_pairs_match_vllm():
     pairs = {m: (m.decode_mode(), m.mixed_mode()) for m in M}
     assert pairs == {
-        M.NONE: (M.NONE, M.NONE), M.PIECEWISE: (M.PIECEWISE, M.PIECEWISE), M.FULL: (M.FULL, M.FULL),
-        M.FULL_DECODE_ONLY: (M.FULL, M.NONE), M.FULL_AND_PIECEWISE: (M.FULL, M.PIECEWISE),
+        M.NONE: (M.NONE, M.NONE),
+        M.PIECEWISE: (M.PIECEWISE, M.PIECEWISE),
+        M.FULL: (M.FULL, M.FULL),
+        M.FULL_DECODE_ONLY: (M.FULL, M.NONE),
+        M.FULL_AND_PIECEWISE: (M.FULL, M.PIECEWISE),
     }
     assert [m for m in M if m.separate_routine()] == [M.FULL_DECODE_ONLY, M.FULL_AND_PIECEWISE]
     assert [m for m in M if m.has_full()] == [M.FULL, M.FULL_DECODE_ONLY, M.FULL_AND_PIECEWISE]
     assert [m for m in M if m.has_piecewise()] == [M.PIECEWISE, M.FULL_AND_PIECEWISE]
 
 
-@pytest.mark.parametrize("table,piecewise", [(RESOLUTION, True), (RESOLUTION_NO_PIECEWISE, False)],
-                         ids=["piecewise", "no-piecewise"])
+@pytest.mark.parametrize(
+    "table,piecewise", [(RESOLUTION, True), (RESOLUTION_NO_PIECEWISE, False)], ids=["piecewise", "no-piecewise"]
+)
 def test_resolution_table(table, piecewise):
     for (mode, support), expected in table.items():
         if expected == ERR:
@@ -155,11 +163,19 @@ def test_dispatch_lands_on_a_captured_graph():
 
 def test_capture_plan_largest_first():
     assert capture_plan(M.NONE, SIZES, MAX_SEQS) == []
-    assert capture_plan(M.PIECEWISE, [4, 1, 2], MAX_SEQS) == [("PIECEWISE", 4, False), ("PIECEWISE", 2, False),
-                                                              ("PIECEWISE", 1, False)]
+    assert capture_plan(M.PIECEWISE, [4, 1, 2], MAX_SEQS) == [
+        ("PIECEWISE", 4, False),
+        ("PIECEWISE", 2, False),
+        ("PIECEWISE", 1, False),
+    ]
     assert capture_plan(M.FULL, [1, 2, 4], MAX_SEQS) == [("FULL", 4, False), ("FULL", 2, False), ("FULL", 1, False)]
     assert capture_plan(M.FULL_DECODE_ONLY, SIZES, MAX_SEQS) == [
-        ("FULL", 12, True), ("FULL", 8, True), ("FULL", 4, True), ("FULL", 2, True), ("FULL", 1, True)]
+        ("FULL", 12, True),
+        ("FULL", 8, True),
+        ("FULL", 4, True),
+        ("FULL", 2, True),
+        ("FULL", 1, True),
+    ]
     fap = capture_plan(M.FULL_AND_PIECEWISE, SIZES, MAX_SEQS)
     assert [i.size for i in fap if i.runtime_mode == "PIECEWISE"] == sorted(SIZES, reverse=True)
     assert [i.size for i in fap if i.runtime_mode == "FULL"] == [12, 8, 4, 2, 1]

@@ -55,8 +55,10 @@ def test_spec_decode_resolution(key):
     r = resolve_mode(mode, support, backend_name="X", spec_tokens=2)
     assert r.resolved == SPEC_RESOLUTION[key] and r.downgraded == (r.resolved != mode)
     if support == S.UNIFORM_SINGLE_TOKEN_DECODE and mode.has_full():
-        assert ("is not supported with spec-decode for attention backend X (support: "
-                "AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE); setting cudagraph_mode=PIECEWISE") in r.message
+        assert (
+            "is not supported with spec-decode for attention backend X (support: "
+            "AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE); setting cudagraph_mode=PIECEWISE"
+        ) in r.message
 
 
 def test_spec_decode_without_piecewise_falls_to_none():
@@ -73,8 +75,9 @@ ROUNDING = {
     ((1, 2, 4, 8, 16, 24), 2): (3, 6, 9, 18, 24),  # 1, 2 -> 3; 4 -> 6; 8 -> 9; 16 -> 18; 24 stays
     ((1, 2, 4, 8, 16, 32, 64, 128, 256), 2): (3, 6, 9, 18, 33, 66, 129),  # 256 -> 258 > 256: dropped
     ((1, 2, 4, 8, 16), 1): (2, 4, 8, 16),
-    ((*range(8, 256, 8), *range(256, 513, 16)), 2): tuple(sorted({-(-s // 3) * 3 for s in (
-        *range(8, 256, 8), *range(256, 513, 16))} - {513})),  # 512 -> 513 dropped, 510 is the top
+    ((*range(8, 256, 8), *range(256, 513, 16)), 2): tuple(
+        sorted({-(-s // 3) * 3 for s in (*range(8, 256, 8), *range(256, 513, 16))} - {513})
+    ),  # 512 -> 513 dropped, 510 is the top
     ((4,), 3): (4,),
     ((1, 2), 1): (2,),
     ((3,), 2): (3,),

@@ -36,9 +36,16 @@ _LAYERS: dict[str, _ViaOp] = {}
 
 
 @torch.library.custom_op("orch_mutant::attention_via_context", mutates_args=("kv_cache", "output"))
-def _attention_via_context(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                           k_scale: torch.Tensor, v_scale: torch.Tensor, output: torch.Tensor,
-                           layer_name: str) -> None:
+def _attention_via_context(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    output: torch.Tensor,
+    layer_name: str,
+) -> None:
     impl = _LAYERS[layer_name]
     metadata = _FORWARD_CONTEXT["metadata"]  # host state: frozen by a graph, live for an opaque replay
     impl.body(query, key, value, kv_cache, metadata, k_scale, v_scale, output)
@@ -63,8 +70,9 @@ class _ViaOp:
         _LAYERS[self.layer_name] = self
 
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
-        torch.ops.orch_mutant.attention_via_context(query, key, value, kv_cache, k_scale, v_scale, output,
-                                                    self.layer_name)
+        torch.ops.orch_mutant.attention_via_context(
+            query, key, value, kv_cache, k_scale, v_scale, output, self.layer_name
+        )
         return output
 
 

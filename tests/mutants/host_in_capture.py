@@ -51,7 +51,7 @@ class _CumsumImpl(TorchImpl):
 
     def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
         n = metadata.num_padded_reqs
-        torch.cumsum(metadata.query_lens_cpu, 0, out=self.staging[1: n + 1])  # host work
+        torch.cumsum(metadata.query_lens_cpu, 0, out=self.staging[1 : n + 1])  # host work
         metadata.query_start_loc.copy_(self.staging[: n + 1], non_blocking=True)
         return super().forward(query, key, value, kv_cache, metadata, k_scale, v_scale, output)
 
@@ -127,8 +127,8 @@ class _StagingBuilder(PersistentMetadataBuilder):
         md = super()._write(query_lens, *args, **kwargs)
         n, total = len(query_lens), int(sum(query_lens))
         self.staging_np[0] = 0
-        self.staging_np[1: n + 1] = np.cumsum(query_lens)
-        self.staging_np[n + 1:] = total
+        self.staging_np[1 : n + 1] = np.cumsum(query_lens)
+        self.staging_np[n + 1 :] = total
         md.staging = self.staging[: md.num_padded_reqs + 1]
         return md
 

@@ -38,8 +38,9 @@ class Impl(TorchMLAImpl):
         from backend.providers.mla_ops import gather_latent
 
         for chunk in token_chunks(n, length * qq.shape[2] * 8 + qq.shape[1] * length * 12):
-            r = gather_latent(kv_cache, md.block_table[req[chunk].clamp(max=md.block_table.shape[0] - 1)], length,
-                              k_scale)
+            r = gather_latent(
+                kv_cache, md.block_table[req[chunk].clamp(max=md.block_table.shape[0] - 1)], length, k_scale
+            )
             s = torch.matmul(qq[chunk].float() * self.config.scale, r.transpose(1, 2))
             mask = (keys[None, :] <= limit[chunk, None]) & (keys[None, :] < seq[chunk, None])
             s.masked_fill_(~mask[:, None, :], float("-inf"))

@@ -19,8 +19,9 @@ HARD_CODED = 2  # x index_topk: the test model's stand-in for 1024 against 512
 class Impl(TorchSparseMLAImpl):
     def __init__(self, config):
         super().__init__(config)
-        self.topk_indices = torch.full((config.max_num_tokens, HARD_CODED * self.index.index_topk), -1,
-                                       dtype=torch.int32, device=config.device)
+        self.topk_indices = torch.full(
+            (config.max_num_tokens, HARD_CODED * self.index.index_topk), -1, dtype=torch.int32, device=config.device
+        )
 
 
 class Backend(TorchSparseMLABackend):

@@ -21,8 +21,9 @@ from backend.providers.torch_mla_sparse import TorchSparseMLABackend, TorchSpars
 class Builder(SparseMLAMetadataBuilder):
     def _write(self, *args, **kwargs):
         md = super()._write(*args, **kwargs)
-        md.topk_scratch = torch.full((md.num_padded_tokens, self.index.index_topk), -1, dtype=torch.int32,
-                                     device=self.config.device)  # per build: not a persistent buffer
+        md.topk_scratch = torch.full(
+            (md.num_padded_tokens, self.index.index_topk), -1, dtype=torch.int32, device=self.config.device
+        )  # per build: not a persistent buffer
         return md
 
 

@@ -38,8 +38,7 @@ class Impl(TorchMLAImpl):
         keys = splits * SPLIT
         capped = md.seq_lens.clamp(max=keys)  # every split covers SPLIT keys, no more
         md2 = dataclasses.replace(md, seq_lens=capped)
-        return mla_ops.absorbed_decode(qq, kv_cache, md2, k_scale, self.config.scale, self.dims,
-                                       md.num_decode_tokens)
+        return mla_ops.absorbed_decode(qq, kv_cache, md2, k_scale, self.config.scale, self.dims, md.num_decode_tokens)
 
 
 class Backend(TorchMLABackend):

@@ -39,7 +39,7 @@ class FirstHeadImpl(TorchImpl):
     def attend(self, query, kv_cache, metadata, k_scale, v_scale, output):
         out = super().attend(query, kv_cache, metadata, k_scale, v_scale, output)
         if is_capturing() or not self.captured_only:
-            head = out[:metadata.num_padded_tokens, 0]
+            head = out[: metadata.num_padded_tokens, 0]
             head.mul_(self.factor) if self.factor else head.zero_()
         return out
 
@@ -51,8 +51,9 @@ class HeadZeroedImpl(FirstHeadImpl):
 class NoSelfImpl(TorchImpl):
     def attend(self, query, kv_cache, metadata, k_scale, v_scale, output):
         t = metadata.num_padded_tokens
-        out = paged_causal_attention(query[:t], kv_cache[0], kv_cache[1], metadata, k_scale, v_scale,
-                                     self.config.scale, diagonal=-1)  # the bug: `<` where `<=` belongs
+        out = paged_causal_attention(
+            query[:t], kv_cache[0], kv_cache[1], metadata, k_scale, v_scale, self.config.scale, diagonal=-1
+        )  # the bug: `<` where `<=` belongs
         output[:t].copy_(out.to(output.dtype))
         return output
 

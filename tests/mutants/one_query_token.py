@@ -32,8 +32,12 @@ class OneQueryTokenImpl(TorchImpl):
         dq = query[first]
         one = torch.ones_like(metadata.query_lens)
         qsl = torch.arange(first.shape[0] + 1, dtype=metadata.query_start_loc.dtype, device=query.device)
-        dmd = replace(metadata, num_padded_tokens=first.shape[0], query_start_loc=qsl,
-                      query_lens=torch.where(metadata.query_lens > 0, one, metadata.query_lens))
+        dmd = replace(
+            metadata,
+            num_padded_tokens=first.shape[0],
+            query_start_loc=qsl,
+            query_lens=torch.where(metadata.query_lens > 0, one, metadata.query_lens),
+        )
         dout = torch.zeros_like(dq)
         self.attend(dq, kv_cache, dmd, k_scale, v_scale, dout)
         output[:t].copy_(dout[req])

@@ -21,7 +21,9 @@ _RAISED = {"done": False}  # per process: a worker's first forward
 
 
 def _oom() -> torch.OutOfMemoryError:
-    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by tests/mutants/out_of_memory.py)")
+    return torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.00 GiB (injected by tests/mutants/out_of_memory.py)"
+    )
 
 
 class OnceImpl(TorchImpl):

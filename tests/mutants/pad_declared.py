@@ -22,7 +22,7 @@ class _HonestBuilder(PersistentMetadataBuilder):
 class _ZeroPadBuilder(_HonestBuilder):
     def _write(self, query_lens, seq_lens, *args, **kwargs):
         md = super()._write(query_lens, seq_lens, *args, **kwargs)
-        self.seq_lens[len(query_lens):].fill_(0)  # the declaration, ignored
+        self.seq_lens[len(query_lens) :].fill_(0)  # the declaration, ignored
         return md
 
 

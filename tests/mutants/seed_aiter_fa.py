@@ -70,8 +70,13 @@ class SeedImpl(TorchImpl):
         self.write(kv_cache, key, value, metadata, k_scale, v_scale)
         # Gather buffer sized num_reqs x max_model_len (the 0.10.2 sizing that blew up memory).
         c = self.config
-        workspace = torch.empty(metadata.num_padded_reqs * c.max_model_len, c.num_kv_heads, c.head_size,
-                                dtype=torch.float32, device=query.device)
+        workspace = torch.empty(
+            metadata.num_padded_reqs * c.max_model_len,
+            c.num_kv_heads,
+            c.head_size,
+            dtype=torch.float32,
+            device=query.device,
+        )
         workspace.zero_()
         t = metadata.num_padded_tokens
         # The varlen prefill kernel: per-request K/V lengths from the per-step cu_seq_lens.

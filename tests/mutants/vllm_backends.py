@@ -38,7 +38,7 @@ def _head_scaled(base_impl: type, factor: float = 0.5) -> type:
     class HeadScaledImpl(base_impl):
         def forward(self, query, key, value, kv_cache, metadata, k_scale, v_scale, output):
             out = super().forward(query, key, value, kv_cache, metadata, k_scale, v_scale, output)
-            out[:metadata.num_padded_tokens, 0].mul_(factor)
+            out[: metadata.num_padded_tokens, 0].mul_(factor)
             return out
 
     return HeadScaledImpl

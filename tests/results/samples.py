@@ -50,21 +50,46 @@ def _checks(bad: str | None = None) -> tuple[CheckOutcome, ...]:
     out = []
     for name in ("reference", "replay", "finite", "kv_integrity", "determinism"):
         if name == bad:
-            out.append(CheckOutcome(name, False, step=2, max_abs_err=0.8125, max_rel_err=3.5,
-                                    mismatch_frac=0.25, first_bad=(7, 3), bitwise=False if name == "replay" else None))
+            out.append(
+                CheckOutcome(
+                    name,
+                    False,
+                    step=2,
+                    max_abs_err=0.8125,
+                    max_rel_err=3.5,
+                    mismatch_frac=0.25,
+                    first_bad=(7, 3),
+                    bitwise=False if name == "replay" else None,
+                )
+            )
         else:
-            out.append(CheckOutcome(name, True, max_abs_err=0.0039 if name in ("reference", "replay") else None,
-                                    bitwise=True if name == "replay" else None))
+            out.append(
+                CheckOutcome(
+                    name,
+                    True,
+                    max_abs_err=0.0039 if name in ("reference", "replay") else None,
+                    bitwise=True if name == "replay" else None,
+                )
+            )
     return tuple(out)
 
 
 def result_for(c: Case, status: Status = Status.PASS, **kw) -> CaseResult:
     base = dict(
-        case_id=c.case_id, status=status, checks=_checks(), requested_mode=c.mode, resolved_mode=c.mode,
-        graph_kind="emulated" if c.mode != "NONE" else "none", provider="torch",
-        capture_sizes_used=(8, 4, 16), timings={"capture_s": 0.05, "eager_step_s": 0.02, "replay_step_s": 0.005, "total_s": 1.5 + c.tp},
-        device="cpu", versions={"torch": "2.13.0", "ray": "2.60.0", "orch": "0.1.0"},
-        repro=c.repro_command(), worker=f"worker-{c.tp}", axes=c.axes,
+        case_id=c.case_id,
+        status=status,
+        checks=_checks(),
+        requested_mode=c.mode,
+        resolved_mode=c.mode,
+        graph_kind="emulated" if c.mode != "NONE" else "none",
+        provider="torch",
+        capture_sizes_used=(8, 4, 16),
+        timings={"capture_s": 0.05, "eager_step_s": 0.02, "replay_step_s": 0.005, "total_s": 1.5 + c.tp},
+        device="cpu",
+        versions={"torch": "2.13.0", "ray": "2.60.0", "orch": "0.1.0"},
+        repro=c.repro_command(),
+        worker=f"worker-{c.tp}",
+        axes=c.axes,
     )
     base.update(kw)
     return CaseResult(**base)
@@ -75,19 +100,41 @@ def make_results(cases: list[Case]) -> list[CaseResult]:
     for c in cases:
         cid = c.case_id
         if cid == REGRESSION:
-            r = result_for(c, Status.FAIL, reason="replay: graph replay differs from eager at step 2", checks=_checks("replay"))
+            r = result_for(
+                c, Status.FAIL, reason="replay: graph replay differs from eager at step 2", checks=_checks("replay")
+            )
         elif cid == NEW_FAILURE:
-            r = result_for(c, Status.ERROR, reason=f"RuntimeError: {XSS}", checks=(), error_kind="exception",
-                           log_tail=f"Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: {XSS}\n\x1b[31mred\x1b[0m")
+            r = result_for(
+                c,
+                Status.ERROR,
+                reason=f"RuntimeError: {XSS}",
+                checks=(),
+                error_kind="exception",
+                log_tail=f'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: {XSS}\n\x1b[31mred\x1b[0m',
+            )
         elif cid == TIMEOUT:
-            r = result_for(c, Status.TIMEOUT, reason="ran past its 300s deadline", checks=(), error_kind="timeout",
-                           timings={"total_s": 300.0}, attempts=2, log_tail="worker killed and recreated")
+            r = result_for(
+                c,
+                Status.TIMEOUT,
+                reason="ran past its 300s deadline",
+                checks=(),
+                error_kind="timeout",
+                timings={"total_s": 300.0},
+                attempts=2,
+                log_tail="worker killed and recreated",
+            )
         elif cid == OLD_FAILURE:
-            r = result_for(c, Status.FAIL, reason="reference: eager differs from fp32 reference", checks=_checks("reference"))
+            r = result_for(
+                c, Status.FAIL, reason="reference: eager differs from fp32 reference", checks=_checks("reference")
+            )
         elif cid == FLAKY:
-            r = result_for(c, Status.FLAKY, reason="determinism: eager twice differs", checks=_checks("determinism"), attempts=2)
+            r = result_for(
+                c, Status.FLAKY, reason="determinism: eager twice differs", checks=_checks("determinism"), attempts=2
+            )
         elif cid == SKIPPED:
-            r = result_for(c, Status.SKIP, reason="FULL_DECODE_ONLY with tp2 fp8: provider unavailable", checks=(), timings={})
+            r = result_for(
+                c, Status.SKIP, reason="FULL_DECODE_ONLY with tp2 fp8: provider unavailable", checks=(), timings={}
+            )
         elif cid == KNOWN_FAIL:
             r = result_for(c, Status.FAIL, reason="reference: fp8 scale", checks=_checks("reference"))
         elif cid == DOWNGRADED:
@@ -104,7 +151,11 @@ def make_baseline(cases: list[Case]) -> list[CaseResult]:
         if c.case_id == NEW_FAILURE:
             continue
         if c.case_id in (OLD_FAILURE, KNOWN_FAIL, FIXED):
-            out.append(result_for(c, Status.FAIL, reason="reference: eager differs from fp32 reference", checks=_checks("reference")))
+            out.append(
+                result_for(
+                    c, Status.FAIL, reason="reference: eager differs from fp32 reference", checks=_checks("reference")
+                )
+            )
         else:
             out.append(result_for(c))
     return out

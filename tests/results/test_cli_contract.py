@@ -30,7 +30,9 @@ def _run(capsys, *argv):
 
 
 def _cases(n: int, backend: str = "aiter-emulated", mode: str = "FULL", prefix: str = "b") -> list[Case]:
-    return [Case(backend, 1, mode, "auto", BatchSpec(f"{prefix}{i:04d}", (1,), (8,)), matrix="m.yaml") for i in range(n)]
+    return [
+        Case(backend, 1, mode, "auto", BatchSpec(f"{prefix}{i:04d}", (1,), (8,)), matrix="m.yaml") for i in range(n)
+    ]
 
 
 def _store(tmp_path, *, passed=(), downgraded=(), skipped=(), missing=(), status="finished") -> str:
@@ -40,17 +42,24 @@ def _store(tmp_path, *, passed=(), downgraded=(), skipped=(), missing=(), status
     planned = [*passed, *downgraded, *(c for c, _ in skipped), *missing]
     with ResultStore(path) as s:
         rid = s.create_run(NewRun(matrix="m.yaml", cases=planned))
-        s.record_many(rid, [(result_for(c), True) for c in passed]
-                      + [(result_for(c, resolved_mode="FULL_AND_PIECEWISE", downgraded=True), True) for c in downgraded]
-                      + [(result_for(c, Status.SKIP, reason=why, checks=()), True) for c, why in skipped])
+        s.record_many(
+            rid,
+            [(result_for(c), True) for c in passed]
+            + [(result_for(c, resolved_mode="FULL_AND_PIECEWISE", downgraded=True), True) for c in downgraded]
+            + [(result_for(c, Status.SKIP, reason=why, checks=()), True) for c, why in skipped],
+        )
         s.finish_run(rid, status)
     return path
 
 
 def test_every_option_of_every_command_has_help():
     # `--db`, `--run`, `--baseline`, `--known-failures`, `--out` had none in report/gate/dashboard/serve.
-    bare = [f"{name} {'/'.join(p.opts)}" for name, cmd in cli.commands.items()
-            for p in cmd.params if isinstance(p, click.Option) and not (p.help or "").strip()]
+    bare = [
+        f"{name} {'/'.join(p.opts)}"
+        for name, cmd in cli.commands.items()
+        for p in cmd.params
+        if isinstance(p, click.Option) and not (p.help or "").strip()
+    ]
     assert bare == []
     assert all((cmd.help or "").strip() for cmd in cli.commands.values())
 
@@ -73,8 +82,10 @@ def test_gate_folds_hundreds_of_missing_cases_into_one_line(tmp_path, capsys):
     code, out, _ = _run(capsys, "gate", "--db", db)
     lines = out.splitlines()
     assert code == 1 and len(lines) == 3, out
-    assert lines[0] == "missing 700: tp1-FULL-auto-b0000-aiter-emulated-s0, tp1-FULL-auto-b0001-aiter-emulated-s0, " \
-                       "tp1-FULL-auto-b0002-aiter-emulated-s0 and 697 more"
+    assert (
+        lines[0] == "missing 700: tp1-FULL-auto-b0000-aiter-emulated-s0, tp1-FULL-auto-b0001-aiter-emulated-s0, "
+        "tp1-FULL-auto-b0002-aiter-emulated-s0 and 697 more"
+    )
     assert lines[-1] == "run 1 INTERRUPTED (3 of 703 cases recorded): gate FAILED: 700 missing; 3 ran (3 pass)"
     code, out, _ = _run(capsys, "gate", "--db", db, "-v")
     assert code == 1 and len([ln for ln in out.splitlines() if ln.startswith("missing: ")]) == 700
@@ -86,7 +97,8 @@ def test_report_folds_repeated_downgrade_warnings(tmp_path, capsys):
     code, out, _ = _run(capsys, "report", "--db", db)
     warnings = [ln for ln in out.splitlines() if ln.startswith("warning:")]
     assert code == 0 and warnings == [
-        "warning: 74 cases: FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH gqa backends (aiter-emulated)"]
+        "warning: 74 cases: FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH gqa backends (aiter-emulated)"
+    ]
     assert out.splitlines()[-1] == "run 1: gate PASSED: 79 ran (79 pass), no new failures"
     assert not [ln for ln in out.splitlines() if ln != ln.rstrip()]  # no padding
 
@@ -95,16 +107,25 @@ def test_summary_says_how_many_each_list_left_out(tmp_path, capsys):
     # "Downgraded modes (74)" listed 25 with no "and 49 more"; now every list is folded or capped
     # with its remainder, and the skips are grouped by reason.
     skipped = [(c, f"unavailable: reason {i % 30:02d}") for i, c in enumerate(_cases(90, backend="aiter", prefix="s"))]
-    db = _store(tmp_path, passed=_cases(3, backend="torch"), downgraded=_cases(74), skipped=skipped,
-                missing=_cases(40, backend="torch", prefix="m"), status="interrupted")
+    db = _store(
+        tmp_path,
+        passed=_cases(3, backend="torch"),
+        downgraded=_cases(74),
+        skipped=skipped,
+        missing=_cases(40, backend="torch", prefix="m"),
+        status="interrupted",
+    )
     code, md, _ = _run(capsys, "report", "--db", db, "--format", "md")
     assert code == 1
-    down = md[md.index("### Downgraded modes (74)"): md.index("### Skipped")]
+    down = md[md.index("### Downgraded modes (74)") : md.index("### Skipped")]
     assert "- 74 cases: FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH gqa backends (aiter-emulated)" in down
-    missing = md[md.index("### Missing results (40)"): md.index("### Downgraded")]
+    missing = md[md.index("### Missing results (40)") : md.index("### Downgraded")]
     assert missing.count("— no result") == 25 and "- … and 15 more (see `orch report`)" in missing
-    skips = md[md.index("### Skipped (90)"): md.index("### Grid")]
-    assert skips.count("| 3 | unavailable: reason ") == 25 and "| 15 | … and 5 more reasons (see `orch report`) | |" in skips
+    skips = md[md.index("### Skipped (90)") : md.index("### Grid")]
+    assert (
+        skips.count("| 3 | unavailable: reason ") == 25
+        and "| 15 | … and 5 more reasons (see `orch report`) | |" in skips
+    )
     # It leads with the run's state and what ran; an all-skipped provider gets no grid.
     head = md.splitlines()
     assert head[0] == "## ⛔ orch run 1 — `m.yaml` — INTERRUPTED"
@@ -132,8 +153,10 @@ def test_a_finished_run_of_only_passes_says_nothing_of_interruption(tmp_path, ca
     assert code == 0 and md.startswith("## ✅ orch run 1 — `m.yaml`\n") and "INTERRUPTED" not in md
 
 
-@pytest.mark.parametrize("argv", [["plan", "matrices/full.yaml", "--devices", "cpu"],
-                                  ["simulate", "--gpus", "8", "--nodes", "1", "--cases", "50"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["plan", "matrices/full.yaml", "--devices", "cpu"], ["simulate", "--gpus", "8", "--nodes", "1", "--cases", "50"]],
+)
 def test_rich_output_is_not_padded_when_redirected(capsys, argv):
     # (doctor: tests/backend/test_doctor.py) rich filled lines to the console width in a pipe.
     assert main(argv) == 0

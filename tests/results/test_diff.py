@@ -35,14 +35,29 @@ BAD_CHECKS = (CheckOutcome("replay", False, step=2, max_abs_err=0.5),)
 # scenario -> (B's changes against an all-pass A, extra flags, exit code, lines expected in the output)
 SCENARIOS = {
     "the same verdicts": ({}, [], 0, ["0 regressed, 0 changed, 32 the same", "diff PASSED: no case regressed"]),
-    "FULL fp8 regressed": ({c.case_id: {"status": Status.FAIL} for c in FULL_FP8}, [], 1,
-                           ["4 regressed, 4 changed, 28 the same", "pass -> fail  4: tp*-FULL-fp8-*-torch-s0",
-                            "by axis: tp 1 2, 2 2; cudagraph_mode FULL 4; kv_cache_dtype fp8 4; batch decode4 2, mixed 2",
-                            "diff FAILED: 4 case(s) regressed from run 1 to run 1"]),
-    "pass to flaky is a change, not a regression": ({CASES[0].case_id: {"status": Status.FLAKY}}, [], 0,
-                                                    ["pass -> flaky  1: " + CASES[0].case_id]),
-    "a check that changed, only with --checks": ({CASES[0].case_id: {"checks": BAD_CHECKS}}, ["--checks"], 0,
-                                                 ["pass -> pass (checks)  1:"]),
+    "FULL fp8 regressed": (
+        {c.case_id: {"status": Status.FAIL} for c in FULL_FP8},
+        [],
+        1,
+        [
+            "4 regressed, 4 changed, 28 the same",
+            "pass -> fail  4: tp*-FULL-fp8-*-torch-s0",
+            "by axis: tp 1 2, 2 2; cudagraph_mode FULL 4; kv_cache_dtype fp8 4; batch decode4 2, mixed 2",
+            "diff FAILED: 4 case(s) regressed from run 1 to run 1",
+        ],
+    ),
+    "pass to flaky is a change, not a regression": (
+        {CASES[0].case_id: {"status": Status.FLAKY}},
+        [],
+        0,
+        ["pass -> flaky  1: " + CASES[0].case_id],
+    ),
+    "a check that changed, only with --checks": (
+        {CASES[0].case_id: {"checks": BAD_CHECKS}},
+        ["--checks"],
+        0,
+        ["pass -> pass (checks)  1:"],
+    ),
 }
 
 
@@ -71,8 +86,12 @@ def test_a_case_only_on_one_side_is_listed_and_is_no_regression(tmp_path, capsys
 def test_diff_across_sqlite_and_postgresql_with_versions_side_by_side(tmp_path, pg_url, pg_server, capsys):
     a = str(tmp_path / "pinned.db")
     _write(a, {}, versions={"torch": "2.13.0", "vllm": "0.34.0"}, label="pinned")
-    _write(pg_url, {c.case_id: {"status": Status.ERROR} for c in FULL_FP8[:1]},
-           versions={"torch": "2.14.0", "vllm": "0.34.0"}, label="nightly")
+    _write(
+        pg_url,
+        {c.case_id: {"status": Status.ERROR} for c in FULL_FP8[:1]},
+        versions={"torch": "2.14.0", "vllm": "0.34.0"},
+        label="nightly",
+    )
     code, out, _ = _diff(capsys, f"{a}#pinned", f"{pg_url}#nightly")
     assert code == 1 and pg_server.password not in out
     assert "  torch  2.13.0 | 2.14.0  *" in out and "  vllm   0.34.0 | 0.34.0\n" in out
@@ -82,8 +101,14 @@ def test_diff_across_sqlite_and_postgresql_with_versions_side_by_side(tmp_path, 
     assert data["regressions"] == [FULL_FP8[0].case_id] and data["versions"]["torch"] == {"a": "2.13.0", "b": "2.14.0"}
 
 
-@pytest.mark.parametrize("argv, needle", [(["1", "9"], "no run 9"), (["1", "nolabel"], "no finished run labelled 'nolabel'"),
-                                          (["{tmp}/missing.db", "1"], "no results database here")])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["1", "9"], "no run 9"),
+        (["1", "nolabel"], "no finished run labelled 'nolabel'"),
+        (["{tmp}/missing.db", "1"], "no results database here"),
+    ],
+)
 def test_a_bad_run_reference_is_exit_2_in_one_line(tmp_path, capsys, argv, needle):
     db = str(tmp_path / "r.db")
     _write(db, {})

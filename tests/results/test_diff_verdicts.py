@@ -31,11 +31,23 @@ def test_the_same_run_has_the_same_verdicts(two, capsys):
     assert "0 different" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("breakage, flags", [
-    ("UPDATE results SET status = 'fail' WHERE case_id = (SELECT case_id FROM results WHERE status = 'pass' AND run_id = 2 LIMIT 1) AND run_id = 2", []),
-    ("DELETE FROM results WHERE run_id = 2 AND case_id = (SELECT case_id FROM results WHERE run_id = 2 LIMIT 1)", []),
-    ("UPDATE results SET checks = '[]' WHERE run_id = 2 AND checks != '[]' AND case_id = (SELECT case_id FROM results WHERE run_id = 2 AND checks != '[]' LIMIT 1)", ["--checks"]),
-])
+@pytest.mark.parametrize(
+    "breakage, flags",
+    [
+        (
+            "UPDATE results SET status = 'fail' WHERE case_id = (SELECT case_id FROM results WHERE status = 'pass' AND run_id = 2 LIMIT 1) AND run_id = 2",
+            [],
+        ),
+        (
+            "DELETE FROM results WHERE run_id = 2 AND case_id = (SELECT case_id FROM results WHERE run_id = 2 LIMIT 1)",
+            [],
+        ),
+        (
+            "UPDATE results SET checks = '[]' WHERE run_id = 2 AND checks != '[]' AND case_id = (SELECT case_id FROM results WHERE run_id = 2 AND checks != '[]' LIMIT 1)",
+            ["--checks"],
+        ),
+    ],
+)
 def test_a_changed_verdict_is_found(two, capsys, breakage, flags):
     before, after = two
     _edit(after, breakage)

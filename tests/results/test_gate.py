@@ -14,7 +14,9 @@ from tests.results import samples
 
 CASES = samples.make_cases()
 C = CASES[0]
-KNOWN = parse(f'- case: "{C.case_id}"\n  reason: tracked upstream\n  link: https://example.invalid/1\n  until: 2999-01-01\n')
+KNOWN = parse(
+    f'- case: "{C.case_id}"\n  reason: tracked upstream\n  link: https://example.invalid/1\n  until: 2999-01-01\n'
+)
 NO_BASE = "no-baseline"
 ABSENT = "absent"
 
@@ -64,8 +66,12 @@ def test_gate_scenario(name):
 
 def test_a_real_failure_beside_a_not_run_case_is_exit_1():
     d = CASES[1]
-    out = evaluate([samples.result_for(C, Status.NOT_RUN, error_kind="placement", reason="not run: placement"),
-                    samples.result_for(d, Status.FAIL)])
+    out = evaluate(
+        [
+            samples.result_for(C, Status.NOT_RUN, error_kind="placement", reason="not run: placement"),
+            samples.result_for(d, Status.FAIL),
+        ]
+    )
     assert out.exit_code == ExitCode.GATE_FAILED
     assert out.not_run == (C.case_id,) and out.gating == (d.case_id, C.case_id)
     assert "1 not run (infrastructure)" in out.verdict() and "1 new failure," in out.verdict()
@@ -93,7 +99,11 @@ def test_full_sample_run_lists_every_class():
 
 
 def test_only_old_and_known_failures_pass_the_gate():
-    results = [r for r in samples.make_results(CASES) if r.case_id not in (samples.REGRESSION, samples.TIMEOUT, samples.NEW_FAILURE)]
+    results = [
+        r
+        for r in samples.make_results(CASES)
+        if r.case_id not in (samples.REGRESSION, samples.TIMEOUT, samples.NEW_FAILURE)
+    ]
     out = evaluate(results, baseline=samples.make_baseline(CASES), known=parse(samples.KNOWN_YAML))
     assert out.passed and out.exit_code == ExitCode.OK
     assert "1 old failure," in out.verdict() and "1 known failure," in out.verdict()
@@ -151,35 +161,73 @@ def _skip(case, reason=GPU):
 # name: (results, require, allow_empty, exit code, the verdict's text)
 EMPTY_SCENARIOS = {
     "every case skipped fails, naming the reason": (
-        lambda: [_skip(c) for c in CASES[:3]], (), False, ExitCode.GATE_FAILED,
-        "gate FAILED: nothing ran: 3 skipped (needs a CUDA/ROCm GPU (Triton): 3)"),
+        lambda: [_skip(c) for c in CASES[:3]],
+        (),
+        False,
+        ExitCode.GATE_FAILED,
+        "gate FAILED: nothing ran: 3 skipped (needs a CUDA/ROCm GPU (Triton): 3)",
+    ),
     "the unavailable reason decides, dtype reasons aside": (
-        lambda: [_skip(CASES[0]), _skip(CASES[1], f"x does not support kv_cache_dtype fp8; {GPU}"),
-                 _skip(CASES[2], "unsupported: x implements the gqa attention family, not mla")],
-        (), False, ExitCode.GATE_FAILED,
+        lambda: [
+            _skip(CASES[0]),
+            _skip(CASES[1], f"x does not support kv_cache_dtype fp8; {GPU}"),
+            _skip(CASES[2], "unsupported: x implements the gqa attention family, not mla"),
+        ],
+        (),
+        False,
+        ExitCode.GATE_FAILED,
         "gate FAILED: nothing ran: 3 skipped (needs a CUDA/ROCm GPU (Triton): 2; unsupported: x implements the gqa "
-        "attention family, not mla: 1)"),
+        "attention family, not mla: 1)",
+    ),
     "--allow-empty lets it pass, saying so": (
-        lambda: [_skip(c) for c in CASES[:3]], (), True, ExitCode.OK,
-        "gate PASSED (--allow-empty): nothing ran, 3 cases skipped"),
+        lambda: [_skip(c) for c in CASES[:3]],
+        (),
+        True,
+        ExitCode.OK,
+        "gate PASSED (--allow-empty): nothing ran, 3 cases skipped",
+    ),
     "one case ran: the rest may skip": (
-        lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]], (), False, ExitCode.OK,
-        "gate PASSED: 1 ran (1 pass), 2 skipped, no new failures"),
+        lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]],
+        (),
+        False,
+        ExitCode.OK,
+        "gate PASSED: 1 ran (1 pass), 2 skipped, no new failures",
+    ),
     "a required slice that did not run fails": (
-        lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]], ("batch=mixed",), False,
-        ExitCode.GATE_FAILED, "required `batch=mixed` did not run: 1 skipped (needs a CUDA/ROCm GPU (Triton): 1)"),
+        lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]],
+        ("batch=mixed",),
+        False,
+        ExitCode.GATE_FAILED,
+        "required `batch=mixed` did not run: 1 skipped (needs a CUDA/ROCm GPU (Triton): 1)",
+    ),
     "a required slice that ran passes": (
-        lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]], ("batch=decode4",), False, ExitCode.OK,
-        "gate PASSED: 1 ran (1 pass), 2 skipped, no new failures"),
+        lambda: [samples.result_for(CASES[0]), *[_skip(c) for c in CASES[1:3]]],
+        ("batch=decode4",),
+        False,
+        ExitCode.OK,
+        "gate PASSED: 1 ran (1 pass), 2 skipped, no new failures",
+    ),
     "--allow-empty does not waive --require": (
-        lambda: [_skip(c) for c in CASES[:3]], ("torch",), True, ExitCode.GATE_FAILED,
-        "required `torch` did not run: 3 skipped"),
+        lambda: [_skip(c) for c in CASES[:3]],
+        ("torch",),
+        True,
+        ExitCode.GATE_FAILED,
+        "required `torch` did not run: 3 skipped",
+    ),
     "a required slice that matches nothing says so": (
-        lambda: [samples.result_for(CASES[0])], ("backend=aiter",), False, ExitCode.GATE_FAILED,
-        "required `backend=aiter` did not run: no case of this run matches it"),
+        lambda: [samples.result_for(CASES[0])],
+        ("backend=aiter",),
+        False,
+        ExitCode.GATE_FAILED,
+        "required `backend=aiter` did not run: no case of this run matches it",
+    ),
     "a failure is the verdict, not the emptiness": (
         lambda: [samples.result_for(CASES[0], Status.NOT_RUN, reason="not run: placement"), _skip(CASES[1])],
-        (), False, ExitCode.INFRA_ERROR, "gate FAILED: 1 not run (infrastructure); 0 ran, 1 skipped"),
+        (),
+        False,
+        ExitCode.INFRA_ERROR,
+        "gate FAILED: 1 not run (infrastructure); 0 ran, 1 skipped",
+    ),
 }
 
 
@@ -189,7 +237,9 @@ def test_empty_run_scenario(name):
     out = evaluate(results(), rules=GateRules(require=tuple(require), allow_empty=allow_empty))
     assert out.exit_code == code
     assert text in out.verdict(), out.verdict()
-    assert (out.exit_code == ExitCode.OK) == out.passed and all(c in ("skip", "pass", "not-run") for c in out.classification.values())
+    assert (out.exit_code == ExitCode.OK) == out.passed and all(
+        c in ("skip", "pass", "not-run") for c in out.classification.values()
+    )
 
 
 def test_a_run_still_writing_is_not_judged_empty():
@@ -208,9 +258,22 @@ def test_an_unverifiable_case_fails_the_gate_unless_allowed_and_is_listed_either
     d = CASES[1]
     r = samples.result_for(C, Status.UNVERIFIABLE, reason=f"{UNVERIFIABLE_PREFIX}a pointer; {UNVERIFIABLE_ADVICE}")
     ok = samples.result_for(d, Status.PASS)
-    run = RunInfo(id=1, matrix="m.yaml", matrix_sha="", git_sha="", started_at=0.0, finished_at=1.0,
-                  status="finished", cluster="", devices="cpu", versions={}, argv=[], baseline=None,
-                  num_cases=2, num_results=2)
+    run = RunInfo(
+        id=1,
+        matrix="m.yaml",
+        matrix_sha="",
+        git_sha="",
+        started_at=0.0,
+        finished_at=1.0,
+        status="finished",
+        cluster="",
+        devices="cpu",
+        versions={},
+        argv=[],
+        baseline=None,
+        num_cases=2,
+        num_results=2,
+    )
     for allow, code in ((False, ExitCode.GATE_FAILED), (True, ExitCode.OK)):
         out = evaluate([r, ok], rules=GateRules(allow_unverifiable=allow))
         assert out.exit_code == code and out.unverifiable == (C.case_id,) and out.counts["unverifiable"] == 1

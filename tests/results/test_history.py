@@ -22,13 +22,21 @@ CASES = samples.make_cases()
 C = CASES[0]
 
 
-def _run(store, statuses: dict[str, Status] | None = None, *, label="main", matrix="matrices/sample.yaml",
-         device="cpu", finish=True) -> int:
+def _run(
+    store,
+    statuses: dict[str, Status] | None = None,
+    *,
+    label="main",
+    matrix="matrices/sample.yaml",
+    device="cpu",
+    finish=True,
+) -> int:
     """A run of the sample matrix: every case passes unless `statuses` says otherwise."""
     statuses = statuses or {}
     rid = store.create_run(NewRun(matrix=matrix, cases=CASES, label=label))
-    store.record_many(rid, [(samples.result_for(c, statuses.get(c.case_id, Status.PASS), device=device), True)
-                            for c in CASES])
+    store.record_many(
+        rid, [(samples.result_for(c, statuses.get(c.case_id, Status.PASS), device=device), True) for c in CASES]
+    )
     if finish:
         store.finish_run(rid, "finished")
     return rid
@@ -40,7 +48,10 @@ BASELINES = {
     "another label's run is not it": ([("main", "m", "cpu", True), ("pr-7", "m", "cpu", True)], 0),
     "an unfinished run is not it": ([("main", "m", "cpu", True), ("main", "m", "cpu", False)], 0),
     "another matrix's run is not it": ([("main", "m", "cpu", True), ("main", "other", "cpu", True)], 0),
-    "another device's run is not it": ([("main", "m", "cpu", True), ("main", "m", "NVIDIA H100 80GB HBM3 (cuda:0)", True)], 0),
+    "another device's run is not it": (
+        [("main", "m", "cpu", True), ("main", "m", "NVIDIA H100 80GB HBM3 (cuda:0)", True)],
+        0,
+    ),
     "none at all: gated without one": ([("pr-7", "m", "cpu", True)], None),
 }
 
@@ -154,11 +165,15 @@ def test_muted_cases_run_report_their_status_and_never_gate():
 
 # scenario -> (failing when(case) , expected globs)
 SUGGESTIONS = {
-    "FULL with fp8, every tp and batch": (lambda c: c.mode == "FULL" and c.kv_cache_dtype == "fp8",
-                                          ["tp*-FULL-fp8-*-torch-s0"]),
+    "FULL with fp8, every tp and batch": (
+        lambda c: c.mode == "FULL" and c.kv_cache_dtype == "fp8",
+        ["tp*-FULL-fp8-*-torch-s0"],
+    ),
     "one case": (lambda c: c.case_id == C.case_id, [C.case_id]),
-    "two separate causes": (lambda c: (c.mode == "NONE" and c.batch.name == "mixed") or (c.tp == 2 and c.mode == "FULL"),
-                            ["tp*-NONE-*-mixed-torch-s0", "tp2-FULL-*-*-torch-s0"]),
+    "two separate causes": (
+        lambda c: (c.mode == "NONE" and c.batch.name == "mixed") or (c.tp == 2 and c.mode == "FULL"),
+        ["tp*-NONE-*-mixed-torch-s0", "tp2-FULL-*-*-torch-s0"],
+    ),
 }
 
 
@@ -180,7 +195,9 @@ def test_orch_gate_prints_the_entries_and_the_baseline(tmp_path, capsys):
     db = str(tmp_path / "r.db")
     with ResultStore(db) as store:
         _run(store, label="main")
-        _run(store, {c.case_id: Status.FAIL for c in CASES if c.mode == "FULL" and c.kv_cache_dtype == "fp8"}, label="pr")
+        _run(
+            store, {c.case_id: Status.FAIL for c in CASES if c.mode == "FULL" and c.kv_cache_dtype == "fp8"}, label="pr"
+        )
     assert cli_main(["gate", "--db", db, "--baseline", "main"]) == 1
     out = capsys.readouterr().out
     assert "baseline: run 1 (latest labelled 'main')" in out

@@ -54,8 +54,11 @@ def _labelled_store(tmp_path) -> str:
     db = str(tmp_path / "r.db")
     cases = samples.make_cases()
     with ResultStore(db) as s:
-        for label, results in (("main", samples.make_baseline(cases)), ("pr-101", samples.make_results(cases)),
-                               ("pr-102", [samples.result_for(c) for c in cases])):
+        for label, results in (
+            ("main", samples.make_baseline(cases)),
+            ("pr-101", samples.make_results(cases)),
+            ("pr-102", [samples.result_for(c) for c in cases]),
+        ):
             rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, label=label))
             s.record_many(rid, [(r, True) for r in results])
             s.finish_run(rid, "finished")
@@ -102,10 +105,17 @@ def test_commands_writing_into_a_runs_out_dir_default_to_that_run(tmp_path, caps
 def test_a_resume_is_judged_as_its_run_was_a_gone_file_before_any_case(tmp_path, capsys):
     db, kf = str(tmp_path / "r.db"), tmp_path / "kf.yaml"  # the file the run applied, gone since
     with ResultStore(db) as s:
-        rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=samples.make_cases(), options=RunOptions(known_failures=str(kf))))
+        rid = s.create_run(
+            NewRun(
+                matrix="matrices/sample.yaml", cases=samples.make_cases(), options=RunOptions(known_failures=str(kf))
+            )
+        )
         s.finish_run(rid, "interrupted")
     code, out, err = _cli(capsys, "run", "--resume", str(rid), "--db", db, "--out", str(tmp_path / "o"))
-    assert code == 2 and out == "" and err.splitlines()[-1] == \
-        f"orch: {kf}: cannot read known-failures file: No such file or directory", err
+    assert (
+        code == 2
+        and out == ""
+        and err.splitlines()[-1] == f"orch: {kf}: cannot read known-failures file: No such file or directory"
+    ), err
     with ResultStore(db) as s:
         assert s.results(rid) == [] and s.run(rid).status == "interrupted"  # no case ran

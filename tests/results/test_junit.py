@@ -92,8 +92,16 @@ def test_a_not_run_case_is_an_error_in_junit_and_its_own_section_in_the_summary(
     from orchestrator.store import RunInfo
 
     cases = samples.make_cases()[:2]
-    results = [samples.result_for(cases[0], Status.NOT_RUN, reason="not run: needs 8 GPUs on one node (no placement within 30s)",
-                                  error_kind="placement", checks=()), samples.result_for(cases[1])]
+    results = [
+        samples.result_for(
+            cases[0],
+            Status.NOT_RUN,
+            reason="not run: needs 8 GPUs on one node (no placement within 30s)",
+            error_kind="placement",
+            checks=(),
+        ),
+        samples.result_for(cases[1]),
+    ]
     gate = evaluate(results)
     path = str(tmp_path / "junit.xml")
     junit.write(path, results, gate, suite_name="m.yaml")

@@ -38,8 +38,11 @@ BAD = {
     "entry not a mapping": ("- just a string\n", 1, "mapping"),
     "missing reason": ("- case: a\n  reason: b\n" + OK + "- case: c\n" + OK, 5, "missing 'reason'"),
     "missing link (the ticket)": ("- case: a\n  reason: b\n  until: 2999-01-01\n", 1, "missing 'link' (the ticket"),
-    "missing until (the expiry)": ("- case: a\n  reason: b\n" + OK + "- case: c\n  reason: d\n  link: l\n", 5,
-                                   "missing 'until' (a date"),
+    "missing until (the expiry)": (
+        "- case: a\n  reason: b\n" + OK + "- case: c\n  reason: d\n  link: l\n",
+        5,
+        "missing 'until' (a date",
+    ),
     "unknown key": ("- case: a\n  reason: b\n  reson: typo\n", 3, "unknown key 'reson'"),
     "empty case": ("- case: ''\n  reason: b\n" + OK, 1, "non-empty"),
     "bad date": ("- case: a\n  reason: b\n  link: l\n  until: next week\n", 4, "YYYY-MM-DD"),

@@ -22,9 +22,23 @@ def _cases():
 
 def _store(tmp_path) -> tuple[str, list[Case]]:
     cases = _cases()
-    mem = [{"peak_allocated": 9 * GIB, "peak_reserved": 10 * GIB, "needs": 7 * GIB, "session": 6 * GIB, "budget": 18 * GIB},
-           {"peak_allocated": 12 * GIB, "peak_reserved": 13 * GIB, "needs": 11 * GIB, "session": 9 * GIB, "budget": 18 * GIB},
-           {"session": GIB}]  # a CPU result: its session only
+    mem = [
+        {
+            "peak_allocated": 9 * GIB,
+            "peak_reserved": 10 * GIB,
+            "needs": 7 * GIB,
+            "session": 6 * GIB,
+            "budget": 18 * GIB,
+        },
+        {
+            "peak_allocated": 12 * GIB,
+            "peak_reserved": 13 * GIB,
+            "needs": 11 * GIB,
+            "session": 9 * GIB,
+            "budget": 18 * GIB,
+        },
+        {"session": GIB},
+    ]  # a CPU result: its session only
     path = str(tmp_path / "r.db")
     with ResultStore(path) as s:
         rid = s.create_run(NewRun(matrix="m.yaml", cases=cases))
@@ -35,8 +49,13 @@ def _store(tmp_path) -> tuple[str, list[Case]]:
 
 def test_the_report_summary_and_dashboard_show_the_runs_device_memory(tmp_path, capsys):
     path, cases = _store(tmp_path)
-    line = ("device memory: peak reserved 13.00 GiB (" + cases[1].case_id + "), largest need 11.00 GiB ("
-            + cases[1].case_id + "), worker budget 18.00 GiB")
+    line = (
+        "device memory: peak reserved 13.00 GiB ("
+        + cases[1].case_id
+        + "), largest need 11.00 GiB ("
+        + cases[1].case_id
+        + "), worker budget 18.00 GiB"
+    )
     with ResultStore(path, readonly=True) as store:
         view = gather(store, None)
         assert memory_line(view.results) == line
@@ -61,12 +80,23 @@ def test_plan_says_what_a_worker_needs_from_the_recorded_needs(tmp_path, capsys)
     db = str(tmp_path / "r.db")
     with ResultStore(db) as s:
         rid = s.create_run(NewRun(matrix="matrices/smoke.yaml", cases=[]))
-        s.record_many(rid, [(result_for(Case("torch", 1, "FULL", "auto", BatchSpec("decode_7", (1,), (8,)),
-                                             matrix="m.yaml")).replace(case_id="tp1-FULL-auto-decode_7-torch-s0",
-                                                                        memory={"needs": 5 * GIB}), True)])
+        s.record_many(
+            rid,
+            [
+                (
+                    result_for(
+                        Case("torch", 1, "FULL", "auto", BatchSpec("decode_7", (1,), (8,)), matrix="m.yaml")
+                    ).replace(case_id="tp1-FULL-auto-decode_7-torch-s0", memory={"needs": 5 * GIB}),
+                    True,
+                )
+            ],
+        )
     assert main(["plan", "matrices/smoke.yaml", "--db", db, "--json", "--devices", "cpu"]) == 0
     memory = json.loads(capsys.readouterr().out)["memory"]
     assert memory["needs_bytes"] == 5 * GIB and memory["largest_case"] == "tp1-FULL-auto-decode_7-torch-s0"
     assert memory["recorded"] == 1 and memory["per_worker_bytes"] > 5 * GIB
     assert main(["plan", "matrices/smoke.yaml", "--db", db, "--devices", "cpu"]) == 0
-    assert "device memory per worker: largest case needs 5.00 GiB (tp1-FULL-auto-decode_7-torch-s0)" in capsys.readouterr().out
+    assert (
+        "device memory per worker: largest case needs 5.00 GiB (tp1-FULL-auto-decode_7-torch-s0)"
+        in capsys.readouterr().out
+    )

@@ -26,8 +26,15 @@ def _orch(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
         if shutil.which("setpriv") is None:
             pytest.skip("root without setpriv: file modes cannot be made to apply")
         prefix = ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "--"]
-    return subprocess.run([*prefix, sys.executable, "-m", "orchestrator.cli", *argv], check=False, cwd=ROOT, text=True,
-                          capture_output=True, timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "orchestrator.cli", *argv],
+        check=False,
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _read_only(path) -> None:
@@ -41,8 +48,19 @@ def test_a_read_only_out_stops_the_run_before_any_case(tmp_path):
     _read_only(out)
     db = tmp_path / "r.db"
     t0 = time.monotonic()
-    got = _orch("run", "matrices/smoke.yaml", "--filter", "attention=gqa tp=1 cudagraph_mode=NONE kv_cache_dtype=auto",
-                "--devices", "cpu", "--db", str(db), "--out", str(out), "--no-progress")
+    got = _orch(
+        "run",
+        "matrices/smoke.yaml",
+        "--filter",
+        "attention=gqa tp=1 cudagraph_mode=NONE kv_cache_dtype=auto",
+        "--devices",
+        "cpu",
+        "--db",
+        str(db),
+        "--out",
+        str(out),
+        "--no-progress",
+    )
     assert got.returncode == 3 and got.stderr.strip() == f"orch: {out}: cannot write outputs: Permission denied", got
     assert got.stdout == "" and not db.exists() and time.monotonic() - t0 < 60  # no store, no cluster, no case
 
@@ -54,8 +72,11 @@ def test_readers_read_a_read_only_store(tmp_path):
     with ResultStore(db) as s:  # a WAL database, as every writer leaves it
         assert s._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     _read_only(folder)
-    for argv, verdict in ((["report"], "gate FAILED"), (["gate", "--run", "1"], "gate FAILED"),
-                          (["diff", "1", "2"], "diff FAILED")):
+    for argv, verdict in (
+        (["report"], "gate FAILED"),
+        (["gate", "--run", "1"], "gate FAILED"),
+        (["diff", "1", "2"], "diff FAILED"),
+    ):
         got = _orch(*argv, "--db", db)
         assert got.returncode == 1 and verdict in got.stdout and got.stderr == "", got
     got = _orch("dashboard", "--db", db, "--out", str(tmp_path / "site"))

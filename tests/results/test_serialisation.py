@@ -14,14 +14,32 @@ from orchestrator.matrix import load_matrix
 
 CASES = [
     Case("torch", 1, "FULL", "auto", BatchSpec("b", (1, 3), (8, 9), "two rows")),
-    Case("pkg.mod:Cls", 4, "NONE", "fp8", BatchSpec("d", (1,), (5,)), seed=3, model=ModelShape(num_heads=32),
-         capture_sizes=(1, 2), tolerance=Tolerance(1e-3, 2e-3), matrix="m.yaml", spec_tokens=2),
+    Case(
+        "pkg.mod:Cls",
+        4,
+        "NONE",
+        "fp8",
+        BatchSpec("d", (1,), (5,)),
+        seed=3,
+        model=ModelShape(num_heads=32),
+        capture_sizes=(1, 2),
+        tolerance=Tolerance(1e-3, 2e-3),
+        matrix="m.yaml",
+        spec_tokens=2,
+    ),
 ]
 RESULTS = [
     CaseResult("a", Status.PASS),
-    CaseResult("b", Status.FAIL, reason="replay", checks=(CheckOutcome("replay", False, 1, 0.5, 0.1, 0.2, (3, 1), False, "d"),
-                                                         CheckOutcome("finite", True)),
-               capture_sizes_used=(8, 0), timings={"total_s": 1.5}, versions={"torch": "x"}, axes={"tp": 1}),
+    CaseResult(
+        "b",
+        Status.FAIL,
+        reason="replay",
+        checks=(CheckOutcome("replay", False, 1, 0.5, 0.1, 0.2, (3, 1), False, "d"), CheckOutcome("finite", True)),
+        capture_sizes_used=(8, 0),
+        timings={"total_s": 1.5},
+        versions={"torch": "x"},
+        axes={"tp": 1},
+    ),
 ]
 
 
@@ -31,7 +49,9 @@ def _asdict_result(r: CaseResult) -> dict:
     return d
 
 
-@pytest.mark.parametrize("case", CASES + list(load_matrix("matrices/smoke.yaml", devices="cpu", backend_checks=False).cases[:20]))
+@pytest.mark.parametrize(
+    "case", CASES + list(load_matrix("matrices/smoke.yaml", devices="cpu", backend_checks=False).cases[:20])
+)
 def test_case_to_dict_is_asdict_and_round_trips(case):
     d = case.to_dict()
     assert d == dataclasses.asdict(case) and json.dumps(d) == json.dumps(dataclasses.asdict(case))

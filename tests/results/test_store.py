@@ -27,7 +27,9 @@ def cases():
 def test_results_round_trip_exactly(tmp_path, cases):
     results = samples.make_results(cases)
     with ResultStore(str(tmp_path / "r.db")) as store:
-        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases, argv=["orch", "run"], devices="cpu", versions={"torch": "2.13"}))
+        rid = store.create_run(
+            NewRun(matrix="m.yaml", cases=cases, argv=["orch", "run"], devices="cpu", versions={"torch": "2.13"})
+        )
         for r in results:
             store.record(rid, r)
         store.finish_run(rid, "finished")
@@ -110,7 +112,9 @@ WRITER = textwrap.dedent(
 
 def test_every_recorded_result_survives_a_killed_writer(tmp_path, cases):
     db = str(tmp_path / "r.db")
-    proc = subprocess.run([sys.executable, "-c", WRITER.format(repo=REPO, db=db)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITER.format(repo=REPO, db=db)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 9, proc.stderr
     with ResultStore(db) as store:
         rid = store.latest_run_id()
@@ -172,8 +176,10 @@ def test_migrates_a_version_1_database_keeping_its_data(tmp_path, cases):
     con = sqlite3.connect(db)
     con.executescript(MIGRATIONS[0])
     con.execute("INSERT INTO meta VALUES ('app', 'orch-results'), ('schema_version', '1')")
-    con.execute("INSERT INTO runs(matrix, matrix_sha, git_sha, started_at, status, cluster, devices, versions, argv)"
-                " VALUES ('old.yaml', '', '', 1.0, 'finished', '', 'cpu', '{}', '[]')")
+    con.execute(
+        "INSERT INTO runs(matrix, matrix_sha, git_sha, started_at, status, cluster, devices, versions, argv)"
+        " VALUES ('old.yaml', '', '', 1.0, 'finished', '', 'cpu', '{}', '[]')"
+    )
     con.commit()
     con.close()
     with pytest.raises(InputError, match="old schema"):
@@ -265,7 +271,9 @@ def test_the_writer_lock_is_per_run_and_a_killed_drivers_is_taken_over(tmp_path,
             mine = store.create_run(NewRun(matrix="m.yaml", cases=cases[:2]), lock_writer=True)
             assert mine != rid and store.writer_of(mine)["pid"] == os.getpid()
             # ...but the holder's run has one writer: a second one (a --resume beside it) is refused.
-            with pytest.raises(InfraError, match=f"another orch driver \\(pid {holder.pid} on .* is writing run {rid} "):
+            with pytest.raises(
+                InfraError, match=f"another orch driver \\(pid {holder.pid} on .* is writing run {rid} "
+            ):
                 store.acquire_writer(rid)
     finally:
         holder.kill()
@@ -292,8 +300,19 @@ def test_resume_beside_a_live_driver_is_exit_3_in_one_line(tmp_path, capsys):
     db = str(tmp_path / "r.db")
     holder, rid = _holder(db)
     try:
-        code, err = _cli(capsys, "run", "matrices/smoke.yaml", "--db", db, "--out", str(tmp_path / "o"),
-                         "--devices", "cpu", "--resume", str(rid))
+        code, err = _cli(
+            capsys,
+            "run",
+            "matrices/smoke.yaml",
+            "--db",
+            db,
+            "--out",
+            str(tmp_path / "o"),
+            "--devices",
+            "cpu",
+            "--resume",
+            str(rid),
+        )
     finally:
         holder.kill()
         holder.wait()

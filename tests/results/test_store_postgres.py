@@ -43,7 +43,9 @@ def test_the_store_behaves_the_same_on_both_databases(db):
         b = store.create_run(NewRun(matrix="m.yaml", cases=cases, label="main"))
         store.record_many(b, [(samples.result_for(c), True) for c in cases])
         store.finish_run(b, "finished")
-        rid = store.create_run(NewRun(matrix="m.yaml", cases=cases, argv=["orch", "run", "--db", db], versions={"torch": "2.13"}))
+        rid = store.create_run(
+            NewRun(matrix="m.yaml", cases=cases, argv=["orch", "run", "--db", db], versions={"torch": "2.13"})
+        )
         store.record(rid, samples.result_for(cases[0], Status.TIMEOUT, attempts=1), final=False)  # retry pending
         store.record_many(rid, [(r, True) for r in results[1:10]])
         assert store.missing_case_ids(rid) == [c.case_id for c in [cases[0], *cases[10:]]]  # the planned order
@@ -56,7 +58,10 @@ def test_the_store_behaves_the_same_on_both_databases(db):
         assert (info.status, info.num_cases, info.num_results, info.device_model) == ("finished", 32, 32, "cpu")
         assert [r.id for r in store.labelled_runs("main")] == [b] and store.labelled_runs("other") == []
         assert store.durations()[cases[3].case_id] == results[3].timings["total_s"]
-        assert [(run, r.status) for run, r in store.history(samples.REGRESSION)] == [(rid, Status.FAIL), (b, Status.PASS)]
+        assert [(run, r.status) for run, r in store.history(samples.REGRESSION)] == [
+            (rid, Status.FAIL),
+            (b, Status.PASS),
+        ]
         hist = store.status_history()[samples.REGRESSION]
         assert hist == [(rid, "fail", "cpu"), (b, "pass", "cpu")]
         assert store.schema_version() == SCHEMA_VERSION
@@ -69,7 +74,9 @@ def test_the_store_behaves_the_same_on_both_databases(db):
 def _columns_sqlite(path: str) -> set[tuple]:
     types = {"TEXT": "text", "INTEGER": "integer", "REAL": "real"}
     con = sqlite3.connect(path)
-    tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name != 'sqlite_sequence'")]
+    tables = [
+        r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name != 'sqlite_sequence'")
+    ]
     out = {(t, c[1], types[c[2]], bool(c[3] or c[5])) for t in tables for c in con.execute(f"PRAGMA table_info({t})")}
     con.close()
     return out
@@ -81,12 +88,14 @@ def _columns_pg(url: str) -> set[tuple]:
     # float4 ("real" in PostgreSQL) would round a unix time to minutes: it must not appear.
     types = {"text": "text", "integer": "integer", "double precision": "real", "real": "float4", "bigint": "bigint"}
     with psycopg.connect(url) as con:
-        rows = con.execute("SELECT c.table_name, c.column_name, c.data_type, c.is_nullable = 'NO',"
-                           " EXISTS (SELECT 1 FROM information_schema.key_column_usage k"
-                           "  JOIN information_schema.table_constraints tc ON tc.constraint_name = k.constraint_name"
-                           "  WHERE tc.constraint_type = 'PRIMARY KEY' AND k.table_name = c.table_name"
-                           "  AND k.column_name = c.column_name)"
-                           " FROM information_schema.columns c WHERE c.table_schema = current_schema()").fetchall()
+        rows = con.execute(
+            "SELECT c.table_name, c.column_name, c.data_type, c.is_nullable = 'NO',"
+            " EXISTS (SELECT 1 FROM information_schema.key_column_usage k"
+            "  JOIN information_schema.table_constraints tc ON tc.constraint_name = k.constraint_name"
+            "  WHERE tc.constraint_type = 'PRIMARY KEY' AND k.table_name = c.table_name"
+            "  AND k.column_name = c.column_name)"
+            " FROM information_schema.columns c WHERE c.table_schema = current_schema()"
+        ).fetchall()
     return {(t, c, types[d], bool(nn or pk)) for t, c, d, nn, pk in rows}
 
 
@@ -116,7 +125,9 @@ WRITER = textwrap.dedent(
 
 
 def test_every_recorded_result_survives_a_killed_writer_and_its_run_resumes(db):
-    proc = subprocess.run([sys.executable, "-c", WRITER.format(repo=REPO, db=db)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITER.format(repo=REPO, db=db)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 9, proc.stderr
     with ResultStore(db) as store:
         rid = store.latest_run_id()
@@ -142,7 +153,9 @@ HOLDER = textwrap.dedent(
 
 
 def test_the_writer_lock_is_per_run_on_postgresql(pg_url):
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(repo=REPO, db=pg_url)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.format(repo=REPO, db=pg_url)], stdout=subprocess.PIPE, text=True
+    )
     try:
         _word, rid = holder.stdout.readline().split()
         rid = int(rid)
@@ -178,8 +191,18 @@ def _newer(url: str) -> None:
 
 # scenario -> (how the URL is made from the server and a fresh database, setup, exit code, text)
 BAD_DATABASES = {
-    "nothing listens there": (lambda srv, url: url.replace(f"host={srv.root}", f"host={srv.root}/nowhere"), None, 3, "unreachable"),
-    "wrong password": (lambda srv, url: url.replace(srv.password, "not-the-password"), None, 3, "password authentication failed"),
+    "nothing listens there": (
+        lambda srv, url: url.replace(f"host={srv.root}", f"host={srv.root}/nowhere"),
+        None,
+        3,
+        "unreachable",
+    ),
+    "wrong password": (
+        lambda srv, url: url.replace(srv.password, "not-the-password"),
+        None,
+        3,
+        "password authentication failed",
+    ),
     "no such database": (lambda srv, url: srv.url("absent_db"), None, 2, "does not exist"),
     "a database that is not orch's": (lambda srv, url: url, _foreign, 2, "not an orch results database"),
     "written by a newer orch": (lambda srv, url: url, _newer, 2, f"schema version {SCHEMA_VERSION + 1}"),
@@ -199,20 +222,33 @@ def test_a_bad_database_is_one_line_with_its_exit_code_and_no_password(pg_server
     assert err.startswith(f"orch: postgresql://{pg_server.user}@/")  # the URL, shown without the password
 
 
-def test_orch_db_points_every_command_at_one_store_and_no_output_shows_the_password(pg_server, pg_url, tmp_path,
-                                                                                     monkeypatch, capsys):
+def test_orch_db_points_every_command_at_one_store_and_no_output_shows_the_password(
+    pg_server, pg_url, tmp_path, monkeypatch, capsys
+):
     cases = samples.make_cases()
     with ResultStore(pg_url) as store:
         b = store.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, label="main"))
         store.record_many(b, [(r, True) for r in samples.make_baseline(cases)])
         store.finish_run(b, "finished")
-        rid = store.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases, argv=["orch", "run", "--db", pg_url], baseline=pg_url + "#main"))
+        rid = store.create_run(
+            NewRun(
+                matrix="matrices/sample.yaml",
+                cases=cases,
+                argv=["orch", "run", "--db", pg_url],
+                baseline=pg_url + "#main",
+            )
+        )
         store.record_many(rid, [(r, True) for r in samples.make_results(cases)])
         store.finish_run(rid, "finished")
     monkeypatch.setenv("ORCH_DB", pg_url)
     seen = []
-    for argv in (["report", "--format", "json"], ["report", "--format", "md", "--baseline", "main"], ["gate", "-v"],
-                 ["diff", "main", str(rid)], ["dashboard", "--out", str(tmp_path / "dash")]):
+    for argv in (
+        ["report", "--format", "json"],
+        ["report", "--format", "md", "--baseline", "main"],
+        ["gate", "-v"],
+        ["diff", "main", str(rid)],
+        ["dashboard", "--out", str(tmp_path / "dash")],
+    ):
         code, out, err = _cli(capsys, *argv)
         assert code in (0, 1), (argv, err)
         seen.append(out + err)

@@ -27,18 +27,24 @@ def _run(capsys, *argv):
 
 
 def test_markdown_lists_regressions_first_with_repro(db, tmp_path, capsys):
-    code, md, _ = _run(capsys, "report", "--db", db, "--format", "md", "--baseline", "1", "--known-failures", str(tmp_path / "kf.yaml"))
+    code, md, _ = _run(
+        capsys, "report", "--db", db, "--format", "md", "--baseline", "1", "--known-failures", str(tmp_path / "kf.yaml")
+    )
     assert code == 1  # the report exits by the verdict it prints
     heads = re.findall(r"^### (.+?) \(\d+\)", md, re.M)
     assert heads[:2] == ["Regressions", "New failures"]
-    assert heads.index("Old failures (not gating)") < heads.index("Flaky (not gating)") < heads.index("Fixed known failures")
-    reg = md[md.index("### Regressions"): md.index("### New failures")]
+    assert (
+        heads.index("Old failures (not gating)")
+        < heads.index("Flaky (not gating)")
+        < heads.index("Fixed known failures")
+    )
+    reg = md[md.index("### Regressions") : md.index("### New failures")]
     assert f"orch repro {samples.REGRESSION} --matrix matrices/sample.yaml" in reg and "(baseline: pass)" in reg
     assert re.search(r"[^ ] \(baseline: pass\)", reg), reg  # one space between the reason and the note
     assert "max_abs=0.812" in reg
     assert "gate FAILED: 2 regressions, 1 new failure; 31 ran (24 pass), 1 skipped" in md
     # Case text outside code blocks is escaped (Buildkite annotations render HTML).
-    new = md[md.index("### New failures"): md.index("### Old failures")]
+    new = md[md.index("### New failures") : md.index("### Old failures")]
     assert "&lt;script&gt;" in new.splitlines()[4] and "\x1b" not in md
     # Grid: one row per tp x mode, a column per kv x batch; the regression cell is marked.
     assert re.search(r"^\| tp2 FULL \| ✅↓ \| ✅ \| ✅ \| 🔻 \|$", md, re.M), md
@@ -80,7 +86,11 @@ def test_gate_command_exit_codes(db, capsys, name):
 def test_gate_passes_when_only_old_known_and_flaky_remain(tmp_path, capsys):
     path = str(tmp_path / "r.db")
     cases = samples.make_cases()
-    keep = [r for r in samples.make_results(cases) if r.case_id not in (samples.REGRESSION, samples.TIMEOUT, samples.NEW_FAILURE)]
+    keep = [
+        r
+        for r in samples.make_results(cases)
+        if r.case_id not in (samples.REGRESSION, samples.TIMEOUT, samples.NEW_FAILURE)
+    ]
     with ResultStore(path) as s:
         b = s.create_run(NewRun(matrix="m.yaml", cases=cases))
         for r in samples.make_baseline(cases):
@@ -93,7 +103,9 @@ def test_gate_passes_when_only_old_known_and_flaky_remain(tmp_path, capsys):
     (tmp_path / "kf.yaml").write_text(samples.KNOWN_YAML)
     rc, out, _ = _run(capsys, "gate", "--db", path, "--baseline", "1", "--known-failures", str(tmp_path / "kf.yaml"))
     assert rc == 0 and "gate PASSED" in out and f"fixed 1 (remove their known-failures entries): {samples.FIXED}" in out
-    rc, out, _ = _run(capsys, "gate", "--db", path, "--baseline", "1", "--known-failures", str(tmp_path / "kf.yaml"), "-v")
+    rc, out, _ = _run(
+        capsys, "gate", "--db", path, "--baseline", "1", "--known-failures", str(tmp_path / "kf.yaml"), "-v"
+    )
     assert rc == 0 and f"remove its known-failures entry): {samples.FIXED}" in out
 
 
@@ -115,8 +127,15 @@ def test_write_outputs_writes_junit_summary_dashboard_and_step_summary(db, tmp_p
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
     out = tmp_path / "out"
     with ResultStore(db) as s:
-        gate = write_outputs(s, 2, out_dir=str(out), junit_path=None, summary_path=None, baseline="1",
-                             known_failures=str(tmp_path / "kf.yaml"))
+        gate = write_outputs(
+            s,
+            2,
+            out_dir=str(out),
+            junit_path=None,
+            summary_path=None,
+            baseline="1",
+            known_failures=str(tmp_path / "kf.yaml"),
+        )
     assert not gate.passed and gate.known_failures == (samples.KNOWN_FAIL,)
     assert (out / "junit.xml").is_file() and (out / "dashboard" / "index.html").is_file()
     md = (out / "summary.md").read_text()

@@ -32,7 +32,7 @@ def test_exit_codes_in_help_are_the_readmes(capsys):
     assert "nothing to judge" not in top and "1 gate failed (also: nothing ran, unless --allow-empty)" in top
     assert all(f"{code} " in top for code in readme)
     run = _help(capsys, "run")
-    block = run[run.index("Exit codes:"):run.index("Examples:")]
+    block = run[run.index("Exit codes:") : run.index("Examples:")]
     assert re.findall(r"\b(\d+) +[a-z]", block) == readme, block
 
 
@@ -49,9 +49,9 @@ def test_dashboard_default_out_reads_as_a_path(capsys):
 
 def test_a_downgrade_names_the_family_of_its_providers():
     # mla's torch provider is UNIFORM_BATCH, gqa's ALWAYS: a line without the family read as a contradiction.
-    assert digest.downgrade_lines([("FULL", "FULL_AND_PIECEWISE", "torch", "mla"),
-                                   ("FULL", "FULL_AND_PIECEWISE", "aiter-emulated", "mla")]) == [
-        "2 cases: FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH mla backends (aiter-emulated, torch)"]
+    assert digest.downgrade_lines(
+        [("FULL", "FULL_AND_PIECEWISE", "torch", "mla"), ("FULL", "FULL_AND_PIECEWISE", "aiter-emulated", "mla")]
+    ) == ["2 cases: FULL downgraded to FULL_AND_PIECEWISE for UNIFORM_BATCH mla backends (aiter-emulated, torch)"]
 
 
 def test_a_run_outside_a_git_checkout_says_so(tmp_path, capsys, monkeypatch):
@@ -75,7 +75,7 @@ def test_results_doc_shows_stdout_without_the_stderr_prefix():
     # Only stderr's lines (progress, notes, warnings) start "orch: "; the run's conclusion does not.
     lines = [ln.strip() for ln in _read("docs/RESULTS.md").splitlines() if ln.startswith("    ")]
     stdout = re.compile(r"(run \d+|regression \d+|fail \d+|error \d+|baseline:|no baseline:|paste-ready|muted \d+)")
-    assert not [ln for ln in lines if ln.startswith("orch: ") and stdout.match(ln[len("orch: "):])]
+    assert not [ln for ln in lines if ln.startswith("orch: ") and stdout.match(ln[len("orch: ") :])]
     assert "    run 3: 30 ran (fail 2 pass 28)" in _read("docs/RESULTS.md")
 
 
@@ -88,6 +88,6 @@ def test_readme_says_how_long_and_the_virtual_environment_first():
 
 def test_backends_guide_says_which_branches_are_caught():
     guide = _read("docs/BACKENDS.md")
-    section = guide[guide.index("### Which host branches orch catches"):guide.index("## A minimal backend")]
+    section = guide[guide.index("### Which host branches orch catches") : guide.index("## A minimal backend")]
     assert "passes green, by design" in section and "frozen_branch.py" in section
     assert all(m in section for m in ("seed_aiter_fa.py", "overstated_support.py", "host_sync.py"))

@@ -199,11 +199,17 @@ def _order(d: Dispatcher, nodes: list[int], lift_after: int | None = None) -> li
     "tasks, lift_after, expected",
     [
         # Tier 0 first, longest first inside each tier, whatever the estimates across tiers.
-        ([Task("jit-long", 1, 9.0, tier=1), Task("a", 1, 1.0), Task("b", 1, 2.0), Task("jit", 1, 3.0, tier=1)],
-         None, ["b", "a", "jit-long", "jit"]),
+        (
+            [Task("jit-long", 1, 9.0, tier=1), Task("a", 1, 1.0), Task("b", 1, 2.0), Task("jit", 1, 3.0, tier=1)],
+            None,
+            ["b", "a", "jit-long", "jit"],
+        ),
         # Lifted after the first grant: the rest rank by estimate alone.
-        ([Task("jit-long", 1, 9.0, tier=1), Task("a", 1, 1.0), Task("b", 1, 2.0), Task("jit", 1, 3.0, tier=1)],
-         1, ["b", "jit-long", "jit", "a"]),
+        (
+            [Task("jit-long", 1, 9.0, tier=1), Task("a", 1, 1.0), Task("b", 1, 2.0), Task("jit", 1, 3.0, tier=1)],
+            1,
+            ["b", "jit-long", "jit", "a"],
+        ),
         # One tier: plain longest-first.
         ([Task("a", 1, 1.0), Task("b", 1, 2.0)], None, ["b", "a"]),
     ],

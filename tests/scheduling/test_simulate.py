@@ -131,8 +131,25 @@ def test_a_configs_modes_kept_together_share_their_work():
 
 
 def test_simulate_cli_models_configs(capsys):
-    assert orch(["simulate", "--gpus", "8", "--nodes", "1", "--cases", "100", "--modes-per-config", "5",
-                 "--policy", "ours", "--json"]) == 0
+    assert (
+        orch(
+            [
+                "simulate",
+                "--gpus",
+                "8",
+                "--nodes",
+                "1",
+                "--cases",
+                "100",
+                "--modes-per-config",
+                "5",
+                "--policy",
+                "ours",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)
     assert set(rows) == {"ours", "ours-ungrouped"} and rows["ours"]["makespan"] < rows["ours-ungrouped"]["makespan"]
     assert orch(["simulate", "--cases", "4", "--modes-per-config", "0"]) == 2

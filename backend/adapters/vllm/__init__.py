@@ -44,15 +44,22 @@ from backend.adapters.vllm.release import OLD_RANGE, SUPPORTED_RANGE, version_re
 from backend.adapters.vllm.roles import VllmBuilder, VllmImpl  # noqa: F401 - the adapter's API, re-exported
 
 # MLA backends (a family of their own, not bridged yet: see the module docstring).
-MLA_BACKENDS = ("TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "ROCM_AITER_MLA",
-                "FLASHMLA_SPARSE", "ROCM_AITER_MLA_SPARSE")
+MLA_BACKENDS = (
+    "TRITON_MLA",
+    "FLASHMLA",
+    "CUTLASS_MLA",
+    "FLASHINFER_MLA",
+    "FLASH_ATTN_MLA",
+    "ROCM_AITER_MLA",
+    "FLASHMLA_SPARSE",
+    "ROCM_AITER_MLA_SPARSE",
+)
 
 
 def family_reason(name: str) -> str | None:
     """Why `name` cannot serve the gqa family (None for the GQA backends it can)."""
     if name.removesuffix("_VLLM_V1") in MLA_BACKENDS:
-        return (f"unavailable: vllm:{name} is an MLA backend: run it with attention: [mla] "
-                "(bridged: TRITON_MLA)")
+        return f"unavailable: vllm:{name} is an MLA backend: run it with attention: [mla] (bridged: TRITON_MLA)"
     return None
 
 
@@ -135,8 +142,7 @@ def _unbridged(name: str, family: str):
     from backend.attention.interface import AttentionBackend
 
     why = f"unavailable: vllm:{name} is not bridged for the {family} family (backend/adapters/vllm/)"
-    attrs = {"name": f"vllm:{name}", "family": family,
-             "unavailable_reason": classmethod(lambda klass, device: why)}
+    attrs = {"name": f"vllm:{name}", "family": family, "unavailable_reason": classmethod(lambda klass, device: why)}
     return types.new_class(f"Vllm_{name}_{family}", (AttentionBackend,), {}, lambda ns: ns.update(attrs))
 
 

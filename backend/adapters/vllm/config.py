@@ -34,14 +34,24 @@ def model_dir(config: AttentionConfig) -> str:
     """A directory with a config.json for a Llama-shaped model of our (per-rank) heads: what
     ModelConfig reads instead of the hub. Written once per shape."""
     heads, kv_heads, d = config.num_heads, config.num_kv_heads, config.head_size
-    key = f"orch-vllm-model-h{heads}-kv{kv_heads}-d{d}-l{config.max_model_len}-{str(config.dtype).removeprefix('torch.')}"
+    key = (
+        f"orch-vllm-model-h{heads}-kv{kv_heads}-d{d}-l{config.max_model_len}-{str(config.dtype).removeprefix('torch.')}"
+    )
     path = os.path.join(tempfile.gettempdir(), key)
     os.makedirs(path, exist_ok=True)
-    doc = {"architectures": [TEST_ARCH], "model_type": "llama", "hidden_size": heads * d,
-           "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": d,
-           "num_hidden_layers": 1, "intermediate_size": 2 * heads * d, "vocab_size": 256,
-           "max_position_embeddings": config.max_model_len,
-           "torch_dtype": str(config.dtype).removeprefix("torch.")}
+    doc = {
+        "architectures": [TEST_ARCH],
+        "model_type": "llama",
+        "hidden_size": heads * d,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": d,
+        "num_hidden_layers": 1,
+        "intermediate_size": 2 * heads * d,
+        "vocab_size": 256,
+        "max_position_embeddings": config.max_model_len,
+        "torch_dtype": str(config.dtype).removeprefix("torch."),
+    }
     target = os.path.join(path, "config.json")
     tmp = f"{target}.{os.getpid()}"
     with open(tmp, "w") as f:
@@ -82,14 +92,26 @@ def speculative_config(k: int, model, parallel):
         return None
     from vllm.config import SpeculativeConfig
 
-    return SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_max=k + 1, prompt_lookup_min=1,
-                             target_model_config=model, target_parallel_config=parallel)
+    return SpeculativeConfig(
+        method="ngram",
+        num_speculative_tokens=k,
+        prompt_lookup_max=k + 1,
+        prompt_lookup_min=1,
+        target_model_config=model,
+        target_parallel_config=parallel,
+    )
 
 
-def build_vllm_config(config: AttentionConfig, *, model_kwargs: dict[str, Any] | None = None,
-                      scheduler_kwargs: dict[str, Any] | None = None, spec_tokens: int = 0,
-                      compilation_kwargs: dict[str, Any] | None = None,
-                      additional_config: dict[str, Any] | None = None, model_path: str | None = None) -> Any:
+def build_vllm_config(
+    config: AttentionConfig,
+    *,
+    model_kwargs: dict[str, Any] | None = None,
+    scheduler_kwargs: dict[str, Any] | None = None,
+    spec_tokens: int = 0,
+    compilation_kwargs: dict[str, Any] | None = None,
+    additional_config: dict[str, Any] | None = None,
+    model_path: str | None = None,
+) -> Any:
     """The VllmConfig vLLM's builder and Impl read for one rank's config. `model_kwargs` and
     `scheduler_kwargs` are what one interface's release needs beyond the common ones;
     `compilation_kwargs` replace the cudagraph_mode NONE default (GDN's builder stages its
@@ -107,20 +129,35 @@ def build_vllm_config(config: AttentionConfig, *, model_kwargs: dict[str, Any] |
 
     register_test_arch()
     d = model_path or model_dir(config)
-    model = ModelConfig(model=d, tokenizer=d, skip_tokenizer_init=True, dtype=config.dtype, seed=0,
-                        max_model_len=config.max_model_len, **(model_kwargs or {}))
+    model = ModelConfig(
+        model=d,
+        tokenizer=d,
+        skip_tokenizer_init=True,
+        dtype=config.dtype,
+        seed=0,
+        max_model_len=config.max_model_len,
+        **(model_kwargs or {}),
+    )
     cache = CacheConfig(block_size=config.block_size, cache_dtype=KV_DTYPES[config.kv_cache_dtype])
     cache.num_gpu_blocks = config.num_blocks
     cache.num_cpu_blocks = 0
-    scheduler = SchedulerConfig(max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-                                max_num_batched_tokens=max(config.max_num_tokens, config.max_model_len),
-                                **(scheduler_kwargs or {}))
+    scheduler = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=config.max_model_len,
+        max_num_batched_tokens=max(config.max_num_tokens, config.max_model_len),
+        **(scheduler_kwargs or {}),
+    )
     parallel = ParallelConfig(tensor_parallel_size=1)
     # cudagraph_mode NONE: vLLM's engine would capture; here our session captures (the mode is a
     # case axis, not a builder setting). Builders read it only for custom mask mods / sliding
     # windows, which our model does not use.
-    return VllmConfig(model_config=model, cache_config=cache, parallel_config=parallel,
-                      scheduler_config=scheduler, device_config=DeviceConfig(device=config.device.type),
-                      compilation_config=CompilationConfig(**(compilation_kwargs or {"cudagraph_mode": "NONE"})),
-                      speculative_config=speculative_config(spec_tokens, model, parallel),
-                      **({"additional_config": additional_config} if additional_config else {}))
+    return VllmConfig(
+        model_config=model,
+        cache_config=cache,
+        parallel_config=parallel,
+        scheduler_config=scheduler,
+        device_config=DeviceConfig(device=config.device.type),
+        compilation_config=CompilationConfig(**(compilation_kwargs or {"cudagraph_mode": "NONE"})),
+        speculative_config=speculative_config(spec_tokens, model, parallel),
+        **({"additional_config": additional_config} if additional_config else {}),
+    )

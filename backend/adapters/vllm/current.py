@@ -108,8 +108,12 @@ def vllm_context(name: str, config: AttentionConfig) -> VllmContext:
     if cls is None:
         raise RuntimeError(why)
     vc = build_vllm_config(config, scheduler_kwargs={"is_encoder_decoder": False}, spec_tokens=config.spec_tokens)
-    spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=config.num_kv_heads,
-                             head_size=config.head_size, dtype=kv_cache_torch_dtype(config))
+    spec = FullAttentionSpec(
+        block_size=config.block_size,
+        num_kv_heads=config.num_kv_heads,
+        head_size=config.head_size,
+        dtype=kv_cache_torch_dtype(config),
+    )
     layouts = cls.supported_kv_cache_layouts() or (KVCacheLayout.LBNHC,)
     return VllmContext(vc, spec, layouts[0])
 
@@ -140,11 +144,17 @@ class CurrentInterface(Interface):
 
         c = meta.v2_counts(md)
         return CommonAttentionMetadata(
-            query_start_loc=c.query_start_loc, query_start_loc_cpu=meta.host(c.query_start_loc),
-            seq_lens=c.seq_lens, num_reqs=c.num_reqs, num_actual_tokens=c.num_tokens,
-            max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
-            block_table_tensor=c.block_table, slot_mapping=c.slot_mapping,
-            seq_lens_cpu_upper_bound=meta.host(c.seq_lens))
+            query_start_loc=c.query_start_loc,
+            query_start_loc_cpu=meta.host(c.query_start_loc),
+            seq_lens=c.seq_lens,
+            num_reqs=c.num_reqs,
+            num_actual_tokens=c.num_tokens,
+            max_query_len=md.max_query_len,
+            max_seq_len=md.max_seq_len,
+            block_table_tensor=c.block_table,
+            slot_mapping=c.slot_mapping,
+            seq_lens_cpu_upper_bound=meta.host(c.seq_lens),
+        )
 
     def run(self, wrapper, query, key, value, kv_cache, metadata, output):
         cache = caches.as_vllm_view(kv_cache)

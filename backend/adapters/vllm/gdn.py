@@ -80,15 +80,24 @@ def vllm_context(config: AttentionConfig):
 
     from backend.adapters.vllm.config import build_vllm_config
 
-    vc = build_vllm_config(config, scheduler_kwargs={"is_encoder_decoder": False}, spec_tokens=config.spec_tokens,
-                           compilation_kwargs={"cudagraph_mode": "FULL_AND_PIECEWISE",
-                                               "max_cudagraph_capture_size": config.max_capture_size or None},
-                           additional_config={"gdn_prefill_backend": "triton"})
+    vc = build_vllm_config(
+        config,
+        scheduler_kwargs={"is_encoder_decoder": False},
+        spec_tokens=config.spec_tokens,
+        compilation_kwargs={
+            "cudagraph_mode": "FULL_AND_PIECEWISE",
+            "max_cudagraph_capture_size": config.max_capture_size or None,
+        },
+        additional_config={"gdn_prefill_backend": "triton"},
+    )
     d = GDNDims.of(config)
-    spec = MambaSpec(block_size=config.block_size, shapes=((d.conv_width, d.conv_dim),
-                                                           (d.num_v_heads, d.head_v_dim, d.head_k_dim)),
-                     dtypes=(config.dtype, config.dtype), mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
-                     num_speculative_blocks=config.spec_tokens)
+    spec = MambaSpec(
+        block_size=config.block_size,
+        shapes=((d.conv_width, d.conv_dim), (d.num_v_heads, d.head_v_dim, d.head_k_dim)),
+        dtypes=(config.dtype, config.dtype),
+        mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
+        num_speculative_blocks=config.spec_tokens,
+    )
     return vc, spec
 
 
@@ -126,21 +135,33 @@ class VllmGDNBuilder:
         from vllm.v1.attention.backend import CommonAttentionMetadata
 
         n, rows = cm.num_reqs, cm.num_padded_reqs
-        q = cm.query_start_loc_cpu[1:rows + 1] - cm.query_start_loc_cpu[:rows]
+        q = cm.query_start_loc_cpu[1 : rows + 1] - cm.query_start_loc_cpu[:rows]
         # V2's is_prefilling: only its "no prior state" test reads it (rows without context)
         prefilling = None if capture else (cm.seq_lens_cpu[:rows] <= q) & (torch.arange(rows) < n)
         return CommonAttentionMetadata(
-            query_start_loc=cm.query_start_loc, query_start_loc_cpu=cm.query_start_loc_cpu, seq_lens=cm.seq_lens,
-            num_reqs=rows, num_actual_tokens=cm.num_padded_tokens, max_query_len=cm.max_query_len,
-            max_seq_len=cm.max_seq_len, block_table_tensor=cm.block_table_tensor, slot_mapping=cm.slot_mapping,
-            seq_lens_cpu_upper_bound=cm.seq_lens_cpu, is_prefilling=prefilling)
+            query_start_loc=cm.query_start_loc,
+            query_start_loc_cpu=cm.query_start_loc_cpu,
+            seq_lens=cm.seq_lens,
+            num_reqs=rows,
+            num_actual_tokens=cm.num_padded_tokens,
+            max_query_len=cm.max_query_len,
+            max_seq_len=cm.max_seq_len,
+            block_table_tensor=cm.block_table_tensor,
+            slot_mapping=cm.slot_mapping,
+            seq_lens_cpu_upper_bound=cm.seq_lens_cpu,
+            is_prefilling=prefilling,
+        )
 
     def build(self, cm) -> VllmGDNMetadata:
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(self.vllm_config):
-            md = self.vllm_builder.build(0, self._common(cm, False), num_accepted_tokens=cm.num_accepted_tokens,
-                                         num_decode_draft_tokens_cpu=cm.num_draft_tokens_cpu)
+            md = self.vllm_builder.build(
+                0,
+                self._common(cm, False),
+                num_accepted_tokens=cm.num_accepted_tokens,
+                num_decode_draft_tokens_cpu=cm.num_draft_tokens_cpu,
+            )
         return VllmGDNMetadata(md, cm.num_reqs, cm.num_padded_reqs)
 
     def build_for_capture(self, cm) -> VllmGDNMetadata:
@@ -159,16 +180,30 @@ def layer_view(layer_cls, config: AttentionConfig, page, layout, weights: dict) 
 
     d = GDNDims.of(config)
     view = types.SimpleNamespace(
-        prefix=LAYER, kv_cache=(layout.conv(page), layout.state(page)),
+        prefix=LAYER,
+        kv_cache=(layout.conv(page), layout.state(page)),
         conv1d=types.SimpleNamespace(weight=weights["conv_w"].view(d.conv_dim, 1, d.conv_kernel), bias=None),
-        activation="silu", A_log=weights["A_log"], dt_bias=weights["dt_bias"], tp_size=1,
-        num_k_heads=d.num_k_heads, num_v_heads=d.num_v_heads, head_k_dim=d.head_k_dim, head_v_dim=d.head_v_dim,
-        key_dim=d.num_k_heads * d.head_k_dim, value_dim=d.num_v_heads * d.head_v_dim,
-        gdn_prefill_backend="triton", enable_packed_recurrent_decode=False,
-        chunk_gated_delta_rule=ChunkGatedDeltaRule())
+        activation="silu",
+        A_log=weights["A_log"],
+        dt_bias=weights["dt_bias"],
+        tp_size=1,
+        num_k_heads=d.num_k_heads,
+        num_v_heads=d.num_v_heads,
+        head_k_dim=d.head_k_dim,
+        head_v_dim=d.head_v_dim,
+        key_dim=d.num_k_heads * d.head_k_dim,
+        value_dim=d.num_v_heads * d.head_v_dim,
+        gdn_prefill_backend="triton",
+        enable_packed_recurrent_decode=False,
+        chunk_gated_delta_rule=ChunkGatedDeltaRule(),
+    )
     # its methods the core calls on self (the packed decode and FlashInfer's prefill: off here)
-    for name in ("rearrange_mixed_qkv", "_warmup_prefill_kernels", "_forward_core_decode_non_spec",
-                 "_forward_flashinfer_prefill"):
+    for name in (
+        "rearrange_mixed_qkv",
+        "_warmup_prefill_kernels",
+        "_forward_core_decode_non_spec",
+        "_forward_flashinfer_prefill",
+    ):
         setattr(view, name, types.MethodType(getattr(layer_cls, name), view))
     return view
 

@@ -49,8 +49,9 @@ class Counts:
 
 def v2_counts(md: AttentionMetadata) -> Counts:
     """V2 model runner: every padded request and token is in the counts."""
-    return Counts(md.num_padded_reqs, md.num_padded_tokens, md.query_start_loc, md.seq_lens, md.block_table,
-                  md.slot_mapping)
+    return Counts(
+        md.num_padded_reqs, md.num_padded_tokens, md.query_start_loc, md.seq_lens, md.block_table, md.slot_mapping
+    )
 
 
 def v1_counts(md: AttentionMetadata) -> Counts:

@@ -60,8 +60,13 @@ class VllmTritonMLAImpl(MLAImpl):
         sm = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         # The attributes forward_mqa reads of its Impl (TritonMLAImpl.__init__ sets them from the
         # layer's MLA args; ours are the same values).
-        self.view = types.SimpleNamespace(kv_lora_rank=self.dims.kv_lora_rank, scale=config.scale,
-                                          decode_sliding_window=None, dcp_world_size=1, _sm_count=sm)
+        self.view = types.SimpleNamespace(
+            kv_lora_rank=self.dims.kv_lora_rank,
+            scale=config.scale,
+            decode_sliding_window=None,
+            dcp_world_size=1,
+            _sm_count=sm,
+        )
 
     def forward(self, q, kv_c, k_pe, kv_cache, metadata, k_scale, output, w_uk_t, w_uv):
         md, dims = metadata, self.dims
@@ -71,12 +76,14 @@ class VllmTritonMLAImpl(MLAImpl):
             qq = mla_ops.absorb_query(q[:dt], w_uk_t, dims)
             decode = types.SimpleNamespace(
                 decode=types.SimpleNamespace(block_table=md.block_table[:nd], seq_lens=md.seq_lens[:nd]),
-                max_seq_len=md.max_seq_len, causal=True)
+                max_seq_len=md.max_seq_len,
+                causal=True,
+            )
             o_lat, _ = self.forward_mqa(self.view, qq, kv_cache, decode, types.SimpleNamespace(_k_scale=k_scale))
             output[:dt].copy_(mla_ops.up_project(o_lat.to(q.dtype), w_uv))
         if npt:
             res = mla_ops.decompressed_prefill(q, kv_cache, md, k_scale, self.config.scale, dims, w_uk_t, w_uv)
-            output[dt:dt + npt].copy_(res.to(output.dtype))
+            output[dt : dt + npt].copy_(res.to(output.dtype))
         return output
 
 

@@ -49,11 +49,15 @@ from backend.providers.torch_mla_sparse import TorchSparseMLAImpl
 NAME = "FLASHMLA_SPARSE"
 LAYER = "model.layers.0.self_attn.attn"
 INDEXER_LAYER = "model.layers.0.self_attn.indexer.k_cache"
-KERNELS = ("indexer and sparse MLA builders: vLLM's; KV write, indexer scores, top-k and sparse MLA: "
-           "orch's torch (FlashMLA's sparse kernels and DeepGEMM are compiled CUDA)")
-ROCM_REASON = ("unavailable: vllm:ROCM_AITER_MLA_SPARSE is not bridged: its builder's constructor imports "
-               "aiter.get_mla_metadata_info_v1 (a ROCm JIT module) and its build calls aiter.get_mla_metadata_v1 "
-               "(compiled HIP) and generate_sparse_seqlen_triton (Triton); docs/VLLM.md")
+KERNELS = (
+    "indexer and sparse MLA builders: vLLM's; KV write, indexer scores, top-k and sparse MLA: "
+    "orch's torch (FlashMLA's sparse kernels and DeepGEMM are compiled CUDA)"
+)
+ROCM_REASON = (
+    "unavailable: vllm:ROCM_AITER_MLA_SPARSE is not bridged: its builder's constructor imports "
+    "aiter.get_mla_metadata_info_v1 (a ROCm JIT module) and its build calls aiter.get_mla_metadata_v1 "
+    "(compiled HIP) and generate_sparse_seqlen_triton (Triton); docs/VLLM.md"
+)
 
 
 def on_gpu() -> bool:
@@ -95,13 +99,26 @@ def model_dir(config: AttentionConfig) -> str:
     from backend.adapters.vllm.config import TEST_ARCH
 
     m, ix = MLADims.of(config), IndexerDims.of(config)
-    doc = {"architectures": [TEST_ARCH], "model_type": "deepseek_v32", "num_attention_heads": config.num_heads,
-           "num_key_value_heads": config.num_heads, "hidden_size": config.num_heads * m.v_head_dim,
-           "num_hidden_layers": 1, "intermediate_size": 2 * config.num_heads * m.v_head_dim, "vocab_size": 256,
-           "max_position_embeddings": config.max_model_len, "torch_dtype": str(config.dtype).removeprefix("torch."),
-           "kv_lora_rank": m.kv_lora_rank, "qk_rope_head_dim": m.qk_rope_head_dim,
-           "qk_nope_head_dim": m.qk_nope_head_dim, "v_head_dim": m.v_head_dim, "q_lora_rank": None,
-           "index_n_heads": ix.index_n_heads, "index_head_dim": ix.index_head_dim, "index_topk": ix.index_topk}
+    doc = {
+        "architectures": [TEST_ARCH],
+        "model_type": "deepseek_v32",
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_heads,
+        "hidden_size": config.num_heads * m.v_head_dim,
+        "num_hidden_layers": 1,
+        "intermediate_size": 2 * config.num_heads * m.v_head_dim,
+        "vocab_size": 256,
+        "max_position_embeddings": config.max_model_len,
+        "torch_dtype": str(config.dtype).removeprefix("torch."),
+        "kv_lora_rank": m.kv_lora_rank,
+        "qk_rope_head_dim": m.qk_rope_head_dim,
+        "qk_nope_head_dim": m.qk_nope_head_dim,
+        "v_head_dim": m.v_head_dim,
+        "q_lora_rank": None,
+        "index_n_heads": ix.index_n_heads,
+        "index_head_dim": ix.index_head_dim,
+        "index_topk": ix.index_topk,
+    }
     key = "orch-vllm-dsv32-" + "-".join(str(v) for k, v in sorted(doc.items()) if k != "architectures")
     path = os.path.join(tempfile.gettempdir(), key)
     os.makedirs(path, exist_ok=True)
@@ -119,10 +136,16 @@ def vllm_context(config: AttentionConfig) -> Any:
     from the static forward context: no prefill backend, no ShardQ."""
     from backend.adapters.vllm.config import build_vllm_config
 
-    vc = build_vllm_config(config, scheduler_kwargs={"is_encoder_decoder": False}, spec_tokens=config.spec_tokens,
-                           compilation_kwargs={"cudagraph_mode": "FULL_AND_PIECEWISE",
-                                               "max_cudagraph_capture_size": config.max_capture_size or None},
-                           model_path=model_dir(config))
+    vc = build_vllm_config(
+        config,
+        scheduler_kwargs={"is_encoder_decoder": False},
+        spec_tokens=config.spec_tokens,
+        compilation_kwargs={
+            "cudagraph_mode": "FULL_AND_PIECEWISE",
+            "max_cudagraph_capture_size": config.max_capture_size or None,
+        },
+        model_path=model_dir(config),
+    )
     layer = types.SimpleNamespace(prefill_backend=None, use_shardq=False, impl=types.SimpleNamespace())
     vc.compilation_config.static_forward_context[LAYER] = layer
     return vc
@@ -143,8 +166,11 @@ def indexer_token_lens(built: Any, query_start_loc_cpu: torch.Tensor, num_tokens
         qsl = query_start_loc_cpu.tolist()
         if seq.shape[0] == built.num_decodes:  # native: a row a request
             cols = seq.shape[1]
-            pairs = [(qsl[r] + j, r * cols + cols - (qsl[r + 1] - qsl[r]) + j)
-                     for r in range(built.num_decodes) for j in range(qsl[r + 1] - qsl[r])]
+            pairs = [
+                (qsl[r] + j, r * cols + cols - (qsl[r + 1] - qsl[r]) + j)
+                for r in range(built.num_decodes)
+                for j in range(qsl[r + 1] - qsl[r])
+            ]
         else:  # flattened: a row a token
             pairs = [(t, t) for t in range(seq.shape[0])]
         pairs = [(t, i) for t, i in pairs if t < num_tokens]
@@ -153,7 +179,7 @@ def indexer_token_lens(built: Any, query_start_loc_cpu: torch.Tensor, num_tokens
             out[tokens] = seq.reshape(-1)[index].to(torch.int32)
     if built.prefill is not None:
         for chunk in built.prefill.chunks:
-            out[chunk.token_start:chunk.token_end].copy_(chunk.cu_seqlen_ke - chunk.cu_seqlen_ks)
+            out[chunk.token_start : chunk.token_end].copy_(chunk.cu_seqlen_ke - chunk.cu_seqlen_ks)
     return out
 
 
@@ -177,11 +203,13 @@ class VllmSparseMLABuilder(SparseMLAMetadataBuilder):
         m = MLADims.of(config)
         device = torch.device(config.device)
         mla_spec = MLAAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=m.row, dtype=config.dtype)
-        index_spec = MLAAttentionSpec(block_size=config.block_size, num_kv_heads=1,
-                                      head_size=self.index.index_head_dim, dtype=config.dtype)
+        index_spec = MLAAttentionSpec(
+            block_size=config.block_size, num_kv_heads=1, head_size=self.index.index_head_dim, dtype=config.dtype
+        )
         with set_current_vllm_config(self.vllm_config):
-            self.vllm_indexer = loaded[0](index_spec, [INDEXER_LAYER], self.vllm_config, device,
-                                          block_table_width=config.max_blocks_per_seq)
+            self.vllm_indexer = loaded[0](
+                index_spec, [INDEXER_LAYER], self.vllm_config, device, block_table_width=config.max_blocks_per_seq
+            )
             self.vllm_sparse = loaded[1](mla_spec, [LAYER], self.vllm_config, device)
 
     def _common(self, md: SparseMLAMetadata) -> Any:
@@ -189,14 +217,28 @@ class VllmSparseMLABuilder(SparseMLAMetadataBuilder):
 
         rows = md.num_padded_reqs
         return CommonAttentionMetadata(
-            query_start_loc=md.query_start_loc, query_start_loc_cpu=md.query_start_loc.to("cpu", copy=True),
-            seq_lens=md.seq_lens, num_reqs=rows, num_actual_tokens=md.num_padded_tokens,
-            max_query_len=md.max_query_len, max_seq_len=md.max_seq_len, block_table_tensor=md.block_table,
-            slot_mapping=md.slot_mapping, seq_lens_cpu_upper_bound=md.seq_lens.to("cpu", copy=True))
+            query_start_loc=md.query_start_loc,
+            query_start_loc_cpu=md.query_start_loc.to("cpu", copy=True),
+            seq_lens=md.seq_lens,
+            num_reqs=rows,
+            num_actual_tokens=md.num_padded_tokens,
+            max_query_len=md.max_query_len,
+            max_seq_len=md.max_seq_len,
+            block_table_tensor=md.block_table,
+            slot_mapping=md.slot_mapping,
+            seq_lens_cpu_upper_bound=md.seq_lens.to("cpu", copy=True),
+        )
 
-    def _write(self, query_lens: Sequence[int], seq_lens: Sequence[int], block_table: torch.Tensor,
-               slot_mapping: torch.Tensor, padded_tokens: int, padded_reqs: int,
-               for_capture: bool) -> VllmSparseMLAMetadata:
+    def _write(
+        self,
+        query_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        block_table: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        padded_tokens: int,
+        padded_reqs: int,
+        for_capture: bool,
+    ) -> VllmSparseMLAMetadata:
         from vllm.config import set_current_vllm_config
 
         md = super()._write(query_lens, seq_lens, block_table, slot_mapping, padded_tokens, padded_reqs, for_capture)
@@ -222,8 +264,12 @@ def emulated() -> tuple[str, ...]:
     kernels = ("indexer scores, top-k, sparse MLA (orch's torch)",)
     if on_gpu():
         return kernels
-    return (sparse_standins.TOKEN_TO_REQ, sparse_standins.PREFILL_CHUNK, sparse_standins.UNIFORM_DECODE,
-            sparse_standins.COMPUTE_UNITS) + kernels
+    return (
+        sparse_standins.TOKEN_TO_REQ,
+        sparse_standins.PREFILL_CHUNK,
+        sparse_standins.UNIFORM_DECODE,
+        sparse_standins.COMPUTE_UNITS,
+    ) + kernels
 
 
 @functools.lru_cache(maxsize=1)
@@ -258,6 +304,9 @@ def make_sparse_backend() -> type[SparseMLABackend]:
 @functools.lru_cache(maxsize=1)
 def make_rocm_sparse_backend() -> type[SparseMLABackend]:
     """vllm:ROCM_AITER_MLA_SPARSE: a class whose every case skips with the reason it cannot run."""
-    attrs = {"name": "vllm:ROCM_AITER_MLA_SPARSE", "cudagraph_support": AttentionCGSupport.UNIFORM_BATCH,
-             "unavailable_reason": classmethod(lambda klass, device: ROCM_REASON)}
+    attrs = {
+        "name": "vllm:ROCM_AITER_MLA_SPARSE",
+        "cudagraph_support": AttentionCGSupport.UNIFORM_BATCH,
+        "unavailable_reason": classmethod(lambda klass, device: ROCM_REASON),
+    }
     return types.new_class("Vllm_ROCM_AITER_MLA_SPARSE", (SparseMLABackend,), {}, lambda ns: ns.update(attrs))

@@ -22,8 +22,10 @@ EMULATED: list[str] = []
 
 # Compiled modules a backend's kernels live in, beyond vLLM's Python: absent from the trimmed
 # Python-only wheel (benchmarks/build_vllm_wheel.py).
-NATIVE = {"FLASH_ATTN": ("vllm.vllm_flash_attn._vllm_fa2_C", "vllm.vllm_flash_attn._vllm_fa3_C"),
-          "FLASHINFER": ("flashinfer",)}
+NATIVE = {
+    "FLASH_ATTN": ("vllm.vllm_flash_attn._vllm_fa2_C", "vllm.vllm_flash_attn._vllm_fa3_C"),
+    "FLASHINFER": ("flashinfer",),
+}
 
 # Compiled modules vLLM's platform classes import at module level, stubbed where a Python-only
 # install lacks them: vllm/platforms/cuda.py runs `import vllm._C_stable_libtorch` (0.33/0.34; its
@@ -133,9 +135,11 @@ def ensure_cache_ops() -> tuple[str, ...]:
     except (AttributeError, RuntimeError):
         if _LIBRARY is None:
             lib = torch.library.Library("_C_cache_ops", "FRAGMENT")
-            lib.define("reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, "
-                       "Tensor(b!) value_cache, Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, "
-                       "Tensor v_scale) -> ()")
+            lib.define(
+                "reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, "
+                "Tensor(b!) value_cache, Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, "
+                "Tensor v_scale) -> ()"
+            )
             # Composite: it decomposes into aten ops, which the CPU graph emulation records.
             lib.impl("reshape_and_cache_flash", _reshape_and_cache_flash, "CompositeImplicitAutograd")
             _LIBRARY = lib

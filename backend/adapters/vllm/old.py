@@ -102,7 +102,8 @@ def load(name: str) -> tuple[Any, str | None]:
 
         return None, family_reason(base) or (
             f"unavailable: vllm:{base} is not bridged for vLLM {_release()} (the old interface knows "
-            f"{', '.join(CLASS_PATHS)}: backend/adapters/vllm/old.py)")
+            f"{', '.join(CLASS_PATHS)}: backend/adapters/vllm/old.py)"
+        )
     module_name, _, attr = path.partition(":")
     try:
         with errors.quiet_vllm_import():
@@ -150,8 +151,16 @@ def impl_kv_dtypes(cls) -> tuple[str, ...]:
     taken = []
     for theirs in KV_DTYPES.values():
         try:
-            cls.get_impl_cls()(num_heads=2, head_size=64, scale=0.125, num_kv_heads=1, alibi_slopes=None,
-                               sliding_window=None, kv_cache_dtype=theirs, logits_soft_cap=None)
+            cls.get_impl_cls()(
+                num_heads=2,
+                head_size=64,
+                scale=0.125,
+                num_kv_heads=1,
+                alibi_slopes=None,
+                sliding_window=None,
+                kv_cache_dtype=theirs,
+                logits_soft_cap=None,
+            )
         except NotImplementedError:
             continue
         except Exception:  # noqa: BLE001 - not a refusal of the dtype
@@ -171,8 +180,13 @@ def vllm_context(name: str, config: AttentionConfig) -> VllmContext:
     vc = build_vllm_config(config, model_kwargs={"use_async_output_proc": False})
     fields = {f.name for f in dataclasses.fields(FullAttentionSpec)}
     extra = {"use_mla": False} if "use_mla" in fields else {}
-    spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=config.num_kv_heads,
-                             head_size=config.head_size, dtype=kv_cache_torch_dtype(config), **extra)
+    spec = FullAttentionSpec(
+        block_size=config.block_size,
+        num_kv_heads=config.num_kv_heads,
+        head_size=config.head_size,
+        dtype=kv_cache_torch_dtype(config),
+        **extra,
+    )
     return VllmContext(vc, spec, None)
 
 
@@ -212,11 +226,19 @@ class OldInterface(Interface):
         c = meta.v1_counts(md)
         qsl_cpu, seq_cpu = meta.host(c.query_start_loc), meta.host(c.seq_lens)
         return CommonAttentionMetadata(
-            query_start_loc=c.query_start_loc, query_start_loc_cpu=qsl_cpu, seq_lens=c.seq_lens,
-            seq_lens_cpu=seq_cpu, num_computed_tokens_cpu=seq_cpu - (qsl_cpu[1:] - qsl_cpu[:-1]),
-            num_reqs=c.num_reqs, num_actual_tokens=c.num_tokens, max_query_len=md.max_query_len,
-            max_seq_len=md.max_seq_len, block_table_tensor=c.block_table, slot_mapping=c.slot_mapping,
-            causal=True)
+            query_start_loc=c.query_start_loc,
+            query_start_loc_cpu=qsl_cpu,
+            seq_lens=c.seq_lens,
+            seq_lens_cpu=seq_cpu,
+            num_computed_tokens_cpu=seq_cpu - (qsl_cpu[1:] - qsl_cpu[:-1]),
+            num_reqs=c.num_reqs,
+            num_actual_tokens=c.num_tokens,
+            max_query_len=md.max_query_len,
+            max_seq_len=md.max_seq_len,
+            block_table_tensor=c.block_table,
+            slot_mapping=c.slot_mapping,
+            causal=True,
+        )
 
     def query_declarer(self, cls, impl):
         return cls  # 0.11.0's layer reads the backend class's flag; 0.10.2's has none (and none declares it)
@@ -240,8 +262,10 @@ class OldInterface(Interface):
         reasons = []
         sizes = cls.get_supported_head_sizes() if hasattr(cls, "get_supported_head_sizes") else None
         if sizes and config.head_size not in sizes:
-            reasons.append(f"head_size {config.head_size} not supported by vllm:{_base_name(name)} "
-                           f"(vLLM {_release()}: {', '.join(map(str, sizes))})")
+            reasons.append(
+                f"head_size {config.head_size} not supported by vllm:{_base_name(name)} "
+                f"(vLLM {_release()}: {', '.join(map(str, sizes))})"
+            )
         try:
             cls.get_kv_cache_shape(config.num_blocks, config.block_size, config.num_kv_heads, config.head_size)
         except ValueError as exc:

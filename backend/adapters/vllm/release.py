@@ -30,8 +30,10 @@ OLD_RANGE = ("0.10.2", "0.12.0")
 RANGES = {"old": OLD_RANGE, "current": SUPPORTED_RANGE}
 SITE_ENV = "ORCH_VLLM"
 REPO_ROOT = Path(__file__).resolve().parents[3]
-NOT_INSTALLED = ("unavailable: vllm is not installed (pip install vllm --no-deps plus docs/VLLM.md's extra "
-                 "packages, or ORCH_VLLM=RELEASE with its target dir)")
+NOT_INSTALLED = (
+    "unavailable: vllm is not installed (pip install vllm --no-deps plus docs/VLLM.md's extra "
+    "packages, or ORCH_VLLM=RELEASE with its target dir)"
+)
 
 
 def _range_text(rng: tuple[str, str]) -> str:
@@ -91,8 +93,10 @@ def site_error() -> str | None:
         return None
     path = site_dir(value)
     if not (path / "vllm" / "__init__.py").is_file():
-        return (f"{SITE_ENV}={value}: {path} holds no vllm (build it: python benchmarks/build_vllm_wheel.py "
-                f"--version {value} --site)")
+        return (
+            f"{SITE_ENV}={value}: {path} holds no vllm (build it: python benchmarks/build_vllm_wheel.py "
+            f"--version {value} --site)"
+        )
     loaded = sys.modules.get("vllm")
     if loaded is not None and not str(getattr(loaded, "__file__", "") or "").startswith(str(path)):
         return f"{SITE_ENV}={value}: another vllm is already imported in this process ({loaded.__file__})"

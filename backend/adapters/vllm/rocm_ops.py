@@ -37,7 +37,8 @@ _LIBRARIES: dict[str, torch.library.Library] = {}
 _VARLEN_SCHEMA = (
     "flash_attn_varlen_func(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor cu_seqlens_q, "
     "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, SymInt[]? window_size, "
-    "float[]? alibi_slopes, Tensor block_table, Tensor k_scale, Tensor v_scale, SymInt total_tokens=0) -> Tensor")
+    "float[]? alibi_slopes, Tensor block_table, Tensor k_scale, Tensor v_scale, SymInt total_tokens=0) -> Tensor"
+)
 # AITER's paged_attention_v1 as vLLM 0.10.2 calls it (18 positional arguments) and
 # aiter_ops_emulated.paged_attention_v1 takes them.
 _PAGED_SCHEMA = (
@@ -45,14 +46,27 @@ _PAGED_SCHEMA = (
     "Tensor value_cache, float scale, Tensor block_tables, Tensor? cu_query_lens, Tensor context_lens, "
     "SymInt max_context_len, Tensor? alibi_slopes, str kv_cache_dtype, str kv_cache_layout, float logits_soft_cap, "
     "Tensor k_scale, Tensor v_scale, Tensor? fp8_out_scale=None, SymInt partition_size=256, SymInt mtp=1, "
-    "SymInt sliding_window=0) -> ()")
+    "SymInt sliding_window=0) -> ()"
+)
 
-EMULATED_NAMES = ("vllm.flash_attn_varlen_func (vllm_layout_trans + aiter varlen: orch's AITER emulation)",
-                  "aiter.paged_attention_v1 (orch's AITER emulation)")
+EMULATED_NAMES = (
+    "vllm.flash_attn_varlen_func (vllm_layout_trans + aiter varlen: orch's AITER emulation)",
+    "aiter.paged_attention_v1 (orch's AITER emulation)",
+)
 
 
-def vllm_layout_trans(b_query_lens_loc, b_seq_lens_loc, block_table, k_cache, v_cache, max_seq_len: int,
-                      k_scale, v_scale, output_dtype, total_tokens: int):
+def vllm_layout_trans(
+    b_query_lens_loc,
+    b_seq_lens_loc,
+    block_table,
+    k_cache,
+    v_cache,
+    max_seq_len: int,
+    k_scale,
+    v_scale,
+    output_dtype,
+    total_tokens: int,
+):
     """vLLM's Triton `vllm_layout_trans` (0.10.2 rocm_aiter_fa.py), in torch: for each request b of
     the launch grid (block_table.shape[0] requests x cdiv(max_seq_len, block_size) blocks, host ints)
     whose query len (from b_query_lens_loc) is > 1, its positions p < seq_len (from b_seq_lens_loc)
@@ -85,19 +99,45 @@ def vllm_layout_trans(b_query_lens_loc, b_seq_lens_loc, block_table, k_cache, v_
     return k_values[:total_tokens], v_values[:total_tokens]
 
 
-def flash_attn_varlen_func_impl(q, k_cache, v_cache, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                                max_seqlen_k: int, softmax_scale: float, window_size, alibi_slopes, block_table,
-                                k_scale, v_scale, total_tokens: int = 0):
+def flash_attn_varlen_func_impl(
+    q,
+    k_cache,
+    v_cache,
+    out,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    window_size,
+    alibi_slopes,
+    block_table,
+    k_scale,
+    v_scale,
+    total_tokens: int = 0,
+):
     """The module's flash_attn_varlen_func_impl (0.10.2 and 0.11.0 alike), over the stand-ins: the
     same calls with the same arguments."""
     if total_tokens == 0:
         total_tokens = int(cu_seqlens_k[-1].item())
-    k, v = vllm_layout_trans(cu_seqlens_q, cu_seqlens_k, block_table, k_cache, v_cache, max_seqlen_k, k_scale,
-                             v_scale, q.dtype, total_tokens)
+    k, v = vllm_layout_trans(
+        cu_seqlens_q, cu_seqlens_k, block_table, k_cache, v_cache, max_seqlen_k, k_scale, v_scale, q.dtype, total_tokens
+    )
     return aiter_ops_emulated.flash_attn_varlen_func(
-        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, min_seqlen_q=1,
-        cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=True,
-        alibi_slopes=alibi_slopes, window_size=tuple(window_size) if window_size is not None else (-1, -1), out=out)
+        q=q,
+        k=k,
+        v=v,
+        cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=max_seqlen_q,
+        min_seqlen_q=1,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_k=max_seqlen_k,
+        softmax_scale=softmax_scale,
+        causal=True,
+        alibi_slopes=alibi_slopes,
+        window_size=tuple(window_size) if window_size is not None else (-1, -1),
+        out=out,
+    )
 
 
 def _paged_attention_v1(*args, **kwargs) -> None:

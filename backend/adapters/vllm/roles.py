@@ -91,7 +91,7 @@ class Interface:
         return None
 
     def kernels(self, name: str) -> str | None:
-        """"emulated" where the kernels that run are orch's stand-ins for vLLM's (results say so)."""
+        """ "emulated" where the kernels that run are orch's stand-ins for vLLM's (results say so)."""
         return None
 
     def backend_and_context(self, name: str, config: AttentionConfig) -> tuple[Any, VllmContext]:
@@ -126,8 +126,9 @@ class VllmBuilder(AttentionMetadataBuilder):
         cls, self.ctx = self.iface.backend_and_context(self.backend_name, config)
         self.common = PersistentMetadataBuilder(config)
         with set_current_vllm_config(self.ctx.vllm_config):
-            self.vllm_builder = cls.get_builder_cls()(self.ctx.kv_cache_spec, LAYER_NAMES, self.ctx.vllm_config,
-                                                      config.device)
+            self.vllm_builder = cls.get_builder_cls()(
+                self.ctx.kv_cache_spec, LAYER_NAMES, self.ctx.vllm_config, config.device
+            )
 
     def _wrap(self, md, capture: bool) -> meta.VllmMetadata:
         from vllm.config import set_current_vllm_config
@@ -140,8 +141,9 @@ class VllmBuilder(AttentionMetadataBuilder):
                 built = self.vllm_builder.build(common_prefix_len=0, common_attn_metadata=cm)
         return meta.wrap(md, built)
 
-    def build(self, batch: BatchDescription, num_padded_tokens: int | None = None,
-              num_padded_reqs: int | None = None) -> meta.VllmMetadata:
+    def build(
+        self, batch: BatchDescription, num_padded_tokens: int | None = None, num_padded_reqs: int | None = None
+    ) -> meta.VllmMetadata:
         return self._wrap(self.common.build(batch, num_padded_tokens, num_padded_reqs), capture=False)
 
     def build_for_capture(self, num_tokens: int, uniform_query_len: int = 0, style: str = "v2") -> meta.VllmMetadata:
@@ -165,9 +167,15 @@ class VllmImpl(AttentionImpl):
         kv = KV_DTYPES[config.kv_cache_dtype]
         with set_current_vllm_config(self.ctx.vllm_config):
             self.impl = cls.get_impl_cls()(
-                num_heads=config.num_heads, head_size=config.head_size, scale=config.scale,
-                num_kv_heads=config.num_kv_heads, alibi_slopes=None, sliding_window=None,
-                kv_cache_dtype=kv, logits_soft_cap=None)
+                num_heads=config.num_heads,
+                head_size=config.head_size,
+                scale=config.scale,
+                num_kv_heads=config.num_kv_heads,
+                alibi_slopes=None,
+                sliding_window=None,
+                kv_cache_dtype=kv,
+                logits_soft_cap=None,
+            )
         self.layer = meta.Layer()
         self.includes_update = bool(getattr(cls, "forward_includes_kv_cache_update", True))
         self.query_quant = query_quantizer(self.iface.query_declarer(cls, self.impl), kv, self.ctx.vllm_config)

@@ -35,8 +35,9 @@ UNIFORM_DECODE = "indexer PrepareUniformDecodeKernel (orch's torch: vLLM's is Tr
 COMPUTE_UNITS = "num_compute_units = 1 (vLLM's platform without a GPU has none)"
 
 
-def token_to_req_indices(query_start_loc: torch.Tensor, out: torch.Tensor, num_mapped_tokens: int,
-                         num_tokens: int) -> torch.Tensor:
+def token_to_req_indices(
+    query_start_loc: torch.Tensor, out: torch.Tensor, num_mapped_tokens: int, num_tokens: int
+) -> torch.Tensor:
     """Token t -> the request whose [start, end) holds it (a zero-length request holds none),
     capped at the last request; 0 for t >= num_mapped_tokens. No host read."""
     num_reqs = query_start_loc.shape[0] - 1
@@ -47,19 +48,32 @@ def token_to_req_indices(query_start_loc: torch.Tensor, out: torch.Tensor, num_m
     return out[:num_tokens]
 
 
-def prefill_chunk_metadata(query_start_loc: torch.Tensor, uncompressed_seq_lens: torch.Tensor,
-                           cu_compressed_seq_lens: torch.Tensor, row_start_cu_compressed_seq_lens: torch.Tensor,
-                           token_to_seq: torch.Tensor, cu_compressed_seq_len_ks: torch.Tensor,
-                           cu_compressed_seq_len_ke: torch.Tensor, query_slice_start: int, query_slice_stop: int,
-                           DCP_RANK: int, DCP_WORLD: int, DCP_INTERLEAVE: int, *, num_reqs: int,
-                           COMPRESS_RATIO: int, positions: torch.Tensor | None = None) -> None:
+def prefill_chunk_metadata(
+    query_start_loc: torch.Tensor,
+    uncompressed_seq_lens: torch.Tensor,
+    cu_compressed_seq_lens: torch.Tensor,
+    row_start_cu_compressed_seq_lens: torch.Tensor,
+    token_to_seq: torch.Tensor,
+    cu_compressed_seq_len_ks: torch.Tensor,
+    cu_compressed_seq_len_ke: torch.Tensor,
+    query_slice_start: int,
+    query_slice_stop: int,
+    DCP_RANK: int,
+    DCP_WORLD: int,
+    DCP_INTERLEAVE: int,
+    *,
+    num_reqs: int,
+    COMPRESS_RATIO: int,
+    positions: torch.Tensor | None = None,
+) -> None:
     """BuildPrefillChunkMetadataKernel's stores: for query token a in [slice start, slice stop) of
     request r, ks = row start of r, ke = row start + (seq_len_r - query_len_r + offset + 1) //
     ratio; token_to_seq[j] = the request whose compressed keys hold j."""
     if DCP_WORLD != 1 or positions is not None:
-        raise NotImplementedError("orch's stand-in for BuildPrefillChunkMetadataKernel covers neither DCP "
-                                  "nor ShardQ positions")
-    qsl = query_start_loc[:num_reqs + 1].to(torch.int64)
+        raise NotImplementedError(
+            "orch's stand-in for BuildPrefillChunkMetadataKernel covers neither DCP nor ShardQ positions"
+        )
+    qsl = query_start_loc[: num_reqs + 1].to(torch.int64)
     query_lens = qsl[1:] - qsl[:-1]
     token = torch.arange(query_slice_start, query_slice_stop, device=qsl.device)
     req = torch.searchsorted(qsl[1:].contiguous(), token, right=True).clamp_(max=max(num_reqs - 1, 0))
@@ -69,13 +83,20 @@ def prefill_chunk_metadata(query_start_loc: torch.Tensor, uncompressed_seq_lens:
     cu_compressed_seq_len_ks.copy_(row)
     cu_compressed_seq_len_ke.copy_(row + torch.div(start + 1 + offset, COMPRESS_RATIO, rounding_mode="floor"))
     keys = torch.arange(token_to_seq.shape[0], device=qsl.device)
-    token_to_seq.copy_(torch.searchsorted(cu_compressed_seq_lens[1:num_reqs + 1].to(torch.int64).contiguous(),
-                                          keys, right=True))
+    token_to_seq.copy_(
+        torch.searchsorted(cu_compressed_seq_lens[1 : num_reqs + 1].to(torch.int64).contiguous(), keys, right=True)
+    )
 
 
-def uniform_decode(seq_lens: torch.Tensor, decode_seq_lens: torch.Tensor, block_table: torch.Tensor,
-                   expanded_block_table: torch.Tensor, decode_lens: torch.Tensor, num_decode_tokens: int,
-                   max_decode_len: int) -> None:
+def uniform_decode(
+    seq_lens: torch.Tensor,
+    decode_seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    expanded_block_table: torch.Tensor,
+    decode_lens: torch.Tensor,
+    num_decode_tokens: int,
+    max_decode_len: int,
+) -> None:
     """PrepareUniformDecodeKernel's stores for tokens [0, num_decode_tokens): token idx of request
     idx // m, local idx % m: length max(seq_len - m + local + 1, 0), its request's block-table row
     (the expanded table's width), decode length 1."""
@@ -106,8 +127,11 @@ def install() -> tuple[str, ...]:
     sparse: Any = sys.modules["vllm.v1.attention.backends.mla.flashmla_sparse"]
     indexer.num_compute_units = sparse.num_compute_units = one_compute_unit
     # Modules that imported the pinned-memory constant by name (fixups.pin_memory_off covers vLLM's own).
-    for name in ("vllm.model_executor.layers.attention.sparse_mla_attention",
-                 "vllm.v1.attention.backends.mla.indexer", "vllm.v1.attention.backends.mla.flashmla_sparse"):
+    for name in (
+        "vllm.model_executor.layers.attention.sparse_mla_attention",
+        "vllm.v1.attention.backends.mla.indexer",
+        "vllm.v1.attention.backends.mla.flashmla_sparse",
+    ):
         module: Any = sys.modules.get(name)
         if module is not None and hasattr(module, "PIN_MEMORY"):
             module.PIN_MEMORY = False

@@ -45,8 +45,12 @@ class VllmSWAMetadata:
 def _spec(config: AttentionConfig):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
-    common = dict(block_size=config.block_size, num_kv_heads=config.num_kv_heads, head_size=config.head_size,
-                  dtype=kv_cache_torch_dtype(config))
+    common = dict(
+        block_size=config.block_size,
+        num_kv_heads=config.num_kv_heads,
+        head_size=config.head_size,
+        dtype=kv_cache_torch_dtype(config),
+    )
     if config.sliding_window and config.kv_spec == "sliding_window":
         return SlidingWindowSpec(**common, sliding_window=config.sliding_window)
     return FullAttentionSpec(**common, sliding_window=config.sliding_window)
@@ -64,8 +68,7 @@ class VllmSWABuilder:
             raise RuntimeError(why)
         self.ctx = current.vllm_context(self.backend_name, dataclasses.replace(config, sliding_window=None))
         with set_current_vllm_config(self.ctx.vllm_config):
-            self.vllm_builder = cls.get_builder_cls()(_spec(config), LAYER_NAMES,
-                                                      self.ctx.vllm_config, config.device)
+            self.vllm_builder = cls.get_builder_cls()(_spec(config), LAYER_NAMES, self.ctx.vllm_config, config.device)
 
     def _build(self, cm, capture: bool) -> VllmSWAMetadata:
         from vllm.config import set_current_vllm_config
@@ -73,13 +76,23 @@ class VllmSWABuilder:
 
         # The V2 runner's counts (a FULL step: padded), the shared tensors as they are.
         vcm = CommonAttentionMetadata(
-            query_start_loc=cm.query_start_loc, query_start_loc_cpu=cm.query_start_loc_cpu, seq_lens=cm.seq_lens,
-            num_reqs=cm.num_padded_reqs, num_actual_tokens=cm.num_padded_tokens, max_query_len=cm.max_query_len,
-            max_seq_len=cm.max_seq_len, block_table_tensor=cm.block_table_tensor, slot_mapping=cm.slot_mapping,
-            seq_lens_cpu_upper_bound=cm.seq_lens_cpu)
+            query_start_loc=cm.query_start_loc,
+            query_start_loc_cpu=cm.query_start_loc_cpu,
+            seq_lens=cm.seq_lens,
+            num_reqs=cm.num_padded_reqs,
+            num_actual_tokens=cm.num_padded_tokens,
+            max_query_len=cm.max_query_len,
+            max_seq_len=cm.max_seq_len,
+            block_table_tensor=cm.block_table_tensor,
+            slot_mapping=cm.slot_mapping,
+            seq_lens_cpu_upper_bound=cm.seq_lens_cpu,
+        )
         with set_current_vllm_config(self.ctx.vllm_config):
-            built = (self.vllm_builder.build_for_cudagraph_capture(vcm) if capture
-                     else self.vllm_builder.build(common_prefix_len=0, common_attn_metadata=vcm))
+            built = (
+                self.vllm_builder.build_for_cudagraph_capture(vcm)
+                if capture
+                else self.vllm_builder.build(common_prefix_len=0, common_attn_metadata=vcm)
+            )
         return VllmSWAMetadata(cm.num_padded_tokens, cm.num_padded_reqs, cm.slot_mapping, built)
 
     def build(self, cm) -> VllmSWAMetadata:
@@ -115,9 +128,16 @@ class VllmSWAImpl(SWAImpl):
             c = self.config
             with set_current_vllm_config(self.ctx.vllm_config):
                 self.impls[key] = self.backend.get_impl_cls()(
-                    num_heads=c.num_heads, head_size=c.head_size, scale=c.scale, num_kv_heads=c.num_kv_heads,
-                    alibi_slopes=None, sliding_window=window, kv_cache_dtype=self.kv, logits_soft_cap=None,
-                    sinks=sinks)
+                    num_heads=c.num_heads,
+                    head_size=c.head_size,
+                    scale=c.scale,
+                    num_kv_heads=c.num_kv_heads,
+                    alibi_slopes=None,
+                    sliding_window=window,
+                    kv_cache_dtype=self.kv,
+                    logits_soft_cap=None,
+                    sinks=sinks,
+                )
         return self.impls[key]
 
     def query_fp8_scale(self) -> float | None:
@@ -165,8 +185,9 @@ def make_swa_backend(name: str) -> type[SWABackend]:
     def allocate_kv_cache(config: AttentionConfig) -> torch.Tensor:
         from backend.adapters.vllm import cache as caches
 
-        return caches.allocate_in_layout(config, current.vllm_context(name, dataclasses.replace(
-            config, sliding_window=None)).layout)
+        return caches.allocate_in_layout(
+            config, current.vllm_context(name, dataclasses.replace(config, sliding_window=None)).layout
+        )
 
     attrs = {
         "name": f"vllm:{name}",

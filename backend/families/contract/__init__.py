@@ -17,18 +17,33 @@ tests/backend/test_layering.py holds the import graph to this.
 from __future__ import annotations
 
 from backend.families.contract.family import (
-                                              AttentionFamily,
-                                              KVCacheGroup,
-                                              NormFn,
-                                              SingleGroupBuilder,
-                                              StepState,
-                                              WeightFn,
-                                              layer_metadata,
-                                              split_by,
+    AttentionFamily,
+    KVCacheGroup,
+    NormFn,
+    SingleGroupBuilder,
+    StepState,
+    WeightFn,
+    layer_metadata,
+    split_by,
 )
 from backend.families.contract.registry import DEFAULT_FAMILY, FAMILY_NAMES, UnknownFamily, family, source, spec
 from backend.families.contract.spec import Dim, FamilySpec
 
-__all__ = ["DEFAULT_FAMILY", "FAMILY_NAMES", "AttentionFamily", "Dim", "FamilySpec", "KVCacheGroup", "NormFn",
-           "SingleGroupBuilder", "StepState", "UnknownFamily", "WeightFn", "family", "layer_metadata", "source",
-           "spec", "split_by"]
+__all__ = [
+    "DEFAULT_FAMILY",
+    "FAMILY_NAMES",
+    "AttentionFamily",
+    "Dim",
+    "FamilySpec",
+    "KVCacheGroup",
+    "NormFn",
+    "SingleGroupBuilder",
+    "StepState",
+    "UnknownFamily",
+    "WeightFn",
+    "family",
+    "layer_metadata",
+    "source",
+    "spec",
+    "split_by",
+]

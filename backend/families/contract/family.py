@@ -48,6 +48,7 @@ class KVCacheGroup:
     # one state slot per request (and spec column) that the family's StepState plans and checks.
     kind: str = "paged"
 
+
 # fn(rows, cols) -> an fp32 weight rounded to the model dtype; fn(n) -> a norm weight
 WeightFn = Callable[[int, int], "torch.Tensor"]
 NormFn = Callable[[int], "torch.Tensor"]
@@ -100,8 +101,14 @@ class AttentionFamily:
         """The share of the context rows (per plane, [n, *row]) that a rank's cache holds."""
         raise NotImplementedError
 
-    def write(self, cache: torch.Tensor, values: Sequence[torch.Tensor], slots: torch.Tensor,
-              k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+    def write(
+        self,
+        cache: torch.Tensor,
+        values: Sequence[torch.Tensor],
+        slots: torch.Tensor,
+        k_scale: torch.Tensor,
+        v_scale: torch.Tensor,
+    ) -> None:
         """Write rows (per plane, the rank's share) at `slots` through the providers' own KV write
         (its quantiser is under test for the context too); slots of -1 write nothing."""
         raise NotImplementedError
@@ -121,16 +128,32 @@ class AttentionFamily:
         """h [T, hidden] (normed, model dtype) -> the op's inputs on this rank."""
         raise NotImplementedError
 
-    def attend(self, impl, lw: dict[str, torch.Tensor], inputs: Sequence[torch.Tensor], cache: torch.Tensor,
-               metadata, k_scale: torch.Tensor, v_scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        impl,
+        lw: dict[str, torch.Tensor],
+        inputs: Sequence[torch.Tensor],
+        cache: torch.Tensor,
+        metadata,
+        k_scale: torch.Tensor,
+        v_scale: torch.Tensor,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
         """The provider's op on the inputs; writes `out` [T, Hl, Dv] and returns the result."""
         raise NotImplementedError
 
     # ---- the reference ----------------------------------------------------------------------------
-    def reference(self, weights: dict[str, torch.Tensor], h: torch.Tensor, context: Sequence[Sequence[torch.Tensor]],
-                  query_lens: Sequence[int], round_new: Callable[[int, torch.Tensor], torch.Tensor],
-                  round_query: Callable[[torch.Tensor], torch.Tensor] | None, shape,
-                  rnd: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def reference(
+        self,
+        weights: dict[str, torch.Tensor],
+        h: torch.Tensor,
+        context: Sequence[Sequence[torch.Tensor]],
+        query_lens: Sequence[int],
+        round_new: Callable[[int, torch.Tensor], torch.Tensor],
+        round_query: Callable[[torch.Tensor], torch.Tensor] | None,
+        shape,
+        rnd: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
         """The op in fp32 on the unsharded weights: h [T, hidden] (fp32 holding model-dtype values),
         context[plane][req] [ctx_len, *row] (fp32, as the cache returns it), round_new(plane, t)
         rounds this step's new rows as the cache stores them, round_query rounds q as the
@@ -139,8 +162,9 @@ class AttentionFamily:
         raise NotImplementedError
 
     # ---- steps -------------------------------------------------------------------------------------
-    def order_rows(self, query_lens: Sequence[int], seq_lens: Sequence[int], spec_tokens: int
-                   ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def order_rows(
+        self, query_lens: Sequence[int], seq_lens: Sequence[int], spec_tokens: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """A step's rows in the order vLLM's runner hands them to this family's backends."""
         return tuple(query_lens), tuple(seq_lens)
 

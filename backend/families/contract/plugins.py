@@ -58,7 +58,9 @@ def load_path(path: str, reserved: Collection[str] = ()) -> FamilySpec:
         obj = getattr(importlib.import_module(module_name), attr)
     except Exception as exc:  # ImportError, AttributeError, or anything the module raises
         text = str(exc).strip().splitlines()
-        raise PluginError(f"cannot load family plugin {path!r}: {type(exc).__name__}: {text[0] if text else ''}") from exc
+        raise PluginError(
+            f"cannot load family plugin {path!r}: {type(exc).__name__}: {text[0] if text else ''}"
+        ) from exc
     spec = _check(obj, path, reserved)
     known = _LOADED.get(spec.name)
     if known is not None and known[0] is not spec:

@@ -63,8 +63,10 @@ def spec(name: str) -> FamilySpec:
         known = [*FAMILY_NAMES, *plugins.names()]
         close = difflib.get_close_matches(name, known, n=1)
         hint = f": did you mean {close[0]!r}?" if close else ""
-        raise UnknownFamily(f"unknown attention family {name!r}{hint} (families: {', '.join(known)}, or a plugin's "
-                            f"'package.module:SPEC')")
+        raise UnknownFamily(
+            f"unknown attention family {name!r}{hint} (families: {', '.join(known)}, or a plugin's "
+            f"'package.module:SPEC')"
+        )
     return found
 
 
