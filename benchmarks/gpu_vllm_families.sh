@@ -9,10 +9,10 @@ set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/orch-gpu-out}; mkdir -p "$OUT"
-if [ ! -d /tmp/site/vllm ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-vllm/*.whl || exit 3
+if [ ! -d /tmp/site-vllm/vllm ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-vllm .whl-vllm/*.whl || exit 3
 fi
-export PYTHONPATH=/tmp/site:$PWD
+export PYTHONPATH=/tmp/site-vllm:$PWD  # its own folder: gpu_env.sh installs Ray's wheels into /tmp/site
 log=$OUT/vllm_families.log
 : > "$log"
 red=0
