@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from backend.graphs.freed import POISON_WORD
+from backend.harness.scratch import mark_scratch
 from backend.harness.session import Session
 
 # The caching allocator's small pool serves requests up to this (CUDACachingAllocator kSmallSize):
@@ -49,6 +50,9 @@ def churn(session: Session, n: int, size: int) -> None:
     """GPU: dummy_step (small: it runs before every replay). A no-op on the CPU."""
     if session.device.type == "cuda":
         dummy_step(session, n, size)
+        # The dummy step ran the backend on slots of -1: what it wrote (a backend that writes padded
+        # slots) is not the next step's, so the next snapshot copies the whole cache.
+        mark_scratch(None)
 
 
 def dummy_step(session: Session, n: int, size: int) -> None:
@@ -60,7 +64,9 @@ def dummy_step(session: Session, n: int, size: int) -> None:
     q = 1 + session.config.spec_tokens
     c = next(r * q for r in (1, 2, 3) if r * q not in (n, size))
     md = session.builder.build_for_capture(c, q, session.shape.capture_style)  # the step's build() rewrites it
-    x = torch.randn(c, session.shape.hidden_size, dtype=session.model.dtype, device=session.device)
+    # Its own generator: a capturing or guarded default generator is not the dummy step's to advance.
+    gen = torch.Generator().manual_seed(c)
+    x = torch.randn(c, session.shape.hidden_size, generator=gen).to(session.device, session.model.dtype)
     attn = torch.empty(
         session.shape.num_layers,
         c,

@@ -54,6 +54,7 @@ def test_result_records_everything(sessions):
         "eager_shared_steps",
         "graph_shared_steps",
         *PHASES,
+        *(("device_s",) if on_gpu else ()),  # the device time its events measured (a GPU's busy share)
     }
     assert {"torch", "python", "orch"} <= set(r.versions)
     assert r.repro == case.repro_command() and r.axes == case.axes

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from backend.harness.checker import run_case_local
 from backend.result import CORE_CHECKS
 from orchestrator.cli import main
@@ -17,7 +19,7 @@ CASE_ID = "tp1-FULL-auto-decode_7-torch-s0"
 
 def test_repro_prints_the_checker_verdict(capsys):
     case = load_matrix(SMOKE, devices="cpu").find(CASE_ID)
-    expected = run_case_local(case)
+    expected = run_case_local(case, device=torch.device("cpu"))  # as `--devices cpu` below, on a GPU machine too
     assert main(["repro", CASE_ID, "--matrix", SMOKE, "--devices", "cpu"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == verdict_line(expected) == f"PASS {CASE_ID}"

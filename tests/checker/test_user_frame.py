@@ -3,6 +3,8 @@ every text output: the checker's reason and log tail, `orch repro`, summary.md, 
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from backend.harness.checker import run_case
@@ -46,7 +48,8 @@ class RaisingBackend(TorchBackend):
 def test_an_exception_in_forward_names_its_line():
     r = run_case(make_case("tests.checker.test_user_frame:RaisingBackend", "NONE", "auto", DECODE))
     assert r.status == Status.ERROR and r.error_kind == "exception"
-    assert r.reason == "ValueError (tests/checker/test_user_frame.py, line 36, in forward): bad block table"
+    line = inspect.getsourcelines(RaisingImpl.forward)[1] + 1  # the raise, the line after the def
+    assert r.reason == f"ValueError (tests/checker/test_user_frame.py, line {line}, in forward): bad block table"
 
 
 def test_summary_and_junit_show_the_backends_line(host_sync):

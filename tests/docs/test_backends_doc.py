@@ -80,7 +80,7 @@ BROKEN = {
             "FULL_AND_PIECEWISE": "error",
         },
         (
-            "capture error (mybroken.py, line 13, in forward)",
+            "capture error (mybroken.py, line {line}, in forward)",  # the edited line of the sample
             "host sync during graph capture: `.tolist()`: a host read of a device tensor",
         ),
     ),
@@ -108,4 +108,6 @@ def test_breaking_it_as_the_doc_says_turns_the_cells_it_names_red(ray_cluster, t
     )
     assert rc == 1
     assert {r.axes["cudagraph_mode"]: r.status.value for r in results.values()} == expected
+    line = next(i for i, text in enumerate(code.splitlines(), 1) if old in text)
+    words = tuple(w.format(line=line) for w in words)
     assert all(w in r.reason for r in results.values() if r.status.value != "pass" for w in words)

@@ -72,7 +72,8 @@ def test_a_family_found_by_an_entry_point(tmp_path):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: orch-mqa\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[orch.families]\nmqa = tests.families.plugin_mqa:SPEC\n")
     matrix = _matrix(tmp_path, family="mqa")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), REPO])}
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # e.g. a machine's wheels
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), REPO, *inherited])}
 
     def orch(*argv):
         return subprocess.run(
