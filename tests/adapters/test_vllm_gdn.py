@@ -97,3 +97,22 @@ def test_the_layer_view_holds_everything_vllms_core_reads():
     missing = forward_core_attributes(loaded[1]) - set(vars(view))
     assert not missing, missing
     assert view.kv_cache[0].shape[1:] == (GDNDims.of(config).conv_width, GDNDims.of(config).conv_dim)  # SD layout
+
+
+def test_cutlass_capability_queries_answer_false_where_their_compiled_op_is_absent():
+    """On CUDA the GDN layer's quantization configs call vLLM's compiled CUTLASS capability ops at
+    import (w8a8_utils); a Python-only wheel has none: they answer False, labelled."""
+    from backend.adapters.vllm import native
+
+    ops = pytest.importorskip("vllm._custom_ops")
+    before = {n: getattr(ops, n) for n in native.CAPABILITY_QUERIES}
+    try:
+        done = native.stub_capability_queries(force=True)
+        assert set(done) == {n for n in native.CAPABILITY_QUERIES if not native._compiled_op(n)}
+        for name in done:
+            assert getattr(ops, name)(90) is False
+        if done:
+            assert any("no compiled CUTLASS kernel" in e for e in native.EMULATED)
+    finally:
+        for name, fn in before.items():
+            setattr(ops, name, fn)

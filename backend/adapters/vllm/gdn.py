@@ -58,6 +58,7 @@ def load_gdn():
     logging.getLogger("vllm.model_executor.layers.fused_moe.config").setLevel(logging.CRITICAL)
     try:
         native.stub_platform_native()
+        native.stub_capability_queries()  # the layer's quantization configs ask them at import
         with errors.quiet_vllm_import():
             from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
             from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder

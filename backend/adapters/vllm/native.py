@@ -73,6 +73,46 @@ def stub_platform_native(force: bool = False, names: tuple[str, ...] = PLATFORM_
     return tuple(stubbed)
 
 
+# Capability queries vLLM's quantization utilities answer at import on CUDA through compiled ops
+# (w8a8_utils: CUTLASS_BLOCK_FP8_SUPPORTED = cutlass_block_fp8_supported()), which a Python-only
+# wheel lacks: the GDN layer module reaches them through its quantization configs. Answered False
+# (no compiled CUTLASS kernel is here to run), and labelled.
+CAPABILITY_QUERIES = (
+    "cutlass_scaled_mm_supports_fp8",
+    "cutlass_scaled_mm_supports_block_fp8",
+    "cutlass_group_gemm_supported",
+)
+
+
+def _compiled_op(name: str) -> bool:
+    try:
+        getattr(torch.ops._C, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def _unsupported(*_args: object, **_kwargs: object) -> bool:
+    return False
+
+
+def stub_capability_queries(force: bool = False) -> tuple[str, ...]:
+    """vllm._custom_ops' CUTLASS capability queries answer False where their compiled op is absent
+    (on a CUDA machine, or `force`); the names answered."""
+    if not (force or torch.cuda.is_available()):
+        return ()
+    try:
+        ops = importlib.import_module("vllm._custom_ops")
+    except ImportError:
+        return ()
+    done = tuple(n for n in CAPABILITY_QUERIES if hasattr(ops, n) and not _compiled_op(n))
+    for name in done:
+        setattr(ops, name, _unsupported)
+    if done:
+        note(f"vllm._custom_ops.{{{', '.join(done)}}} (False: no compiled CUTLASS kernel)")
+    return done
+
+
 # vLLM's MLA common module imports vllm.vllm_flash_attn on CUDA (for forward_mha, the prefill),
 # whose package init raises without a compiled FlashAttention. vllm:TRITON_MLA's decode needs none
 # of it and its prefill is orch's (adapters/vllm/mla.py), so where the wheel has neither extension
