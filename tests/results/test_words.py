@@ -83,7 +83,7 @@ def test_readme_says_how_long_and_the_virtual_environment_first():
     readme = _read("README.md")
     first_command = readme.index("    python3 -c 'import torch'")
     assert readme.index("virtual environment") < first_command
-    assert "about 2.5 minutes" in readme[:first_command] and "about 10 minutes" in readme
+    assert "about 2 minutes" in readme[:first_command] and "about 10 minutes" in readme
 
 
 def test_backends_guide_says_which_branches_are_caught():
