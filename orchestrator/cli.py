@@ -16,65 +16,27 @@ import traceback
 import click
 
 from orchestrator import __version__
-from orchestrator.defaults import DB_SHOWN, OUT, OUT_ENV, OUT_SHOWN
+from orchestrator.cli_options import (
+    ALLOW_EMPTY_HELP,
+    ALLOW_UNVERIFIABLE_HELP,
+    BASELINE_HELP,
+    DASHBOARD_SHOWN,
+    DB_HELP,
+    JUDGED_HELP,
+    KNOWN_HELP,
+    MATRIX_PATH,
+    REQUIRE_HELP,
+    RUN_HELP,
+    VERBOSE_HELP,
+    db_option,
+    devices_option,
+    flaky_options,
+    judged_flaky_options,
+    judged_options,
+    no_known_option,
+)
+from orchestrator.defaults import OUT_SHOWN
 from orchestrator.errors import ExitCode, OrchError
-
-_MATRIX = click.Path(dir_okay=False)
-DASHBOARD_SHOWN = f"{OUT_ENV}/dashboard, else {OUT}/dashboard"  # orch dashboard's --out (defaults.dashboard_out)
-# Options several commands share, with one wording (every option has help text).
-_DB_HELP = "Results store to read: a SQLite file or a postgresql:// URL."
-_RUN_HELP = "Run: an id in --db, or a label (its latest finished run) [default: the latest run]."
-_JUDGED_HELP = " [default: what the run was judged with]"
-_BASELINE_HELP = (
-    "Gate against a baseline: a run id in --db, a label (the latest finished run so labelled, same "
-    "matrix), another store (its latest run), or STORE#RUN / STORE#LABEL."
-)
-_KNOWN_HELP = (
-    "YAML of known failures (case-id glob, reason, link, until, optional mute): matching failures do not gate."
-)
-_NO_KNOWN_HELP = "Apply no known-failures file."
-_NO_BASELINE_HELP = "Gate without a baseline."
-_WINDOW_HELP = "Runs of history (the baseline's label, else the run's) that score each case's flakiness [default: 20]."
-_THRESHOLD_HELP = "A failing case whose flakiness score (0-1) over the window is above this is flaky, not gating."
-_VERBOSE_HELP = "Every case that did not pass on its own line (default: one line per kind, with a count and a few ids)."
-_REQUIRE_HELP = (
-    "A slice that must have run (the --filter language; repeatable): the gate fails when no case of it "
-    "ran, e.g. --require backend=aiter-triton on a GPU runner."
-)
-_ALLOW_EMPTY_HELP = "Let a run in which nothing ran pass (by default it fails: every case skipped is not a pass)."
-
-
-def _db_option(help_text: str):
-    # default None: the command takes $ORCH_DB, else orch-results.db (orchestrator/defaults.py)
-    return click.option("--db", default=None, show_default=DB_SHOWN, help=help_text)
-
-
-def _no_known_option(f):
-    return click.option("--no-known-failures", "no_known_failures", is_flag=True, help=_NO_KNOWN_HELP)(f)
-
-
-def _judged_options(f):
-    """--no-baseline and --no-known-failures: a stored run's own turned off."""
-    f = _no_known_option(f)
-    return click.option("--no-baseline", "no_baseline", is_flag=True, help=_NO_BASELINE_HELP)(f)
-
-
-def _flaky_options(f, judged: bool = False):
-    """judged: for a stored run, whose own window and threshold apply unless given."""
-    window = _WINDOW_HELP.replace(" [default: 20].", "." + _JUDGED_HELP) if judged else _WINDOW_HELP
-    threshold = _THRESHOLD_HELP + (_JUDGED_HELP if judged else "")
-    f = click.option("--flaky-threshold", "flaky_threshold", type=float, default=None, help=threshold)(f)
-    return click.option("--flaky-window", "flaky_window", type=int, default=None, help=window)(f)
-
-
-def _judged_flaky_options(f):
-    return _flaky_options(f, judged=True)
-
-
-_ALLOW_UNVERIFIABLE_HELP = (
-    "Do not fail the gate on unverifiable cases (the CPU emulation saw the replay disagree on "
-    "graphs it cannot follow); they are still listed: run them on a GPU to decide."
-)
 
 
 def _dispatch(command: str, **kwargs) -> None:
@@ -98,7 +60,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("matrix", type=_MATRIX)
+@click.argument("matrix", type=MATRIX_PATH)
 @click.option(
     "--filter",
     "filter_expr",
@@ -106,13 +68,7 @@ def cli() -> None:
     help="Select cases: substring/glob of the case id, or axis=value[,value] terms joined by spaces.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option(
-    "--devices",
-    type=click.Choice(["auto", "cpu", "gpu"]),
-    default="auto",
-    show_default=True,
-    help="Device class whose model shape to use.",
-)
+@devices_option("Device class whose model shape to use.")
 @click.option("--backend", default=None, help="Override the backend axis, as `orch run --backend` does.")
 @click.option(
     "--workers",
@@ -120,7 +76,7 @@ def cli() -> None:
     default=None,
     help="Workers to estimate the wall time for (default: what `orch run` would start here).",
 )
-@_db_option("Results store whose past durations calibrate the estimate (read only; skipped if absent).")
+@db_option("Results store whose past durations calibrate the estimate (read only; skipped if absent).")
 @click.option(
     "-v",
     "--verbose",
@@ -141,10 +97,10 @@ def plan(**kwargs):
 
 
 @cli.command()
-@click.argument("matrix", type=_MATRIX, required=False)
+@click.argument("matrix", type=MATRIX_PATH, required=False)
 @click.option("--backend", default=None, help="Override the backend axis: a provider name or package.module:Class.")
 @click.option("--filter", "filter_expr", default=None, help="Select cases (see `orch plan --help`).")
-@_db_option("Results store: a SQLite file, or a postgresql://USER:PASSWORD@HOST/DB URL shared by many drivers.")
+@db_option("Results store: a SQLite file, or a postgresql://USER:PASSWORD@HOST/DB URL shared by many drivers.")
 @click.option(
     "--label",
     default=None,
@@ -163,13 +119,7 @@ def plan(**kwargs):
     show_default=True,
     help="local (embedded Ray), auto (RAY_ADDRESS / running cluster) or HOST:PORT.",
 )
-@click.option(
-    "--devices",
-    type=click.Choice(["auto", "cpu", "gpu"]),
-    default="auto",
-    show_default=True,
-    help="auto: GPUs if any, else CPU workers with emulated graphs.",
-)
+@devices_option("auto: GPUs if any, else CPU workers with emulated graphs.")
 @click.option(
     "--workers",
     type=int,
@@ -187,15 +137,15 @@ def plan(**kwargs):
     default=None,
     help="Write a markdown summary here (default OUT/summary.md; also $GITHUB_STEP_SUMMARY).",
 )
-@click.option("--baseline", default=None, help=_BASELINE_HELP)
+@click.option("--baseline", default=None, help=BASELINE_HELP)
 @click.option(
     "--known-failures",
     "known_failures",
     default=None,
-    help=_KNOWN_HELP + " [default: the file the matrix names (`known_failures:`)]",
+    help=KNOWN_HELP + " [default: the file the matrix names (`known_failures:`)]",
 )
-@_no_known_option
-@_flaky_options
+@no_known_option
+@flaky_options
 @click.option(
     "--max-gpus",
     "max_gpus",
@@ -203,7 +153,7 @@ def plan(**kwargs):
     default=None,
     help="At most this many GPUs for this run on a cluster other drivers share (workers where it has no GPU); tp larger than it is skipped.",
 )
-@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=ALLOW_UNVERIFIABLE_HELP)
 @click.option(
     "--resume",
     "resume_run",
@@ -214,8 +164,8 @@ def plan(**kwargs):
 @click.option(
     "--no-progress", is_flag=True, help="No progress lines (the bar on a terminal, a line per 10% elsewhere)."
 )
-@click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP)
-@click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP)
+@click.option("--require", "require", multiple=True, metavar="FILTER", help=REQUIRE_HELP)
+@click.option("--allow-empty", "allow_empty", is_flag=True, help=ALLOW_EMPTY_HELP)
 @click.option(
     "-v",
     "--verbose",
@@ -280,22 +230,18 @@ def run(**kwargs):
 
 @cli.command()
 @click.argument("case_id")
-@click.option("--matrix", type=_MATRIX, default=None, help="Matrix the case comes from (default: looked up in --db).")
+@click.option(
+    "--matrix", type=MATRIX_PATH, default=None, help="Matrix the case comes from (default: looked up in --db)."
+)
 @click.option("--backend", default=None, help="Override the backend: a provider name or package.module:Class.")
-@_db_option("Results store to look the case up in when --matrix is not given.")
+@db_option("Results store to look the case up in when --matrix is not given.")
 @click.option(
     "--run",
     "run_id",
     default=None,
     help="Look the case up in this run of --db: an id or a label (its latest finished run) [default: the latest run that has it].",
 )
-@click.option(
-    "--devices",
-    type=click.Choice(["auto", "cpu", "gpu"]),
-    default="auto",
-    show_default=True,
-    help="auto: the first GPU if any, else CPU with emulated graphs.",
-)
+@devices_option("auto: the first GPU if any, else CPU with emulated graphs.")
 @click.option("--json", "as_json", is_flag=True, help="The CaseResult as JSON.")
 def repro(**kwargs):
     """Re-run one case in this process (tp > 1: a local gang of processes) and print its verdict.
@@ -308,12 +254,12 @@ def repro(**kwargs):
 
 
 @cli.command()
-@_db_option(_DB_HELP)
+@db_option(DB_HELP)
 @click.option(
     "--run",
     "run_id",
     default=None,
-    help=_RUN_HELP[: -len(" [default: the latest run].")] + " [default: with --output into a run's out dir, "
+    help=RUN_HELP[: -len(" [default: the latest run].")] + " [default: with --output into a run's out dir, "
     "that run; else the latest].",
 )
 @click.option(
@@ -324,15 +270,15 @@ def repro(**kwargs):
     show_default=True,
     help="text: for a terminal or CI log; json: everything; md: the CI summary; junit: JUnit XML.",
 )
-@click.option("--baseline", default=None, help=_BASELINE_HELP + _JUDGED_HELP)
-@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP + _JUDGED_HELP)
-@_judged_options
-@_judged_flaky_options
-@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
+@click.option("--baseline", default=None, help=BASELINE_HELP + JUDGED_HELP)
+@click.option("--known-failures", "known_failures", default=None, help=KNOWN_HELP + JUDGED_HELP)
+@judged_options
+@judged_flaky_options
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=ALLOW_UNVERIFIABLE_HELP)
 @click.option("--output", "-o", default=None, help="Write to a file instead of stdout.")
-@click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
-@click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP + " The run's own is kept.")
-@click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
+@click.option("--require", "require", multiple=True, metavar="FILTER", help=REQUIRE_HELP + " Adds to the run's own.")
+@click.option("--allow-empty", "allow_empty", is_flag=True, help=ALLOW_EMPTY_HELP + " The run's own is kept.")
+@click.option("-v", "--verbose", is_flag=True, help=VERBOSE_HELP)
 def report(**kwargs):
     """Report a run from the store; exit by its gate (0 passed, 1 failed).
 
@@ -344,16 +290,16 @@ def report(**kwargs):
 
 
 @cli.command()
-@_db_option(_DB_HELP)
-@click.option("--run", "run_id", default=None, help=_RUN_HELP)
-@click.option("--baseline", default=None, help=_BASELINE_HELP + _JUDGED_HELP)
-@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP + _JUDGED_HELP)
-@_judged_options
-@_judged_flaky_options
-@click.option("--require", "require", multiple=True, metavar="FILTER", help=_REQUIRE_HELP + " Adds to the run's own.")
-@click.option("--allow-empty", "allow_empty", is_flag=True, help=_ALLOW_EMPTY_HELP + " The run's own is kept.")
-@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
-@click.option("-v", "--verbose", is_flag=True, help=_VERBOSE_HELP)
+@db_option(DB_HELP)
+@click.option("--run", "run_id", default=None, help=RUN_HELP)
+@click.option("--baseline", default=None, help=BASELINE_HELP + JUDGED_HELP)
+@click.option("--known-failures", "known_failures", default=None, help=KNOWN_HELP + JUDGED_HELP)
+@judged_options
+@judged_flaky_options
+@click.option("--require", "require", multiple=True, metavar="FILTER", help=REQUIRE_HELP + " Adds to the run's own.")
+@click.option("--allow-empty", "allow_empty", is_flag=True, help=ALLOW_EMPTY_HELP + " The run's own is kept.")
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=ALLOW_UNVERIFIABLE_HELP)
+@click.option("-v", "--verbose", is_flag=True, help=VERBOSE_HELP)
 def gate(**kwargs):
     """Recompute the gate for a run from the store; exit 0 (passed) or 1 (failed). The run is judged
     with what judged it when it ran (baseline, known failures, flakiness, --require, --allow-*)
@@ -370,18 +316,18 @@ def gate(**kwargs):
 
 
 @cli.command()
-@_db_option(_DB_HELP)
+@db_option(DB_HELP)
 @click.option(
     "--run",
     "run_id",
     default=None,
-    help=_RUN_HELP[: -len(" [default: the latest run].")] + " [default: the run whose outputs --out holds, "
+    help=RUN_HELP[: -len(" [default: the latest run].")] + " [default: the run whose outputs --out holds, "
     "else the latest].",
 )
-@click.option("--baseline", default=None, help=_BASELINE_HELP + _JUDGED_HELP)
-@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP + _JUDGED_HELP)
-@_judged_options
-@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=_ALLOW_UNVERIFIABLE_HELP)
+@click.option("--baseline", default=None, help=BASELINE_HELP + JUDGED_HELP)
+@click.option("--known-failures", "known_failures", default=None, help=KNOWN_HELP + JUDGED_HELP)
+@judged_options
+@click.option("--allow-unverifiable", "allow_unverifiable", is_flag=True, help=ALLOW_UNVERIFIABLE_HELP)
 @click.option(
     "--out", "out_dir", default=None, show_default=DASHBOARD_SHOWN, help="Directory to write index.html into."
 )
@@ -397,13 +343,13 @@ def dashboard(**kwargs):
 
 
 @cli.command()
-@_db_option(_DB_HELP)
+@db_option(DB_HELP)
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback: this machine only)."
 )
 @click.option("--port", type=int, default=8265 + 1000, show_default=True, help="Port to listen on.")
-@click.option("--baseline", default=None, help=_BASELINE_HELP)
-@click.option("--known-failures", "known_failures", default=None, help=_KNOWN_HELP)
+@click.option("--baseline", default=None, help=BASELINE_HELP)
+@click.option("--known-failures", "known_failures", default=None, help=KNOWN_HELP)
 def serve(**kwargs):
     """Serve the dashboard from the store, refreshing live during a run.
 
@@ -417,7 +363,7 @@ def serve(**kwargs):
 @cli.command()
 @click.argument("run_a")
 @click.argument("run_b")
-@_db_option("Store the runs are in unless named (STORE#RUN).")
+@db_option("Store the runs are in unless named (STORE#RUN).")
 @click.option("--checks", is_flag=True, help="Also compare each check's pass/fail (not its numbers).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-v", "--verbose", is_flag=True, help="Every changed case on its own line.")
@@ -472,18 +418,12 @@ def simulate(**kwargs):
 @cli.command()
 @click.option(
     "--matrix",
-    type=_MATRIX,
+    type=MATRIX_PATH,
     default=None,
     help="Which providers of MATRIX run here and which are skipped (why); exit 0 when what runs here can run, as `orch run` would.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option(
-    "--devices",
-    type=click.Choice(["auto", "cpu", "gpu"]),
-    default="auto",
-    show_default=True,
-    help="Device class to check the matrix for.",
-)
+@devices_option("Device class to check the matrix for.")
 def doctor(**kwargs):
     """What a run here gets: platform, GPUs and arch, visible-device variables as Ray sets them,
     fp8 dtype, providers and why one cannot run, graph kind, Ray auth, NCCL/RCCL, Triton, aiter.

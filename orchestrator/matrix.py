@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from backend.attention import padding
-from backend.attention.support import unavailable
 from backend.case import BatchSpec, Case, ModelShape, Tolerance
 from backend.families.contract import spec as family_spec
 from orchestrator import matrix_schema as S
 from orchestrator import matrix_tree as T
 from orchestrator.errors import InputError
+from orchestrator.matrix_backends import BackendChecks
+from orchestrator.matrix_backends import unavailable_reason as unavailable_reason  # re-exported
 from orchestrator.matrix_expand import IncompleteInclude, axis_values, expand, fits, matches  # also re-exported
 from orchestrator.matrix_models import family_shape
 
@@ -100,7 +101,7 @@ def load_matrix(
     return loader.build(backend_override, backend_checks=backend_checks)
 
 
-class _Loader:
+class _Loader(BackendChecks):
     def __init__(self, path: str, tree: T.Node, doc: S.MatrixDoc, device_class: str):
         self.path, self.tree, self.doc, self.device_class = path, tree, doc, device_class
         self._models: dict[str, ModelShape] = {}
@@ -217,92 +218,6 @@ class _Loader:
             raise self.err(("capture_sizes",), f"size {max(sizes)} exceeds max_num_seqs * max_model_len = {limit}")
         return tuple(sorted(sizes))
 
-    def backend_class(self, name: str, family: str, loc: tuple | None) -> Any:
-        """The backend's Capabilities for one family (declared for builtins: no torch import; a
-        plugin's class is imported and read), or None when the provider does not implement the
-        family (its cases are skipped with family_reason's words)."""
-        key = (name, family)
-        if key not in self._backends:
-            from backend.attention.registry import (
-                BackendLoadError,
-                check_explicit,
-                check_name,
-                family_reason,
-                get_capabilities,
-            )
-
-            if family_reason(name, family):
-                self._backends[key] = None
-                return None
-            try:
-                if loc is None:  # --backend: what is a skip in a matrix may be bad input here
-                    check_explicit(name)
-                else:
-                    check_name(name)
-                self._backends[key] = get_capabilities(name, family)
-            except BackendLoadError as e:
-                if loc is None:
-                    raise InputError(f"{e}", source="--backend") from None
-                raise self.err(loc, f"{e}") from None
-        return self._backends[key]
-
-    def check_families_have_backends(self, override: str | None) -> None:
-        """Each family of the matrix needs a backend that implements it (a whole family skipped for
-        want of one is a mistake in the file). `--backend` instead only has to load: a family it
-        does not implement is its cases' skip reason (backend_reasons), as a plugin's always was,
-        so `--filter` decides which families are in question."""
-        from backend.attention.registry import family_reason
-
-        if override is not None:
-            for family in self.families:
-                if not family_reason(override, family):
-                    self.backend_class(override, family, None)  # a name that does not load: exit 2
-            return
-        for i, family in enumerate(self.families):
-            names = self.family_axes(family)["backend"]
-            ok = [
-                n
-                for n in names
-                if not family_reason(n, family) and self._implements(n, family, self._backend_loc(n, family))
-            ]
-            if not ok:
-                where = (
-                    ("families", family, "axes", "backend")
-                    if family in self.doc.families and self.doc.families[family].axes.backend
-                    else ("axes", "backend")
-                )
-                raise self.err(
-                    where,
-                    f"no backend here implements the {family} attention family "
-                    f"({', '.join(names)}); axes.attention[{i}] names it",
-                )
-
-    def feature_reason(self, name: str, family: str, caps: Any) -> str | None:
-        """Why backend `name` (which implements `family`) cannot run this matrix's shape of it: a
-        feature the shape needs that the backend lacks (swa_sinks with sinks: 1), or None."""
-        needs = set(family_spec(family).requires(self.model_of(family)))
-        missing = sorted(needs - set(getattr(caps, "features", ()) or ()))
-        if not missing:
-            return None
-        return f"{name} has no {', '.join(missing)}, which the {family} model asks for (its {'/'.join(missing)}: 1)"
-
-    def check_features(self) -> None:
-        """A backend of the file without a feature its family's shape needs is a mistake in the
-        file: one line at its entry. (A `--backend` without it skips those cases instead.)"""
-        for family in self.families:
-            for name in self.family_axes(family)["backend"]:
-                caps = self.backend_class(name, family, self._backend_loc(name, family))
-                if caps is None or getattr(caps, "family", "gqa") != family:
-                    continue  # does not implement the family: its cases are skips, with that reason
-                why = self.feature_reason(name, family, caps)
-                if why:
-                    raise self.err(self._backend_loc(name, family), why)
-
-    def _implements(self, name: str, family: str, loc: tuple | None) -> bool:
-        """Whether `name` implements `family` (loc None: named by --backend, checked as bad input)."""
-        caps = self.backend_class(name, family, loc)
-        return caps is not None and getattr(caps, "family", "gqa") == family
-
     def build(self, backend_override: str | None, *, backend_checks: bool = True) -> Matrix:
         """Expand, then (backend_checks) the one stage that needs the backend classes: their
         names are resolved (torch loads here, through backend/attention/interface.py) and a
@@ -358,16 +273,6 @@ class _Loader:
         name = doc.name or os.path.splitext(os.path.basename(self.path))[0]
         return Matrix(
             self.path, name, self.device_class, tuple(runnable), tuple(skipped), S.known_failures_file(self.tree)
-        )
-
-    def _backend_loc(self, name: str, family: str) -> tuple:
-        block = self.doc.families.get(family)
-        if block is not None and block.axes.backend and name in block.axes.backend:
-            return ("families", family, "axes", "backend", block.axes.backend.index(name))
-        return (
-            ("axes", "backend", self.doc.axes.backend.index(name))
-            if name in self.doc.axes.backend
-            else ("axes", "backend")
         )
 
     def inherited_include(self) -> T.Node | None:
@@ -495,45 +400,8 @@ class _Loader:
         tol = (block.tolerances.get(key) if block is not None else None) or self.doc.tolerances.get(key)
         return Tolerance(tol.atol, tol.rtol) if tol else DEFAULT_TOLERANCES[key]
 
-    def backend_reasons(self, case: Case) -> list[str]:
-        from backend.attention.registry import family_reason
-
-        why = family_reason(case.backend, case.attention)
-        if why:
-            return [f"unsupported: {why}"]
-        caps = self.backend_class(case.backend, case.attention, self._backend_loc(case.backend, case.attention))
-        label = case.backend_label
-        if getattr(caps, "family", "gqa") != case.attention:
-            return [f"unsupported: {label} implements the {caps.family} attention family, not {case.attention}"]
-        feature = self.feature_reason(case.backend, case.attention, caps)  # only a --backend gets here
-        reasons = [f"unsupported: {feature}"] if feature else []
-        if case.kv_cache_dtype not in caps.kv_cache_dtypes:
-            reasons.append(f"{label} does not support kv_cache_dtype {case.kv_cache_dtype}")
-        if case.model.dtype not in caps.dtypes:
-            reasons.append(f"{label} does not support dtype {case.model.dtype}")
-        key = (case.backend, case.attention)
-        if key not in self._unavailable:
-            self._unavailable[key] = unavailable_reason(case.backend, caps, self.device_class, case.attention)
-        why = self._unavailable[key]
-        if why:
-            reasons.append(unavailable(why))
-        return reasons
-
     def user_reasons(self, combo: Mapping[str, Any]) -> list[str]:
         return [c.reason for c in self.doc.constraints if matches(combo, c.when.axes())]
-
-
-def unavailable_reason(name: str, caps: Any, device_class: str, family: str = "gqa") -> str | None:
-    """Why backend `name` cannot run on this device class, or None; where the declaration cannot
-    tell without the class (ASK_CLASS), the class is imported and asked."""
-    from backend.attention.capabilities import ASK_CLASS, of_class
-
-    why = caps.unavailable_reason(device_class)
-    if why == ASK_CLASS:
-        from backend.attention.registry import get_backend
-
-        why = of_class(get_backend(name, family), name).unavailable_reason(device_class)
-    return why
 
 
 def spec_reason(batch: BatchSpec, k: int, model: ModelShape) -> str | None:

@@ -14,56 +14,26 @@ run on both (the adapters: sqlite_db.py, postgres_db.py).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import subprocess
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from backend.case import Case
-from backend.result import CaseResult, CheckOutcome, Status
+from backend.result import CaseResult
 from orchestrator.errors import InputError
 from orchestrator.store import lock
 from orchestrator.store.location import Location, mask, mask_argv, parse
 from orchestrator.store.options import NewRun, RunOptions
+from orchestrator.store.rows import RunInfo as RunInfo  # re-exported
+from orchestrator.store.rows import device_model as device_model  # re-exported
+from orchestrator.store.rows import file_sha as file_sha  # re-exported
+from orchestrator.store.rows import result_from_row, run_from_row
 from orchestrator.store.schema import _RESULT_COLS, MIGRATIONS, SCHEMA_VERSION
 
 APP_ID = "orch-results"  # meta.app: tells our databases from any other
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    id: int
-    matrix: str
-    matrix_sha: str
-    git_sha: str
-    started_at: float
-    finished_at: float | None
-    status: str
-    cluster: str
-    devices: str
-    versions: dict[str, Any] = field(default_factory=dict)
-    argv: list[str] = field(default_factory=list)
-    baseline: str | None = None
-    num_cases: int = 0  # planned
-    num_results: int = 0  # final verdicts recorded so far
-    label: str = ""  # `orch run --label` (e.g. the branch): `--baseline LABEL` finds runs by it
-    device_model: str = ""  # the device most of its cases ran on ("NVIDIA H100 80GB HBM3", "cpu")
-    options: RunOptions = field(default_factory=RunOptions)  # how `orch run` was asked for it
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def file_sha(path: str) -> str:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return ""
 
 
 def _git_sha() -> str:
@@ -72,43 +42,6 @@ def _git_sha() -> str:
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""
-
-
-def device_model(device: str) -> str:
-    """The model in a result's device label: "NVIDIA H100 80GB HBM3 (cuda:0)" -> "NVIDIA H100 80GB HBM3"."""
-    d = (device or "").strip()
-    if d.endswith(")") and " (" in d:
-        d = d[: d.rfind(" (")]
-    return d
-
-
-def _result_from_row(row: Any) -> CaseResult:
-    checks = tuple(
-        CheckOutcome(**{**c, "first_bad": tuple(c["first_bad"]) if c.get("first_bad") is not None else None})
-        for c in json.loads(row["checks"])
-    )
-    return CaseResult(
-        case_id=row["case_id"],
-        status=Status(row["status"]),
-        reason=row["reason"],
-        checks=checks,
-        requested_mode=row["requested_mode"],
-        resolved_mode=row["resolved_mode"],
-        downgraded=bool(row["downgraded"]),
-        graph_kind=row["graph_kind"],
-        provider=row["provider"],
-        capture_sizes_used=tuple(json.loads(row["capture_sizes"])),
-        error_kind=row["error_kind"],
-        timings=json.loads(row["timings"]),
-        device=row["device"],
-        versions=json.loads(row["versions"]),
-        log_tail=row["log_tail"],
-        repro=row["repro"],
-        attempts=row["attempts"],
-        worker=row["worker"],
-        axes=json.loads(row["axes"]),
-        memory=json.loads(row["memory"]),
-    )
 
 
 def _open(location: Location, readonly: bool):
@@ -391,28 +324,6 @@ class ResultStore:
 
     # -- reading -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _run_from_row(r: Any) -> RunInfo:
-        return RunInfo(
-            id=r["id"],
-            matrix=r["matrix"],
-            matrix_sha=r["matrix_sha"],
-            git_sha=r["git_sha"],
-            started_at=r["started_at"],
-            finished_at=r["finished_at"],
-            status=r["status"],
-            cluster=r["cluster"],
-            devices=r["devices"],
-            versions=json.loads(r["versions"]),
-            argv=json.loads(r["argv"]),
-            baseline=r["baseline"],
-            num_cases=r["num_cases"],
-            num_results=r["num_results"],
-            label=r["label"],
-            device_model=r["device_model"],
-            options=RunOptions.from_json(r["options"]),
-        )
-
     _RUN_SELECT = (
         "SELECT runs.*, (SELECT count(*) FROM cases WHERE cases.run_id = runs.id) AS num_cases,"
         " (SELECT count(*) FROM results WHERE results.run_id = runs.id AND final = 1) AS num_results FROM runs"
@@ -422,14 +333,14 @@ class ResultStore:
         r = self._sql(self._RUN_SELECT + " WHERE id = ?", (int(run_id),)).fetchone()
         if r is None:
             raise InputError(f"no run {run_id} in this database", source=self.path)
-        return self._run_from_row(r)
+        return run_from_row(r)
 
     def latest_run_id(self) -> int | None:
         r = self._sql("SELECT max(id) AS id FROM runs").fetchone()
         return None if r["id"] is None else int(r["id"])
 
     def runs(self) -> list[RunInfo]:
-        return [self._run_from_row(r) for r in self._sql(self._RUN_SELECT + " ORDER BY id")]
+        return [run_from_row(r) for r in self._sql(self._RUN_SELECT + " ORDER BY id")]
 
     def labelled_runs(
         self, label: str, *, limit: int = 1, before: float | None = None, exclude: int | None = None
@@ -446,7 +357,7 @@ class ResultStore:
             params.append(int(exclude))
         sql += " ORDER BY finished_at DESC, id DESC LIMIT ?"
         params.append(int(limit))
-        return [self._run_from_row(r) for r in self._sql(sql, params)]
+        return [run_from_row(r) for r in self._sql(sql, params)]
 
     def labels(self, run_ids: Sequence[int]) -> dict[int, str]:
         """run id -> label, for these runs (a shared store may hold thousands: not all of them)."""
@@ -462,7 +373,7 @@ class ResultStore:
 
     def results(self, run_id: int) -> list[CaseResult]:
         rows = self._sql("SELECT * FROM results WHERE run_id = ? ORDER BY case_id", (run_id,))
-        return [_result_from_row(r) for r in rows]
+        return [result_from_row(r) for r in rows]
 
     def missing_case_ids(self, run_id: int) -> list[str]:
         rows = self._sql(
@@ -483,7 +394,7 @@ class ResultStore:
     def history(self, case_id: str, limit: int = 20) -> list[tuple[int, CaseResult]]:
         """Newest first: (run id, last result of the case in that run)."""
         rows = self._sql("SELECT * FROM results WHERE case_id = ? ORDER BY run_id DESC LIMIT ?", (case_id, int(limit)))
-        return [(int(r["run_id"]), _result_from_row(r)) for r in rows]
+        return [(int(r["run_id"]), result_from_row(r)) for r in rows]
 
     def status_history(
         self, limit_runs: int = 20, run_ids: Sequence[int] | None = None
