@@ -1,8 +1,9 @@
 """The checker: one case in, one honest verdict out (DESIGN.md §5; docs/CHECKER.md).
 
-Its parts, one concern each: timing.py (phase marks), scratch.py (the step's cache snapshot and
-the capture-write check), step_data.py (step inputs, context fill, scales, the reference),
-sides.py (a step's eager and graph sides and their checks), verdict.py (checks to a status).
+Its parts, one concern each: case_plan.py (a case's resolved mode, session and step dispatch),
+environment.py (the versions and device a result records), timing.py (phase marks), scratch.py
+(the step's cache snapshot and the capture-write check), step_data.py (step inputs, context fill,
+scales, the reference), sides.py (a step's eager and graph sides and their checks), verdict.py (checks to a status).
 
     run_case(case, rank=0, world_size=1, device=None, sessions=None) -> CaseResult
     merge_rank_results(results) -> CaseResult          # a gang's verdict: the worst rank
@@ -14,45 +15,33 @@ Free of Ray: the same function runs in `orch repro`, under pytest and in a Ray a
 
 from __future__ import annotations
 
-import functools
 import gc
-import importlib.metadata
-import platform
 import re
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-import backend
 from backend.attention.registry import BackendLoadError, class_family_reason, family_reason, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
-from backend.families.contract import family as family_of
 from backend.harness import memory, step_data
+from backend.harness.case_plan import dispatch_plan as _dispatch_plan
+from backend.harness.case_plan import session_plan as _session_plan
+from backend.harness.case_plan import step_graph
 from backend.harness.checks import CheckAccumulator
 from backend.harness.churn import churn
 from backend.harness.distributed import all_gather_objects, gang_id
+from backend.harness.environment import default_device, device_label, versions
 from backend.harness.memory import OOM_KIND, CaseMemory, gib, is_oom
 from backend.harness.model import TPLayout, layout_reasons
-from backend.harness.modes import (
-    CUDAGraphMode,
-    UnsupportedModeError,
-    capture_plan,
-    dispatch,
-    is_uniform_decode,
-    resolve_capture_sizes,
-    resolve_mode,
-    uniform_decode_query_len,
-)
+from backend.harness.modes import CUDAGraphMode, UnsupportedModeError
 from backend.harness.scratch import SCRATCH, capture_checked, mark_scratch, take_snapshot
-from backend.harness.session import CaptureFailed, GraphKey, Session, attention_config, estimate_bytes
+from backend.harness.session import CaptureFailed, Session, attention_config
 from backend.harness.session_cache import SessionCache, SessionTooLarge
 from backend.harness.sides import add_step, eager_side, graph_side
 from backend.harness.step_data import fill_context, reference_key, set_capture_scales, set_scales, step_inputs
-from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs, plan_steps
+from backend.harness.steps import batch_reasons, hash_seed, make_step_inputs
 from backend.harness.timing import DEVICE_PHASES, PHASES, Clock, Span, finish_timings, seconds
 from backend.harness.user_frame import user_frame
 from backend.harness.verdict import status_of
@@ -62,7 +51,19 @@ from backend.harness.verdict import status_of
 from backend.rank_merge import consensus_reason, merge_rank_results, plan_of, rank_consensus
 from backend.result import CaseResult, Status, checks_for
 
-__all__ = ["SessionCache", "merge_rank_results", "run_case", "run_case_local"]
+__all__ = [
+    "PHASES",
+    "SessionCache",
+    "_dispatch_plan",
+    "_session_plan",
+    "clear_process_caches",
+    "default_device",
+    "merge_rank_results",
+    "run_case",
+    "run_case_local",
+    "versions",
+    "warm_kernels",
+]
 
 LOG_TAIL_CHARS = 4000
 # What CUDA/HIP say when a capturing stream meets a device->host sync; the emulation names the op
@@ -73,31 +74,6 @@ CUDA_CAPTURE_HINT = (
     "`nonzero`, a Python `if` on a tensor"
 )
 BUDGET_PREFIX = "out of memory budget"  # SessionTooLarge's reason: refused before anything was built
-
-
-@functools.lru_cache(maxsize=1)
-def versions() -> dict[str, str]:
-    # orch's version from the code that ran (backend/__init__.py), installed or on PYTHONPATH
-    out = {"torch": torch.__version__, "python": platform.python_version(), "orch": backend.__version__}
-    for label, dist in (("triton", "triton"), ("aiter", "amd-aiter"), ("ray", "ray"), ("vllm", "vllm")):
-        try:
-            out[label] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def default_device(rank: int = 0) -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", rank % torch.cuda.device_count())
-    return torch.device("cpu")
-
-
-def device_label(device: torch.device) -> str:
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return f"{torch.cuda.get_device_name(index)} ({device.type}:{index})"
-    return str(device)
 
 
 def run_case(
@@ -156,113 +132,6 @@ def clear_process_caches() -> None:
     SCRATCH.clear()
     mark_scratch(None)
     step_data.INPUTS.clear()
-
-
-@dataclass(frozen=True)
-class _SessionPlan:
-    mode: CUDAGraphMode  # resolved
-    sizes: tuple[int, ...]  # capture sizes as resolved with the mode
-    notes: str  # what resolution changed, for the log
-    downgraded: bool
-    key: tuple  # the SessionCache key
-    factory: Callable[[], Session]
-    estimate: int = 0  # its bytes before it is built (session.estimate_bytes)
-
-
-def _session_plan(case: Case, backend_cls, rank: int, device: torch.device) -> _SessionPlan:
-    """The resolved mode and sizes of a case and the session it runs in (raises
-    UnsupportedModeError)."""
-    res = resolve_mode(
-        case.mode,
-        backend_cls.cudagraph_support,
-        backend_name=getattr(backend_cls, "name", case.backend_label),
-        spec_tokens=case.spec_tokens,
-    )
-    # vLLM settles the sizes with the mode (resolve_cudagraph_mode_and_sizes): with k > 0 and a
-    # FULL decode mode the V1 runner rounds them to multiples of 1 + k.
-    capture = resolve_capture_sizes(case.capture_sizes, res.resolved, case.spec_tokens, case.model.capture_style)
-    mode, sizes = res.resolved, capture.sizes
-    # Not keyed by mode: graphs inside a session are keyed by (runtime mode, size, uniform
-    # decode), which every cudagraph mode captures identically, so modes share one session (its
-    # KV caches are GBs at production shapes, and building one dominated GPU cases).
-    # Static buffers must hold the largest graph the mode captures: with k > 0 a split-mode
-    # decode graph (requests * (1 + k) tokens) can lie above the largest capture size.
-    top = max(
-        (
-            s.size
-            for s in capture_plan(mode, sizes, case.model.max_num_seqs, uniform_decode_query_len(case.spec_tokens))
-        ),
-        default=0,
-    )
-    max_tokens = top if top > max(sizes, default=0) else 0
-    k = case.spec_tokens if getattr(backend_cls, "sizes_by_spec_tokens", False) else 0
-    key = (
-        case.backend,
-        case.model,
-        case.tp,
-        rank,
-        case.kv_cache_dtype,
-        sizes,
-        max_tokens,
-        k,
-        str(device),
-        case.cg_padding,
-    )
-
-    def factory() -> Session:
-        return Session(
-            backend_cls,
-            case.model,
-            case.tp,
-            rank,
-            case.kv_cache_dtype,
-            sizes,
-            device,
-            max_tokens=max_tokens,
-            spec_tokens=k,
-            cg_padding=case.cg_padding,
-        )
-
-    layout = TPLayout(case.tp, rank, case.model.num_heads, case.model.num_kv_heads, case.model.head_size)
-    config = attention_config(case.model, layout, case.kv_cache_dtype, sizes, device)
-    return _SessionPlan(
-        mode,
-        sizes,
-        "; ".join(n for n in (res.message, capture.note) if n),
-        res.downgraded,
-        key,
-        factory,
-        estimate_bytes(backend_cls, config, case.model.num_layers),
-    )
-
-
-def _dispatch_plan(case: Case, mode: CUDAGraphMode, sizes: tuple[int, ...]):
-    """A case's step plans, the graph each step dispatches to, and the graph keys they need."""
-    q = uniform_decode_query_len(case.spec_tokens)
-    plans = plan_steps(case.batch, case.model, sizes, max(case.steps, 1), case.seed, spec_tokens=case.spec_tokens)
-    fresh_prefill = family_of(case.attention).fresh_prompts_are_prefills
-
-    def uniform(p) -> bool:  # V2: a row without context (a prompt's first chunk) is not a decode
-        return is_uniform_decode(p.query_lens, q) and not (
-            fresh_prefill and any(s == ql for ql, s in zip(p.query_lens, p.seq_lens))
-        )
-
-    dispatches = [dispatch(mode, p.num_tokens, uniform(p), sizes, case.model.max_num_seqs, q) for p in plans]
-    keys = [
-        GraphKey(d.runtime_mode, d.padded_tokens, d.uniform_decode, q if d.uniform_decode else 1)
-        if d.runtime_mode != "NONE"
-        else None
-        for d in dispatches
-    ]
-    return plans, dispatches, keys
-
-
-def step_graph(key: GraphKey | None) -> str:
-    """The graph a step dispatches to, as CaseResult.step_graphs names it ("NONE": eager)."""
-    if key is None:
-        return "NONE"
-    decode = f" decode{f' q{key.query_len}' if key.query_len > 1 else ''}" if key.uniform_decode else ""
-    return f"{key.runtime_mode} {key.size}{decode}"
 
 
 def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) -> bool:
