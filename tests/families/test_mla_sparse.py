@@ -4,18 +4,17 @@ in every mode over a padded decode batch and a mixed one."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from backend.attention.mla_sparse import Buffers, problems, token_seq_lens
-from backend.case import BatchSpec, Case, ModelShape, Tolerance
+from backend.case import BatchSpec, Case, ModelShape
 from backend.families import spec
 from backend.families.mla_sparse import picked_mask
 from backend.harness.checker import SessionCache, run_case
 from backend.providers.torch_mla_sparse import index_scores, select_topk
 from backend.result import Status
+from tests.families.conftest import _tiny_case
 
 _CPU = spec("mla_sparse").defaults["cpu"]
 DIMS = tuple((k, _CPU[k]) for k in spec("mla_sparse").dim_names)
@@ -37,24 +36,10 @@ DECODE = BatchSpec("sparse_decode5", (1, 1, 1, 1, 1), (3, 16, 17, 40, 100))
 # Decodes, a fresh prompt shorter than top-k, a chunk of 20 (> top-k) over 30 of context.
 MIXED = BatchSpec("sparse_mixed4", (1, 1, 6, 20), (9, 70, 6, 50))
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-TOL = {"auto": Tolerance(2e-2, 2e-2), "fp8": Tolerance(2e-2, 5e-2)}
 
 
 def make_case(backend="torch", mode="FULL", kv="auto", batch=DECODE, tp=1, seed=0, **changes) -> Case:
-    case = Case(
-        backend=backend,
-        tp=tp,
-        mode=mode,
-        kv_cache_dtype=kv,
-        batch=batch,
-        seed=seed,
-        model=TINY,
-        capture_sizes=(1, 2, 4, 8, 16, 32),
-        steps=3,
-        tolerance=TOL[kv],
-        matrix="tests/tiny-mla-sparse.yaml",
-    )
-    return dataclasses.replace(case, **changes) if changes else case
+    return _tiny_case(TINY, "tests/tiny-mla-sparse.yaml", backend, mode, kv, batch, tp, seed, changes)
 
 
 @pytest.fixture(scope="module")
