@@ -70,9 +70,13 @@ class DSMLALayout:
         """Why these dims have no fp8_ds_mla layout ([] when they have one)."""
         out = []
         if self.latent % (LATENT_TILES * SCALE_BYTES):
-            out.append(f"kv_lora_rank {self.latent} is not a multiple of {LATENT_TILES * SCALE_BYTES}")
-        if self.index_dim % self.index_tile or self.index_dim % SCALE_BYTES:
-            out.append(f"index_head_dim {self.index_dim} is not a multiple of {self.index_tile} and 4")
+            out.append(
+                f"kv_lora_rank {self.latent} is not a multiple of {LATENT_TILES * SCALE_BYTES} (4 tiles, aligned scales)"
+            )
+        if self.index_dim % self.index_tile:
+            out.append(f"index_head_dim {self.index_dim} is not a multiple of {INDEX_TILE} (the indexer's block)")
+        if self.index_dim % SCALE_BYTES:
+            out.append(f"index_head_dim {self.index_dim} is not a multiple of 4 (float32 scales follow the values)")
         if self.index_bytes > self.row_bytes:
             out.append(f"the indexer row ({self.index_bytes} bytes) is wider than the latent row ({self.row_bytes})")
         return out
