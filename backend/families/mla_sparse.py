@@ -79,6 +79,9 @@ class MLASparse(MLA):
     def round_stored(self, shape, plane, rows, cache_dtype):
         return ds_cache.round_rows(shape, plane, rows) if ds_cache.is_ds_mla(cache_dtype) else None
 
+    def decode_rows(self, shape, plane, rows):
+        return ds_cache.decode(shape, plane, rows) if ds_cache.is_ds_mla(rows) else None
+
     def cache_slot_bytes(self, config):
         return DSMLALayout.of(config).row_bytes if config.kv_cache_dtype == DS_MLA else None
 

@@ -1,6 +1,6 @@
 """mla_sparse's fp8_ds_mla cache on the family's side (the format: backend/attention/ds_mla.py):
-its allocation, the typed parts the session fills with garbage, the context write, and the fp32
-reference's rounding of rows the way the format stores them.
+its allocation, the typed parts the session fills with garbage, the context write, the rows'
+values for kv_integrity, and the fp32 reference's rounding of rows the way the format stores them.
 
 The reference's rounding is its own arithmetic: per tile, the scale amax / fp8_max from the rows
 it rounds (floored as the format says) and fp8_round (backend/harness/reference.py) of the rows
@@ -86,3 +86,9 @@ def round_rows(shape, plane: int, rows: torch.Tensor) -> torch.Tensor:
         return _round_tiles(rows, lay.index_tile)
     lat = lay.latent
     return torch.cat([_round_tiles(rows[..., :lat], lay.tile), rows[..., lat:].to(ds_mla.ROPE_DTYPE).float()], dim=-1)
+
+
+def decode(shape, plane: int, rows: torch.Tensor) -> torch.Tensor:
+    """A plane's byte rows [..., row_bytes] as the values the providers' reader returns."""
+    lay = DSMLALayout.of(shape)
+    return ds_mla.unpack_index(rows, lay) if plane == 1 else ds_mla.unpack_latent(rows, lay)

@@ -4,6 +4,8 @@ the byte layout, the round trip through a write and a read against the reference
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -129,3 +131,42 @@ def test_other_backends_skip_fp8_ds_mla_with_a_reason(sparse_sessions):  # noqa:
 
     r = run_case(mla_case("torch", "FULL", "fp8_ds_mla"), sessions=sparse_sessions)
     assert r.status == Status.SKIP and "kv_cache_dtype fp8_ds_mla not supported by torch" in r.reason, r.reason
+
+
+def _perturbed(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(eager's rows, the graph's) [2 planes, 4 slots, row_bytes] of one write, the graph's latent
+    inputs perturbed by `kind`."""
+    gen = torch.Generator().manual_seed(5)
+    lat = torch.randn(4, CPU.latent, generator=gen).bfloat16()
+    pe, key = torch.randn(4, CPU.rope, generator=gen), torch.randn(4, CPU.index_dim, generator=gen)
+
+    def rows(lat):
+        return torch.stack([ds_mla.pack_latent(lat.float(), pe, CPU), ds_mla.pack_index(key, CPU)])
+
+    eager = rows(lat)
+    other = lat.clone()
+    amax_at = lat[0, : CPU.tile].float().abs().argmax()
+    if kind == "amax an ulp off":  # a padded GEMM's rounding: the tile's scale moves with it
+        v = lat[0, amax_at].float()
+        other[0, amax_at] = (v - torch.sign(v) * 2.0 ** (torch.floor(torch.log2(v.abs())) - 7)).bfloat16()
+    graph = rows(other)
+    if kind == "scale doubled":  # a tile's scale written twice too large
+        s = graph[0, 0, CPU.latent : CPU.latent + 4].view(torch.float32)
+        graph[0, 0, CPU.latent : CPU.latent + 4] = (s * 2).view(torch.uint8)
+    return eager, graph
+
+
+@pytest.mark.parametrize("kind, ok", [("same", True), ("amax an ulp off", True), ("scale doubled", False)])
+def test_kv_integrity_compares_real_slots_as_decoded_values(kind, ok):
+    from backend.case import Tolerance
+    from backend.harness.checks import kv_integrity
+
+    eager, graph = _perturbed(kind)
+    assert torch.equal(eager, graph) == (kind == "same")
+    real, ones = torch.arange(4), (torch.ones(1), torch.ones(1))
+    decode = functools.partial(family("mla_sparse").decode_rows, TINY)  # as sides.py binds it
+    tol = Tolerance(2e-2, 2e-2)
+    k = kv_integrity(graph.clone(), graph.clone(), eager, real, ones, tol, decode=decode)
+    assert (k.ok, k.real_bitwise) == (ok, kind == "same"), k
+    if kind == "amax an ulp off":  # compared as bytes, the tile's moved scale bytes would be red
+        assert not kv_integrity(graph.clone(), graph.clone(), eager, real, ones, tol).ok

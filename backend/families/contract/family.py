@@ -102,6 +102,12 @@ class AttentionFamily:
         harness rounds to it: fp8 with the plane's scale, or the model dtype)."""
         return None
 
+    def decode_rows(self, shape, plane: int, rows: torch.Tensor) -> torch.Tensor | None:
+        """rows [..., row bytes] of this family's own byte-format cache plane as the fp32 values a
+        reader gets (kv_integrity compares a graph's real slots to eager's as those); None where the
+        cache is a plain dtype (dequantised with the plane's scale)."""
+        return None
+
     def cache_slot_bytes(self, config) -> int | None:
         """Bytes of one slot's row per plane where the family allocates a byte-format cache for
         `config` (the session's memory estimate); None: the backend's kv_cache_shape in its dtype."""
