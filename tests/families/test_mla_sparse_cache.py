@@ -170,3 +170,16 @@ def test_kv_integrity_compares_real_slots_as_decoded_values(kind, ok):
     assert (k.ok, k.real_bitwise) == (ok, kind == "same"), k
     if kind == "amax an ulp off":  # compared as bytes, the tile's moved scale bytes would be red
         assert not kv_integrity(graph.clone(), graph.clone(), eager, real, ones, tol).ok
+
+
+def test_the_memory_estimate_counts_the_byte_rows():
+    """The caches and their one snapshot copy, at row_bytes a slot and plane."""
+    from backend.attention.registry import get_backend
+    from backend.harness.model import TPLayout
+    from backend.harness.session import attention_config, estimate_bytes
+
+    backend = get_backend("torch", "mla_sparse")
+    config = attention_config(TINY, TPLayout(1, 0, 4, 1, 48), "fp8_ds_mla", (1, 2), "cpu")
+    caches = family("mla_sparse").allocate_caches(backend, config, TINY)
+    assert [(c.dtype, c.shape[-1]) for c in caches] == [(torch.uint8, CPU.row_bytes)] * TINY.num_layers
+    assert estimate_bytes(backend, config, TINY.num_layers) == 2 * sum(c.numel() for c in caches)
