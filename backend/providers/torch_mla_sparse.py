@@ -80,8 +80,9 @@ class TorchSparseMLAImpl(SparseMLAImpl):
     def read_keys(self, kv_cache, md, length: int, v_scale) -> torch.Tensor:
         """Every block-table row's indexer keys, positions [0, length) -> fp32 [R, length, Di]."""
         di = self.index.index_head_dim
-        if is_ds_mla(kv_cache):
-            return ds_mla.unpack_index(gather_rows(kv_cache[1], md.block_table, length), DSMLALayout.of(self.config))
+        if is_ds_mla(kv_cache):  # the key's bytes only, not the row's zero tail
+            lay = DSMLALayout.of(self.config)
+            return ds_mla.unpack_index(gather_rows(kv_cache[1][..., : lay.index_bytes], md.block_table, length), lay)
         return mla_ops.gather_latent(kv_cache[1][..., :di], md.block_table, length, v_scale)
 
     def read_latent(self, kv_cache, slots: torch.Tensor, k_scale) -> torch.Tensor:

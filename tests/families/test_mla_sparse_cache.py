@@ -183,3 +183,25 @@ def test_the_memory_estimate_counts_the_byte_rows():
     caches = family("mla_sparse").allocate_caches(backend, config, TINY)
     assert [(c.dtype, c.shape[-1]) for c in caches] == [(torch.uint8, CPU.row_bytes)] * TINY.num_layers
     assert estimate_bytes(backend, config, TINY.num_layers) == 2 * sum(c.numel() for c in caches)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP device")
+def test_device_rows_are_the_references_and_the_cpus():
+    """On the device, at the CPU shape's and DeepSeek's dims: the read of what the writer packed
+    is the reference's rounding bit for bit (the top-k's exactness rests on it there too), and on
+    e4m3fn devices the bytes are the CPU's (amax, the division and the fp8 cast agree)."""
+    from backend.attention.kv_cache import fp8_dtype
+
+    dev = torch.device("cuda")
+    for lay, shape in ((CPU, TINY), (DEEPSEEK, _deepseek_shape())):
+        lat = _rows(64, lay.latent, lay.tile, 9)
+        pe = torch.randn(64, lay.rope, generator=torch.Generator().manual_seed(10))
+        key = _rows(64, lay.index_dim, lay.index_tile, 11)
+        rows = ds_mla.pack_latent(lat.to(dev), pe.to(dev), lay)
+        index = ds_mla.pack_index(key.to(dev), lay)
+        assert torch.equal(ds_mla.unpack_latent(rows, lay), round_rows(shape, 0, torch.cat([lat, pe], dim=-1).to(dev)))
+        assert torch.equal(ds_mla.unpack_index(index, lay), round_rows(shape, 1, key.to(dev)))
+        if fp8_dtype(dev) == torch.float8_e4m3fn:
+            assert torch.equal(rows.cpu(), ds_mla.pack_latent(lat, pe, lay))
+            assert torch.equal(index.cpu(), ds_mla.pack_index(key, lay))
