@@ -389,8 +389,8 @@ def _fill_garbage(caches: list[torch.Tensor], family, dtype: torch.dtype, shape:
     """Seeded non-zero cache contents: a zero cache hides reads and writes of wrong slots. Drawn
     into the family's garbage_views (the planes, or a byte format's typed parts)."""
     for cache in caches:
-        # Drawn on the device, in the model dtype (no fp32 temporary of GBs), plane by plane
-        # (AttentionFamily.planes: [num_blocks, block_size, ...]) in chunks of blocks that bound
+        # Drawn on the device, in the model dtype (no fp32 temporary of GBs), view by view
+        # (AttentionFamily.garbage_views: [num_blocks, block_size, ...]) in chunks of blocks that bound
         # the temporary an fp8 cache needs for its cast.
         gen = torch.Generator(device=cache.device).manual_seed(7)
         for plane in family.garbage_views(cache, shape):
