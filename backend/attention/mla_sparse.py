@@ -136,9 +136,10 @@ class SparseMLAImpl(MLAImpl):
         index_w: torch.Tensor,
     ) -> torch.Tensor:
         """Write [kv_c | k_pe] (plane 0, k_scale) and the indexer key k_index [T, Di] (plane 1,
-        v_scale; an fp8_ds_mla cache: the rows with their own scales) at slot_mapping; pick each token's top-k into topk_indices (index_q [Hi, Di],
-        index_w [Hi]: the layer's indexer query and head weights); attend the picked keys
-        (absorbed); write `output` [num_padded_tokens, Hl, V] and return it."""
+        v_scale; an fp8_ds_mla cache: byte rows with their own scales) at slot_mapping; pick each
+        token's top-k into topk_indices (index_q [Hi, Di], index_w [Hi]: the layer's indexer
+        query and head weights); attend the picked keys (absorbed); write `output`
+        [num_padded_tokens, Hl, V] and return it."""
         raise NotImplementedError
 
     def topk_for(self, metadata: SparseMLAMetadata) -> torch.Tensor:

@@ -5,11 +5,11 @@ Per layer on one tp rank: mla.py's projections (q, kv_c, k_pe), and the indexer'
     k_index = h @ W_ik.T                    # [T, Di], replicated on every rank (as the indexer is)
 written beside the latent row, into the cache's second plane, at the same slot_mapping (kv auto and
 fp8: in the first Di values of a latent-wide row; fp8_ds_mla: byte rows with their own scales,
-mla_sparse_cache.py). A key j's
-score is sum_h w_h relu(q_h . k_j) with the layer's indexer query q [Hi, Di] and head weights w
-[Hi]; token i of a request (position p = context + i) picks, among positions <= p, the step's own
-tokens first (latest first), then cached keys by score; the lower position wins a tie; a context
-shorter than index_topk is attended whole. Then absorbed MLA over the picked rows.
+mla_sparse_cache.py). A key j's score is sum_h w_h relu(q_h . k_j) with the layer's indexer query
+q [Hi, Di] and head weights w [Hi]; token i of a request (position p = context + i) picks, among
+positions <= p, the step's own tokens first (latest first), then cached keys by score; the lower
+position wins a tie; a context shorter than index_topk is attended whole. Then absorbed MLA over
+the picked rows.
 
 Two simplifications of DeepSeek's indexer keep the selection exact, because a top-k is
 discontinuous: a last-bit difference between the provider's scores and the fp32 reference's would
