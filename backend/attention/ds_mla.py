@@ -30,9 +30,11 @@ from backend.attention.kv_cache import fp8_dtype, fp8_to_float, quantize_fp8, wr
 NAME = "fp8_ds_mla"
 LATENT_TILES = 4  # DeepSeek's 512 / 128; the CPU shape's 32 gives tiles of 8, still several a row
 INDEX_TILE = 128  # the indexer's quantisation block (vLLM's)
-SCALE_FLOOR = 1e-4  # amax below it divides by SCALE_FLOOR / fp8_max (vLLM's indexer writer's floor)
+# amax below it divides by SCALE_FLOOR / fp8_max: vLLM's indexer writer's floor, orch's for both planes
+SCALE_FLOOR = 1e-4
 SCALE_BYTES = 4
 ROPE_DTYPE = torch.bfloat16  # vLLM's row: the rope part in bf16 whatever the model dtype
+_NO_SCALE = torch.ones(1)  # write_slots' scale argument: unused for a uint8 plane
 
 
 @dataclass(frozen=True)
@@ -119,9 +121,6 @@ def write_latent(
 def write_index(plane: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor, layout: DSMLALayout) -> None:
     n = slot_mapping.shape[0]
     write_slots(plane, pack_index(k[:n], layout), slot_mapping, _NO_SCALE)
-
-
-_NO_SCALE = torch.ones(1)  # write_slots' scale argument: unused for a uint8 plane
 
 
 def _scales(rows: torch.Tensor, start: int, count: int) -> torch.Tensor:
