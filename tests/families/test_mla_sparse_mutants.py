@@ -95,11 +95,18 @@ def test_mla_sparse_mutant_red_exactly_where_reachable(name, sparse_sessions):  
     assert any(seen) and (not all(seen) or exp.flagged("NONE", "mixed", 0))
 
 
-def test_ds_mla_tile_scale_red_exactly_in_fp8_ds_mla_cells(sparse_sessions):  # noqa: F811 - the imported fixture, by name
-    """The first tile's scale dequantising every tile: red against the reference in every
-    fp8_ds_mla cell (eager and graphs alike: the read is wrong, not its capture), green with kv
-    auto and fp8, whose caches have no tiles."""
-    backend = "tests.mutants.mla_sparse_ds_tile_scale:Backend"
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "tests.mutants.mla_sparse_ds_tile_scale:Backend",  # the first tile's scale read for every tile
+        "tests.mutants.mla_sparse_ds_first_scale:Backend",  # the first token's scales written for every token
+    ],
+)
+def test_ds_mla_format_mutant_red_exactly_in_fp8_ds_mla_cells(backend, sparse_sessions):  # noqa: F811 - the imported fixture, by name
+    """A format bug: red against the reference in every fp8_ds_mla cell (eager and graphs alike:
+    the arithmetic is wrong, not its capture; the batches have several new tokens), green with kv
+    auto and fp8, whose caches have neither tiles nor per-token scales; the rows eager and the
+    graphs write agree (kv_integrity) and the metadata keeps its contract."""
     for kv in ("auto", "fp8", "fp8_ds_mla"):
         for batch in (DECODE, MIXED):
             for mode in ("NONE", "FULL_AND_PIECEWISE"):
