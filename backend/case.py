@@ -25,7 +25,9 @@ CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PI
 # (_dummy_run: seq_lens = max_model_len), "v2" vllm/v1/worker/gpu/cudagraph_utils.py (device
 # seq_lens = query len, host max_seq_len = max_model_len, block-table rows on the null block).
 CAPTURE_STYLES = ("v1", "v2")
-KV_CACHE_DTYPES = ("auto", "fp8")
+# fp8_ds_mla: mla_sparse's byte rows with per-tile scales (backend/attention/ds_mla.py); a backend
+# without it in supported_kv_cache_dtypes skips its cells.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_ds_mla")
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
 TP_SIZES = (1, 2, 4, 8)
 

@@ -395,6 +395,7 @@ class _Loader(BackendChecks):
         raise self.err(loc, f"spec_tokens {k} with batch {case.batch.name!r}: {why} (exclude the pair if intended)")
 
     def tolerance(self, kv_cache_dtype: str, family: str) -> Tolerance:
+        # fp8_ds_mla takes the model dtype's: the reference rounds its rows exactly (docs/FAMILIES.md).
         key = cast(S.ToleranceKey, "fp8" if kv_cache_dtype == "fp8" else self.model_of(family).dtype)
         block = self.doc.families.get(family)
         tol = (block.tolerances.get(key) if block is not None else None) or self.doc.tolerances.get(key)

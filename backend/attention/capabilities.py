@@ -242,7 +242,7 @@ BUILTIN_CAPABILITIES: dict[tuple[str, str], Capabilities] = {
         # hybrid_gdn: UNIFORM_BATCH, as vLLM's GDN backend declares (the minimum over the groups).
         Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="hybrid_gdn"),
         # mla_sparse: UNIFORM_BATCH, as vLLM's sparse MLA backends declare.
-        Capabilities("torch", _CG.UNIFORM_BATCH, _KV, _ALL, torch_unavailable, family="mla_sparse"),
+        Capabilities("torch", _CG.UNIFORM_BATCH, (*_KV, "fp8_ds_mla"), _ALL, torch_unavailable, family="mla_sparse"),
     )
 }
 

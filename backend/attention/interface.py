@@ -40,7 +40,7 @@ class AttentionConfig:
     max_num_seqs: int
     max_num_tokens: int  # largest batch in tokens (max capture size or largest eager batch)
     dtype: torch.dtype  # model dtype
-    kv_cache_dtype: str  # "auto" | "fp8"
+    kv_cache_dtype: str  # "auto" | "fp8" | "fp8_ds_mla" (mla_sparse's byte rows: backend/attention/ds_mla.py)
     device: torch.device
     scale: float  # softmax scale, 1/sqrt(head_size)
     # The case's speculative tokens k (verify rows of 1 + k), for a backend that declares

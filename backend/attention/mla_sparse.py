@@ -24,7 +24,8 @@ through req_id_per_token and the block table (slot = block_table[req, i // B] * 
 violation names the field, the row and the value). Cache: [2, num_blocks, block_size, L + R]:
 plane 0 the latent row [kv_c | k_pe] (k_scale), plane 1 the indexer's key in its first
 index_head_dim values (v_scale: the indexer's cache has a scale of its own), both written at the
-same slot_mapping.
+same slot_mapping. kv fp8_ds_mla: uint8 [2, num_blocks, block_size, row_bytes], the same planes
+as byte rows with their scales inside (backend/attention/ds_mla.py), allocated by the family.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from typing import ClassVar
 
 import torch
 
+from backend.attention.ds_mla import NAME as DS_MLA
+from backend.attention.ds_mla import DSMLALayout
+from backend.attention.interface import AttentionConfig
 from backend.attention.mla import MLABackend, MLAImpl, MLAMetadata, MLAMetadataBuilder
 from backend.host_copy import copy_into
 
@@ -131,10 +135,11 @@ class SparseMLAImpl(MLAImpl):
         index_q: torch.Tensor,
         index_w: torch.Tensor,
     ) -> torch.Tensor:
-        """Write [kv_c | k_pe] (plane 0, k_scale) and the indexer key k_index [T, L + R] (plane 1,
-        v_scale) at slot_mapping; pick each token's top-k into topk_indices (index_q [Hi, Di],
-        index_w [Hi]: the layer's indexer query and head weights); attend the picked keys
-        (absorbed); write `output` [num_padded_tokens, Hl, V] and return it."""
+        """Write [kv_c | k_pe] (plane 0, k_scale) and the indexer key k_index [T, Di] (plane 1,
+        v_scale; an fp8_ds_mla cache: byte rows with their own scales) at slot_mapping; pick each
+        token's top-k into topk_indices (index_q [Hi, Di], index_w [Hi]: the layer's indexer
+        query and head weights); attend the picked keys (absorbed); write `output`
+        [num_padded_tokens, Hl, V] and return it."""
         raise NotImplementedError
 
     def topk_for(self, metadata: SparseMLAMetadata) -> torch.Tensor:
@@ -146,6 +151,15 @@ class SparseMLABackend(MLABackend):
     family: ClassVar[str] = "mla_sparse"
     builder_cls = SparseMLAMetadataBuilder
     impl_cls = SparseMLAImpl
+    # fp8_ds_mla: the family's byte rows (backend/attention/ds_mla.py), allocated by the family.
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto", "fp8", DS_MLA)
+
+    @classmethod
+    def unsupported_reasons(cls, config: AttentionConfig) -> list[str]:
+        reasons = super().unsupported_reasons(config)
+        if config.kv_cache_dtype == DS_MLA and DS_MLA in cls.supported_kv_cache_dtypes:
+            reasons += [f"{DS_MLA}: {p}" for p in DSMLALayout.of(config).problems()]
+        return reasons
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:

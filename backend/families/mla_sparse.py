@@ -3,11 +3,13 @@ each query token attends only the index_topk keys it picked (docs/FAMILIES.md "m
 
 Per layer on one tp rank: mla.py's projections (q, kv_c, k_pe), and the indexer's key
     k_index = h @ W_ik.T                    # [T, Di], replicated on every rank (as the indexer is)
-written beside the latent row, into the cache's second plane, at the same slot_mapping. A key j's
-score is sum_h w_h relu(q_h . k_j) with the layer's indexer query q [Hi, Di] and head weights w
-[Hi]; token i of a request (position p = context + i) picks, among positions <= p, the step's own
-tokens first (latest first), then cached keys by score; the lower position wins a tie; a context
-shorter than index_topk is attended whole. Then absorbed MLA over the picked rows.
+written beside the latent row, into the cache's second plane, at the same slot_mapping (kv auto and
+fp8: in the first Di values of a latent-wide row; fp8_ds_mla: byte rows with their own scales,
+mla_sparse_cache.py). A key j's score is sum_h w_h relu(q_h . k_j) with the layer's indexer query
+q [Hi, Di] and head weights w [Hi]; token i of a request (position p = context + i) picks, among
+positions <= p, the step's own tokens first (latest first), then cached keys by score; the lower
+position wins a tie; a context shorter than index_topk is attended whole. Then absorbed MLA over
+the picked rows.
 
 Two simplifications of DeepSeek's indexer keep the selection exact, because a top-k is
 discontinuous: a last-bit difference between the provider's scores and the fp32 reference's would
@@ -30,9 +32,12 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from backend.attention.ds_mla import NAME as DS_MLA
+from backend.attention.ds_mla import DSMLALayout
 from backend.attention.kv_cache import write_slots
 from backend.attention.mla import MLADims
 from backend.attention.mla_sparse import IndexerDims
+from backend.families import mla_sparse_cache as ds_cache
 from backend.families.contract import split_by
 from backend.families.mla import MLA, split_kv_b
 from backend.families.mla_sparse_checks import CHECKS
@@ -55,12 +60,30 @@ class MLASparse(MLA):
         return (k_scale, v_scale)  # the latent row's, the indexer cache's own
 
     def context_rows(self, shape):
-        row = MLADims.of(shape).row
-        return ((row,), (row,))
+        return ((MLADims.of(shape).row,), (IndexerDims.of(shape).index_head_dim,))
 
     def write(self, cache, values, slots, k_scale, v_scale):
+        if ds_cache.is_ds_mla(cache):
+            ds_cache.write(cache, values, slots)
+            return
         write_slots(cache[0], values[0], slots, k_scale)
-        write_slots(cache[1], values[1], slots, v_scale)
+        write_slots(cache[1], index_plane_row(values[1], cache.shape[-1]), slots, v_scale)
+
+    # ---- the fp8_ds_mla cache (mla_sparse_cache.py); kv auto and fp8 are the backend's planes ----
+    def allocate_caches(self, backend_cls, config, shape):
+        return ds_cache.allocate(config, shape) if config.kv_cache_dtype == DS_MLA else None
+
+    def garbage_views(self, cache, shape):
+        return ds_cache.garbage_views(cache, shape) if ds_cache.is_ds_mla(cache) else self.planes(cache)
+
+    def round_stored(self, shape, plane, rows, cache_dtype):
+        return ds_cache.round_rows(shape, plane, rows) if ds_cache.is_ds_mla(cache_dtype) else None
+
+    def decode_rows(self, shape, plane, rows):
+        return ds_cache.decode(shape, plane, rows) if ds_cache.is_ds_mla(rows) else None
+
+    def cache_slot_bytes(self, config):
+        return DSMLALayout.of(config).row_bytes if config.kv_cache_dtype == DS_MLA else None
 
     def draw(self, w, norm, shape, layer):
         ix = IndexerDims.of(shape)
@@ -75,14 +98,9 @@ class MLASparse(MLA):
     def shard(self, weights, layout, shape):
         return {**super().shard(weights, layout, shape), **{k: weights[k] for k in ("w_ik", "index_q", "index_w")}}
 
-    def _index_row(self, h, w_ik, shape):
-        """[T, L + R]: the indexer key in the first Di values of its cache row, zeros after."""
-        k = h @ w_ik.t()
-        return F.pad(k, (0, MLADims.of(shape).row - k.shape[1]))
-
     def project(self, lw, h, layout, shape):
         q, kv_c, k_pe = super().project(lw, h, layout, shape)
-        return q, kv_c, k_pe, self._index_row(h, lw["w_ik"], shape).contiguous()
+        return q, kv_c, k_pe, (h @ lw["w_ik"].t()).contiguous()
 
     def attend(self, impl, lw, inputs, cache, metadata, k_scale, v_scale, out):
         q, kv_c, k_pe, k_index = inputs
@@ -110,7 +128,7 @@ class MLASparse(MLA):
         ckv = rnd(h @ weights["w_kv_a"].t())
         kv_c = rnd(rmsnorm(ckv[:, : d.kv_lora_rank], weights["kv_norm"]))
         new_lat = round_new(0, torch.cat([kv_c, ckv[:, d.kv_lora_rank :]], dim=-1))
-        new_idx = round_new(1, rnd(self._index_row(h, weights["w_ik"], shape)))
+        new_idx = round_new(1, rnd(h @ weights["w_ik"].t()))
         w_uk, w_uv = split_kv_b(weights["w_kv_b"], nh, d)
         scale = self.scale(shape)
         outs = []
@@ -123,13 +141,19 @@ class MLASparse(MLA):
             query_lens,
         ):
             rows = torch.cat([ctx_lat, lat])  # [s, L + R]
-            keys = torch.cat([ctx_idx, idx])[:, : ix.index_head_dim]
+            keys = torch.cat([ctx_idx, idx])
             mask = picked_mask(keys, ctx_lat.shape[0], ql, weights["index_q"], weights["index_w"], ix.index_topk)
             outs.append(sparse_absorbed(qr, rows, mask, w_uk, w_uv, d, scale))
         return torch.cat(outs) if outs else q.new_zeros(0, nh, d.v_head_dim)
 
     def step_state(self):
         return CHECKS
+
+
+def index_plane_row(k: torch.Tensor, width: int) -> torch.Tensor:
+    """k [T, Di] -> [T, width]: a kv auto / fp8 indexer plane holds the key in the first Di values
+    of a row as wide as the latent's, zeros after."""
+    return F.pad(k, (0, width - k.shape[-1]))
 
 
 def picked_mask(

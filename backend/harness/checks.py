@@ -17,6 +17,7 @@ stream may round differently by the same one step (H200: 0.047 on one element of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -224,6 +225,7 @@ def kv_integrity(
     real_slots: torch.Tensor,
     scales: tuple[torch.Tensor, ...],
     tol: Tolerance,
+    decode: Callable[[int, torch.Tensor], torch.Tensor | None] | None = None,
 ) -> KVComparison:
     """One layer's cache as [planes, num_slots, row] (AttentionFamily.slot_rows: GQA K and V, MLA
     the latent row), `scales` the scale tensor of each plane: bytes outside real_slots unchanged
@@ -235,7 +237,13 @@ def kv_integrity(
     `before` is scratch (the step's snapshot, discarded after this): its real slots are
     overwritten with `after`'s, so that one whole-cache equality answers "nothing changed outside
     the real slots" (one pass, one host sync); only a cache that did change is reduced per slot to
-    count and locate the writes (the per-slot reduction of every step was the check's cost)."""
+    count and locate the writes (the per-slot reduction of every step was the check's cost).
+
+    `decode(plane, rows)`: a byte-format cache's rows as the values a reader gets (the family's
+    AttentionFamily.decode_rows; None for a plain dtype): its real slots off eager are compared
+    as those values, within tolerance or one fp8 e4m3 step of the value (1/8 of it: the coarsest
+    thing such a row holds). Compared as bytes, an amax an ulp off would move its tile's scale
+    bytes, and every value of the tile a step at most."""
     from backend.attention.kv_cache import dequantize
 
     a = _words(raw(after))
@@ -251,7 +259,10 @@ def kv_integrity(
     fa = after[:, real_slots]
     real_bitwise = bool(torch.equal(raw(fa), raw(eager_real)))
     real_ok, worst = real_bitwise, 0.0
-    if not real_bitwise:
+    decoded = _decoded_close(fa, eager_real, decode, tol) if not real_bitwise and decode is not None else None
+    if decoded is not None:
+        real_ok, worst = decoded
+    elif not real_bitwise:
         da = torch.stack([dequantize(fa[p], scales[p]) for p in range(fa.shape[0])])
         de = torch.stack([dequantize(eager_real[p], scales[p]) for p in range(fa.shape[0])])
         diff = (da - de).abs()
@@ -267,6 +278,29 @@ def kv_integrity(
         close = diff <= tol.atol * row_max + tol.rtol * de.abs()
         real_ok = bool((close | (quant_steps(fa, eager_real) <= 1)).all())
     return KVComparison(n_out == 0 and real_ok, n_out, first, real_ok, real_bitwise, worst)
+
+
+FP8_STEP = 2.0**-3  # e4m3's step, relative to the value (3 mantissa bits)
+
+
+def _decoded_close(
+    fa: torch.Tensor,
+    eager_real: torch.Tensor,
+    decode: Callable[[int, torch.Tensor], torch.Tensor | None],
+    tol: Tolerance,
+) -> tuple[bool, float] | None:
+    """kv_integrity's real slots of a byte-format cache, plane by plane (planes may decode to
+    different widths): (every value close, the largest difference); None for a plain dtype's."""
+    ok, worst = True, 0.0
+    for p in range(fa.shape[0]):
+        da, de = decode(p, fa[p]), decode(p, eager_real[p])
+        if da is None or de is None:
+            return None
+        diff = (da - de).abs()
+        worst = max(worst, max_abs_diff(da, de))
+        row_max = de.abs().amax(dim=-1, keepdim=True).clamp_min(1.0)
+        ok = ok and bool((diff <= tol.atol * row_max + (tol.rtol + FP8_STEP) * de.abs()).all())
+    return ok, worst
 
 
 class CheckAccumulator:

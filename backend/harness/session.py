@@ -147,7 +147,7 @@ class Session:
                 self.config.num_blocks, shape.block_size, self.layout.local_kv_heads, shape.head_size
             )
             caches = [allocate_kv_cache(self.config, tuple(cache_shape)) for _ in range(shape.num_layers)]
-        _fill_garbage(caches, self.family, self.config.dtype)
+        _fill_garbage(caches, self.family, self.config.dtype, shape)
         self.model = TPModel(
             shape, self.layout, self.impl, caches, self.device, all_reduce=getattr(backend_cls, "tp_all_reduce", None)
         )
@@ -385,23 +385,28 @@ def _stack(attention: list[torch.Tensor], n: int) -> torch.Tensor:
     return torch.stack([a[:n] for a in attention])
 
 
-def _fill_garbage(caches: list[torch.Tensor], family, dtype: torch.dtype) -> None:
-    """Seeded non-zero cache contents: a zero cache hides reads and writes of wrong slots."""
+def _fill_garbage(caches: list[torch.Tensor], family, dtype: torch.dtype, shape: ModelShape) -> None:
+    """Seeded non-zero cache contents: a zero cache hides reads and writes of wrong slots. Drawn
+    into the family's garbage_views (the planes, or a byte format's typed parts)."""
     for cache in caches:
-        # Drawn on the device, in the model dtype (no fp32 temporary of GBs), plane by plane
-        # (AttentionFamily.planes: [num_blocks, block_size, ...]) in chunks of blocks that bound
+        # Drawn on the device, in the model dtype (no fp32 temporary of GBs), view by view
+        # (AttentionFamily.garbage_views: [num_blocks, block_size, ...]) in chunks of blocks that bound
         # the temporary an fp8 cache needs for its cast.
         gen = torch.Generator(device=cache.device).manual_seed(7)
-        for plane in family.planes(cache):
+        for plane in family.garbage_views(cache, shape):
             for start in range(0, plane.shape[0], 8192):
                 part = plane[start : start + 8192]
-                part.copy_(torch.randn(part.shape, generator=gen, device=cache.device, dtype=dtype).to(cache.dtype))
+                part.copy_(torch.randn(part.shape, generator=gen, device=cache.device, dtype=dtype).to(plane.dtype))
 
 
 def estimate_bytes(backend_cls, config: AttentionConfig, num_layers: int) -> int:
     """A session's device bytes before it is built: its KV caches, and one snapshot copy of them
     (the step's scratch, backend/harness/scratch.py). Graph pools and builder buffers come on top
     and are measured once built (Session.memory_bytes). 0 where the backend's layout is its own."""
+    fam = family_of(config.attention)
+    row_bytes = fam.cache_slot_bytes(config)
+    if row_bytes is not None:  # the family's own byte rows (mla_sparse's fp8_ds_mla)
+        return 2 * num_layers * fam.num_planes * config.num_blocks * config.block_size * row_bytes
     shape_of = getattr(backend_cls, "kv_cache_shape", None)
     if getattr(backend_cls, "allocate_kv_cache", None) is not None or shape_of is None:
         return 0

@@ -5,6 +5,7 @@ eager, finite and padded rows, the KV cache's integrity), with what each step ad
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -226,6 +227,7 @@ def graph_side(
             real_slots,
             family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer]),
             tol,
+            decode=functools.partial(family.decode_rows, shape),
         )
         outside_ok = outside_ok and not k.outside_changed
         if not k.real_ok and after.is_contiguous():

@@ -5,8 +5,9 @@ forward."""
 
 from __future__ import annotations
 
+import functools
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -193,20 +194,30 @@ def reference_context(session: Session, inputs: StepInputs) -> list:
         cache = session.kv_caches[layer]
         scales = family.plane_scales(session.model.k_scales[layer], session.model.v_scales[layer])
         context[layer] = [
-            RoundedContext(v, scale, cache.dtype, inputs.ctx_lens) for v, scale in zip(inputs.ctx_flat[layer], scales)
+            RoundedContext(
+                v, functools.partial(round_as_stored, family, session.shape, p, scale, cache.dtype), inputs.ctx_lens
+            )
+            for p, (v, scale) in enumerate(zip(inputs.ctx_flat[layer], scales))
         ]
     return context
 
 
+def round_as_stored(family, shape, plane: int, scale, cache_dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor:
+    """t (fp32) as the cache returns it after a write: the family's own byte format
+    (AttentionFamily.round_stored), else fp8_round with the plane's scale (or the model dtype)."""
+    own = family.round_stored(shape, plane, t, cache_dtype)
+    return fp8_round(t, scale, cache_dtype) if own is None else own
+
+
 class RoundedContext(Sequence):
     """One layer plane's context as the reference reads it: request i's rows rounded the way the
-    cache stores them (fp8_round), made when asked for, one request at a time. The whole batch
+    cache stores them (round_as_stored), made when asked for, one request at a time. The whole batch
     rounded at once would be an fp32 copy of every context row, GBs at a GPU shape (docs/BENCHMARKS.md
     "Harness caches")."""
 
-    def __init__(self, values: torch.Tensor, scale, dtype: torch.dtype, lens: list[int]):
+    def __init__(self, values: torch.Tensor, rounding: Callable[[torch.Tensor], torch.Tensor], lens: list[int]):
         self._parts = torch.split(values, lens)  # views of the step's draw: no copy
-        self._scale, self._dtype = scale, dtype
+        self._round = rounding
 
     def __len__(self) -> int:
         return len(self._parts)
@@ -214,7 +225,7 @@ class RoundedContext(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return fp8_round(self._parts[i], self._scale, self._dtype)
+        return self._round(self._parts[i])
 
 
 def compute_reference(case: Case, session: Session, inputs: StepInputs, context) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,7 +236,7 @@ def compute_reference(case: Case, session: Session, inputs: StepInputs, context)
 
     def kv_round(layer: int, plane: int, t: torch.Tensor) -> torch.Tensor:
         scale = family.plane_scales(model.k_scales[layer], model.v_scales[layer])[plane]
-        return fp8_round(t, scale, cache_dtype)
+        return round_as_stored(family, case.model, plane, scale, cache_dtype, t)
 
     q_scale = query_scale(session)
     q_round = None if q_scale is None else (lambda layer, q: fp8_round(q, q_scale, cache_dtype))

@@ -1,6 +1,7 @@
 """`torch` provider of the mla_sparse family: the indexer, its top-k and the sparse MLA in plain
 torch. CPU and GPU, bf16/fp16/fp32, kv auto/fp8 (per-tensor: k_scale for the latent plane,
-v_scale for the indexer's).
+v_scale for the indexer's) and fp8_ds_mla (byte rows with their own per-tile scales, written by
+backend/attention/ds_mla.py and dequantised from the rows each read gathers).
 
 Graph-safe: every shape comes from tensor shapes and the metadata's host ints (the gather length
 from the host max_seq_len, frozen by a graph at max_model_len), the top-k is a fixed-width sort
@@ -20,6 +21,8 @@ from typing import ClassVar
 
 import torch
 
+from backend.attention import ds_mla
+from backend.attention.ds_mla import DSMLALayout
 from backend.attention.kv_cache import dequantize, write_slots
 from backend.attention.mla_sparse import SparseMLABackend, SparseMLAImpl
 from backend.providers import mla_ops
@@ -63,17 +66,44 @@ class TorchSparseMLAImpl(SparseMLAImpl):
 
     # Separate steps: the mutation suite's broken providers replace one.
     def write(self, kv_cache, kv_c, k_pe, k_index, md, k_scale, v_scale) -> None:
+        if is_ds_mla(kv_cache):
+            lay = DSMLALayout.of(self.config)
+            ds_mla.write_latent(kv_cache[0], kv_c, k_pe, md.slot_mapping, lay)
+            ds_mla.write_index(kv_cache[1], k_index, md.slot_mapping, lay)
+            return
         mla_ops.write_latent(kv_cache[0], kv_c, k_pe, md.slot_mapping, k_scale)
-        write_slots(kv_cache[1], k_index, md.slot_mapping, v_scale)
+        width = kv_cache.shape[-1]  # the key in the first Di values of a latent-wide row
+        write_slots(
+            kv_cache[1], torch.nn.functional.pad(k_index, (0, width - k_index.shape[-1])), md.slot_mapping, v_scale
+        )
+
+    def read_keys(self, kv_cache, md, length: int, v_scale) -> torch.Tensor:
+        """Every block-table row's indexer keys, positions [0, length) -> fp32 [R, length, Di]."""
+        di = self.index.index_head_dim
+        if is_ds_mla(kv_cache):  # the key's bytes only, not the row's zero tail
+            lay = DSMLALayout.of(self.config)
+            return ds_mla.unpack_index(gather_rows(kv_cache[1][..., : lay.index_bytes], md.block_table, length), lay)
+        return mla_ops.gather_latent(kv_cache[1][..., :di], md.block_table, length, v_scale)
+
+    def read_latent(self, kv_cache, slots: torch.Tensor, k_scale) -> torch.Tensor:
+        """The latent rows at flat slot indices [m] -> fp32 [m, L + R]."""
+        plane = kv_cache[0]
+        flat = plane.reshape(plane.shape[0] * plane.shape[1], plane.shape[-1])
+        rows = flat.index_select(0, slots)
+        return (
+            ds_mla.unpack_latent(rows, DSMLALayout.of(self.config))
+            if is_ds_mla(kv_cache)
+            else dequantize(rows, k_scale)
+        )
 
     def select(self, kv_cache, md, v_scale, index_q, index_w, topk: torch.Tensor) -> None:
         """Each token's top-k positions into topk [n, K]."""
-        n, block_size, di = topk.shape[0], kv_cache.shape[2], self.index.index_head_dim
+        n, block_size = topk.shape[0], kv_cache.shape[2]
         length = gather_length(md, block_size)
         rows = md.block_table.shape[0]
         req = md.req_id_per_token[:n].to(torch.int64).clamp(0, max(rows - 1, 0))  # a kernel reads the row named
         # The scores depend on the key only (the query is the layer's): once per request row.
-        keys = mla_ops.gather_latent(kv_cache[1][..., :di], md.block_table, length, v_scale)  # [R, S, Di]
+        keys = self.read_keys(kv_cache, md, length, v_scale)  # [R, S, Di]
         scores = index_scores(keys, index_q, index_w)[req]  # [n, S]
         ctx = (md.seq_lens.to(torch.int64) - md.query_lens.to(torch.int64))[req]
         topk.copy_(select_topk(scores, ctx, md.token_seq_lens[:n].to(torch.int64), topk.shape[1]))
@@ -89,9 +119,7 @@ class TorchSparseMLAImpl(SparseMLAImpl):
         req = md.req_id_per_token[:n].to(torch.int64).clamp(0, max(rows - 1, 0))
         blocks = md.block_table.to(torch.int64)[req[:, None], (at // block_size).clamp(max=md.block_table.shape[1] - 1)]
         slots = (blocks.clamp_min(0) * block_size + at % block_size).masked_fill(~valid, 0)  # -1 reads nothing
-        plane = kv_cache[0]
-        flat = plane.reshape(plane.shape[0] * block_size, plane.shape[-1])
-        picked = dequantize(flat.index_select(0, slots.reshape(-1)), k_scale).view(n, idx.shape[1], -1)
+        picked = self.read_latent(kv_cache, slots.reshape(-1), k_scale).view(n, idx.shape[1], -1)
         picked = picked.masked_fill(~valid[..., None], 0.0)  # [n, K, L + R]
         qq = mla_ops.absorb_query(q[:n], w_uk_t, self.dims)  # [n, Hl, L + R]
         scores = torch.matmul(qq.float() * self.config.scale, picked.transpose(1, 2))  # [n, Hl, K]
@@ -101,6 +129,19 @@ class TorchSparseMLAImpl(SparseMLAImpl):
         o_lat = torch.matmul(p, picked[..., :lat])
         output[:n].copy_(mla_ops.up_project(o_lat.to(q.dtype), w_uv))
         return output
+
+
+def is_ds_mla(kv_cache: torch.Tensor) -> bool:
+    return kv_cache.dtype == torch.uint8  # an fp8_ds_mla cache: byte rows (backend/attention/ds_mla.py)
+
+
+def gather_rows(plane: torch.Tensor, block_rows: torch.Tensor, length: int) -> torch.Tensor:
+    """plane [num_blocks, block_size, row], block_rows [C, max_blocks] -> [C, length, row] in the
+    plane's dtype (positions 0..length-1 of each row's sequence; a -1 block is read as block 0)."""
+    block_size = plane.shape[1]
+    nblocks = -(-length // block_size)
+    blocks = block_rows[:, :nblocks].reshape(-1).to(torch.int64).clamp_min(0)
+    return plane.index_select(0, blocks).view(block_rows.shape[0], nblocks * block_size, -1)[:, :length]
 
 
 class TorchSparseMLABackend(SparseMLABackend):

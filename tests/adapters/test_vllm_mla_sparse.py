@@ -43,6 +43,12 @@ def test_what_the_bridge_declares_and_says_it_runs():
     assert "MLA backend" in get_backend(NAME, "gqa").unavailable_reason(CPU)
 
 
+@pytest.mark.parametrize("kv, says", [("fp8_ds_mla", "get_mla_metadata"), ("fp8", "orch's per-tensor fp8")])
+def test_the_quantised_caches_skip_with_the_reason(kv, says, sessions):
+    r = run_case(make_case(NAME, "FULL", kv, DECODE), sessions=sessions)
+    assert r.status == Status.SKIP and says in r.reason, r.reason
+
+
 @pytest.mark.parametrize("k", [0, 2])  # k 1: the padded replay below; k 2: the indexer's flattened decode
 def test_vllms_builders_pass_every_mode_on_cpu(k, sessions):
     for batch, modes in ((DECODE, MODES), (MIXED, ("NONE", "FULL"))):

@@ -26,7 +26,9 @@ TINY_MLA = ModelShape(
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32)
 DECODE = BatchSpec("decode3", (1, 1, 1), (40, 20, 70))  # 3 tokens pad to 4
 MIXED = BatchSpec("mixed6", (1, 4, 1), (40, 20, 70))  # reordered decodes first: (1, 1, 4)
-TOL = {"auto": Tolerance(2e-2, 2e-2), "fp8": Tolerance(2e-2, 5e-2)}
+# fp8_ds_mla: the model dtype's, as the matrix loader gives it (the reference rounds its rows as
+# the format stores them, bit for bit: docs/FAMILIES.md "mla_sparse").
+TOL = {"auto": Tolerance(2e-2, 2e-2), "fp8": Tolerance(2e-2, 5e-2), "fp8_ds_mla": Tolerance(2e-2, 2e-2)}
 
 
 def _tiny_case(

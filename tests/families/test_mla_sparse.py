@@ -142,7 +142,7 @@ def test_the_contract_names_field_row_and_value(changes, expect):
 
 @pytest.mark.parametrize("batch", [DECODE, MIXED], ids=lambda b: b.name)
 def test_torch_provider_passes_every_mode(batch, sparse_sessions):
-    for kv, k in (("auto", 0), ("auto", 1), ("fp8", 0)):
+    for kv, k in (("auto", 0), ("auto", 1), ("fp8", 0), ("fp8_ds_mla", 0), ("fp8_ds_mla", 1)):
         for mode in MODES:
             r = run_case(make_case("torch", mode, kv, batch, spec_tokens=k), sessions=sparse_sessions)
             assert r.status == Status.PASS, f"{mode}/{kv}/k{k}/{batch.name}: {r.reason}"

@@ -95,6 +95,31 @@ def test_mla_sparse_mutant_red_exactly_where_reachable(name, sparse_sessions):  
     assert any(seen) and (not all(seen) or exp.flagged("NONE", "mixed", 0))
 
 
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "tests.mutants.mla_sparse_ds_tile_scale:Backend",  # the first tile's scale read for every tile
+        "tests.mutants.mla_sparse_ds_first_scale:Backend",  # the first token's scales written for every token
+    ],
+)
+def test_ds_mla_format_mutant_red_exactly_in_fp8_ds_mla_cells(backend, sparse_sessions):  # noqa: F811 - the imported fixture, by name
+    """A format bug: red against the reference in every fp8_ds_mla cell (eager and graphs alike:
+    the arithmetic is wrong, not its capture; the batches have several new tokens), green with kv
+    auto and fp8, whose caches have neither tiles nor per-token scales; the rows eager and the
+    graphs write agree (kv_integrity) and the metadata keeps its contract."""
+    for kv in ("auto", "fp8", "fp8_ds_mla"):
+        for batch in (DECODE, MIXED):
+            for mode in ("NONE", "FULL_AND_PIECEWISE"):
+                r = run_case(make_case(backend, mode, kv, batch), sessions=sparse_sessions)
+                where = f"{mode}/{kv}/{batch.kind}"
+                if kv != "fp8_ds_mla":
+                    assert r.status == Status.PASS, f"{where}: {r.status.value} {r.reason}"
+                    continue
+                assert r.status == Status.FAIL, f"{where}: {r.status.value} {r.reason}"
+                assert r.reason.startswith(("reference check failed", "attn_reference check failed")), r.reason
+                assert all(c.passed for c in r.checks if c.name in ("kv_integrity", "state_integrity")), r.reason
+
+
 def test_hardcoded_topk_is_named_by_the_contract_on_short_contexts(sparse_sessions):  # noqa: F811 - the imported fixture, by name
     """Every step's sequences within top-k (max_model_len 16 bounds the later steps' draws): the
     outputs are right (a wider buffer picks no more), the buffer's width is still a violation."""

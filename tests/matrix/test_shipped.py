@@ -39,7 +39,7 @@ def test_full_plan_has_300_runnable_cases_covering_every_axis_value(full_plan):
     counts = full_plan["counts"]
     assert set(counts["tp"]) == {"1", "2", "4", "8"}
     assert set(counts["cudagraph_mode"]) == set(CUDAGRAPH_MODES)
-    assert set(counts["kv_cache_dtype"]) == {"auto", "fp8"}
+    assert set(counts["kv_cache_dtype"]) == {"auto", "fp8", "fp8_ds_mla"}
     assert len(counts["batch"]) >= 8
     assert sum(counts["tp"].values()) == len(full_plan["cases"])
     # Cost model present: every case has an estimate and the total is their sum.
@@ -123,7 +123,7 @@ def test_ids_stable_unique_and_safe(tiers):
         # the family leads the id when it is not gqa (gqa ids are as they were before families)
         assert all(
             re.fullmatch(
-                r"(mla-|swa_sinks-|hybrid_gdn-|mla_sparse-)?tp[1248]-[A-Z_]+-(auto|fp8)-[A-Za-z0-9_.\-]+-[A-Za-z0-9_.\-]+-s\d+",
+                r"(mla-|swa_sinks-|hybrid_gdn-|mla_sparse-)?tp[1248]-[A-Z_]+-(auto|fp8|fp8_ds_mla)-[A-Za-z0-9_.\-]+-[A-Za-z0-9_.\-]+-s\d+",
                 i,
             )
             for i in all_ids

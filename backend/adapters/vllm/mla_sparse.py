@@ -19,7 +19,8 @@ four calls in vLLM's build paths that launch Triton or ask the platform (sparse_
 Not bridged: vLLM's sparse prefill backend (the layer's `prefill_backend` is None, so the
 builder makes no prefill metadata: orch's torch attends every token absorbed) and vLLM's
 `fp8`/`fp8_ds_mla` cache (vLLM's "fp8" here is the 656-byte fp8_ds_mla row, not orch's
-per-tensor fp8): kv auto only.
+per-tensor fp8; its fp8 builder path is FlashMLA's compiled metadata): kv auto only, the other two
+skip with the reason (KV_REASONS).
 """
 
 from __future__ import annotations
@@ -47,6 +48,20 @@ from backend.host_copy import copy_into
 from backend.providers.torch_mla_sparse import TorchSparseMLAImpl
 
 NAME = "FLASHMLA_SPARSE"
+# Why the quantised caches skip: vLLM's builder takes its fp8 path for either name, and that path
+# is compiled CUDA orch cannot run in place or stand in for.
+KV_REASONS = {
+    "fp8_ds_mla": (
+        "kv_cache_dtype fp8_ds_mla not bridged for vllm:FLASHMLA_SPARSE: with an fp8 cache its builder "
+        "builds FlashMLA's scheduler metadata (get_mla_metadata: flash_mla's compiled CUDA) and its "
+        "decode and prefill run the fp8 FlashMLA kernels on vLLM's pages; orch's byte rows are the same "
+        "656 bytes, but no vLLM code would read them (docs/VLLM.md)"
+    ),
+    "fp8": (
+        "kv_cache_dtype fp8 not supported by vllm:FLASHMLA_SPARSE: vLLM's 'fp8' there is the fp8_ds_mla "
+        "row (orch's fp8_ds_mla), not orch's per-tensor fp8"
+    ),
+}
 LAYER = "model.layers.0.self_attn.attn"
 INDEXER_LAYER = "model.layers.0.self_attn.indexer.k_cache"
 KERNELS = (
@@ -286,11 +301,17 @@ def make_sparse_backend() -> type[SparseMLABackend]:
             return "unavailable: no CUDA/ROCm device visible"
         return None
 
+    @classmethod  # type: ignore[misc]
+    def unsupported_reasons(klass: type, config: AttentionConfig) -> list[str]:
+        reasons = SparseMLABackend.unsupported_reasons.__func__(klass, config)  # type: ignore[attr-defined]
+        return [KV_REASONS.get(config.kv_cache_dtype, r) if r.startswith("kv_cache_dtype") else r for r in reasons]
+
     attrs = {
         "name": f"vllm:{NAME}",
         "cudagraph_support": support,
         "supported_dtypes": (torch.bfloat16,),  # FlashMLASparseBackend.supported_dtypes
         "supported_kv_cache_dtypes": ("auto",),
+        "unsupported_reasons": unsupported_reasons,
         "builder_cls": VllmSparseMLABuilder,
         "impl_cls": TorchSparseMLAImpl,
         "unavailable_reason": unavailable_reason,

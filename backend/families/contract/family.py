@@ -89,6 +89,30 @@ class AttentionFamily:
         first = self.planes(cache)[0]
         return cache.reshape(self.num_planes, first.shape[0] * first.shape[1], -1)
 
+    def garbage_views(self, cache: torch.Tensor, shape) -> list[torch.Tensor]:
+        """The typed views [num_blocks, block_size, ...] of one layer's cache that the session fills
+        with seeded garbage (default: the planes). A byte-format cache (mla_sparse's fp8_ds_mla)
+        gives each part of its rows in its own dtype, so that garbage decodes finite, as any row a
+        writer left does: random bytes would make NaN scales no real cache holds."""
+        return self.planes(cache)
+
+    def round_stored(self, shape, plane: int, rows: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor | None:
+        """rows [n, *row] (fp32) as a cache of this family's own byte format returns them after a
+        write, by the reference's own arithmetic; None where the cache is a plain dtype (the
+        harness rounds to it: fp8 with the plane's scale, or the model dtype)."""
+        return None
+
+    def decode_rows(self, shape, plane: int, rows: torch.Tensor) -> torch.Tensor | None:
+        """rows [..., row bytes] of this family's own byte-format cache plane as the fp32 values a
+        reader gets (kv_integrity compares a graph's real slots to eager's as those); None where the
+        cache is a plain dtype (dequantised with the plane's scale)."""
+        return None
+
+    def cache_slot_bytes(self, config) -> int | None:
+        """Bytes of one slot's row per plane where the family allocates a byte-format cache for
+        `config` (the session's memory estimate); None: the backend's kv_cache_shape in its dtype."""
+        return None
+
     def plane_scales(self, k_scale: torch.Tensor, v_scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The scale tensor each plane is quantised with (fp8 caches)."""
         raise NotImplementedError
