@@ -39,7 +39,7 @@ __all__ = ["Deferral", "ExecConfig", "Executor", "JobKind", "group_key"]
 class JobKind(enum.Enum):
     PLACE = "place"  # waiting on the placement group
     START = "start"  # the gang's actors starting (their info())
-    LEAVE = "leave"  # a split's ranks leaving the old process group (gangs.reform)
+    LEAVE = "leave"  # ranks leaving their process group to form another (gangs.reform, gangs.merge)
     JOIN = "join"  # the tp rendezvous
     BATCH = "batch"  # a batch of cases running
 
@@ -219,6 +219,11 @@ class Executor:
                 self.pool.gangs.append(part)
                 self.jobs.append(_Job(JobKind.LEAVE, part, part_refs, deadline, []))
             return self.pool.carrier(parts, avoid)
+        if choice.kind == ChoiceKind.MERGE:
+            gang, refs = gangs.merge(choice.parts, self.attempts.cases[task.id].tp)
+            self.pool.gangs.append(gang)
+            self.jobs.append(_Job(JobKind.LEAVE, gang, refs, time.monotonic() + self.config.setup_timeout_s, []))
+            return gang
         for g in choice.teardown:
             self._teardown(g)
         if choice.kind == ChoiceKind.WAIT:

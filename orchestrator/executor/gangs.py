@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,6 +177,29 @@ def reform(gang: Gang, tp: int) -> tuple[list[Gang], list[list[Any]]]:
         refs.append([a.leave_gang.remote() for a in part.actors])
     gang.state = GangState.DEAD
     return new, refs
+
+
+def merge(parts: Sequence[Gang], tp: int) -> tuple[Gang, list[Any]]:
+    """Join idle views of one placement group (a split's gangs) into one gang of `tp` over the
+    same actors (the parts are DEAD, without teardown); every actor leaves its part's process
+    group. Returns the new gang (LEAVING) and its ranks' leave_gang() refs, as reform does."""
+    import dataclasses
+
+    assert parts and sum(p.tp for p in parts) == tp and len({id(p.pg) for p in parts}) == 1, [p.tp for p in parts]
+    first = parts[0]
+    gang = Gang(
+        spec=dataclasses.replace(first.spec, tp=tp),
+        node=first.node,
+        node_id=first.node_id,
+        pg=first.pg,
+        pg_size=first.pg_size,
+        state=GangState.LEAVING,
+        actors=[a for p in parts for a in p.actors],
+        infos=[i for p in parts for i in p.infos],
+    )
+    for p in parts:
+        p.state = GangState.DEAD
+    return gang, [a.leave_gang.remote() for a in gang.actors]
 
 
 def teardown(gang: Gang, remove_pg: bool = True) -> None:

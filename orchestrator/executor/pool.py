@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 class ChoiceKind(enum.Enum):
     REUSE = "reuse"  # run on `gang`, an idle gang of the right tp and width
     REFORM = "reform"  # split `gang`, an idle larger gang, into gangs of the task's tp
+    MERGE = "merge"  # join `parts`, idle views of one placement group, into one gang of the task's tp
     PLACE = "place"  # place a new gang (after tearing down `teardown`)
     WAIT = "wait"  # no room on the node now (after tearing down `teardown`): ask again later
 
@@ -39,6 +40,7 @@ class Choice:
     kind: ChoiceKind
     gang: Gang | None = None
     teardown: tuple[Gang, ...] = ()
+    parts: tuple[Gang, ...] = ()
 
 
 class GangPool:
@@ -167,7 +169,10 @@ class GangPool:
     def choose(self, node: int, tp: int, width: int, group: str, avoid: str | None) -> Choice:
         """The gang for a task of `tp` and `width` slots on `node`: an idle one of that size (the
         same group first, not the worker `avoid` of its first attempt), a split of a larger idle
-        one, or a new one once idle gangs of other sizes have given back their slots."""
+        one, idle views of one split joined again, or a new one once idle gangs of other sizes have
+        given back their slots. A split and a join reuse live worker processes; a new gang starts
+        them (seconds each), which a matrix ordered by duration would otherwise pay at every switch
+        from narrow gangs back to wide ones."""
         idle = self.idle(node)
         fits = [g for g in idle if g.tp == tp and self.gang_width(g) == width]
         same = sorted((g for g in fits if not (avoid and g.label == avoid)), key=lambda g: g.last_group != group)
@@ -179,6 +184,9 @@ class GangPool:
             larger = sorted((g for g in idle if gangs.splits(g, width)), key=lambda g: g.tp)
             if larger:
                 return Choice(ChoiceKind.REFORM, larger[0])
+            parts = self.joinable(idle, tp)
+            if parts:
+                return Choice(ChoiceKind.MERGE, parts=parts)
         room = self.cluster.nodes[node].slots
         down: list[Gang] = []
         for g in sorted(idle, key=lambda g: g.tp == tp):  # other sizes go first
@@ -187,6 +195,24 @@ class GangPool:
             down.append(g)
         kind = ChoiceKind.PLACE if room - self.held(node, down) >= width else ChoiceKind.WAIT
         return Choice(kind, None, tuple(down))
+
+    @staticmethod
+    def joinable(idle: Sequence[Gang], tp: int) -> tuple[Gang, ...]:
+        """Idle narrower views of one placement group whose ranks add up to `tp` exactly (the
+        widest first), or (): a join never spans two pgs (their bundles were placed apart)."""
+        by_pg: dict[int, list[Gang]] = {}
+        for g in idle:
+            if g.tp < tp and len(g.infos) == g.tp and g.pg_size >= tp:
+                by_pg.setdefault(id(g.pg), []).append(g)
+        for views in by_pg.values():
+            chosen, ranks = [], 0
+            for g in sorted(views, key=lambda g: -g.tp):
+                if ranks + g.tp <= tp:
+                    chosen.append(g)
+                    ranks += g.tp
+            if ranks == tp:
+                return tuple(chosen)
+        return ()
 
     @staticmethod
     def carrier(parts: Sequence[Gang], avoid: str | None) -> Gang:

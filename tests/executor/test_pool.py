@@ -161,3 +161,39 @@ def test_without_room_it_waits(busy_tp, kind, down):
     _gang(pool, 1)
     c = _choose(pool, 3 if busy_tp == 1 else 4)
     assert (c.kind, len(c.teardown)) == (kind, down)
+
+
+def _views(pool, pg, tps, states=None, pg_size=8):
+    """Idle (or `states`) views of one placement group of `pg_size` bundles, as a split leaves them."""
+    out = []
+    for i, tp in enumerate(tps):
+        g = _gang(pool, tp, state=(states or [I] * len(tps))[i], pg=pg)
+        g.pg_size, g.infos = pg_size, [object()] * tp
+        out.append(g)
+    return out
+
+
+@pytest.mark.parametrize("views, states, want, joined", [
+    ((2, 2, 2, 2), None, 8, (0, 1, 2, 3)),   # a split tp 8 gang, wide again: no new processes
+    ((2, 2, 2, 2), None, 4, (0, 1)),         # part of it
+    ((4, 2, 1, 1), None, 8, (0, 1, 2, 3)),   # views of several sizes, the widest first
+    ((4, 2, 1, 1), None, 6, (0, 1)),
+    ((2, 2, 2, 2), [I, I, I, B], 8, ()),     # a busy view: not joinable (placed anew, or wait)
+    ((1, 1), None, 4, ()),                   # too few idle ranks
+])  # fmt: skip # a table: one row per line, as it reads
+def test_idle_views_of_one_split_join_again(views, states, want, joined):
+    pool = _pool(slots=(8,))
+    gs = _views(pool, object(), views, states)
+    c = _choose(pool, want)
+    if joined:
+        assert (c.kind, c.parts) == (ChoiceKind.MERGE, tuple(gs[i] for i in joined))
+    else:
+        assert c.kind in (ChoiceKind.PLACE, ChoiceKind.WAIT) and not c.parts
+
+
+def test_views_of_two_placement_groups_never_join():
+    pool = _pool(slots=(8,))
+    _views(pool, object(), (2,), pg_size=4)
+    _views(pool, object(), (2,), pg_size=4)
+    assert _choose(pool, 4).kind != ChoiceKind.MERGE
+    assert _pool(slots=(8,), reuse_gangs=False).choose(0, 4, 4, "g", None).kind == ChoiceKind.PLACE

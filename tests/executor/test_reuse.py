@@ -97,3 +97,26 @@ def test_a_split_is_only_made_where_the_ranks_divide():
     assert not gangs.splits(g, 3) and not gangs.splits(g, 4) and not gangs.splits(g, 8)
     g.infos = []  # never started: nothing to re-form
     assert not gangs.splits(g, 2)
+
+
+def test_wide_again_after_narrow_joins_the_split_workers(ray_cluster, monkeypatch):
+    # Estimates order the matrix tp 4, tp 1 x 4, tp 4 (as a store's history can): the second tp 4
+    # case joins the tp 1 workers split from the first gang again instead of starting new ones.
+    from orchestrator.executor import executor as executor_module
+
+    cases = [make_case("rank", 0, tp=4)] + [make_case("ok", 10 + i) for i in range(4)] + [make_case("rank", 1, tp=4)]
+    est = {cases[0].case_id: 3.0, cases[-1].case_id: 0.5, **{c.case_id: 2.0 for c in cases[1:-1]}}
+    monkeypatch.setattr(executor_module, "grouped_estimates", lambda *a, **k: est)
+    pids: list[int] = []
+    created: list[int] = []
+    join, start = gangs.join, gangs.start_actors
+    monkeypatch.setattr(gangs, "join", lambda g, infos, t: (pids.extend(i.pid for i in infos), join(g, infos, t))[1])
+    monkeypatch.setattr(gangs, "start_actors", lambda g: (created.append(g.tp), start(g))[1])
+    order: list[str] = []
+    config = ExecConfig(runner=RUNNER, poll_s=0.1, setup_timeout_s=60, retries=0, max_batch=1)
+    final = Executor(session_node(4, 2), config, on_result=lambda r, f: order.append(r.case_id)).run(cases)
+    assert order[0] == cases[0].case_id and order[-1] == cases[-1].case_id, order
+    assert {r.status for r in final.values()} == {Status.PASS}, final
+    for c in (cases[0], cases[-1]):
+        assert "world=4 " in final[c.case_id].reason and " sum=10 " in final[c.case_id].reason
+    assert sum(created) == 4 and len(set(pids)) == 4, (created, pids)
