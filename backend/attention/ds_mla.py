@@ -88,7 +88,10 @@ def _tiles(x: torch.Tensor, tile: int, device: torch.device) -> tuple[torch.Tens
     """x [n, k * tile] -> (fp8 [n, k * tile], float32 scales [n, k]), each tile over its own scale."""
     fp8 = fp8_dtype(device)
     t = x.float().reshape(x.shape[0], -1, tile)
-    scale = t.abs().amax(dim=-1).clamp_min(SCALE_FLOOR) / torch.finfo(fp8).max  # [n, k]
+    amax = t.abs().amax(dim=-1).clamp_min(SCALE_FLOOR)  # [n, k]
+    # Divided by a tensor, not the Python number: CUDA divides by a scalar as a multiply by its
+    # reciprocal (1/448 is inexact), which moves a scale by an ulp against the CPU's bytes.
+    scale = amax / torch.full_like(amax, torch.finfo(fp8).max)
     return quantize_fp8(t, scale[..., None], fp8).reshape(x.shape[0], -1), scale
 
 

@@ -75,7 +75,8 @@ def write(cache: torch.Tensor, values: Sequence[torch.Tensor], slots: torch.Tens
 def _round_tiles(x: torch.Tensor, tile: int) -> torch.Tensor:
     fp8 = fp8_dtype(x.device)
     t = x.float().unflatten(-1, (-1, tile))
-    s = t.abs().amax(dim=-1, keepdim=True).clamp_min(SCALE_FLOOR) / torch.finfo(fp8).max
+    amax = t.abs().amax(dim=-1, keepdim=True).clamp_min(SCALE_FLOOR)
+    s = amax / torch.full_like(amax, torch.finfo(fp8).max)  # a true division on every device
     return (fp8_round(t / s, 1.0, fp8) * s).flatten(-2)
 
 
