@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The gate at GPU speed, on the lent GPU machine, in one device call (< 10 min with a warm Triton
-# cache): each slice with one worker per GPU (the default) and with `--workers-per-gpu auto`, side
+# cache): each slice with one worker per GPU and with `--workers-per-gpu auto` (the default), side
 # by side, and whether their verdicts are identical.
 #   carry .whl (../shared/tools/device-wheels), then, on a fresh machine:
 #     STEPS=warmup bash benchmarks/gpu_speed.sh     the families' slice once: compiles the Triton

@@ -176,11 +176,12 @@ def plan(**kwargs):
 @click.option(
     "--workers-per-gpu",
     "workers_per_gpu",
-    default="1",
+    default="auto",
     show_default=True,
     metavar="N|auto",
     help="Workers sharing each GPU (Ray fractional GPUs, each within its memory budget); auto: as many as "
-    "the cases' recorded memory needs and the host's cores allow (docs/EXECUTION.md, GPU memory).",
+    "the cases' recorded memory needs and the host's cores allow, 1 while the store has none "
+    "(docs/EXECUTION.md, GPU memory).",
 )
 @click.option(
     "--gpu-memory-utilization",

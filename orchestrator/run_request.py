@@ -45,7 +45,7 @@ class RunRequest:
         opts = dict(options)
         judging = Judging.from_cli({k: opts.pop(k) for k in CLI_KEYS if k in opts})
         memory = MemoryOptions.parse(
-            opts.pop("workers_per_gpu", "1"), opts.pop("gpu_memory_utilization", 0.9), opts.pop("gpu_memory", None)
+            opts.pop("workers_per_gpu", "auto"), opts.pop("gpu_memory_utilization", 0.9), opts.pop("gpu_memory", None)
         )
         resume = opts.pop("resume_run", None)
         fields = {f.name for f in dataclasses.fields(cls)} - {"memory", "judging", "resume_id"}

@@ -154,7 +154,7 @@ def auto_per_gpu(need: WorkerNeed, device_bytes: int | None, utilization: float,
 class MemoryOptions:
     """`orch run`'s memory options, validated once at the edge."""
 
-    workers_per_gpu: int | str = 1  # N or "auto"
+    workers_per_gpu: int | str = "auto"  # N or "auto" (the default: faster than 1 on the H100, same verdicts)
     utilization: float = 0.9
     gpu_memory: int | None = None  # bytes each GPU is taken to have (None: its real size)
 

@@ -108,3 +108,15 @@ def test_a_run_stores_the_known_failures_that_applied(scenario, tmp_path, monkey
     )
     _, _, stored, _ = _plan(req, "matrices/smoke.yaml")
     assert stored.known_failures == expected and (not expected or os.path.isabs(expected))
+
+
+def test_workers_per_gpu_is_auto_unless_asked():
+    """auto is the default on GPUs (faster than one worker on the H100 with the same verdicts,
+    docs/BENCHMARKS.md); it resolves to 1 without a GPU or without recorded needs (packing.py)."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli import cli
+
+    assert RunRequest.from_cli({"matrix": "m.yaml"}).memory.workers_per_gpu == "auto"
+    assert RunRequest.from_cli({"matrix": "m.yaml", "workers_per_gpu": "1"}).memory.workers_per_gpu == 1
+    assert "[default: auto]" in CliRunner().invoke(cli, ["run", "--help"]).output.replace("\n", " ")
