@@ -354,6 +354,9 @@ def _run_steps(
         else:
             if graph_key is not None:  # GPU: before the snapshot, so nothing it writes is the step's
                 churn(session, plan.num_tokens, graph_key.size)
+                t_churn = clock.now()
+                phases["churn_s"].append(Span(t0, t_churn))
+                t0 = t_churn
             ref_key = reference_key(case, session, plan.index)
             inputs = step_inputs(plan, shape, case.seed, session.device)
             set_scales(case, session, plan.index)

@@ -10,13 +10,15 @@ import torch
 # Where a case's time goes besides capture_s (CaseResult.timings, seconds): capture_s + these +
 # other_s = total_s. plan_s: what the checker decides before the session (backend, layout, plan);
 # memory_s: the case's memory accounting (peak reset, figures); prepare_s: the session's scales
-# and the checks' set-up around the captures; replay_s: the graph side's step (a graph replay, or
-# eager for NONE); result_s: the verdict and the result built from the checks.
+# and the checks' set-up around the captures; churn_s: the GPU's dummy step before a replay
+# (churn.py; 0 on the CPU and for NONE); replay_s: the graph side's step (a graph replay, or eager
+# for NONE); result_s: the verdict and the result built from the checks.
 PHASES = (
     "plan_s",
     "memory_s",
     "session_s",
     "prepare_s",
+    "churn_s",
     "inputs_s",
     "snapshot_s",
     "eager_s",
@@ -30,7 +32,7 @@ NAMED = ("capture_s", *PHASES)  # what other_s is the rest of
 # device_s, what `orch run` reports the GPUs' busy share from (orchestrator/gpu_share.py). An
 # upper bound on the device's busy time: a span between two events also holds what the device
 # waited for the host.
-DEVICE_PHASES = ("prepare_s", "inputs_s", "snapshot_s", "eager_s", "reference_s", "replay_s", "checks_s")
+DEVICE_PHASES = ("prepare_s", "churn_s", "inputs_s", "snapshot_s", "eager_s", "reference_s", "replay_s", "checks_s")
 
 
 class Clock:

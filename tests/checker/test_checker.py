@@ -56,6 +56,8 @@ def test_result_records_everything(sessions):
         *PHASES,
         *(("device_s",) if on_gpu else ()),  # the device time its events measured (a GPU's busy share)
     }
+    if on_gpu:  # the dummy step before each replay is timed apart from the step's inputs
+        assert r.timings["churn_s"] > 0, r.timings
     assert {"torch", "python", "orch"} <= set(r.versions)
     assert r.repro == case.repro_command() and r.axes == case.axes
     replay = next(c for c in r.checks if c.name == "replay")
