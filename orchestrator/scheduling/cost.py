@@ -96,6 +96,19 @@ def model_seconds(case: Case) -> float:
     return startup + capture + run
 
 
+def gang_startup_seconds(case: Case) -> float:
+    """The gang start-up model_seconds charges a tp > 1 case (0 for tp 1). No recorded duration
+    holds it (a worker times its cases, not its gang's forming), so history and the machine's
+    calibration leave it as it is: it keeps a gang's cases ahead of narrower ones of similar
+    work, and a run from changing its gang's width back and forth (each change re-forms a gang
+    and drops its sessions)."""
+    return GANG_STARTUP_S * (max(1, case.tp) - 1)
+
+
+def _work_seconds(case: Case) -> float:
+    return model_seconds(case) - gang_startup_seconds(case)
+
+
 def blend(model_s: float, observed_s: float | None, weight: float = HISTORY_WEIGHT) -> float:
     """Move the model estimate `weight` of the way toward an observation (exponential smoothing)."""
     if observed_s is None or observed_s <= 0:
@@ -106,25 +119,27 @@ def blend(model_s: float, observed_s: float | None, weight: float = HISTORY_WEIG
 def estimate_seconds(case: Case, history: Mapping[str, float] | None = None) -> float:
     """Expected seconds for `case` on one worker (its gang for tp > 1); history keyed by case_id."""
     observed = history.get(case.case_id) if history else None
-    return blend(model_seconds(case), observed)
+    return blend(_work_seconds(case), observed) + gang_startup_seconds(case)
 
 
 def calibration_factor(cases: Sequence[Case], history: Mapping[str, float] | None) -> float:
-    """Median observed/model ratio over cases with history; 1.0 when there is none."""
+    """Median observed/model ratio over cases with history (the gang start-up left out, as the
+    observations leave it out); 1.0 when there is none."""
     if not history:
         return 1.0
-    ratios = [history[c.case_id] / model_seconds(c) for c in cases if history.get(c.case_id, 0) > 0]
+    ratios = [history[c.case_id] / _work_seconds(c) for c in cases if history.get(c.case_id, 0) > 0]
     return statistics.median(ratios) if ratios else 1.0
 
 
 def estimate_all(cases: Sequence[Case], history: Mapping[str, float] | None = None) -> dict[str, float]:
     """Estimates for a whole matrix: per-case blend, and the model rescaled to this machine by the
-    median observed/model ratio so cases without history are on the same scale as those with."""
+    median observed/model ratio so cases without history are on the same scale as those with; a
+    gang case's start-up on top, as the model has it (gang_startup_seconds)."""
     scale = calibration_factor(cases, history)
     out: dict[str, float] = {}
     for c in cases:
         observed = history.get(c.case_id) if history else None
-        out[c.case_id] = blend(model_seconds(c) * scale, observed)
+        out[c.case_id] = blend(_work_seconds(c) * scale, observed) + gang_startup_seconds(c)
     return out
 
 

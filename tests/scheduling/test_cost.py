@@ -7,7 +7,13 @@ import dataclasses
 import pytest
 
 from backend.case import BatchSpec, Case, ModelShape
-from orchestrator.scheduling.cost import capture_counts, estimate_all, estimate_seconds, model_seconds
+from orchestrator.scheduling.cost import (
+    capture_counts,
+    estimate_all,
+    estimate_seconds,
+    gang_startup_seconds,
+    model_seconds,
+)
 
 BASE = Case(backend="torch", tp=1, mode="FULL", kv_cache_dtype="auto", batch=BatchSpec("b", (1,) * 8, (256,) * 8))
 
@@ -64,6 +70,17 @@ def test_estimate_all_rescales_unseen_cases_by_the_machine():
     seen, unseen = BASE, with_(tp=2)
     history = {seen.case_id: model_seconds(seen) * 4}  # this machine is 4x slower than the model
     est = estimate_all([seen, unseen], history)
-    assert est[unseen.case_id] == pytest.approx(model_seconds(unseen) * 4)
+    gang = gang_startup_seconds(unseen)  # not the machine's: no recorded duration holds it
+    assert gang > 0 and est[unseen.case_id] == pytest.approx((model_seconds(unseen) - gang) * 4 + gang)
     assert est[seen.case_id] == pytest.approx(model_seconds(seen) * 4)
     assert estimate_all([seen, unseen]) == {c.case_id: model_seconds(c) for c in (seen, unseen)}
+
+
+@pytest.mark.parametrize("wide_s, narrow_s", [(0.1, 0.3), (0.05, 1.0), (0.3, 0.3)])
+def test_history_keeps_a_gangs_cases_ahead_of_narrower_ones(wide_s, narrow_s):
+    """A store's durations are the cases' own time, never their gang's forming: with history a tp 8
+    case that ran faster than a tp 1 case still estimates above it (by its start-up), so a run
+    keeps its widths in order instead of re-forming gangs back and forth (docs/EXECUTION.md)."""
+    wide, narrow = with_(tp=8), BASE
+    est = estimate_all([wide, narrow], {wide.case_id: wide_s, narrow.case_id: narrow_s})
+    assert est[wide.case_id] > est[narrow.case_id] + gang_startup_seconds(wide) * 0.5, est

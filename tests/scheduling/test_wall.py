@@ -27,9 +27,14 @@ def test_a_gangs_start_up_is_charged_once_per_tp(full_cpu):
     assert sum(got.values()) < 0.2 * sum(model_seconds(c) for c in full_cpu)
 
 
-def test_recorded_durations_stand_as_recorded(full_cpu):
+def test_with_history_the_start_up_is_still_charged_once_per_tp(full_cpu):
+    # Recorded durations never hold a gang's start-up; the estimates add it to every gang case.
     history = {c.case_id: 0.2 for c in full_cpu}
-    assert case_durations(full_cpu, history) == estimate_all(full_cpu, history)
+    est, got = estimate_all(full_cpu, history), case_durations(full_cpu, history)
+    for tp in (1, 2, 4, 8):
+        cases = [c for c in full_cpu if c.tp == tp]
+        want = sum(est[c.case_id] for c in cases) - (len(cases) - 1) * GANG_STARTUP_S * (tp - 1)
+        assert sum(got[c.case_id] for c in cases) == pytest.approx(want, rel=1e-9), tp
 
 
 @pytest.mark.parametrize("parallel,workers", [(2, 8), (8, 8)])
