@@ -98,10 +98,10 @@ def model_seconds(case: Case) -> float:
 
 def gang_startup_seconds(case: Case) -> float:
     """The gang start-up model_seconds charges a tp > 1 case (0 for tp 1). No recorded duration
-    holds it (a worker times its cases, not its gang's forming), so history and the machine's
-    calibration leave it as it is: it keeps a gang's cases ahead of narrower ones of similar
-    work, and a run from changing its gang's width back and forth (each change re-forms a gang
-    and drops its sessions)."""
+    holds it (a worker times its cases, not its gang's forming), so history never replaces it (the
+    machine's calibration scales it as it scales the rest): it keeps a gang's cases ahead of
+    narrower ones of similar work, and a run from changing its gang's width back and forth (each
+    change re-forms a gang and drops its sessions)."""
     return GANG_STARTUP_S * (max(1, case.tp) - 1)
 
 
@@ -134,12 +134,12 @@ def calibration_factor(cases: Sequence[Case], history: Mapping[str, float] | Non
 def estimate_all(cases: Sequence[Case], history: Mapping[str, float] | None = None) -> dict[str, float]:
     """Estimates for a whole matrix: per-case blend, and the model rescaled to this machine by the
     median observed/model ratio so cases without history are on the same scale as those with; a
-    gang case's start-up on top, as the model has it (gang_startup_seconds)."""
+    gang case's start-up (gang_startup_seconds) on top of the blend, rescaled too."""
     scale = calibration_factor(cases, history)
     out: dict[str, float] = {}
     for c in cases:
         observed = history.get(c.case_id) if history else None
-        out[c.case_id] = blend(_work_seconds(c) * scale, observed) + gang_startup_seconds(c)
+        out[c.case_id] = blend(_work_seconds(c) * scale, observed) + gang_startup_seconds(c) * scale
     return out
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from backend.case import Case
-from orchestrator.scheduling.cost import estimate_all, gang_startup_seconds
+from orchestrator.scheduling.cost import calibration_factor, estimate_all, gang_startup_seconds
 from orchestrator.scheduling.policy import Task
 from orchestrator.scheduling.simulate import simulate
 
@@ -24,13 +24,14 @@ def case_durations(cases: Sequence[Case], history: Mapping[str, float] | None = 
     executor orders by), less the gang start-up for every gang case but the first of its tp (the
     estimates charge it to each, history or not: cost.gang_startup_seconds)."""
     est = estimate_all(cases, history)
+    scale = calibration_factor(cases, history)
     started: set[int] = set()
     out: dict[str, float] = {}
     for c in cases:
         d = est[c.case_id]
         if c.tp > 1:
             if c.tp in started:
-                d = max(d - gang_startup_seconds(c), 0.0)
+                d = max(d - gang_startup_seconds(c) * scale, 0.0)
             started.add(c.tp)
         out[c.case_id] = d
     return out

@@ -8,6 +8,7 @@ import pytest
 
 from backend.case import BatchSpec, Case, ModelShape
 from orchestrator.scheduling.cost import (
+    calibration_factor,
     capture_counts,
     estimate_all,
     estimate_seconds,
@@ -70,8 +71,7 @@ def test_estimate_all_rescales_unseen_cases_by_the_machine():
     seen, unseen = BASE, with_(tp=2)
     history = {seen.case_id: model_seconds(seen) * 4}  # this machine is 4x slower than the model
     est = estimate_all([seen, unseen], history)
-    gang = gang_startup_seconds(unseen)  # not the machine's: no recorded duration holds it
-    assert gang > 0 and est[unseen.case_id] == pytest.approx((model_seconds(unseen) - gang) * 4 + gang)
+    assert est[unseen.case_id] == pytest.approx(model_seconds(unseen) * 4)  # its gang start-up too
     assert est[seen.case_id] == pytest.approx(model_seconds(seen) * 4)
     assert estimate_all([seen, unseen]) == {c.case_id: model_seconds(c) for c in (seen, unseen)}
 
@@ -82,5 +82,7 @@ def test_history_keeps_a_gangs_cases_ahead_of_narrower_ones(wide_s, narrow_s):
     case that ran faster than a tp 1 case still estimates above it (by its start-up), so a run
     keeps its widths in order instead of re-forming gangs back and forth (docs/EXECUTION.md)."""
     wide, narrow = with_(tp=8), BASE
-    est = estimate_all([wide, narrow], {wide.case_id: wide_s, narrow.case_id: narrow_s})
-    assert est[wide.case_id] > est[narrow.case_id] + gang_startup_seconds(wide) * 0.5, est
+    history = {wide.case_id: wide_s, narrow.case_id: narrow_s}
+    est = estimate_all([wide, narrow], history)
+    start_up = gang_startup_seconds(wide) * calibration_factor([wide, narrow], history)
+    assert est[wide.case_id] > est[narrow.case_id] + start_up * 0.5, est

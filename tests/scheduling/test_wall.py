@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.matrix import load_matrix
-from orchestrator.scheduling.cost import GANG_STARTUP_S, estimate_all, model_seconds
+from orchestrator.scheduling.cost import GANG_STARTUP_S, calibration_factor, estimate_all, model_seconds
 from orchestrator.scheduling.wall import case_durations, expected_wall
 
 
@@ -31,9 +31,10 @@ def test_with_history_the_start_up_is_still_charged_once_per_tp(full_cpu):
     # Recorded durations never hold a gang's start-up; the estimates add it to every gang case.
     history = {c.case_id: 0.2 for c in full_cpu}
     est, got = estimate_all(full_cpu, history), case_durations(full_cpu, history)
+    scale = calibration_factor(full_cpu, history)
     for tp in (1, 2, 4, 8):
         cases = [c for c in full_cpu if c.tp == tp]
-        want = sum(est[c.case_id] for c in cases) - (len(cases) - 1) * GANG_STARTUP_S * (tp - 1)
+        want = sum(est[c.case_id] for c in cases) - (len(cases) - 1) * GANG_STARTUP_S * (tp - 1) * scale
         assert sum(got[c.case_id] for c in cases) == pytest.approx(want, rel=1e-9), tp
 
 
