@@ -152,54 +152,44 @@ def splits(gang: Gang, tp: int) -> bool:
     return gang.tp > tp and gang.tp % tp == 0 and len(gang.infos) == gang.tp
 
 
+def _leaving(like: Gang, actors: list[Any], infos: list[WorkerInfo]) -> tuple[Gang, list[Any]]:
+    """A gang of these ranks over `like`'s node and placement group, its tp their count, LEAVING:
+    and the ranks' leave_gang() refs (they resolve to WorkerInfo with a fresh port, rank 0's for
+    the rendezvous). reform and merge regroup the same live actors this way."""
+    import dataclasses
+
+    gang = Gang(
+        spec=dataclasses.replace(like.spec, tp=len(actors)),
+        node=like.node,
+        node_id=like.node_id,
+        pg=like.pg,
+        pg_size=like.pg_size,
+        state=GangState.LEAVING,
+        actors=actors,
+        infos=infos,
+    )
+    return gang, [a.leave_gang.remote() for a in actors]
+
+
 def reform(gang: Gang, tp: int) -> tuple[list[Gang], list[list[Any]]]:
     """Split an idle gang into gang.tp // tp gangs of `tp` over the same actors and pg (the old
     gang is DEAD, without teardown); every actor leaves the old process group. Returns the new
-    gangs (LEAVING) and, per new gang, its ranks' leave_gang() refs (they resolve to WorkerInfo
-    with a fresh port, rank 0's for the rendezvous)."""
-    import dataclasses
-
+    gangs (LEAVING) and, per new gang, its ranks' leave_gang() refs."""
     assert splits(gang, tp), (gang.tp, tp)
-    spec = dataclasses.replace(gang.spec, tp=tp)
-    new, refs = [], []
-    for start in range(0, gang.tp, tp):
-        part = Gang(
-            spec=spec,
-            node=gang.node,
-            node_id=gang.node_id,
-            pg=gang.pg,
-            pg_size=gang.pg_size,
-            state=GangState.LEAVING,
-            actors=gang.actors[start : start + tp],
-            infos=gang.infos[start : start + tp],
-        )
-        new.append(part)
-        refs.append([a.leave_gang.remote() for a in part.actors])
+    parts = [_leaving(gang, gang.actors[i : i + tp], gang.infos[i : i + tp]) for i in range(0, gang.tp, tp)]
     gang.state = GangState.DEAD
-    return new, refs
+    return [g for g, _ in parts], [refs for _, refs in parts]
 
 
 def merge(parts: Sequence[Gang], tp: int) -> tuple[Gang, list[Any]]:
     """Join idle views of one placement group (a split's gangs) into one gang of `tp` over the
     same actors (the parts are DEAD, without teardown); every actor leaves its part's process
     group. Returns the new gang (LEAVING) and its ranks' leave_gang() refs, as reform does."""
-    import dataclasses
-
     assert parts and sum(p.tp for p in parts) == tp and len({id(p.pg) for p in parts}) == 1, [p.tp for p in parts]
-    first = parts[0]
-    gang = Gang(
-        spec=dataclasses.replace(first.spec, tp=tp),
-        node=first.node,
-        node_id=first.node_id,
-        pg=first.pg,
-        pg_size=first.pg_size,
-        state=GangState.LEAVING,
-        actors=[a for p in parts for a in p.actors],
-        infos=[i for p in parts for i in p.infos],
-    )
+    gang, refs = _leaving(parts[0], [a for p in parts for a in p.actors], [i for p in parts for i in p.infos])
     for p in parts:
         p.state = GangState.DEAD
-    return gang, [a.leave_gang.remote() for a in gang.actors]
+    return gang, refs
 
 
 def teardown(gang: Gang, remove_pg: bool = True) -> None:

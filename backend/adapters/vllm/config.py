@@ -102,6 +102,22 @@ def speculative_config(k: int, model, parallel):
     )
 
 
+def full_graphs_config(config: AttentionConfig, **kwargs: Any) -> Any:
+    """build_vllm_config for a builder that stages persistent buffers only under full graphs (GDN's,
+    the sparse MLA ones): FULL_AND_PIECEWISE up to the case's largest capture size, its k, a
+    decoder-only scheduler; `kwargs` as build_vllm_config takes them."""
+    return build_vllm_config(
+        config,
+        scheduler_kwargs={"is_encoder_decoder": False},
+        spec_tokens=config.spec_tokens,
+        compilation_kwargs={
+            "cudagraph_mode": "FULL_AND_PIECEWISE",
+            "max_cudagraph_capture_size": config.max_capture_size or None,
+        },
+        **kwargs,
+    )
+
+
 def build_vllm_config(
     config: AttentionConfig,
     *,

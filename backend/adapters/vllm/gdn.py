@@ -79,18 +79,9 @@ def vllm_context(config: AttentionConfig):
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    from backend.adapters.vllm.config import build_vllm_config
+    from backend.adapters.vllm.config import full_graphs_config
 
-    vc = build_vllm_config(
-        config,
-        scheduler_kwargs={"is_encoder_decoder": False},
-        spec_tokens=config.spec_tokens,
-        compilation_kwargs={
-            "cudagraph_mode": "FULL_AND_PIECEWISE",
-            "max_cudagraph_capture_size": config.max_capture_size or None,
-        },
-        additional_config={"gdn_prefill_backend": "triton"},
-    )
+    vc = full_graphs_config(config, additional_config={"gdn_prefill_backend": "triton"})
     d = GDNDims.of(config)
     spec = MambaSpec(
         block_size=config.block_size,

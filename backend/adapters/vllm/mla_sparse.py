@@ -149,18 +149,9 @@ def model_dir(config: AttentionConfig) -> str:
 def vllm_context(config: AttentionConfig) -> Any:
     """The VllmConfig (full graphs, the case's k) with the attention layer its sparse builder reads
     from the static forward context: no prefill backend, no ShardQ."""
-    from backend.adapters.vllm.config import build_vllm_config
+    from backend.adapters.vllm.config import full_graphs_config
 
-    vc = build_vllm_config(
-        config,
-        scheduler_kwargs={"is_encoder_decoder": False},
-        spec_tokens=config.spec_tokens,
-        compilation_kwargs={
-            "cudagraph_mode": "FULL_AND_PIECEWISE",
-            "max_cudagraph_capture_size": config.max_capture_size or None,
-        },
-        model_path=model_dir(config),
-    )
+    vc = full_graphs_config(config, model_path=model_dir(config))
     layer = types.SimpleNamespace(prefill_backend=None, use_shardq=False, impl=types.SimpleNamespace())
     vc.compilation_config.static_forward_context[LAYER] = layer
     return vc
