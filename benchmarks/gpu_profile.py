@@ -73,6 +73,17 @@ def main() -> int:
         help="then run the slice again under torch.profiler: device time against wall time",
     )
     ap.add_argument(
+        "--calls",
+        action="store_true",
+        help="then run the slice again timing the harness's device-heavy helpers (synchronised)",
+    )
+    ap.add_argument(
+        "--poison-all",
+        action="store_true",
+        help="poison every free block before a replay, not only what the graphs may read (the A/B)",
+    )
+    ap.add_argument("--by-batch", action="store_true", help="--kernels: one floor per family and batch")
+    ap.add_argument(
         "--syncs",
         action="store_true",
         help="then run the slice again counting host syncs (torch's sync debug mode) and where",
@@ -83,6 +94,10 @@ def main() -> int:
 
         torch.set_num_threads(args.threads)
 
+    if args.poison_all:
+        from backend.harness.session import Session
+
+        Session.outside_reads = lambda self, keys: None  # type: ignore[method-assign]
     matrix = load_matrix(args.matrix, devices=args.devices)
     cases = select(matrix.cases, args.filter)
     cases.sort(key=lambda c: (c.backend, c.kv_cache_dtype, c.batch.name, c.mode))
@@ -129,16 +144,19 @@ def main() -> int:
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
     if args.kernels:
-        kernel_floor(cases, sessions, args.solo_rank)
+        kernel_floor(cases, sessions, args.solo_rank, args.by_batch)
+    if args.calls:
+        time_calls(cases, sessions, args.solo_rank)
     if args.syncs:
         count_syncs(cases, sessions, args.solo_rank, args.top)
     return 0
 
 
-def _by_provider(cases) -> dict[str, list]:
+def _by_provider(cases, by_batch: bool = False) -> dict[str, list]:
     groups: dict[str, list] = defaultdict(list)
     for case in cases:
-        groups[case.backend_label].append(case)
+        label = f"{case.model.attention}/{case.batch.name}" if by_batch else case.backend_label
+        groups[label].append(case)
     return groups
 
 
@@ -172,17 +190,21 @@ def bare_pass(cases, solo_rank: bool) -> None:
         torch.cuda.empty_cache()
 
 
-def kernel_floor(cases, sessions, solo_rank: bool) -> None:
+def kernel_floor(cases, sessions, solo_rank: bool, by_batch: bool = False) -> None:
     """The slice again, warm, under torch.profiler: summed device time of kernels and memcpys
     (what the cases need from the GPU) against the wall time the checker took."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from backend.harness.checker import clear_process_caches
+
+    clear_process_caches()  # the references and step inputs drawn again, as a fresh worker would
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    groups = _by_provider(cases)  # one floor per provider, then the whole slice
+    groups = _by_provider(cases, by_batch)  # one floor per provider (or batch), then the whole slice
     total_wall = total_device = 0.0
+    total_launches = 0
     for label, group in groups.items():
         t0 = time.perf_counter()
         with profile(activities=activities) as prof:
@@ -193,25 +215,109 @@ def kernel_floor(cases, sessions, solo_rank: bool) -> None:
         wall = time.perf_counter() - t0
         device_us = 0.0
         by_name: dict[str, float] = defaultdict(float)
+        launches: Counter = Counter()
         for ev in prof.events():
             if getattr(ev, "device_type", None) is not None and ev.device_type.name == "CUDA":
                 us = ev.time_range.elapsed_us()
                 device_us += us
                 by_name[ev.name[:70]] += us
+                launches[ev.name[:70]] += 1
+        n = sum(launches.values())
         total_wall += wall
         total_device += device_us / 1e6
+        total_launches += n
         print(
             f"\nkernel floor [{label}]: {len(group)} cases, wall {wall:.2f} s under the profiler, device time "
-            f"{device_us / 1e6:.3f} s ({device_us / 1e3 / max(len(group), 1):.2f} ms a case); "
-            f"wall / device = {wall / max(device_us / 1e6, 1e-9):.1f}"
+            f"{device_us / 1e6:.3f} s ({device_us / 1e3 / max(len(group), 1):.2f} ms a case), {n} kernels and "
+            f"copies ({n / max(len(group), 1):.0f} a case); wall / device = {wall / max(device_us / 1e6, 1e-9):.1f}"
         )
-        for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:20]:
-            print(f"  {us / 1e3:10.2f} ms  {name}")
+        for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"  {us / 1e3:10.2f} ms {launches[name]:8d} x  {name}")
     print(
         f"\nkernel floor: {len(cases)} cases, wall {total_wall:.2f} s under the profiler, device time "
-        f"{total_device:.3f} s ({total_device * 1e3 / max(len(cases), 1):.2f} ms a case); "
-        f"wall / device = {total_wall / max(total_device, 1e-9):.1f}"
+        f"{total_device:.3f} s ({total_device * 1e3 / max(len(cases), 1):.2f} ms a case), {total_launches} kernels "
+        f"and copies; wall / device = {total_wall / max(total_device, 1e-9):.1f}"
     )
+
+
+# The helpers a step calls around the backend (module, attribute as the caller imported it).
+_HELPERS = (
+    ("backend.harness.sides", "poison_free_memory"),
+    ("backend.harness.sides", "poison_outputs"),
+    ("backend.harness.sides", "kv_integrity"),
+    ("backend.harness.checker", "churn"),
+    ("backend.harness.checker", "take_snapshot"),
+    ("backend.harness.checker", "fill_context"),
+    ("backend.harness.checker", "step_inputs"),
+    ("backend.harness.checker", "capture_checked"),
+    ("backend.harness.step_data", "compute_reference"),
+    ("backend.harness.session", "Session.run_graph_step"),
+    ("backend.harness.session", "Session.run_eager_step"),
+)
+
+
+def time_calls(cases, sessions, solo_rank: bool) -> None:
+    """The slice again (process caches cleared), each helper of _HELPERS wrapped in a device
+    synchronise on both sides: its seconds and calls, and the bytes poison_free_memory filled.
+    The synchronises cost the host's lead over the GPU: the case times here are no figure."""
+    import importlib
+
+    import torch
+
+    from backend.harness.checker import clear_process_caches
+
+    clear_process_caches()
+    sessions.clear()  # fresh sessions: a session's eager memo would skip the eager sides and references
+    cuda = torch.cuda.is_available()
+    spent: dict[str, float] = defaultdict(float)
+    calls: Counter = Counter()
+    poisoned = [0]
+    originals = []
+
+    def wrap(name, fn):
+        def timed(*a, **k):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            if cuda:
+                torch.cuda.synchronize()
+            spent[name] += time.perf_counter() - t0
+            calls[name] += 1
+            if name == "poison_free_memory":
+                poisoned[0] += int(out)
+            return out
+
+        return timed
+
+    for mod_name, path in _HELPERS:
+        owner = importlib.import_module(mod_name)
+        *outer, attr = path.split(".")
+        for part in outer:  # a class's method: wrapped on the class
+            owner = getattr(owner, part)
+        fn = getattr(owner, attr, None)
+        if fn is None:
+            continue
+        originals.append((owner, attr, fn))
+        setattr(owner, attr, wrap(attr, fn))
+    t0 = time.perf_counter()
+    try:
+        for case in cases:
+            run_case(case, sessions=sessions, world_size=case.tp if solo_rank else 1)
+        if cuda:
+            torch.cuda.synchronize()
+    finally:
+        for mod, attr, fn in originals:
+            setattr(mod, attr, fn)
+    wall = time.perf_counter() - t0
+    print(f"\ncalls: {len(cases)} cases in {wall:.2f} s with a synchronise around each helper")
+    for name, sec in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"  {sec:8.3f} s {calls[name]:7d} x  {name}")
+    if calls["poison_free_memory"]:
+        print(
+            f"  poison_free_memory filled {poisoned[0] / 2**30:.1f} GiB in all, "
+            f"{poisoned[0] / calls['poison_free_memory'] / 2**30:.2f} GiB a replay"
+        )
 
 
 def count_syncs(cases, sessions, solo_rank: bool, top: int) -> None:

@@ -43,6 +43,9 @@ class GraphCaptureError(RuntimeError):
 
 class CapturedGraph:
     outputs: object  # the static output tensor(s) fn returned at capture
+    # Address ranges outside its pool the graph may read (backend/graphs/allocator.py: what was
+    # allocated when it was captured); None: not known (the CPU emulation tracks reads itself).
+    reads: tuple[tuple[int, int], ...] | None = None
 
     def replay(self) -> object:
         """Re-run the captured work; returns `outputs` (the same objects, refreshed)."""

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from backend.graphs.allocator import live_ranges
 from backend.graphs.base import CapturedGraph, GraphCaptureError, GraphRunner, capturing
 
 
@@ -38,9 +39,10 @@ def graph_kind(hip_version: str | None, gpu_available: bool) -> str:
 
 
 class CudaCapturedGraph(CapturedGraph):
-    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: object):
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: object, reads: tuple[tuple[int, int], ...] | None = None):
         self._graph = graph
         self.outputs = outputs
+        self.reads = reads
 
     def replay(self) -> object:
         self._graph.replay()
@@ -75,6 +77,7 @@ class CudaGraphRunner(GraphRunner):
     def capture(self, fn: Callable[[], object]) -> CudaCapturedGraph:
         with torch.cuda.device(self.device):
             torch.cuda.synchronize(self.device)
+            reads = live_ranges(self.device)  # after the warm-up: what it cached is read by the graph
             graph = torch.cuda.CUDAGraph()
             self._graphs.append(graph)
             error: BaseException | None = None
@@ -101,7 +104,7 @@ class CudaGraphRunner(GraphRunner):
                 self._clear_error_state()
                 raise GraphCaptureError(_describe(error)) from error
             torch.cuda.synchronize(self.device)
-        return CudaCapturedGraph(graph, outputs)
+        return CudaCapturedGraph(graph, outputs, reads)
 
     def _abandon_stream(self) -> None:
         # The stream may still be in capture mode (end failed): never use it again.

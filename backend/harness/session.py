@@ -27,6 +27,7 @@ from backend.attention.kv_cache import allocate_kv_cache
 from backend.case import ModelShape
 from backend.families.contract import family as family_of
 from backend.families.contract import layer_metadata
+from backend.graphs.allocator import merge
 from backend.graphs.base import GraphCaptureError, GraphRunner
 from backend.graphs.provenance import host_scope
 from backend.harness.lru import LRU
@@ -308,12 +309,26 @@ class Session:
 
     def _graph_notes(self, keys, attr: str) -> tuple[str, ...]:
         notes: list[str] = []
+        for graph in self._captured(keys):
+            notes += [n for n in getattr(graph, attr, ()) if n not in notes]
+        return tuple(notes)
+
+    def outside_reads(self, keys) -> tuple[tuple[int, int], ...] | None:
+        """The address ranges outside their pool that these keys' graphs may read (allocated when
+        each was captured: backend/graphs/allocator.py), merged; None where a graph does not know."""
+        ranges: list[tuple[int, int]] = []
+        for graph in self._captured(keys):
+            if graph.reads is None:
+                return None
+            ranges += graph.reads
+        return merge(ranges)
+
+    def _captured(self, keys) -> list:
+        graphs: list = []
         for key in keys:
             entry = self.graphs.get(key)
-            graphs = [entry.graph] if isinstance(entry, _Full) else getattr(entry, "graphs", [])
-            for graph in graphs:
-                notes += [n for n in getattr(graph, attr, ()) if n not in notes]
-        return tuple(notes)
+            graphs += [entry.graph] if isinstance(entry, _Full) else getattr(entry, "graphs", [])
+        return graphs
 
     # ---- runs ---------------------------------------------------------------------------------
     def run_eager(self, x: torch.Tensor, batch: BatchDescription) -> torch.Tensor:

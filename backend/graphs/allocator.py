@@ -1,0 +1,72 @@
+"""The caching allocator's blocks outside graph pools, read from torch.cuda.memory_snapshot().
+
+A captured graph's kernels hold raw addresses. Outside its own pool a graph can read only memory
+that existed when it was captured: what was allocated then (the session's buffers, a backend's
+per-call cache filled in the warm-up) or, already a bug at capture, what was free then. The first
+kind is what freed-memory poisoning (backend/harness/churn.py) has to cover: `live_ranges` at capture,
+intersected with the free blocks at a replay, is the memory freed since that the graph may still
+read. Poisoning every free block instead filled the worker's whole cache of freed temporaries
+(tens of GB on an H100) before every replay.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+Range = tuple[int, int]  # [start, end) addresses
+
+
+@dataclass(frozen=True)
+class Block:
+    stream: int
+    address: int
+    size: int
+    active: bool
+    small: bool  # of a small segment (served in pieces of at most 1 MB)
+
+
+def blocks(device: torch.device) -> Iterator[Block]:
+    """Every block of `device`'s segments outside graph pools (a graph's private pool is its own)."""
+    for seg in torch.cuda.memory_snapshot():
+        if seg.get("device") != device.index or tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0):
+            continue
+        small = seg.get("segment_type") == "small"
+        address = int(seg.get("address", 0))
+        for block in seg.get("blocks", ()):
+            size = int(block["size"])
+            start = int(block.get("address", address))
+            yield Block(int(seg.get("stream", 0)), start, size, block.get("state") != "inactive", small)
+            address = start + size
+
+
+def merge(ranges: Sequence[Range]) -> tuple[Range, ...]:
+    """Sorted, disjoint, adjacent ranges joined."""
+    out: list[list[int]] = []
+    for start, end in sorted(r for r in ranges if r[1] > r[0]):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return tuple((s, e) for s, e in out)
+
+
+def live_ranges(device: torch.device) -> tuple[Range, ...]:
+    """The address ranges allocated now outside graph pools on `device` (merged)."""
+    return merge([(b.address, b.address + b.size) for b in blocks(device) if b.active])
+
+
+def overlap(start: int, end: int, ranges: Sequence[Range]) -> list[Range]:
+    """The parts of [start, end) inside `ranges` (sorted, disjoint)."""
+    i = max(0, bisect.bisect_right(ranges, (start, float("inf"))) - 1)
+    parts = []
+    for lo, hi in ranges[i:]:
+        if lo >= end:
+            break
+        a, b = max(lo, start), min(hi, end)
+        if a < b:
+            parts.append((a, b))
+    return parts
