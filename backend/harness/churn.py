@@ -12,11 +12,13 @@ left rows of its output unwritten showed the previous replay's right values.
   and leave the rest to whatever the buffer held (its seed backend, ROCM_AITER_FA 0.10.2/0.11.0,
   among them); what they hold is padded_finite's business.
 - `churn` (GPU): the model run eagerly on a small batch of another shape (no KV slot: slot -1), so
-  per-call caches keyed by shape evict what the graph was captured with; before the step's
-  snapshot (backend/harness/checker.py), so nothing it could write is blamed on the step.
+  per-call caches keyed by shape evict what the graph was captured with; right before the replay
+  (churns_before_snapshot says where): what it could write is an outside write of the step.
 - `poison_free_memory` (GPU): right before the replay, the caching allocator's free blocks outside
   any graph pool are taken, filled with the poison pattern (backend/graphs/freed.py: NaN for
-  floats, far out of range for ints) and given back, so freed memory a graph still reads holds it.
+  floats, far out of range for ints) where the replayed graphs may read (what was allocated when
+  they were captured: backend/graphs/allocator.py) and given back, so freed memory a graph still
+  reads holds it.
   Each block is taken on the stream that owns it: the allocator serves a stream only its own free
   blocks, and what the warm-up before a capture allocated (an lru_cache'd scratch filled on its
   miss) belongs to the capture stream (the runner's, as vLLM's graph_capture stream), which the
@@ -30,8 +32,11 @@ model again on a CPU only to churn would cost the CPU matrix a second eager run 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from backend.graphs.allocator import Range, blocks, overlap
 from backend.graphs.freed import POISON_WORD
 from backend.harness.scratch import mark_scratch
 from backend.harness.session import Session
@@ -50,9 +55,19 @@ def churn(session: Session, n: int, size: int) -> None:
     """GPU: dummy_step (small: it runs before every replay). A no-op on the CPU."""
     if session.device.type == "cuda":
         dummy_step(session, n, size)
-        # The dummy step ran the backend on slots of -1: what it wrote (a backend that writes padded
-        # slots) is not the next step's, so the next snapshot copies the whole cache.
+        # The dummy step ran the backend on slots of -1: until a check has seen that it wrote
+        # nothing, the scratch is not known to equal the caches.
         mark_scratch(None)
+
+
+def churns_before_snapshot(session: Session) -> bool:
+    """Where the dummy step runs. A family with step state: before the step's snapshot, since its
+    dummy batch may claim state slots (a whole copy of the caches follows anyway). Any other:
+    right before the replay, after the snapshot, so that a write of the dummy step (on slots of
+    -1: a bug, as in a capture's warm-up) is an outside write kv_integrity reports, and a backend
+    that writes nothing leaves the scratch in sync: before, every step of a GPU replay copied the
+    whole cache (4.3 GB at full.yaml's GPU shape) because the dummy step had run first."""
+    return session.family.step_state() is not None
 
 
 def dummy_step(session: Session, n: int, size: int) -> None:
@@ -78,27 +93,26 @@ def dummy_step(session: Session, n: int, size: int) -> None:
     session.model.forward(x, md, attn, [])
 
 
-def poison_free_memory(device: torch.device) -> int:
+def poison_free_memory(device: torch.device, reads: Sequence[Range] | None = None) -> int:
     """GPU: fill the caching allocator's free blocks (outside graph pools, on every stream) with
-    the poison pattern; returns the bytes poisoned. A no-op (0) on the CPU."""
+    the poison pattern, or only their parts inside `reads` (the ranges the graphs about to replay
+    may read: Session.outside_reads); returns the bytes poisoned. A no-op (0) on the CPU."""
     if device.type != "cuda":
         return 0
     by_stream: dict[int, list[int]] = {}
-    for seg in torch.cuda.memory_snapshot():
-        if seg.get("device") != device.index or tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0):
-            continue  # another device, or a graph's private pool (its graphs own it)
-        small = seg.get("segment_type") == "small"
-        requests = by_stream.setdefault(int(seg.get("stream", 0)), [])
-        for block in seg.get("blocks", ()):
-            if block.get("state") != "inactive":
-                continue
-            size = int(block["size"])
-            while size > 0:  # a small segment's block goes back to a small-pool request
-                take = min(size, _SMALL) if small else size
-                requests.append(take)
-                size -= take
+    for block in blocks(device):
+        if block.active:
+            continue
+        # Every free block is taken, even one no graph may read: a request of a size gets the
+        # allocator's choice among the free blocks that fit, so only taking them all reaches each.
+        requests = by_stream.setdefault(block.stream, [])
+        size = block.size
+        while size > 0:  # a small segment's block goes back to a small-pool request
+            take = min(size, _SMALL) if block.small else size
+            requests.append(take)
+            size -= take
     current = torch.cuda.current_stream(device)
-    held = []
+    held, filled = [], 0
     for handle, requests in by_stream.items():
         stream = _stream(handle, device, current)
         if stream is None:
@@ -106,11 +120,17 @@ def poison_free_memory(device: torch.device) -> int:
         with torch.cuda.stream(stream):
             for size in sorted(requests, reverse=True):  # best fit: each takes a free block of its size
                 t = torch.empty(size, dtype=torch.uint8, device=device)
-                t[: size // 2 * 2].view(torch.int16).fill_(POISON_WORD)
                 held.append(t)
+                # Which free block of this size the allocator handed out is its choice: fill by address.
+                base = t.data_ptr()
+                parts = [(base, base + size)] if reads is None else overlap(base, base + size, reads)
+                for start, end in parts:
+                    lo, hi = (start - base) // 2 * 2, -(-(end - base) // 2) * 2
+                    t[lo : min(hi, size // 2 * 2)].view(torch.int16).fill_(POISON_WORD)
+                    filled += end - start
         if stream != current:
             current.wait_stream(stream)  # the replay, on the current stream, reads after the fill
-    return sum(t.numel() for t in held)
+    return filled
 
 
 def _stream(handle: int, device: torch.device, current: torch.cuda.Stream) -> torch.cuda.Stream | None:

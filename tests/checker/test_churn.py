@@ -12,6 +12,7 @@ import torch
 
 from backend.harness.checker import SessionCache, run_case
 from backend.harness.churn import dummy_step
+from backend.harness.scratch import mark_scratch
 from backend.result import Status
 from orchestrator.matrix import load_matrix
 
@@ -44,3 +45,50 @@ def test_the_dummy_step_runs_in_every_familys_session(family, k, full_cases):
         dummy_step(session, n, size)
     # Slots -1: the dummy step writes no cache the checker compares.
     assert all(torch.equal(a, b) for a, b in zip(before, session.kv_caches))
+
+
+def _fake_gpu_churn(monkeypatch, write: bool):
+    """The GPU's churn on the CPU: the dummy step run for real (churn() is a no-op off a GPU),
+    and, with `write`, a byte written into slot 0 of layer 0's cache, as a backend writing on
+    the dummy batch's slots of -1 would."""
+    from backend.harness import sides
+
+    def churn(session, n, size):
+        dummy_step(session, n, size)
+        if write:
+            session.family.slot_rows(session.kv_caches[0])[0, 0].add_(1.0)
+        mark_scratch(None)
+
+    monkeypatch.setattr(sides, "churn", churn)
+
+
+@pytest.mark.parametrize("write", [False, True], ids=["writes-nothing", "writes-slot-0"])
+def test_the_dummy_step_runs_after_the_snapshot_so_what_it_writes_is_seen(monkeypatch, full_cases, write):
+    """A stateless family churns right before the replay: a write of its dummy step is an outside
+    write of the step (FAIL kv_integrity), and a dummy step that writes nothing leaves the scratch
+    in sync (the next step's snapshot is a partial one). Before the snapshot, as it was, the write
+    became part of the snapshot and passed, and every step copied the whole cache."""
+    from backend.harness import checker, scratch
+
+    _fake_gpu_churn(monkeypatch, write)
+    seen: list[bool] = []
+    real = scratch.take_snapshot
+
+    def record(caches, session=None, written=None):
+        seen.append(scratch.scratch_in_sync(session))
+        return real(caches, session, written)
+
+    monkeypatch.setattr(checker, "take_snapshot", record)
+    case = next(
+        c
+        for c in full_cases
+        if c.attention == "gqa" and c.spec_tokens == 0 and c.tp == 1 and c.backend == "torch" and c.mode == "FULL"
+    )
+    r = run_case(case, sessions=SessionCache(), device="cpu")
+    if write:
+        assert r.status == Status.FAIL, r.reason
+        kv = next(c for c in r.checks if c.name == "kv_integrity")
+        assert not kv.passed and "written outside" in kv.detail, kv.detail
+    else:
+        assert r.status == Status.PASS, r.reason
+        assert len(seen) == case.steps and all(seen[1:]), seen  # every step after the first: partial
