@@ -126,6 +126,18 @@ def tensors_bytes(*groups) -> int:
     return sum(seen.values())
 
 
+_POOLS_NAMED: dict[int, bool] = {}
+
+
+def pools_measurable(device: torch.device) -> bool:
+    """Whether this torch's allocator snapshot names each segment's pool (pool_bytes answers);
+    asked once per device index."""
+    index = torch.device(device).index or 0
+    if index not in _POOLS_NAMED:
+        _POOLS_NAMED[index] = pool_bytes((), device) is not None
+    return _POOLS_NAMED[index]
+
+
 def pool_bytes(pools, device: torch.device) -> int | None:
     """Bytes the caching allocator holds in these graph memory pools (segments by pool id), or None
     where the snapshot does not say (an older torch)."""

@@ -31,7 +31,7 @@ from backend.graphs.allocator import merge
 from backend.graphs.base import GraphCaptureError, GraphRunner
 from backend.graphs.provenance import host_scope
 from backend.harness.lru import LRU
-from backend.harness.memory import pool_bytes, tensors_bytes
+from backend.harness.memory import pool_bytes, pools_measurable, tensors_bytes
 from backend.harness.model import TPLayout, TPModel, make_weights
 from backend.host_copy import copy_into
 
@@ -215,9 +215,10 @@ class Session:
             return 0.0
         t0 = time.perf_counter()
         reserved = 0
-        if self.device.type == "cuda":
-            # From an emptied cache: the growth is then the graph pool's new segments, not cached
-            # blocks of the general pool the allocator happened to have (captures are rare).
+        if self.device.type == "cuda" and not pools_measurable(self.device):
+            # A torch whose snapshot names no pool: the graphs' bytes are the growth of the reserved
+            # memory, from an emptied cache (not cached blocks of the general pool). Where the pools
+            # are named no cache is emptied: every step after it mapped its GBs of temporaries anew.
             torch.cuda.empty_cache()
             reserved = torch.cuda.memory_reserved(self.device)
         for key in missing:
@@ -232,13 +233,15 @@ class Session:
         return time.perf_counter() - t0
 
     def _measure_graphs(self, reserved_before: int) -> None:
-        """The graph pool's bytes: its segments in the allocator's snapshot, and at least what the
-        captures grew the reserved memory by (a torch whose snapshot names no pool)."""
+        """The graph pools' bytes: their segments in the allocator's snapshot, or what the captures
+        grew the reserved memory by (a torch whose snapshot names no pool)."""
         if self.device.type != "cuda":
             return
-        grown = max(0, torch.cuda.memory_reserved(self.device) - reserved_before)
         measured = pool_bytes(getattr(self._runner, "pools", ()), self.device)
-        self.graph_bytes = max(measured or 0, self.graph_bytes + grown)
+        if measured is not None:
+            self.graph_bytes = measured
+        else:
+            self.graph_bytes += max(0, torch.cuda.memory_reserved(self.device) - reserved_before)
 
     def memory_bytes(self) -> dict[str, int]:
         """What this session holds: its KV caches, the rest of what building it allocated (static
