@@ -30,7 +30,7 @@ from backend.harness.case_plan import dispatch_plan as _dispatch_plan
 from backend.harness.case_plan import session_plan as _session_plan
 from backend.harness.case_plan import step_graph
 from backend.harness.checks import CheckAccumulator
-from backend.harness.churn import churn, churns_before_snapshot
+from backend.harness.churn import churn
 from backend.harness.distributed import all_gather_objects, gang_id
 from backend.harness.environment import default_device, device_label, versions
 from backend.harness.memory import OOM_KIND, CaseMemory, gib, is_oom
@@ -352,7 +352,7 @@ def _run_steps(
             # eager for NONE) from the same inputs in this session: its outcome is this step's.
             shared, shared_graph = shared + 1, shared_graph + 1
         else:
-            if graph_key is not None and churns_before_snapshot(session):  # else in graph_side
+            if graph_key is not None:  # GPU: before the snapshot, so nothing it writes is the step's
                 churn(session, plan.num_tokens, graph_key.size)
                 t_churn = clock.now()
                 phases["churn_s"].append(Span(t0, t_churn))

@@ -12,8 +12,11 @@ left rows of its output unwritten showed the previous replay's right values.
   and leave the rest to whatever the buffer held (its seed backend, ROCM_AITER_FA 0.10.2/0.11.0,
   among them); what they hold is padded_finite's business.
 - `churn` (GPU): the model run eagerly on a small batch of another shape (no KV slot: slot -1), so
-  per-call caches keyed by shape evict what the graph was captured with; right before the replay
-  (churns_before_snapshot says where): what it could write is an outside write of the step.
+  per-call caches keyed by shape evict what the graph was captured with; before the step's
+  snapshot (backend/harness/checker.py), so nothing it could write is blamed on the step: it is
+  the harness's own step, and what a backend writes on slots of -1 is capture_checked's finding,
+  in the modes that capture (after it, at every step, a mutant writing slot 0 in its warm-up was
+  red in PIECEWISE on an H100, where no engine would reach it).
 - `poison_free_memory` (GPU): right before the replay, the caching allocator's free blocks outside
   any graph pool are taken, filled with the poison pattern (backend/graphs/freed.py: NaN for
   floats, far out of range for ints) where the replayed graphs may read (what was allocated when
@@ -55,19 +58,9 @@ def churn(session: Session, n: int, size: int) -> None:
     """GPU: dummy_step (small: it runs before every replay). A no-op on the CPU."""
     if session.device.type == "cuda":
         dummy_step(session, n, size)
-        # The dummy step ran the backend on slots of -1: until a check has seen that it wrote
-        # nothing, the scratch is not known to equal the caches.
+        # The dummy step ran the backend on slots of -1: what it wrote (a backend that writes padded
+        # slots) is not the next step's, so the next snapshot copies the whole cache.
         mark_scratch(None)
-
-
-def churns_before_snapshot(session: Session) -> bool:
-    """Where the dummy step runs. A family with step state: before the step's snapshot, since its
-    dummy batch may claim state slots (a whole copy of the caches follows anyway). Any other:
-    right before the replay, after the snapshot, so that a write of the dummy step (on slots of
-    -1: a bug, as in a capture's warm-up) is an outside write kv_integrity reports, and a backend
-    that writes nothing leaves the scratch in sync: before, every step of a GPU replay copied the
-    whole cache (4.3 GB at full.yaml's GPU shape) because the dummy step had run first."""
-    return session.family.step_state() is not None
 
 
 def dummy_step(session: Session, n: int, size: int) -> None:

@@ -25,7 +25,7 @@ from backend.harness.checks import (
     real_slot_values,
     rows_by_request,
 )
-from backend.harness.churn import churn, churns_before_snapshot, poison_free_memory, poison_outputs
+from backend.harness.churn import poison_free_memory, poison_outputs
 from backend.harness.scratch import mark_scratch
 from backend.harness.session import GraphKey, Session
 from backend.harness.steps import StepInputs, hash_seed
@@ -185,12 +185,6 @@ def graph_side(
 ) -> GraphStep:
     """Run the step as the mode dispatches it (eager for NONE, else replay `graph_key`) from the
     caches' state `snapshot` and check it against the eager side."""
-    churned = graph_key is not None and not churns_before_snapshot(session)  # churn() is a no-op off a GPU
-    if churned:
-        # Another batch's eager step, as a busy engine runs between capture and replay (churn.py).
-        t_churn = clock.now()
-        churn(session, plan.num_tokens, graph_key.size)
-        phases["churn_s"].append(Span(t_churn, clock.now()))
     t0 = clock.now()  # replay_s: the inputs' move to the device and the poisoning included
     shape, tol = case.model, case.tolerance
     caches = session.kv_caches
@@ -247,11 +241,6 @@ def graph_side(
             kv_detail = (
                 f"layer {layer}: {k.outside_changed} slots written outside the step's "
                 f"{real_slots.numel()} real slots (first slot {k.first_outside})"
-                + (
-                    "; the churn's eager dummy step on slots of -1 ran before the replay"
-                    if churned and session.device.type == "cuda"
-                    else ""
-                )
                 if k.outside_changed
                 else f"layer {layer}: real slots differ from eager (max_abs {k.real_max_abs:.3g})"
             )

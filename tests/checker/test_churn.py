@@ -51,7 +51,7 @@ def _fake_gpu_churn(monkeypatch, write: bool):
     """The GPU's churn on the CPU: the dummy step run for real (churn() is a no-op off a GPU),
     and, with `write`, a byte written into slot 0 of layer 0's cache, as a backend writing on
     the dummy batch's slots of -1 would."""
-    from backend.harness import sides
+    from backend.harness import checker, sides
 
     def churn(session, n, size):
         dummy_step(session, n, size)
@@ -59,15 +59,16 @@ def _fake_gpu_churn(monkeypatch, write: bool):
             session.family.slot_rows(session.kv_caches[0])[0, 0].add_(1.0)
         mark_scratch(None)
 
-    monkeypatch.setattr(sides, "churn", churn)
+    monkeypatch.setattr(checker, "churn", churn)
+    monkeypatch.setattr(sides, "churn", churn, raising=False)  # wherever the step loop calls it
 
 
 @pytest.mark.parametrize("write", [False, True], ids=["writes-nothing", "writes-slot-0"])
-def test_the_dummy_step_runs_after_the_snapshot_so_what_it_writes_is_seen(monkeypatch, full_cases, write):
-    """A stateless family churns right before the replay: a write of its dummy step is an outside
-    write of the step (FAIL kv_integrity), and a dummy step that writes nothing leaves the scratch
-    in sync (the next step's snapshot is a partial one). Before the snapshot, as it was, the write
-    became part of the snapshot and passed, and every step copied the whole cache."""
+def test_what_the_dummy_step_writes_is_not_the_steps(monkeypatch, full_cases, write):
+    """The dummy step is the harness's own step: it runs before the step's snapshot, so a write of
+    it is part of the state the step starts from, never an outside write of the step (a backend
+    writing on slots of -1 is capture_checked's finding, in the modes that capture). Run after the
+    snapshot, the #39444 mutant (a warm-up write to slot 0) turned PIECEWISE red on an H100."""
     from backend.harness import checker, scratch
 
     _fake_gpu_churn(monkeypatch, write)
@@ -85,10 +86,5 @@ def test_the_dummy_step_runs_after_the_snapshot_so_what_it_writes_is_seen(monkey
         if c.attention == "gqa" and c.spec_tokens == 0 and c.tp == 1 and c.backend == "torch" and c.mode == "FULL"
     )
     r = run_case(case, sessions=SessionCache(), device="cpu")
-    if write:
-        assert r.status == Status.FAIL, r.reason
-        kv = next(c for c in r.checks if c.name == "kv_integrity")
-        assert not kv.passed and "written outside" in kv.detail, kv.detail
-    else:
-        assert r.status == Status.PASS, r.reason
-        assert len(seen) == case.steps and all(seen[1:]), seen  # every step after the first: partial
+    assert r.status == Status.PASS, r.reason
+    assert len(seen) == case.steps and not any(seen), seen  # each step after a dummy step: a whole copy
