@@ -109,29 +109,27 @@ class GDNState(StepState):
             hk, dk = dict(shape.dims)["num_k_heads"], dict(shape.dims)["head_k_dim"]
             c = 2 * hk * dk + shape.num_heads * shape.head_size
             convs, states = [], []
+            dev = session.device
             for r, rid in enumerate(carry.ids):
                 p = prev_rows.get(rid)
                 if p is not None and not carry.fresh[r]:
-                    convs.append(prev[layer][0][p])
-                    states.append(prev[layer][1][p])
+                    convs.append(prev[layer][0][p].to(dev))  # the reference's: on the device already
+                    states.append(prev[layer][1][p].to(dev))
                     continue
-                gen = torch.Generator().manual_seed(hash_seed(case.seed, rid, layer, 71 + index))
-                convs.append(torch.randn(cols, width, c, generator=gen))
+                # A new request's state is drawn on the device, as the context K/V are (steps.py): on
+                # the host, a state per request and layer (MBs at the GPU shape) and its copy were
+                # most of a hybrid_gdn step's inputs on an H100. The same seed on a device of the
+                # same type draws the same values, so a repro on that device reproduces the case.
+                gen = torch.Generator(device=dev).manual_seed(hash_seed(case.seed, rid, layer, 71 + index))
+                convs.append(torch.randn(cols, width, c, generator=gen, device=dev))
                 states.append(
-                    DRAWN_STATE_SCALE * torch.randn(cols, shape.num_heads, shape.head_size, dk, generator=gen)
+                    DRAWN_STATE_SCALE
+                    * torch.randn(cols, shape.num_heads, shape.head_size, dk, generator=gen, device=dev)
                 )
-            dev = session.device
-            # A continuing request's state is the last step's (on the device), a new one's drawn here.
             conv = (
-                torch.stack([t.to(dev) for t in convs]).to(page.conv_dtype).float()
-                if convs
-                else torch.zeros(0, cols, width, c, device=dev)
+                torch.stack(convs).to(page.conv_dtype).float() if convs else torch.zeros(0, cols, width, c, device=dev)
             )
-            state = (
-                torch.stack([t.to(dev) for t in states]).to(page.state_dtype).float()
-                if states
-                else torch.zeros(0, device=dev)
-            )
+            state = torch.stack(states).to(page.state_dtype).float() if states else torch.zeros(0, device=dev)
             spec = tuple(dr >= 0 for dr in carry.drafts)
             out[layer] = StateContext(conv, state, carry.fresh, spec, carry.accepted)
         return out
