@@ -15,8 +15,7 @@ left rows of its output unwritten showed the previous replay's right values.
   per-call caches keyed by shape evict what the graph was captured with; before the step's
   snapshot (backend/harness/checker.py), so nothing it could write is blamed on the step: it is
   the harness's own step, and what a backend writes on slots of -1 is capture_checked's finding,
-  in the modes that capture (after it, at every step, a mutant writing slot 0 in its warm-up was
-  red in PIECEWISE on an H100, where no engine would reach it).
+  in the modes that capture (docs/CHECKER.md: what the other placement turned red).
 - `poison_free_memory` (GPU): right before the replay, the caching allocator's free blocks outside
   any graph pool are taken, filled with the poison pattern (backend/graphs/freed.py: NaN for
   floats, far out of range for ints) where the replayed graphs may read (what was allocated when
