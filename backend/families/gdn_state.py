@@ -113,8 +113,8 @@ class GDNState(StepState):
             for r, rid in enumerate(carry.ids):
                 p = prev_rows.get(rid)
                 if p is not None and not carry.fresh[r]:
-                    convs.append(prev[layer][0][p])  # the reference's post state: clones of _pre's, on dev
-                    states.append(prev[layer][1][p])
+                    convs.append(prev[layer][0][p].to(dev))  # the reference's: on the device already
+                    states.append(prev[layer][1][p].to(dev))
                     continue
                 # A new request's state is drawn on the device, as the context K/V are (steps.py): on
                 # the host, a state per request and layer (MBs at the GPU shape) and its copy were
