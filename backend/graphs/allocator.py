@@ -12,7 +12,7 @@ read. Poisoning every free block instead filled the worker's whole cache of free
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,26 +21,41 @@ Range = tuple[int, int]  # [start, end) addresses
 
 
 @dataclass(frozen=True)
-class Block:
+class Segment:
+    """One segment of the caching allocator outside graph pools (for an expandable segment, one
+    mapped range of it): its stream, and its free blocks as address ranges."""
+
     stream: int
     address: int
     size: int
-    active: bool
-    small: bool  # of a small segment (served in pieces of at most 1 MB)
+    free: tuple[Range, ...]
 
 
-def blocks(device: torch.device) -> Iterator[Block]:
-    """Every block of `device`'s segments outside graph pools (a graph's private pool is its own)."""
-    for seg in torch.cuda.memory_snapshot():
-        if seg.get("device") != device.index or tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0):
-            continue
-        small = seg.get("segment_type") == "small"
-        address = int(seg.get("address", 0))
+def _outside_pools(device: torch.device) -> list[dict]:
+    index = device.index
+    return [
+        seg
+        for seg in torch.cuda.memory_snapshot()
+        if seg.get("device") == index and tuple(seg.get("segment_pool_id", (0, 0))) == (0, 0)
+    ]
+
+
+def segments(device: torch.device) -> list[Segment]:
+    """`device`'s segments outside graph pools (a graph's private pool is its own), with their free
+    blocks. A plain loop over the snapshot's dicts: it runs before every replay, over thousands of
+    blocks."""
+    out = []
+    for seg in _outside_pools(device):
+        start = address = int(seg.get("address", 0))
+        free = []
         for block in seg.get("blocks", ()):
-            size = int(block["size"])
-            start = int(block.get("address", address))
-            yield Block(int(seg.get("stream", 0)), start, size, block.get("state") != "inactive", small)
-            address = start + size
+            size = block["size"]
+            address = block.get("address", address)
+            if block.get("state") == "inactive":
+                free.append((address, address + size))
+            address += size
+        out.append(Segment(int(seg.get("stream", 0)), start, address - start, tuple(free)))
+    return out
 
 
 def merge(ranges: Sequence[Range]) -> tuple[Range, ...]:
@@ -56,7 +71,16 @@ def merge(ranges: Sequence[Range]) -> tuple[Range, ...]:
 
 def live_ranges(device: torch.device) -> tuple[Range, ...]:
     """The address ranges allocated now outside graph pools on `device` (merged)."""
-    return merge([(b.address, b.address + b.size) for b in blocks(device) if b.active])
+    live = []
+    for seg in _outside_pools(device):
+        address = int(seg.get("address", 0))
+        for block in seg.get("blocks", ()):
+            size = block["size"]
+            address = block.get("address", address)
+            if block.get("state") != "inactive":
+                live.append((address, address + size))
+            address += size
+    return merge(live)
 
 
 def overlap(start: int, end: int, ranges: Sequence[Range]) -> list[Range]:

@@ -17,14 +17,13 @@ left rows of its output unwritten showed the previous replay's right values.
   the harness's own step, and what a backend writes on slots of -1 is capture_checked's finding,
   in the modes that capture (docs/CHECKER.md: what the other placement turned red).
 - `poison_free_memory` (GPU): right before the replay, the caching allocator's free blocks outside
-  any graph pool are taken, filled with the poison pattern (backend/graphs/freed.py: NaN for
-  floats, far out of range for ints) where the replayed graphs may read (what was allocated when
-  they were captured: backend/graphs/allocator.py) and given back, so freed memory a graph still
-  reads holds it.
-  Each block is taken on the stream that owns it: the allocator serves a stream only its own free
+  any graph pool are filled with the poison pattern (backend/graphs/freed.py: NaN for floats, far
+  out of range for ints) where the replayed graphs may read (what was allocated when they were
+  captured: backend/graphs/allocator.py), so freed memory a graph still reads holds it.
+  Each block is filled on the stream that owns it: the allocator serves a stream only its own free
   blocks, and what the warm-up before a capture allocated (an lru_cache'd scratch filled on its
   miss) belongs to the capture stream (the runner's, as vLLM's graph_capture stream), which the
-  step's work on the current stream never reuses. Taken from the current stream only, such a
+  step's work on the current stream never reuses. Poisoned for the current stream only, such a
   freed block kept its old bytes and a graph reading it was green until a later warm-up on the
   capture stream happened to reuse it (red at a later step, or not at all).
 The CPU emulation models the last two without running anything (backend/graphs/freed.py): memory
@@ -38,14 +37,10 @@ from collections.abc import Sequence
 
 import torch
 
-from backend.graphs.allocator import Range, blocks, overlap
+from backend.graphs.allocator import Range, overlap, segments
 from backend.graphs.freed import POISON_WORD
 from backend.harness.scratch import mark_scratch
 from backend.harness.session import Session
-
-# The caching allocator's small pool serves requests up to this (CUDACachingAllocator kSmallSize):
-# a free block of a small segment is taken back in pieces of at most this size.
-_SMALL = 1 << 20
 
 
 def poison_outputs(session: Session, n: int) -> None:
@@ -87,42 +82,58 @@ def dummy_step(session: Session, n: int, size: int) -> None:
 
 def poison_free_memory(device: torch.device, reads: Sequence[Range] | None = None) -> int:
     """GPU: fill the caching allocator's free blocks (outside graph pools, on every stream) with
-    the poison pattern, or only their parts inside `reads` (the ranges the graphs about to replay
-    may read: Session.outside_reads); returns the bytes poisoned. A no-op (0) on the CPU."""
+    the poison pattern where the graphs about to replay may read (`reads`: Session.outside_reads;
+    None: every free byte); returns the bytes of `reads` poisoned. A no-op (0) on the CPU.
+
+    Free memory is written in place, through a view of its segment's addresses: the allocator
+    hands a block to its own stream only, so the fill is queued on that stream and a later
+    allocation there runs after it. One fill per free block, from its first byte the graphs may
+    read to its last: the gap between is free memory too. (Taking every free block from the
+    allocator to fill it cost a tensor per block, thousands before every replay.)"""
     if device.type != "cuda":
         return 0
-    by_stream: dict[int, list[int]] = {}
-    for block in blocks(device):
-        if block.active:
-            continue
-        # Every free block is taken, even one no graph may read: a request of a size gets the
-        # allocator's choice among the free blocks that fit, so only taking them all reaches each.
-        requests = by_stream.setdefault(block.stream, [])
-        size = block.size
-        while size > 0:  # a small segment's block goes back to a small-pool request
-            take = min(size, _SMALL) if block.small else size
-            requests.append(take)
-            size -= take
     current = torch.cuda.current_stream(device)
-    held, filled = [], 0
-    for handle, requests in by_stream.items():
-        stream = _stream(handle, device, current)
+    streams: dict[int, torch.cuda.Stream | None] = {}
+    filled = 0
+    for seg in segments(device):
+        spans = []
+        for start, end in seg.free:
+            parts = [(start, end)] if reads is None else overlap(start, end, reads)
+            if parts:
+                filled += sum(b - a for a, b in parts)
+                spans.append((parts[0][0], parts[-1][1]))
+        if not spans:
+            continue
+        if seg.stream not in streams:
+            streams[seg.stream] = _stream(seg.stream, device, current)
+        stream = streams[seg.stream]
         if stream is None:
             continue
+        words = _words_at(seg.address, seg.size, device)
         with torch.cuda.stream(stream):
-            for size in sorted(requests, reverse=True):  # best fit: each takes a free block of its size
-                t = torch.empty(size, dtype=torch.uint8, device=device)
-                held.append(t)
-                # Which free block of this size the allocator handed out is its choice: fill by address.
-                base = t.data_ptr()
-                parts = [(base, base + size)] if reads is None else overlap(base, base + size, reads)
-                for start, end in parts:
-                    lo, hi = (start - base) // 2 * 2, -(-(end - base) // 2) * 2
-                    t[lo : min(hi, size // 2 * 2)].view(torch.int16).fill_(POISON_WORD)
-                    filled += end - start
-        if stream != current:
+            for start, end in spans:  # block addresses are 512-byte aligned: whole 16-bit words
+                words[(start - seg.address) // 2 : -(-(end - seg.address) // 2)].fill_(POISON_WORD)
+    for stream in streams.values():
+        if stream is not None and stream != current:
             current.wait_stream(stream)  # the replay, on the current stream, reads after the fill
     return filled
+
+
+class _DeviceWords:
+    """Device memory the caching allocator holds, as 16-bit words, for torch.as_tensor (CUDA array
+    interface): a tensor that owns nothing and frees nothing."""
+
+    def __init__(self, address: int, nbytes: int):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes // 2,),
+            "typestr": "<i2",
+            "data": (address, False),
+            "version": 2,
+        }
+
+
+def _words_at(address: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(_DeviceWords(address, nbytes), device=device)
 
 
 def _stream(handle: int, device: torch.device, current: torch.cuda.Stream) -> torch.cuda.Stream | None:
