@@ -48,18 +48,21 @@ def compare(
     b = expected.detach().float().reshape(expected.shape[0], -1)
     if a.shape != b.shape:
         raise ValueError(f"shape mismatch {tuple(a.shape)} vs {tuple(b.shape)}")
-    bitwise = actual.shape == expected.shape and actual.dtype == expected.dtype and torch.equal(actual, expected)
+    same_kind = actual.shape == expected.shape and actual.dtype == expected.dtype
     if a.numel() == 0:
-        return Comparison(True, 0.0, 0.0, 0.0, None, bitwise)
+        return Comparison(True, 0.0, 0.0, 0.0, None, same_kind)
     diff = (a - b).abs()
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
     atol = tol.atol * b.abs().amax(dim=1, keepdim=True).clamp_min(1.0) if row_scaled_atol else tol.atol
     close = diff <= atol + tol.rtol * b.abs()
     rel = diff / b.abs().clamp_min(max(tol.atol, 1e-12))
     bad = ~close
-    max_abs, max_rel, frac, any_bad = torch.stack(
-        [diff.max(), rel.max(), bad.float().mean(), bad.any().float()]
+    # torch.equal's answer in the same stack: one host sync for every number.
+    equal = (actual == expected).all() if same_kind else torch.zeros((), dtype=torch.bool, device=device)
+    max_abs, max_rel, frac, any_bad, same = torch.stack(
+        [diff.max(), rel.max(), bad.float().mean(), bad.any().float(), equal.float()]
     ).tolist()
+    bitwise = same == 1.0
     first_bad, bad_rows = None, ()
     if any_bad:
         flat = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
@@ -126,18 +129,28 @@ def compare_heads(
     _layers, t, h, _d = expected.shape
     if actual.numel() == 0:
         return HeadComparison(Comparison(True, 0.0, 0.0, 0.0, None, True), None, None)
-    a = actual.detach().to(expected.device).float()
+    actual = actual.detach().to(expected.device)
+    a = actual.float()
     b = expected.detach().float()
-    bitwise = actual.dtype == expected.dtype and torch.equal(actual.to(expected.device), expected)
+    same_kind = actual.dtype == expected.dtype
     err = (a - b).pow(2).mean(dim=-1).sqrt()  # [L, T, H]
     err = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), err)
     ref = b.pow(2).mean(dim=-1).sqrt()
     floor = tol.atol * ref.mean(dim=-1, keepdim=True).clamp_min(1e-12)  # [L, T, 1]
     bad = ~(err <= floor + tol.rtol * ref)
     rel = err / torch.maximum(ref, floor)
-    max_abs, max_rel, frac, any_bad, worst = torch.stack(
-        [err.max(), rel.max(), bad.float().mean(), bad.any().float(), err.amax(dim=(0, 1)).argmax().float()]
+    equal = (actual == expected).all() if same_kind else torch.zeros((), dtype=torch.bool, device=b.device)
+    max_abs, max_rel, frac, any_bad, worst, same = torch.stack(
+        [
+            err.max(),
+            rel.max(),
+            bad.float().mean(),
+            bad.any().float(),
+            err.amax(dim=(0, 1)).argmax().float(),
+            equal.float(),
+        ]
     ).tolist()
+    bitwise = same == 1.0
     first_bad, layer = None, None
     if any_bad:
         flat = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
@@ -151,14 +164,32 @@ def compare_heads(
 
 def all_finite(t: torch.Tensor, head_size: int) -> Comparison:
     flat = t.detach().reshape(t.shape[0], -1)
+    if not flat.numel():
+        return Comparison(True, 0.0, 0.0, 0.0, None, True)
     bad = ~torch.isfinite(flat.float())
+    # One host sync; float64 holds any flat index exactly.
+    any_bad, frac, idx = torch.stack(
+        [bad.any().double(), bad.double().mean(), torch.argmax(bad.reshape(-1).to(torch.uint8)).double()]
+    ).tolist()
     first = None
-    if bad.any():
-        idx = int(torch.argmax(bad.reshape(-1).to(torch.uint8)))
-        row, col = divmod(idx, flat.shape[1])
+    if any_bad:
+        row, col = divmod(int(idx), flat.shape[1])
         first = (row, col // head_size)
-    frac = float(bad.float().mean()) if flat.numel() else 0.0
     return Comparison(first is None, 0.0, 0.0, frac, first, True)
+
+
+def equal_many(pairs) -> list[bool]:
+    """torch.equal of each (a, b) pair of one device, with one host sync for all of them."""
+    pairs = list(pairs)
+    if not pairs:
+        return []
+    flags = [
+        (a == b).all()
+        if a.shape == b.shape and a.dtype == b.dtype
+        else torch.zeros((), dtype=torch.bool, device=a.device)
+        for a, b in pairs
+    ]
+    return [bool(f) for f in torch.stack(flags).tolist()]
 
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -252,12 +283,12 @@ def kv_integrity(
         a, b = raw(after), raw(before)  # against its contiguous snapshot): compare both as they are
     b[:, real_slots] = a[:, real_slots]  # a copy of `before` when slot_rows copied: the same verdict
     n_out, first = 0, None
-    if not torch.equal(a, b):
+    fa = after[:, real_slots]
+    unchanged, real_bitwise = equal_many([(a, b), (raw(fa), raw(eager_real))])
+    if not unchanged:
         outside = (a != b).any(dim=-1).any(dim=0)  # [num_slots]; the real slots are equal now
         n_out = int(outside.sum())
         first = int(torch.argmax(outside.to(torch.uint8))) if n_out else None
-    fa = after[:, real_slots]
-    real_bitwise = bool(torch.equal(raw(fa), raw(eager_real)))
     real_ok, worst = real_bitwise, 0.0
     decoded = _decoded_close(fa, eager_real, decode, tol) if not real_bitwise and decode is not None else None
     if decoded is not None:

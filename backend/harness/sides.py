@@ -19,6 +19,7 @@ from backend.harness.checks import (
     all_finite,
     compare,
     compare_heads,
+    equal_many,
     kv_integrity,
     max_abs_diff,
     raw,
@@ -124,12 +125,19 @@ def eager_side(
     for c, s in zip(caches, snapshot):
         c.copy_(s)
     second = session.run_eager_step(x, inputs.batches)
-    same_out = torch.equal(raw(out_e), raw(second.out)) and torch.equal(raw(first.attention), raw(second.attention))
-    kv_jitter = not all(
-        torch.equal(raw(real_slot_values(session.family.slot_rows(caches[i]), real_slots[i])), raw(kv))
-        for i in paged
-        if (kv := real_kv[i]) is not None
+    same_out, same_attn, *same_kv = equal_many(
+        [
+            (raw(out_e), raw(second.out)),
+            (raw(first.attention), raw(second.attention)),
+            *(
+                (raw(real_slot_values(session.family.slot_rows(caches[i]), real_slots[i])), raw(kv))
+                for i in paged
+                if (kv := real_kv[i]) is not None
+            ),
+        ]
     )
+    same_out = same_out and same_attn
+    kv_jitter = not all(same_kv)
     if state is not None:
         kv_jitter = kv_jitter or not state.same(owned, state.owned(session, prepared))
     jitter, attn_jitter = (
