@@ -29,6 +29,7 @@ from backend.attention.groups import GroupedMetadataBuilder
 from backend.families.contract import KVCacheGroup
 from backend.families.gqa import GQA, _with_new
 from backend.families.specs import SWA_SINKS as SPEC
+from backend.harness.reference import same_shape_batches
 
 
 def layer_window(shape, layer: int) -> int | None:
@@ -65,13 +66,16 @@ class SWASinks(GQA):
     def reference(self, weights, h, context, query_lens, round_new, round_query, shape, rnd):
         q, k, v = self.reference_qkv(weights, h, round_new, round_query, shape, rnd)
         sinks = weights.get("sinks")
-        outs, start = [], 0
-        for ks, vs, ql in zip(_with_new(context[0], k, query_lens), _with_new(context[1], v, query_lens), query_lens):
-            outs.append(
-                reference_window_sinks(q[start : start + ql], ks, vs, self.scale(shape), weights["window"], sinks)
-            )
-            start += ql
-        return torch.cat(outs) if outs else q.new_zeros(0, *q.shape[1:])
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        runs = same_shape_batches(
+            query_lens, _with_new(context[0], k, query_lens), _with_new(context[1], v, query_lens), q.shape[1]
+        )
+        for start, ql, ks, vs in runs:  # requests of one shape together, each on its own K/V
+            rows = slice(start, start + ks.shape[0] * ql)
+            qs = q[rows].reshape(ks.shape[0], ql, *q.shape[1:])
+            o = reference_window_sinks(qs, ks, vs, self.scale(shape), weights["window"], sinks)
+            out[rows] = o.reshape(-1, *q.shape[1:])
+        return out
 
     def groups(self, shape):
         dims = dict(shape.dims)
@@ -139,13 +143,14 @@ def sink_logits(shape, drawn: torch.Tensor) -> torch.Tensor:
 def reference_window_sinks(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None, sinks: torch.Tensor | None
 ) -> torch.Tensor:
-    """One request, fp32: q [q, H, D] (its last q positions), k/v [s, Hkv, D] its whole sequence.
+    """One request, fp32: q [q, H, D] (its last q positions), k/v [s, Hkv, D] its whole sequence;
+    or n requests of one shape, each on its own K/V: q [n, q, H, D], k/v [n, s, Hkv, D].
     Explicit softmax with the sink as one more logit per head (value 0), then dropped."""
-    q_len, s = q.shape[0], k.shape[0]
-    rep = q.shape[1] // k.shape[1]
-    k32 = k.float().repeat_interleave(rep, dim=1)
-    v32 = v.float().repeat_interleave(rep, dim=1)
-    scores = torch.einsum("qhd,shd->hqs", q.float(), k32) * scale
+    q_len, s = q.shape[-3], k.shape[-3]
+    rep = q.shape[-2] // k.shape[-2]
+    k32 = k.float().repeat_interleave(rep, dim=-2)
+    v32 = v.float().repeat_interleave(rep, dim=-2)
+    scores = torch.einsum("...qhd,...shd->...hqs", q.float(), k32) * scale
     i = torch.arange(q_len, device=q.device)[:, None] + (s - q_len)
     j = torch.arange(s, device=q.device)[None, :]
     allowed = j <= i
@@ -153,8 +158,8 @@ def reference_window_sinks(
         allowed = allowed & (i - j < window)
     scores = scores.masked_fill(~allowed, float("-inf"))
     if sinks is not None:
-        sink = sinks.float().view(-1, 1, 1).expand(-1, q_len, 1)
+        sink = sinks.float().view(-1, 1, 1).expand(*scores.shape[:-1], 1)
         p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :s]
     else:
         p = torch.softmax(scores, dim=-1)
-    return torch.einsum("hqs,shd->qhd", p, v32)
+    return torch.einsum("...hqs,...shd->...qhd", p, v32)

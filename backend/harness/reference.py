@@ -1,15 +1,16 @@
 """Independent fp32 reference for paged causal attention (check 1 of DESIGN.md §5).
 
-Deliberately shares no attention math with the providers: a per-request Python loop over
-`torch.nn.functional.scaled_dot_product_attention` with an explicit bottom-right causal mask,
-GQA by repeating kv heads, on K/V read out of the paged cache one block at a time.
+Deliberately shares no attention math with the providers: `torch.nn.functional.scaled_dot_product_attention`
+over each request's own K/V with an explicit bottom-right causal mask (neighbouring requests of one
+shape batched into one call), GQA by repeating kv heads, on K/V read out of the paged cache one
+block at a time.
 Its fp8 rounding (`fp8_round`) is its own arithmetic, not the providers' quantiser or torch's
 float8 cast: a broken provider quantiser must disagree with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -60,10 +61,16 @@ def request_kv_from_cache(
     return (torch.cat(ks) if ks else empty), (torch.cat(vs) if vs else empty)
 
 
+# How much fp32 K and V (after the GQA repeat) one batched call of the reference may hold: requests
+# of one shape run together up to it (a decode batch of 200 requests of 2,048 tokens at 32 heads
+# of 128 is 64 MiB a request).
+GROUP_BYTES = 512 << 20
+
+
 def reference_attention(
     query: torch.Tensor,
-    k_ctx: Sequence[torch.Tensor],
-    v_ctx: Sequence[torch.Tensor],
+    k_ctx: Iterable[torch.Tensor],
+    v_ctx: Iterable[torch.Tensor],
     query_lens: Sequence[int],
     scale: float,
     k_scale: float | torch.Tensor = 1.0,
@@ -76,25 +83,50 @@ def reference_attention(
       the model dtype or float8 (then multiplied by k_scale / v_scale).
     Token j (0-based) of request i attends positions p <= s_i - q_i + j (bottom-right aligned).
     Returns [T, H, D] float32; rows beyond sum(query_lens) are 0.
+
+    Neighbouring requests of the same query and sequence length run as one batch (a decode batch
+    is one call, not one per request); each request still attends only to its own K/V.
     """
     t, h, d = query.shape
     out = torch.zeros(t, h, d, dtype=torch.float32, device=query.device)
-    start = 0
+    for start, q_len, k, v in same_shape_batches(query_lens, k_ctx, v_ctx, h):
+        n, s = k.shape[0], k.shape[1]
+        rows = slice(start, start + n * q_len)
+        q = query[rows].to(torch.float32).reshape(n, q_len, h, d).transpose(1, 2)  # [n, H, q, D]
+        rep = h // k.shape[2]
+        k32 = _to_float(k, k_scale).repeat_interleave(rep, dim=2).transpose(1, 2)  # [n, H, s, D]
+        v32 = _to_float(v, v_scale).repeat_interleave(rep, dim=2).transpose(1, 2)
+        i = torch.arange(q_len, device=query.device)[:, None]
+        j = torch.arange(s, device=query.device)[None, :]
+        mask = j <= i + (s - q_len)  # [q, s] bottom-right causal
+        o = F.scaled_dot_product_attention(q, k32, v32, attn_mask=mask, scale=scale)
+        out[rows] = o.transpose(1, 2).reshape(n * q_len, h, d)
+    return out
+
+
+def same_shape_batches(
+    query_lens: Sequence[int], k_ctx: Iterable[torch.Tensor], v_ctx: Iterable[torch.Tensor], heads: int
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """(first query row, query len, K [n, s, Hkv, D], V) for each run of neighbouring requests of
+    one query and sequence length, at most GROUP_BYTES of fp32 K and V after the GQA repeat to
+    `heads` a run. Raises for a request whose query is longer than its sequence."""
+    group: list[tuple[torch.Tensor, torch.Tensor]] = []
+    start = g_start = g_len = 0
+    g_shape = (0, 0)
     for q_len, k, v in zip(query_lens, k_ctx, v_ctx):
         s = k.shape[0]
         if q_len > s:
             raise ValueError(f"query len {q_len} exceeds sequence length {s}")
-        q = query[start : start + q_len].to(torch.float32).transpose(0, 1)  # [H, q, D]
-        rep = h // k.shape[1]
-        k32 = _to_float(k, k_scale).repeat_interleave(rep, dim=1).transpose(0, 1)  # [H, s, D]
-        v32 = _to_float(v, v_scale).repeat_interleave(rep, dim=1).transpose(0, 1)
-        rows = torch.arange(q_len, device=query.device)[:, None]
-        cols = torch.arange(s, device=query.device)[None, :]
-        mask = cols <= rows + (s - q_len)  # [q, s] bottom-right causal
-        o = F.scaled_dot_product_attention(q, k32, v32, attn_mask=mask, scale=scale)
-        out[start : start + q_len] = o.transpose(0, 1)
+        per_request = 2 * s * heads * k.shape[-1] * 4
+        if group and (g_shape != (q_len, s) or (len(group) + 1) * per_request > GROUP_BYTES):
+            yield g_start, g_len, torch.stack([kv[0] for kv in group]), torch.stack([kv[1] for kv in group])
+            group = []
+        if not group:
+            g_start, g_len, g_shape = start, q_len, (q_len, s)
+        group.append((k, v))
         start += q_len
-    return out
+    if group:
+        yield g_start, g_len, torch.stack([kv[0] for kv in group]), torch.stack([kv[1] for kv in group])
 
 
 def reference_from_cache(

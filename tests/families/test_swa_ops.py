@@ -46,6 +46,21 @@ def test_reference_is_the_definition(window, with_sinks):
     torch.testing.assert_close(got, scalar_reference(q, k, v, 0.3, window, sinks), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 3])
+def test_a_batch_of_requests_is_each_request_on_its_own(window):
+    """Requests of one shape batched (the family's reference runs them so): each row as alone."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (
+        torch.randn(3, 2, 4, 8, generator=g),
+        torch.randn(3, 9, 2, 8, generator=g),
+        torch.randn(3, 9, 2, 8, generator=g),
+    )
+    sinks = torch.randn(4, generator=g)
+    got = reference_window_sinks(q, k, v, 0.3, window, sinks)
+    for n in range(3):
+        torch.testing.assert_close(got[n], scalar_reference(q[n], k[n], v[n], 0.3, window, sinks), atol=1e-5, rtol=1e-5)
+
+
 def test_the_sink_changes_the_answer():
     g = torch.Generator().manual_seed(1)
     q, k, v = torch.randn(2, 4, 8, generator=g), torch.randn(9, 2, 8, generator=g), torch.randn(9, 2, 8, generator=g)
