@@ -23,6 +23,9 @@ time by provider: with Triton's cache already warm on disk (after an `orch run`)
 worker's cases would cost without Ray, the driver or the store around them; the profiled pass
 then starts from fresh sessions and caches again.
 
+`--bare-only` stops after that pass: with `--threads N`, an A/B of torch's intra-op threads on
+the same slice, one process each.
+
 `--syncs` runs the slice once more with torch's CUDA sync debug mode on and counts the host syncs
 (every `.item()`, `.tolist()`, `torch.equal`, blocking copy ...) per provider, with the backend/
 lines that made them: each one stops the host from queueing the next case's work while the GPU
@@ -67,6 +70,7 @@ def main() -> int:
         action="store_true",
         help="first run the slice unprofiled in fresh sessions: its wall time by provider",
     )
+    ap.add_argument("--bare-only", action="store_true", help="--bare and nothing after it (an A/B of --threads)")
     ap.add_argument(
         "--kernels",
         action="store_true",
@@ -103,8 +107,10 @@ def main() -> int:
     cases.sort(key=lambda c: (c.backend, c.kv_cache_dtype, c.batch.name, c.mode))
     if args.limit:
         cases = cases[: args.limit]
-    if args.bare:
+    if args.bare or args.bare_only:
         bare_pass(cases, args.solo_rank)
+        if args.bare_only:
+            return 0
     sessions = SessionCache()
     totals: dict[str, float] = defaultdict(float)
     profiler = cProfile.Profile()
