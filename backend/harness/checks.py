@@ -57,8 +57,7 @@ def compare(
     close = diff <= atol + tol.rtol * b.abs()
     rel = diff / b.abs().clamp_min(max(tol.atol, 1e-12))
     bad = ~close
-    # torch.equal's answer in the same stack: one host sync for every number.
-    equal = (actual == expected).all() if same_kind else torch.zeros((), dtype=torch.bool, device=device)
+    equal = _equal_flag(actual, expected) if same_kind else torch.zeros((), dtype=torch.bool, device=device)
     max_abs, max_rel, frac, any_bad, same = torch.stack(
         [diff.max(), rel.max(), bad.float().mean(), bad.any().float(), equal.float()]
     ).tolist()
@@ -139,7 +138,7 @@ def compare_heads(
     floor = tol.atol * ref.mean(dim=-1, keepdim=True).clamp_min(1e-12)  # [L, T, 1]
     bad = ~(err <= floor + tol.rtol * ref)
     rel = err / torch.maximum(ref, floor)
-    equal = (actual == expected).all() if same_kind else torch.zeros((), dtype=torch.bool, device=b.device)
+    equal = _equal_flag(actual, expected) if same_kind else torch.zeros((), dtype=torch.bool, device=b.device)
     max_abs, max_rel, frac, any_bad, worst, same = torch.stack(
         [
             err.max(),
@@ -178,13 +177,22 @@ def all_finite(t: torch.Tensor, head_size: int) -> Comparison:
     return Comparison(first is None, 0.0, 0.0, frac, first, True)
 
 
+def _equal_flag(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.equal(a, b) (same shape and dtype) as a 0-d bool tensor on their device. On a GPU it
+    stays there, so several join one host sync (torch.equal computes the same eq().all() and reads
+    it back at once); on the CPU torch.equal itself, which needs no temporary."""
+    if a.device.type == "cpu":
+        return torch.tensor(torch.equal(a, b))
+    return (a == b).all()
+
+
 def equal_many(pairs) -> list[bool]:
     """torch.equal of each (a, b) pair of one device, with one host sync for all of them."""
     pairs = list(pairs)
     if not pairs:
         return []
     flags = [
-        (a == b).all()
+        _equal_flag(a, b)
         if a.shape == b.shape and a.dtype == b.dtype
         else torch.zeros((), dtype=torch.bool, device=a.device)
         for a, b in pairs

@@ -41,6 +41,7 @@ from backend.graphs.allocator import Range, overlap, segments
 from backend.graphs.freed import POISON_WORD
 from backend.harness.scratch import mark_scratch
 from backend.harness.session import Session
+from backend.host_copy import to_device
 
 
 def poison_outputs(session: Session, n: int) -> None:
@@ -68,7 +69,7 @@ def dummy_step(session: Session, n: int, size: int) -> None:
     md = session.builder.build_for_capture(c, q, session.shape.capture_style)  # the step's build() rewrites it
     # Its own generator: a capturing or guarded default generator is not the dummy step's to advance.
     gen = torch.Generator().manual_seed(c)
-    x = torch.randn(c, session.shape.hidden_size, generator=gen).to(session.device, session.model.dtype)
+    x = to_device(torch.randn(c, session.shape.hidden_size, generator=gen).to(session.model.dtype), session.device)
     attn = torch.empty(
         session.shape.num_layers,
         c,
