@@ -25,7 +25,7 @@ import torch
 from backend.attention.registry import BackendLoadError, class_family_reason, family_reason, get_backend
 from backend.attention.support import unavailable
 from backend.case import Case
-from backend.harness import memory, step_data
+from backend.harness import memory, step_data, steps
 from backend.harness.case_plan import dispatch_plan as _dispatch_plan
 from backend.harness.case_plan import session_plan as _session_plan
 from backend.harness.case_plan import step_graph
@@ -132,6 +132,7 @@ def clear_process_caches() -> None:
     SCRATCH.clear()
     mark_scratch(None)
     step_data.INPUTS.clear()
+    steps.HOST_PARTS.clear()
 
 
 def warm_kernels(case: Case, *, device: torch.device, sessions: SessionCache) -> bool:

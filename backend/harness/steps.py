@@ -28,6 +28,7 @@ import torch
 from backend.attention.interface import BatchDescription
 from backend.case import BatchSpec, ModelShape
 from backend.families.contract import family as family_of
+from backend.harness.lru import LRU
 from backend.harness.modes import decode_graph_requests
 from backend.host_copy import to_device
 
@@ -388,31 +389,11 @@ def make_step_inputs(
     """Blocks, slots and x on the CPU; context K/V drawn on `device` (GPU shapes hold GBs of
     context: generating it on the host would dominate the step). context=False: no context K/V
     (empty lists; checker.warm_kernels runs steps only for the kernels they launch)."""
-    gen = torch.Generator().manual_seed(hash_seed(seed, plan.index))
     device = torch.device(device)
     kv_gen = torch.Generator(device=device).manual_seed(hash_seed(seed, plan.index, 17))
     family = family_of(shape.attention)
     groups = family.groups(shape)
-    layouts: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
-    for g, group in enumerate(groups):
-        if group.kind == "state":  # a slot per request: the family's plan says which (no blocks, no context)
-            state = family.step_state()
-            assert state is not None, f"{shape.attention}: a state group needs the family's StepState"
-            layouts.append((state.group_batch(plan, shape, g, group), torch.zeros(0, dtype=torch.int64), None))
-        else:
-            # Group 0 draws from the step's generator as a single-group step always did (its blocks,
-            # then x); every other group gets its own shuffle of the blocks (its layers' caches).
-            layouts.append(
-                _group_layout(
-                    plan,
-                    shape,
-                    gen if g == 0 else torch.Generator().manual_seed(hash_seed(seed, plan.index, 101 + g)),
-                    group.frees_outside_window and group.sliding_window,
-                )
-            )
-        if g == 0:
-            dtype = getattr(torch, shape.dtype)
-            x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
+    layouts, x = _host_part(plan, shape, seed)
     # The first paged group's layout stands for the step (its block table, its context slots).
     desc, ctx_slots_flat, ctx_rows = next((lay for lay, grp in zip(layouts, groups) if grp.kind != "state"), layouts[0])
     ctx_len_t = torch.tensor([s - q for q, s in zip(plan.query_lens, plan.seq_lens)], dtype=torch.int64)
@@ -441,6 +422,51 @@ def make_step_inputs(
         tuple(GroupInputs(*lay) for lay in layouts),
         layer_group,
     )
+
+
+def _host_bytes(part) -> int:
+    layouts, x = part
+    tensors = [x] + [t for desc, slots, rows in layouts for t in (desc.block_table, desc.slot_mapping, slots, rows)]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+# The host part of recent steps' inputs (block tables, slots, x) by (plan, shape, seed): MBs where
+# the context is GBs. The step-inputs cache cannot keep a GPU decode_200 step (its context is above
+# its largest entry), so every cudagraph mode, kv dtype and backend of it laid it out again.
+HOST_PARTS = LRU(256 << 20, size=_host_bytes)
+
+
+def _host_part(plan: StepPlan, shape: ModelShape, seed: int) -> tuple[list, torch.Tensor]:
+    """Each KV-cache group's (batch, context slots, context rows) and the step's x, on the host."""
+    key = (plan, shape, seed)
+    got = HOST_PARTS.get(key)
+    if got is not None:
+        return got
+    gen = torch.Generator().manual_seed(hash_seed(seed, plan.index))
+    family = family_of(shape.attention)
+    layouts: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
+    for g, group in enumerate(family.groups(shape)):
+        if group.kind == "state":  # a slot per request: the family's plan says which (no blocks, no context)
+            state = family.step_state()
+            assert state is not None, f"{shape.attention}: a state group needs the family's StepState"
+            layouts.append((state.group_batch(plan, shape, g, group), torch.zeros(0, dtype=torch.int64), None))
+        else:
+            # Group 0 draws from the step's generator as a single-group step always did (its blocks,
+            # then x); every other group gets its own shuffle of the blocks (its layers' caches).
+            layouts.append(
+                _group_layout(
+                    plan,
+                    shape,
+                    gen if g == 0 else torch.Generator().manual_seed(hash_seed(seed, plan.index, 101 + g)),
+                    group.frees_outside_window and group.sliding_window,
+                )
+            )
+        if g == 0:
+            dtype = getattr(torch, shape.dtype)
+            x = torch.randn(plan.num_tokens, shape.hidden_size, generator=gen).to(dtype)
+    got = (layouts, x)
+    HOST_PARTS.put(key, got)
+    return got
 
 
 def _group_layout(

@@ -72,3 +72,25 @@ def test_plans_fit_a_small_kv_cache_by_shortening_context(seed):
         inputs = make_step_inputs(p, small, seed)
         assert int(inputs.batch.block_table.max()) < 26 and (inputs.batch.slot_mapping < 26 * small.block_size).all()
     assert any(p != u for p, u in zip(plans, unbounded))  # the budget did bite
+
+
+def test_the_host_part_is_cached_by_plan_shape_and_seed():
+    """Block tables, slots and x are kept across the modes of a batch (steps.HOST_PARTS); a hit
+    gives what a fresh draw gives, and another seed or step never gets them."""
+    import torch
+
+    from backend.harness import steps
+
+    plans = plan_steps(MIXED, TINY, CAPTURE_SIZES, 3, 0)
+    steps.HOST_PARTS.clear()
+    fresh = make_step_inputs(plans[1], TINY, 0)
+    hit = make_step_inputs(plans[1], TINY, 0)
+    assert hit.x is fresh.x  # the cached host part
+    steps.HOST_PARTS.clear()
+    again = make_step_inputs(plans[1], TINY, 0)
+    assert torch.equal(again.x, fresh.x) and torch.equal(again.batch.slot_mapping, fresh.batch.slot_mapping)
+    assert torch.equal(torch.cat(again.ctx_slots), torch.cat(fresh.ctx_slots))
+    other_seed = make_step_inputs(plans[1], TINY, 1)  # the same plan drawn under another seed
+    other_step = make_step_inputs(plans[2], TINY, 0)
+    for other in (other_seed, other_step):
+        assert not torch.equal(other.x[:1], fresh.x[:1])
