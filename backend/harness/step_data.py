@@ -211,21 +211,41 @@ def round_as_stored(family, shape, plane: int, scale, cache_dtype: torch.dtype, 
 
 class RoundedContext(Sequence):
     """One layer plane's context as the reference reads it: request i's rows rounded the way the
-    cache stores them (round_as_stored), made when asked for, one request at a time. The whole batch
-    rounded at once would be an fp32 copy of every context row, GBs at a GPU shape (docs/BENCHMARKS.md
-    "Harness caches")."""
+    cache stores them (round_as_stored), made when asked for, a run of neighbouring requests at a
+    time (at most CHUNK_BYTES of rows, at least one request: the rounding is row by row, so a run's
+    rows round as each request's would). The whole batch rounded at once would be an fp32 copy of
+    every context row, GBs at a GPU shape (docs/BENCHMARKS.md "Harness caches"); one request at a
+    time was a dozen launches per request, layer and plane (800 requests' worth a decode_200 step)."""
+
+    CHUNK_BYTES = 128 << 20
 
     def __init__(self, values: torch.Tensor, rounding: Callable[[torch.Tensor], torch.Tensor], lens: list[int]):
-        self._parts = torch.split(values, lens)  # views of the step's draw: no copy
-        self._round = rounding
+        self._values, self._lens, self._round = values, lens, rounding
+        self._starts = [0]
+        for n in lens:
+            self._starts.append(self._starts[-1] + n)
+        self._row_bytes = values[0].numel() * 4 if values.shape[0] else 0  # fp32 after the rounding
+        self._chunk: tuple[int, int, tuple[torch.Tensor, ...]] = (0, 0, ())
 
     def __len__(self) -> int:
-        return len(self._parts)
+        return len(self._lens)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return self._round(self._parts[i])
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        lo, hi, parts = self._chunk
+        if not lo <= i < hi:
+            lo, hi = i, i + 1
+            while hi < len(self) and (self._starts[hi + 1] - self._starts[lo]) * self._row_bytes <= self.CHUNK_BYTES:
+                hi += 1
+            rows = self._round(self._values[self._starts[lo] : self._starts[hi]])
+            parts = torch.split(rows, self._lens[lo:hi])
+            self._chunk = (lo, hi, parts)
+        return parts[i - lo]
 
 
 def compute_reference(case: Case, session: Session, inputs: StepInputs, context) -> tuple[torch.Tensor, torch.Tensor]:

@@ -57,3 +57,28 @@ def test_a_request_sees_only_its_own_keys():
     after = reference_attention(query, [ks[0], ks[1] * 3], [vs[0], vs[1] + 1], [1, 1], 0.3)
     assert torch.equal(before[0], after[0])
     assert not torch.allclose(before[1], after[1])
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 3 * 4 * 4, 1 << 20])
+def test_the_rounded_context_rounds_runs_of_requests_as_each_alone(chunk_bytes, monkeypatch):
+    """step_data.RoundedContext rounds neighbouring requests together (at most CHUNK_BYTES, at
+    least one): every request's rows as rounding it alone gives, in any order of access."""
+    from backend.harness.reference import fp8_round
+    from backend.harness.step_data import RoundedContext
+
+    monkeypatch.setattr(RoundedContext, "CHUNK_BYTES", chunk_bytes)
+    lens = [3, 0, 5, 1, 4]
+    values = torch.randn(sum(lens), 4, generator=torch.Generator().manual_seed(3)) * 300
+    calls = []
+
+    def rounding(t):
+        calls.append(t.shape[0])
+        return fp8_round(t, 0.5, torch.float8_e4m3fn)
+
+    ctx = RoundedContext(values, rounding, lens)
+    alone = [fp8_round(part, 0.5, torch.float8_e4m3fn) for part in torch.split(values, lens)]
+    for i in [0, 1, 2, 3, 4, 2, 0, -1]:
+        assert torch.equal(ctx[i], alone[i])
+    assert [torch.equal(a, b) for a, b in zip(ctx[1:4], alone[1:4])] == [True] * 3
+    if chunk_bytes >= 1 << 20:
+        assert calls == [sum(lens)]  # one rounding of every row, not one per request
