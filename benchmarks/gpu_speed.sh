@@ -9,6 +9,10 @@
 #   then, on the same warm machine:
 #     bash benchmarks/gpu_speed.sh                  STEPS="torch families" (default)
 # torch     --filter 'tp=1 backend=torch' (245 cases), 1 worker per GPU then auto
+# base      the torch slice with 1 worker from an older tree (BASE, default .base, git-ignored:
+#           mkdir .base && git archive <commit> | tar -x -C .base; carry [".whl", ".base"]), its
+#           verdicts against torch-1's: `STEPS="torch base"` is this tree's work against that one
+#           on the same machine, in one call
 # families  --filter 'tp=1 backend=torch,aiter-triton,aiter-triton-pa' (520 cases), 1 then auto
 # Both runs of a slice start from a copy of the warm-up's store when there is one (the same
 # history and memory needs), else from an empty one. RUN_ARGS: more `orch run` options for every
@@ -31,16 +35,16 @@ MATRIX=${MATRIX:-matrices/full.yaml}
 # torch slice 70 s with one worker, families' 151 s).
 declare -A LIMIT=([warmup]=540 [torch]=110 [families]=170)
 STEPS=${STEPS:-torch families}
-orch_run() {  # NAME LIMIT FILTER [ARGS...]: one run into $R/NAME.db, its output in $R/NAME.log
-  local name=$1 limit=$2 filter=$3; shift 3
+orch_run() {  # NAME LIMIT FILTER [ARGS...]: one run into $R/NAME.db, its output in $R/NAME.log (TREE: whose code)
+  local name=$1 limit=$2 filter=$3 tree=${TREE:-$PWD}; shift 3
   rm -f "$R/$name.db"
   [ -f "$R/warmup.db" ] && [ "$name" != warmup ] && cp "$R/warmup.db" "$R/$name.db"
   step "orch run $MATRIX --filter '$filter' ${RUN_ARGS:-} $* ($name)"
-  /usr/bin/time -f "wall %e s, max rss %M KB" timeout "$limit" python3 -m orchestrator.cli run \
-      "$MATRIX" --filter "$filter" --devices "${DEVICES:-gpu}" --db "$R/$name.db" \
+  (cd "$tree" && PYTHONPATH=/tmp/site:$tree /usr/bin/time -f "wall %e s, max rss %M KB" timeout "$limit" \
+      python3 -m orchestrator.cli run "$MATRIX" --filter "$filter" --devices "${DEVICES:-gpu}" --db "$R/$name.db" \
       --known-failures matrices/known-failures.yaml --no-progress --out "$R/$name-out" ${RUN_ARGS:-} "$@" \
       > "$R/$name.log" 2>&1
-  echo "rc=$?" >> "$R/$name.log"
+    echo "rc=$?" >> "$R/$name.log")
   grep -v "^    repro:" "$R/$name.log" | grep -E "GPU worker|workers per GPU|time:|^run [0-9]+|rc=|wall" | tail -6 >> "$log"
   single_file_db "$R/$name.db"
 }
@@ -55,6 +59,10 @@ for s in $STEPS; do
       orch_run "$s-auto" "${LIMIT[$s]}" "$filter" --workers-per-gpu "${AUTO:-auto}"
       rows+=("$s-1=$R/$s-1.db:$R/$s-1.log" "$s-auto=$R/$s-auto.db:$R/$s-auto.log")
       pairs+=(--same "$s-1,$s-auto") ;;
+    base)
+      base=$(cd "${BASE:-.base}" 2> /dev/null && pwd) || { echo "== no old tree at ${BASE:-.base}" >> "$log"; continue; }
+      TREE=$base orch_run base-1 "${LIMIT[torch]}" "$TORCH" --workers-per-gpu 1
+      rows+=("base-1=$R/base-1.db:$R/base-1.log"); pairs+=(--same "base-1,torch-1") ;;
   esac
   pack
 done
