@@ -97,11 +97,11 @@ def poison_free_memory(device: torch.device, reads: Sequence[Range] | None = Non
     streams: dict[int, torch.cuda.Stream | None] = {}
     filled = 0
     for seg in segments(device):
-        spans = []
+        spans, nbytes = [], 0
         for start, end in seg.free:
             parts = [(start, end)] if reads is None else overlap(start, end, reads)
             if parts:
-                filled += sum(b - a for a, b in parts)
+                nbytes += sum(b - a for a, b in parts)
                 spans.append((parts[0][0], parts[-1][1]))
         if not spans:
             continue
@@ -110,6 +110,7 @@ def poison_free_memory(device: torch.device, reads: Sequence[Range] | None = Non
         stream = streams[seg.stream]
         if stream is None:
             continue
+        filled += nbytes
         words = _words_at(seg.address, seg.size, device)
         with torch.cuda.stream(stream):
             for start, end in spans:  # block addresses are 512-byte aligned: whole 16-bit words
