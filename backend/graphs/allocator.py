@@ -40,21 +40,30 @@ def _outside_pools(device: torch.device) -> list[dict]:
     ]
 
 
+def _blocks(seg: dict) -> list[tuple[int, int, bool]]:
+    """(start, end, free) of each block of a snapshot segment. A plain loop over the snapshot's
+    dicts, no object per block: it runs before every replay and capture, over thousands of them."""
+    out = []
+    address = int(seg.get("address", 0))
+    for block in seg.get("blocks", ()):
+        address = block.get("address", address)
+        end = address + block["size"]
+        out.append((address, end, block.get("state") == "inactive"))
+        address = end
+    return out
+
+
 def segments(device: torch.device) -> list[Segment]:
     """`device`'s segments outside graph pools (a graph's private pool is its own), with their free
-    blocks. A plain loop over the snapshot's dicts: it runs before every replay, over thousands of
     blocks."""
     out = []
     for seg in _outside_pools(device):
-        start = address = int(seg.get("address", 0))
-        free = []
-        for block in seg.get("blocks", ()):
-            size = block["size"]
-            address = block.get("address", address)
-            if block.get("state") == "inactive":
-                free.append((address, address + size))
-            address += size
-        out.append(Segment(int(seg.get("stream", 0)), start, address - start, tuple(free)))
+        blocks = _blocks(seg)
+        start = int(seg.get("address", 0))
+        end = blocks[-1][1] if blocks else start
+        out.append(
+            Segment(int(seg.get("stream", 0)), start, end - start, tuple((a, b) for a, b, free in blocks if free))
+        )
     return out
 
 
@@ -71,16 +80,7 @@ def merge(ranges: Sequence[Range]) -> tuple[Range, ...]:
 
 def live_ranges(device: torch.device) -> tuple[Range, ...]:
     """The address ranges allocated now outside graph pools on `device` (merged)."""
-    live = []
-    for seg in _outside_pools(device):
-        address = int(seg.get("address", 0))
-        for block in seg.get("blocks", ()):
-            size = block["size"]
-            address = block.get("address", address)
-            if block.get("state") != "inactive":
-                live.append((address, address + size))
-            address += size
-    return merge(live)
+    return merge([(a, b) for seg in _outside_pools(device) for a, b, free in _blocks(seg) if not free])
 
 
 def overlap(start: int, end: int, ranges: Sequence[Range]) -> list[Range]:

@@ -48,16 +48,15 @@ def compare(
     b = expected.detach().float().reshape(expected.shape[0], -1)
     if a.shape != b.shape:
         raise ValueError(f"shape mismatch {tuple(a.shape)} vs {tuple(b.shape)}")
-    same_kind = actual.shape == expected.shape and actual.dtype == expected.dtype
     if a.numel() == 0:
-        return Comparison(True, 0.0, 0.0, 0.0, None, same_kind)
+        return Comparison(True, 0.0, 0.0, 0.0, None, actual.shape == expected.shape and actual.dtype == expected.dtype)
     diff = (a - b).abs()
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
     atol = tol.atol * b.abs().amax(dim=1, keepdim=True).clamp_min(1.0) if row_scaled_atol else tol.atol
     close = diff <= atol + tol.rtol * b.abs()
     rel = diff / b.abs().clamp_min(max(tol.atol, 1e-12))
     bad = ~close
-    equal = _equal_flag(actual, expected) if same_kind else torch.zeros((), dtype=torch.bool, device=device)
+    equal = _equal_flag(actual, expected)
     max_abs, max_rel, frac, any_bad, same = torch.stack(
         [diff.max(), rel.max(), bad.float().mean(), bad.any().float(), equal.float()]
     ).tolist()
@@ -131,14 +130,13 @@ def compare_heads(
     actual = actual.detach().to(expected.device)
     a = actual.float()
     b = expected.detach().float()
-    same_kind = actual.dtype == expected.dtype
     err = (a - b).pow(2).mean(dim=-1).sqrt()  # [L, T, H]
     err = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), err)
     ref = b.pow(2).mean(dim=-1).sqrt()
     floor = tol.atol * ref.mean(dim=-1, keepdim=True).clamp_min(1e-12)  # [L, T, 1]
     bad = ~(err <= floor + tol.rtol * ref)
     rel = err / torch.maximum(ref, floor)
-    equal = _equal_flag(actual, expected) if same_kind else torch.zeros((), dtype=torch.bool, device=b.device)
+    equal = _equal_flag(actual, expected)
     max_abs, max_rel, frac, any_bad, worst, same = torch.stack(
         [
             err.max(),
@@ -178,9 +176,11 @@ def all_finite(t: torch.Tensor, head_size: int) -> Comparison:
 
 
 def _equal_flag(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """torch.equal(a, b) (same shape and dtype) as a 0-d bool tensor on their device. On a GPU it
-    stays there, so several join one host sync (torch.equal computes the same eq().all() and reads
-    it back at once); on the CPU torch.equal itself, which needs no temporary."""
+    """torch.equal(a, b) as a 0-d bool tensor on their device (False for another shape or dtype).
+    On a GPU it stays there, so several join one host sync (torch.equal computes the same
+    eq().all() and reads it back at once); on the CPU torch.equal itself, which needs no temporary."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return torch.zeros((), dtype=torch.bool, device=a.device)
     if a.device.type == "cpu":
         return torch.tensor(torch.equal(a, b))
     return (a == b).all()
@@ -188,16 +188,8 @@ def _equal_flag(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def equal_many(pairs) -> list[bool]:
     """torch.equal of each (a, b) pair of one device, with one host sync for all of them."""
-    pairs = list(pairs)
-    if not pairs:
-        return []
-    flags = [
-        _equal_flag(a, b)
-        if a.shape == b.shape and a.dtype == b.dtype
-        else torch.zeros((), dtype=torch.bool, device=a.device)
-        for a, b in pairs
-    ]
-    return [bool(f) for f in torch.stack(flags).tolist()]
+    flags = [_equal_flag(a, b) for a, b in pairs]
+    return [bool(f) for f in torch.stack(flags).tolist()] if flags else []
 
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

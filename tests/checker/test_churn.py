@@ -51,7 +51,7 @@ def _fake_gpu_churn(monkeypatch, write: bool):
     """The GPU's churn on the CPU: the dummy step run for real (churn() is a no-op off a GPU),
     and, with `write`, a byte written into slot 0 of layer 0's cache, as a backend writing on
     the dummy batch's slots of -1 would."""
-    from backend.harness import checker, sides
+    from backend.harness import checker
 
     def churn(session, n, size):
         dummy_step(session, n, size)
@@ -59,8 +59,7 @@ def _fake_gpu_churn(monkeypatch, write: bool):
             session.family.slot_rows(session.kv_caches[0])[0, 0].add_(1.0)
         mark_scratch(None)
 
-    monkeypatch.setattr(checker, "churn", churn)
-    monkeypatch.setattr(sides, "churn", churn, raising=False)  # wherever the step loop calls it
+    monkeypatch.setattr(checker, "churn", churn)  # the step loop's
 
 
 @pytest.mark.parametrize("write", [False, True], ids=["writes-nothing", "writes-slot-0"])

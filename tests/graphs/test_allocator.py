@@ -45,6 +45,64 @@ def test_overlap(start, end, parts):
     assert overlap(start, end, RANGES) == parts
 
 
+SNAPSHOT = [
+    {
+        "device": 0,
+        "address": 1000,
+        "stream": 7,
+        "segment_pool_id": (0, 0),
+        "blocks": [
+            {"size": 100, "state": "active_allocated"},
+            {"size": 50, "state": "inactive"},
+            {"size": 30, "state": "active_pending_free"},  # not free yet: its stream uses are pending
+            {"size": 20, "state": "inactive"},
+        ],
+    },
+    {
+        "device": 0,
+        "address": 5000,
+        "stream": 0,
+        "segment_pool_id": (0, 0),
+        "blocks": [
+            {"address": 5000, "size": 64, "state": "inactive"},
+            {"address": 5064, "size": 64, "state": "active_allocated"},
+        ],
+    },
+    {
+        "device": 0,
+        "address": 9000,
+        "stream": 0,
+        "segment_pool_id": (1, 2),
+        "blocks": [  # a graph's pool
+            {"size": 10, "state": "inactive"},
+        ],
+    },
+    {
+        "device": 1,
+        "address": 20000,
+        "stream": 0,
+        "segment_pool_id": (0, 0),
+        "blocks": [  # another GPU
+            {"size": 10, "state": "inactive"},
+        ],
+    },
+]
+
+
+def test_segments_and_live_ranges_read_the_snapshot(monkeypatch):
+    """Block addresses follow from the segment's and the sizes before them when the snapshot has
+    none; only `inactive` blocks are free; graph pools and other devices are left out."""
+    from backend.graphs import allocator
+
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: SNAPSHOT)
+    dev = torch.device("cuda", 0)
+    assert allocator.segments(dev) == [
+        allocator.Segment(7, 1000, 200, ((1100, 1150), (1180, 1200))),
+        allocator.Segment(0, 5000, 128, ((5000, 5064),)),
+    ]
+    assert allocator.live_ranges(dev) == ((1000, 1100), (1150, 1180), (5064, 5128))
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the caching allocator: CUDA only")
 
 
