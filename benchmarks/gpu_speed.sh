@@ -13,6 +13,8 @@
 #           mkdir .base && git archive <commit> | tar -x -C .base; carry [".whl", ".base"]), its
 #           verdicts against torch-1's: `STEPS="torch base"` is this tree's work against that one
 #           on the same machine, in one call
+# mps       the torch slice with auto under NVIDIA's MPS daemon (the workers' kernels share one
+#           context instead of time-slicing the device), its verdicts against torch-1's
 # families  --filter 'tp=1 backend=torch,aiter-triton,aiter-triton-pa' (520 cases), 1 then auto
 # Both runs of a slice start from a copy of the warm-up's store when there is one (the same
 # history and memory needs), else from an empty one. RUN_ARGS: more `orch run` options for every
@@ -59,6 +61,17 @@ for s in $STEPS; do
       orch_run "$s-auto" "${LIMIT[$s]}" "$filter" --workers-per-gpu "${AUTO:-auto}"
       rows+=("$s-1=$R/$s-1.db:$R/$s-1.log" "$s-auto=$R/$s-auto.db:$R/$s-auto.log")
       pairs+=(--same "$s-1,$s-auto") ;;
+    mps)
+      if command -v nvidia-cuda-mps-control > /dev/null; then
+        export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        nvidia-cuda-mps-control -d && step "MPS daemon started" || step "MPS daemon did not start"
+        orch_run torch-mps "${LIMIT[torch]}" "$TORCH" --workers-per-gpu "${AUTO:-auto}"
+        echo quit | nvidia-cuda-mps-control; step "MPS daemon stopped"
+        rows+=("torch-mps=$R/torch-mps.db:$R/torch-mps.log"); pairs+=(--same "torch-1,torch-mps")
+      else
+        step "no nvidia-cuda-mps-control"
+      fi ;;
     base)
       base=$(cd "${BASE:-.base}" 2> /dev/null && pwd) || { echo "== no old tree at ${BASE:-.base}" >> "$log"; continue; }
       TREE=$base orch_run base-1 "${LIMIT[torch]}" "$TORCH" --workers-per-gpu 1

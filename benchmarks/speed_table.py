@@ -59,6 +59,23 @@ def row(name: str, db: str, log: str) -> list[str]:
     ]
 
 
+def sums(name: str, db: str) -> list[str]:
+    """Seconds summed over every case that ran, by phase: where a run's time goes, not its median."""
+    ran = [r for r in _latest(db) if r.status != Status.SKIP]
+    return [name, *(f"{sum(r.timings.get(k, 0.0) for r in ran):.2f}" for k in MEDIANS)]
+
+
+def heaviest(name: str, db: str, n: int = 6) -> str:
+    """The (attention, batch) groups with the most summed case time."""
+    by: dict[str, float] = {}
+    for r in _latest(db):
+        if r.status != Status.SKIP:
+            key = f"{r.axes.get('attention', '?')}/{r.axes.get('batch', '?')}"
+            by[key] = by.get(key, 0.0) + r.timings.get("total_s", 0.0)
+    top = sorted(by.items(), key=lambda kv: -kv[1])[:n]
+    return f"- heaviest in {name}: " + ", ".join(f"{k} {v:.2f}s" for k, v in top)
+
+
 def same(a: str, b: str) -> str:
     diff = compare(_latest(a), _latest(b), checks=True)
     if not diff.changes:
@@ -84,6 +101,20 @@ def main(argv: list[str] | None = None) -> int:
             lines.append("| " + " | ".join(row(name, db, log)) + " |")
         except Exception as e:
             lines.append(f"| {name} | {type(e).__name__}: {e} |")
+    lines.append("")
+    sum_head = ["run (s summed over cases)", *[k.removesuffix("_s") for k in MEDIANS]]
+    lines += ["| " + " | ".join(sum_head) + " |", "|" + "---|" * len(sum_head)]
+    for name, (db, _log) in runs.items():
+        try:
+            lines.append("| " + " | ".join(sums(name, db)) + " |")
+        except Exception as e:
+            lines.append(f"| {name} | {type(e).__name__}: {e} |")
+    lines.append("")
+    for name, (db, _log) in runs.items():
+        try:
+            lines.append(heaviest(name, db))
+        except Exception as e:
+            lines.append(f"- heaviest in {name}: {type(e).__name__}: {e}")
     lines.append("")
     for pair in args.same:
         a, _, b = pair.partition(",")
