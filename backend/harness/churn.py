@@ -94,7 +94,9 @@ def poison_free_memory(device: torch.device, reads: Sequence[Range] | None = Non
     if device.type != "cuda":
         return 0
     current = torch.cuda.current_stream(device)
+    pattern = _pattern(device)  # before the snapshot: its block is no free block to fill
     streams: dict[int, torch.cuda.Stream | None] = {}
+    by_stream: dict[int, list[torch.Tensor]] = {}
     filled = 0
     for seg in segments(device):
         spans, nbytes = [], 0
@@ -112,13 +114,47 @@ def poison_free_memory(device: torch.device, reads: Sequence[Range] | None = Non
             continue
         filled += nbytes
         words = _words_at(seg.address, seg.size, device)
-        with torch.cuda.stream(stream):
-            for start, end in spans:  # block addresses are 512-byte aligned: whole 16-bit words
-                words[(start - seg.address) // 2 : -(-(end - seg.address) // 2)].fill_(POISON_WORD)
+        # block addresses are 512-byte aligned: whole 16-bit words
+        by_stream.setdefault(seg.stream, []).extend(
+            words[(start - seg.address) // 2 : -(-(end - seg.address) // 2)] for start, end in spans
+        )
+    for handle, views in by_stream.items():
+        with torch.cuda.stream(streams[handle]):
+            _fill(views, pattern)
     for stream in streams.values():
         if stream is not None and stream != current:
             current.wait_stream(stream)  # the replay, on the current stream, reads after the fill
     return filled
+
+
+# Spans up to this many 16-bit words are filled together, copied from a pattern buffer of this
+# size by torch's multi-tensor copy (a few launches for hundreds of spans: a replay reads around
+# hundreds of small free blocks, and a fill of each was a launch and ~3 us of device time apiece);
+# longer spans get a fill of their own.
+BATCH_WORDS = 1 << 19
+_PATTERNS: dict[torch.device, torch.Tensor] = {}
+
+
+def _pattern(device: torch.device) -> torch.Tensor:
+    """BATCH_WORDS of the poison pattern on `device`, made once per process and kept (never freed,
+    so no stream's later allocation can reuse it while another stream's copy still reads it)."""
+    key = torch.device(device.type, device.index if device.index is not None else torch.cuda.current_device())
+    if key not in _PATTERNS:
+        words = torch.full((BATCH_WORDS,), POISON_WORD, dtype=torch.int16, device=key)
+        torch.cuda.current_stream(key).synchronize()  # filled before any other stream reads it
+        _PATTERNS[key] = words
+    return _PATTERNS[key]
+
+
+def _fill(views: list[torch.Tensor], pattern: torch.Tensor) -> None:
+    """Fill `views` (1-D int16) with the poison pattern on the current stream: the short ones in
+    one multi-tensor copy from `pattern`, the long ones each with a fill."""
+    short = [v for v in views if v.numel() <= pattern.numel()]
+    for v in views:
+        if v.numel() > pattern.numel():
+            v.fill_(POISON_WORD)
+    if short:
+        torch._foreach_copy_(short, [pattern[: v.numel()] for v in short])
 
 
 class _DeviceWords:
