@@ -39,7 +39,7 @@ import torch
 
 from backend.graphs.allocator import Range, overlap, segments
 from backend.graphs.freed import POISON_WORD
-from backend.harness.scratch import mark_scratch, scratch_equals_caches, scratch_in_sync
+from backend.harness.scratch import mark_scratch
 from backend.harness.session import Session
 from backend.host_copy import to_device
 
@@ -52,36 +52,18 @@ def poison_outputs(session: Session, n: int) -> None:
 def churn(session: Session, n: int, size: int) -> None:
     """GPU: dummy_step (small: it runs before every replay). A no-op on the CPU."""
     if session.device.type == "cuda":
-        in_sync = scratch_in_sync(session)
-        tokens = dummy_step(session, n, size)
-        settle_scratch(session, in_sync, tokens)
+        dummy_step(session, n, size)
+        # The dummy step ran the backend on slots of -1: what it wrote (a backend that writes padded
+        # slots) is not the next step's, so the next snapshot copies the whole cache.
+        mark_scratch(None)
 
 
-def settle_scratch(session: Session, in_sync: bool, tokens: int) -> None:
-    """After a dummy step of `tokens` tokens, whether the scratch still equals the caches (the
-    next snapshot then copies only the slots the step fills, not the whole cache: 4.3 GB at the
-    GPU shape, before every replay). It ran the backend on slots of -1: a backend that writes
-    them wrote somewhere, and that is part of the state the step starts from. The first dummy
-    step of each size in a session is compared with the scratch (one whole comparison, the cost
-    of the copy it saves); one that wrote nothing marks its size clean, and later ones of that
-    size are trusted to write nothing again: the same batch, metadata and input, on the same
-    caches. One that wrote leaves the scratch out of sync, so every later snapshot is whole.
-    Were a later one to write after all, the step's kv check would see the bytes as written
-    outside its slots: a red, never a hidden write."""
-    if in_sync and tokens in session.clean_dummies:
-        return
-    if in_sync and scratch_equals_caches(session):
-        session.clean_dummies.add(tokens)
-        return
-    mark_scratch(None)
-
-
-def dummy_step(session: Session, n: int, size: int) -> int:
+def dummy_step(session: Session, n: int, size: int) -> None:
     """Run the model eagerly on vLLM's uniform decode dummy batch (1, 2 or 3 requests of 1 + k
     tokens, slots -1), neither the step's `n` tokens nor the graph's `size`, so a per-call cache
     keyed by shape evicts what the graph was captured with. A decode batch because every family
     builds one (MLA asserts decode-only for a capture batch; a spec-decode family's verify reads
-    1 + k tokens a request). Returns its number of tokens."""
+    1 + k tokens a request)."""
     q = 1 + session.config.spec_tokens
     c = next(r * q for r in (1, 2, 3) if r * q not in (n, size))
     md = session.builder.build_for_capture(c, q, session.shape.capture_style)  # the step's build() rewrites it
@@ -97,7 +79,6 @@ def dummy_step(session: Session, n: int, size: int) -> int:
         device=session.device,
     )
     session.model.forward(x, md, attn, [])
-    return c
 
 
 def poison_free_memory(device: torch.device, reads: Sequence[Range] | None = None) -> int:

@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from backend.harness.checks import equal_many, raw
+from backend.harness.checks import raw
 from backend.harness.session import GraphKey, Session
 
 # The step's cache snapshot is scratch (restored from by the eager side, consumed by kv_integrity,
@@ -39,15 +39,6 @@ def scratch_in_sync(session: Session) -> bool:
 
 def mark_scratch(session: Session | None) -> None:
     SCRATCH_OWNER[0] = weakref.ref(session) if session is not None else None
-
-
-def scratch_equals_caches(session: Session) -> bool:
-    """Whether the scratch holds the session's caches byte for byte (one whole comparison, one
-    host sync); False without a scratch of their shapes."""
-    bufs = SCRATCH.get(_key(session.kv_caches))
-    if bufs is None:
-        return False
-    return all(equal_many([(raw(c), raw(b)) for c, b in zip(session.kv_caches, bufs)]))
 
 
 def _key(caches: list[torch.Tensor]) -> tuple:

@@ -178,8 +178,6 @@ class Session:
         self.cases_run: set[str] = set()
         # What making a graph wrote to the KV cache (scratch.capture_checked), by key: steps replaying it fail.
         self.capture_writes: dict[GraphKey, str] = {}
-        # Token counts of the churn's dummy step seen to write nothing to the caches (churn.py).
-        self.clean_dummies: set[int] = set()
         self.replays = 0  # graph replays so far: each gets fresh padded input rows (sides.pad_seed)
         # Device bytes (backend/harness/memory.py): what building the session allocated (set by
         # SessionCache on a GPU) and what its graph pool holds (after each capture).
