@@ -13,8 +13,9 @@
 #           mkdir .base && git archive <commit> | tar -x -C .base; carry [".whl", ".base"]), its
 #           verdicts against torch-1's: `STEPS="torch base"` is this tree's work against that one
 #           on the same machine, in one call
+# auto      the torch slice with auto only (its verdicts against the warm-up's)
 # mps       the torch slice with auto under NVIDIA's MPS daemon (the workers' kernels share one
-#           context instead of time-slicing the device), its verdicts against torch-1's
+#           context instead of time-slicing the device), its verdicts against torch-auto's
 # families  --filter 'tp=1 backend=torch,aiter-triton,aiter-triton-pa' (520 cases), 1 then auto
 # Both runs of a slice start from a copy of the warm-up's store when there is one (the same
 # history and memory needs), else from an empty one. RUN_ARGS: more `orch run` options for every
@@ -61,6 +62,10 @@ for s in $STEPS; do
       orch_run "$s-auto" "${LIMIT[$s]}" "$filter" --workers-per-gpu "${AUTO:-auto}"
       rows+=("$s-1=$R/$s-1.db:$R/$s-1.log" "$s-auto=$R/$s-auto.db:$R/$s-auto.log")
       pairs+=(--same "$s-1,$s-auto") ;;
+    auto)  # the torch slice with auto alone, against the warm-up's one worker (STEPS="warmup auto mps",
+      # FAMILY_FILTER set to the torch slice: one fresh one-worker run that records the needs, then auto)
+      orch_run torch-auto "${LIMIT[torch]}" "$TORCH" --workers-per-gpu "${AUTO:-auto}"
+      rows+=("torch-auto=$R/torch-auto.db:$R/torch-auto.log"); pairs+=(--same "warmup,torch-auto") ;;
     mps)
       if command -v nvidia-cuda-mps-control > /dev/null; then
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
@@ -68,7 +73,7 @@ for s in $STEPS; do
         nvidia-cuda-mps-control -d && step "MPS daemon started" || step "MPS daemon did not start"
         orch_run torch-mps "${LIMIT[torch]}" "$TORCH" --workers-per-gpu "${AUTO:-auto}"
         echo quit | nvidia-cuda-mps-control; step "MPS daemon stopped"
-        rows+=("torch-mps=$R/torch-mps.db:$R/torch-mps.log"); pairs+=(--same "torch-1,torch-mps")
+        rows+=("torch-mps=$R/torch-mps.db:$R/torch-mps.log"); pairs+=(--same "torch-auto,torch-mps")
       else
         step "no nvidia-cuda-mps-control"
       fi ;;
