@@ -375,14 +375,18 @@ def _run_steps(
             )  # eager and the graph run both start from it
             t0 = clock.now()
             phases["snapshot_s"].append(Span(t1, t0))
+            seen = None
             if eager is None:
-                eager = eager_side(case, session, inputs, snapshot, context, clock, phases, ref_key, prepared)
+                eager = eager_side(case, session, plan, inputs, snapshot, context, clock, phases, ref_key, prepared)
                 session.eager_memo.put(memo_key, eager)
+                # the eager path's graph side, judged from eager's second run of this very step
+                seen = eager.graph_sides.get(dispatched)
             else:
                 shared += 1
             del context
-            seen = graph_side(case, session, plan, d, graph_key, inputs, snapshot, eager, clock, phases, prepared)
-            eager.graph_sides[dispatched] = seen
+            if seen is None:
+                seen = graph_side(case, session, plan, d, graph_key, inputs, snapshot, eager, clock, phases, prepared)
+                eager.graph_sides[dispatched] = seen
             del snapshot
         eager_s.append(eager.eager_s)
         replay_s.append(seen.replay_s)

@@ -27,6 +27,7 @@ from backend.harness.checks import (
     rows_by_request,
 )
 from backend.harness.churn import poison_free_memory, poison_outputs
+from backend.harness.modes import Dispatch
 from backend.harness.scratch import mark_scratch
 from backend.harness.session import GraphKey, Session
 from backend.harness.steps import StepInputs, hash_seed
@@ -92,9 +93,15 @@ class GraphStep:
     state_check: tuple | None = None  # StepState.graph_check's (ok, detail, max_abs), or None
 
 
+# The runtime path of eager dispatch (NONE, and the steps other modes run eagerly), as
+# EagerStep.graph_sides keys the graph sides: (runtime mode, graph key).
+EAGER_PATH = ("NONE", None)
+
+
 def eager_side(
     case: Case,
     session: Session,
+    plan,
     inputs: StepInputs,
     snapshot: list[torch.Tensor],
     context,
@@ -105,7 +112,13 @@ def eager_side(
 ) -> EagerStep:
     """Eager twice from the caches' state `snapshot` (determinism), the reference, and what eager
     wrote; leaves the caches as `snapshot` again. `prepared`: the family StepState's view of the
-    step (the state its requests start from), for families whose requests keep state."""
+    step (the state its requests start from), for families whose requests keep state.
+
+    The second run is eager dispatch from the snapshot on the step's inputs: exactly what a mode
+    that runs the step eagerly (NONE, a mixed step of FULL_DECODE_ONLY) would run as its graph
+    side. Where the caches allow it (second_run_as_eager_path) it is judged as that graph side
+    and kept in graph_sides[EAGER_PATH]: those modes replay nothing and run no third eager step,
+    and the kv check that judges it tells whether the restore may copy back only the real slots."""
     t0 = clock.now()  # eager_s: the inputs' move to the device included
     caches = session.kv_caches
     on_device = inputs.on(session.device)
@@ -124,7 +137,9 @@ def eager_side(
     owned = state.owned(session, prepared) if state is not None else None
     for c, s in zip(caches, snapshot):
         c.copy_(s)
+    t_second = clock.now()
     second = session.run_eager_step(x, inputs.batches)
+    t_second_end = clock.now()
     same_out, same_attn, *same_kv = equal_many(
         [
             (raw(out_e), raw(second.out)),
@@ -144,8 +159,10 @@ def eager_side(
         (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out), max_abs_diff(first.attention, second.attention))
     )
     deterministic = same_out and not kv_jitter
-    for c, s in zip(caches, snapshot):
-        c.copy_(s)
+    as_path = second_run_as_eager_path(session, state)
+    if not as_path:
+        for c, s in zip(caches, snapshot):
+            c.copy_(s)
     t3 = clock.now()
     ref = step_data.REFERENCES.get(ref_key)
     if ref is None:
@@ -161,7 +178,7 @@ def eager_side(
     t4 = clock.now()
     phases["eager_s"].append(Span(t0, t3))
     phases["reference_s"].append(Span(t3, t4))
-    return EagerStep(
+    eager = EagerStep(
         out_e,
         first.attention,
         reference,
@@ -176,6 +193,58 @@ def eager_side(
         state=owned,
         state_check=state_check,
     )
+    if as_path:
+        # What kv_integrity writes into the scratch's real slots is put back after it.
+        before_real = {i: real_slot_values(session.family.slot_rows(snapshot[i]), real_slots[i]) for i in real_slots}
+        eager.graph_sides[EAGER_PATH] = judge(
+            case,
+            session,
+            plan,
+            Dispatch("NONE", plan.num_tokens),
+            None,
+            on_device,
+            snapshot,
+            eager,
+            second,
+            None,
+            Span(t_second, t_second_end),
+            clock,
+            phases,
+        )
+        restore_real_slots(session, snapshot, real_slots, before_real, eager.graph_sides[EAGER_PATH].kv_ok)
+    return eager
+
+
+def second_run_as_eager_path(session: Session, state) -> bool:
+    """Whether eager's second run can stand for the eager path's graph side: a family without
+    step state (its slots are restored by a whole copy) whose caches are all paged and contiguous
+    (the real slots are written back through slot_rows views)."""
+    caches = session.kv_caches
+    return (
+        state is None
+        and len(session.family.paged_layers(session.shape)) == len(caches)
+        and all(c.is_contiguous() for c in caches)
+    )
+
+
+def restore_real_slots(
+    session: Session,
+    snapshot: list[torch.Tensor],
+    real_slots: dict[int, torch.Tensor],
+    before_real: dict[int, torch.Tensor],
+    outside_unchanged: bool,
+) -> None:
+    """Caches and scratch back to the step's snapshot after a run judged by kv_integrity (which
+    left the scratch equal to the caches when nothing changed outside the real slots): the real
+    slots from `before_real`, and the whole cache only when something outside them changed."""
+    rows = session.family.slot_rows
+    for i, values in before_real.items():
+        rows(snapshot[i])[:, real_slots[i]] = values
+        if outside_unchanged:
+            rows(session.kv_caches[i])[:, real_slots[i]] = values
+    if not outside_unchanged:
+        for c, s in zip(session.kv_caches, snapshot):
+            c.copy_(s)
 
 
 def graph_side(
@@ -194,32 +263,71 @@ def graph_side(
     """Run the step as the mode dispatches it (eager for NONE, else replay `graph_key`) from the
     caches' state `snapshot` and check it against the eager side."""
     t0 = clock.now()  # replay_s: the inputs' move to the device and the poisoning included
-    shape, tol = case.model, case.tolerance
-    caches = session.kv_caches
+    mark_scratch(None)  # the run may write anywhere: in sync again only once judge() has compared
     on_device = inputs.on(session.device)
     x = on_device.x
     t1 = clock.now()
     padded = None
     if d.runtime_mode == "NONE":
-        graph_side = session.run_eager_step(x, inputs.batches)
-        used = 0
+        run = session.run_eager_step(x, inputs.batches)
     else:
         # What a busy engine does between capture and replay (churn.py): real rows the graph leaves
         # unwritten read NaN, freed memory it still reads holds the poison pattern.
         poison_outputs(session, x.shape[0])
         poison_free_memory(session.device, session.outside_reads([graph_key]))
-        graph_side = session.run_graph_step(graph_key, x, inputs.batches, pad_seed=pad_seed(case, plan.index, session))
-        used = d.padded_tokens
+        run = session.run_graph_step(graph_key, x, inputs.batches, pad_seed=pad_seed(case, plan.index, session))
         padded = padded_rows(session, graph_key, x.shape[0])
     t2 = clock.now()
     phases["replay_s"].append(Span(t0, t2))
-    out_g = graph_side.out
+    return judge(
+        case,
+        session,
+        plan,
+        d,
+        graph_key,
+        on_device,
+        snapshot,
+        eager,
+        run,
+        padded,
+        Span(t1, t2),
+        clock,
+        phases,
+        prepared,
+    )
+
+
+def judge(
+    case: Case,
+    session: Session,
+    plan,
+    d,
+    graph_key,
+    on_device,
+    snapshot: list[torch.Tensor],
+    eager: EagerStep,
+    run,
+    padded: torch.Tensor | None,
+    replay_s: Span,
+    clock: Clock,
+    phases: dict[str, list],
+    prepared=None,
+) -> GraphStep:
+    """A step's run down the path `d` dispatched it to (`run`: its StepOutput; `padded`: a FULL
+    graph's padded output rows) against the eager side: replay, finite and padded rows, the KV
+    cache's integrity from `snapshot`, the family's state."""
+    t2 = clock.now()
+    shape, tol = case.model, case.tolerance
+    caches = session.kv_caches
+    x = on_device.x
+    used = 0 if d.runtime_mode == "NONE" else d.padded_tokens
+    out_g = run.out
     replay = compare(out_g, eager.out, tol, shape.head_size, row_scaled_atol=True)
     # The emulation saw the replay read memory nothing kept alive: a failure whatever it read.
     freed = session.freed_reads([graph_key]) if graph_key is not None else ()
     if freed:
         replay = dataclasses.replace(replay, ok=False)
-    attn_replay = compare_heads(graph_side.attention, eager.attention, tol, head_offset=session.layout.q_heads.start)
+    attn_replay = compare_heads(run.attention, eager.attention, tol, head_offset=session.layout.q_heads.start)
     finite = all_finite(out_g, shape.head_size)
     fp = all_finite(padded, shape.head_size) if padded is not None and padded.shape[0] else None
     kv_ok, kv_detail, outside_ok = True, "", True
@@ -278,7 +386,7 @@ def graph_side(
         + (f"; {rows_by_request(replay.bad_rows, plan.query_lens)}" if replay.bad_rows else "")
         + "".join(f"; {note}" for note in freed),
         used=used,
-        replay_s=Span(t1, t2),
+        replay_s=replay_s,
         kv_ok=kv_ok,
         kv_detail=kv_detail,
         state_check=state_check,
