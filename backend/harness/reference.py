@@ -61,9 +61,9 @@ def request_kv_from_cache(
     return (torch.cat(ks) if ks else empty), (torch.cat(vs) if vs else empty)
 
 
-# How much fp32 K and V (after the GQA repeat) one batched call of the reference may hold: requests
-# of one shape run together up to it (a decode batch of 200 requests of 2,048 tokens at 32 heads
-# of 128 is 64 MiB a request).
+# How much fp32 K and V one batched call of the reference may hold: requests of one shape run
+# together up to it (a decode batch of 200 requests of 2,048 tokens at 8 kv heads of 128 is 16 MiB
+# a request).
 GROUP_BYTES = 512 << 20
 
 
@@ -89,27 +89,32 @@ def reference_attention(
     """
     t, h, d = query.shape
     out = torch.zeros(t, h, d, dtype=torch.float32, device=query.device)
-    for start, q_len, k, v in same_shape_batches(query_lens, k_ctx, v_ctx, h):
-        n, s = k.shape[0], k.shape[1]
+    for start, q_len, k, v in same_shape_batches(query_lens, k_ctx, v_ctx):
+        n, s, hkv = k.shape[0], k.shape[1], k.shape[2]
         rows = slice(start, start + n * q_len)
-        q = query[rows].to(torch.float32).reshape(n, q_len, h, d).transpose(1, 2)  # [n, H, q, D]
-        rep = h // k.shape[2]
-        k32 = _to_float(k, k_scale).repeat_interleave(rep, dim=2).transpose(1, 2)  # [n, H, s, D]
-        v32 = _to_float(v, v_scale).repeat_interleave(rep, dim=2).transpose(1, 2)
+        rep = h // hkv
+        # GQA without repeating K/V to every query head: the rep query heads of a kv head are
+        # rows of one attention over that head's keys ([n, Hkv, rep * q, D]; row r * q + i is
+        # query head kv * rep + r at position i), so K/V stay [n, Hkv, s, D] in fp32.
+        q = query[rows].to(torch.float32).reshape(n, q_len, hkv, rep, d).permute(0, 2, 3, 1, 4)
+        q = q.reshape(n, hkv, rep * q_len, d)
+        k32 = _to_float(k, k_scale).transpose(1, 2)  # [n, Hkv, s, D]
+        v32 = _to_float(v, v_scale).transpose(1, 2)
         i = torch.arange(q_len, device=query.device)[:, None]
         j = torch.arange(s, device=query.device)[None, :]
-        mask = j <= i + (s - q_len)  # [q, s] bottom-right causal
+        mask = (j <= i + (s - q_len)).repeat(rep, 1)  # [rep * q, s] bottom-right causal
         o = F.scaled_dot_product_attention(q, k32, v32, attn_mask=mask, scale=scale)
-        out[rows] = o.transpose(1, 2).reshape(n * q_len, h, d)
+        out[rows] = o.reshape(n, hkv, rep, q_len, d).permute(0, 3, 1, 2, 4).reshape(n * q_len, h, d)
     return out
 
 
 def same_shape_batches(
-    query_lens: Sequence[int], k_ctx: Iterable[torch.Tensor], v_ctx: Iterable[torch.Tensor], heads: int
+    query_lens: Sequence[int], k_ctx: Iterable[torch.Tensor], v_ctx: Iterable[torch.Tensor], heads: int = 0
 ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
     """(first query row, query len, K [n, s, Hkv, D], V) for each run of neighbouring requests of
-    one query and sequence length, at most GROUP_BYTES of fp32 K and V after the GQA repeat to
-    `heads` a run. Raises for a request whose query is longer than its sequence."""
+    one query and sequence length, at most GROUP_BYTES of fp32 K and V a run, counted at `heads`
+    heads (a caller that repeats K/V to every query head; 0: the heads they have). Raises for a
+    request whose query is longer than its sequence."""
     group: list[tuple[torch.Tensor, torch.Tensor]] = []
     start = g_start = g_len = 0
     g_shape = (0, 0)
@@ -117,7 +122,7 @@ def same_shape_batches(
         s = k.shape[0]
         if q_len > s:
             raise ValueError(f"query len {q_len} exceeds sequence length {s}")
-        per_request = 2 * s * heads * k.shape[-1] * 4
+        per_request = 2 * s * (heads or k.shape[-2]) * k.shape[-1] * 4
         if group and (g_shape != (q_len, s) or (len(group) + 1) * per_request > GROUP_BYTES):
             yield g_start, g_len, torch.stack([kv[0] for kv in group]), torch.stack([kv[1] for kv in group])
             group = []

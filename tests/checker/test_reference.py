@@ -31,7 +31,7 @@ def one_at_a_time(query, ks, vs, query_lens, scale):
     ("query_lens", "seq_lens", "group_bytes"),
     [
         ([1] * 6, [40] * 6, 1 << 30),  # a decode batch: one call
-        ([1] * 6, [40] * 6, 2 * 40 * 8 * 16 * 4 * 2),  # two requests a call
+        ([1] * 6, [40] * 6, 2 * 40 * 2 * 16 * 4 * 2),  # two requests a call (K and V, fp32, 2 kv heads)
         ([1, 1, 5, 1, 9], [17, 17, 5, 30, 40], 1 << 30),  # shapes change: five calls
         ([3, 3, 3], [3, 10, 10], 1 << 30),
     ],
