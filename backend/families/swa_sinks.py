@@ -68,7 +68,7 @@ class SWASinks(GQA):
         sinks = weights.get("sinks")
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         runs = same_shape_batches(
-            query_lens, _with_new(context[0], k, query_lens), _with_new(context[1], v, query_lens), q.shape[1]
+            query_lens, _with_new(context[0], k, query_lens), _with_new(context[1], v, query_lens)
         )
         for start, ql, ks, vs in runs:  # requests of one shape together, each on its own K/V
             rows = slice(start, start + ks.shape[0] * ql)
@@ -145,12 +145,13 @@ def reference_window_sinks(
 ) -> torch.Tensor:
     """One request, fp32: q [q, H, D] (its last q positions), k/v [s, Hkv, D] its whole sequence;
     or n requests of one shape, each on its own K/V: q [n, q, H, D], k/v [n, s, Hkv, D].
-    Explicit softmax with the sink as one more logit per head (value 0), then dropped."""
-    q_len, s = q.shape[-3], k.shape[-3]
-    rep = q.shape[-2] // k.shape[-2]
-    k32 = k.float().repeat_interleave(rep, dim=-2)
-    v32 = v.float().repeat_interleave(rep, dim=-2)
-    scores = torch.einsum("...qhd,...shd->...hqs", q.float(), k32) * scale
+    Explicit softmax with the sink as one more logit per head (value 0), then dropped. GQA without
+    repeating K/V: query head g * rep + r attends kv head g (K/V stay fp32 at the kv heads)."""
+    *lead, q_len, h, d = q.shape
+    s, hkv = k.shape[-3], k.shape[-2]
+    rep = h // hkv
+    qg = q.float().reshape(*lead, q_len, hkv, rep, d)
+    scores = torch.einsum("...qgrd,...sgd->...grqs", qg, k.float()).reshape(*lead, h, q_len, s) * scale
     i = torch.arange(q_len, device=q.device)[:, None] + (s - q_len)
     j = torch.arange(s, device=q.device)[None, :]
     allowed = j <= i
@@ -162,4 +163,5 @@ def reference_window_sinks(
         p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :s]
     else:
         p = torch.softmax(scores, dim=-1)
-    return torch.einsum("...hqs,...shd->...qhd", p, v32)
+    pg = p.reshape(*lead, hkv, rep, q_len, s)
+    return torch.einsum("...grqs,...sgd->...qgrd", pg, v.float()).reshape(*lead, q_len, h, v.shape[-1])
