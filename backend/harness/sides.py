@@ -232,17 +232,17 @@ def restore_real_slots(
     snapshot: list[torch.Tensor],
     real_slots: dict[int, torch.Tensor],
     before_real: dict[int, torch.Tensor],
-    outside_unchanged: bool,
+    kv_ok: bool,
 ) -> None:
-    """Caches and scratch back to the step's snapshot after a run judged by kv_integrity (which
-    left the scratch equal to the caches when nothing changed outside the real slots): the real
-    slots from `before_real`, and the whole cache only when something outside them changed."""
+    """Caches and scratch back to the step's snapshot after a run judged by kv_integrity, which
+    wrote the run's real slots into the scratch: the real slots from `before_real`, and, unless
+    the kv check passed (then nothing outside the real slots changed), the whole cache."""
     rows = session.family.slot_rows
     for i, values in before_real.items():
         rows(snapshot[i])[:, real_slots[i]] = values
-        if outside_unchanged:
+        if kv_ok:
             rows(session.kv_caches[i])[:, real_slots[i]] = values
-    if not outside_unchanged:
+    if not kv_ok:
         for c, s in zip(session.kv_caches, snapshot):
             c.copy_(s)
 
