@@ -53,6 +53,9 @@ orch_run() {  # NAME LIMIT FILTER [ARGS...]: one run into $R/NAME.db, its output
 }
 
 rows=(); pairs=()
+case " $STEPS " in *" warmup "*) ;; *)  # auto packs by recorded needs: a fresh store gets one worker
+  [ -f "$R/warmup.db" ] || step "warning: no $R/warmup.db: auto runs start from an empty store and run one worker per GPU" ;;
+esac
 for s in $STEPS; do
   case $s in
     warmup) orch_run warmup "${LIMIT[warmup]}" "$FAMILIES"; rows+=("warmup=$R/warmup.db:$R/warmup.log") ;;
