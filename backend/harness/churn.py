@@ -153,15 +153,8 @@ def _fill(views: list[torch.Tensor], pattern: torch.Tensor) -> None:
     for v in views:
         if v.numel() > pattern.numel():
             v.fill_(POISON_WORD)
-    if not short:
-        return
-    sources = [pattern[: v.numel()] for v in short]
-    foreach_copy = getattr(torch, "_foreach_copy_", None)  # torch's multi-tensor copy (its optimizers')
-    if foreach_copy is not None:
-        foreach_copy(short, sources)
-    else:
-        for v, src in zip(short, sources):
-            v.copy_(src)
+    if short:
+        torch._foreach_copy_(short, [pattern[: v.numel()] for v in short])  # torch's optimizers' multi-tensor copy
 
 
 class _DeviceWords:

@@ -2,8 +2,8 @@
 
 Deliberately shares no attention math with the providers: `torch.nn.functional.scaled_dot_product_attention`
 over each request's own K/V with an explicit bottom-right causal mask (neighbouring requests of one
-shape batched into one call), GQA by repeating kv heads, on K/V read out of the paged cache one
-block at a time.
+shape batched into one call), GQA by attending each kv head's query heads as rows of one
+attention over its keys, on K/V read out of the paged cache one block at a time.
 Its fp8 rounding (`fp8_round`) is its own arithmetic, not the providers' quantiser or torch's
 float8 cast: a broken provider quantiser must disagree with it.
 """
@@ -109,12 +109,11 @@ def reference_attention(
 
 
 def same_shape_batches(
-    query_lens: Sequence[int], k_ctx: Iterable[torch.Tensor], v_ctx: Iterable[torch.Tensor], heads: int = 0
+    query_lens: Sequence[int], k_ctx: Iterable[torch.Tensor], v_ctx: Iterable[torch.Tensor]
 ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
     """(first query row, query len, K [n, s, Hkv, D], V) for each run of neighbouring requests of
-    one query and sequence length, at most GROUP_BYTES of fp32 K and V a run, counted at `heads`
-    heads (a caller that repeats K/V to every query head; 0: the heads they have). Raises for a
-    request whose query is longer than its sequence."""
+    one query and sequence length, at most GROUP_BYTES of fp32 K and V a run. Raises for a request
+    whose query is longer than its sequence."""
     group: list[tuple[torch.Tensor, torch.Tensor]] = []
     start = g_start = g_len = 0
     g_shape = (0, 0)
@@ -122,7 +121,7 @@ def same_shape_batches(
         s = k.shape[0]
         if q_len > s:
             raise ValueError(f"query len {q_len} exceeds sequence length {s}")
-        per_request = 2 * s * (heads or k.shape[-2]) * k.shape[-1] * 4
+        per_request = 2 * s * k.shape[-2] * k.shape[-1] * 4
         if group and (g_shape != (q_len, s) or (len(group) + 1) * per_request > GROUP_BYTES):
             yield g_start, g_len, torch.stack([kv[0] for kv in group]), torch.stack([kv[1] for kv in group])
             group = []
