@@ -15,7 +15,9 @@
 #           on the same machine, in one call
 # auto      the torch slice with auto only (its verdicts against the warm-up's)
 # mps       the torch slice with auto under NVIDIA's MPS daemon (the workers' kernels share one
-#           context instead of time-slicing the device), its verdicts against torch-auto's
+#           context instead of time-slicing the device), its verdicts against the warm-up's
+# auto:N, mps:N   the same with N workers per GPU instead of auto (runs torch-wN, torch-mpsN):
+#           STEPS="warmup auto auto:2 mps mps:2" sizes the packing on one warm machine
 # families  --filter 'tp=1 backend=torch,aiter-triton,aiter-triton-pa' (520 cases), 1 then auto
 # Both runs of a slice start from a copy of the warm-up's store when there is one (the same
 # history and memory needs), else from an empty one. RUN_ARGS: more `orch run` options for every
@@ -65,18 +67,23 @@ for s in $STEPS; do
       orch_run "$s-auto" "${LIMIT[$s]}" "$filter" --workers-per-gpu "${AUTO:-auto}"
       rows+=("$s-1=$R/$s-1.db:$R/$s-1.log" "$s-auto=$R/$s-auto.db:$R/$s-auto.log")
       pairs+=(--same "$s-1,$s-auto") ;;
-    auto)  # the torch slice with auto alone, against the warm-up's one worker (STEPS="warmup auto mps",
+    auto|auto:*)  # the torch slice packed, against the warm-up's one worker (STEPS="warmup auto mps",
       # FAMILY_FILTER set to the torch slice: one fresh one-worker run that records the needs, then auto)
-      orch_run torch-auto "${LIMIT[torch]}" "$TORCH" --workers-per-gpu "${AUTO:-auto}"
-      rows+=("torch-auto=$R/torch-auto.db:$R/torch-auto.log"); pairs+=(--same "warmup,torch-auto") ;;
-    mps)
+      n=${s#auto}; n=${n#:}; name=torch-${n:+w$n}; name=${name%-}; [ -n "$n" ] || name=torch-auto
+      orch_run "$name" "${LIMIT[torch]}" "$TORCH" --workers-per-gpu "${n:-${AUTO:-auto}}"
+      rows+=("$name=$R/$name.db:$R/$name.log"); pairs+=(--same "warmup,$name") ;;
+    mps|mps:*)
+      n=${s#mps}; n=${n#:}; name=torch-mps$n
       if command -v nvidia-cuda-mps-control > /dev/null; then
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
         nvidia-cuda-mps-control -d && step "MPS daemon started" || step "MPS daemon did not start"
-        orch_run torch-mps "${LIMIT[torch]}" "$TORCH" --workers-per-gpu "${AUTO:-auto}"
-        echo quit | nvidia-cuda-mps-control; step "MPS daemon stopped"
-        rows+=("torch-mps=$R/torch-mps.db:$R/torch-mps.log"); pairs+=(--same "torch-auto,torch-mps")
+        orch_run "$name" "${LIMIT[torch]}" "$TORCH" --workers-per-gpu "${n:-${AUTO:-auto}}"
+        echo quit | nvidia-cuda-mps-control
+        for _ in $(seq 20); do pgrep -x nvidia-cuda-mps > /dev/null || break; sleep 0.5; done  # before the next start
+        step "MPS daemon stopped"
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+        rows+=("$name=$R/$name.db:$R/$name.log"); pairs+=(--same "warmup,$name")
       else
         step "no nvidia-cuda-mps-control"
       fi ;;
