@@ -132,7 +132,7 @@ class Attempts:
             if t is None:
                 break
             if t.tp != width or t.id in self.singles or total + t.est_s >= target_s or self.avoid(t.id) == worker:
-                self.dispatcher.requeue(t)
+                self.dispatcher.give_back(t)  # untried: it still goes with its config later
                 break
             self.taken(t)
             batch.append(t)
@@ -145,7 +145,7 @@ class Attempts:
         added = []
         for sib in self.dispatcher.siblings(batch[-1], node):
             if len(batch) >= max_batch or sib.tp != width or sib.id in self.singles or self.avoid(sib.id) == worker:
-                self.dispatcher.requeue(sib)
+                self.dispatcher.give_back(sib)
                 continue
             self.taken(sib)
             batch.append(sib)

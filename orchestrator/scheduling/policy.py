@@ -134,6 +134,7 @@ class Dispatcher:
         # max-heap per (tier, tp), entries (-est, token, task), live while _live[id] == token.
         self._requeued: dict[tuple[int, int], list[tuple[float, int, Task]]] = {}
         self._tokens = itertools.count(1)
+        self._untried: set[str] = set()  # requeued by give_back: handed out but never started
         self._running: list[dict[str, tuple[float, int]]] = [{} for _ in self.nodes]  # id -> (end, tp)
         self._where: dict[str, int] = {}
         self._busy = [0] * len(self.nodes)
@@ -255,21 +256,25 @@ class Dispatcher:
         return self._take(t, node, now) if t is not None else None
 
     def siblings(self, task: Task, node: int, now: float | None = None) -> list[Task]:
-        """Take the waiting tasks of `task`'s config that fit where it runs (same tp, not
-        requeued: a retry goes wherever it may), longest first, for the same worker: the first
-        of them paid the config's eager steps and reference, the others reuse them (the cost
-        model prices them so: cost.grouped_estimates). [] for a task of no config."""
+        """Take the waiting tasks of `task`'s config that fit where it runs (same tp; not a
+        requeued retry, which goes wherever it may, but a task given back untried), longest first,
+        for the same worker: the first of them paid the config's eager steps and reference, the
+        others reuse them (the cost model prices them so: cost.grouped_estimates). [] for a task
+        of no config."""
         if not task.config:
             return []
         now = time.monotonic() if now is None else now
         out = []
         for t in self._configs.get(task.config, ()):
-            if t.id != task.id and t.tp == task.tp and self._live.get(t.id) == 0:
+            if t.id == task.id or t.tp != task.tp or t.id not in self._live:
+                continue
+            if self._live[t.id] == 0 or t.id in self._untried:
                 out.append(self._take(t, node, now))
         return out
 
     def _take(self, t: Task, node: int, now: float) -> Task:
         del self._live[t.id]
+        self._untried.discard(t.id)
         self._waiting_gpu_s -= t.est_s * t.tp
         self._where[t.id] = node
         self._busy[node] += t.tp
@@ -287,6 +292,7 @@ class Dispatcher:
         if task.id not in self._where:
             raise ValueError(f"requeue of {task.id!r}, which is not running")
         self._release(task)
+        self._untried.discard(task.id)
         task = as_task if as_task is not None else task
         token = next(self._tokens)
         self._live[task.id] = token
@@ -295,6 +301,14 @@ class Dispatcher:
         if tier not in self._tiers:
             self._tiers = sorted(self._tiers + [tier])
         heapq.heappush(self._requeued.setdefault((tier, task.tp), []), (-task.est_s, token, task))
+
+    def give_back(self, task: Task) -> None:
+        """Put back a task handed out that did not start (it did not suit the batch being filled):
+        waiting as requeued, it still goes with its config (siblings). A config's mode given back
+        from a batch's fill otherwise ran apart from its config and paid its shared work again (the
+        H100's torch slice at 2 per GPU: a 1.9 s decode_200 mode run alone at the end)."""
+        self.requeue(task)
+        self._untried.add(task.id)
 
     def _tier(self, task: Task) -> int:
         return 0 if self._flat else task.tier
@@ -411,6 +425,9 @@ class _StaticDispatcher:
         self._release(task)
         self._retry[self._home[task.id][0]].append(as_task if as_task is not None else task)
         self._left += 1
+
+    def give_back(self, task: Task) -> None:
+        self.requeue(task)  # no config moves here (siblings): back to its own GPUs as any requeue
 
     def done(self, task: Task, duration_s: float) -> None:
         self._release(task)

@@ -76,6 +76,37 @@ def test_a_requeued_sibling_is_not_taken_again():
     assert [t.id for t in d.siblings(first, 0, now=0.0)] == []
 
 
+def test_a_sibling_given_back_untried_still_goes_with_its_config():
+    """A task handed out but given back before it ran (it did not suit a batch) is taken with its
+    config when another of its modes leads; a requeued retry is not (the test above)."""
+    d = Dispatcher(_tasks(1, 3), [2])
+    first = d.next_for(0, 2)
+    assert first is not None and first.id == "c0-m0"
+    d.give_back(first)
+    lead = d.next_for(0, 2, last_group="g")  # the group's longest fresh task wins the tie
+    assert lead is not None and lead.id == "c0-m1"
+    assert sorted(t.id for t in d.siblings(lead, 0, now=0.0)) == ["c0-m0", "c0-m2"]
+    assert d.remaining() == 0
+
+
+def test_a_config_mode_that_did_not_fit_a_batchs_fill_comes_back_with_its_config():
+    """The H100's split at 2 per GPU: c1's first mode did not fit c0's batch (budget 1 s) and was
+    given back; when c1's second mode leads a batch, the first comes with it."""
+    est = {"c0-m0": 0.9, "c1-m0": 0.7, "c1-m1": 0.6}
+    tasks = [Task(i, 1, e, "g", config=i.split("-")[0]) for i, e in est.items()]
+    cases = {t.id: _case("NONE", seed=n) for n, t in enumerate(tasks)}
+    d = Dispatcher(tasks, [2])
+    at = Attempts(cases, d, retries=1, unit="GPU")
+    at.queue(tasks)
+    first = d.next_for(0, 1)
+    at.taken(first)
+    assert [t.id for t in at.batch(0, first, 1, "w0", 1.0, 64)] == ["c0-m0"]
+    lead = d.next_for(0, 1, last_group="g")
+    assert lead is not None and lead.id == "c1-m1"
+    at.taken(lead)
+    assert [t.id for t in at.batch(0, lead, 1, "w1", 1.0, 64)] == ["c1-m1", "c1-m0"]
+
+
 BATCHES = [
     # (name, width, target_s, max_batch, singles, avoid, expected batch)
     (
