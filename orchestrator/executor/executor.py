@@ -27,6 +27,7 @@ from orchestrator.executor.attempts import Action, Attempts, batch_deadline_s, c
 from orchestrator.executor.cluster import ClusterInfo
 from orchestrator.executor.config import Deferral, ExecConfig, config_key, group_key
 from orchestrator.executor.gangs import Gang, GangState
+from orchestrator.executor.packing import config_widths
 from orchestrator.executor.pool import ChoiceKind, GangPool
 from orchestrator.executor.sharing import SharedCluster
 from orchestrator.executor.verdicts import NODE_DEATH, ErrorKind, first_line
@@ -103,6 +104,8 @@ class Executor:
         """Run every case once (plus retries); returns case_id -> final result."""
         # A config's later modes are cheap once they follow its first on one worker (Attempts.batch).
         est = grouped_estimates(cases, estimate_all(cases, self.history), config_key, self.history)
+        configs = {c.case_id: config_key(c) for c in cases}
+        widths = config_widths({c.case_id: self.pool.case_width(c) for c in cases}, configs)
         tasks, skipped = [], []
         for c in cases:
             reason = self.pool.too_wide(c)
@@ -113,11 +116,11 @@ class Executor:
             tasks.append(
                 Task(
                     c.case_id,
-                    self.pool.case_width(c),
+                    widths[c.case_id],
                     est[c.case_id],
                     group_key(c),
                     tier=int(later),
-                    config=config_key(c),
+                    config=configs[c.case_id],
                 )
             )
         self.dispatcher = Dispatcher(tasks, self.pool.slots)

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from orchestrator.errors import InputError
 
 GiB = 1024**3
-MAX_PER_GPU = 8
+# `auto`'s cap. Workers of one GPU time-slice its device work (without MPS their contexts never
+# run kernels at once), and once the GPU is busy most of the time each worker more only stretches
+# the others' steps: the H100's torch slice (16 cores, threads at each worker's share, verdicts
+# identical) took 32.6 s with 1 worker, 22.3 s with 2, 29.1 s with 4; under MPS 25.4 s (2) and
+# 27.4 s (4). docs/BENCHMARKS.md, issue 45's sixth session.
+MAX_PER_GPU = 2
 # `auto` leaves each worker at least this many of the host's cores for its torch threads (every GPU
 # worker runs its share of the node's cores: threads.worker_threads). In the issue's H100 runs of
 # the torch slice with the threads set by hand, 4 workers of 4 threads beat 8 workers of 2 (cases
@@ -122,17 +127,34 @@ def slot_width(need: int, device_bytes: int | None, utilization: float, per_gpu:
     return max(1, min(per_gpu, -(-worker_bytes(need) // share)))
 
 
+def config_widths(widths: Mapping[str, int], config_of: Mapping[str, str]) -> dict[str, int]:
+    """Case id -> slots, every case of a config at its widest member's: a config's cudagraph modes
+    run on one worker and share its session (config_key), so they need what its most needing mode
+    recorded. Otherwise the mode that paid the session (the largest need: a wider worker) and the
+    modes that reused it (one share) were handed out apart, and each paid its eager steps,
+    reference and capture again (the H100's torch slice at 4 per GPU: 156 of 280 cases ran steps
+    of their own against 138 with one worker). `config_of`: case id -> its config ("" for none)."""
+    widest: dict[str, int] = {}
+    for case_id, width in widths.items():
+        key = config_of.get(case_id, "")
+        if key:
+            widest[key] = max(widest.get(key, 0), width)
+    return {c: widest.get(config_of.get(c, ""), w) for c, w in widths.items()}
+
+
 @dataclass(frozen=True)
 class Packing:
     per_gpu: int
     why: str
 
 
-def auto_per_gpu(need: WorkerNeed, device_bytes: int | None, utilization: float, cores: int, gpus: int) -> Packing:
+def auto_per_gpu(
+    need: WorkerNeed, device_bytes: int | None, utilization: float, cores: int, gpus: int, cap: int = MAX_PER_GPU
+) -> Packing:
     """Workers per GPU for `auto`: as many as the device's budget holds at the median recorded
     need (cases that need more run on wider workers: slot_width), no more than the host's cores
     allow (MIN_THREADS_PER_WORKER each; a host too small for two such workers per GPU: one per
-    core, one left for the driver and Ray), at most MAX_PER_GPU."""
+    core, one left for the driver and Ray), at most `cap` (more is `--workers-per-gpu N`)."""
     if gpus < 1:
         return Packing(1, "no GPU")
     if not need.bytes or not device_bytes:
@@ -142,11 +164,11 @@ def auto_per_gpu(need: WorkerNeed, device_bytes: int | None, utilization: float,
     by_cores = max(1, cores // (gpus * MIN_THREADS_PER_WORKER))
     if by_cores < 2:  # a small host: the old rule (cores - 1 workers, one thread each)
         by_cores = max(1, (cores - 1) // gpus)
-    n = max(1, min(by_memory, by_cores, MAX_PER_GPU))
+    n = max(1, min(by_memory, by_cores, cap))
     return Packing(
         n,
         f"{n} per GPU: memory allows {by_memory} ({need.describe()}; "
-        f"{device_bytes / GiB:.0f} GiB x {utilization:g}), cores {by_cores}, cap {MAX_PER_GPU}",
+        f"{device_bytes / GiB:.0f} GiB x {utilization:g}), cores {by_cores}, cap {cap}",
     )
 
 

@@ -6,6 +6,8 @@ Ray for per gang, and what each case's worker got (tests/executor/test_memory_pa
 
 `wide`: tp 1 cases only, the first recorded as needing 30 GiB of an 80 GiB device (a worker of
 three shares at 4 per GPU), the second running out of memory on any worker of less than a GPU.
+`config`: the five cudagraph modes of one config, only the first recorded as needing 30 GiB (the
+mode that pays the config's session), and four cases of other configs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 def main() -> None:
     per_gpu, log = int(sys.argv[1]), sys.argv[2]
     wide = sys.argv[3:] == ["wide"]
+    grouped = sys.argv[3:] == ["config"]
     # `threads`: 12 cores and torch preloaded in Ray's workers (as `orch run`'s cluster does), so
     # each worker's torch threads show its share of the cores (tests/executor/test_threads.py).
     threads = sys.argv[3:] == ["threads"]
@@ -27,7 +30,13 @@ def main() -> None:
 
     m = load_matrix("matrices/smoke.yaml", devices="cpu")
     tp1 = [c for c in m.cases if c.tp == 1][: 8 if wide else 4 if threads else 16]
-    tp2 = [] if wide else [c for c in m.cases if c.tp == 2][: 1 if threads else 2]
+    tp2 = [] if wide or grouped else [c for c in m.cases if c.tp == 2][: 1 if threads else 2]
+    if grouped:
+        from orchestrator.executor.config import config_key
+
+        lead = next(c for c in m.cases if c.tp == 1 and c.mode == "FULL_AND_PIECEWISE")
+        modes = [c for c in m.cases if config_key(c) == config_key(lead)]
+        tp1 = [lead, *(c for c in modes if c is not lead), *[c for c in m.cases if c.tp == 1 and c not in modes][:4]]
     if wide:
         os.environ["ORCH_PACKING_OOM"] = tp1[1].case_id
     import ray
@@ -75,7 +84,7 @@ def main() -> None:
     config = ExecConfig(
         runner="tests.executor.packing_runner:run", gpu_memory_utilization=0.8, batch_target_s=0.0, retries=0
     )
-    if wide:
+    if wide or grouped:
         config = dataclasses.replace(config, memory_needs={tp1[0].case_id: 30 * 1024**3}, device_bytes=80 * 1024**3)
     final = Executor(cluster, config).run([*tp1, *tp2])
     print(

@@ -14,7 +14,16 @@ from junitparser import Error, JUnitXml
 
 from orchestrator.commands import run as run_cmd
 from orchestrator.errors import InputError
-from orchestrator.executor.packing import GiB, WorkerNeed, auto_per_gpu, parse_gib, parse_workers_per_gpu, slot_width
+from orchestrator.executor.packing import (
+    MAX_PER_GPU,
+    GiB,
+    WorkerNeed,
+    auto_per_gpu,
+    config_widths,
+    parse_gib,
+    parse_workers_per_gpu,
+    slot_width,
+)
 from orchestrator.store import ResultStore
 
 FILTER = "attention=gqa kv_cache_dtype=auto cudagraph_mode=FULL batch=decode_7,mixed_small"  # tp 1 x2, tp 2 x1
@@ -125,6 +134,46 @@ def test_a_case_that_needs_more_than_a_share_runs_on_a_wider_worker(tmp_path):
     assert {s["memory"]["share"] for s in report["specs"]} == {0.25, 0.75, 1.0}
 
 
+def test_a_configs_modes_take_the_widest_modes_share_on_one_worker(tmp_path):
+    """4 workers per fake GPU: of a config's five cudagraph modes only the first recorded a need
+    (30 GiB: the mode that paid the session; the others reused it), yet all five run on one worker
+    of three shares, one after another; the other configs' cases on one share each."""
+    log = tmp_path / "cases.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "tests/executor/packing_script.py", "4", str(log), "config"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    modes, rest = report["cases"][:5], report["cases"][5:]
+    assert report["statuses"] == ["pass"] and report["results"] == 9 and len(rest) == 4
+    rows = {r["case"]: r for r in map(json.loads, log.read_text().splitlines())}
+    assert {rows[c]["share"] for c in modes} == {0.75}
+    assert len({rows[c]["pid"] for c in modes}) == 1
+    assert {rows[c]["share"] for c in rest} == {0.25}
+
+
+CONFIG_WIDTHS = [
+    # (name, widths, configs, expected)
+    (
+        "a config at its widest mode's",
+        {"a": 3, "b": 1, "c": 1},
+        {"a": "x", "b": "x", "c": "x"},
+        {"a": 3, "b": 3, "c": 3},
+    ),
+    ("configs apart", {"a": 3, "b": 1, "c": 2}, {"a": "x", "b": "y", "c": "y"}, {"a": 3, "b": 2, "c": 2}),
+    ("no config keeps its own", {"a": 3, "b": 1}, {"a": "x", "b": ""}, {"a": 3, "b": 1}),
+    ("unknown config keeps its own", {"a": 2, "b": 1}, {"a": "x"}, {"a": 2, "b": 1}),
+]
+
+
+@pytest.mark.parametrize("name,widths,configs,expected", CONFIG_WIDTHS, ids=[w[0] for w in CONFIG_WIDTHS])
+def test_config_widths(name, widths, configs, expected):
+    assert config_widths(widths, configs) == expected
+
+
 WIDTHS = [
     # (name, need GiB, device GiB, utilization, per GPU, expected slots)
     ("fits one share", 10, 80, 0.9, 4, 1),
@@ -143,7 +192,8 @@ def test_slot_width(name, need, device, util, per_gpu, expected):
 
 NEED = WorkerNeed(bytes=int(10 * GiB), case_id="tp1-FULL-auto-decode_64-torch-s0", recorded=10, cases=12)
 AUTO = [
-    # (name, need, device bytes, utilization, cores, gpus, expected workers per GPU)
+    # (name, need, device bytes, utilization, cores, gpus, expected workers per GPU), under a cap
+    # of 8: how memory and cores bound it
     ("H100, 16 cores: memory allows 5, cores 4 of 4 threads", NEED, 80 * GiB, 0.9, 16, 1, 4),
     ("H200, 64 cores: memory allows 9, the cap is 8", NEED, 141 * GiB, 0.9, 64, 1, 8),
     ("few cores: one thread each, one core left", NEED, 141 * GiB, 0.9, 4, 1, 3),
@@ -168,8 +218,25 @@ AUTO = [
 
 @pytest.mark.parametrize("name,need,device,util,cores,gpus,expected", AUTO, ids=[a[0] for a in AUTO])
 def test_auto_packs_by_recorded_needs_and_cores(name, need, device, util, cores, gpus, expected):
-    packing = auto_per_gpu(need, device, util, cores, gpus)
+    packing = auto_per_gpu(need, device, util, cores, gpus, cap=8)
     assert packing.per_gpu == expected, packing.why
+
+
+DEFAULT_CAP = [
+    # (name, need, device bytes, cores, gpus, expected): the default cap, 2 (measured: the GPU's
+    # device work time-slices between more workers, packing.MAX_PER_GPU)
+    ("H100, 16 cores: 2, not the cores' 4", NEED, 80 * GiB, 16, 1, 2),
+    ("H200, 64 cores: 2", NEED, 141 * GiB, 64, 1, 2),
+    ("24 GiB card: memory's 1", NEED, 24 * GiB, 16, 1, 1),
+    ("2 cores: 1", NEED, 80 * GiB, 2, 1, 1),
+]
+
+
+@pytest.mark.parametrize("name,need,device,cores,gpus,expected", DEFAULT_CAP, ids=[a[0] for a in DEFAULT_CAP])
+def test_auto_stops_at_two_per_gpu(name, need, device, cores, gpus, expected):
+    packing = auto_per_gpu(need, device, 0.9, cores, gpus)
+    assert packing.per_gpu == expected, packing.why
+    assert f"cap {MAX_PER_GPU}" in packing.why  # the run's workers line says why
 
 
 @pytest.mark.parametrize("value,expected", [("1", 1), ("4", 4), ("auto", "auto"), (" AUTO ", "auto"), (None, 1)])
