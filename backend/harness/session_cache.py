@@ -54,6 +54,18 @@ class SessionCache:
         # The process's other caches (step inputs, references): their bytes, and how to drop them
         # when nothing else is left to evict (set by the checker: session.py cannot import them).
         self.others: tuple[Callable[[], int], Callable[[], None]] = (lambda: 0, lambda: None)
+        # What the next case was measured to need in an earlier run (bytes; 0: not known), set by
+        # the worker before the case (expect) and used by its get(): the transient learned so far
+        # is a smaller case's until this worker has run a case like it.
+        self.expected = 0
+
+    def expect(self, need: int) -> None:
+        """The next get() makes room for a case recorded as needing `need` bytes (its session and
+        what it allocated above it). Several workers per GPU: a worker's first decode_200 after
+        small cases otherwise ran out of its share mid-case beside sessions it still cached (the
+        H100's torch slice: 2 of 280 cases at 2 per GPU, 14 at 4), and each out-of-memory cost a
+        recycled worker and a rerun on a whole GPU."""
+        self.expected = max(0, int(need))
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -70,15 +82,19 @@ class SessionCache:
         the budget. `device`: the session's device (a CUDA one also checks free device memory,
         which other processes on the device share)."""
         cuda = device if device is not None and torch.device(device).type == "cuda" else None
+        expected, self.expected = self.expected, 0
         if key in self._sessions:
             self._sessions.move_to_end(key)
             self.hits += 1
-            self._make_room(0, cuda, keep=key)  # room for the case's transient beside the others
+            # Room for the case's transient beside the others: the learned one, or what the case
+            # was recorded to need above its session when that is more.
+            extra = max(0, expected - self._sessions[key].memory_total() - self.transient)
+            self._make_room(extra, cuda, keep=key)
             return self._sessions[key]
         self.misses += 1
         if self.budget is not None and estimate > self.budget:
             raise SessionTooLarge(estimate, self.budget)
-        self._make_room(estimate, cuda)
+        self._make_room(max(estimate, expected - self.transient), cuda)
         before = torch.cuda.memory_allocated(cuda) if cuda is not None else 0
         session = factory()
         if cuda is not None:

@@ -57,6 +57,11 @@ class WorkerInfo:
     preloaded: tuple[str, ...] = ()  # WORKER_PRELOAD modules already imported when the actor started
 
 
+# A case dict's extra key: the bytes the case was recorded to need (the store's memory_needs, sent
+# when several workers share a GPU), popped before Case.from_dict.
+MEMORY_NEED_KEY = "_memory_need"
+
+
 def actor_env(device_kind: str, threads: int = 1) -> dict[str, str]:
     """Environment the actor sets on itself first thing in __init__ (before anything imports
     torch or NCCL reads it). Not a Ray runtime_env: an actor with its own runtime_env cannot use
@@ -259,7 +264,11 @@ class CaseWorker:
         out = []
         desync = ""
         for d in cases:
+            d = dict(d)
+            need = int(d.pop(MEMORY_NEED_KEY, 0) or 0)
             case = Case.from_dict(d)
+            if need and self._sessions is not None:
+                self._sessions.expect(need)  # its recorded need: room made before its session is used
             if desync:  # the gang is out of step: later cases are not run on it (driver requeues)
                 out.append(
                     CaseResult(

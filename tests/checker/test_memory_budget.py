@@ -89,6 +89,26 @@ def test_the_budget_keeps_room_for_the_largest_transient_and_the_other_caches(mo
     assert len(cache) == 1 and cleared == [1]
 
 
+def test_a_recorded_need_makes_room_before_the_case_runs(monkeypatch):
+    """The executor sends a case's recorded need (SessionCache.expect): room is made for it before
+    the case, on a session hit (the other sessions go) and on a miss (before the new session is
+    built), once: the next case without one keeps what it finds."""
+    one = _session_bytes()
+    monkeypatch.setattr(step_data, "cached_bytes", lambda: 0)
+    cache = SessionCache(capacity=64, budget=int(3.5 * one))
+    run_case(make_case(mode="NONE", kv="auto", batch=DECODE), sessions=cache, device=CPU)
+    run_case(make_case(mode="NONE", kv="fp8", batch=DECODE), sessions=cache, device=CPU)
+    assert len(cache) == 2 and cache.evictions == 0
+    cache.expect(3 * one)  # its session and twice that above it: the auto session must go
+    res = run_case(make_case(mode="NONE", kv="fp8", batch=DECODE), sessions=cache, device=CPU)
+    assert res.status == Status.PASS and len(cache) == 1 and cache.evictions == 1
+    run_case(make_case(mode="NONE", kv="auto", batch=DECODE), sessions=cache, device=CPU)
+    assert len(cache) == 2 and cache.evictions == 1  # expected once, not for every case after
+    cache.expect(3 * one)  # a miss: both held sessions go before the new one is built
+    run_case(make_case(backend="aiter-emulated", mode="NONE", kv="auto", batch=DECODE), sessions=cache, device=CPU)
+    assert len(cache) == 1 and cache.evictions == 3
+
+
 def test_a_session_over_the_budget_alone_is_refused_before_it_is_built():
     built = []
     cache = SessionCache(budget=1024)

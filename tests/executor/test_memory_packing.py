@@ -253,3 +253,22 @@ def test_a_bad_workers_per_gpu_is_input_error(value):
 @pytest.mark.parametrize("value,expected", [("24", 24 * GiB), ("24GiB", 24 * GiB), ("0.5g", GiB // 2), (None, None)])
 def test_gpu_memory_sizes(value, expected):
     assert parse_gib(value, "--gpu-memory") == expected
+
+
+def test_a_worker_is_sent_a_cases_recorded_need_only_when_there_is_one():
+    """Executor._case_dict: the case as the worker rebuilds it, plus its recorded need under
+    MEMORY_NEED_KEY (popped by the actor before Case.from_dict; the Ray runs above with recorded
+    needs would error otherwise)."""
+    from backend.case import Case
+    from orchestrator.executor.actors import MEMORY_NEED_KEY
+    from orchestrator.executor.attempts import Attempts
+    from orchestrator.executor.executor import ExecConfig, Executor
+    from orchestrator.matrix import load_matrix
+
+    a, b = [c for c in load_matrix("matrices/smoke.yaml", devices="cpu").cases if c.tp == 1][:2]
+    ex = Executor.__new__(Executor)
+    ex.config = ExecConfig(memory_needs={a.case_id: 5 * GiB})
+    ex.attempts = Attempts({a.case_id: a, b.case_id: b}, None, retries=0, unit="GPU")
+    sent = ex._case_dict(a.case_id)
+    assert sent.pop(MEMORY_NEED_KEY) == 5 * GiB and Case.from_dict(sent) == a
+    assert MEMORY_NEED_KEY not in ex._case_dict(b.case_id)
