@@ -304,9 +304,9 @@ class Dispatcher:
 
     def give_back(self, task: Task) -> None:
         """Put back a task handed out that did not start (it did not suit the batch being filled):
-        waiting as requeued, it still goes with its config (siblings). A config's mode given back
-        from a batch's fill otherwise ran apart from its config and paid its shared work again (the
-        H100's torch slice at 2 per GPU: a 1.9 s decode_200 mode run alone at the end)."""
+        waiting as requeued, it still goes with its config (siblings). Requeued as a retry is, a
+        config's mode given back from a batch's fill ran apart from its config and paid the
+        config's eager steps, reference and capture again."""
         self.requeue(task)
         self._untried.add(task.id)
 

@@ -90,8 +90,8 @@ def test_a_sibling_given_back_untried_still_goes_with_its_config():
 
 
 def test_a_config_mode_that_did_not_fit_a_batchs_fill_comes_back_with_its_config():
-    """The H100's split at 2 per GPU: c1's first mode did not fit c0's batch (budget 1 s) and was
-    given back; when c1's second mode leads a batch, the first comes with it."""
+    """c1's first mode did not fit c0's batch (budget 1 s) and was given back; when c1's second
+    mode leads a batch, the first comes with it."""
     est = {"c0-m0": 0.9, "c1-m0": 0.7, "c1-m1": 0.6}
     tasks = [Task(i, 1, e, "g", config=i.split("-")[0]) for i, e in est.items()]
     cases = {t.id: _case("NONE", seed=n) for n, t in enumerate(tasks)}
