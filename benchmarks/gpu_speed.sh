@@ -16,6 +16,8 @@
 # auto      the torch slice with auto only (its verdicts against the warm-up's)
 # mps       the torch slice with auto under NVIDIA's MPS daemon (the workers' kernels share one
 #           context instead of time-slicing the device), its verdicts against the warm-up's
+# WARMUP_FILTER: the warm-up's slice (default the families'): WARMUP_FILTER='tp=1 backend=torch'
+#           STEPS="warmup auto families" is the torch slice 1 vs auto, then the families' slice
 # auto:N, mps:N   the same with N workers per GPU instead of auto (runs torch-wN, torch-mpsN):
 #           STEPS="warmup auto auto:2 mps mps:2" sizes the packing on one warm machine
 # families  --filter 'tp=1 backend=torch,aiter-triton,aiter-triton-pa' (520 cases), 1 then auto
@@ -60,7 +62,7 @@ case " $STEPS " in *" warmup "*) ;; *)  # auto packs by recorded needs: a fresh 
 esac
 for s in $STEPS; do
   case $s in
-    warmup) orch_run warmup "${LIMIT[warmup]}" "$FAMILIES"; rows+=("warmup=$R/warmup.db:$R/warmup.log") ;;
+    warmup) orch_run warmup "${LIMIT[warmup]}" "${WARMUP_FILTER:-$FAMILIES}"; rows+=("warmup=$R/warmup.db:$R/warmup.log") ;;
     torch|families)
       filter=$TORCH; [ "$s" = families ] && filter=$FAMILIES
       orch_run "$s-1" "${LIMIT[$s]}" "$filter" --workers-per-gpu 1
