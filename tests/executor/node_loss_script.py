@@ -16,6 +16,8 @@ from orchestrator.executor.cluster import connect
 from orchestrator.executor.executor import ExecConfig, Executor
 from tests.executor.faulty_backends import make_case
 
+CASES = 40
+
 
 def main() -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": 80 * 1024**2})
@@ -24,7 +26,9 @@ def main() -> None:
     ray.init(address=cluster.address, log_to_driver=False)
     cluster.wait_for_nodes()
     info = connect("auto", devices="cpu", workers=4)  # 2 slots per node (0.25 CPU each)
-    cases = [make_case("slow", i) for i in range(12)]
+    # 0.3 s cases on 4 slots: 40 of them are ~3 s of work, so cases still run on the doomed node
+    # when it goes (with 12, ~1 s, a loaded CI box saw every case done before the removal landed).
+    cases = [make_case("slow", i) for i in range(CASES)]
     started = threading.Event()
     removal: dict = {"removed": False, "error": None}
 
