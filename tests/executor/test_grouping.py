@@ -76,6 +76,14 @@ def test_a_requeued_sibling_is_not_taken_again():
     assert [t.id for t in d.siblings(first, 0, now=0.0)] == []
 
 
+def _attempts(tasks: list[Task], gpus: int) -> tuple[Dispatcher, Attempts]:
+    """A dispatcher and attempts over `tasks` (each a case of its own seed), all queued."""
+    d = Dispatcher(tasks, [gpus])
+    at = Attempts({t.id: _case("NONE", seed=n) for n, t in enumerate(tasks)}, d, retries=1, unit="GPU")
+    at.queue(tasks)
+    return d, at
+
+
 def test_a_sibling_given_back_untried_still_goes_with_its_config():
     """A task handed out but given back before it ran (it did not suit a batch) is taken with its
     config when another of its modes leads; a requeued retry is not (the test above)."""
@@ -93,11 +101,7 @@ def test_a_config_mode_that_did_not_fit_a_batchs_fill_comes_back_with_its_config
     """c1's first mode did not fit c0's batch (budget 1 s) and was given back; when c1's second
     mode leads a batch, the first comes with it."""
     est = {"c0-m0": 0.9, "c1-m0": 0.7, "c1-m1": 0.6}
-    tasks = [Task(i, 1, e, "g", config=i.split("-")[0]) for i, e in est.items()]
-    cases = {t.id: _case("NONE", seed=n) for n, t in enumerate(tasks)}
-    d = Dispatcher(tasks, [2])
-    at = Attempts(cases, d, retries=1, unit="GPU")
-    at.queue(tasks)
+    d, at = _attempts([Task(i, 1, e, "g", config=i.split("-")[0]) for i, e in est.items()], 2)
     first = d.next_for(0, 1)
     at.taken(first)
     assert [t.id for t in at.batch(0, first, 1, "w0", 1.0, 64)] == ["c0-m0"]
@@ -182,11 +186,7 @@ def test_a_task_that_fills_a_batch_brings_its_config():
     """The group fill takes c1's first mode after c0's modes; c1's cheap modes come with it,
     although c2's first mode is longer and would end the fill (budget 10 s)."""
     est = {"c0": (3.0, 1.5, 1.5), "c1": (2.9, 0.1, 0.1), "c2": (2.8, 0.1, 0.1)}
-    tasks = [Task(f"{c}-m{m}", 1, e, "g", config=c) for c, es in est.items() for m, e in enumerate(es)]
-    cases = {t.id: _case("NONE", seed=i) for i, t in enumerate(tasks)}
-    d = Dispatcher(tasks, [4])
-    at = Attempts(cases, d, retries=1, unit="GPU")
-    at.queue(tasks)
+    d, at = _attempts([Task(f"{c}-m{m}", 1, e, "g", config=c) for c, es in est.items() for m, e in enumerate(es)], 4)
     first = d.next_for(0, 1)
     at.taken(first)
     batch = at.batch(0, first, 1, "w0", 10.0, 64)

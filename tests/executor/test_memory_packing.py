@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from junitparser import Error, JUnitXml
@@ -73,13 +74,21 @@ def test_out_of_memory_when_alone_is_infrastructure_in_every_output(ray_cluster,
     assert all(isinstance(c.result[0], Error) and "[oom]" in c.result[0].message for c in cases)
 
 
-def test_several_workers_per_gpu_take_shares_and_a_gangs_ranks_whole_devices(tmp_path):
+def _packing(tmp_path, *variant: str) -> tuple[dict, Path]:
+    """tests/executor/packing_script.py at 4 workers per fake GPU: its report and its case log."""
     log = tmp_path / "cases.jsonl"
     proc = subprocess.run(
-        [sys.executable, "tests/executor/packing_script.py", "4", str(log)], capture_output=True, text=True, timeout=240
+        [sys.executable, "tests/executor/packing_script.py", "4", str(log), *variant],
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1]), log
+
+
+def test_several_workers_per_gpu_take_shares_and_a_gangs_ranks_whole_devices(tmp_path):
+    report, log = _packing(tmp_path)
     assert report["slots"] == 8 and report["statuses"] == ["pass"] and report["results"] == 18
     by_tp = defaultdict(list)
     for spec in report["specs"]:
@@ -111,15 +120,7 @@ def test_a_case_that_needs_more_than_a_share_runs_on_a_wider_worker(tmp_path):
     """4 workers per fake GPU: a case recorded as needing 30 GiB of an 80 GiB device runs on a worker
     of three shares; a case that runs out of memory on one share runs again on a whole GPU, and
     its result says so (no FLAKY, no oom verdict); the rest run on one share each."""
-    log = tmp_path / "cases.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "tests/executor/packing_script.py", "4", str(log), "wide"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report, log = _packing(tmp_path, "wide")
     big, oom, *rest = report["cases"]
     assert report["statuses"] == ["pass"] and report["results"] == 8
     runs = defaultdict(list)
@@ -138,15 +139,7 @@ def test_a_configs_modes_take_the_widest_modes_share_on_one_worker(tmp_path):
     """4 workers per fake GPU: of a config's five cudagraph modes only the first recorded a need
     (30 GiB: the mode that paid the session; the others reused it), yet all five run on one worker
     of three shares, one after another; the other configs' cases on one share each."""
-    log = tmp_path / "cases.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "tests/executor/packing_script.py", "4", str(log), "config"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report, log = _packing(tmp_path, "config")
     modes, rest = report["cases"][:5], report["cases"][5:]
     assert report["statuses"] == ["pass"] and report["results"] == 9 and len(rest) == 4
     rows = {r["case"]: r for r in map(json.loads, log.read_text().splitlines())}
