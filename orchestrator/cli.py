@@ -180,7 +180,7 @@ def plan(**kwargs):
     show_default=True,
     metavar="N|auto",
     help="Workers sharing each GPU (Ray fractional GPUs, each within its memory budget); auto: as many as "
-    "the cases' recorded memory needs and the host's cores allow, 1 while the store has none "
+    "the cases' recorded memory needs and the host's cores allow, at most 2, 1 while the store has none "
     "(docs/EXECUTION.md, GPU memory).",
 )
 @click.option(
