@@ -32,6 +32,10 @@ from orchestrator.executor.verdicts import (
 )
 from orchestrator.scheduling.policy import Dispatcher, Task
 
+# How a widened case's log begins (its rerun on a whole GPU after running out of a share):
+# benchmarks/speed_table.py counts them.
+WIDENED = "out of device memory on a worker of"
+
 
 class Action(enum.Enum):
     ATTEMPT = "attempt"  # the result is an attempt of the case (Attempts.attempt)
@@ -181,10 +185,7 @@ class Attempts:
     def widen(self, task: Task, res: CaseResult, width: int, per_gpu: int) -> None:
         """Out of memory on a worker of `width` of `per_gpu` shares: run again on a whole GPU,
         where only an out-of-memory is its verdict (`oom`)."""
-        self.widened[task.id] = (
-            f"out of device memory on a worker of {width}/{per_gpu} of a GPU "
-            f"({first_line(res.reason)}): rerun on a whole GPU"
-        )
+        self.widened[task.id] = f"{WIDENED} {width}/{per_gpu} of a GPU ({first_line(res.reason)}): rerun on a whole GPU"
         self.requeue(task, dataclasses.replace(task, tp=per_gpu))
 
     def not_run(self, case: Case, reason: str, kind: ErrorKind = ErrorKind.PLACEMENT) -> None:
