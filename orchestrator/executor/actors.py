@@ -57,11 +57,6 @@ class WorkerInfo:
     preloaded: tuple[str, ...] = ()  # WORKER_PRELOAD modules already imported when the actor started
 
 
-# A case dict's extra key: the bytes the case was recorded to need (the store's memory_needs, sent
-# when several workers share a GPU), popped before Case.from_dict.
-MEMORY_NEED_KEY = "_memory_need"
-
-
 def actor_env(device_kind: str, threads: int = 1) -> dict[str, str]:
     """Environment the actor sets on itself first thing in __init__ (before anything imports
     torch or NCCL reads it). Not a Ray runtime_env: an actor with its own runtime_env cannot use
@@ -254,8 +249,10 @@ class CaseWorker:
             return f"not run: tp gang out of step after {case_id} ({type(e).__name__}); gang recycled"
         return ""
 
-    def run_batch(self, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Run cases in order on this rank; one result dict per case (exceptions become ERROR)."""
+    def run_batch(self, cases: list[dict[str, Any]], needs: list[int] | None = None) -> list[dict[str, Any]]:
+        """Run cases in order on this rank; one result dict per case (exceptions become ERROR).
+        `needs`: the bytes each case was recorded to need (several workers per GPU; 0: unknown),
+        room for which the worker's sessions make before the case (SessionCache.expect)."""
         from backend.case import Case
         from backend.result import CaseResult, Status
 
@@ -263,12 +260,10 @@ class CaseWorker:
         rank, world = self._gang
         out = []
         desync = ""
-        for d in cases:
-            d = dict(d)
-            need = int(d.pop(MEMORY_NEED_KEY, 0) or 0)
+        for i, d in enumerate(cases):
             case = Case.from_dict(d)
-            if need and self._sessions is not None:
-                self._sessions.expect(need)  # its recorded need: room made before its session is used
+            if self._sessions is not None:  # every case: one that never got its session leaves no need behind
+                self._sessions.expect(needs[i] if needs else 0)
             if desync:  # the gang is out of step: later cases are not run on it (driver requeues)
                 out.append(
                     CaseResult(

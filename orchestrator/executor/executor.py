@@ -22,7 +22,7 @@ from typing import Any
 from backend.case import Case
 from backend.result import CaseResult, Status
 from orchestrator.executor import gangs
-from orchestrator.executor.actors import MEMORY_NEED_KEY, read_tail
+from orchestrator.executor.actors import read_tail
 from orchestrator.executor.attempts import Action, Attempts, batch_deadline_s, classify
 from orchestrator.executor.cluster import ClusterInfo
 from orchestrator.executor.config import Deferral, ExecConfig, config_key, group_key
@@ -241,15 +241,12 @@ class Executor:
     def _timeout(self, task: Task) -> float:
         return self.config.timeout_s or self.attempts.cases[task.id].timeout_s
 
-    def _case_dict(self, case_id: str) -> dict[str, Any]:
-        """What a worker gets of a case: the case, and its recorded memory need when workers share
-        GPUs (the worker makes room for it before the case: SessionCache.expect)."""
-        d = self.attempts.cases[case_id].to_dict()
-        need = self.config.memory_needs.get(case_id, 0)
-        return {**d, MEMORY_NEED_KEY: need} if need else d
-
     def _submit(self, gang: Gang, batch: list[Task]) -> None:
-        refs = gangs.run_batch(gang, [self._case_dict(t.id) for t in batch])
+        # Each case's recorded need (set when workers share GPUs): the worker makes room for it first.
+        needs = [self.config.memory_needs.get(t.id, 0) for t in batch]
+        refs = gangs.run_batch(
+            gang, [self.attempts.cases[t.id].to_dict() for t in batch], needs if any(needs) else None
+        )
         allowed = batch_deadline_s([self._timeout(t) for t in batch], [t.est_s for t in batch])
         self.jobs.append(_Job(JobKind.BATCH, gang, refs, time.monotonic() + allowed, batch))
         gang.last_group = batch[-1].group

@@ -141,10 +141,10 @@ def join(gang: Gang, infos: list[WorkerInfo], timeout_s: float) -> list[Any]:
     return [a.setup_gang.remote(r, gang.tp, "127.0.0.1", port, timeout_s) for r, a in enumerate(gang.actors)]
 
 
-def run_batch(gang: Gang, case_dicts: list[dict[str, Any]]) -> list[Any]:
-    """Submit the batch on every rank; one ref per rank."""
+def run_batch(gang: Gang, case_dicts: list[dict[str, Any]], needs: list[int] | None = None) -> list[Any]:
+    """Submit the batch on every rank (`needs`: CaseWorker.run_batch's); one ref per rank."""
     gang.state = GangState.BUSY
-    return [a.run_batch.remote(case_dicts) for a in gang.actors]
+    return [a.run_batch.remote(case_dicts, needs) for a in gang.actors]
 
 
 def splits(gang: Gang, tp: int) -> bool:

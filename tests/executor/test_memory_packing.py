@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from junitparser import Error, JUnitXml
 
+from backend.result import CaseResult, Status
 from orchestrator.commands import run as run_cmd
 from orchestrator.errors import InputError
 from orchestrator.executor.packing import (
@@ -248,20 +249,25 @@ def test_gpu_memory_sizes(value, expected):
     assert parse_gib(value, "--gpu-memory") == expected
 
 
-def test_a_worker_is_sent_a_cases_recorded_need_only_when_there_is_one():
-    """Executor._case_dict: the case as the worker rebuilds it, plus its recorded need under
-    MEMORY_NEED_KEY (popped by the actor before Case.from_dict; the Ray runs above with recorded
-    needs would error otherwise)."""
-    from backend.case import Case
-    from orchestrator.executor.actors import MEMORY_NEED_KEY
-    from orchestrator.executor.attempts import Attempts
-    from orchestrator.executor.executor import ExecConfig, Executor
+def test_a_worker_expects_each_cases_recorded_need_before_it_runs(tmp_path):
+    """CaseWorker.run_batch (in process: the actor's loop without Ray) hands its sessions each
+    case's recorded need before the case, and 0 for a case without one: a case that never got its
+    session (a skip) leaves no need behind for the next."""
+    from backend.harness.session_cache import SessionCache
+    from orchestrator.executor.actors import CaseWorker, WorkerInfo
     from orchestrator.matrix import load_matrix
 
-    a, b = [c for c in load_matrix("matrices/smoke.yaml", devices="cpu").cases if c.tp == 1][:2]
-    ex = Executor.__new__(Executor)
-    ex.config = ExecConfig(memory_needs={a.case_id: 5 * GiB})
-    ex.attempts = Attempts({a.case_id: a, b.case_id: b}, None, retries=0, unit="GPU")
-    sent = ex._case_dict(a.case_id)
-    assert sent.pop(MEMORY_NEED_KEY) == 5 * GiB and Case.from_dict(sent) == a
-    assert MEMORY_NEED_KEY not in ex._case_dict(b.case_id)
+    a, b, c = [x for x in load_matrix("matrices/smoke.yaml", devices="cpu").cases if x.tp == 1][:3]
+    seen = {}
+
+    def runner(case, *, sessions, **_):
+        seen[case.case_id] = sessions.expected  # what the case's get() would make room for
+        return CaseResult(case_id=case.case_id, status=Status.PASS, requested_mode=case.mode, axes=case.axes)
+
+    w = CaseWorker.__new__(CaseWorker)
+    w._runner, w._sessions, w._gang, w._nvml, w.device = runner, SessionCache(), (0, 1), None, "cpu"
+    w.info_ = WorkerInfo("cpu-w0", "", "127.0.0.1", 0, (), "cpu", str(tmp_path / "w.log"))
+    w.run_batch([x.to_dict() for x in (a, b, c)], [5 * GiB, 0, 2 * GiB])
+    assert seen == {a.case_id: 5 * GiB, b.case_id: 0, c.case_id: 2 * GiB}
+    w.run_batch([a.to_dict()])
+    assert seen[a.case_id] == 0
