@@ -211,6 +211,8 @@ def kernel_floor(cases, sessions, solo_rank: bool, by_batch: bool = False) -> No
     groups = _by_provider(cases, by_batch)  # one floor per provider (or batch), then the whole slice
     total_wall = total_device = 0.0
     total_launches = 0
+    overall: dict[str, float] = defaultdict(float)  # the slice's kernels by name, every group summed
+    overall_n: Counter = Counter()
     for label, group in groups.items():
         t0 = time.perf_counter()
         with profile(activities=activities) as prof:
@@ -228,6 +230,8 @@ def kernel_floor(cases, sessions, solo_rank: bool, by_batch: bool = False) -> No
                 device_us += us
                 by_name[ev.name[:70]] += us
                 launches[ev.name[:70]] += 1
+                overall[ev.name[:70]] += us
+                overall_n[ev.name[:70]] += 1
         n = sum(launches.values())
         total_wall += wall
         total_device += device_us / 1e6
@@ -244,6 +248,8 @@ def kernel_floor(cases, sessions, solo_rank: bool, by_batch: bool = False) -> No
         f"{total_device:.3f} s ({total_device * 1e3 / max(len(cases), 1):.2f} ms a case), {total_launches} kernels "
         f"and copies; wall / device = {total_wall / max(total_device, 1e-9):.1f}"
     )
+    for name, us in sorted(overall.items(), key=lambda kv: -kv[1])[:30]:
+        print(f"  {us / 1e3:10.2f} ms {overall_n[name]:8d} x  {name}")
 
 
 # The helpers a step calls around the backend (module, attribute as the caller imported it).

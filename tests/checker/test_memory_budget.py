@@ -109,6 +109,28 @@ def test_a_recorded_need_makes_room_before_the_case_runs(monkeypatch):
     assert len(cache) == 1 and cache.evictions == 3
 
 
+def test_memory_the_process_holds_beside_its_sessions_counts_against_the_budget(monkeypatch):
+    """What the allocator says the process holds beyond its sessions and step caches (the step's
+    snapshot, eager sides, workspaces) takes room too: a recorded need that fits beside the
+    sessions alone evicts the older one when that memory is there."""
+    one, fp8 = _session_bytes(), _session_bytes("fp8")
+    monkeypatch.setattr(step_data, "cached_bytes", lambda: 0)
+
+    def run(untracked: int) -> SessionCache:
+        cache = SessionCache(capacity=64, budget=int(3.5 * one))
+        cache.allocated = lambda: cache.held_bytes() + untracked
+        run_case(make_case(mode="NONE", kv="auto", batch=DECODE), sessions=cache, device=CPU)
+        run_case(make_case(mode="NONE", kv="fp8", batch=DECODE), sessions=cache, device=CPU)
+        cache.expect(fp8 + one)  # the fp8 session (a hit) and one session's worth above it
+        res = run_case(make_case(mode="NONE", kv="fp8", batch=DECODE), sessions=cache, device=CPU)
+        assert res.status == Status.PASS, res.reason
+        return cache
+
+    assert run(0).evictions == 0  # both sessions and the need fit the budget
+    crowded = run(int(1.5 * one))
+    assert crowded.evictions == 1 and len(crowded) == 1
+
+
 def test_a_session_over_the_budget_alone_is_refused_before_it_is_built():
     built = []
     cache = SessionCache(budget=1024)
