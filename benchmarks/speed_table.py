@@ -8,8 +8,9 @@ DB: the run's results store (its latest run); LOG: its `orch run` output (the `t
 `wall` line /usr/bin/time appends). --same A,B: compare A's and B's verdicts case by case
 (benchmarks/diff_verdicts.py: status, and the name and outcome of every check).
 Medians are over the run's passing cases that ran at least one step of their own (not every step
-shared with an earlier mode of their config), in milliseconds. "rerun wider": cases that ran out of
-their worker's share of a GPU and ran again on a whole one (each also recycled a worker).
+shared with an earlier mode of their config), in milliseconds. "rerun fresh / wider": cases that ran
+out of memory on their worker's share of a GPU and ran again on a fresh worker of that share (their
+worker could not give its memory back and was recycled) / on a whole GPU.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from backend.harness.timing import NAMED
 from backend.result import Status
 from orchestrator.diff import compare
-from orchestrator.executor.attempts import WIDENED
+from orchestrator.executor.attempts import REFRESHED, WIDENED
 from orchestrator.store import ResultStore
 
 MEDIANS = ("total_s", *NAMED, "other_s")
@@ -63,7 +64,7 @@ def row(name: str, db: str, log: str) -> list[str]:
         cases.group(1) if cases else "-",
         busy.group(1) if busy else "n/a",
         f"{len(own)} / {len(passed) - len(own)}",
-        f"{sum(WIDENED in r.log_tail for r in ran)}",
+        f"{sum(REFRESHED in r.log_tail for r in ran)} / {sum(WIDENED in r.log_tail for r in ran)}",
         *meds,
     ]
 
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases phase s",
         "GPU busy",
         "own / shared",
-        "rerun wider",
+        "rerun fresh / wider",
         *[f"{k.removesuffix('_s')} ms" for k in MEDIANS],
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

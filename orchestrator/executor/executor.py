@@ -333,7 +333,9 @@ class Executor:
                 self.attempts.out_of_step(task, seen.reason)
             elif seen.action == Action.WIDEN:
                 assert seen.result is not None
-                self.attempts.widen(task, seen.result, self.pool.gang_width(g), self.pool.per_gpu)
+                self.attempts.out_of_memory(
+                    task, seen.result, self.pool.gang_width(g), self.pool.per_gpu, recycled=seen.recycle
+                )
             else:
                 assert seen.result is not None
                 self.attempts.attempt(task, seen.result, each_s)

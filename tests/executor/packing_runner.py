@@ -1,7 +1,9 @@
 """A runner for the packing test: no checker, no torch. It records which GPU Ray gave the worker,
 its share of it, the worker's process and when it ran, then passes; a case named in
 ORCH_PACKING_OOM runs out of memory (as the checker reports it: ERROR kind `oom`) on any worker
-of less than a whole GPU (tests/executor/test_memory_packing.py)."""
+of less than a whole GPU; one named in ORCH_PACKING_KEPT runs out of memory on the first worker
+it meets, which could not give its memory back (the checker's `unreleased`), and passes on the next
+(tests/executor/test_memory_packing.py)."""
 
 from __future__ import annotations
 
@@ -38,6 +40,19 @@ def run(case, *, rank: int = 0, world_size: int = 1, device=None, **_):
     }
     with open(os.environ["ORCH_PACKING_LOG"], "a") as f:
         f.write(json.dumps(line) + "\n")
+    if case.case_id in os.environ.get("ORCH_PACKING_KEPT", "").split(","):
+        with open(os.environ["ORCH_PACKING_LOG"]) as f:
+            first = sum(json.loads(line)["case"] == case.case_id for line in f) == 1
+        if first:
+            return CaseResult(
+                case_id=case.case_id,
+                status=Status.ERROR,
+                requested_mode=case.mode,
+                axes=case.axes,
+                error_kind="oom",
+                reason="OutOfMemoryError: CUDA out of memory; the worker could not give back 6.00 GiB: recycled",
+                memory={"unreleased": 6 << 30},
+            )
     if case.case_id in os.environ.get("ORCH_PACKING_OOM", "").split(",") and share < 1.0:
         return CaseResult(
             case_id=case.case_id,

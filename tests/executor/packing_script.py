@@ -5,7 +5,8 @@ Ray for per gang, and what each case's worker got (tests/executor/test_memory_pa
     python tests/executor/packing_script.py PER_GPU LOG [wide]
 
 `wide`: tp 1 cases only, the first recorded as needing 30 GiB of an 80 GiB device (a worker of
-three shares at 4 per GPU), the second running out of memory on any worker of less than a GPU.
+three shares at 4 per GPU), the second running out of memory on any worker of less than a GPU,
+the third on the first worker it meets, which keeps memory it cannot give back.
 `config`: the five cudagraph modes of one config, only the first recorded as needing 30 GiB (the
 mode that pays the config's session), and four cases of other configs.
 """
@@ -39,6 +40,7 @@ def main() -> None:
         tp1 = [lead, *(c for c in modes if c is not lead), *[c for c in m.cases if c.tp == 1 and c not in modes][:4]]
     if wide:
         os.environ["ORCH_PACKING_OOM"] = tp1[1].case_id
+        os.environ["ORCH_PACKING_KEPT"] = tp1[2].case_id
     import ray
 
     from orchestrator.executor import gangs

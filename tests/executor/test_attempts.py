@@ -9,7 +9,7 @@ import pytest
 
 from backend.case import BatchSpec, Case
 from backend.result import CaseResult, Status
-from orchestrator.executor.attempts import Action, Attempts, batch_deadline_s, classify
+from orchestrator.executor.attempts import REFRESHED, WIDENED, Action, Attempts, batch_deadline_s, classify
 from orchestrator.scheduling.policy import Dispatcher, Task
 
 P, F, E, T, N = Status.PASS, Status.FAIL, Status.ERROR, Status.TIMEOUT, Status.NOT_RUN
@@ -182,6 +182,27 @@ def test_widen_runs_the_case_again_on_a_whole_gpu_and_says_so():
     wide = _run(at, wide)
     at.attempt(wide, _res(wide, P), 1.0)
     assert at.final[task.id].log_tail.startswith("out of device memory on a worker of 1/4 of a GPU (out of memory)")
+
+
+@pytest.mark.parametrize("recycled, widths", [
+    # a worker that kept memory it could not give back: a fresh worker of the same share, then a whole GPU
+    (True, [1, 4]),
+    # a cleared worker that still ran out (the share is the limit): a whole GPU at once
+    (False, [4]),
+])  # fmt: skip # a table: one row per line, as it reads
+def test_out_of_memory_on_a_share_runs_again_fresh_then_on_a_whole_gpu(recycled, widths):
+    at, t = _setup(("a", 1, 1.0, ""), slots=(4,))
+    task, seen = _run(at, t["a"]), []
+    for _ in widths:  # out of memory on every worker it gets: where it goes next, each time
+        at.out_of_memory(task, _res(task, E, "oom", reason="out of memory"), task.tp, 4, recycled=recycled)
+        task = at.queued[task.id]
+        seen.append(task.tp)
+        task = _run(at, task)
+    assert seen == widths
+    at.attempt(task, _res(task, P), 1.0)
+    log = at.final[task.id].log_tail
+    assert log.startswith(REFRESHED if recycled else WIDENED)
+    assert (WIDENED in log) and (REFRESHED in log) == recycled
 
 
 @pytest.mark.parametrize("singles, avoid, target, expected", [

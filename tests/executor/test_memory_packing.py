@@ -16,6 +16,7 @@ from junitparser import Error, JUnitXml
 from backend.result import CaseResult, Status
 from orchestrator.commands import run as run_cmd
 from orchestrator.errors import InputError
+from orchestrator.executor.attempts import REFRESHED
 from orchestrator.executor.packing import (
     MAX_PER_GPU,
     GiB,
@@ -120,19 +121,25 @@ def test_several_workers_per_gpu_take_shares_and_a_gangs_ranks_whole_devices(tmp
 def test_a_case_that_needs_more_than_a_share_runs_on_a_wider_worker(tmp_path):
     """4 workers per fake GPU: a case recorded as needing 30 GiB of an 80 GiB device runs on a worker
     of three shares; a case that runs out of memory on one share runs again on a whole GPU, and
-    its result says so (no FLAKY, no oom verdict); the rest run on one share each."""
+    its result says so (no FLAKY, no oom verdict); one that runs out of memory beside what its
+    worker could not give back runs again on a fresh worker of one share; the rest run on one share
+    each."""
     report, log = _packing(tmp_path, "wide")
-    big, oom, *rest = report["cases"]
+    big, oom, kept, *rest = report["cases"]
     assert report["statuses"] == ["pass"] and report["results"] == 8
-    runs = defaultdict(list)
+    runs, pids = defaultdict(list), defaultdict(list)
     for line in log.read_text().splitlines():
         r = json.loads(line)
         runs[r["case"]].append(r["share"])
+        pids[r["case"]].append(r["pid"])
     assert runs[big] == [0.75]  # 30 GiB x 1.25 + 0.75 of 16 GiB shares (80 x 0.8 / 4): three
     assert runs[oom] == [0.25, 1.0]  # one share, out of memory, then the whole GPU
+    assert runs[kept] == [0.25, 0.25] and len(set(pids[kept])) == 2  # a fresh worker, the same share
     assert all(runs[c] == [0.25] for c in rest)
     status, attempts, log_tail = report["final"][oom]
     assert (status, attempts) == ("pass", 1) and "out of device memory on a worker of 1/4 of a GPU" in log_tail
+    status, attempts, log_tail = report["final"][kept]
+    assert (status, attempts) == ("pass", 1) and log_tail.startswith(REFRESHED)
     assert {s["memory"]["share"] for s in report["specs"]} == {0.25, 0.75, 1.0}
 
 
