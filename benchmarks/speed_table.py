@@ -10,7 +10,8 @@ DB: the run's results store (its latest run); LOG: its `orch run` output (the `t
 Medians are over the run's passing cases that ran at least one step of their own (not every step
 shared with an earlier mode of their config), in milliseconds. "rerun fresh / wider": cases that ran
 out of memory on their worker's share of a GPU and ran again on a fresh worker of that share (their
-worker could not give its memory back and was recycled) / on a whole GPU.
+worker could not give its memory back and was recycled) / on a whole GPU; "rerun tail s": how long
+the run went on after the last case that was not so rerun.
 """
 
 from __future__ import annotations
@@ -36,11 +37,26 @@ WALL = re.compile(r"^wall ([0-9.]+) s", re.MULTILINE)
 
 
 def _latest(db: str):
+    """The latest run's results, and when each case's last attempt finished (the driver's clock)."""
     with ResultStore(db, readonly=True) as store:
         rid = store.latest_run_id()
         if rid is None:
             raise ValueError(f"{db}: no runs")
-        return store.results(rid)
+        results = store.results(rid)
+        finished = {
+            r.case_id: log[-1]["finished_at"]
+            for r in results
+            if r.status != Status.SKIP and (log := store.attempt_log(rid, r.case_id))
+        }
+        return results, finished
+
+
+def rerun_tail(ran, finished: dict[str, float]) -> float:
+    """Seconds the run went on after its last case that was not rerun for memory had finished:
+    what the reruns on a fresh or a whole GPU added at the end (a whole GPU waits for the others)."""
+    rerun = {r.case_id for r in ran if REFRESHED in r.log_tail or WIDENED in r.log_tail}
+    rest = [t for c, t in finished.items() if c not in rerun]
+    return max(finished.values()) - max(rest) if rerun and rest else 0.0
 
 
 def row(name: str, db: str, log: str) -> list[str]:
@@ -48,7 +64,7 @@ def row(name: str, db: str, log: str) -> list[str]:
     if os.path.exists(log):
         with open(log, errors="replace") as f:
             text = f.read()
-    results = _latest(db)
+    results, finished = _latest(db)
     ran = [r for r in results if r.status != Status.SKIP]
     passed = [r for r in ran if r.status == Status.PASS]
     cases, busy, wall = CASES.search(text), BUSY.search(text), WALL.search(text)
@@ -65,6 +81,7 @@ def row(name: str, db: str, log: str) -> list[str]:
         busy.group(1) if busy else "n/a",
         f"{len(own)} / {len(passed) - len(own)}",
         f"{sum(REFRESHED in r.log_tail for r in ran)} / {sum(WIDENED in r.log_tail for r in ran)}",
+        f"{rerun_tail(ran, finished):.1f}",
         *meds,
     ]
 
@@ -112,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "GPU busy",
         "own / shared",
         "rerun fresh / wider",
+        "rerun tail s",
         *[f"{k.removesuffix('_s')} ms" for k in MEDIANS],
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
