@@ -37,18 +37,21 @@ WALL = re.compile(r"^wall ([0-9.]+) s", re.MULTILINE)
 
 
 def _latest(db: str):
-    """The latest run's results, and when each case's last attempt finished (the driver's clock)."""
     with ResultStore(db, readonly=True) as store:
         rid = store.latest_run_id()
         if rid is None:
             raise ValueError(f"{db}: no runs")
-        results = store.results(rid)
-        finished = {
-            r.case_id: log[-1]["finished_at"]
-            for r in results
-            if r.status != Status.SKIP and (log := store.attempt_log(rid, r.case_id))
-        }
-        return results, finished
+        return store.results(rid)
+
+
+def _finished(db: str) -> dict[str, float]:
+    """When each case of the latest run that ran finished its last attempt (the driver's clock)."""
+    with ResultStore(db, readonly=True) as store:
+        rid = store.latest_run_id()
+        if rid is None:
+            raise ValueError(f"{db}: no runs")
+        logs = {r.case_id: store.attempt_log(rid, r.case_id) for r in store.results(rid) if r.status != Status.SKIP}
+        return {c: log[-1]["finished_at"] for c, log in logs.items() if log}
 
 
 def rerun_tail(ran, finished: dict[str, float]) -> float:
@@ -64,7 +67,7 @@ def row(name: str, db: str, log: str) -> list[str]:
     if os.path.exists(log):
         with open(log, errors="replace") as f:
             text = f.read()
-    results, finished = _latest(db)
+    results, finished = _latest(db), _finished(db)
     ran = [r for r in results if r.status != Status.SKIP]
     passed = [r for r in ran if r.status == Status.PASS]
     cases, busy, wall = CASES.search(text), BUSY.search(text), WALL.search(text)
