@@ -24,3 +24,33 @@ def _r(case_id: str, note: str = "") -> CaseResult:
 def test_rerun_tail(notes, finished, tail):
     ran = [_r(c, notes.get(c, "")) for c in finished]
     assert rerun_tail(ran, finished) == pytest.approx(tail)
+
+
+def test_the_table_of_a_store_with_a_widened_case(tmp_path):
+    """The whole table from a real store: its three sections, and a case widened at the end counted
+    in its run's row with the tail it made."""
+    import time
+
+    from benchmarks.speed_table import main
+    from orchestrator.store import NewRun, ResultStore
+    from tests.results import samples
+
+    cases = samples.make_cases()
+    db, log = tmp_path / "r.db", tmp_path / "r.log"
+    log.write_text("time: first to last result 3.5s\nwall 9.0 s, max rss 1 KB\n")
+    with ResultStore(str(db)) as s:
+        rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases))
+        s.record_many(rid, [(samples.result_for(c), True) for c in cases[1:]])
+        time.sleep(0.2)  # the widened case finishes after every other one
+        s.record(rid, samples.result_for(cases[0], log_tail=f"{WIDENED} 1/2 of a GPU (oom): rerun on a whole GPU"))
+        s.finish_run(rid, "finished")
+    out = tmp_path / "speed.md"
+    assert main([f"run={db}:{log}", "--same", "run,run", "--out", str(out)]) == 0
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| run |") and "3.5" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:4] == ["run", str(len(cases)), "9.0", "3.5"] and cells[6] == "0 / 1" and float(cells[7]) >= 0.2
+    summed = text.split("| run (s summed over cases) |")[1].splitlines()[2]
+    assert float(summed.split("|")[2]) == pytest.approx(sum(1.5 + c.tp for c in cases))  # every case's total_s
+    assert "- heaviest in run: " in text and "Error" not in text
+    assert "- verdicts run vs run: identical" in text
