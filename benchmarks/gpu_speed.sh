@@ -19,7 +19,9 @@
 # WARMUP_FILTER: the warm-up's slice (default the families'): WARMUP_FILTER='tp=1 backend=torch'
 #           STEPS="warmup auto families" is the torch slice 1 vs auto, then the families' slice
 # auto:N, mps:N   the same with N workers per GPU instead of auto (runs torch-wN, torch-mpsN):
-#           STEPS="warmup auto auto:2 mps mps:2" sizes the packing on one warm machine
+#           STEPS="warmup auto auto:2 mps mps:2" sizes the packing on one warm machine; after a
+#           `torch` step their verdicts are compared with torch-1's (the warm-up may be another slice):
+#           STEPS="torch auto:3 auto:4 families" on a machine warm from STEPS=warmup
 # families  --filter 'tp=1 backend=torch,aiter-triton,aiter-triton-pa' (520 cases), 1 then auto
 # Both runs of a slice start from a copy of the warm-up's store when there is one (the same
 # history and memory needs), else from an empty one. RUN_ARGS: more `orch run` options for every
@@ -68,12 +70,13 @@ for s in $STEPS; do
       orch_run "$s-1" "${LIMIT[$s]}" "$filter" --workers-per-gpu 1
       orch_run "$s-auto" "${LIMIT[$s]}" "$filter" --workers-per-gpu "${AUTO:-auto}"
       rows+=("$s-1=$R/$s-1.db:$R/$s-1.log" "$s-auto=$R/$s-auto.db:$R/$s-auto.log")
-      pairs+=(--same "$s-1,$s-auto") ;;
+      pairs+=(--same "$s-1,$s-auto")
+      [ "$s" = torch ] && base_run=torch-1 ;;  # the later auto:N / mps runs' verdicts against it
     auto|auto:*)  # the torch slice packed, against the warm-up's one worker (STEPS="warmup auto mps",
       # FAMILY_FILTER set to the torch slice: one fresh one-worker run that records the needs, then auto)
       n=${s#auto}; n=${n#:}; name=torch-${n:+w$n}; name=${name%-}; [ -n "$n" ] || name=torch-auto
       orch_run "$name" "${LIMIT[torch]}" "$TORCH" --workers-per-gpu "${n:-${AUTO:-auto}}"
-      rows+=("$name=$R/$name.db:$R/$name.log"); pairs+=(--same "warmup,$name") ;;
+      rows+=("$name=$R/$name.db:$R/$name.log"); pairs+=(--same "${base_run:-warmup},$name") ;;
     mps|mps:*)
       n=${s#mps}; n=${n#:}; name=torch-mps$n
       if command -v nvidia-cuda-mps-control > /dev/null; then
@@ -85,7 +88,7 @@ for s in $STEPS; do
         for _ in $(seq 20); do pgrep -x nvidia-cuda-mps > /dev/null || break; sleep 0.5; done  # before the next start
         step "MPS daemon stopped"
         unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-        rows+=("$name=$R/$name.db:$R/$name.log"); pairs+=(--same "warmup,$name")
+        rows+=("$name=$R/$name.db:$R/$name.log"); pairs+=(--same "${base_run:-warmup},$name")
       else
         step "no nvidia-cuda-mps-control"
       fi ;;

@@ -514,3 +514,20 @@ def test_broken_vllm_backend_turns_the_gate_red(mutant, filter_expr, red, check)
         else:
             assert r.status == Status.PASS, (case.case_id, r.reason)
     assert set(outcome.new_failures) == {c.case_id for c in cases if c.batch.name in red}
+
+
+def test_without_vllms_class_a_swa_backends_sinks_are_unknown_not_absent(monkeypatch):
+    """A machine without vllm: vllm:TRITON_ATTN for swa_sinks declares the sinks it cannot check
+    (its cases skip with the unavailable line), so a matrix asking for sinks still plans; read as
+    absent, `orch plan matrices/vllm-families.yaml` exited 2 there. The same holds where vllm is
+    installed: its class is what the load returns, so the load is made to fail here."""
+    from backend.adapters.vllm import current, swa
+
+    monkeypatch.setattr(current, "load", lambda name: (None, "unavailable: vllm is not installed"))
+    swa.make_swa_backend.cache_clear()
+    try:
+        cls = swa.make_swa_backend("TRITON_ATTN")
+        assert cls.features == ("sinks",)
+        assert cls.unavailable_reason(torch.device("cpu")).startswith("unavailable: vllm is not installed")
+    finally:
+        swa.make_swa_backend.cache_clear()

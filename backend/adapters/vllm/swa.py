@@ -163,7 +163,10 @@ def make_swa_backend(name: str) -> type[SWABackend]:
     says why when it cannot be used here)."""
     cls, why = current.load(name)
     support = current.support_level(cls, None) if cls is not None else AttentionCGSupport.NEVER
-    sinks = bool(cls is not None and getattr(cls, "supports_sink", lambda: False)())
+    # Without vLLM's class (no vllm here, or it cannot be loaded) its sinks are unknown, not absent:
+    # its cases skip with unavailable_reason's line, and a matrix asking for sinks is no mistake.
+    # Read as absent, `orch plan matrices/vllm-families.yaml` exited 2 on a machine without vllm.
+    sinks = cls is None or bool(getattr(cls, "supports_sink", lambda: False)())
     builder = type(f"{name}SWABuilder", (VllmSWABuilder,), {"backend_name": name})
     impl = type(f"{name}SWAImpl", (VllmSWAImpl,), {"backend_name": name})
 
