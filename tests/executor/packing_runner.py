@@ -42,24 +42,22 @@ def run(case, *, rank: int = 0, world_size: int = 1, device=None, **_):
         f.write(json.dumps(line) + "\n")
     if case.case_id in os.environ.get("ORCH_PACKING_KEPT", "").split(","):
         with open(os.environ["ORCH_PACKING_LOG"]) as f:
-            first = sum(json.loads(line)["case"] == case.case_id for line in f) == 1
-        if first:
-            return CaseResult(
-                case_id=case.case_id,
-                status=Status.ERROR,
-                requested_mode=case.mode,
-                axes=case.axes,
-                error_kind="oom",
-                reason="OutOfMemoryError: CUDA out of memory; the worker could not give back 6.00 GiB: recycled",
-                memory={"unreleased": 6 << 30},
-            )
+            if sum(json.loads(line)["case"] == case.case_id for line in f) == 1:  # its first worker
+                reason = "OutOfMemoryError: CUDA out of memory; the worker could not give back 6.00 GiB: recycled"
+                return _oom(case, reason, memory={"unreleased": 6 << 30})
     if case.case_id in os.environ.get("ORCH_PACKING_OOM", "").split(",") and share < 1.0:
-        return CaseResult(
-            case_id=case.case_id,
-            status=Status.ERROR,
-            requested_mode=case.mode,
-            axes=case.axes,
-            error_kind="oom",
-            reason=f"out of memory when alone: needs at least 30.00 GiB of a {share:g} GPU",
-        )
+        return _oom(case, f"out of memory when alone: needs at least 30.00 GiB of a {share:g} GPU")
     return CaseResult(case_id=case.case_id, status=Status.PASS, requested_mode=case.mode, axes=case.axes)
+
+
+def _oom(case, reason: str, memory: dict | None = None) -> CaseResult:
+    """The checker's out-of-memory verdict (ERROR kind `oom`)."""
+    return CaseResult(
+        case_id=case.case_id,
+        status=Status.ERROR,
+        requested_mode=case.mode,
+        axes=case.axes,
+        error_kind="oom",
+        reason=reason,
+        memory=memory or {},
+    )
