@@ -34,7 +34,7 @@ from backend.harness.churn import churn
 from backend.harness.distributed import all_gather_objects, gang_id
 from backend.harness.environment import default_device, device_label, versions
 from backend.harness.memory import OOM_KIND, CaseMemory, gib, is_oom
-from backend.harness.model import TPLayout, layout_reasons
+from backend.harness.model import TPLayout, clear_weights, layout_reasons
 from backend.harness.modes import CUDAGraphMode, UnsupportedModeError
 from backend.harness.scratch import SCRATCH, capture_checked, mark_scratch, take_snapshot
 from backend.harness.session import CaptureFailed, Session, attention_config
@@ -127,8 +127,10 @@ def run_case(
 
 def clear_process_caches() -> None:
     """Forget what this process memoised across cases (references, step inputs, the snapshot
-    scratch): the state of a worker that has run nothing yet, but for its SessionCache."""
+    scratch, the model's weights): the state of a worker that has run nothing yet, but for its
+    SessionCache."""
     step_data.REFERENCES.clear()
+    clear_weights()
     SCRATCH.clear()
     mark_scratch(None)
     step_data.INPUTS.clear()

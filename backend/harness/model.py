@@ -152,6 +152,15 @@ def _device_layers(shape: ModelShape, layout: TPLayout, device: str) -> tuple[di
     return tuple(_shard_layers(make_weights(shape, device=device), layout, shape, torch.device(device)))
 
 
+def clear_weights() -> None:
+    """Forget the process's cached weights (the next session draws them again, the same values).
+    At full.yaml's GPU shape one model's fp32 weights and its rank's shard are 1.3 GB on the device:
+    a worker that ran out of memory and dropped its sessions and caches still held 4-8 GiB, over
+    the limit past which it is recycled (memory.UNRELEASED_LIMIT)."""
+    _make_weights_cached.cache_clear()
+    _device_layers.cache_clear()
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + _EPS) * weight.float()).to(x.dtype)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.harness import checker, step_data
+from backend.harness import checker, model, step_data
 from backend.harness.checker import SessionCache, run_case
 from backend.harness.memory import OOM_KIND, GiB, MemoryBudget, is_oom
 from backend.harness.session_cache import SessionTooLarge
@@ -147,13 +147,18 @@ def test_a_session_over_the_budget_alone_is_refused_before_it_is_built():
 def test_out_of_memory_once_is_rerun_on_a_cleared_worker_and_passes(monkeypatch):
     monkeypatch.setitem(out_of_memory._RAISED, "done", False)
     cache = SessionCache(capacity=8)
-    run_case(make_case(mode="NONE", batch=DECODE), device=CPU, sessions=cache)  # another session, cached
+    first = make_case(mode="NONE", batch=DECODE)
+    run_case(first, device=CPU, sessions=cache)  # another session, cached
+    weights = model.make_weights(first.model, device=CPU)  # the process's cached weights
     res = run_case(
         make_case(backend="tests.mutants.out_of_memory:OnceBackend", batch=DECODE), device=CPU, sessions=cache
     )
     assert res.status == Status.PASS, res.reason
     assert "rerun once on a cleared worker" in res.log_tail and "1 cached session" in res.log_tail
     assert len(cache) == 1  # the earlier session was dropped; the rerun's is kept
+    # The weights went with the other caches (on a GPU they kept the worker from giving its memory
+    # back), and the rerun drew them again.
+    assert model.make_weights(first.model, device=CPU) is not weights
 
 
 def test_out_of_memory_again_when_alone_is_error_oom_never_fail_or_flaky():
