@@ -105,12 +105,16 @@ def run_case(
         gc.collect()  # what the process caches held in reference cycles (sessions.clear collected before them)
         torch.cuda.empty_cache()
     left = memory.unreleased(device)
+    # Live tensors something still holds, against blocks the allocator could not unmap: which of the
+    # two a recycled worker kept is the first thing its fix needs to know.
+    live = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     if left > memory.UNRELEASED_LIMIT:
         # Nothing of this process is clean any more: the executor recycles the worker and reruns
         # the case on a fresh one (orchestrator/executor/verdicts.py).
         return result.replace(
-            reason=f"{result.reason}; the worker could not give back {gib(left)} after dropping its sessions: recycled",
-            memory={**result.memory, "unreleased": int(left)},
+            reason=f"{result.reason}; the worker could not give back {gib(left)} ({gib(live)} of it in live "
+            "tensors) after dropping its sessions: recycled",
+            memory={**result.memory, "unreleased": int(left), "unreleased_live": int(live)},
         )
     if world_size != 1:
         return result

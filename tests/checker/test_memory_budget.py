@@ -221,4 +221,4 @@ def test_a_worker_that_cannot_give_its_memory_back_is_not_reused_for_the_rerun(m
         device=CPU,
     )
     assert len(calls) == 1 and res.error_kind == OOM_KIND and res.memory["unreleased"] == 9 * GiB
-    assert "could not give back 9.00 GiB" in res.reason
+    assert "could not give back 9.00 GiB (0.00 GiB of it in live tensors)" in res.reason
