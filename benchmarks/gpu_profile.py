@@ -211,7 +211,7 @@ def kernel_floor(cases, sessions, solo_rank: bool, by_batch: bool = False) -> No
     groups = _by_provider(cases, by_batch)  # one floor per provider (or batch), then the whole slice
     total_wall = total_device = 0.0
     total_launches = 0
-    overall: dict[str, float] = defaultdict(float)  # the slice's kernels by name, every group summed
+    overall: Counter = Counter()  # the slice's kernels by name (device us), every group summed
     overall_n: Counter = Counter()
     for label, group in groups.items():
         t0 = time.perf_counter()
@@ -230,9 +230,9 @@ def kernel_floor(cases, sessions, solo_rank: bool, by_batch: bool = False) -> No
                 device_us += us
                 by_name[ev.name[:70]] += us
                 launches[ev.name[:70]] += 1
-                overall[ev.name[:70]] += us
-                overall_n[ev.name[:70]] += 1
         n = sum(launches.values())
+        overall.update(by_name)
+        overall_n.update(launches)
         total_wall += wall
         total_device += device_us / 1e6
         total_launches += n

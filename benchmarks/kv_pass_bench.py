@@ -15,6 +15,7 @@ bandwidth it reached (bytes read and written over the time).
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -43,7 +44,10 @@ def digest_torch(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return sum((rows[p].to(torch.int64) * w[p]).sum(dim=-1) for p in range(rows.shape[0]))
 
 
-def digest_triton(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+@functools.cache
+def _digest_kernel():
+    """The Triton kernel, made once (a @triton.jit made per call compiles per call: its timing
+    would be the compile). Triton is imported only here: a CPU box has none."""
     import triton
     import triton.language as tl
 
@@ -59,6 +63,11 @@ def digest_triton(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             acc += tl.sum(v * k[None, :], axis=1)
         tl.store(out + s, acc, mask=s < n)
 
+    return triton, kernel
+
+
+def digest_triton(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    triton, kernel = _digest_kernel()
     planes, slots, words = rows.shape
     out = torch.empty(slots, dtype=torch.int64, device=rows.device)
     bs = 8

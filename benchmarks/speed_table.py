@@ -44,13 +44,12 @@ def _latest(db: str):
         return store.results(rid)
 
 
-def _finished(db: str) -> dict[str, float]:
-    """When each case of the latest run that ran finished its last attempt (the driver's clock)."""
+def _finished(db: str, ran) -> dict[str, float]:
+    """When each case of `ran` (the latest run's, as _latest read them) finished its last attempt
+    (the driver's clock)."""
     with ResultStore(db, readonly=True) as store:
         rid = store.latest_run_id()
-        if rid is None:
-            raise ValueError(f"{db}: no runs")
-        logs = {r.case_id: store.attempt_log(rid, r.case_id) for r in store.results(rid) if r.status != Status.SKIP}
+        logs = {r.case_id: store.attempt_log(rid, r.case_id) for r in ran} if rid is not None else {}
         return {c: log[-1]["finished_at"] for c, log in logs.items() if log}
 
 
@@ -67,8 +66,9 @@ def row(name: str, db: str, log: str) -> list[str]:
     if os.path.exists(log):
         with open(log, errors="replace") as f:
             text = f.read()
-    results, finished = _latest(db), _finished(db)
+    results = _latest(db)
     ran = [r for r in results if r.status != Status.SKIP]
+    finished = _finished(db, ran)
     passed = [r for r in ran if r.status == Status.PASS]
     cases, busy, wall = CASES.search(text), BUSY.search(text), WALL.search(text)
     # Cases that ran a step of their own: a config's later modes share the steps an earlier mode

@@ -105,10 +105,10 @@ def run_case(
         gc.collect()  # what the process caches held in reference cycles (sessions.clear collected before them)
         torch.cuda.empty_cache()
     left = memory.unreleased(device)
-    # Live tensors something still holds, against blocks the allocator could not unmap: which of the
-    # two a recycled worker kept is the first thing its fix needs to know.
-    live = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     if left > memory.UNRELEASED_LIMIT:
+        # Live tensors something still holds, against blocks the allocator could not unmap: which
+        # of the two a recycled worker kept is the first thing its fix needs to know.
+        live = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         # Nothing of this process is clean any more: the executor recycles the worker and reruns
         # the case on a fresh one (orchestrator/executor/verdicts.py).
         return result.replace(

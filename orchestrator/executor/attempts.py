@@ -42,7 +42,7 @@ REFRESHED = "out of device memory in a worker that could not give its memory bac
 
 class Action(enum.Enum):
     ATTEMPT = "attempt"  # the result is an attempt of the case (Attempts.attempt)
-    WIDEN = "widen"  # out of memory on a share of a GPU: run again on a whole GPU (Attempts.widen)
+    WIDEN = "widen"  # out of memory on a share of a GPU: run again on a fresh worker or a whole GPU (Attempts.out_of_memory)
     OUT_OF_STEP = "out_of_step"  # an innocent case on a gang whose ranks fell out of step
 
 
