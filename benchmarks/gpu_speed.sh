@@ -12,7 +12,7 @@
 # base      the torch slice with 1 worker from an older tree (BASE, default .base, git-ignored:
 #           mkdir .base && git archive <commit> | tar -x -C .base; carry [".whl", ".base"]), its
 #           verdicts against torch-1's: `STEPS="torch base"` is this tree's work against that one
-#           on the same machine, in one call
+#           on the same machine, in one call; base:N (base:auto) the same with N workers per GPU
 # auto      the torch slice with auto only (its verdicts against the warm-up's)
 # mps       the torch slice with auto under NVIDIA's MPS daemon (the workers' kernels share one
 #           context instead of time-slicing the device), its verdicts against the warm-up's
@@ -92,10 +92,11 @@ for s in $STEPS; do
       else
         step "no nvidia-cuda-mps-control"
       fi ;;
-    base)
+    base|base:*)
       base=$(cd "${BASE:-.base}" 2> /dev/null && pwd) || { echo "== no old tree at ${BASE:-.base}" >> "$log"; continue; }
-      TREE=$base orch_run base-1 "${LIMIT[torch]}" "$TORCH" --workers-per-gpu 1
-      rows+=("base-1=$R/base-1.db:$R/base-1.log"); pairs+=(--same "base-1,torch-1") ;;
+      n=${s#base}; n=${n#:}; n=${n:-1}
+      TREE=$base orch_run "base-$n" "${LIMIT[torch]}" "$TORCH" --workers-per-gpu "$n"
+      rows+=("base-$n=$R/base-$n.db:$R/base-$n.log"); pairs+=(--same "base-$n,${base_run:-warmup}") ;;
   esac
   pack
 done

@@ -59,3 +59,28 @@ def test_a_configs_none_case_runs_no_eager_step_of_its_own(monkeypatch):
     monkeypatch.setattr(Session, "run_eager_step", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
     r = run_case(make_case("torch", "NONE", "auto", MIXED), sessions=sessions)
     assert r.status.value == "pass" and not calls, (r.reason, len(calls))
+
+
+ACCUMULATE = "tests.mutants.stray_accumulate:Backend"
+
+
+def test_a_first_run_that_wrote_outside_is_undone_before_the_second(monkeypatch):
+    """The eager side puts back only the real slots between its two runs and judges the second
+    against the whole snapshot; where anything outside them changed, the second run runs again
+    from a whole copy. A backend whose every run moves a context byte it reads then gets the
+    verdicts it gets with a whole copy between the runs: deterministic, red in the kv check."""
+    got = {}
+    for reuse in (True, False):
+        if not reuse:
+            monkeypatch.setattr(sides, "second_run_as_eager_path", lambda session, state: False)
+        sessions = SessionCache(capacity=8)
+        got[reuse] = [
+            (r.status, r.reason, tuple((c.name, c.passed, c.detail) for c in r.checks))
+            for batch in (DECODE, MIXED)
+            for r in [run_case(make_case(ACCUMULATE, "NONE", "auto", batch), sessions=sessions)]
+        ]
+        monkeypatch.undo()
+    assert got[True] == got[False]
+    for status, reason, checks in got[True]:
+        passed = {name: ok for name, ok, _ in checks}
+        assert status.value == "fail" and passed["determinism"] and not passed["kv_integrity"], (reason, checks)
