@@ -7,6 +7,7 @@ where the run did; and the README's two commands in order in a clean clone."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -247,6 +248,8 @@ def _plan(capsys, *argv) -> dict:
 @pytest.mark.parametrize("name", list(OVERRIDES))
 def test_a_backend_override_skips_what_it_cannot_run_with_the_reason(capsys, no_vllm, name):
     backend, why = OVERRIDES[name]
+    if backend.startswith("vllm:") and importlib.util.find_spec("vllm") is None:  # no_vllm hides only the release
+        pytest.skip("vllm not usable here (docs/VLLM.md): whether a vLLM class has sinks is the class's answer")
     plan = _plan(capsys, "--backend", backend)
     for family, words in why.items():
         reasons = {
