@@ -56,15 +56,18 @@ class SharedCluster:
         """`placing`: (tp, started, pg) of our pending placements. True: a placement waits for
         resources in use, give back idle gangs (ours may be what it waits for)."""
         now = time.monotonic()
+        if self.waiting_since is not None and not placing:
+            # Said on the first turn with nothing left to place, not at the next state query: a
+            # run whose last gang got in may end before then (2 s), and the notice was lost.
+            self.on_notice(f"placement: got the {self.unit}s after waiting {now - self.waiting_since:.0f}s")
+            self.waiting_since = None
+            return False
         if now - self._checked < CHECK_EVERY_S:
             return False
         self._checked = now
         late = [(tp, pg) for tp, started, pg in placing if now - started >= self.config.wait_notice_s]
         waiting = [(tp, held) for tp, held in ((tp, self.waits(pg, ours())) for tp, pg in late) if held is not None]
         if not waiting:
-            if self.waiting_since is not None and not placing:
-                self.on_notice(f"placement: got the {self.unit}s after waiting {now - self.waiting_since:.0f}s")
-                self.waiting_since = None
             return False
         others = [(tp, held) for tp, held in waiting if held[0] > 0]
         if others:

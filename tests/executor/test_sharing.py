@@ -60,3 +60,18 @@ def test_a_placement_held_up_by_another_job_waits_says_so_and_frees_idle_gangs(r
         notices
     )
     assert any("got the CPU workers after waiting" in n for n in notices), notices
+
+
+def test_the_end_of_a_wait_is_said_on_the_first_turn_with_nothing_left_to_place():
+    """Ray's state is queried every CHECK_EVERY_S, but the end of a wait needs no query: a run whose
+    last gang got in within those 2 s ended before the next query and never said it (the test
+    above was red about one run in four)."""
+    from orchestrator.executor.sharing import SharedCluster
+
+    notices: list[str] = []
+    shared = SharedCluster(None, ExecConfig(runner=RUNNER), notices.append, "CPU worker")  # type: ignore[arg-type]
+    shared.waiting_since = time.monotonic() - 3.0
+    shared._checked = time.monotonic()  # a state query this very moment: the next is 2 s away
+    assert shared.tick([], lambda: 0.0) is False
+    assert len(notices) == 1 and notices[0].startswith("placement: got the CPU workers after waiting 3s"), notices
+    assert shared.tick([], lambda: 0.0) is False and len(notices) == 1  # said once
