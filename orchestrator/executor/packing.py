@@ -20,10 +20,11 @@ from orchestrator.errors import InputError
 GiB = 1024**3
 # `auto`'s cap. Workers of one GPU time-slice its device work (without MPS their contexts never
 # run kernels at once), and once the GPU is busy most of the time each worker more only stretches
-# the others' steps: the H100's torch slice (16 cores, threads at each worker's share, verdicts
-# identical) took 32.6 s with 1 worker, 22.3 s with 2, 29.1 s with 4; under MPS 25.4 s (2) and
-# 27.4 s (4). docs/BENCHMARKS.md, issue 45's sixth session.
-MAX_PER_GPU = 2
+# the others' steps. The H100's torch slice (16 cores, threads at each worker's share, verdicts
+# identical, no out-of-memory rerun): 35.5 s with 1 worker, 22.0 s with 2, 17.5 s with 3 (NVML
+# 41% / 73% / 87%); 4 had been slower than 2 while its out-of-memory reruns ran alone at the end.
+# docs/BENCHMARKS.md, issue 45's sixth and eighth sessions.
+MAX_PER_GPU = 3
 # `auto` leaves each worker at least this many of the host's cores for its torch threads (every GPU
 # worker runs its share of the node's cores: threads.worker_threads). In the issue's H100 runs of
 # the torch slice with the threads set by hand, 4 workers of 4 threads beat 8 workers of 2 (cases

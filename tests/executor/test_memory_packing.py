@@ -224,17 +224,18 @@ def test_auto_packs_by_recorded_needs_and_cores(name, need, device, util, cores,
 
 
 DEFAULT_CAP = [
-    # (name, need, device bytes, cores, gpus, expected): the default cap, 2 (measured: the GPU's
+    # (name, need, device bytes, cores, gpus, expected): the default cap, 3 (measured: the GPU's
     # device work time-slices between more workers, packing.MAX_PER_GPU)
-    ("H100, 16 cores: 2, not the cores' 4", NEED, 80 * GiB, 16, 1, 2),
-    ("H200, 64 cores: 2", NEED, 141 * GiB, 64, 1, 2),
+    ("H100, 16 cores: 3, not the cores' 4", NEED, 80 * GiB, 16, 1, 3),
+    ("H200, 64 cores: 3", NEED, 141 * GiB, 64, 1, 3),
+    ("H100, 8 cores: the cores' 2", NEED, 80 * GiB, 8, 1, 2),
     ("24 GiB card: memory's 1", NEED, 24 * GiB, 16, 1, 1),
     ("2 cores: 1", NEED, 80 * GiB, 2, 1, 1),
 ]
 
 
 @pytest.mark.parametrize("name,need,device,cores,gpus,expected", DEFAULT_CAP, ids=[a[0] for a in DEFAULT_CAP])
-def test_auto_stops_at_two_per_gpu(name, need, device, cores, gpus, expected):
+def test_auto_stops_at_the_cap(name, need, device, cores, gpus, expected):
     packing = auto_per_gpu(need, device, 0.9, cores, gpus)
     assert packing.per_gpu == expected, packing.why
     assert f"cap {MAX_PER_GPU}" in packing.why  # the run's workers line says why
