@@ -36,16 +36,7 @@ from backend.harness.environment import default_device, device_label, versions
 from backend.harness.memory import OOM_KIND, CaseMemory, gib, is_oom
 from backend.harness.model import TPLayout, clear_weights, layout_reasons
 from backend.harness.modes import CUDAGraphMode, UnsupportedModeError
-from backend.harness.scratch import (
-    SCRATCH,
-    capture_checked,
-    keep_slots,
-    mark_scratch,
-    restore_kept,
-    scratch_in_sync,
-    snapshot_is_partial,
-    take_snapshot,
-)
+from backend.harness.scratch import SCRATCH, capture_checked, mark_scratch, take_snapshot
 from backend.harness.session import CaptureFailed, Session, attention_config
 from backend.harness.session_cache import SessionCache, SessionTooLarge
 from backend.harness.sides import add_step, eager_side, graph_side
@@ -337,54 +328,6 @@ def _safe(fn, *args) -> str:
         return "unknown"
 
 
-def _fresh_step(
-    case: Case, session: Session, plan, d, graph_key, eager, plans, clock: Clock, phases: dict[str, list], trust: bool
-):
-    """One step run from the caches as they are: the churn before a replay (GPU), the inputs and
-    context fill, the snapshot, the eager side unless `eager` is memoised, and the graph side.
-    `trust`: the churn writes nothing (the scratch stays in sync through it). Returns (eager side,
-    graph side, the scratch's rows at the real slots when the snapshot trusted it, else None:
-    restore_kept puts the caches back as they were before this step)."""
-    t0 = clock.now()
-    state = session.family.step_state()
-    churned = False
-    if graph_key is not None:  # GPU: before the snapshot, so nothing it writes is the step's
-        churned = churn(session, plan.num_tokens, graph_key.size)
-        if churned and trust:
-            mark_scratch(session)  # the churn unmarked it
-        t_churn = clock.now()
-        phases["churn_s"].append(Span(t0, t_churn))
-        t0 = t_churn
-    ref_key = reference_key(case, session, plan.index)
-    inputs = step_inputs(plan, case.model, case.seed, session.device)
-    set_scales(case, session, plan.index)
-    context, ctx_slots = fill_context(session, inputs, reference=eager is None and ref_key not in step_data.REFERENCES)
-    # The state every request starts the step from (after the context fill, before the snapshot).
-    prepared = state.prepare(case, session, inputs, plans) if state is not None else None
-    if prepared is not None:
-        context = prepared.merge(context)
-    t1 = clock.now()
-    phases["inputs_s"].append(Span(t0, t1))
-    kept = None
-    if churned and trust and snapshot_is_partial(session.kv_caches, session, ctx_slots):
-        on_device = inputs.on(session.device)
-        kept = keep_slots(
-            session, {i: on_device.group_of(i).real_slots for i in session.family.paged_layers(case.model)}
-        )
-    snapshot = take_snapshot(session.kv_caches, session, ctx_slots)  # eager and the graph run both start from it
-    t0 = clock.now()
-    phases["snapshot_s"].append(Span(t1, t0))
-    seen = None
-    if eager is None:
-        eager = eager_side(case, session, plan, inputs, snapshot, context, clock, phases, ref_key, prepared)
-        # the eager path's graph side, judged from eager's second run of this very step
-        seen = eager.graph_sides.get((d.runtime_mode, graph_key))
-    del context
-    if seen is None:
-        seen = graph_side(case, session, plan, d, graph_key, inputs, snapshot, eager, clock, phases, prepared)
-    return eager, seen, kept
-
-
 def _run_steps(
     case: Case, session: Session, planned: tuple, base: CaseResult, t_start: float, phases: dict[str, list]
 ) -> CaseResult:
@@ -401,11 +344,12 @@ def _run_steps(
     acc = {name: CheckAccumulator(name) for name in names}
     state = session.family.step_state()
     phases["prepare_s"].append(Span(t_prepare, clock.now()))  # capture_s is taken out of it below
-    eager_s, replay_s, used, shared, shared_graph, untrusted = [], [], [], 0, 0, 0
+    eager_s, replay_s, used, shared, shared_graph = [], [], [], 0, 0
     again = case.case_id in session.cases_run  # a case run again reuses no graph side
     session.cases_run.add(case.case_id)
     kv_jitter, attn_jitter = False, 0.0
     for plan, d, graph_key in zip(plans, dispatches, graph_keys):
+        t0 = clock.now()
         # gang_id: a rank reuses what it memoised only in the gang it memoised it in (a reuse skips
         # collectives; every rank of the gang must skip them alike).
         memo_key = (case.batch, case.spec_tokens, case.seed, case.steps, case.tolerance, plan.index, gang_id())
@@ -417,29 +361,41 @@ def _run_steps(
             # eager for NONE) from the same inputs in this session: its outcome is this step's.
             shared, shared_graph = shared + 1, shared_graph + 1
         else:
-            # A memoised eager side and a scratch in sync: the churn's dummy step (slots of -1) is
-            # trusted to write nothing, so the snapshot copies only the context fill. The graph
-            # side's whole-cache equality checks that trust: a step that changed the caches outside
-            # its slots runs again from a whole snapshot taken after the churn, whose writes are
-            # then the state the step starts from, never the step's (tests/checker/test_churn.py).
-            trust = (
-                graph_key is not None
-                and eager is not None
-                and state is None
-                and len(session.family.paged_layers(shape)) == len(session.kv_caches)
-                and scratch_in_sync(session)
+            if graph_key is not None:  # GPU: before the snapshot, so nothing it writes is the step's
+                churn(session, plan.num_tokens, graph_key.size)
+                t_churn = clock.now()
+                phases["churn_s"].append(Span(t0, t_churn))
+                t0 = t_churn
+            ref_key = reference_key(case, session, plan.index)
+            inputs = step_inputs(plan, shape, case.seed, session.device)
+            set_scales(case, session, plan.index)
+            context, ctx_slots = fill_context(
+                session, inputs, reference=eager is None and ref_key not in step_data.REFERENCES
             )
-            memoised = eager
-            eager, seen, kept = _fresh_step(case, session, plan, d, graph_key, eager, plans, clock, phases, trust)
-            if kept is not None and not seen.outside_ok:
-                restore_kept(session, kept)
-                eager, seen, _ = _fresh_step(case, session, plan, d, graph_key, eager, plans, clock, phases, False)
-                untrusted += 1
-            if memoised is None:
+            # The state every request starts the step from (after the context fill, before the snapshot).
+            prepared = state.prepare(case, session, inputs, plans) if state is not None else None
+            if prepared is not None:
+                context = prepared.merge(context)
+            t1 = clock.now()
+            phases["inputs_s"].append(Span(t0, t1))
+            snapshot = take_snapshot(
+                session.kv_caches, session, ctx_slots
+            )  # eager and the graph run both start from it
+            t0 = clock.now()
+            phases["snapshot_s"].append(Span(t1, t0))
+            seen = None
+            if eager is None:
+                eager = eager_side(case, session, plan, inputs, snapshot, context, clock, phases, ref_key, prepared)
                 session.eager_memo.put(memo_key, eager)
+                # the eager path's graph side, judged from eager's second run of this very step
+                seen = eager.graph_sides.get(dispatched)
             else:
                 shared += 1
-            eager.graph_sides[dispatched] = seen
+            del context
+            if seen is None:
+                seen = graph_side(case, session, plan, d, graph_key, inputs, snapshot, eager, clock, phases, prepared)
+                eager.graph_sides[dispatched] = seen
+            del snapshot
         eager_s.append(eager.eager_s)
         replay_s.append(seen.replay_s)
         used.append(seen.used)
@@ -459,7 +415,6 @@ def _run_steps(
         **spent,
         "eager_shared_steps": float(shared),
         "graph_shared_steps": float(shared_graph),
-        "churn_rerun_steps": float(untrusted),
     }
     status, reason = status_of(
         checks, session.unverifiable(k for k in graph_keys if k is not None), kv_jitter, attn_jitter

@@ -49,16 +49,13 @@ def poison_outputs(session: Session, n: int) -> None:
     session.static_attn[:, :n].fill_(float("nan"))
 
 
-def churn(session: Session, n: int, size: int) -> bool:
-    """GPU: dummy_step (small: it runs before every replay); whether it ran. A no-op on the CPU."""
-    if session.device.type != "cuda":
-        return False
-    dummy_step(session, n, size)
-    # The dummy step ran the backend on slots of -1: what it wrote (a backend that writes padded
-    # slots) is not the next step's, so the next snapshot copies the whole cache, unless the
-    # checker trusts it and checks that trust (checker._fresh_step).
-    mark_scratch(None)
-    return True
+def churn(session: Session, n: int, size: int) -> None:
+    """GPU: dummy_step (small: it runs before every replay). A no-op on the CPU."""
+    if session.device.type == "cuda":
+        dummy_step(session, n, size)
+        # The dummy step ran the backend on slots of -1: what it wrote (a backend that writes padded
+        # slots) is not the next step's, so the next snapshot copies the whole cache.
+        mark_scratch(None)
 
 
 def dummy_step(session: Session, n: int, size: int) -> None:

@@ -45,30 +45,29 @@ def _key(caches: list[torch.Tensor]) -> tuple:
     return tuple((tuple(c.shape), c.dtype, str(c.device)) for c in caches)
 
 
-def snapshot_is_partial(caches: list[torch.Tensor], session: Session | None, written: torch.Tensor | None) -> bool:
-    """Whether take_snapshot(caches, session, written) copies only the slots `written`: the scratch
-    still equals the caches but for them, and they are few."""
-    if session is None or written is None or not scratch_in_sync(session) or _key(caches) not in SCRATCH:
-        return False
-    # A family with state slots (StepState) writes them outside `written`: a whole copy then.
-    if session.family.step_state() is not None or not all(c.is_contiguous() for c in caches):
-        return False
-    num_slots = session.family.slot_rows(caches[0]).shape[1]
-    return written.numel() <= PARTIAL_SNAPSHOT_MAX * num_slots
-
-
 def take_snapshot(
     caches: list[torch.Tensor], session: Session | None = None, written: torch.Tensor | None = None
 ) -> list[torch.Tensor]:
     """The caches' state now, in the scratch buffers. With `session` whose caches the scratch
     still equals but for the slots `written` (int64, on the caches' device), only those are copied."""
     key = _key(caches)
-    partial = snapshot_is_partial(caches, session, written)
-    mark_scratch(None)  # until the step that uses it has verified it again
     bufs = SCRATCH.get(key)
+    in_sync = session is not None and written is not None and scratch_in_sync(session) and bufs is not None
+    mark_scratch(None)  # until the step that uses it has verified it again
     if bufs is None:
         SCRATCH.clear()  # before allocating: one copy of the caches at a time
         bufs = SCRATCH[key] = [torch.empty_like(c, memory_format=torch.contiguous_format) for c in caches]
+    partial = False
+    # A family with state slots (StepState) writes them outside `written`: a whole copy then.
+    if (
+        in_sync
+        and session is not None
+        and written is not None
+        and session.family.step_state() is None
+        and all(c.is_contiguous() for c in caches)
+    ):
+        num_slots = session.family.slot_rows(caches[0]).shape[1]
+        partial = written.numel() <= PARTIAL_SNAPSHOT_MAX * num_slots
     for b, c in zip(bufs, caches):
         if partial and session is not None and written is not None:
             if written.numel():  # [planes, num_slots, row] views of both (contiguous)
@@ -77,25 +76,6 @@ def take_snapshot(
         else:
             b.copy_(c)
     return bufs
-
-
-def keep_slots(session: Session, slots: dict[int, torch.Tensor]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """The scratch's rows at `slots` (by layer), to put back with restore_kept: what a step that
-    trusted the scratch (a partial snapshot) overwrites in it."""
-    bufs = SCRATCH[_key(session.kv_caches)]
-    rows = session.family.slot_rows
-    return {i: (s, rows(bufs[i])[:, s].clone()) for i, s in slots.items()}
-
-
-def restore_kept(session: Session, kept: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """The scratch's kept rows back, then the caches from the scratch (whole): both as they were
-    when keep_slots ran, if the scratch equalled the caches then."""
-    bufs = SCRATCH[_key(session.kv_caches)]
-    for i, (s, values) in kept.items():
-        session.family.slot_rows(bufs[i])[:, s] = values
-    for c, b in zip(session.kv_caches, bufs):
-        c.copy_(b)
-    mark_scratch(session)
 
 
 def capture_checked(session: Session, keys: set[GraphKey]) -> float:

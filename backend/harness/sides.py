@@ -91,8 +91,6 @@ class GraphStep:
     kv_ok: bool
     kv_detail: str
     state_check: tuple | None = None  # StepState.graph_check's (ok, detail, max_abs), or None
-    # Nothing changed outside the step's real slots (cache and state): the scratch equals the caches.
-    outside_ok: bool = True
 
 
 # The runtime path of eager dispatch (NONE, and the steps other modes run eagerly), as
@@ -128,26 +126,40 @@ def eager_side(
     paged = session.family.paged_layers(session.shape)
     real_slots = {layer: on_device.group_of(layer).real_slots for layer in paged}
     state = session.family.step_state() if prepared is not None else None
-    as_path = second_run_as_eager_path(session, state)
-    rows = session.family.slot_rows
-    # The caches at the step's real slots before it (kv_integrity writes the run's into the scratch).
-    before_real = {i: real_slot_values(rows(snapshot[i]), real_slots[i]) for i in real_slots} if as_path else {}
     t1 = clock.now()
     first = session.run_eager_step(x, inputs.batches)
+    out_e = first.out
     t2 = clock.now()
-    real_kv = [real_slot_values(rows(c), real_slots[i]) if i in real_slots else None for i, c in enumerate(caches)]
+    real_kv = [
+        real_slot_values(session.family.slot_rows(c), real_slots[i]) if i in real_slots else None
+        for i, c in enumerate(caches)
+    ]
     owned = state.owned(session, prepared) if state is not None else None
-    if as_path:
-        # Back to the snapshot at the real slots only: the judge below compares the whole cache with
-        # the snapshot, so a write of the first run outside them is seen (and the second run is
-        # then run again from a whole copy, as it would have started from one).
-        restore_real_slots(session, snapshot, real_slots, before_real, True)
-    else:
-        for c, s in zip(caches, snapshot):
-            c.copy_(s)
+    for c, s in zip(caches, snapshot):
+        c.copy_(s)
     t_second = clock.now()
-    second, again = _run_again(session, x, inputs, first, real_kv, real_slots, state, owned, prepared)
+    second = session.run_eager_step(x, inputs.batches)
     t_second_end = clock.now()
+    same_out, same_attn, *same_kv = equal_many(
+        [
+            (raw(out_e), raw(second.out)),
+            (raw(first.attention), raw(second.attention)),
+            *(
+                (raw(real_slot_values(session.family.slot_rows(caches[i]), real_slots[i])), raw(kv))
+                for i in paged
+                if (kv := real_kv[i]) is not None
+            ),
+        ]
+    )
+    same_out = same_out and same_attn
+    kv_jitter = not all(same_kv)
+    if state is not None:
+        kv_jitter = kv_jitter or not state.same(owned, state.owned(session, prepared))
+    jitter, attn_jitter = (
+        (0.0, 0.0) if same_out else (max_abs_diff(out_e, second.out), max_abs_diff(first.attention, second.attention))
+    )
+    deterministic = same_out and not kv_jitter
+    as_path = second_run_as_eager_path(session, state)
     if not as_path:
         for c, s in zip(caches, snapshot):
             c.copy_(s)
@@ -157,7 +169,7 @@ def eager_side(
         ref = step_data.compute_reference(case, session, inputs, context)
         step_data.REFERENCES.put(ref_key, ref)
     ref_out, ref_attn = ref
-    reference = compare(first.out, ref_out, case.tolerance, case.model.head_size, row_scaled_atol=True)
+    reference = compare(out_e, ref_out, case.tolerance, case.model.head_size, row_scaled_atol=True)
     heads = session.layout.q_heads
     attn_reference = compare_heads(
         first.attention, ref_attn[:, :, heads.start : heads.stop], case.tolerance, head_offset=heads.start
@@ -167,22 +179,24 @@ def eager_side(
     phases["eager_s"].append(Span(t0, t3))
     phases["reference_s"].append(Span(t3, t4))
     eager = EagerStep(
-        first.out,
+        out_e,
         first.attention,
         reference,
         attn_reference,
-        all_finite(first.out, case.model.head_size),
-        again.deterministic,
-        again.jitter,
-        again.attn_jitter,
-        again.kv_jitter,
+        all_finite(out_e, case.model.head_size),
+        deterministic,
+        jitter,
+        attn_jitter,
+        kv_jitter,
         real_kv,
         Span(t1, t2),
         state=owned,
         state_check=state_check,
     )
     if as_path:
-        judged = judge(
+        # What kv_integrity writes into the scratch's real slots is put back after it.
+        before_real = {i: real_slot_values(session.family.slot_rows(snapshot[i]), real_slots[i]) for i in real_slots}
+        eager.graph_sides[EAGER_PATH] = judge(
             case,
             session,
             plan,
@@ -197,71 +211,8 @@ def eager_side(
             clock,
             phases,
         )
-        if not judged.outside_ok:
-            # Written outside the real slots, by either run: the second again from a whole copy.
-            restore_real_slots(session, snapshot, real_slots, before_real, False)
-            t_second = clock.now()
-            second, again = _run_again(session, x, inputs, first, real_kv, real_slots, state, owned, prepared)
-            t_second_end = clock.now()
-            eager.deterministic, eager.jitter, eager.attn_jitter, eager.kv_jitter = again
-            judged = judge(
-                case,
-                session,
-                plan,
-                Dispatch("NONE", plan.num_tokens),
-                None,
-                on_device,
-                snapshot,
-                eager,
-                second,
-                None,
-                Span(t_second, t_second_end),
-                clock,
-                phases,
-            )
-        eager.graph_sides[EAGER_PATH] = judged
-        restore_real_slots(session, snapshot, real_slots, before_real, judged.kv_ok)
+        restore_real_slots(session, snapshot, real_slots, before_real, eager.graph_sides[EAGER_PATH].kv_ok)
     return eager
-
-
-@dataclass(frozen=True)
-class Determinism:
-    """Eager's second run of a step against its first (iterable in EagerStep's field order)."""
-
-    deterministic: bool
-    jitter: float
-    attn_jitter: float
-    kv_jitter: bool
-
-    def __iter__(self):
-        return iter((self.deterministic, self.jitter, self.attn_jitter, self.kv_jitter))
-
-
-def _run_again(session: Session, x, inputs: StepInputs, first, real_kv, real_slots, state, owned, prepared):
-    """Eager's second run from the caches as they are, and how it compares with the first."""
-    second = session.run_eager_step(x, inputs.batches)
-    rows = session.family.slot_rows
-    same_out, same_attn, *same_kv = equal_many(
-        [
-            (raw(first.out), raw(second.out)),
-            (raw(first.attention), raw(second.attention)),
-            *(
-                (raw(real_slot_values(rows(session.kv_caches[i]), slots)), raw(kv))
-                for i, slots in real_slots.items()
-                if (kv := real_kv[i]) is not None
-            ),
-        ]
-    )
-    same_out = same_out and same_attn
-    kv_jitter = not all(same_kv)
-    if state is not None:
-        kv_jitter = kv_jitter or not state.same(owned, state.owned(session, prepared))
-    jitter, attn_jitter = (
-        (0.0, 0.0)
-        if same_out
-        else (max_abs_diff(first.out, second.out), max_abs_diff(first.attention, second.attention))
-    )
-    return second, Determinism(same_out and not kv_jitter, jitter, attn_jitter, kv_jitter)
 
 
 def second_run_as_eager_path(session: Session, state) -> bool:
@@ -439,7 +390,6 @@ def judge(
         kv_ok=kv_ok,
         kv_detail=kv_detail,
         state_check=state_check,
-        outside_ok=outside_ok,
     )
 
 

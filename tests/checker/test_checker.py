@@ -55,7 +55,6 @@ def test_result_records_everything():
         "other_s",
         "eager_shared_steps",
         "graph_shared_steps",
-        "churn_rerun_steps",
         *PHASES,
         *(("device_s",) if on_gpu else ()),  # the device time its events measured (a GPU's busy share)
     }

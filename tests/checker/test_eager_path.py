@@ -65,10 +65,11 @@ ACCUMULATE = "tests.mutants.stray_accumulate:Backend"
 
 
 def test_a_first_run_that_wrote_outside_is_undone_before_the_second(monkeypatch):
-    """The eager side puts back only the real slots between its two runs and judges the second
-    against the whole snapshot; where anything outside them changed, the second run runs again
-    from a whole copy. A backend whose every run moves a context byte it reads then gets the
-    verdicts it gets with a whole copy between the runs: deterministic, red in the kv check."""
+    """A backend whose every run moves a context byte it reads: the second eager run (the eager
+    path's graph side) must start from the snapshot as a third run would, or it reads the byte
+    moved twice and eager looks nondeterministic. Pins the restore between the runs: the eighth
+    session tried putting back only the real slots there (with a whole-copy rerun when the judged
+    second run found writes outside them); this test held it to these verdicts."""
     got = {}
     for reuse in (True, False):
         if not reuse:
