@@ -67,9 +67,8 @@ ACCUMULATE = "tests.mutants.stray_accumulate:Backend"
 def test_a_first_run_that_wrote_outside_is_undone_before_the_second(monkeypatch):
     """A backend whose every run moves a context byte it reads: the second eager run (the eager
     path's graph side) must start from the snapshot as a third run would, or it reads the byte
-    moved twice and eager looks nondeterministic. Pins the restore between the runs: the eighth
-    session tried putting back only the real slots there (with a whole-copy rerun when the judged
-    second run found writes outside them); this test held it to these verdicts."""
+    moved twice and eager looks nondeterministic. Pins the whole restore between the runs (red
+    without it)."""
     got = {}
     for reuse in (True, False):
         if not reuse:

@@ -64,8 +64,7 @@ def test_a_placement_held_up_by_another_job_waits_says_so_and_frees_idle_gangs(r
 
 def test_the_end_of_a_wait_is_said_on_the_first_turn_with_nothing_left_to_place():
     """Ray's state is queried every CHECK_EVERY_S, but the end of a wait needs no query: a run whose
-    last gang got in within those 2 s ended before the next query and never said it (the test
-    above was red about one run in four)."""
+    last gang got in within those 2 s ended before the next query and never said it."""
     from orchestrator.executor.sharing import SharedCluster
 
     notices: list[str] = []
