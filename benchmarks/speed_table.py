@@ -17,6 +17,7 @@ the run went on after the last case that was not so rerun.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import statistics
@@ -36,21 +37,26 @@ BUSY = re.compile(r"(GPU busy [0-9]+%[^;\n]*(?:; NVML [0-9]+%)?\))")
 WALL = re.compile(r"^wall ([0-9.]+) s", re.MULTILINE)
 
 
-def _latest(db: str):
+@functools.cache
+def _run(db: str) -> tuple[int, tuple]:
+    """The store's latest run id and its results, read once per store (every table below reads them)."""
     with ResultStore(db, readonly=True) as store:
         rid = store.latest_run_id()
         if rid is None:
             raise ValueError(f"{db}: no runs")
-        return store.results(rid)
+        return rid, tuple(store.results(rid))
+
+
+def _latest(db: str) -> tuple:
+    return _run(db)[1]
 
 
 def _finished(db: str, ran) -> dict[str, float]:
-    """When each case of `ran` (the latest run's, as _latest read them) finished its last attempt
-    (the driver's clock)."""
+    """When each case of `ran` (the latest run's) finished its last attempt (the driver's clock)."""
+    rid = _run(db)[0]
     with ResultStore(db, readonly=True) as store:
-        rid = store.latest_run_id()
-        logs = {r.case_id: store.attempt_log(rid, r.case_id) for r in ran} if rid is not None else {}
-        return {c: log[-1]["finished_at"] for c, log in logs.items() if log}
+        logs = {r.case_id: store.attempt_log(rid, r.case_id) for r in ran}
+    return {c: log[-1]["finished_at"] for c, log in logs.items() if log}
 
 
 def rerun_tail(ran, finished: dict[str, float]) -> float:
