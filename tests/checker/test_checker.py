@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -418,6 +419,24 @@ def test_the_phases_name_every_millisecond(mode):
         named = sum(t[k] for k in NAMED)
         assert abs(named + t["other_s"] - t["total_s"]) < 1e-9, t
         assert 0 <= t["other_s"] <= 0.1 * t["total_s"] + 0.005, t
+
+
+def test_the_graph_runner_made_on_a_sessions_first_graph_mode_is_session_time(monkeypatch):
+    """The runner is made lazily, on the session's first graph mode (here FULL after NONE): its
+    making is timed in session_s, not left in no phase."""
+    import backend.graphs
+
+    real = backend.graphs.make_graph_runner
+
+    def slow(device):
+        time.sleep(0.05)
+        return real(device)
+
+    monkeypatch.setattr(backend.graphs, "make_graph_runner", slow)
+    cache = SessionCache(capacity=1)
+    assert run_case(make_case("torch", "NONE", "auto", MIXED), sessions=cache).status == Status.PASS
+    t = run_case(make_case("torch", "FULL", "auto", MIXED), sessions=cache).timings
+    assert t["session_s"] >= 0.05 and t["other_s"] < 0.05, t
 
 
 FINISH = [
