@@ -34,6 +34,7 @@ from orchestrator.store import ResultStore
 MEDIANS = ("total_s", *NAMED, "other_s")
 CASES = re.compile(r"first to last result ([0-9.]+)s")
 BUSY = re.compile(r"(GPU busy [0-9]+%[^;\n]*(?:; NVML [0-9]+%)?\))")
+BUILT_S = 0.01  # a session phase longer than this built the session
 WALL = re.compile(r"^wall ([0-9.]+) s", re.MULTILINE)
 
 
@@ -96,9 +97,12 @@ def row(name: str, db: str, log: str) -> list[str]:
 
 
 def sums(name: str, db: str) -> list[str]:
-    """Seconds summed over every case that ran, by phase: where a run's time goes, not its median."""
+    """Seconds summed over every case that ran, by phase: where a run's time goes, not its median;
+    and how many sessions the workers built (a case that finds its session cached spends
+    microseconds in that phase, one that builds it tens of milliseconds or more)."""
     ran = [r for r in _latest(db) if r.status != Status.SKIP]
-    return [name, *(f"{sum(r.timings.get(k, 0.0) for r in ran):.2f}" for k in MEDIANS)]
+    built = sum(r.timings.get("session_s", 0.0) > BUILT_S for r in ran)
+    return [name, str(built), *(f"{sum(r.timings.get(k, 0.0) for r in ran):.2f}" for k in MEDIANS)]
 
 
 def heaviest(name: str, db: str, n: int = 6) -> str:
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             lines.append(f"| {name} | {type(e).__name__}: {e} |")
     lines.append("")
-    sum_head = ["run (s summed over cases)", *[k.removesuffix("_s") for k in MEDIANS]]
+    sum_head = ["run (s summed over cases)", "sessions built", *[k.removesuffix("_s") for k in MEDIANS]]
     lines += ["| " + " | ".join(sum_head) + " |", "|" + "---|" * len(sum_head)]
     for name, (db, _log) in runs.items():
         try:

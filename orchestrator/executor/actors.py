@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.scheduling.policy import WARM_GROUPS
+
 DEFAULT_RUNNER = "backend.harness.checker:run_case"
 # Multicast paths have broken NCCL on the lent machines; every actor runs without them.
 ACTOR_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -205,7 +207,7 @@ class CaseWorker:
         if self._sessions is not None:
             from backend.harness.checker import SessionCache
 
-            self._sessions = SessionCache(budget=self._budget)
+            self._sessions = SessionCache(capacity=WARM_GROUPS, budget=self._budget)
         return self.info()
 
     def _load(self) -> Callable[..., Any]:
@@ -221,7 +223,7 @@ class CaseWorker:
                 self._budget = apply_budget(MemoryBudget.from_dict(self._memory), self.device)
                 if self._budget is not None:
                     print(f"[orch] memory budget {gib(self._budget)} ({self._memory})", flush=True)
-                self._sessions = SessionCache(budget=self._budget)
+                self._sessions = SessionCache(capacity=WARM_GROUPS, budget=self._budget)
             self.threads = limit_threads()
         return self._runner
 

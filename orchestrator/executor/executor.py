@@ -180,9 +180,7 @@ class Executor:
         for node in range(len(self.cluster.nodes)):
             refused: set[str] = set()
             while self.pool.free(node) > 0:
-                idle = self.pool.idle(node)
-                last = idle[0].last_group if idle else None
-                task = self.dispatcher.next_for(node, self.pool.free(node), last)
+                task = self.dispatcher.next_for(node, self.pool.free(node), self.pool.warm(node))
                 if task is None:
                     break
                 self.attempts.taken(task)
@@ -249,7 +247,8 @@ class Executor:
         )
         allowed = batch_deadline_s([self._timeout(t) for t in batch], [t.est_s for t in batch])
         self.jobs.append(_Job(JobKind.BATCH, gang, refs, time.monotonic() + allowed, batch))
-        gang.last_group = batch[-1].group
+        for t in batch:
+            gang.ran(t.group)
 
     # -- waiting --------------------------------------------------------------------------------
 

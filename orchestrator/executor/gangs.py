@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.executor.actors import CaseWorker, WorkerInfo, actor_env
 from orchestrator.executor.cluster import DeviceKind
+from orchestrator.scheduling.policy import WARM_GROUPS
 
 _ids = itertools.count()
 
@@ -60,7 +61,10 @@ class Gang:
     state: GangState = GangState.PLACING
     actors: list[Any] = field(default_factory=list)
     infos: list[WorkerInfo] = field(default_factory=list)
-    last_group: str = ""
+    # The groups whose sessions its workers hold, most recently used first (policy.WARM_GROUPS of
+    # them, as their SessionCache keeps): the dispatcher prefers their tasks, the pool this gang
+    # for them. A gang re-formed to another tp starts with none (its workers dropped theirs).
+    warm: tuple[str, ...] = ()
     pg_size: int = 0  # bundles in pg (the tp it was placed for); 0: spec.tp
 
     def __post_init__(self) -> None:
@@ -69,6 +73,11 @@ class Gang:
     @property
     def tp(self) -> int:
         return self.spec.tp
+
+    def ran(self, group: str) -> None:
+        """Its workers ran a case of `group`: they hold its session now, as their most recent."""
+        if group:
+            self.warm = (group, *(g for g in self.warm if g != group))[:WARM_GROUPS]
 
     @property
     def label(self) -> str:

@@ -22,6 +22,7 @@ from orchestrator.executor.cluster import ClusterInfo, DeviceKind
 from orchestrator.executor.gangs import Gang, GangSpec, GangState
 from orchestrator.executor.packing import slot_width
 from orchestrator.executor.threads import CPU_WORKER_THREADS, worker_threads
+from orchestrator.scheduling.policy import WARM_GROUPS
 
 if TYPE_CHECKING:
     from orchestrator.executor.config import ExecConfig
@@ -125,6 +126,13 @@ class GangPool:
     def idle(self, node: int | None = None) -> list[Gang]:
         return [g for g in self.gangs if g.state == GangState.IDLE and (node is None or g.node == node)]
 
+    def warm(self, node: int) -> tuple[str, ...]:
+        """The groups the node's idle gangs hold sessions of, by recency (each gang's latest first,
+        then their second latest...): what the dispatcher prefers for them (Dispatcher.next_for)."""
+        idle = self.idle(node)
+        ranked = sorted((i, group) for g in idle for i, group in enumerate(g.warm))
+        return tuple(dict.fromkeys(group for _, group in ranked))
+
     def held(self, node: int, without: Collection[Gang] = ()) -> int:
         """Slots reserved on the node: a pg's every bundle while any gang over it lives (`without`:
         as if those gangs were torn down)."""
@@ -175,7 +183,9 @@ class GangPool:
         from narrow gangs back to wide ones."""
         idle = self.idle(node)
         fits = [g for g in idle if g.tp == tp and self.gang_width(g) == width]
-        same = sorted((g for g in fits if not (avoid and g.label == avoid)), key=lambda g: g.last_group != group)
+        # The gang whose workers used the task's session most recently (their caches keep it).
+        held = lambda g: g.warm.index(group) if group in g.warm else WARM_GROUPS
+        same = sorted((g for g in fits if not (avoid and g.label == avoid)), key=held)
         if same:
             return Choice(ChoiceKind.REUSE, same[0])
         if avoid and any(g.label == avoid for g in fits) and self.cluster.total_slots < 2 * width:

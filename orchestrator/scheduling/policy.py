@@ -2,7 +2,7 @@
 the simulator (so what `orch simulate` measures is the code that runs).
 
 A task of tp t needs t GPUs of one node for its whole duration. The executor owns the truth about
-GPUs: whenever a node has free GPUs it asks `next_for(node, free_gpus, last_group)`; a None is not
+GPUs: whenever a node has free GPUs it asks `next_for(node, free_gpus, warm)`; a None is not
 permanent (a node may be held back for a gang), so it asks again after any `done`/`requeue`.
 Policies (`make_dispatcher`): "ours" (`Dispatcher`), and the static anchors it is measured
 against, "hash" (pytest-shard style) and "static-duration" (pytest-split style): docs/SCHEDULING.md.
@@ -23,9 +23,12 @@ from orchestrator.errors import InputError
 
 POLICIES = ("ours", "hash", "static-duration")
 
-# Two priorities within this fraction of each other count as a tie, and a task of the worker's last
-# group (same captured graphs) wins the tie.
+# Two priorities within this fraction of each other count as a tie, and a task of a group the
+# node's idle workers hold (same session: KV cache and captured graphs) wins the tie.
 GROUP_TIE = 0.5
+# The groups a worker holds: the sessions its SessionCache keeps (the actors build it with this
+# capacity), most recently used first. Past it the oldest session is gone.
+WARM_GROUPS = 8
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class Dispatcher:
     cannot use. A node that keeps being backfilled never has a gang's GPUs free at once, so an
     urgent gang that fits nowhere gets a node reserved (EASY backfilling: that node only takes
     tasks expected to end by the gang's "shadow" start, or that fit GPUs it will not need). Ties
-    within GROUP_TIE go to the node's last group (captured graphs reused); tiers rank before all
+    within GROUP_TIE go to a group the node's idle workers hold (sessions reused); tiers rank before all
     of it. Details and measurements: docs/SCHEDULING.md.
 
     Time: `now` defaults to time.monotonic(); the simulator passes its clock. Only differences
@@ -178,18 +181,24 @@ class Dispatcher:
                 return best
         return None
 
-    def _pick(self, free: int, last_group: str | None, limit_s: float = math.inf) -> Task | None:
+    def _pick(self, free: int, warm: Sequence[str], limit_s: float = math.inf) -> Task | None:
+        """The longest waiting task, unless a group in `warm` has one within GROUP_TIE of it (of
+        the same tier): then the longest of those, its session already built where it goes."""
         best = self._best(free, limit_s)
-        if best is None or not last_group:
+        if best is None or not warm:
             return best
-        for tp in self._tps:  # graph reuse: same group, within GROUP_TIE of the best priority
-            if tp > free:
-                break
-            r = self._groups.get((tp, last_group))
-            g = None if r is None else (r.first() if limit_s == math.inf else r.first_at_most(limit_s))
-            if g is not None and self._tier(g) == self._tier(best) and g.est_s >= best.est_s * (1.0 - GROUP_TIE):
-                return g
-        return best
+        floor, chosen = best.est_s * (1.0 - GROUP_TIE), None
+        for group in warm:
+            for tp in self._tps:
+                if tp > free:
+                    break
+                r = self._groups.get((tp, group))
+                g = None if r is None else (r.first() if limit_s == math.inf else r.first_at_most(limit_s))
+                if g is None or self._tier(g) != self._tier(best) or g.est_s < floor:
+                    continue
+                if chosen is None or g.est_s > chosen.est_s:
+                    chosen = g
+        return chosen or best
 
     # -- reservation -----------------------------------------------------------------------------
     def _shadow(self, node: int, need: int, free: int, now: float) -> float:
@@ -219,10 +228,9 @@ class Dispatcher:
             self._reserved = (best, head)
 
     # -- executor API ----------------------------------------------------------------------------
-    def next_for(
-        self, node: int, free_gpus: int, last_group: str | None = None, now: float | None = None
-    ) -> Task | None:
-        """Pick and remove a task that fits `free_gpus` on `node`, or None (ask again later)."""
+    def next_for(self, node: int, free_gpus: int, warm: Sequence[str] = (), now: float | None = None) -> Task | None:
+        """Pick and remove a task that fits `free_gpus` on `node`, or None (ask again later).
+        `warm`: the groups whose sessions the node's idle workers hold, most recent first."""
         if free_gpus <= 0:
             return None
         now = time.monotonic() if now is None else now
@@ -248,11 +256,11 @@ class Dispatcher:
             shadow = self._shadow(node, gang.tp, free_gpus, now)
             spare = free_gpus + sum(tp for end, tp in self._running[node].values() if end <= shadow) - gang.tp
             # EASY: a backfill either ends by the shadow time or uses GPUs the gang will not need.
-            t = self._pick(free_gpus, last_group, limit_s=shadow - now)
+            t = self._pick(free_gpus, warm, limit_s=shadow - now)
             if t is None and spare > 0:
-                t = self._pick(min(spare, free_gpus), last_group)
+                t = self._pick(min(spare, free_gpus), warm)
             return self._take(t, node, now) if t is not None else None
-        t = self._pick(free_gpus, last_group)
+        t = self._pick(free_gpus, warm)
         return self._take(t, node, now) if t is not None else None
 
     def siblings(self, task: Task, node: int, now: float | None = None) -> list[Task]:
@@ -382,9 +390,7 @@ class _StaticDispatcher:
         start = (gpu // tp) * tp
         return min(start, count - tp)  # nodes whose GPU count is not a multiple of tp
 
-    def next_for(
-        self, node: int, free_gpus: int, last_group: str | None = None, now: float | None = None
-    ) -> Task | None:
+    def next_for(self, node: int, free_gpus: int, warm: Sequence[str] = (), now: float | None = None) -> Task | None:
         if free_gpus <= 0:
             return None
         idle = self._idle[node]

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.scheduling.cost import LATER_MODE_FACTOR
-from orchestrator.scheduling.policy import Task, make_dispatcher
+from orchestrator.scheduling.policy import WARM_GROUPS, Task, make_dispatcher
 
 # Share of cases per tp size in the synthetic matrix (most cases are tp1; gangs are the minority
 # but, at tp x duration, a large share of GPU-seconds).
@@ -87,7 +87,7 @@ def simulate(
     alone = alone or {}
     node_local = getattr(dispatcher, "node_local", False)
     free = list(nodes)
-    last_group: list[str | None] = [None] * len(nodes)
+    warm: list[tuple[str, ...]] = [()] * len(nodes)  # a node's groups, latest first (its workers' sessions)
     events: list[tuple[float, int, int, list[Task]]] = []
     seq = 0
     waiting: set[int] = set()  # nodes with free GPUs that were last told None
@@ -97,14 +97,15 @@ def simulate(
     def fill(node: int) -> None:
         nonlocal seq, busy_gpu_s
         while free[node] > 0:
-            t = dispatcher.next_for(node, free[node], last_group[node], now=now)
+            t = dispatcher.next_for(node, free[node], warm[node], now=now)
             if t is None:
                 waiting.add(node)
                 return
             if t.tp > free[node]:
                 raise AssertionError(f"{policy} gave {t.id} (tp={t.tp}) to node {node} with {free[node]} free")
             free[node] -= t.tp
-            last_group[node] = t.group
+            if t.group:
+                warm[node] = (t.group, *(g for g in warm[node] if g != t.group))[:WARM_GROUPS]
             job = [t, *(dispatcher.siblings(t, node, now=now) if group and t.config else ())]
             d = alone.get(t.id, true_durations[t.id]) + sum(true_durations[s.id] for s in job[1:])
             busy_gpu_s += d * t.tp

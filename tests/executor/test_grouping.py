@@ -91,7 +91,7 @@ def test_a_sibling_given_back_untried_still_goes_with_its_config():
     first = d.next_for(0, 2)
     assert first is not None and first.id == "c0-m0"
     d.give_back(first)
-    lead = d.next_for(0, 2, last_group="g")  # the group's longest fresh task wins the tie
+    lead = d.next_for(0, 2, warm=("g",))  # the group's longest fresh task wins the tie
     assert lead is not None and lead.id == "c0-m1"
     assert sorted(t.id for t in d.siblings(lead, 0, now=0.0)) == ["c0-m0", "c0-m2"]
     assert d.remaining() == 0
@@ -105,7 +105,7 @@ def test_a_config_mode_that_did_not_fit_a_batchs_fill_comes_back_with_its_config
     first = d.next_for(0, 1)
     at.taken(first)
     assert [t.id for t in at.batch(0, first, 1, "w0", 1.0, 64)] == ["c0-m0"]
-    lead = d.next_for(0, 1, last_group="g")
+    lead = d.next_for(0, 1, warm=("g",))
     assert lead is not None and lead.id == "c1-m1"
     at.taken(lead)
     assert [t.id for t in at.batch(0, lead, 1, "w1", 1.0, 64)] == ["c1-m1", "c1-m0"]

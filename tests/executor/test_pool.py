@@ -10,6 +10,7 @@ from orchestrator.executor.cluster import ClusterInfo, NodeSlots
 from orchestrator.executor.config import ExecConfig
 from orchestrator.executor.gangs import Gang, GangSpec, GangState
 from orchestrator.executor.pool import ChoiceKind, GangPool
+from orchestrator.scheduling.policy import WARM_GROUPS
 
 GiB = 1024**3
 
@@ -26,11 +27,11 @@ def _pool(kind="gpu", slots=(4,), per_gpu=1, cores=0, **config) -> GangPool:
     return GangPool(ClusterInfo("local", kind, nodes, workers_per_gpu=per_gpu), ExecConfig(**config))
 
 
-def _gang(pool: GangPool, tp: int, state=I, node=0, share=1.0, group="", pg=None) -> Gang:
+def _gang(pool: GangPool, tp: int, state=I, node=0, share=1.0, group="", pg=None, warm=()) -> Gang:
     spec = GangSpec(tp, pool.cluster.device_kind, "r", "/tmp", gpu_share=share)
-    g = Gang(
-        spec=spec, node=node, node_id=f"n{node}", pg=pg if pg is not None else object(), state=state, last_group=group
-    )
+    g = Gang(spec=spec, node=node, node_id=f"n{node}", pg=pg if pg is not None else object(), state=state)
+    for held in (*reversed(warm), group):
+        g.ran(held)
     pool.gangs.append(g)
     return g
 
@@ -124,6 +125,37 @@ def test_choose_reuses_an_idle_gang_of_its_size_same_group_first():
     _gang(pool, 2, group="g")
     c = _choose(pool, 1)
     assert (c.kind, c.gang, c.teardown) == (ChoiceKind.REUSE, mine, ())
+
+
+@pytest.mark.parametrize("held, want", [
+    ((("a", "b"), ("g",)), 1),              # the only one holding g
+    ((("g", "b"), ("b", "g")), 0),          # both hold it: the one that used it last
+    ((("a", "b", "c"), ("x", "y", "g")), 1),  # held further back still beats not held
+    ((("a",), ("b",)), 0),                  # nobody holds it: the first idle one
+])  # fmt: skip # a table: one row per line, as it reads
+def test_choose_prefers_the_gang_holding_the_tasks_session(held, want):
+    pool = _pool(slots=(4,))
+    gangs = [_gang(pool, 1, warm=w) for w in held]
+    c = pool.choose(0, 1, 1, "g", None)
+    assert (c.kind, c.gang) == (ChoiceKind.REUSE, gangs[want])
+
+
+def test_warm_lists_the_idle_gangs_groups_latest_first():
+    pool = _pool(slots=(4,))
+    _gang(pool, 1, warm=("a", "b", "c"))
+    _gang(pool, 1, warm=("d", "a"))
+    _gang(pool, 1, state=B, warm=("busy",))  # a busy gang's sessions are not on offer
+    _gang(pool, 1, node=1, warm=("elsewhere",))
+    assert pool.warm(0) == ("a", "d", "b", "c")
+
+
+def test_a_gang_holds_its_latest_groups_as_its_workers_session_cache_does():
+    g = _gang(_pool(), 1)
+    for group in ["a", "b", "a", "", *(f"x{i}" for i in range(WARM_GROUPS))]:
+        g.ran(group)
+    assert g.warm == tuple(f"x{i}" for i in reversed(range(WARM_GROUPS)))
+    g.ran("x3")
+    assert g.warm[:2] == ("x3", f"x{WARM_GROUPS - 1}") and len(g.warm) == WARM_GROUPS
 
 
 def test_a_retry_avoids_its_first_worker_unless_there_is_nowhere_else():

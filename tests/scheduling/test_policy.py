@@ -114,8 +114,27 @@ def test_small_task_backfills_gpus_a_gang_cannot_use():
 def test_same_group_wins_a_close_tie_but_not_a_clear_priority_gap():
     tasks = [Task("x", 1, 10.0, group="A"), Task("y", 1, 9.8, group="B"), Task("z", 1, 4.0, group="B")]
     d = Dispatcher(tasks, [8])
-    assert d.next_for(0, 1, last_group="B", now=0.0).id == "y"  # 2% below the best: reuse graphs
-    assert d.next_for(0, 1, last_group="B", now=0.0).id == "x"  # z is 60% below: priority wins
+    assert d.next_for(0, 1, warm=("B",), now=0.0).id == "y"  # 2% below the best: reuse graphs
+    assert d.next_for(0, 1, warm=("B",), now=0.0).id == "x"  # z is 60% below: priority wins
+
+
+@pytest.mark.parametrize("warm, want", [
+    ((), "x"),                  # nothing held: longest first
+    (("B",), "y"),              # B's longest is within the tie
+    (("C", "B"), "y"),          # of two held groups within the tie, the longer task
+    (("D",), "x"),              # D's task is past the tie: priority wins
+    (("E",), "x"),              # E's task is of a later tier
+    (("D", "C"), "c"),          # a group held further back counts as much as the latest
+])  # fmt: skip # a table: one row per line, as it reads
+def test_a_held_group_wins_a_close_tie(warm, want):
+    tasks = [
+        Task("x", 1, 10.0, group="A"),
+        Task("y", 1, 9.8, group="B"),
+        Task("c", 1, 6.0, group="C"),
+        Task("d", 1, 4.0, group="D"),
+        Task("e", 1, 9.9, group="E", tier=1),
+    ]
+    assert Dispatcher(tasks, [8]).next_for(0, 1, warm, now=0.0).id == want
 
 
 def test_blocked_long_gang_gets_a_node_drained_for_it():
