@@ -136,7 +136,7 @@ class Attempts:
         if first.est_s >= target_s:
             return batch
         while len(batch) < max_batch:
-            t = self.dispatcher.next_for(node, width, first.group)
+            t = self.dispatcher.next_for(node, width, (first.group,))
             if t is None:
                 break
             if t.tp != width or t.id in self.singles or total + t.est_s >= target_s or self.avoid(t.id) == worker:

@@ -181,14 +181,17 @@ class Dispatcher:
                 return best
         return None
 
-    def _pick(self, free: int, warm: Sequence[str], limit_s: float = math.inf) -> Task | None:
+    def _pick(self, free: int, warm: tuple[str, ...], limit_s: float = math.inf) -> Task | None:
         """The longest waiting task, unless a group in `warm` has one within GROUP_TIE of it (of
-        the same tier): then the longest of those, its session already built where it goes."""
+        the same tier): then the longest of the first such group. Most recent first: a worker
+        that stays on its latest group leaves the others' groups to them (preferring the longest
+        of every held group spread groups over more workers: more sessions built on CPU)."""
         best = self._best(free, limit_s)
         if best is None or not warm:
             return best
-        floor, chosen = best.est_s * (1.0 - GROUP_TIE), None
+        floor = best.est_s * (1.0 - GROUP_TIE)
         for group in warm:
+            chosen = None
             for tp in self._tps:
                 if tp > free:
                     break
@@ -198,7 +201,9 @@ class Dispatcher:
                     continue
                 if chosen is None or g.est_s > chosen.est_s:
                     chosen = g
-        return chosen or best
+            if chosen is not None:
+                return chosen
+        return best
 
     # -- reservation -----------------------------------------------------------------------------
     def _shadow(self, node: int, need: int, free: int, now: float) -> float:
@@ -228,7 +233,7 @@ class Dispatcher:
             self._reserved = (best, head)
 
     # -- executor API ----------------------------------------------------------------------------
-    def next_for(self, node: int, free_gpus: int, warm: Sequence[str] = (), now: float | None = None) -> Task | None:
+    def next_for(self, node: int, free_gpus: int, warm: tuple[str, ...] = (), now: float | None = None) -> Task | None:
         """Pick and remove a task that fits `free_gpus` on `node`, or None (ask again later).
         `warm`: the groups whose sessions the node's idle workers hold, most recent first."""
         if free_gpus <= 0:
@@ -390,7 +395,7 @@ class _StaticDispatcher:
         start = (gpu // tp) * tp
         return min(start, count - tp)  # nodes whose GPU count is not a multiple of tp
 
-    def next_for(self, node: int, free_gpus: int, warm: Sequence[str] = (), now: float | None = None) -> Task | None:
+    def next_for(self, node: int, free_gpus: int, warm: tuple[str, ...] = (), now: float | None = None) -> Task | None:
         if free_gpus <= 0:
             return None
         idle = self._idle[node]

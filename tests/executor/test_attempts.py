@@ -22,6 +22,9 @@ def _r(status, kind="", reason="", memory=None, worker="w") -> CaseResult:
 
 
 UNRELEASED = {"unreleased": 3 << 30}
+# A group as the executor keys it (config.group_key): a name of many characters, as a string
+# handed where a tuple of groups belongs would show (its characters are no group).
+G = "torch|tp1|auto|8x2x32|bfloat16|2|512|51"
 
 
 @pytest.mark.parametrize("ranks, narrower, action, status, kind, recycle", [
@@ -80,7 +83,7 @@ def _setup(*specs, retries=1, slots=(4,)):
 
 def _run(at: Attempts, task: Task) -> Task:
     """Hand the task out (as the loop does) and return it."""
-    got = at.dispatcher.next_for(0, task.tp, task.group)
+    got = at.dispatcher.next_for(0, task.tp, (task.group,))
     assert got is not None and got.id == task.id, (got, task)
     at.taken(got)
     return got
@@ -98,7 +101,7 @@ def _res(task: Task, status, kind="", worker="w1", reason="") -> CaseResult:
     (T, T, T, 2),
 ])  # fmt: skip # a table: one row per line, as it reads
 def test_a_failure_runs_once_more_and_the_attempts_combine(first, second, final, attempts):
-    at, t = _setup(("a", 1, 1.0, "g"))
+    at, t = _setup(("a", 1, 1.0, G))
     task = _run(at, t["a"])
     at.attempt(task, _res(task, first), 1.0)
     if second is None:
@@ -117,14 +120,14 @@ def test_a_failure_runs_once_more_and_the_attempts_combine(first, second, final,
     (E, "crash", 1, True),
 ])  # fmt: skip # a table: one row per line, as it reads
 def test_what_is_not_retried(status, kind, retries, retried):
-    at, t = _setup(("a", 1, 1.0, "g"), retries=retries)
+    at, t = _setup(("a", 1, 1.0, G), retries=retries)
     task = _run(at, t["a"])
     at.attempt(task, _res(task, status, kind), 1.0)
     assert (task.id not in at.final) == retried
 
 
 def test_a_retry_that_never_runs_keeps_the_observed_failure():
-    at, t = _setup(("a", 1, 1.0, "g"))
+    at, t = _setup(("a", 1, 1.0, G))
     task = _run(at, t["a"])
     at.attempt(task, _res(task, F, reason="replay check failed"), 1.0)
     at.unplaceable()
@@ -166,8 +169,16 @@ def test_a_node_lost_twice_under_a_case_blames_it():
     assert at.node_lost([a]) == [a] and a.id not in at.queued
 
 
+def test_a_batch_fills_with_its_own_group_before_a_slightly_longer_other_one():
+    """x (another session) is the longest waiting task, b of the batch's group within GROUP_TIE of
+    it: b joins the batch, on the worker that holds its session, and x no longer fits (0.6 s)."""
+    at, t = _setup(("a", 1, 0.3, G), ("x", 1, 0.25, G + "|fp8"), ("b", 1, 0.2, G))
+    batch = at.batch(0, _run(at, t["a"]), 1, "w1", 0.6, 64)
+    assert [x.id for x in batch] == [t["a"].id, t["b"].id]
+
+
 def test_a_lost_batch_blames_a_lone_case_and_splits_the_rest():
-    at, t = _setup(("a", 1, 0.2, "g"), ("b", 1, 0.1, "g"))
+    at, t = _setup(("a", 1, 0.2, G), ("b", 1, 0.1, G))
     a, b = _run(at, t["a"]), _run(at, t["b"])
     assert at.lost_batch([a, b]) is None and at.singles == {a.id, b.id} and set(at.queued) == {a.id, b.id}
     assert at.lost_batch([_run(at, a)]) == a
@@ -214,7 +225,7 @@ def test_out_of_memory_on_a_share_runs_again_fresh_then_on_a_whole_gpu(recycled,
     ((), None, 0.2, ["a"]),                  # a long first case runs alone
 ])  # fmt: skip # a table: one row per line, as it reads
 def test_batch(singles, avoid, target, expected):
-    at, t = _setup(("a", 1, 0.3, "g"), ("b", 1, 0.15, "g"), ("c", 1, 0.1, "g"), ("d", 2, 0.01, "g"))
+    at, t = _setup(("a", 1, 0.3, G), ("b", 1, 0.15, G), ("c", 1, 0.1, G), ("d", 2, 0.01, G))
     at.singles.update(t[s].id for s in singles)
     if avoid:
         at.first[t[avoid].id] = _res(t[avoid], F, worker="w1")

@@ -20,6 +20,9 @@ from tests.executor.conftest import session_node
 
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 RUNNER = "tests.executor.faulty_backends:fault_runner"
+# A group as the executor keys it (config.group_key): a name of many characters, as a string
+# handed where a tuple of groups belongs would show (its characters are no group).
+G = "torch|tp1|auto|8x2x32|bfloat16|2|512|51"
 
 
 def _case(mode: str, seed: int = 0, kind: str = "slow", **kw) -> Case:
@@ -55,7 +58,7 @@ def test_config_key(name, change, same):
 
 def _tasks(configs: int, modes: int = 5) -> list[Task]:
     # est: every config's modes interleaved with the other configs' in longest-first order
-    return [Task(f"c{c}-m{m}", 1, 10.0 - m - c / 10, "g", config=f"c{c}") for c in range(configs) for m in range(modes)]
+    return [Task(f"c{c}-m{m}", 1, 10.0 - m - c / 10, G, config=f"c{c}") for c in range(configs) for m in range(modes)]
 
 
 def test_siblings_are_taken_with_the_first_of_their_config():
@@ -91,7 +94,7 @@ def test_a_sibling_given_back_untried_still_goes_with_its_config():
     first = d.next_for(0, 2)
     assert first is not None and first.id == "c0-m0"
     d.give_back(first)
-    lead = d.next_for(0, 2, warm=("g",))  # the group's longest fresh task wins the tie
+    lead = d.next_for(0, 2, warm=(G,))  # the group's longest fresh task wins the tie
     assert lead is not None and lead.id == "c0-m1"
     assert sorted(t.id for t in d.siblings(lead, 0, now=0.0)) == ["c0-m0", "c0-m2"]
     assert d.remaining() == 0
@@ -101,11 +104,11 @@ def test_a_config_mode_that_did_not_fit_a_batchs_fill_comes_back_with_its_config
     """c1's first mode did not fit c0's batch (budget 1 s) and was given back; when c1's second
     mode leads a batch, the first comes with it."""
     est = {"c0-m0": 0.9, "c1-m0": 0.7, "c1-m1": 0.6}
-    d, at = _attempts([Task(i, 1, e, "g", config=i.split("-")[0]) for i, e in est.items()], 2)
+    d, at = _attempts([Task(i, 1, e, G, config=i.split("-")[0]) for i, e in est.items()], 2)
     first = d.next_for(0, 1)
     at.taken(first)
     assert [t.id for t in at.batch(0, first, 1, "w0", 1.0, 64)] == ["c0-m0"]
-    lead = d.next_for(0, 1, warm=("g",))
+    lead = d.next_for(0, 1, warm=(G,))
     assert lead is not None and lead.id == "c1-m1"
     at.taken(lead)
     assert [t.id for t in at.batch(0, lead, 1, "w1", 1.0, 64)] == ["c1-m1", "c1-m0"]
@@ -186,7 +189,7 @@ def test_a_task_that_fills_a_batch_brings_its_config():
     """The group fill takes c1's first mode after c0's modes; c1's cheap modes come with it,
     although c2's first mode is longer and would end the fill (budget 10 s)."""
     est = {"c0": (3.0, 1.5, 1.5), "c1": (2.9, 0.1, 0.1), "c2": (2.8, 0.1, 0.1)}
-    d, at = _attempts([Task(f"{c}-m{m}", 1, e, "g", config=c) for c, es in est.items() for m, e in enumerate(es)], 4)
+    d, at = _attempts([Task(f"{c}-m{m}", 1, e, G, config=c) for c, es in est.items() for m, e in enumerate(es)], 4)
     first = d.next_for(0, 1)
     at.taken(first)
     batch = at.batch(0, first, 1, "w0", 10.0, 64)

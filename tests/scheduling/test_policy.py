@@ -121,10 +121,11 @@ def test_same_group_wins_a_close_tie_but_not_a_clear_priority_gap():
 @pytest.mark.parametrize("warm, want", [
     ((), "x"),                  # nothing held: longest first
     (("B",), "y"),              # B's longest is within the tie
-    (("C", "B"), "y"),          # of two held groups within the tie, the longer task
+    (("C", "B"), "c"),          # the latest held group within the tie, not the longest
     (("D",), "x"),              # D's task is past the tie: priority wins
     (("E",), "x"),              # E's task is of a later tier
-    (("D", "C"), "c"),          # a group held further back counts as much as the latest
+    (("D", "C"), "c"),          # past the tie in the latest: an older held group's task
+    (("D", "E", "B"), "y"),     # ... however far back
 ])  # fmt: skip # a table: one row per line, as it reads
 def test_a_held_group_wins_a_close_tie(warm, want):
     tasks = [
