@@ -98,8 +98,8 @@ def row(name: str, db: str, log: str) -> list[str]:
 
 def sums(name: str, db: str) -> list[str]:
     """Seconds summed over every case that ran, by phase: where a run's time goes, not its median;
-    and how many sessions the workers built (a case that finds its session cached spends
-    microseconds in that phase, one that builds it tens of milliseconds or more)."""
+    and how many sessions the workers built (on a GPU a case that finds its session cached spends
+    microseconds in that phase, one that builds it 50 ms or more; a busy CPU blurs the two)."""
     ran = [r for r in _latest(db) if r.status != Status.SKIP]
     built = sum(r.timings.get("session_s", 0.0) > BUILT_S for r in ran)
     return [name, str(built), *(f"{sum(r.timings.get(k, 0.0) for r in ran):.2f}" for k in MEDIANS)]
