@@ -184,8 +184,7 @@ class Dispatcher:
     def _pick(self, free: int, warm: tuple[str, ...], limit_s: float = math.inf) -> Task | None:
         """The longest waiting task, unless a group in `warm` has one within GROUP_TIE of it (of
         the same tier): then the longest of the first such group. Most recent first: a worker
-        that stays on its latest group leaves the others' groups to them (preferring the longest
-        of every held group spread groups over more workers: more sessions built on CPU)."""
+        that stays on its latest group leaves the groups other workers are on to them."""
         best = self._best(free, limit_s)
         if best is None or not warm:
             return best
