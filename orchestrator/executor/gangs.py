@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.executor.actors import CaseWorker, WorkerInfo, actor_env
 from orchestrator.executor.cluster import DeviceKind
-from orchestrator.scheduling.policy import WARM_GROUPS
+from orchestrator.scheduling.policy import hold
 
 _ids = itertools.count()
 
@@ -76,8 +76,7 @@ class Gang:
 
     def ran(self, group: str) -> None:
         """Its workers ran a case of `group`: they hold its session now, as their most recent."""
-        if group:
-            self.warm = (group, *(g for g in self.warm if g != group))[:WARM_GROUPS]
+        self.warm = hold(self.warm, group)
 
     @property
     def label(self) -> str:

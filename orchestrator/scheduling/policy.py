@@ -31,6 +31,12 @@ GROUP_TIE = 0.5
 WARM_GROUPS = 8
 
 
+def hold(warm: tuple[str, ...], group: str) -> tuple[str, ...]:
+    """`warm` after a case of `group` ran: it first, the oldest past WARM_GROUPS gone (an LRU, as
+    the SessionCache keeps them); a task of no group changes nothing."""
+    return (group, *(g for g in warm if g != group))[:WARM_GROUPS] if group else warm
+
+
 @dataclass(frozen=True)
 class Task:
     id: str

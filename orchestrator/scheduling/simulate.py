@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.scheduling.cost import LATER_MODE_FACTOR
-from orchestrator.scheduling.policy import WARM_GROUPS, Task, make_dispatcher
+from orchestrator.scheduling.policy import Task, hold, make_dispatcher
 
 # Share of cases per tp size in the synthetic matrix (most cases are tp1; gangs are the minority
 # but, at tp x duration, a large share of GPU-seconds).
@@ -104,8 +104,7 @@ def simulate(
             if t.tp > free[node]:
                 raise AssertionError(f"{policy} gave {t.id} (tp={t.tp}) to node {node} with {free[node]} free")
             free[node] -= t.tp
-            if t.group:
-                warm[node] = (t.group, *(g for g in warm[node] if g != t.group))[:WARM_GROUPS]
+            warm[node] = hold(warm[node], t.group)
             job = [t, *(dispatcher.siblings(t, node, now=now) if group and t.config else ())]
             d = alone.get(t.id, true_durations[t.id]) + sum(true_durations[s.id] for s in job[1:])
             busy_gpu_s += d * t.tp

@@ -40,7 +40,11 @@ def test_the_table_of_a_store_with_a_widened_case(tmp_path):
     log.write_text("time: first to last result 3.5s\nwall 9.0 s, max rss 1 KB\n")
     with ResultStore(str(db)) as s:
         rid = s.create_run(NewRun(matrix="matrices/sample.yaml", cases=cases))
-        s.record_many(rid, [(samples.result_for(c), True) for c in cases[1:]])
+        # Two cases built their session (0.2 s in that phase), one found it cached (2 ms).
+        session_s = {cases[1].case_id: 0.2, cases[2].case_id: 0.2, cases[3].case_id: 0.002}
+        ran = [samples.result_for(c) for c in cases[1:]]
+        ran = [r.replace(timings={**r.timings, "session_s": session_s.get(r.case_id, 0.0)}) for r in ran]
+        s.record_many(rid, [(r, True) for r in ran])
         time.sleep(0.2)  # the widened case finishes after every other one
         s.record(rid, samples.result_for(cases[0], log_tail=f"{WIDENED} 1/2 of a GPU (oom): rerun on a whole GPU"))
         s.finish_run(rid, "finished")
@@ -52,7 +56,7 @@ def test_the_table_of_a_store_with_a_widened_case(tmp_path):
     assert cells[:4] == ["run", str(len(cases)), "9.0", "3.5"] and cells[6] == "0 / 1" and float(cells[7]) >= 0.2
     summed = text.split("| run (s summed over cases) |")[1].splitlines()[2]
     built, total = summed.split("|")[2:4]
-    assert int(built) == 0  # the samples spent no time in a session phase
+    assert int(built) == 2
     assert float(total) == pytest.approx(sum(1.5 + c.tp for c in cases))  # every case's total_s
     assert "- heaviest in run: " in text and "Error" not in text
     assert "- verdicts run vs run: identical" in text

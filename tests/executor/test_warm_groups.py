@@ -37,7 +37,8 @@ OBSERVED = {"a1": 20.0, "b1": 12.0, "c1": 9.0, "a2": 3.0}  # seconds, as an earl
 @pytest.mark.xdist_group("ray")
 def test_a_worker_goes_back_to_a_session_it_still_holds(ray_cluster):
     history = {CASES[k].case_id: s for k, s in OBSERVED.items()}
-    est = {k: v for k, c in CASES.items() for v in [estimate_all(list(CASES.values()), history)[c.case_id]]}
+    by_id = estimate_all(list(CASES.values()), history)
+    est = {k: by_id[c.case_id] for k, c in CASES.items()}
     groups = {k: group_key(c) for k, c in CASES.items()}
     # What the order below rests on: three groups; longest first a1, b1, c1, a2; a2 outside the
     # tie with b1 (so B runs second) and inside it with c1.
@@ -45,10 +46,10 @@ def test_a_worker_goes_back_to_a_session_it_still_holds(ray_cluster):
     assert est["a1"] > est["b1"] > est["c1"] > est["a2"]
     assert est["b1"] * (1 - GROUP_TIE) > est["a2"] >= est["c1"] * (1 - GROUP_TIE), est
     order: list[str] = []
-    by_id = {c.case_id: k for k, c in CASES.items()}
+    name = {c.case_id: k for k, c in CASES.items()}
     config = ExecConfig(runner=RUNNER, poll_s=0.05, setup_timeout_s=60, retries=0, batch_target_s=0.0)
     executor = Executor(
-        session_node(1), config, history=history, on_result=lambda r, final: order.append(by_id[r.case_id])
+        session_node(1), config, history=history, on_result=lambda r, final: order.append(name[r.case_id])
     )
     final = executor.run(list(CASES.values()))
     assert {r.status for r in final.values()} == {Status.PASS}
