@@ -176,7 +176,7 @@ class GangPool:
 
     def choose(self, node: int, tp: int, width: int, group: str, avoid: str | None) -> Choice:
         """The gang for a task of `tp` and `width` slots on `node`: an idle one of that size (the
-        same group first, not the worker `avoid` of its first attempt), a split of a larger idle
+        one holding its session first, not the worker `avoid` of its first attempt), a split of a larger idle
         one, idle views of one split joined again, or a new one once idle gangs of other sizes have
         given back their slots. A split and a join reuse live worker processes; a new gang starts
         them (seconds each), which a matrix ordered by duration would otherwise pay at every switch
